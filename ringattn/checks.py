@@ -1,0 +1,76 @@
+"""Input checks that turn a would-be deep failure (or a silent hang) into a clear error."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .layouts import LAYOUTS, check_layout
+
+_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> None:
+    check_layout(layout)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} must have shape (batch, seq_local, heads, head_dim); got {tuple(t.shape)}"
+            )
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    (b, s, h, d), (bk, sk, hk, dk) = q.shape, k.shape
+    if (b, s, d) != (bk, sk, dk):
+        raise ValueError(
+            "q and k/v must agree on batch, seq_local and head_dim: "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    if hk == 0 or h % hk:
+        raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({hk})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}; expected one of {_DTYPES}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    if layout == "zigzag" and s % 2:
+        raise ValueError(f"zigzag shards hold two equal chunks; seq_local={s} is odd")
+
+
+def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "ring_attention needs an initialised torch.distributed process group: call "
+            "torch.distributed.init_process_group(...) first (for one process, world_size=1)"
+        )
+    if dist.get_rank(group) < 0:
+        raise RuntimeError("this process is not a member of the process group given to ring_attention")
+    return group
+
+
+def check_ranks_agree(
+    q: torch.Tensor, k: torch.Tensor, causal: bool, layout: str, group: dist.ProcessGroup | None
+) -> None:
+    """All ranks must pass the same shapes: otherwise the ring's transfers mismatch or hang."""
+    world = dist.get_world_size(group)
+    if world == 1:
+        return
+    device = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = torch.tensor(
+        [*q.shape, k.shape[2], _DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout)],
+        dtype=torch.int64,
+        device=device,
+    )
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine, group=group)
+    rows = [tuple(t.tolist()) for t in everyone]
+    if len(set(rows)) > 1:
+
+        def describe(r: tuple[int, ...]) -> str:
+            return (
+                f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
+                f"causal={bool(r[6])} layout={LAYOUTS[r[7]]}"
+            )
+
+        detail = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))
+        raise ValueError(f"ranks disagree on ring_attention inputs: {detail}")

@@ -1,0 +1,80 @@
+"""The ring: every rank sends to the next and receives from the previous, asynchronously.
+
+Ring order is group-rank order. A placement plan (``ringctl topo``) decides the order by
+giving each process the rank equal to its ring position, so the engine needs no order of its
+own. ``RingComm.exchange`` posts both transfers and returns at once; the caller computes on
+the block it holds and waits only when it needs the next one. Time spent blocked in ``wait``
+is the communication that compute did not hide; ``CommStats`` records it for benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CommStats:
+    """Seconds blocked waiting for transfers, and bytes sent, since the last reset."""
+
+    wait_s: float = 0.0
+    bytes_sent: int = 0
+    exchanges: int = 0
+    enabled: bool = False
+    waits: list[float] = field(default_factory=list)
+
+    def reset(self, enabled: bool = True) -> None:
+        self.wait_s, self.bytes_sent, self.exchanges, self.enabled = 0.0, 0, 0, enabled
+        self.waits = []
+
+
+STATS = CommStats()
+
+
+class PendingExchange:
+    def __init__(self, requests: list) -> None:
+        self._requests = requests
+
+    def wait(self) -> None:
+        start = time.perf_counter() if STATS.enabled else 0.0
+        for req in self._requests:
+            req.wait()
+        if STATS.enabled:
+            elapsed = time.perf_counter() - start
+            STATS.wait_s += elapsed
+            STATS.waits.append(elapsed)
+
+
+class RingComm:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        self.next_rank = to_global((self.rank + 1) % self.world_size)
+        self.prev_rank = to_global((self.rank - 1) % self.world_size)
+        self._batched = dist.get_backend(group) == "nccl"
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, *, tag: int = 0) -> PendingExchange:
+        """Send ``send`` to the next rank and receive the previous rank's into ``recv``.
+
+        ``tag`` keeps the K/V stream and the dK/dV stream of the backward pass apart on
+        backends that match messages by tag (gloo); NCCL orders them by posting order.
+        """
+        if STATS.enabled:
+            STATS.bytes_sent += send.numel() * send.element_size()
+            STATS.exchanges += 1
+        if self._batched:
+            ops = [
+                dist.P2POp(dist.isend, send, self.next_rank, self.group),
+                dist.P2POp(dist.irecv, recv, self.prev_rank, self.group),
+            ]
+            return PendingExchange(dist.batch_isend_irecv(ops))
+        requests = [
+            dist.isend(send, self.next_rank, group=self.group, tag=tag),
+            dist.irecv(recv, self.prev_rank, group=self.group, tag=tag),
+        ]
+        return PendingExchange(requests)

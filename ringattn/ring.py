@@ -1,0 +1,210 @@
+"""Ring attention as an autograd Function: the forward loop and the backward loop.
+
+Forward, on every rank, for step s = 0 .. P-1: the rank holds the K/V block of rank
+``src = rank - s`` (mod P), posts the transfer of that block to the next rank (and the receipt
+of the following one) *before* computing, computes attention of its queries against the block,
+and merges the partial result into a running (out, lse) with the online-softmax rule:
+
+    lse' = log(exp(lse) + exp(lse_b)),   out' = out + sigmoid(lse_b - lse) * (out_b - out)
+
+Backward recomputes each block from the saved q, k, v, out and lse (FlashAttention-2), keeps dQ
+at home and sends each block's dK/dV accumulator along the ring together with its K/V block;
+after P steps every accumulator has visited every rank and arrives back at its owner.
+
+Under a causal mask, ``block_plan`` says which part of a block is needed: blocks entirely in the
+future are skipped, so their FLOPs are never spent; in the zigzag layout every step after the
+first costs every rank exactly half a block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .checks import check_inputs, check_ranks_agree, resolve_group
+from .comm import RingComm
+from .kernels import BlockKernel, default_scale, select_kernel
+
+ALL = slice(None)
+
+
+@dataclass(frozen=True)
+class Block:
+    """The part of one ring step to compute: query rows x key rows, and whether it is diagonal."""
+
+    q: slice
+    kv: slice
+    causal: bool
+
+
+def block_plan(
+    *, step: int, rank: int, world_size: int, seq_local: int, causal: bool, layout: str
+) -> list[Block]:
+    src = (rank - step) % world_size
+    if not causal:
+        return [Block(ALL, ALL, False)]
+    if src == rank:
+        return [Block(ALL, ALL, True)]
+    if layout == "contiguous":
+        return [Block(ALL, ALL, False)] if src < rank else []
+    # zigzag: this rank holds chunks (rank, 2P-1-rank); the block holds (src, 2P-1-src).
+    half = seq_local // 2
+    if src < rank:  # both query chunks see the block's early chunk, neither its late one
+        return [Block(ALL, slice(0, half), False)]
+    return [Block(slice(half, None), ALL, False)]  # only the late query chunk sees it, whole
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor):
+    """Fold one block's (out, lse) into the running (out, lse), in place, in float32."""
+    weight = torch.sigmoid(block_lse - lse).transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
+    out.lerp_(block_out.to(out.dtype), weight)
+    lse.sub_(F.logsigmoid(lse - block_lse))
+
+
+def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def ring_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    layout: str,
+    comm: RingComm,
+    kernel: BlockKernel,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    world, rank, seq_local = comm.world_size, comm.rank, q.shape[1]
+    buffers = [torch.stack((k, v))]  # one message per step: K and V travel together
+    if world > 1:
+        buffers.append(torch.empty_like(buffers[0]))
+    out = lse = None
+    for step in range(world):
+        kv = buffers[step % 2]
+        pending = None
+        if step + 1 < world:
+            pending = comm.exchange(kv, buffers[(step + 1) % 2])
+        for blk in block_plan(
+            step=step, rank=rank, world_size=world, seq_local=seq_local, causal=causal,
+            layout=layout,
+        ):
+            block_out, block_lse = kernel.forward(
+                q[:, blk.q], kv[0][:, blk.kv], kv[1][:, blk.kv], scale=scale, causal=blk.causal
+            )
+            if out is None:  # step 0 always covers every query row
+                out = block_out.to(_accum_dtype(q.dtype))
+                lse = block_lse.clone()
+            else:
+                _merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
+        if pending is not None:
+            pending.wait()
+    assert out is not None and lse is not None
+    return out.to(q.dtype), lse
+
+
+def ring_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    layout: str,
+    comm: RingComm,
+    kernel: BlockKernel,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    world, rank, seq_local = comm.world_size, comm.rank, q.shape[1]
+    acc = _accum_dtype(q.dtype)
+    kv_buffers = [torch.stack((k, v))]
+    if world > 1:
+        kv_buffers.append(torch.empty_like(kv_buffers[0]))
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dkv_shape = (2, *k.shape)
+    dkv_buffers = [torch.zeros(dkv_shape, dtype=acc, device=q.device)]
+    if world > 1:
+        dkv_buffers.append(torch.empty_like(dkv_buffers[0]))
+    dkv_pending = None
+    for step in range(world):
+        kv = kv_buffers[step % 2]
+        kv_pending = None
+        if step + 1 < world:
+            kv_pending = comm.exchange(kv, kv_buffers[(step + 1) % 2], tag=0)
+        grads = []
+        for blk in block_plan(
+            step=step, rank=rank, world_size=world, seq_local=seq_local, causal=causal,
+            layout=layout,
+        ):
+            dq_b, dk_b, dv_b = kernel.backward(
+                dout[:, blk.q], q[:, blk.q], kv[0][:, blk.kv], kv[1][:, blk.kv], out[:, blk.q],
+                lse[:, :, blk.q], scale=scale, causal=blk.causal,
+            )
+            dq[:, blk.q] += dq_b
+            grads.append((blk.kv, dk_b, dv_b))
+        # The accumulator of the block held now arrived during this step's compute.
+        if dkv_pending is not None:
+            dkv_pending.wait()
+        dkv = dkv_buffers[step % 2]
+        for kv_rows, dk_b, dv_b in grads:
+            dkv[0][:, kv_rows] += dk_b
+            dkv[1][:, kv_rows] += dv_b
+        if world > 1:  # pass it on; after the last step it reaches the block's owner
+            dkv_pending = comm.exchange(dkv, dkv_buffers[(step + 1) % 2], tag=1)
+        if kv_pending is not None:
+            kv_pending.wait()
+    if dkv_pending is not None:
+        dkv_pending.wait()
+    own = dkv_buffers[world % 2] if world > 1 else dkv_buffers[0]
+    return dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype)
+
+
+class RingAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, layout, group):
+        comm = RingComm(group)
+        kernel = select_kernel(q)
+        out, lse = ring_forward(
+            q, k, v, scale=scale, causal=causal, layout=layout, comm=comm, kernel=kernel
+        )
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale, ctx.causal, ctx.layout, ctx.group = scale, causal, layout, group
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(
+            dout.contiguous(), q, k, v, out, lse, scale=ctx.scale, causal=ctx.causal,
+            layout=ctx.layout, comm=RingComm(ctx.group), kernel=select_kernel(q),
+        )
+        return dq, dk, dv, None, None, None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    group: dist.ProcessGroup | None = None,
+    layout: str = "contiguous",
+) -> torch.Tensor:
+    """Exact attention over a sequence sharded across the ranks of ``group``.
+
+    q is (batch, seq_local, heads, head_dim) and k, v are (batch, seq_local, kv_heads,
+    head_dim), each rank holding its shard in ``layout`` (see ``shard_sequence``). Returns this
+    rank's shard of the output; differentiable with respect to q, k and v.
+    """
+    check_inputs(q, k, v, layout)
+    group = resolve_group(group)
+    check_ranks_agree(q, k, causal, layout, group)
+    scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    return RingAttentionFunction.apply(q, k, v, scale, causal, layout, group)

@@ -1,0 +1,5 @@
+"""Placeholder: filled in by its issue."""
+
+
+def register(subparsers) -> None:
+    pass
