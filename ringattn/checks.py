@@ -44,7 +44,9 @@ def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
             "torch.distributed.init_process_group(...) first (for one process, world_size=1)"
         )
     if dist.get_rank(group) < 0:
-        raise RuntimeError("this process is not a member of the process group given to ring_attention")
+        raise RuntimeError(
+            "this process is not a member of the process group given to ring_attention"
+        )
     return group
 
 

@@ -1,5 +1,7 @@
-"""The `ringctl` command: verbs only. Each verb lives in its own module, which registers its
-argparse sub-parser and the function it calls; this file wires them and maps errors to exit codes."""
+"""The `ringctl` command: verbs only.
+
+Each verb lives in its own module, which registers its argparse sub-parser and the function it
+calls; this file wires them and maps errors to exit codes."""
 
 from __future__ import annotations
 
