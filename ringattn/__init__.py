@@ -1,6 +1,6 @@
 """ringattn: exact attention over a sequence sharded across a ring of ranks.
 
-    from ringattn import ring_attention, shard_sequence, sequence_positions
+from ringattn import ring_attention, shard_sequence, sequence_positions
 """
 
 from .kernels import BlockKernel, ChunkedKernel, TorchCPUKernel, select_kernel

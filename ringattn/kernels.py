@@ -169,9 +169,18 @@ class FlashAttnKernel:
 
     def forward(self, q, k, v, *, scale, causal):
         kw = self._args(
-            self._fwd_params, q=q.contiguous(), k=k.contiguous(), v=v.contiguous(),
-            dropout_p=0.0, softmax_scale=scale, causal=causal, window_size_left=-1,
-            window_size_right=-1, softcap=0.0, alibi_slopes=None, return_softmax=False,
+            self._fwd_params,
+            q=q.contiguous(),
+            k=k.contiguous(),
+            v=v.contiguous(),
+            dropout_p=0.0,
+            softmax_scale=scale,
+            causal=causal,
+            window_size_left=-1,
+            window_size_right=-1,
+            softcap=0.0,
+            alibi_slopes=None,
+            return_softmax=False,
         )
         res = self._fwd(**kw)
         # >= 2.7: (out, lse, S_dmask, rng_state); 2.6: (out, q, k, v, out_padded, lse, ...)
@@ -181,10 +190,25 @@ class FlashAttnKernel:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         kw = self._args(
-            self._bwd_params, dout=dout.contiguous(), q=q, k=k, v=v, out=out.contiguous(),
-            softmax_lse=lse.contiguous(), dq=dq, dk=dk, dv=dv, dropout_p=0.0,
-            softmax_scale=scale, causal=causal, window_size_left=-1, window_size_right=-1,
-            softcap=0.0, alibi_slopes=None, deterministic=False, rng_state=None,
+            self._bwd_params,
+            dout=dout.contiguous(),
+            q=q,
+            k=k,
+            v=v,
+            out=out.contiguous(),
+            softmax_lse=lse.contiguous(),
+            dq=dq,
+            dk=dk,
+            dv=dv,
+            dropout_p=0.0,
+            softmax_scale=scale,
+            causal=causal,
+            window_size_left=-1,
+            window_size_right=-1,
+            softcap=0.0,
+            alibi_slopes=None,
+            deterministic=False,
+            rng_state=None,
         )
         self._bwd(**kw)
         return dq, dk, dv

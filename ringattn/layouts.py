@@ -61,9 +61,7 @@ def _chunk_ids(world_size: int, rank: int, layout: str) -> tuple[int, ...]:
     return (rank, 2 * world_size - 1 - rank)
 
 
-def sequence_positions(
-    seq_len: int, *, world_size: int, rank: int, layout: str
-) -> torch.Tensor:
+def sequence_positions(seq_len: int, *, world_size: int, rank: int, layout: str) -> torch.Tensor:
     """Global token indices held by ``rank``, in local order (for RoPE and for gathering)."""
     check_layout(layout)
     check_divisible(seq_len, world_size=world_size, layout=layout)

@@ -90,7 +90,11 @@ def ring_forward(
         if step + 1 < world:
             pending = comm.exchange(kv, buffers[(step + 1) % 2])
         for blk in block_plan(
-            step=step, rank=rank, world_size=world, seq_local=seq_local, causal=causal,
+            step=step,
+            rank=rank,
+            world_size=world,
+            seq_local=seq_local,
+            causal=causal,
             layout=layout,
         ):
             block_out, block_lse = kernel.forward(
@@ -139,12 +143,22 @@ def ring_backward(
             kv_pending = comm.exchange(kv, kv_buffers[(step + 1) % 2], tag=0)
         grads = []
         for blk in block_plan(
-            step=step, rank=rank, world_size=world, seq_local=seq_local, causal=causal,
+            step=step,
+            rank=rank,
+            world_size=world,
+            seq_local=seq_local,
+            causal=causal,
             layout=layout,
         ):
             dq_b, dk_b, dv_b = kernel.backward(
-                dout[:, blk.q], q[:, blk.q], kv[0][:, blk.kv], kv[1][:, blk.kv], out[:, blk.q],
-                lse[:, :, blk.q], scale=scale, causal=blk.causal,
+                dout[:, blk.q],
+                q[:, blk.q],
+                kv[0][:, blk.kv],
+                kv[1][:, blk.kv],
+                out[:, blk.q],
+                lse[:, :, blk.q],
+                scale=scale,
+                causal=blk.causal,
             )
             dq[:, blk.q] += dq_b
             grads.append((blk.kv, dk_b, dv_b))
@@ -181,8 +195,17 @@ class RingAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_backward(
-            dout.contiguous(), q, k, v, out, lse, scale=ctx.scale, causal=ctx.causal,
-            layout=ctx.layout, comm=RingComm(ctx.group), kernel=select_kernel(q),
+            dout.contiguous(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            scale=ctx.scale,
+            causal=ctx.causal,
+            layout=ctx.layout,
+            comm=RingComm(ctx.group),
+            kernel=select_kernel(q),
         )
         return dq, dk, dv, None, None, None, None
 

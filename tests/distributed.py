@@ -1,0 +1,62 @@
+"""Run a function on P real processes joined by a gloo process group (test helper).
+
+The function must live at module level (spawned processes import it). Each process gets
+(rank, world_size, *args); whatever it returns is pickled back to the caller, in rank order.
+An exception in any rank is re-raised in the caller with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    result_path = os.path.join(store_dir, f"result-{rank}.pkl")
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{store_dir}/store",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=60),
+        )
+        value = ("ok", fn(rank, world_size, *args))
+    except BaseException as err:  # report every failure to the parent, typed
+        value = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(result_path, "wb") as f:
+        pickle.dump(value, f)
+
+
+def run_distributed(fn: Callable, world_size: int, *args: Any) -> list[Any]:
+    with tempfile.TemporaryDirectory() as store_dir:
+        mp.start_processes(
+            _entry,
+            args=(world_size, store_dir, fn, args),
+            nprocs=world_size,
+            join=True,
+            start_method="spawn",
+        )
+        results = []
+        for rank in range(world_size):
+            with open(os.path.join(store_dir, f"result-{rank}.pkl"), "rb") as f:
+                status, value = pickle.load(f)
+            if status == "error":
+                raise RuntimeError(f"rank {rank} of {world_size} failed: {value}")
+            results.append(value)
+        return results
