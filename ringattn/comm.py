@@ -10,6 +10,7 @@ is the communication that compute did not hide; ``CommStats`` records it for ben
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -58,23 +59,26 @@ class RingComm:
         self.prev_rank = to_global((self.rank - 1) % self.world_size)
         self._batched = dist.get_backend(group) == "nccl"
 
-    def exchange(self, send: torch.Tensor, recv: torch.Tensor, *, tag: int = 0) -> PendingExchange:
-        """Send ``send`` to the next rank and receive the previous rank's into ``recv``.
+    def exchange(
+        self,
+        send: Sequence[torch.Tensor],
+        recv: Sequence[torch.Tensor],
+        *,
+        tag: int = 0,
+    ) -> PendingExchange:
+        """Send the tensors ``send`` to the next rank and receive the previous rank's into
+        ``recv`` (same shapes), all at once; no tensor is copied or packed.
 
         ``tag`` keeps the K/V stream and the dK/dV stream of the backward pass apart on
         backends that match messages by tag (gloo); NCCL orders them by posting order.
         """
         if STATS.enabled:
-            STATS.bytes_sent += send.numel() * send.element_size()
+            STATS.bytes_sent += sum(t.numel() * t.element_size() for t in send)
             STATS.exchanges += 1
         if self._batched:
-            ops = [
-                dist.P2POp(dist.isend, send, self.next_rank, self.group),
-                dist.P2POp(dist.irecv, recv, self.prev_rank, self.group),
-            ]
+            ops = [dist.P2POp(dist.isend, t, self.next_rank, self.group) for t in send]
+            ops += [dist.P2POp(dist.irecv, t, self.prev_rank, self.group) for t in recv]
             return PendingExchange(dist.batch_isend_irecv(ops))
-        requests = [
-            dist.isend(send, self.next_rank, group=self.group, tag=tag),
-            dist.irecv(recv, self.prev_rank, group=self.group, tag=tag),
-        ]
+        requests = [dist.isend(t, self.next_rank, group=self.group, tag=tag) for t in send]
+        requests += [dist.irecv(t, self.prev_rank, group=self.group, tag=tag) for t in recv]
         return PendingExchange(requests)

@@ -68,6 +68,33 @@ def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+class _Rotation:
+    """The block held now, and where the next one lands.
+
+    Receive buffers are never the caller's tensors (those are saved for backward): blocks land
+    alternately in two buffers of our own, the second allocated only when a ring needs it.
+    """
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], transfers: int) -> None:
+        self.held = tensors
+        self._recv = [tuple(torch.empty_like(t) for t in tensors) for _ in range(min(2, transfers))]
+        self._arrived = 0
+
+    def landing(self) -> tuple[torch.Tensor, ...]:
+        return self._recv[self._arrived % len(self._recv)]
+
+    def advance(self) -> None:
+        self.held = self.landing()
+        self._arrived += 1
+
+
+def _plan(step: int, comm: RingComm, seq_local: int, causal: bool, layout: str) -> list[Block]:
+    return block_plan(
+        step=step, rank=comm.rank, world_size=comm.world_size, seq_local=seq_local,
+        causal=causal, layout=layout,
+    )  # fmt: skip
+
+
 def ring_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -79,34 +106,27 @@ def ring_forward(
     comm: RingComm,
     kernel: BlockKernel,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    world, rank, seq_local = comm.world_size, comm.rank, q.shape[1]
-    buffers = [torch.stack((k, v))]  # one message per step: K and V travel together
-    if world > 1:
-        buffers.append(torch.empty_like(buffers[0]))
+    world = comm.world_size
+    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1)
     out = lse = None
     for step in range(world):
-        kv = buffers[step % 2]
+        k_blk, v_blk = kv.held
         pending = None
-        if step + 1 < world:
-            pending = comm.exchange(kv, buffers[(step + 1) % 2])
-        for blk in block_plan(
-            step=step,
-            rank=rank,
-            world_size=world,
-            seq_local=seq_local,
-            causal=causal,
-            layout=layout,
-        ):
+        if step + 1 < world:  # the next block travels while this one is computed
+            pending = comm.exchange(kv.held, kv.landing())
+        for blk in _plan(step, comm, q.shape[1], causal, layout):
             block_out, block_lse = kernel.forward(
-                q[:, blk.q], kv[0][:, blk.kv], kv[1][:, blk.kv], scale=scale, causal=blk.causal
+                q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], scale=scale, causal=blk.causal
             )
             if out is None:  # step 0 always covers every query row
                 out = block_out.to(_accum_dtype(q.dtype))
                 lse = block_lse.clone()
             else:
                 _merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
+            del block_out, block_lse
         if pending is not None:
             pending.wait()
+            kv.advance()
     assert out is not None and lse is not None
     return out.to(q.dtype), lse
 
@@ -125,58 +145,47 @@ def ring_backward(
     comm: RingComm,
     kernel: BlockKernel,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    world, rank, seq_local = comm.world_size, comm.rank, q.shape[1]
+    world = comm.world_size
     acc = _accum_dtype(q.dtype)
-    kv_buffers = [torch.stack((k, v))]
-    if world > 1:
-        kv_buffers.append(torch.empty_like(kv_buffers[0]))
+    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dkv_shape = (2, *k.shape)
-    dkv_buffers = [torch.zeros(dkv_shape, dtype=acc, device=q.device)]
-    if world > 1:
-        dkv_buffers.append(torch.empty_like(dkv_buffers[0]))
+    zeros = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros_like(k, dtype=acc))
+    # P transfers of each accumulator: the last one delivers it to the block's owner.
+    dkv = _Rotation(zeros, transfers=world if world > 1 else 0)
     dkv_pending = None
     for step in range(world):
-        kv = kv_buffers[step % 2]
+        k_blk, v_blk = kv.held
         kv_pending = None
         if step + 1 < world:
-            kv_pending = comm.exchange(kv, kv_buffers[(step + 1) % 2], tag=0)
+            kv_pending = comm.exchange(kv.held, kv.landing(), tag=0)
         grads = []
-        for blk in block_plan(
-            step=step,
-            rank=rank,
-            world_size=world,
-            seq_local=seq_local,
-            causal=causal,
-            layout=layout,
-        ):
+        for blk in _plan(step, comm, q.shape[1], causal, layout):
             dq_b, dk_b, dv_b = kernel.backward(
-                dout[:, blk.q],
-                q[:, blk.q],
-                kv[0][:, blk.kv],
-                kv[1][:, blk.kv],
-                out[:, blk.q],
-                lse[:, :, blk.q],
-                scale=scale,
-                causal=blk.causal,
-            )
+                dout[:, blk.q], q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv],
+                out[:, blk.q], lse[:, :, blk.q], scale=scale, causal=blk.causal,
+            )  # fmt: skip
             dq[:, blk.q] += dq_b
             grads.append((blk.kv, dk_b, dv_b))
+            del dq_b
         # The accumulator of the block held now arrived during this step's compute.
         if dkv_pending is not None:
             dkv_pending.wait()
-        dkv = dkv_buffers[step % 2]
+            dkv.advance()
+        dk_acc, dv_acc = dkv.held
         for kv_rows, dk_b, dv_b in grads:
-            dkv[0][:, kv_rows] += dk_b
-            dkv[1][:, kv_rows] += dv_b
+            dk_acc[:, kv_rows] += dk_b
+            dv_acc[:, kv_rows] += dv_b
+        del grads
         if world > 1:  # pass it on; after the last step it reaches the block's owner
-            dkv_pending = comm.exchange(dkv, dkv_buffers[(step + 1) % 2], tag=1)
+            dkv_pending = comm.exchange(dkv.held, dkv.landing(), tag=1)
         if kv_pending is not None:
             kv_pending.wait()
+            kv.advance()
     if dkv_pending is not None:
         dkv_pending.wait()
-    own = dkv_buffers[world % 2] if world > 1 else dkv_buffers[0]
-    return dq.to(q.dtype), own[0].to(k.dtype), own[1].to(v.dtype)
+        dkv.advance()
+    dk_own, dv_own = dkv.held
+    return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
 
 
 class RingAttentionFunction(torch.autograd.Function):

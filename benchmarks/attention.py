@@ -1,0 +1,498 @@
+"""Ring attention against single-process SDPA on the same total sequence, side by side.
+
+    python -m benchmarks.attention                       # the default sweep, table + JSON
+    python -m benchmarks.attention --seq 8192 --ranks 2 --causal true --layouts zigzag
+
+For each configuration, P ring ranks (``--threads-per-rank`` threads each) and one process
+running ``torch.nn.functional.scaled_dot_product_attention`` on the whole sequence with
+P x threads-per-rank threads take turns on the same machine, so both see the same noise.
+Reported per configuration: median forward and forward+backward time over ``--repeats``,
+achieved GFLOP/s (FlashAttention accounting: forward 4*B*H*N^2*D, halved when causal;
+backward 2.5x forward), peak resident memory added per rank during the step, and the share of
+the ring's transfer time hidden behind compute: 1 - (time blocked waiting for transfers) /
+(time the same transfers take alone, measured right after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+DEFAULT_OUT = Path("benchmarks/results/attention.json")
+
+
+@dataclass(frozen=True)
+class Config:
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    batch: int
+    dtype: str
+    causal: bool
+    layout: str
+    repeats: int
+
+
+@dataclass
+class Result:
+    impl: str  # "ring" or "sdpa"
+    ranks: int
+    threads: int
+    config: Config
+    fwd_s: float = 0.0
+    fwd_bwd_s: float = 0.0
+    fwd_gflops: float = 0.0
+    fwd_bwd_gflops: float = 0.0
+    peak_mem_mib: float = 0.0  # per rank, above the resident size before the step
+    hidden_comm: float | None = None  # ring only
+    comm_alone_s: float | None = None
+    comm_wait_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def attention_flops(cfg: Config) -> tuple[float, float]:
+    fwd = 4.0 * cfg.batch * cfg.heads * cfg.seq**2 * cfg.head_dim * (0.5 if cfg.causal else 1.0)
+    return fwd, fwd * 3.5
+
+
+# ----------------------------------------------------------------------------- memory
+def _rss_kib(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _return_freed_memory_to_os() -> None:
+    """Make resident memory track live tensors: release freed heap pages now and serve large
+    allocations by mmap from here on (glibc otherwise keeps freed memory resident, and a peak
+    measured after a warm-up step would read zero)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, so it no longer grows with use
+    libc.malloc_trim(0)
+
+
+def _reset_peak() -> None:
+    try:  # "5" resets VmHWM (the peak resident set) to the current RSS (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_above_now():
+    """Context: peak RSS during the block, minus RSS at its start, in MiB."""
+
+    class Peak:
+        def __enter__(self):
+            _return_freed_memory_to_os()
+            _reset_peak()
+            self.start = _rss_kib("VmRSS")
+            return self
+
+        def __exit__(self, *exc):
+            self.mib = max(0, _rss_kib("VmHWM") - self.start) / 1024
+
+    return Peak()
+
+
+# ----------------------------------------------------------------------------- workers
+def _ring_worker(rank: int, world: int, threads: int, init: str, tasks, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ringattn
+    from ringattn.comm import STATS, RingComm
+
+    torch.set_num_threads(threads)
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(minutes=10)
+    )
+    while True:
+        cfg = tasks.get()
+        if cfg is None:
+            break
+        try:
+            res = _ring_measure(cfg, rank, world, torch, dist, ringattn, STATS, RingComm)
+            results.put((rank, "ok", res))
+        except Exception:
+            results.put((rank, "error", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls):
+    dtype = getattr(torch, cfg.dtype)
+    local = cfg.seq // world
+    g = torch.Generator().manual_seed(rank)
+    q = torch.randn(cfg.batch, local, cfg.heads, cfg.head_dim, generator=g).to(dtype)
+    k = torch.randn(cfg.batch, local, cfg.kv_heads, cfg.head_dim, generator=g).to(dtype)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+
+    def step(backward: bool) -> float:
+        qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
+        dist.barrier()
+        start = time.perf_counter()
+        out = ringattn.ring_attention(qq, kk, vv, causal=cfg.causal, layout=cfg.layout)
+        if backward:
+            out.backward(dout)
+        elapsed = time.perf_counter() - start
+        times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(times, torch.tensor([elapsed], dtype=torch.float64))
+        return max(t.item() for t in times)  # a step ends when its slowest rank ends
+
+    if cfg.repeats == 0:  # memory only: a tiny warm-up (gloo pairs, threads), one measured step
+        tiny = [t[:, : 2 * world].contiguous() for t in (q, k, v)]
+        ringattn.ring_attention(
+            *(t.requires_grad_() for t in tiny), causal=cfg.causal, layout=cfg.layout
+        ).sum().backward()
+        with _peak_above_now() as peak:
+            elapsed = step(True)
+        return {
+            "fwd_s": float("nan"),
+            "fwd_bwd_s": elapsed,
+            "wait_s": 0.0,
+            "comm_alone_s": 0.0,
+            "peak_mib": peak.mib,
+        }
+    step(True)  # warm-up: allocator, thread pools, gloo pairs
+    fwd = [step(False) for _ in range(cfg.repeats)]
+    fwd_bwd, waits = [], []
+    for _ in range(cfg.repeats):
+        stats.reset(enabled=True)
+        fwd_bwd.append(step(True))
+        waits.append(stats.wait_s)
+    stats.reset(enabled=False)
+    with _peak_above_now() as peak:
+        step(True)
+
+    # The same transfers alone: P-1 K/V hops forward and backward, P dK/dV hops backward.
+    comm = ring_comm_cls(None)
+    comm_alone = 0.0
+    if world > 1:
+        kv = (k, v)
+        kv_in = (torch.empty_like(k), torch.empty_like(v))
+        dkv = (torch.zeros(k.shape), torch.zeros(v.shape))
+        dkv_in = (torch.empty_like(dkv[0]), torch.empty_like(dkv[1]))
+        samples = []
+        for _ in range(cfg.repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(2 * (world - 1)):
+                comm.exchange(kv, kv_in).wait()
+            for _ in range(world):
+                comm.exchange(dkv, dkv_in, tag=1).wait()
+            samples.append(time.perf_counter() - start)
+        comm_alone = statistics.median(samples)
+    return {
+        "fwd_s": statistics.median(fwd),
+        "fwd_bwd_s": statistics.median(fwd_bwd),
+        "wait_s": statistics.median(waits),
+        "comm_alone_s": comm_alone,
+        "peak_mib": peak.mib,
+    }
+
+
+def _sdpa_worker(threads: int, tasks, results) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    while True:
+        cfg = tasks.get()
+        if cfg is None:
+            break
+        try:
+            dtype = getattr(torch, cfg.dtype)
+            g = torch.Generator().manual_seed(0)
+            shape_q = (cfg.batch, cfg.heads, cfg.seq, cfg.head_dim)
+            shape_kv = (cfg.batch, cfg.kv_heads, cfg.seq, cfg.head_dim)
+            q = torch.randn(shape_q, generator=g).to(dtype)
+            k = torch.randn(shape_kv, generator=g).to(dtype)
+            v, dout = torch.randn_like(k), torch.randn_like(q)
+
+            def step(backward: bool) -> float:
+                qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
+                start = time.perf_counter()
+                out = F.scaled_dot_product_attention(
+                    qq, kk, vv, is_causal=cfg.causal, enable_gqa=cfg.kv_heads != cfg.heads
+                )
+                if backward:
+                    out.backward(dout)
+                return time.perf_counter() - start
+
+            if cfg.repeats == 0:
+                with _peak_above_now() as peak:
+                    elapsed = step(True)
+                results.put(
+                    ("ok", {"fwd_s": float("nan"), "fwd_bwd_s": elapsed, "peak_mib": peak.mib})
+                )
+                continue
+            step(True)
+            fwd = [step(False) for _ in range(cfg.repeats)]
+            fwd_bwd = [step(True) for _ in range(cfg.repeats)]
+            with _peak_above_now() as peak:
+                step(True)
+            results.put(
+                (
+                    "ok",
+                    {
+                        "fwd_s": statistics.median(fwd),
+                        "fwd_bwd_s": statistics.median(fwd_bwd),
+                        "peak_mib": peak.mib,
+                    },
+                )
+            )
+        except Exception:
+            results.put(("error", traceback.format_exc()))
+
+
+class RingPool:
+    """P ring ranks kept alive across configurations (spawning torch costs seconds)."""
+
+    def __init__(self, ctx, world: int, threads: int, tmpdir: str) -> None:
+        self.world = world
+        init = f"file://{tmpdir}/ring-store-{world}-{os.getpid()}"
+        self.tasks = [ctx.Queue() for _ in range(world)]
+        self.results = ctx.Queue()
+        self.procs = [
+            ctx.Process(
+                target=_ring_worker, args=(r, world, threads, init, self.tasks[r], self.results)
+            )
+            for r in range(world)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run(self, cfg: Config) -> dict:
+        for t in self.tasks:
+            t.put(cfg)
+        out = {}
+        for _ in range(self.world):
+            rank, status, value = _get(self.results, self.procs)
+            if status == "error":
+                raise RuntimeError(f"ring rank {rank} failed:\n{value}")
+            out[rank] = value
+        per_rank = list(out.values())
+        return {
+            "fwd_s": per_rank[0]["fwd_s"],
+            "fwd_bwd_s": per_rank[0]["fwd_bwd_s"],
+            "wait_s": max(r["wait_s"] for r in per_rank),
+            "comm_alone_s": max(r["comm_alone_s"] for r in per_rank),
+            "peak_mib": max(r["peak_mib"] for r in per_rank),
+        }
+
+    def close(self) -> None:
+        for t in self.tasks:
+            t.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+
+
+class SdpaProcess:
+    def __init__(self, ctx, threads: int) -> None:
+        self.tasks, self.results = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_sdpa_worker, args=(threads, self.tasks, self.results))
+        self.proc.start()
+
+    def run(self, cfg: Config) -> dict:
+        self.tasks.put(cfg)
+        status, value = _get(self.results, [self.proc])
+        if status == "error":
+            raise RuntimeError(f"SDPA baseline failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        self.tasks.put(None)
+        self.proc.join(timeout=30)
+
+
+def _get(results, procs):
+    while True:
+        try:
+            return results.get(timeout=5)
+        except queue.Empty:
+            dead = [p for p in procs if not p.is_alive()]
+            if dead:
+                raise RuntimeError(
+                    f"benchmark process exited with code {dead[0].exitcode}"
+                ) from None
+
+
+# ----------------------------------------------------------------------------- driver
+def run_benchmark(args: argparse.Namespace) -> list[Result]:
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results: list[Result] = []
+    causal_values = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for world in args.ranks:
+            baseline_threads = args.baseline_threads or world * args.threads_per_rank
+            pool = RingPool(ctx, world, args.threads_per_rank, tmpdir)
+            sdpa = SdpaProcess(ctx, baseline_threads) if not args.no_baseline else None
+            try:
+                for seq in args.seq:
+                    for causal in causal_values:
+                        for layout in args.layouts:
+                            cfg = Config(
+                                seq,
+                                args.heads,
+                                args.kv_heads or args.heads,
+                                args.head_dim,
+                                args.batch,
+                                args.dtype,
+                                causal,
+                                layout,
+                                args.repeats,
+                            )
+                            if seq % (world * (2 if layout == "zigzag" else 1)):
+                                continue
+                            results.append(_ring_result(cfg, world, args, pool.run(cfg)))
+                            _print_row(results[-1])
+                            if sdpa is not None:
+                                results.append(_sdpa_result(cfg, baseline_threads, sdpa.run(cfg)))
+                                _print_row(results[-1])
+            finally:
+                pool.close()
+                if sdpa is not None:
+                    sdpa.close()
+    return results
+
+
+def _ring_result(cfg: Config, world: int, args, raw: dict) -> Result:
+    fwd_flops, fwd_bwd_flops = attention_flops(cfg)
+    hidden = None
+    if world > 1 and raw["comm_alone_s"] > 0:
+        hidden = max(0.0, min(1.0, 1.0 - raw["wait_s"] / raw["comm_alone_s"]))
+    return Result(
+        "ring",
+        world,
+        args.threads_per_rank,
+        cfg,
+        raw["fwd_s"],
+        raw["fwd_bwd_s"],
+        fwd_flops / raw["fwd_s"] / 1e9,
+        fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9,
+        raw["peak_mib"],
+        hidden,
+        raw["comm_alone_s"],
+        raw["wait_s"],
+    )
+
+
+def _sdpa_result(cfg: Config, threads: int, raw: dict) -> Result:
+    fwd_flops, fwd_bwd_flops = attention_flops(cfg)
+    return Result(
+        "sdpa",
+        1,
+        threads,
+        cfg,
+        raw["fwd_s"],
+        raw["fwd_bwd_s"],
+        fwd_flops / raw["fwd_s"] / 1e9,
+        fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9,
+        raw["peak_mib"],
+    )
+
+
+HEADER = (
+    f"{'impl':<5} {'P':>2} {'thr':>3} {'N':>7} {'mask':<6} {'layout':<10} {'fwd ms':>9} "
+    f"{'f+b ms':>9} {'f+b GF/s':>9} {'peak MiB/rank':>13} {'hidden':>7} {'f+b/SDPA':>8}"
+)
+_last_ring: dict = {}
+
+
+def _print_row(r: Result) -> None:
+    c = r.config
+    ratio = ""
+    key = (c.seq, c.causal, c.layout, c.dtype)
+    if r.impl == "ring":
+        _last_ring[key] = r
+    elif key in _last_ring:
+        ratio = f"{_last_ring[key].fwd_bwd_s / r.fwd_bwd_s:.2f}x"
+        r.extra["ring_over_sdpa_fwd_bwd"] = _last_ring[key].fwd_bwd_s / r.fwd_bwd_s
+    hidden = "" if r.hidden_comm is None else f"{100 * r.hidden_comm:.0f}%"
+    print(
+        f"{r.impl:<5} {r.ranks:>2} {r.threads:>3} {c.seq:>7} {'causal' if c.causal else 'full':<6} "
+        f"{(c.layout if r.impl == 'ring' else '-'):<10} {1e3 * r.fwd_s:>9.1f} "
+        f"{1e3 * r.fwd_bwd_s:>9.1f} {r.fwd_bwd_gflops:>9.2f} {r.peak_mem_mib:>13.1f} "
+        f"{hidden:>7} {ratio:>8}",
+        flush=True,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.attention",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument("--seq", type=int, nargs="+", default=[8192, 16384], help="total tokens N")
+    p.add_argument("--ranks", type=int, nargs="+", default=[2], help="ring sizes P to sweep")
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=None, help="default: --heads (no GQA)")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--causal", default="both", choices=["true", "false", "both"])
+    p.add_argument("--layouts", nargs="+", default=["zigzag"], choices=["contiguous", "zigzag"])
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed repetitions, median reported; 0: one step, for peak memory only",
+    )
+    p.add_argument("--threads-per-rank", type=int, default=1)
+    p.add_argument(
+        "--baseline-threads",
+        type=int,
+        default=None,
+        help="SDPA threads (default: P x threads-per-rank, the same cores)",
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the SDPA comparison")
+    p.add_argument("--json", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads_per_rank))
+    print(HEADER, flush=True)
+    results = run_benchmark(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": "attention",
+        "host": os.uname().nodename,
+        "cpus": os.cpu_count(),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "results": [asdict(r) for r in results],
+    }
+    tmp = args.json.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(args.json)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
