@@ -16,7 +16,7 @@ from .errors import UserError
 VERB_MODULES = [
     "ringctl.commands.jobs",  # config, render, submit, run, status, logs, cancel
     "ringctl.topology.cli",  # topo (and topo probe)
-    "ringctl.commands.bench",  # bench
+    "ringctl.commands.plan",  # plan
 ]
 
 

@@ -1,5 +1,0 @@
-"""Placeholder: filled in by its issue."""
-
-
-def register(subparsers) -> None:
-    pass

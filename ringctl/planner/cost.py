@@ -1,0 +1,268 @@
+"""Memory, time and overlap of a ring-attention step, before any allocation is spent.
+
+The model follows what the engine does (ringattn/ring.py), step by step:
+
+* every rank holds n = N/P tokens; at each of the P steps it computes its queries against one
+  K/V block while the next block travels over the ring's slowest hop;
+* non-causal: each step is a full n x n block; causal (zigzag): half a block per step, so
+  every rank does the same work; causal (contiguous): the last rank does P blocks' worth of
+  the work, the first one, which sets the pace;
+* backward travels K/V again plus the float32 dK/dV accumulators (P hops, the last one
+  exposed: nothing is left to compute behind it).
+
+A step takes max(compute, transfer); the transfer is hidden when compute >= transfer, which
+(both growing with n, compute as n^2) gives the minimal tokens per rank for full overlap —
+the condition of the Ring Attention paper (Liu et al., 2023, section 3).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .devices import Device
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only LM, for activation and weight memory (per rank: all weights replicated)."""
+
+    layers: int
+    hidden: int
+    intermediate: int | None = None
+    vocab: int = 32000
+    params: int | None = None  # default: estimated from the shape
+
+
+@dataclass(frozen=True)
+class Workload:
+    seq_len: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    batch: int = 1
+    dtype: str = "bfloat16"
+    causal: bool = True
+    layout: str = "zigzag"
+    backward: bool = True
+    model: ModelShape | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    """The ring's slowest hop (from a topology plan's bottleneck, or nominal)."""
+
+    name: str
+    gbit_s: float
+    latency_s: float = 10e-6
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.gbit_s * 1e9 / 8
+
+
+@dataclass
+class Estimate:
+    ranks: int
+    tokens_per_rank: int
+    memory_bytes: dict[str, float] = field(default_factory=dict)
+    memory_total_gib: float = 0.0
+    memory_capacity_gib: float = 0.0
+    fits: bool = True
+    step_compute_s: dict[str, float] = field(default_factory=dict)
+    step_transfer_s: dict[str, float] = field(default_factory=dict)
+    overlapped: dict[str, bool] = field(default_factory=dict)
+    min_tokens_per_rank_for_overlap: dict[str, int] = field(default_factory=dict)
+    total_s: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _model_params(m: ModelShape) -> int:
+    if m.params:
+        return m.params
+    inter = m.intermediate or 4 * m.hidden
+    per_layer = 4 * m.hidden * m.hidden + 3 * m.hidden * inter  # attention + gated MLP
+    return m.layers * per_layer + 2 * m.vocab * m.hidden
+
+
+def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
+    """Bytes one rank holds at its peak, by what holds them."""
+    n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
+    q = w.batch * n * w.heads * w.head_dim * b
+    kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
+    kv_f32 = kv * 4 / b
+    in_flight = min(2, ranks - 1)
+    parts = {
+        "q, k, v shards": q + kv,
+        "output shard": q,
+        "log-sum-exp": w.batch * w.heads * n * 4,
+        "K/V blocks in flight": in_flight * kv,
+        "block kernel workspace": q * 4 / b,  # one block's output in float32, merged in place
+    }
+    if w.backward:
+        parts.update({
+            "dout + dQ (float32 accumulator)": q + q * 4 / b,
+            "dK/dV accumulators (float32, travelling)": (1 + min(2, ranks)) * kv_f32,
+            "dQ, dK, dV results": q + kv,
+        })  # fmt: skip
+    if w.model is not None:
+        m = w.model
+        params = _model_params(m)
+        parts["model weights"] = params * b
+        tokens = w.batch * n
+        if w.backward:
+            # Saved activations per layer with a fused attention kernel (no n^2 scores):
+            # about 34 * hidden bytes per token in 16-bit (Korthikanti et al., 2022).
+            parts["activations (all layers)"] = m.layers * 34 * m.hidden * tokens * b / 2
+            parts["gradients"] = params * 4
+        else:
+            parts["activations (one layer live)"] = 2 * 34 * m.hidden * tokens * b / 2
+        parts["logits chunk (lm_head in chunks)"] = min(tokens, 4096) * m.vocab * 4
+    return parts
+
+
+def _compute_per_step(w: Workload, ranks: int, device: Device, ranks_on_host: int):
+    """Seconds of compute in one ring step on the slowest rank: (forward, backward)."""
+    n = w.seq_len / ranks
+    block_flops = 4.0 * w.batch * w.heads * n * n * w.head_dim
+    if w.causal and w.layout == "zigzag":
+        block_flops /= 2
+    fwd_rate, bwd_rate = device.attention_flops_per_s(w.dtype, int(n), ranks_on_host)
+    fwd = block_flops / fwd_rate
+    bwd = 2.5 * block_flops / bwd_rate
+    layers = w.model.layers if w.model else 1
+    return fwd * layers, bwd * layers
+
+
+def _transfer_per_step(w: Workload, ranks: int, link: Link):
+    n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
+    kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
+    layers = w.model.layers if w.model else 1
+    fwd = layers * (kv / link.bytes_per_s + link.latency_s)
+    bwd = layers * ((kv + kv * 4 / b) / link.bytes_per_s + 2 * link.latency_s)
+    return fwd, bwd
+
+
+def estimate(
+    w: Workload, ranks: int, device: Device, link: Link, *, ranks_on_host: int = 1
+) -> Estimate:
+    n = w.seq_len // ranks
+    mem = memory_per_rank(w, ranks)
+    total = sum(mem.values())
+    capacity = usable_gib(device, ranks_on_host)
+    est = Estimate(
+        ranks=ranks,
+        tokens_per_rank=n,
+        memory_bytes=mem,
+        memory_total_gib=total / GIB,
+        memory_capacity_gib=capacity,
+        fits=total / GIB <= capacity,
+    )
+    c_fwd, c_bwd = _compute_per_step(w, ranks, device, ranks_on_host)
+    t_fwd, t_bwd = _transfer_per_step(w, ranks, link) if ranks > 1 else (0.0, 0.0)
+    est.step_compute_s = {"forward": c_fwd}
+    est.step_transfer_s = {"forward": t_fwd}
+    steps = ranks
+    est.total_s = {"forward": steps * max(c_fwd, t_fwd)}
+    if w.backward:
+        est.step_compute_s["backward"] = c_bwd
+        est.step_transfer_s["backward"] = t_bwd
+        exposed_last = t_bwd - t_fwd if ranks > 1 else 0.0  # the final dK/dV hop home
+        est.total_s["backward"] = steps * max(c_bwd, t_bwd) + exposed_last
+        est.total_s["forward+backward"] = est.total_s["forward"] + est.total_s["backward"]
+    for phase in est.step_compute_s:
+        est.overlapped[phase] = (
+            ranks == 1 or est.step_compute_s[phase] >= est.step_transfer_s[phase]
+        )
+        est.min_tokens_per_rank_for_overlap[phase] = min_tokens_for_overlap(
+            w, device, link, phase, ranks_on_host
+        )
+    if not est.fits:
+        est.warnings.append(
+            f"does not fit: {est.memory_total_gib:.1f} GiB per rank needed, "
+            f"{capacity:.1f} GiB usable on {device.name}"
+        )
+    for phase, hidden in est.overlapped.items():
+        if not hidden:
+            need = est.min_tokens_per_rank_for_overlap[phase]
+            est.warnings.append(
+                f"{phase}: communication exposed ({1e3 * est.step_transfer_s[phase]:.2f} ms "
+                f"transfer vs {1e3 * est.step_compute_s[phase]:.2f} ms compute per step); "
+                f"needs >= {need} tokens per rank (has {n})"
+            )
+    return est
+
+
+def min_tokens_for_overlap(
+    w: Workload, device: Device, link: Link, phase: str, ranks_on_host: int = 1
+) -> int:
+    """Smallest tokens per rank n with compute(n) >= transfer(n) for one ring step.
+
+    compute = a * n^2, transfer = c * n + latency: n = (c + sqrt(c^2 + 4 a latency)) / 2a.
+    """
+    b = DTYPE_BYTES[w.dtype]
+    flops_per_n2 = (
+        4.0 * w.batch * w.heads * w.head_dim * (0.5 if w.causal and w.layout == "zigzag" else 1)
+    )
+    rate_f, rate_b = device.attention_flops_per_s(w.dtype, 4096, ranks_on_host)
+    kv_per_token = 2 * w.batch * w.kv_heads * w.head_dim * b
+    if phase == "forward":
+        a = flops_per_n2 / rate_f
+        c = kv_per_token / link.bytes_per_s
+        lat = link.latency_s
+    else:
+        a = 2.5 * flops_per_n2 / rate_b
+        c = kv_per_token * (1 + 4 / b) / link.bytes_per_s
+        lat = 2 * link.latency_s
+    return math.ceil((c + math.sqrt(c * c + 4 * a * lat)) / (2 * a))
+
+
+def usable_gib(device: Device, ranks_on_host: int = 1) -> float:
+    """Memory one rank may use: a GPU's own, or a calibrated host's RAM shared by its ranks."""
+    if device.cores is not None:
+        return (device.mem_gib - device.reserve_gib) / max(1, ranks_on_host)
+    return device.mem_gib - device.reserve_gib
+
+
+def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int = 1) -> int:
+    """The largest total N (a multiple of 2P) whose per-rank memory fits the device."""
+    capacity = usable_gib(device, ranks_on_host) * GIB
+    unit = 2 * ranks
+
+    def fits(seq: int) -> bool:
+        probe = Workload(**{**asdict(w), "seq_len": seq, "model": w.model})
+        return sum(memory_per_rank(probe, ranks).values()) <= capacity
+
+    if not fits(unit):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi * unit):
+        lo, hi = hi, hi * 2
+        if hi > 2**40:
+            break
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid * unit) else (lo, mid)
+    return lo * unit
+
+
+def fewest_ranks(w: Workload, device: Device, limit: int = 1 << 16) -> int | None:
+    """The fewest ranks whose per-rank memory fits the sequence (None: not even ``limit``)."""
+    capacity = usable_gib(device) * GIB
+
+    def fits(p: int) -> bool:
+        return sum(memory_per_rank(w, p).values()) <= capacity
+
+    if not fits(limit):
+        return None
+    lo, hi = 0, limit  # memory falls as P grows: binary search for the first that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
