@@ -227,7 +227,7 @@ def _sdpa_worker(threads: int, tasks, results) -> None:
             k = torch.randn(shape_kv, generator=g).to(dtype)
             v, dout = torch.randn_like(k), torch.randn_like(q)
 
-            def step(backward: bool) -> float:
+            def step(backward: bool, q=q, k=k, v=v, dout=dout, cfg=cfg) -> float:
                 qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
                 start = time.perf_counter()
                 out = F.scaled_dot_product_attention(
