@@ -1,0 +1,37 @@
+"""Read node and network layouts and place the ring of ring attention on the fastest links.
+
+Parsers (`nvidia_smi`, `ibstat`, `slurm`, `hostlist`) turn raw tool output into a
+`NodeTopology` per node and a `SwitchTopology`; `placement.plan_ring` turns those into a
+`RingPlan`, the JSON the workers read (`plan.load_plan`, `RingPlan.entry_for`).
+"""
+
+from .hostlist import compress, expand
+from .links import DEFAULT_BANDWIDTHS
+from .model import Gpu, Hca, Nic, NodeTopology, Port
+from .nodes import build_node, load_node, load_node_files
+from .placement import order_gpus, order_nodes, plan_ring
+from .plan import Hop, RankEntry, RingPlan, load_plan
+from .slurm import SwitchTopology, parse_slurm_topology
+
+__all__ = [
+    "DEFAULT_BANDWIDTHS",
+    "Gpu",
+    "Hca",
+    "Hop",
+    "Nic",
+    "NodeTopology",
+    "Port",
+    "RankEntry",
+    "RingPlan",
+    "SwitchTopology",
+    "build_node",
+    "compress",
+    "expand",
+    "load_node",
+    "load_node_files",
+    "load_plan",
+    "order_gpus",
+    "order_nodes",
+    "parse_slurm_topology",
+    "plan_ring",
+]

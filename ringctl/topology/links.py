@@ -1,0 +1,100 @@
+"""Link kinds and the nominal bandwidth table the placement ranks them by.
+
+Every figure is in Gbit/s, one direction, which is also the unit of InfiniBand port rates
+(`ibstat` prints `Rate: 200` for HDR), so intra-node and network hops compare directly. They
+are nominal, not measured: what matters for placement is their order (NVLink > PIX > PXB > PHB
+> NODE > SYS), and the bottleneck they name. Users with better numbers override any entry with
+`--bandwidth KIND=GBPS` or `plan_ring(..., bandwidths={...})`.
+
+| kind | Gbit/s | what it is (nvidia-smi legend)                  | basis                      |
+|------|--------|-------------------------------------------------|----------------------------|
+| NV   | 200    | per NVLink of a bonded set: NV12 = 2400         | 25 GB/s per link, one way  |
+| PIX  | 200    | at most one PCIe bridge                         | PCIe 4.0 x16, ~25 GB/s     |
+| PXB  | 180    | several PCIe bridges, no host bridge            | a chain of PCIe switches   |
+| PHB  | 150    | through a PCIe host bridge (the CPU)            | the CPU's root complex     |
+| NODE | 120    | between host bridges inside one NUMA node       |                            |
+| SYS  | 80     | across the SMP link between sockets (UPI/xGMI)  | ~10 GB/s peer to peer      |
+| NET  | 100    | between nodes when the port rate is unknown     | EDR InfiniBand             |
+| SHM  | 400    | between two CPU-only ranks of one node          | shared memory              |
+
+A network hop takes the smaller port rate of its two NICs, and no more than the PCIe path
+from each GPU to its NIC (a GPU two sockets away from its NIC does not get the NIC's rate).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+__all__ = [
+    "DEFAULT_BANDWIDTHS",
+    "NIC_PATH_ORDER",
+    "is_link_token",
+    "link_gbps",
+    "merge_bandwidths",
+    "nic_path_rank",
+    "normalise_token",
+]
+
+DEFAULT_BANDWIDTHS: dict[str, float] = {
+    "NV": 200.0,
+    "PIX": 200.0,
+    "PXB": 180.0,
+    "PHB": 150.0,
+    "NODE": 120.0,
+    "SYS": 80.0,
+    "NET": 100.0,
+    "SHM": 400.0,
+}
+
+# PCIe path kinds from a GPU to a NIC, nearest first.
+NIC_PATH_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+_NV = re.compile(r"^NV(\d+)$")
+# Drivers before ~384 printed SOC for what is now SYS.
+_ALIASES = {"SOC": "SYS"}
+_PCIE = set(NIC_PATH_ORDER)
+
+
+def normalise_token(token: str) -> str:
+    """`SOC` (old drivers) -> `SYS`; other valid tokens are returned unchanged."""
+    return _ALIASES.get(token, token)
+
+
+def is_link_token(token: str) -> bool:
+    """Whether `token` is a cell nvidia-smi can print in its matrix (`X`, `NV<n>`, PCIe kinds)."""
+    token = normalise_token(token)
+    return token == "X" or token in _PCIE or bool(_NV.match(token))
+
+
+def merge_bandwidths(overrides: Mapping[str, float] | None) -> dict[str, float]:
+    """The default table with the user's entries on top; unknown kinds are refused."""
+    table = dict(DEFAULT_BANDWIDTHS)
+    for kind, value in (overrides or {}).items():
+        key = kind.upper()
+        if key not in table:
+            raise ValueError(f"unknown link kind {kind!r}; known: {', '.join(table)}")
+        if not value > 0:
+            raise ValueError(f"bandwidth of {kind} must be positive, got {value}")
+        table[key] = float(value)
+    return table
+
+
+def link_gbps(token: str, table: Mapping[str, float]) -> float:
+    """Nominal Gbit/s of a matrix token: `NV<n>` scales with n, the rest are table entries."""
+    token = normalise_token(token)
+    m = _NV.match(token)
+    if m:
+        return table["NV"] * int(m.group(1))
+    if token in table:
+        return table[token]
+    raise ValueError(f"no bandwidth for link kind {token!r}")
+
+
+def nic_path_rank(token: str) -> int:
+    """0 for PIX (nearest) up to 4 for SYS; used to pick each GPU's NIC."""
+    token = normalise_token(token)
+    try:
+        return NIC_PATH_ORDER.index(token)
+    except ValueError:
+        return len(NIC_PATH_ORDER)

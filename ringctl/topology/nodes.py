@@ -1,0 +1,135 @@
+"""Build a NodeTopology from tool outputs: files, a directory of them, or a probe JSON.
+
+The join of the matrix and ibstat lives here because neither tool alone says which NIC is
+worth using: nvidia-smi lists every NIC (down or Ethernet ones too) with its PCIe distance,
+ibstat says which ports are up and how fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import UserError
+from .ibstat import parse_hca_text
+from .model import Hca, Nic, NodeTopology
+from .nvidia_smi import SmiTopology, parse_nvidia_smi
+
+__all__ = ["build_node", "load_node", "load_node_files", "parse_node_arg"]
+
+SMI_FILE = "nvidia-smi-topo.txt"
+HCA_FILES = ("ibstat.txt", "ibv_devinfo.txt")
+# Where a NIC known only from ibstat sits relative to the GPUs: unknown, so assume the worst.
+UNKNOWN_PATH = "SYS"
+
+
+def _nic_from_hca(name: str, label: str | None, hca: Hca | None, known: bool) -> Nic:
+    nic = Nic(name=name, label=label)
+    if not known:
+        return nic  # no ibstat at all: usable, speed unknown
+    if hca is None:
+        nic.usable, nic.why_unusable = False, "not listed by ibstat/ibv_devinfo"
+        return nic
+    port = hca.best_port()
+    if port is None:
+        nic.usable, nic.why_unusable = False, "no port is active"
+        first = hca.ports[0] if hca.ports else None
+        nic.link_layer = first.link_layer if first else None
+        return nic
+    nic.port, nic.rate_gbps, nic.link_layer = port.number, port.rate_gbps, port.link_layer
+    return nic
+
+
+def build_node(
+    name: str,
+    smi: SmiTopology | None,
+    hcas: list[Hca] | None = None,
+    cpu_count: int | None = None,
+) -> NodeTopology:
+    """Join a parsed matrix (None: no GPU) with ibstat's HCAs (None: not captured)."""
+    node = NodeTopology(name=name, cpu_count=cpu_count)
+    by_name = {h.name: h for h in hcas or []}
+    known = hcas is not None
+    if smi is not None:
+        node.gpus = list(smi.gpus)
+        node.gpu_links = [list(r) for r in smi.gpu_links]
+        node.gpu_nic_links = [list(r) for r in smi.gpu_nic_links]
+        names = list(smi.nic_names)
+        no_legend = all(n == lbl for n, lbl in zip(names, smi.nic_labels, strict=True))
+        if known and no_legend and names and all(n.startswith("NIC") for n in names):
+            # NICn columns without their legend: nvidia-smi and ibstat both list NICs in PCI
+            # order, so match by position when the counts agree.
+            hca_names = [h.name for h in hcas]
+            if len(hca_names) == len(names):
+                names = hca_names
+        for label, nic_name in zip(smi.nic_labels, names, strict=True):
+            node.nics.append(_nic_from_hca(nic_name, label, by_name.get(nic_name), known))
+    listed = {n.name for n in node.nics}
+    for hca in hcas or []:
+        if hca.name not in listed:
+            node.nics.append(_nic_from_hca(hca.name, None, hca, True))
+            for row in node.gpu_nic_links:
+                row.append(UNKNOWN_PATH)
+    return node
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as err:
+        raise UserError(f"{path}: cannot read ({err.strerror})") from None
+
+
+def load_node_files(
+    nvidia_smi: str | Path | None, hca_file: str | Path | None = None, name: str = "node"
+) -> NodeTopology:
+    """A node from an `nvidia-smi topo -m` file and optionally an ibstat/ibv_devinfo file."""
+    smi = None
+    if nvidia_smi is not None:
+        smi = parse_nvidia_smi(_read(Path(nvidia_smi)), str(nvidia_smi))
+    hcas = None
+    if hca_file is not None:
+        hcas = parse_hca_text(_read(Path(hca_file)), str(hca_file))
+    return build_node(name, smi, hcas)
+
+
+def _load_probe(path: Path, name: str | None) -> NodeTopology:
+    text = _read(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}: expected a probe JSON ({err.msg})") from None
+    if not isinstance(data, dict) or "nvidia_smi_topo" not in data:
+        raise UserError(f"{path}:1: expected a probe JSON with key nvidia_smi_topo")
+    node_name = name or data.get("node") or path.stem
+    smi_text = data.get("nvidia_smi_topo")
+    smi = parse_nvidia_smi(smi_text, f"{path}[nvidia_smi_topo]") if smi_text else None
+    hcas = None
+    for key in ("ibstat", "ibv_devinfo"):
+        if data.get(key):
+            hcas = parse_hca_text(data[key], f"{path}[{key}]")
+            break
+    return build_node(node_name, smi, hcas, data.get("cpu_count"))
+
+
+def load_node(path: str | Path, name: str | None = None) -> NodeTopology:
+    """A node from a probe JSON, or from a directory holding `nvidia-smi-topo.txt` and
+    optionally `ibstat.txt` or `ibv_devinfo.txt`."""
+    path = Path(path)
+    if path.is_dir():
+        smi_path = path / SMI_FILE
+        if not smi_path.is_file():
+            raise UserError(f"{path}: expected a probe JSON or a directory holding {SMI_FILE}")
+        hca = next((path / f for f in HCA_FILES if (path / f).is_file()), None)
+        return load_node_files(smi_path, hca, name or path.name)
+    if not path.exists():
+        raise UserError(f"{path}: no such file or directory")
+    return _load_probe(path, name)
+
+
+def parse_node_arg(arg: str) -> tuple[str | None, str]:
+    """`NAME=PATH` -> (NAME, PATH); a bare PATH takes its name from the probe or directory."""
+    name, sep, path = arg.partition("=")
+    if sep and name and "/" not in name:
+        return name, path
+    return None, arg

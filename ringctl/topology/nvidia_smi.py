@@ -1,0 +1,168 @@
+"""Parse `nvidia-smi topo -m` in every driver variant we have seen.
+
+The matrix is split on whitespace, never on fixed columns: most pasted outputs have their tabs
+expanded, NIC rows end in empty tab cells, and header names such as `CPU Affinity` contain a
+space. Device columns are the leading header words that hold a digit (`GPU0`, `NIC3`,
+`mlx5_0`); the words after them name information columns (`CPU Affinity`, `NUMA Affinity`,
+`GPU NUMA ID`, or something newer, which is kept but not needed). Anything that would give a
+wrong plan (a missing row, a short row from a wrapped terminal line, an unknown link token) is
+refused with the file and line, because a silently wrong matrix places the ring badly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+from .links import is_link_token, normalise_token
+from .model import Gpu
+
+__all__ = ["SmiTopology", "parse_nvidia_smi"]
+
+# Known information columns, longest first so `GPU NUMA ID` is not read as `GPU`.
+_INFO_COLUMNS = [("GPU", "NUMA", "ID"), ("CPU", "Affinity"), ("NUMA", "Affinity")]
+_CPU_LIST = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
+_GPU_LABEL = re.compile(r"^GPU(\d+)$")
+_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+
+
+@dataclass
+class SmiTopology:
+    """The parsed matrix: GPUs in index order, NIC names (legend applied) and link tokens."""
+
+    gpus: list[Gpu] = field(default_factory=list)
+    nic_labels: list[str] = field(default_factory=list)
+    nic_names: list[str] = field(default_factory=list)
+    gpu_links: list[list[str]] = field(default_factory=list)
+    gpu_nic_links: list[list[str]] = field(default_factory=list)
+    nic_links: list[list[str]] = field(default_factory=list)
+    extra_columns: list[str] = field(default_factory=list)
+
+
+def _info_names(words: list[str]) -> list[str]:
+    """Group the header words after the device columns into column names."""
+    names, i = [], 0
+    while i < len(words):
+        for phrase in _INFO_COLUMNS:
+            if tuple(words[i : i + len(phrase)]) == phrase:
+                names.append(" ".join(phrase))
+                i += len(phrase)
+                break
+        else:
+            names.append(words[i])
+            i += 1
+    return names
+
+
+def _check_info(value: str, column: str, where: str) -> None:
+    if value == "N/A":
+        return
+    if column in ("CPU Affinity", "NUMA Affinity") and not _CPU_LIST.match(value):
+        raise UserError(
+            f"{where}: expected a {column} such as 0-15,32-47 or N/A, found {value!r} "
+            "(a row longer than the header: columns cut or wrapped?)"
+        )
+
+
+def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> SmiTopology:
+    """Parse the text of `nvidia-smi topo -m`; `source` names the file in error messages."""
+    lines = text.splitlines()
+    header_at = None
+    for i, line in enumerate(lines):
+        words = line.split()
+        if words and words[0] == "GPU0":
+            header_at = i
+            break
+    if header_at is None:
+        raise UserError(f"{source}:1: expected a matrix header starting with GPU0")
+    words = lines[header_at].split()
+    n_dev = 0
+    while n_dev < len(words) and any(c.isdigit() for c in words[n_dev]):
+        n_dev += 1
+    devices = words[:n_dev]
+    info = _info_names(words[n_dev:])
+    if len(set(devices)) != len(devices):
+        raise UserError(f"{source}:{header_at + 1}: a device column appears twice in the header")
+
+    rows: dict[str, list[str]] = {}
+    row_info: dict[str, dict[str, str]] = {}
+    at = header_at + 1
+    for at in range(header_at + 1, len(lines)):
+        cells = lines[at].split()
+        where = f"{source}:{at + 1}"
+        if not cells:
+            break
+        label = cells[0]
+        if label not in devices:
+            if len(cells) > 1 and (is_link_token(label) or is_link_token(cells[1])):
+                raise UserError(
+                    f"{where}: expected a row starting with one of {devices[0]}..{devices[-1]}, "
+                    f"found {label!r} (header cut, or a row wrapped by a narrow terminal?)"
+                )
+            break
+        if label in rows:
+            raise UserError(f"{where}: row {label} appears twice")
+        links = cells[1 : 1 + n_dev]
+        if len(links) < n_dev:
+            raise UserError(
+                f"{where}: expected {n_dev} link cells in row {label} "
+                f"({devices[0]}..{devices[-1]}), found {len(links)} (line cut or wrapped?)"
+            )
+        for col, token in zip(devices, links, strict=True):
+            if not is_link_token(token):
+                raise UserError(
+                    f"{where}: unknown link token {token!r} in row {label}, column {col} "
+                    "(expected X, NV<n>, PIX, PXB, PHB, NODE or SYS)"
+                )
+        if links[devices.index(label)] != "X":
+            raise UserError(f"{where}: expected X on the diagonal of row {label}")
+        rows[label] = [normalise_token(t) for t in links]
+        rest = cells[1 + n_dev :]
+        values: dict[str, str] = {}
+        for column, value in zip(info, rest, strict=False):
+            _check_info(value, column, where)
+            values[column] = value
+        row_info[label] = values
+    else:
+        at = len(lines)
+
+    missing = [d for d in devices if d not in rows]
+    if missing:
+        raise UserError(
+            f"{source}:{at + 1}: expected a row for {missing[0]} "
+            f"(found {len(rows)} of {n_dev} rows: matrix not square or truncated)"
+        )
+
+    legend: dict[str, str] = {}
+    for line in lines[at:]:
+        m = _NIC_LEGEND.match(line)
+        if m:
+            legend[m.group(1)] = m.group(2)
+
+    gpu_cols = [d for d in devices if _GPU_LABEL.match(d)]
+    nic_cols = [d for d in devices if not _GPU_LABEL.match(d)]
+    if not gpu_cols:
+        raise UserError(f"{source}:{header_at + 1}: expected at least one GPU column")
+    gpu_cols.sort(key=lambda d: int(d[3:]))
+    idx = {d: devices.index(d) for d in devices}
+    topo = SmiTopology(extra_columns=[c for c in info if c not in _KNOWN])
+    for d in gpu_cols:
+        vals = row_info[d]
+        topo.gpus.append(
+            Gpu(
+                index=int(d[3:]),
+                cpu_affinity=vals.get("CPU Affinity"),
+                numa_affinity=vals.get("NUMA Affinity"),
+                gpu_numa_id=vals.get("GPU NUMA ID"),
+            )
+        )
+        topo.gpu_links.append([rows[d][idx[e]] for e in gpu_cols])
+        topo.gpu_nic_links.append([rows[d][idx[e]] for e in nic_cols])
+    topo.nic_labels = nic_cols
+    topo.nic_names = [legend.get(d, d) for d in nic_cols]
+    topo.nic_links = [[rows[d][idx[e]] for e in nic_cols] for d in nic_cols]
+    return topo
+
+
+_KNOWN = {" ".join(p) for p in _INFO_COLUMNS}

@@ -1,0 +1,372 @@
+"""Placement on the fixture machines and on constructed layouts, and its invariants."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ringctl.errors import UserError
+from ringctl.topology import build_node, load_node_files, plan_ring
+from ringctl.topology.ibstat import parse_ibstat
+from ringctl.topology.links import DEFAULT_BANDWIDTHS, link_gbps
+from ringctl.topology.nvidia_smi import parse_nvidia_smi
+from ringctl.topology.search import best_order, order_key
+from ringctl.topology.slurm import parse_slurm_topology
+
+FIX = Path(__file__).parent / "fixtures" / "topology"
+SMI = FIX / "nvidia-smi"
+DGX = SMI / "dgx-a100-8gpu-nv12-10nic-legend-epyc7742-driver525-tabs.txt"
+H100 = SMI / "h100-sxm-8gpu-nv18-no-nics-dual-numa-with-prompt.txt"
+LEONARDO = SMI / "leonardo-4x-a100-sxm-64gb-nv4-mesh-4nic-slurm-cpuset.txt"
+PCIE = SMI / "pcie-4gpu-dual-socket-pxb-pix-sys-no-nvlink-tabs.txt"
+CUBE = FIX / "synthetic" / "nvidia-smi-hybrid-cube-mesh-8gpu-nv1-nv2-gpu-numa-id.txt"
+OLD = FIX / "synthetic" / "nvidia-smi-4gpu-3nic-old-driver-device-names.txt"
+ROCE_ONLY = FIX / "synthetic" / "ibstat-two-ib-down-one-roce-up.txt"
+
+
+def smi_text(n: int, link, nics: list[list[str]] | None = None) -> str:
+    """nvidia-smi style text for n GPUs; link(i, j) gives the token, nics[i] the NIC cells."""
+    m = len(nics[0]) if nics else 0
+    header = [f"GPU{i}" for i in range(n)] + [f"NIC{k}" for k in range(m)]
+    lines = ["\t" + "\t".join(header + ["CPU Affinity", "NUMA Affinity"])]
+    for i in range(n):
+        cells = [" X " if i == j else link(min(i, j), max(i, j)) for j in range(n)]
+        cells += nics[i] if nics else []
+        lines.append(f"GPU{i}\t" + "\t".join(cells) + "\t0-7\t0")
+    for k in range(m):
+        cells = [nics[i][k] for i in range(n)] + [" X " if k == q else "SYS" for q in range(m)]
+        lines.append(f"NIC{k}\t" + "\t".join(cells))
+    if m:
+        lines += ["", "NIC Legend:", ""] + [f"  NIC{k}: mlx5_{k}" for k in range(m)]
+    return "\n".join(lines) + "\n"
+
+
+def node_from(text: str, name: str = "node", ibstat: str | None = None):
+    hcas = parse_ibstat(ibstat) if ibstat is not None else None
+    return build_node(name, parse_nvidia_smi(text), hcas)
+
+
+def ibstat_text(ports: dict[str, tuple[str, int, str]]) -> str:
+    """ibstat output: {hca: (state, rate, link layer)}."""
+    out = []
+    for name, (state, rate, layer) in ports.items():
+        phys = "LinkUp" if state == "Active" else "Disabled"
+        out += [f"CA '{name}'", "\tPort 1:", f"\t\tState: {state}"]
+        out += [f"\t\tPhysical state: {phys}", f"\t\tRate: {rate}", f"\t\tLink layer: {layer}"]
+    return "\n".join(out) + "\n"
+
+
+def gpu_order(plan, node: str) -> list[int]:
+    return [e.gpu for e in plan.ring if e.node == node]
+
+
+def leaf_runs(plan) -> list[str]:
+    """Leaf switch of each rank's node, in ring order."""
+    switch = {n["name"]: n["switch"] for n in plan.nodes}
+    return [switch[e.node] for e in plan.ring]
+
+
+# ---- one node ------------------------------------------------------------------------------
+
+
+def test_dgx_a100_ring_all_nv12_and_rail_nics():
+    plan = plan_ring([load_node_files(DGX, name="dgx")])
+    assert sorted(gpu_order(plan, "dgx")) == list(range(8))
+    assert {h.link for h in plan.hops} == {"NV12"} and len(plan.hops) == 8
+    assert plan.bottleneck.gbps == 12 * DEFAULT_BANDWIDTHS["NV"]
+    nic_of = {e.gpu: e.nic for e in plan.ring}
+    assert nic_of == {g: f"mlx5_{g}" for g in range(8)}  # PXB NIC, one per GPU, never mlx5_8/9
+    e0 = plan.entry_for("dgx", 0)
+    assert e0.env["CUDA_VISIBLE_DEVICES"] == str(e0.gpu)
+    assert e0.env["NCCL_IB_HCA"] == f"=mlx5_{e0.gpu}"
+    assert e0.env["RINGCTL_NUMA_NODE"] == str([3, 3, 1, 1, 7, 7, 5, 5][e0.gpu])
+
+
+def test_h100_nv18_no_nic():
+    plan = plan_ring([load_node_files(H100, name="h100")])
+    assert plan.bottleneck.link == "NV18" and plan.bottleneck.gbps == 3600.0
+    assert all(e.nic is None and "NCCL_IB_HCA" not in e.env for e in plan.ring)
+
+
+def test_pcie_pairs_stay_adjacent_two_sys_hops_minimum():
+    plan = plan_ring([load_node_files(PCIE)])
+    links = sorted(h.link for h in plan.hops)
+    assert links == ["PIX", "PXB", "SYS", "SYS"]
+    order = gpu_order(plan, "node")
+    pos = {g: i for i, g in enumerate(order)}
+    assert abs(pos[0] - pos[1]) in (1, 3) and abs(pos[2] - pos[3]) in (1, 3)
+
+
+def test_hybrid_cube_mesh_finds_all_nvlink_cycle_where_index_order_is_not():
+    node = load_node_files(CUBE)
+    w = [
+        [0 if i == j else link_gbps(t, DEFAULT_BANDWIDTHS) for j, t in enumerate(row)]
+        for i, row in enumerate(node.gpu_links)
+    ]
+    assert order_key(list(range(8)), w, cycle=True)[0] == DEFAULT_BANDWIDTHS["SYS"]
+    plan = plan_ring([node])
+    assert all(h.link == "NV2" for h in plan.hops)  # every hop a double NVLink
+    assert plan.bottleneck.gbps == 400.0
+
+
+def test_nvlink_pairs_without_a_full_cycle_minimise_slow_hops():
+    # GPUs 0-3 on socket A (PHB between them), 4-5 on socket B; NV2 pairs (0,1), (2,3), (4,5)
+    def link(i, j):
+        if (i, j) in {(0, 1), (2, 3), (4, 5)}:
+            return "NV2"
+        return "PHB" if j < 4 else "SYS"
+
+    node = node_from(smi_text(6, link))
+    plan = plan_ring([node])
+    links = [h.link for h in plan.hops]
+    assert links.count("NV2") == 3 and links.count("SYS") == 2 and links.count("PHB") == 1
+    w = [
+        [
+            0 if i == j else link_gbps(link(min(i, j), max(i, j)), DEFAULT_BANDWIDTHS)
+            for j in range(6)
+        ]
+        for i in range(6)
+    ]
+    best = max(order_key(p, w, cycle=True) for p in itertools.permutations(range(6)))
+    assert order_key(gpu_order(plan, "node"), w, cycle=True) == best
+
+
+def test_fewer_ranks_than_gpus_takes_the_best_subset():
+    def link(i, j):
+        return "NV4" if {i, j} <= {1, 2, 3} else "SYS"
+
+    plan = plan_ring([node_from(smi_text(5, link))], ranks_per_node=3)
+    assert sorted(gpu_order(plan, "node")) == [1, 2, 3]
+    assert [e.local_rank for e in plan.ring] == [0, 1, 2]
+    with pytest.raises(UserError, match="has 5 GPUs, fewer than --ranks-per-node 6"):
+        plan_ring([node_from(smi_text(5, link))], ranks_per_node=6)
+
+
+def test_single_gpu_single_rank_has_no_hop():
+    plan = plan_ring([node_from(smi_text(1, None))])
+    assert plan.world_size == 1 and plan.hops == [] and plan.bottleneck is None
+
+
+def test_bandwidth_overrides_change_estimates():
+    plan = plan_ring([load_node_files(PCIE)], bandwidths={"SYS": 10, "pix": 300})
+    gbps = {h.link: h.gbps for h in plan.hops}
+    assert gbps["SYS"] == 10.0 and gbps["PIX"] == 300.0
+    with pytest.raises(UserError, match="unknown link kind 'FOO'"):
+        plan_ring([load_node_files(PCIE)], bandwidths={"FOO": 1})
+
+
+# ---- several nodes -------------------------------------------------------------------------
+
+
+def test_entry_and_exit_gpus_are_the_ones_near_a_usable_nic():
+    # only mlx5_0 and mlx5_1 are up: PXB to GPU0 and GPU1, SYS to every other GPU
+    ib = ibstat_text(
+        {f"mlx5_{k}": ("Active" if k < 2 else "Down", 200, "InfiniBand") for k in range(10)}
+    )
+    text = DGX.read_text()
+    nodes = [node_from(text, f"dgx{i}", ib) for i in range(3)]
+    plan = plan_ring(nodes)
+    for node in ("dgx0", "dgx1", "dgx2"):
+        order = gpu_order(plan, node)
+        assert {order[0], order[-1]} == {0, 1}
+    net = [h for h in plan.hops if h.link == "NET"]
+    assert len(net) == 3
+    assert all(h.gbps == min(200.0, DEFAULT_BANDWIDTHS["PXB"]) for h in net)
+    assert {e.nic for e in plan.ring} == {"mlx5_0", "mlx5_1"}
+    assert plan.bottleneck.link == "NET"
+
+
+def test_node_with_only_ethernet_nics_up_uses_roce():
+    nodes = [node_from(OLD.read_text(), f"e{i}", ROCE_ONLY.read_text()) for i in range(2)]
+    plan = plan_ring(nodes)
+    assert {e.nic for e in plan.ring} == {"mlx5_2"}
+    assert {e.env["NCCL_IB_HCA"] for e in plan.ring} == {"=mlx5_2:1"}
+    nics = {n["name"]: n for n in plan.nodes[0]["nics"]}
+    assert nics["mlx5_2"]["link_layer"] == "Ethernet" and nics["mlx5_2"]["usable"]
+    assert not nics["mlx5_0"]["usable"] and not nics["mlx5_1"]["usable"]
+    # GPU0/1 are PHB to mlx5_2 (100 Gbit/s port), GPU2/3 only SYS (80). The node needs one
+    # SYS hop inside anyway, so the best ring keeps both NV2 pairs and has one end near the NIC.
+    for node in ("e0", "e1"):
+        order = gpu_order(plan, node)
+        assert {order[0], order[-1]} & {0, 1}
+    assert plan.bottleneck.gbps == DEFAULT_BANDWIDTHS["SYS"]
+    assert sum(h.gbps == plan.bottleneck.gbps for h in plan.hops) == 4
+    assert sorted(h.link for h in plan.hops).count("NV2") == 4
+
+
+def test_each_gpu_gets_its_nearest_usable_nic_ties_to_the_faster_port():
+    nics = [["PIX", "PIX", "PXB"], ["PXB", "SYS", "PIX"]]
+    text = smi_text(2, lambda i, j: "NV4", nics)
+    ib = ibstat_text(
+        {
+            "mlx5_0": ("Active", 100, "InfiniBand"),
+            "mlx5_1": ("Active", 200, "InfiniBand"),
+            "mlx5_2": ("Down", 400, "InfiniBand"),
+        }
+    )
+    plan = plan_ring([node_from(text, "a", ib)])
+    nic_of = {e.gpu: e.nic for e in plan.ring}
+    assert nic_of == {0: "mlx5_1", 1: "mlx5_0"}  # GPU1's PIX NIC is down: PXB next
+    assert plan.entry_for("a", 0).env["NCCL_IB_HCA"] == f"={nic_of[plan.ring[0].gpu]}:1"
+
+
+def test_four_leonardo_nodes_under_two_leaves():
+    topo = parse_slurm_topology(
+        "SwitchName=leaf1 Nodes=n[1,3]\nSwitchName=leaf2 Nodes=n[2,4]\n"
+        "SwitchName=spine Switches=leaf[1-2]\n"
+    )
+    nodes = [load_node_files(LEONARDO, name=f"n{i}") for i in range(1, 5)]
+    plan = plan_ring(nodes, topo)
+    assert [n["name"] for n in plan.nodes] == ["n1", "n3", "n2", "n4"]
+    assert plan.switch_crossings() == 2
+    assert [h.link for h in plan.hops].count("NET") == 4
+    assert [n["switch_path"] for n in plan.nodes][0] == ["leaf1", "spine"]
+
+
+def cpu_node(name: str):
+    return build_node(name, None, None, cpu_count=4)
+
+
+def test_sixteen_nodes_under_four_leaves_named_out_of_order():
+    text = (
+        "SwitchName=leafD Nodes=node[04,08,12,16]\n"
+        "SwitchName=leafB Nodes=node[02,06,10,14]\n"
+        "SwitchName=leafA Nodes=node[01,05,09,13]\n"
+        "SwitchName=leafC Nodes=node[03,07,11,15]\n"
+        "SwitchName=spine Switches=leafC,leafA,leafD,leafB\n"
+    )
+    topo = parse_slurm_topology(text)
+    nodes = [cpu_node(f"node{i:02d}") for i in range(1, 17)]
+    plan = plan_ring(nodes, topo)
+    assert sorted(e.node for e in plan.ring) == [f"node{i:02d}" for i in range(1, 17)]
+    runs = [k for k, _ in itertools.groupby(leaf_runs(plan))]
+    assert runs == ["leafC", "leafA", "leafD", "leafB"]  # each leaf one run, spine's order
+    assert plan.switch_crossings() == 4
+    assert plan_ring(nodes).switch_crossings() == 0  # no layout given: nothing known to cross
+    naive = plan_ring(nodes, topo)
+    assert all(h.link == "NET" for h in naive.hops) and len(naive.hops) == 16
+
+
+def test_two_level_tree_keeps_spines_together():
+    text = "\n".join(
+        [f"SwitchName=l{i} Nodes=c[{2 * i}-{2 * i + 1}]" for i in range(4)]
+        + ["SwitchName=s0 Switches=l[0,2]", "SwitchName=s1 Switches=l[1,3]"]
+        + ["SwitchName=top Switches=s[1,0]"]
+    )
+    topo = parse_slurm_topology(text)
+    plan = plan_ring([cpu_node(f"c{i}") for i in range(8)], topo)
+    assert [e.node for e in plan.ring] == ["c2", "c3", "c6", "c7", "c0", "c1", "c4", "c5"]
+    spines = [n["switch_path"][1] for n in plan.nodes]
+    assert [k for k, _ in itertools.groupby(spines)] == ["s1", "s0"]
+
+
+def test_cpu_only_nodes_ranks_per_node_and_unknown_nodes_last():
+    topo = parse_slurm_topology("SwitchName=leaf1 Nodes=n[3-4]\nSwitchName=leaf2 Nodes=n[1-2]\n")
+    nodes = [cpu_node(n) for n in ("n1", "n2", "n3", "n4", "x9")]
+    plan = plan_ring(nodes, topo, ranks_per_node=2)
+    assert [(e.node, e.local_rank) for e in plan.ring][:4] == [
+        ("n3", 0),
+        ("n3", 1),
+        ("n4", 0),
+        ("n4", 1),
+    ]
+    assert plan.ring[-1].node == "x9" and plan.nodes[-1]["switch"] is None
+    assert all(e.gpu is None and e.env == {} for e in plan.ring)
+    assert {h.link for h in plan.hops} == {"SHM", "NET"}
+    assert plan.entry_for("n1", 1).rank == 5  # after n3 and n4, two ranks each
+    one = plan_ring(nodes[:2])
+    assert [e.node for e in one.ring] == ["n1", "n2"] and len(one.hops) == 2
+
+
+def test_duplicate_node_names_are_refused():
+    with pytest.raises(UserError, match="node n1 is given twice"):
+        plan_ring([cpu_node("n1"), cpu_node("n1")])
+
+
+# ---- invariants ----------------------------------------------------------------------------
+
+TOKENS = ["NV1", "NV2", "NV4", "NV12", "PIX", "PXB", "PHB", "NODE", "SYS"]
+
+
+@st.composite
+def layouts(draw):
+    n = draw(st.integers(1, 7))
+    pairs = {(i, j): draw(st.sampled_from(TOKENS)) for i in range(n) for j in range(i + 1, n)}
+    m = draw(st.integers(0, 3))
+    nics = [
+        [draw(st.sampled_from(["PIX", "PXB", "PHB", "NODE", "SYS"])) for _ in range(m)]
+        for _ in range(n)
+    ]
+    return n, pairs, nics if m else None
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts(), st.integers(1, 3), st.data())
+def test_ring_visits_every_gpu_exactly_once(layout, n_nodes, data):
+    n, pairs, nics = layout
+    text = smi_text(n, lambda i, j: pairs[(i, j)], nics)
+    nodes = [node_from(text, f"h{k}") for k in range(n_nodes)]
+    ranks = data.draw(st.none() | st.integers(1, n))
+    plan = plan_ring(nodes, ranks_per_node=ranks)
+    per_node = n if ranks is None else ranks
+    assert [e.rank for e in plan.ring] == list(range(n_nodes * per_node))
+    for k in range(n_nodes):
+        gpus = gpu_order(plan, f"h{k}")
+        assert len(gpus) == len(set(gpus)) == per_node and set(gpus) <= set(range(n))
+        assert [e.local_rank for e in plan.ring if e.node == f"h{k}"] == list(range(per_node))
+    size = plan.world_size
+    assert [(h.src, h.dst) for h in plan.hops] == [
+        (i, (i + 1) % size) for i in range(size if size > 1 else 0)
+    ]
+    if plan.hops:
+        assert plan.bottleneck.gbps == min(h.gbps for h in plan.hops)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts())
+def test_single_node_ring_is_optimal(layout):
+    n, pairs, _ = layout
+    w = [
+        [
+            0.0 if i == j else link_gbps(pairs[(min(i, j), max(i, j))], DEFAULT_BANDWIDTHS)
+            for j in range(n)
+        ]
+        for i in range(n)
+    ]
+    order = best_order(w, cycle=True)
+    assert sorted(order) == list(range(n))
+    best = max(order_key(p, w, cycle=True) for p in itertools.permutations(range(n)))
+    assert order_key(order, w, cycle=True) == best
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_best_order_matches_brute_force_for_paths_and_partial_rings(n, data):
+    levels = [80.0, 150.0, 200.0, 400.0, 2400.0]
+    w = [[0.0] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(i + 1, n):
+            w[i][j] = w[j][i] = data.draw(st.sampled_from(levels))
+    k = data.draw(st.integers(1, n))
+    cycle = data.draw(st.booleans())
+    ends = None if cycle else data.draw(st.none() | st.just(True))
+    start_w = [data.draw(st.sampled_from(levels)) for _ in range(n)] if ends else None
+    end_w = [data.draw(st.sampled_from(levels)) for _ in range(n)] if ends else None
+    order = best_order(w, k, cycle=cycle, start_w=start_w, end_w=end_w)
+    assert len(order) == len(set(order)) == k
+    best = max(order_key(p, w, cycle, start_w, end_w) for p in itertools.permutations(range(n), k))
+    assert order_key(order, w, cycle, start_w, end_w) == best
+
+
+def test_large_nodes_use_the_heuristic_and_still_keep_nvlink_islands():
+    # 14 GPUs in two NVLink islands of 7: the best ring crosses between islands twice
+    plan = plan_ring([node_from(smi_text(14, lambda i, j: "NV6" if i // 7 == j // 7 else "SYS"))])
+    assert [h.link for h in plan.hops].count("SYS") == 2
+    plan = plan_ring([node_from(smi_text(16, lambda i, j: "NV12"))])  # an NVSwitch machine
+    assert {h.link for h in plan.hops} == {"NV12"} and sorted(gpu_order(plan, "node")) == list(
+        range(16)
+    )
