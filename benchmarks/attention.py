@@ -16,6 +16,7 @@ the ring's transfer time hidden behind compute: 1 - (time blocked waiting for tr
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -23,7 +24,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,11 +42,12 @@ class Config:
     causal: bool
     layout: str
     repeats: int
+    impl: str = "ringattn"  # or "ring-attention-pytorch", the peer package (timing only)
 
 
 @dataclass
 class Result:
-    impl: str  # "ring" or "sdpa"
+    impl: str  # "ringattn", "ring-attention-pytorch" or "sdpa"
     ranks: int
     threads: int
     config: Config
@@ -149,7 +151,12 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
         qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
         dist.barrier()
         start = time.perf_counter()
-        out = ringattn.ring_attention(qq, kk, vv, causal=cfg.causal, layout=cfg.layout)
+        if cfg.impl == "ringattn":
+            out = ringattn.ring_attention(qq, kk, vv, causal=cfg.causal, layout=cfg.layout)
+        else:  # the peer package, in its own contiguous layout; timed, not trusted
+            from ring_attention_pytorch import ring_flash_attn
+
+            out = ring_flash_attn(qq, kk, vv, causal=cfg.causal, ring_size=world)
         if backward:
             out.backward(dout)
         elapsed = time.perf_counter() - start
@@ -336,6 +343,14 @@ def _get(results, procs):
 
 
 # ----------------------------------------------------------------------------- driver
+def _peer_installed() -> bool:
+    try:
+        import ring_attention_pytorch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run_benchmark(args: argparse.Namespace) -> list[Result]:
     import tempfile
 
@@ -344,33 +359,33 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
     ctx = mp.get_context("spawn")
     results: list[Result] = []
     causal_values = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
+    peer = args.peer and _peer_installed()
+    if args.peer and not peer:
+        print("ring-attention-pytorch is not installed: pip install -e '.[bench]'", flush=True)
     with tempfile.TemporaryDirectory() as tmpdir:
         for world in args.ranks:
             baseline_threads = args.baseline_threads or world * args.threads_per_rank
             pool = RingPool(ctx, world, args.threads_per_rank, tmpdir)
             sdpa = SdpaProcess(ctx, baseline_threads) if not args.no_baseline else None
             try:
-                for seq in args.seq:
-                    for causal in causal_values:
-                        for layout in args.layouts:
-                            cfg = Config(
-                                seq,
-                                args.heads,
-                                args.kv_heads or args.heads,
-                                args.head_dim,
-                                args.batch,
-                                args.dtype,
-                                causal,
-                                layout,
-                                args.repeats,
-                            )
-                            if seq % (world * (2 if layout == "zigzag" else 1)):
-                                continue
-                            results.append(_ring_result(cfg, world, args, pool.run(cfg)))
-                            _print_row(results[-1])
-                            if sdpa is not None:
-                                results.append(_sdpa_result(cfg, baseline_threads, sdpa.run(cfg)))
-                                _print_row(results[-1])
+                for seq, causal in itertools.product(args.seq, causal_values):
+                    base = Config(
+                        seq, args.heads, args.kv_heads or args.heads, args.head_dim, args.batch,
+                        args.dtype, causal, "contiguous", args.repeats,
+                    )  # fmt: skip
+                    baseline = None
+                    if sdpa is not None:  # first, so each ring row can show its ratio
+                        baseline = _sdpa_result(base, baseline_threads, sdpa.run(base))
+                        results.append(baseline)
+                        _print_row(baseline, None)
+                    runs = [replace(base, layout=layout) for layout in args.layouts]
+                    if peer and world > 1:
+                        runs.append(replace(base, impl="ring-attention-pytorch"))
+                    for cfg in runs:
+                        if seq % (world * (2 if cfg.layout == "zigzag" else 1)):
+                            continue
+                        results.append(_ring_result(cfg, world, args, pool.run(cfg)))
+                        _print_row(results[-1], baseline)
             finally:
                 pool.close()
                 if sdpa is not None:
@@ -380,23 +395,36 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
 
 def _ring_result(cfg: Config, world: int, args, raw: dict) -> Result:
     fwd_flops, fwd_bwd_flops = attention_flops(cfg)
-    hidden = None
-    if world > 1 and raw["comm_alone_s"] > 0:
+    hidden = None  # measured through ringattn's own comm stats; unknown for the peer
+    if cfg.impl == "ringattn" and world > 1 and raw["comm_alone_s"] > 0:
         hidden = max(0.0, min(1.0, 1.0 - raw["wait_s"] / raw["comm_alone_s"]))
-    return Result(
-        "ring",
-        world,
-        args.threads_per_rank,
-        cfg,
-        raw["fwd_s"],
-        raw["fwd_bwd_s"],
-        fwd_flops / raw["fwd_s"] / 1e9,
-        fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9,
-        raw["peak_mib"],
-        hidden,
-        raw["comm_alone_s"],
-        raw["wait_s"],
-    )
+    result = Result(
+        cfg.impl, world, args.threads_per_rank, cfg, raw["fwd_s"], raw["fwd_bwd_s"],
+        fwd_flops / raw["fwd_s"] / 1e9, fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9,
+        raw["peak_mib"], hidden, raw["comm_alone_s"], raw["wait_s"],
+    )  # fmt: skip
+    if args.predict:
+        result.extra.update(predict(cfg, world, args.predict))
+    return result
+
+
+def predict(cfg: Config, world: int, device_name: str) -> dict:
+    """What `ringctl plan` predicts for this configuration on a calibrated device."""
+    from ringctl.planner.cost import Link, Workload, estimate
+    from ringctl.planner.devices import get_device
+
+    device = get_device(device_name)
+    link = Link("local gloo", (device.p2p_gbytes_s or 1.0) * 8, device.p2p_latency_s)
+    work = Workload(
+        seq_len=cfg.seq, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+        batch=cfg.batch, dtype=cfg.dtype, causal=cfg.causal, layout=cfg.layout,
+    )  # fmt: skip
+    est = estimate(work, world, device, link, ranks_on_host=world)
+    return {
+        "predicted_fwd_s": est.total_s["forward"],
+        "predicted_fwd_bwd_s": est.total_s["forward+backward"],
+        "predicted_peak_mib": sum(est.memory_bytes.values()) / 2**20,
+    }
 
 
 def _sdpa_result(cfg: Config, threads: int, raw: dict) -> Result:
@@ -414,30 +442,107 @@ def _sdpa_result(cfg: Config, threads: int, raw: dict) -> Result:
     )
 
 
-HEADER = (
-    f"{'impl':<5} {'P':>2} {'thr':>3} {'N':>7} {'mask':<6} {'layout':<10} {'fwd ms':>9} "
-    f"{'f+b ms':>9} {'f+b GF/s':>9} {'peak MiB/rank':>13} {'hidden':>7} {'f+b/SDPA':>8}"
-)
-_last_ring: dict = {}
+COLUMNS = [
+    ("impl", "<22"), ("P", ">2"), ("thr", ">3"), ("N", ">6"), ("mask", "<6"), ("layout", "<10"),
+    ("fwd ms", ">8"), ("f+b ms", ">9"), ("f+b GF/s", ">8"), ("peak MiB/rank", ">13"),
+    ("hidden", ">6"), ("f+b vs SDPA", ">11"), ("predicted f+b ms", ">16"),
+]  # fmt: skip
 
 
-def _print_row(r: Result) -> None:
+def _cells(r: Result, baseline: Result | None) -> list[str]:
     c = r.config
-    ratio = ""
-    key = (c.seq, c.causal, c.layout, c.dtype)
-    if r.impl == "ring":
-        _last_ring[key] = r
-    elif key in _last_ring:
-        ratio = f"{_last_ring[key].fwd_bwd_s / r.fwd_bwd_s:.2f}x"
-        r.extra["ring_over_sdpa_fwd_bwd"] = _last_ring[key].fwd_bwd_s / r.fwd_bwd_s
-    hidden = "" if r.hidden_comm is None else f"{100 * r.hidden_comm:.0f}%"
+    if baseline is not None and r.impl != "sdpa":
+        r.extra["fwd_bwd_over_sdpa"] = r.fwd_bwd_s / baseline.fwd_bwd_s
+    pred = r.extra.get("predicted_fwd_bwd_s")
+    return [
+        r.impl, str(r.ranks), str(r.threads), str(c.seq), "causal" if c.causal else "full",
+        "-" if r.impl == "sdpa" else c.layout, f"{1e3 * r.fwd_s:.1f}",
+        f"{1e3 * r.fwd_bwd_s:.1f}", f"{r.fwd_bwd_gflops:.1f}", f"{r.peak_mem_mib:.1f}",
+        "" if r.hidden_comm is None else f"{100 * r.hidden_comm:.0f}%",
+        f"{r.extra['fwd_bwd_over_sdpa']:.2f}x" if "fwd_bwd_over_sdpa" in r.extra else "",
+        "" if pred is None else f"{1e3 * pred:.1f} ({pred / r.fwd_bwd_s:.2f}x)",
+    ]  # fmt: skip
+
+
+def _print_header() -> None:
+    print(" ".join(f"{name:{fmt}}" for name, fmt in COLUMNS), flush=True)
+
+
+def _print_row(r: Result, baseline: Result | None) -> None:
+    cells = _cells(r, baseline)
     print(
-        f"{r.impl:<5} {r.ranks:>2} {r.threads:>3} {c.seq:>7} {'causal' if c.causal else 'full':<6} "
-        f"{(c.layout if r.impl == 'ring' else '-'):<10} {1e3 * r.fwd_s:>9.1f} "
-        f"{1e3 * r.fwd_bwd_s:>9.1f} {r.fwd_bwd_gflops:>9.2f} {r.peak_mem_mib:>13.1f} "
-        f"{hidden:>7} {ratio:>8}",
-        flush=True,
+        " ".join(f"{cell:{fmt}}" for cell, (_, fmt) in zip(cells, COLUMNS, strict=True)), flush=True
     )
+
+
+def write_markdown(results: list[Result], path: Path, argv: list[str]) -> None:
+    lines = [
+        "# Attention benchmark",
+        "",
+        f"`python -m benchmarks.attention {' '.join(argv)}` on {os.uname().nodename} "
+        f"({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}. Medians; ring ranks and the "
+        "single-process SDPA baseline share the same cores and run in turn.",
+        "",
+        "| " + " | ".join(name for name, _ in COLUMNS) + " |",
+        "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt in COLUMNS) + "|",
+    ]
+    baseline = None
+    for r in results:
+        baseline = r if r.impl == "sdpa" else baseline
+        lines.append("| " + " | ".join(_cells(r, baseline if r.impl != "sdpa" else None)) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plots(results: list[Result], prefix: Path) -> list[Path]:
+    """Time and peak memory against N, one line per (impl, P, mask, layout)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no plots", flush=True)
+        return []
+    series: dict[str, list[Result]] = {}
+    for r in results:
+        c = r.config
+        label = f"{r.impl} P={r.ranks} {'causal' if c.causal else 'full'}"
+        label += "" if r.impl == "sdpa" else f" {c.layout}"
+        series.setdefault(label, []).append(r)
+    written = []
+    panels = [("fwd_bwd_s", "forward+backward time (s)"), ("peak_mem_mib", "peak MiB per rank")]
+    for attr, ylabel in panels:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for label, rows in sorted(series.items()):
+            rows = sorted(rows, key=lambda r: r.config.seq)
+            style = "--" if rows[0].impl == "sdpa" else "-"
+            ax.plot(
+                [r.config.seq for r in rows],
+                [getattr(r, attr) for r in rows],
+                style,
+                marker="o",
+                label=label,
+            )
+            if attr == "fwd_bwd_s" and "predicted_fwd_bwd_s" in rows[0].extra:
+                ax.plot(
+                    [r.config.seq for r in rows],
+                    [r.extra["predicted_fwd_bwd_s"] for r in rows],
+                    ":",
+                    marker="x",
+                    label=f"{label} (ringctl plan)",
+                )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("total sequence length N")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        path = prefix.with_name(f"{prefix.name}-{attr.split('_s')[0].replace('_', '-')}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -470,14 +575,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="SDPA threads (default: P x threads-per-rank, the same cores)",
     )
     p.add_argument("--no-baseline", action="store_true", help="skip the SDPA comparison")
+    p.add_argument(
+        "--peer",
+        action="store_true",
+        help="also time ring-attention-pytorch where installed (extra: bench)",
+    )
     p.add_argument("--json", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    p.add_argument(
+        "--predict", metavar="DEVICE",
+        help="add `ringctl plan`'s prediction from this (calibrated) device entry",
+    )  # fmt: skip
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads_per_rank))
-    print(HEADER, flush=True)
+    _print_header()
     results = run_benchmark(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -490,7 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.json.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2))
     tmp.replace(args.json)
-    print(f"wrote {args.json}")
+    markdown = args.json.with_suffix(".md")
+    write_markdown(results, markdown, payload["argv"])
+    plots = write_plots(results, args.json.with_suffix(""))
+    print(f"wrote {args.json}, {markdown}" + "".join(f", {p}" for p in plots))
     return 0
 
 

@@ -127,26 +127,33 @@ def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
     return parts
 
 
-def _compute_per_step(w: Workload, ranks: int, device: Device, ranks_on_host: int):
-    """Seconds of compute in one ring step on the slowest rank: (forward, backward)."""
+def block_fractions(w: Workload, ranks: int) -> list[float]:
+    """The share of a full n x n block the slowest rank computes at each ring step."""
+    if not w.causal:
+        return [1.0] * ranks
+    if w.layout == "zigzag":
+        return [0.5] * ranks  # the diagonal pair of chunks, then half a block every step
+    return [0.5] + [1.0] * (ranks - 1)  # the last rank: its diagonal, then whole blocks
+
+
+def _block_seconds(w: Workload, ranks: int, device: Device, ranks_on_host: int):
+    """Seconds one rank takes for a full n x n block, summed over layers: (forward, backward)."""
     n = w.seq_len / ranks
     block_flops = 4.0 * w.batch * w.heads * n * n * w.head_dim
-    if w.causal and w.layout == "zigzag":
-        block_flops /= 2
     fwd_rate, bwd_rate = device.attention_flops_per_s(w.dtype, int(n), ranks_on_host)
-    fwd = block_flops / fwd_rate
-    bwd = 2.5 * block_flops / bwd_rate
     layers = w.model.layers if w.model else 1
-    return fwd * layers, bwd * layers
+    return layers * block_flops / fwd_rate, layers * 2.5 * block_flops / bwd_rate
 
 
-def _transfer_per_step(w: Workload, ranks: int, link: Link):
+def _transfer_seconds(w: Workload, ranks: int, link: Link):
+    """Seconds per step over the bottleneck hop: (K/V block, float32 dK/dV accumulator)."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
     kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
     layers = w.model.layers if w.model else 1
-    fwd = layers * (kv / link.bytes_per_s + link.latency_s)
-    bwd = layers * ((kv + kv * 4 / b) / link.bytes_per_s + 2 * link.latency_s)
-    return fwd, bwd
+    return (
+        layers * (kv / link.bytes_per_s + link.latency_s),
+        layers * (kv * 4 / b / link.bytes_per_s + link.latency_s),
+    )
 
 
 def estimate(
@@ -164,17 +171,26 @@ def estimate(
         memory_capacity_gib=capacity,
         fits=total / GIB <= capacity,
     )
-    c_fwd, c_bwd = _compute_per_step(w, ranks, device, ranks_on_host)
-    t_fwd, t_bwd = _transfer_per_step(w, ranks, link) if ranks > 1 else (0.0, 0.0)
-    est.step_compute_s = {"forward": c_fwd}
-    est.step_transfer_s = {"forward": t_fwd}
-    steps = ranks
-    est.total_s = {"forward": steps * max(c_fwd, t_fwd)}
+    fractions = block_fractions(w, ranks)
+    typical = fractions[-1]  # an off-diagonal step
+    block_fwd, block_bwd = _block_seconds(w, ranks, device, ranks_on_host)
+    t_kv, t_dkv = _transfer_seconds(w, ranks, link) if ranks > 1 else (0.0, 0.0)
+    # Forward: steps 0..P-2 overlap the next block's transfer; the last step has none.
+    est.step_compute_s = {"forward": typical * block_fwd}
+    est.step_transfer_s = {"forward": t_kv}
+    est.total_s = {
+        "forward": sum(max(f * block_fwd, t_kv) for f in fractions[:-1]) + fractions[-1] * block_fwd
+    }
     if w.backward:
-        est.step_compute_s["backward"] = c_bwd
-        est.step_transfer_s["backward"] = t_bwd
-        exposed_last = t_bwd - t_fwd if ranks > 1 else 0.0  # the final dK/dV hop home
-        est.total_s["backward"] = steps * max(c_bwd, t_bwd) + exposed_last
+        # Backward: K/V and the travelling dK/dV overlap compute; the last dK/dV hop (home)
+        # has nothing left to hide behind.
+        est.step_compute_s["backward"] = typical * block_bwd
+        est.step_transfer_s["backward"] = t_kv + t_dkv
+        est.total_s["backward"] = (
+            sum(max(f * block_bwd, t_kv + t_dkv) for f in fractions[:-1])
+            + fractions[-1] * block_bwd
+            + t_dkv
+        )
         est.total_s["forward+backward"] = est.total_s["forward"] + est.total_s["backward"]
     for phase in est.step_compute_s:
         est.overlapped[phase] = (
@@ -202,14 +218,13 @@ def estimate(
 def min_tokens_for_overlap(
     w: Workload, device: Device, link: Link, phase: str, ranks_on_host: int = 1
 ) -> int:
-    """Smallest tokens per rank n with compute(n) >= transfer(n) for one ring step.
+    """Smallest tokens per rank n with compute(n) >= transfer(n) for an off-diagonal step.
 
     compute = a * n^2, transfer = c * n + latency: n = (c + sqrt(c^2 + 4 a latency)) / 2a.
     """
     b = DTYPE_BYTES[w.dtype]
-    flops_per_n2 = (
-        4.0 * w.batch * w.heads * w.head_dim * (0.5 if w.causal and w.layout == "zigzag" else 1)
-    )
+    typical = block_fractions(w, 2)[-1]
+    flops_per_n2 = 4.0 * w.batch * w.heads * w.head_dim * typical
     rate_f, rate_b = device.attention_flops_per_s(w.dtype, 4096, ranks_on_host)
     kv_per_token = 2 * w.batch * w.kv_heads * w.head_dim * b
     if phase == "forward":
