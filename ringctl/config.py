@@ -1,0 +1,303 @@
+"""The job schema (dataclasses), and loading a job file with command-line overrides.
+
+A job file is YAML; `load_job("jobs/smoke.yaml", ["nodes=4", "slurm.partition=gpu"])` merges the
+overrides (OmegaConf dotlist form) over the file, checks every key and type against the schema
+below, and returns a typed, read-only `DictConfig`. Anything wrong (an unknown key, a wrong type,
+a mandatory `???` value left unset, a value that cannot work) is a `UserError` naming the file or
+override and the full key path, raised before anything is written or submitted.
+
+The `task` section is typed by the task it names (`task.name`, see `ringctl.tasks`): each task
+brings its own parameter dataclass and may add top-level sections of its own (e.g. `model`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import UserError
+
+
+class BackendName(str, enum.Enum):
+    local = "local"
+    slurm = "slurm"
+    ssh = "ssh"
+
+
+class Layout(str, enum.Enum):
+    contiguous = "contiguous"
+    zigzag = "zigzag"
+
+
+class DistBackend(str, enum.Enum):
+    auto = "auto"  # nccl where the rank has a CUDA device, gloo otherwise
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class PlanMode(str, enum.Enum):
+    required = "required"  # no plan -> the Slurm job fails, saying so
+    optional = "optional"  # no plan -> warn, ranks keep Slurm's task order
+    skip = "skip"  # no probe, no plan: ranks in Slurm's task order
+
+
+@dataclass
+class TaskParams:
+    """Base of every task's parameters: `task.name` selects the task."""
+
+    name: str = "attention"
+
+
+@dataclass
+class SlurmConfig:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = "00:30:00"  # Slurm's --time (e.g. 90, 1:30:00, 2-00:00:00)
+    constraint: str | None = None
+    exclusive: bool = False
+    switches: str | None = None  # --switches=COUNT[@MAX_WAIT], e.g. "1" or "1@00:10:00"
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    # sent to every rank this long before the time limit: workers finish the current unit of
+    # work, write what they have, and exit cleanly (Slurm's --signal=SIG@SECONDS)
+    signal: str | None = "USR1@120"
+    requeue: bool = False
+    extra_sbatch: list[str] = field(default_factory=list)  # "--mail-type=END", one option each
+
+
+@dataclass
+class EnvConfig:
+    modules: list[str] = field(default_factory=list)  # `module load` each, in order
+    venv: str | None = None  # a virtualenv directory to activate
+    conda: str | None = None  # a conda environment (name or path) to activate
+    python: str | None = None  # interpreter on the nodes; default: this one (local/slurm)
+    container_image: str | None = None  # pyxis: srun --container-image
+    container_mounts: list[str] = field(default_factory=list)  # pyxis: SRC:DST (job dir added)
+    vars: dict[str, str] = field(default_factory=dict)  # exported before the job steps
+
+
+@dataclass
+class RingConfig:
+    layout: Layout = Layout.zigzag
+    plan: PlanMode = PlanMode.required
+    dist_backend: DistBackend = DistBackend.auto
+
+
+@dataclass
+class SshConfig:
+    host: str | None = None
+    port: int = 22
+    user: str | None = None
+    key: str | None = None  # private key file; default: the SSH agent and ~/.ssh keys
+    known_hosts: str | None = None  # default: ~/.ssh/known_hosts
+    remote_dir: str = "ringctl-jobs"  # relative paths are under the remote home
+    trust_unknown_host: bool = False
+    connect_timeout: float = 15.0
+
+
+@dataclass
+class JobConfig:
+    name: str = MISSING
+    output_dir: str = "runs"
+    job_dir: str | None = None  # default: <output_dir>/<name>-<YYYYmmdd-HHMMSS>
+    backend: BackendName = BackendName.local
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    timeout: float = 300.0  # seconds a collective may wait for a peer before the rank fails
+    rendezvous_timeout: float = 600.0  # seconds ranks wait for each other to start
+    task: Any = None  # replaced per task by its parameter dataclass
+    ring: RingConfig = field(default_factory=RingConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    ssh: SshConfig = field(default_factory=SshConfig)
+
+
+def world_size(cfg: DictConfig) -> int:
+    return int(cfg.nodes) * int(cfg.tasks_per_node)
+
+
+def job_schema(task_name: str) -> type:
+    """JobConfig with `task` typed by the named task (and that task's extra sections)."""
+    from . import tasks
+
+    spec = tasks.get_spec(task_name)
+    params = spec.params
+    fields: list[tuple[str, Any, Any]] = [
+        ("task", params, field(default_factory=lambda: params(name=task_name)))
+    ]
+    for section, cls in spec.sections.items():
+        fields.append((section, cls, field(default_factory=cls)))
+    return dataclasses.make_dataclass(f"JobConfig_{task_name}", fields, bases=(JobConfig,))
+
+
+def _first_line(err: OmegaConfBaseException) -> str:
+    msg = getattr(err, "msg", None) or str(err)
+    return msg.strip().splitlines()[0] if msg.strip() else type(err).__name__
+
+
+def _describe(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or ""
+    msg = _first_line(err)
+    if type(err).__name__ == "ConfigKeyError" and key:
+        hint = re.search(r"Did you mean: '([^']+)'", msg)
+        parent = key.rpartition(".")[0]
+        suggestion = (
+            f" (did you mean {parent + '.' if parent else ''}{hint.group(1)}?)" if hint else ""
+        )
+        return f"unknown key {key}{suggestion}"
+    return f"{key}: {msg}" if key else msg
+
+
+def _task_name(layers: list[tuple[str, DictConfig]]) -> str:
+    name = "attention"
+    for _, layer in layers:
+        task = layer.get("task") if isinstance(layer, DictConfig) else None
+        if isinstance(task, DictConfig) and task.get("name") is not None:
+            name = str(task.get("name"))
+    return name
+
+
+def _drop_other_tasks(layers, task_name: str):
+    """A `task` section belongs to the task it names: when a later layer switches the task
+    (`task.name=longdoc` over a file written for `attention`), earlier parameters are dropped."""
+    for source, layer in layers:
+        task = layer.get("task")
+        if isinstance(task, DictConfig) and task.get("name") not in (None, task_name):
+            layer = OmegaConf.masked_copy(layer, [k for k in layer if k != "task"])
+        yield source, layer
+
+
+def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Load, merge and validate a job; a `UserError` names what is wrong and where."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"job file {path} not found")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as err:  # yaml.YAMLError and friends
+        detail = str(err).strip().splitlines()
+        raise UserError(f"{path}: not valid YAML: {' '.join(s.strip() for s in detail)}") from None
+    if not isinstance(raw, DictConfig):
+        raise UserError(f"{path}: a job file must be a YAML mapping of keys to values")
+    layers: list[tuple[str, DictConfig]] = [(str(path), raw)]
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise UserError(f"override {item!r} is not of the form key=value (e.g. nodes=4)")
+        try:
+            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+        except OmegaConfBaseException as err:
+            raise UserError(f"override {item!r}: {_first_line(err)}") from None
+        except Exception as err:  # the value is parsed as YAML
+            detail = " ".join(str(err).split())
+            raise UserError(f"override {item!r}: not a valid value: {detail}") from None
+    return _build(layers)
+
+
+def load_resolved(path: str | Path) -> DictConfig:
+    """Load a job directory's config.yaml (already resolved) with the same checks."""
+    return load_job(path)
+
+
+def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
+    from . import tasks
+
+    task_name = _task_name(layers)
+    if task_name not in tasks.TASKS:
+        source = [s for s, layer in layers if "task" in layer][-1:] or ["the job"]
+        known = ", ".join(sorted(tasks.TASKS))
+        raise UserError(f"{source[0]}: task.name: unknown task {task_name!r} (known: {known})")
+    cfg = OmegaConf.structured(job_schema(task_name))
+    for source, layer in _drop_other_tasks(layers, task_name):
+        try:
+            cfg = OmegaConf.merge(cfg, layer)
+        except OmegaConfBaseException as err:
+            raise UserError(f"{source}: {_describe(err)}") from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        keys = ", ".join(missing)
+        raise UserError(
+            f"{layers[0][0]}: missing mandatory value{'s' if len(missing) > 1 else ''}: {keys} "
+            f"(set {'them' if len(missing) > 1 else 'it'} in the file or on the command line, "
+            f"e.g. {missing[0]}=...)"
+        )
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:
+        raise UserError(f"{layers[0][0]}: {_describe(err)}") from None
+    _check(cfg, layers[0][0])
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+_NAME_OK = re.compile(r"^[^\n\r\x00]*$")
+
+
+def _check(cfg: DictConfig, source: str) -> None:
+    """Checks a type cannot express; nothing past here should fail for a reason in the config."""
+
+    def bad(key: str, why: str) -> UserError:
+        return UserError(f"{source}: {key}: {why}")
+
+    if not str(cfg.name).strip():
+        raise bad("name", "must not be empty")
+    for key in ("nodes", "tasks_per_node"):
+        if cfg[key] < 1:
+            raise bad(key, f"must be at least 1, got {cfg[key]}")
+    if cfg.gpus_per_node < 0:
+        raise bad("gpus_per_node", f"must be 0 or more, got {cfg.gpus_per_node}")
+    for key in ("timeout", "rendezvous_timeout"):
+        if cfg[key] <= 0:
+            raise bad(key, f"must be a positive number of seconds, got {cfg[key]}")
+    if cfg.backend == BackendName.ssh and not cfg.ssh.host:
+        raise bad("ssh.host", "is required with backend=ssh (e.g. ssh.host=login.example.org)")
+    for var in cfg.env.vars:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(var)):
+            raise bad(f"env.vars.{var}", "is not a valid environment variable name")
+    # Values that reach a batch script: one line each, or the line structure breaks.
+    for key, value in _leaves(OmegaConf.to_container(cfg, enum_to_str=True)):
+        if isinstance(value, str) and not _NAME_OK.match(value):
+            raise bad(key, "must be a single line (no newline or NUL characters)")
+    from . import tasks
+
+    tasks.get_spec(cfg.task.name).check(cfg, bad)
+
+
+def _leaves(node: Any, prefix: str = ""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, node
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)
+
+
+def to_plain(cfg: DictConfig) -> dict:
+    """The config as plain dicts/lists/str (enums as their names), e.g. for templates."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def safe_dir_name(name: str) -> str:
+    """A job name turned into something safe for a directory name."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    return cleaned[:80] or "job"
+
+
+def suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""

@@ -1,0 +1,96 @@
+"""The tasks a job can run: `task.name` in a job config -> a module here.
+
+A task module defines:
+
+    @dataclass
+    class Params(TaskParams):      # the `task:` section of a job file (name + parameters)
+        ...
+    SECTIONS = {"model": ModelConfig}   # optional: extra top-level sections of its jobs
+    def check(cfg, bad) -> None:   # optional: raise bad("task.x", "why") for impossible values
+    def run(cfg, ctx) -> None:     # what every rank does (ctx: `TaskContext` in ringctl.worker)
+
+The module is imported whenever a config is loaded (for its schema), so it must import torch,
+transformers and the like inside `run`, not at the top.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import TaskParams
+
+__all__ = ["TASKS", "TaskParams", "TaskSpec", "get_spec", "atomic_write", "save_tensors"]
+
+TASKS: dict[str, str] = {
+    "attention": "ringctl.tasks.attention",
+    # "longdoc": "ringctl.tasks.longdoc",   # the long-document task (score / embed / grad)
+}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    module: Any
+    params: type
+    sections: dict[str, type] = field(default_factory=dict)
+
+    def check(self, cfg, bad: Callable[[str, str], Exception]) -> None:
+        checker = getattr(self.module, "check", None)
+        if checker is not None:
+            checker(cfg, bad)
+
+    def run(self, cfg, ctx) -> Any:
+        return self.module.run(cfg, ctx)
+
+
+def get_spec(name: str) -> TaskSpec:
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
+    module = importlib.import_module(TASKS[name])
+    return TaskSpec(name, module, module.Params, dict(getattr(module, "SECTIONS", {})))
+
+
+# --- writing outputs: atomically (temp file in the same directory, then rename) ----------------
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> Path:
+    """Write a file so that it either exists whole or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
+    return atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_tensors(path: str | Path, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
+    """Save tensors as safetensors, atomically (contiguous CPU copies)."""
+    from safetensors.torch import save
+
+    plain = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    return atomic_write(path, save(plain, metadata=metadata))
+
+
+def load_tensors(path: str | Path) -> tuple[dict, dict[str, str]]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        return {k: fh.get_tensor(k) for k in fh.keys()}, dict(fh.metadata() or {})

@@ -1,0 +1,247 @@
+"""The attention task: ring attention forward and backward on deterministic random inputs.
+
+Every rank generates the same full q, k, v (and output gradient) from `task.seed`, keeps its
+shard (`ringattn.shard_sequence` in the job's layout), and runs `ring_attention` forward and
+backward `task.steps` times. Each rank writes, atomically, `out/rank-<R>.safetensors` (its
+shards of out, dq, dk, dv and the global positions they hold) and `out/rank-<R>.json` (timings).
+`reference(cfg)` computes the same quantities over the whole sequence in float64 in one process,
+and `load_results(out_dir)` reassembles the ranks' shards, so the two can be compared.
+
+Fault injection (for tests of failure handling): `fault_rank` set to a rank makes that rank, at
+step `fault_step` between forward and backward (mid-ring), `raise` an error, `hang` (sleep
+forever), or `exit` (die without a word).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import TaskParams, atomic_write_json, load_tensors, save_tensors
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+FAULTS = ("raise", "hang", "exit")
+
+
+@dataclass
+class Params(TaskParams):
+    name: str = "attention"
+    seq_len: int = 4096
+    batch: int = 1
+    heads: int = 8
+    kv_heads: int | None = None  # default: heads (no GQA)
+    head_dim: int = 64
+    dtype: str = "float32"
+    causal: bool = True
+    layout: str | None = None  # default: ring.layout
+    softmax_scale: float | None = None  # default: 1/sqrt(head_dim)
+    seed: int = 0
+    steps: int = 1
+    save_outputs: bool = True  # write the shards of out, dq, dk, dv
+    fault_rank: int | None = None
+    fault: str = "raise"
+    fault_step: int = 0
+
+
+def layout_of(cfg) -> str:
+    return str(cfg.task.layout or cfg.ring.layout.value)
+
+
+def check(cfg, bad) -> None:
+    from ..config import world_size
+
+    t = cfg.task
+    for key in ("seq_len", "batch", "heads", "head_dim", "steps"):
+        if t[key] < 1:
+            raise bad(f"task.{key}", f"must be at least 1, got {t[key]}")
+    if t.dtype not in DTYPES:
+        raise bad("task.dtype", f"unknown dtype {t.dtype!r}; expected one of {', '.join(DTYPES)}")
+    kv = t.kv_heads if t.kv_heads is not None else t.heads
+    if kv < 1 or t.heads % kv:
+        raise bad("task.kv_heads", f"heads ({t.heads}) must be a multiple of kv_heads ({kv})")
+    if t.layout is not None and t.layout not in ("contiguous", "zigzag"):
+        raise bad("task.layout", f"unknown layout {t.layout!r}; expected contiguous or zigzag")
+    if t.fault not in FAULTS:
+        raise bad("task.fault", f"expected one of {', '.join(FAULTS)}, got {t.fault!r}")
+    world, layout = world_size(cfg), layout_of(cfg)
+    multiple = world * (2 if layout == "zigzag" else 1)
+    if t.seq_len % multiple:
+        padded = -(-t.seq_len // multiple) * multiple
+        raise bad(
+            "task.seq_len",
+            f"{t.seq_len} cannot be split over {world} ranks ({cfg.nodes} nodes x "
+            f"{cfg.tasks_per_node}) in the {layout} layout: it must be a multiple of {multiple}"
+            f" (e.g. {padded})",
+        )
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def make_inputs(cfg) -> dict[str, torch.Tensor]:
+    """The full-sequence q, k, v and output gradient, identical on every rank (CPU, float64)."""
+    import torch
+
+    t = cfg.task
+    kv = t.kv_heads if t.kv_heads is not None else t.heads
+    gen = torch.Generator().manual_seed(int(t.seed))
+    shape_q = (t.batch, t.seq_len, t.heads, t.head_dim)
+    shape_kv = (t.batch, t.seq_len, kv, t.head_dim)
+    return {
+        "q": torch.randn(shape_q, generator=gen, dtype=torch.float64),
+        "k": torch.randn(shape_kv, generator=gen, dtype=torch.float64),
+        "v": torch.randn(shape_kv, generator=gen, dtype=torch.float64),
+        "dout": torch.randn(shape_q, generator=gen, dtype=torch.float64),
+    }
+
+
+def reference(cfg) -> dict[str, torch.Tensor]:
+    """out, dq, dk, dv of plain attention over the whole sequence, in float64, one process.
+
+    Inputs are rounded to the task's dtype first, as the ranks see them."""
+    import torch
+
+    t = cfg.task
+    inputs = make_inputs(cfg)
+    q, k, v = (inputs[n].to(_dtype(t.dtype)).to(torch.float64).requires_grad_() for n in "qkv")
+    dout = inputs["dout"].to(_dtype(t.dtype)).to(torch.float64)
+    groups = q.shape[2] // k.shape[2]
+    kr, vr = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    scale = t.softmax_scale if t.softmax_scale is not None else 1.0 / math.sqrt(t.head_dim)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kr) * scale
+    if t.causal:
+        n = q.shape[1]
+        mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), vr)
+    out.backward(dout)
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def load_results(out_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Reassemble every rank's shards (out/rank-*.safetensors) into full tensors."""
+    from ringattn import unshard_sequence
+
+    files = sorted(Path(out_dir).glob("rank-*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no rank-*.safetensors in {out_dir}")
+    shards = [load_tensors(f) for f in files]
+    world = int(shards[0][1]["world_size"])
+    ranks = sorted(int(meta["rank"]) for _, meta in shards)
+    if ranks != list(range(world)):
+        raise ValueError(f"{out_dir}: shards of ranks {ranks}, expected 0..{world - 1}")
+    shards.sort(key=lambda s: int(s[1]["rank"]))
+    layout = shards[0][1]["layout"]
+    return {
+        name: unshard_sequence([s[0][name] for s in shards], layout=layout)
+        for name in ("out", "dq", "dk", "dv")
+    }
+
+
+def _inject_fault(cfg, ctx, step: int) -> None:
+    t = cfg.task
+    if t.fault_rank is None or t.fault_rank != ctx.rank or t.fault_step != step:
+        return
+    ctx.log(f"injecting fault {t.fault!r} at step {step}")
+    if t.fault == "raise":
+        raise RuntimeError(f"injected fault on rank {ctx.rank} at step {step}")
+    if t.fault == "hang":
+        while True:
+            time.sleep(3600)
+    os._exit(17)  # "exit": die mid-ring without cleaning up
+
+
+def run(cfg, ctx) -> dict:
+    import torch
+
+    from ringattn import ring_attention, sequence_positions, shard_sequence
+
+    t = cfg.task
+    layout = layout_of(cfg)
+    dtype = _dtype(t.dtype)
+    inputs = make_inputs(cfg)
+
+    def shard(x: torch.Tensor) -> torch.Tensor:
+        part = shard_sequence(x, world_size=ctx.world_size, rank=ctx.rank, layout=layout)
+        return part.to(dtype).to(ctx.device)
+
+    q, k, v, dout = (shard(inputs[n]) for n in ("q", "k", "v", "dout"))
+    del inputs
+    positions = sequence_positions(
+        t.seq_len, world_size=ctx.world_size, rank=ctx.rank, layout=layout
+    )
+    ctx.log(
+        f"attention: seq_len={t.seq_len} (local {q.shape[1]}) batch={t.batch} heads={t.heads} "
+        f"kv_heads={k.shape[2]} head_dim={t.head_dim} dtype={t.dtype} causal={t.causal} "
+        f"layout={layout} steps={t.steps} device={ctx.device}"
+    )
+
+    def sync() -> None:
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+
+    timings = []
+    out = dq = dk = dv = None
+    for step in range(t.steps):
+        if ctx.stop_requested():
+            ctx.log(f"stop requested: ending after {step} of {t.steps} steps")
+            break
+        qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
+        sync()
+        t0 = time.perf_counter()
+        out = ring_attention(
+            qs,
+            ks,
+            vs,
+            causal=t.causal,
+            softmax_scale=t.softmax_scale,
+            group=ctx.group,
+            layout=layout,
+        )
+        sync()
+        t1 = time.perf_counter()
+        _inject_fault(cfg, ctx, step)
+        out.backward(dout)
+        sync()
+        t2 = time.perf_counter()
+        dq, dk, dv = qs.grad, ks.grad, vs.grad
+        timings.append({"step": step, "forward_s": t1 - t0, "backward_s": t2 - t1})
+        ctx.progress(step + 1, t.steps, unit="steps")
+
+    result = {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "node": ctx.node,
+        "layout": layout,
+        "seq_local": int(q.shape[1]),
+        "steps_done": len(timings),
+        "steps": timings,
+    }
+    if timings:
+        fwd = sorted(s["forward_s"] for s in timings)
+        bwd = sorted(s["backward_s"] for s in timings)
+        result["forward_median_s"] = fwd[len(fwd) // 2]
+        result["backward_median_s"] = bwd[len(bwd) // 2]
+    if t.save_outputs and out is not None:
+        meta = {
+            "rank": str(ctx.rank),
+            "world_size": str(ctx.world_size),
+            "layout": layout,
+            "seq_len": str(t.seq_len),
+            "dtype": t.dtype,
+            "steps_done": str(len(timings)),
+        }
+        tensors = {"out": out, "dq": dq, "dk": dk, "dv": dv, "positions": positions}
+        save_tensors(ctx.out_dir / f"rank-{ctx.rank}.safetensors", tensors, meta)
+    atomic_write_json(ctx.out_dir / f"rank-{ctx.rank}.json", result)
+    return result

@@ -1,0 +1,329 @@
+"""What every rank runs: `python -m ringctl.worker JOB_DIR`.
+
+1. Read JOB_DIR/config.yaml, and JOB_DIR/plan.json where the job wrote one.
+2. Know who this process is: its node ($SLURMD_NODENAME, else the host name) and local rank
+   ($SLURM_LOCALID, else $LOCAL_RANK). With a plan, its ring entry for (node, local_rank) gives
+   the torch rank (ring position == rank: the ring follows the placement), the GPU, and
+   environment variables to apply. Without a plan, the rank comes from $RANK / $SLURM_PROCID.
+3. Rendezvous at $MASTER_ADDR:$MASTER_PORT (under Slurm without them: submitit's
+   TorchDistributedEnvironment). All ranks first meet at the TCP store (`rendezvous_timeout`),
+   then start the process group (gloo on CPU, nccl with CUDA) with `timeout`: a dead or hung
+   peer makes the others fail within that many seconds.
+4. Run the task (`ringctl.tasks`) with a `TaskContext`.
+5. Exit 0, or non-zero with the error as the last line of this rank's stderr, starting with
+   "ringctl.worker: ", and in logs/rank-<T>.result.json (T = this process's launch index).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ERROR_PREFIX = "ringctl.worker: "
+
+
+class WorkerError(Exception):
+    """A problem with this rank's set-up (plan, environment) rather than the task."""
+
+
+@dataclass
+class Identity:
+    node: str
+    local_rank: int
+    task_index: int  # index among the launched processes: Slurm's %t, or the local backend's
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    plan_entry: dict | None = None
+
+
+@dataclass
+class TaskContext:
+    """What a task's `run(cfg, ctx)` gets."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    node: str
+    device: Any  # torch.device
+    group: Any  # torch.distributed.ProcessGroup, or None for the default group
+    job_dir: Path
+    out_dir: Path
+    plan_entry: dict | None = None
+    _stop: list[bool] = field(default_factory=lambda: [False])
+    _start: float = field(default_factory=time.monotonic)
+
+    def log(self, msg: str) -> None:
+        """One line in this rank's log (stdout), with the time and the rank."""
+        stamp = datetime.datetime.now().strftime("%H:%M:%S")
+        print(f"{stamp} [rank {self.rank}] {msg}", flush=True)
+
+    def progress(self, done: int, total: int, *, unit: str = "items", **extra: Any) -> None:
+        """Log progress with rate and ETA; rank 0 also keeps logs/progress.json up to date."""
+        from .tasks import atomic_write_json
+
+        elapsed = time.monotonic() - self._start
+        rate = done / elapsed if elapsed > 0 else 0.0
+        eta = (total - done) / rate if rate > 0 else None
+        parts = [f"{done}/{total} {unit}", f"{rate:.3g} {unit}/s"]
+        if eta is not None:
+            parts.append(f"ETA {eta:.0f}s")
+        parts += [f"{k}={v}" for k, v in extra.items()]
+        self.log("progress: " + ", ".join(parts))
+        if self.rank == 0:
+            record = {
+                "done": done,
+                "total": total,
+                "unit": unit,
+                "elapsed_s": elapsed,
+                "rate": rate,
+                "eta_s": eta,
+                **extra,
+            }
+            atomic_write_json(self.job_dir / "logs" / "progress.json", record)
+
+    def stop_requested(self) -> bool:
+        """True once Slurm's --signal (or SIGTERM) arrived: finish the unit, save, return."""
+        return self._stop[0]
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return None
+
+
+def load_plan(job_dir: Path) -> dict | None:
+    path = job_dir / "plan.json"
+    if not path.exists():
+        return None
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise WorkerError(f"{path}: unreadable plan: {err}") from None
+    if (
+        not isinstance(plan, dict)
+        or plan.get("version") != 1
+        or not isinstance(plan.get("ring"), list)
+    ):
+        raise WorkerError(f"{path}: not a version-1 plan with a 'ring' list")
+    return plan
+
+
+def identify(job_dir: Path) -> Identity:
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    local_rank = _env_int("SLURM_LOCALID", "LOCAL_RANK")
+    task_index = _env_int("SLURM_PROCID", "RANK")
+    world = _env_int("SLURM_NTASKS", "WORLD_SIZE")
+    addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT")
+    if os.environ.get("SLURM_JOB_ID") and (addr is None or port is None or task_index is None):
+        from submitit.helpers import TorchDistributedEnvironment
+
+        env = TorchDistributedEnvironment()
+        addr, port = addr or env.master_addr, port or env.master_port
+        task_index = env.rank if task_index is None else task_index
+        world = env.world_size if world is None else world
+        local_rank = env.local_rank if local_rank is None else local_rank
+    if task_index is None or world is None or addr is None or port is None:
+        raise WorkerError(
+            "cannot tell this process's rank: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+            "(or run under srun / `ringctl submit`)"
+        )
+    local_rank = task_index if local_rank is None else local_rank
+    ident = Identity(node, local_rank, task_index, task_index, world, addr, int(port))
+    plan = load_plan(job_dir)
+    if plan is not None:
+        ring = plan["ring"]
+        matches = [e for e in ring if e.get("node") == node and e.get("local_rank") == local_rank]
+        if len(matches) != 1:
+            raise WorkerError(
+                f"plan.json has {len(matches)} ring entries for node {node!r} local_rank "
+                f"{local_rank} (expected 1); the plan's nodes: "
+                f"{sorted({str(e.get('node')) for e in ring})}"
+            )
+        if len(ring) != world:
+            raise WorkerError(f"plan.json places {len(ring)} ranks but {world} were launched")
+        ident.plan_entry = matches[0]
+        ident.rank = int(matches[0]["rank"])
+    return ident
+
+
+def _result_path(job_dir: Path, ident: Identity | None) -> Path:
+    index = ident.task_index if ident else _env_int("SLURM_PROCID", "RANK")
+    return job_dir / "logs" / f"rank-{index if index is not None else 'unknown'}.result.json"
+
+
+def _write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
+    try:
+        from .tasks import atomic_write_json
+
+        atomic_write_json(_result_path(job_dir, ident), record)
+    except OSError:
+        pass
+
+
+def _init_distributed(cfg, ident: Identity):
+    import torch
+    import torch.distributed as dist
+
+    want = cfg.ring.dist_backend.value
+    cuda = torch.cuda.is_available() and want != "gloo"
+    if want == "nccl" and not torch.cuda.is_available():
+        raise WorkerError("ring.dist_backend=nccl but this rank sees no CUDA device")
+    if cuda:
+        entry = ident.plan_entry or {}
+        gpu = entry.get("gpu")
+        index = int(gpu) if isinstance(gpu, int) else ident.local_rank
+        index %= torch.cuda.device_count()
+        device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    # The store lives with launch task 0, which runs on MASTER_ADDR (the allocation's first
+    # node); ring rank 0 may be elsewhere when the plan reorders the ring.
+    is_master = ident.task_index == 0
+    rendezvous = datetime.timedelta(seconds=float(cfg.rendezvous_timeout))
+    store = dist.TCPStore(
+        ident.master_addr,
+        ident.master_port,
+        ident.world_size,
+        is_master,
+        timeout=rendezvous,
+        wait_for_workers=False,
+    )
+    # Meet first (patiently: ranks start at different times), then the group's timeout applies.
+    if int(store.add("ringctl/arrived", 1)) == ident.world_size:
+        store.set("ringctl/all-arrived", "1")  # the last to arrive opens the gate
+    try:
+        store.wait(["ringctl/all-arrived"], rendezvous)
+    except Exception:  # a timeout (DistStoreError / RuntimeError, by torch version)
+        arrived = int(store.add("ringctl/arrived", 0))
+        raise WorkerError(
+            f"rendezvous: only {arrived} of {ident.world_size} ranks arrived at "
+            f"{ident.master_addr}:{ident.master_port} within {cfg.rendezvous_timeout:g}s"
+        ) from None
+    store.set_timeout(datetime.timedelta(seconds=float(cfg.timeout)))
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=ident.rank,
+        world_size=ident.world_size,
+        timeout=datetime.timedelta(seconds=float(cfg.timeout)),
+        **kwargs,
+    )
+    return device, store
+
+
+def run(job_dir: Path) -> dict:
+    from . import config, tasks
+
+    cfg = config.load_resolved(job_dir / "config.yaml")
+    ident = identify(job_dir)
+    if ident.plan_entry:
+        for key, value in (ident.plan_entry.get("env") or {}).items():
+            os.environ[str(key)] = str(value)
+    print(
+        f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
+        f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"
+        f"{' (from plan.json)' if ident.plan_entry else ''}; rendezvous "
+        f"{ident.master_addr}:{ident.master_port}; collective timeout {cfg.timeout:g}s",
+        flush=True,
+    )
+    stop = [False]
+
+    def on_signal(signum, frame):  # Slurm's --signal before the time limit
+        stop[0] = True
+        print(f"ringctl.worker: got signal {signum}: finishing up", flush=True)
+
+    signal.signal(signal.SIGUSR1, on_signal)
+
+    import torch.distributed as dist
+
+    device, _store = _init_distributed(cfg, ident)
+    out_dir = job_dir / "out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = TaskContext(
+        rank=ident.rank,
+        world_size=ident.world_size,
+        local_rank=ident.local_rank,
+        node=ident.node,
+        device=device,
+        group=None,
+        job_dir=job_dir,
+        out_dir=out_dir,
+        plan_entry=ident.plan_entry,
+        _stop=stop,
+    )
+    started = time.time()
+    result = tasks.get_spec(cfg.task.name).run(cfg, ctx)
+    dist.barrier()  # nobody reports success while a peer may still fail
+    dist.destroy_process_group()
+    record = {
+        "state": "COMPLETED",
+        "rank": ident.rank,
+        "task_index": ident.task_index,
+        "node": ident.node,
+        "elapsed_s": time.time() - started,
+        "finished_at": time.time(),
+    }
+    _write_result(job_dir, ident, record)
+    return result if isinstance(result, dict) else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: python -m ringctl.worker JOB_DIR", file=sys.stderr)
+        return 2
+    job_dir = Path(argv[0]).resolve()
+    try:
+        run(job_dir)
+    except BaseException as err:  # noqa: BLE001 - every failure must reach the log
+        if isinstance(err, SystemExit) and not err.code:
+            return 0
+        try:
+            ident = identify(job_dir)
+        except Exception:
+            ident = None
+        traceback.print_exc()
+        who = f"rank {ident.rank} (task {ident.task_index} on {ident.node})" if ident else "rank ?"
+        # gloo prefixes its errors with its source location: "[/…/unbound_buffer.cc:78] "
+        text = re.sub(r"^\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*", "", str(err).strip())
+        line = f"{type(err).__name__}: {text}".strip().splitlines()
+        message = " ".join(s.strip() for s in line)[:500] or type(err).__name__
+        _write_result(
+            job_dir,
+            ident,
+            {
+                "state": "FAILED",
+                "rank": ident.rank if ident else None,
+                "task_index": ident.task_index if ident else None,
+                "node": ident.node if ident else None,
+                "error": message,
+                "failed_at": time.time(),
+            },
+        )
+        print(f"{ERROR_PREFIX}{who} failed: {message}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Skip interpreter teardown: a broken process group can block it for a long time.
+        os._exit(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Job configs: loading, overrides, and the errors a user sees (through the CLI too)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from omegaconf.errors import ReadonlyConfigError
+
+from ringctl import tasks
+from ringctl.cli import main
+from ringctl.config import BackendName, Layout, load_job, to_yaml, world_size
+from ringctl.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "jobs" / "smoke.yaml"
+ATTENTION = REPO / "jobs" / "attention.yaml"
+
+
+def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_shipped_jobs_load():
+    smoke = load_job(SMOKE)
+    assert smoke.name == "smoke" and smoke.output_dir == "runs"
+    assert world_size(smoke) == 4
+    assert smoke.task.name == "attention" and smoke.ring.layout == Layout.zigzag
+    attention = load_job(ATTENTION)
+    assert attention.backend == BackendName.slurm and attention.task.dtype == "bfloat16"
+
+
+def test_overrides_merge_over_the_file():
+    cfg = load_job(SMOKE, ["nodes=2", "slurm.partition=gpu", "env.modules=[cuda/12,nccl]"])
+    assert cfg.nodes == 2 and cfg.slurm.partition == "gpu"
+    assert list(cfg.env.modules) == ["cuda/12", "nccl"]
+    assert cfg.tasks_per_node == 1  # untouched keys keep the file's values
+    with pytest.raises(ReadonlyConfigError):
+        cfg.nodes = 3
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    cfg = load_job(SMOKE, ["name=again", "ring.layout=contiguous"])
+    again = load_job(write(tmp_path, to_yaml(cfg)))
+    assert to_yaml(again) == to_yaml(cfg)
+
+
+def test_unknown_key_names_full_path_and_file(tmp_path):
+    path = write(tmp_path, "name: a\nslurm:\n  partiton: gpu\n")
+    with pytest.raises(UserError) as err:
+        load_job(path)
+    msg = str(err.value)
+    assert str(path) in msg and "slurm.partiton" in msg and "slurm.partition" in msg
+
+
+def test_unknown_key_in_an_override():
+    with pytest.raises(UserError, match=r"override 'task\.seqlen=8'.*task\.seqlen"):
+        load_job(SMOKE, ["task.seqlen=8"])
+
+
+def test_wrong_type(tmp_path):
+    path = write(tmp_path, "name: a\nnodes: four\n")
+    with pytest.raises(UserError, match=r"job\.yaml: nodes: .*'four'"):
+        load_job(path)
+    with pytest.raises(UserError, match=r"slurm\.exclusive"):
+        load_job(SMOKE, ["slurm.exclusive=maybe"])
+    with pytest.raises(UserError, match=r"backend: .*expected one of \[local, slurm, ssh\]"):
+        load_job(SMOKE, ["backend=kubernetes"])
+
+
+def test_missing_mandatory(tmp_path):
+    path = write(tmp_path, "nodes: 1\n")
+    with pytest.raises(UserError, match=r"job\.yaml: missing mandatory value: name"):
+        load_job(path)
+
+
+def test_impossible_values_are_refused_before_anything_runs(tmp_path):
+    with pytest.raises(UserError, match=r"task\.seq_len: 250 cannot be split over 4 ranks"):
+        load_job(SMOKE, ["task.seq_len=250"])
+    with pytest.raises(UserError, match=r"ssh\.host: is required with backend=ssh"):
+        load_job(SMOKE, ["backend=ssh"])
+    with pytest.raises(UserError, match=r"nodes: must be at least 1"):
+        load_job(SMOKE, ["nodes=0"])
+    with pytest.raises(UserError, match=r"task\.kv_heads"):
+        load_job(SMOKE, ["task.kv_heads=3"])
+    with pytest.raises(UserError, match=r"unknown task 'nope'"):
+        load_job(SMOKE, ["task.name=nope"])
+    with pytest.raises(UserError, match=r"env\.vars\.A-B"):
+        load_job(write(tmp_path, "name: a\nenv:\n  vars:\n    A-B: '1'\n"))
+    with pytest.raises(UserError, match=r"name: must be a single line"):
+        load_job(write(tmp_path, 'name: "a\\nrm -rf ~"\n', "nl.yaml"))
+
+
+def test_bad_files_and_override_syntax(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_job(tmp_path / "absent.yaml")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_job(write(tmp_path, "name: [unclosed\n"))
+    with pytest.raises(UserError, match="must be a YAML mapping"):
+        load_job(write(tmp_path, "- a\n- b\n", "list.yaml"))
+    with pytest.raises(UserError, match="not of the form key=value"):
+        load_job(SMOKE, ["nodes"])
+    with pytest.raises(UserError, match=r"override 'env.modules=\[`id`\]': not a valid value"):
+        load_job(SMOKE, ["env.modules=[`id`]"])
+
+
+def test_a_task_brings_its_own_schema(monkeypatch):
+    """How the long-document task plugs in: its params, an extra top-level section, a check."""
+
+    @dataclass
+    class ModelConfig:
+        path: str | None = None
+        dtype: str = "float32"
+
+    @dataclass
+    class Params(tasks.TaskParams):
+        name: str = "demo"
+        mode: str = "score"
+        inputs: list[str] = field(default_factory=list)
+
+    def check(cfg, bad):
+        if cfg.task.mode not in ("score", "embed", "grad"):
+            raise bad("task.mode", "expected score, embed or grad")
+
+    module = types.ModuleType("ringctl_test_demo_task")
+    module.Params, module.SECTIONS, module.check = Params, {"model": ModelConfig}, check
+    module.run = lambda cfg, ctx: None
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(tasks.TASKS, "demo", module.__name__)
+
+    # Switching the task drops the file's attention parameters; the new task's keys apply.
+    cfg = load_job(SMOKE, ["task.name=demo", "model.path=/models/x", "task.mode=embed"])
+    assert cfg.task.mode == "embed" and cfg.model.path == "/models/x"
+    assert "seq_len" not in cfg.task
+    with pytest.raises(UserError, match=r"unknown key task\.seq_len"):
+        load_job(SMOKE, ["task.name=demo", "task.seq_len=8"])
+    with pytest.raises(UserError, match=r"task\.mode: expected"):
+        load_job(SMOKE, ["task={name: demo, mode: train}"])
+
+
+# --- the same errors through the command line: one line on stderr, exit status 2 --------------
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_config_prints_resolved_yaml(capsys):
+    code, out, _ = run_cli(capsys, "config", str(SMOKE), "nodes=2", "slurm.partition=gpu")
+    assert code == 0
+    assert "nodes: 2\n" in out and "partition: gpu" in out and "name: smoke" in out
+
+
+@pytest.mark.parametrize(
+    "text, overrides, expected",
+    [
+        ("name: a\nslurm:\n  partiton: gpu\n", [], "unknown key slurm.partiton"),
+        ("name: a\nnodes: four\n", [], "nodes: Value 'four'"),
+        ("nodes: 2\n", [], "missing mandatory value: name"),
+        ("name: a\n", ["ring.layout=spiral"], "ring.layout: Invalid value 'spiral'"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path, capsys, text, overrides, expected):
+    path = write(tmp_path, text)
+    for verb in ("config", "render", "submit"):
+        code, out, err = run_cli(capsys, verb, str(path), *overrides)
+        assert code == 2, (verb, err)
+        assert out == ""
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"ringctl {verb}: error: "), err
+        assert expected in lines[0]
+        if not overrides:
+            assert str(path) in lines[0]
+    assert not (tmp_path / "runs").exists()  # nothing was created, nothing submitted

@@ -1,0 +1,310 @@
+"""The Slurm batch script: its lines, quoting of config values, and a run under a fake srun."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringctl.cli import main
+from ringctl.config import load_job
+from ringctl.render import quote, render_script
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "jobs" / "smoke.yaml"
+EVIL = "x; rm -rf ~"
+
+
+def sbatch_options(script: str) -> list[list[str]]:
+    """The #SBATCH lines as sbatch reads them (it honours quotes like the shell)."""
+    return [
+        shlex.split(line[len("#SBATCH") :])
+        for line in script.splitlines()
+        if line.startswith("#SBATCH")
+    ]
+
+
+def bash_n(script: str, tmp_path: Path) -> None:
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_smoke_script(tmp_path):
+    script = render_script(load_job(SMOKE, ["backend=slurm"]))
+    bash_n(script, tmp_path)
+    opts = [o[0] for o in sbatch_options(script)]
+    for want in (
+        "--job-name=smoke",
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--time=00:05:00",
+        "--signal=USR1@60",
+        "--output=logs/batch-%j.out",
+    ):
+        assert want in opts
+    assert not any(o.startswith("--gpus") for o in opts)
+    # all #SBATCH lines come before the first command, or sbatch ignores them
+    first_cmd = next(
+        i
+        for i, ln in enumerate(script.splitlines()[1:], 1)
+        if ln.strip() and not ln.startswith("#")
+    )
+    assert all(
+        i < first_cmd for i, ln in enumerate(script.splitlines()) if ln.startswith("#SBATCH")
+    )
+    assert 'ringctl topo probe -o "probes/$SLURMD_NODENAME.json"' in script
+    assert "--slurm-topology" in script and "--ranks-per-node 1 -o plan.json" in script
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
+    assert "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))" in script
+    srun = script[script.index("srun --kill-on-bad-exit=1") :]
+    assert "--output=logs/rank-%t.out --error=logs/rank-%t.err" in srun
+    assert '-m ringctl.worker "$JOB_DIR"' in srun
+    assert script.count("srun --kill-on-bad-exit") == 1
+    assert "NCCL" not in script.replace("NCCL operations", "")
+
+
+def test_gpu_container_and_environment(tmp_path):
+    cfg = load_job(
+        SMOKE,
+        [
+            "gpus_per_node=8",
+            "tasks_per_node=8",
+            "task.seq_len=4096",
+            "slurm.partition=gpu",
+            "slurm.account=proj",
+            "slurm.exclusive=true",
+            "slurm.switches=1@00:10:00",
+            "env.modules=[cuda/12.4,nccl]",
+            "env.venv=~/venvs/ring",
+            "env.vars={NCCL_IB_HCA: mlx5}",
+            "env.container_image=nvcr.io#nvidia/pytorch:24.05-py3",
+            "ring.plan=required",
+            "slurm.extra_sbatch=[--mail-type END,--comment=hello]",
+        ],
+    )
+    script = render_script(cfg, job_dir="/scratch/me/job 1")
+    bash_n(script, tmp_path)
+    opts = sbatch_options(script)
+    flat = [o[0] for o in opts]
+    for want in (
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--account=proj",
+        "--exclusive",
+        "--switches=1@00:10:00",
+        "--chdir=/scratch/me/job 1",
+        "--output=/scratch/me/job 1/logs/batch-%j.out",
+        "--comment=hello",
+    ):
+        assert want in flat, want
+    assert ["--mail-type", "END"] in opts
+    assert "module load cuda/12.4\nmodule load nccl\n" in script
+    assert 'source "$HOME"/venvs/ring/bin/activate' in script
+    assert "export NCCL_IB_HCA=mlx5" in script
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in script
+    assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in script
+    assert "JOB_DIR='/scratch/me/job 1'" in script
+    assert "PY=python3" in script  # a venv/container brings its own interpreter
+    assert "ring.plan=required" in script and "exit 1" in script
+
+
+def test_plan_off_skips_the_probe(tmp_path):
+    script = render_script(load_job(SMOKE, ["ring.plan=skip"]))
+    bash_n(script, tmp_path)
+    assert "topo probe" not in script and "plan.json" not in script.split("ring.plan=skip")[1]
+
+
+def test_hostile_values_stay_words(tmp_path):
+    """A job name like `x; rm -rf ~` is a name: every occurrence in the script is quoted."""
+    cfg = load_job(
+        SMOKE,
+        [
+            f"name={EVIL}",
+            "slurm.partition=$(touch pwned)",
+            "env.modules=['`id`', \"a'b\"]",
+            "slurm.extra_sbatch=[--comment=$HOME;ls]",
+            "env.vars={X: '$(reboot)'}",
+        ],
+    )
+    script = render_script(cfg, job_dir="/tmp/a dir; echo hi")
+    bash_n(script, tmp_path)
+    for value in (EVIL, "$(touch pwned)", "/tmp/a dir; echo hi", "$(reboot)"):
+        starts = [m.start() for m in re.finditer(re.escape(value), script)]
+        assert starts, value
+        for i in starts:  # wrapped in single quotes: the shell sees it as data
+            rest_of_line = script[i + len(value) :].split("\n")[0]
+            assert script[i - 1] == "'" and "'" in rest_of_line, script[i - 30 : i + 60]
+    assert f"--job-name={EVIL}" in [o[0] for o in sbatch_options(script)]
+    assert "module load '`id`'" in script and "module load 'a'\"'\"'b'" in script
+
+
+def test_quote_refuses_newlines():
+    with pytest.raises(ValueError):
+        quote("a\nb")
+    assert quote(None) == "''" and quote(True) == "true" and quote(3) == "3"
+
+
+def test_cli_render(capsys):
+    assert main(["render", str(SMOKE), "backend=slurm", "slurm.partition=debug"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("#!/bin/bash\n") and "#SBATCH --partition=debug\n" in out
+
+
+# --- the script run for real, with a fake srun/scontrol -----------------------------------------
+
+FAKE_SRUN = r'''#!/usr/bin/env python3
+"""A tiny srun: runs the command once per task with Slurm's variables; %t and %N in paths."""
+import os, subprocess, sys, time
+args, opts = sys.argv[1:], {}
+while args and args[0].startswith("--"):
+    key, _, value = args.pop(0)[2:].partition("=")
+    opts[key] = value
+nodes = os.environ["FAKE_NODES"].split()[: int(opts.get("nodes", len(os.environ["FAKE_NODES"].split())))]
+per_node = int(opts.get("ntasks-per-node", "1"))
+ntasks = int(opts.get("ntasks", len(nodes) * per_node))
+if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in " ".join(args):
+    print("srun: error: fake failure", file=sys.stderr)
+    sys.exit(1)
+procs = []
+for t in range(ntasks):
+    node = nodes[t // per_node]
+    env = dict(os.environ, SLURM_PROCID=str(t), SLURM_LOCALID=str(t % per_node),
+               SLURMD_NODENAME=node, SLURM_NTASKS=str(ntasks), SLURM_STEP_ID="0")
+    def path(p):
+        return p.replace("%t", str(t)).replace("%N", node) if p else None
+    out = open(path(opts.get("output")), "ab") if opts.get("output") else None
+    err = open(path(opts.get("error")), "ab") if opts.get("error") else out
+    procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=err))
+codes = {}
+while len(codes) < len(procs):
+    for i, p in enumerate(procs):
+        if i not in codes and p.poll() is not None:
+            codes[i] = p.returncode
+            if p.returncode and "kill-on-bad-exit" in opts:
+                for q in procs:
+                    if q.poll() is None:
+                        q.kill()
+    time.sleep(0.05)
+bad = [c for c in codes.values() if c]
+sys.exit(bad[0] if bad else 0)
+'''
+
+FAKE_SCONTROL = """#!/bin/sh
+if [ "$1 $2" = "show hostnames" ]; then for n in $FAKE_NODES; do echo "$n"; done; exit 0; fi
+exit 1
+"""
+
+
+def _fake_slurm(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text.replace("#!/usr/bin/env python3", f"#!{sys.executable}"))
+        (bin_dir / name).chmod(0o755 | stat.S_IXUSR)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    while port < 20000:  # the script derives the port as 20000 + job id % 20000
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
+        SLURM_JOB_ID=str(port - 20000),
+        SLURM_JOB_NODELIST="fake[1-2]",
+        FAKE_NODES="127.0.0.1 127.0.0.2",
+        OMP_NUM_THREADS="1",
+        HOME=str(tmp_path / "home"),
+    )
+    (tmp_path / "home").mkdir()
+    return env
+
+
+def _job_dir(tmp_path: Path, overrides: list[str]) -> Path:
+    from ringctl.config import to_yaml
+
+    cfg = load_job(
+        SMOKE,
+        ["backend=slurm", "nodes=2", "timeout=30", "task.seq_len=64", "task.steps=1", *overrides],
+    )
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "config.yaml").write_text(to_yaml(cfg))
+    (job_dir / "job.sh").write_text(render_script(cfg))
+    return job_dir
+
+
+def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
+    """The rendered script, executed: probe fails (optional plan), then 2 ranks run the task.
+    The job name is hostile; nothing it says gets executed."""
+    name = "x; touch PWNED; $(touch PWNED2) ~"
+    job_dir = _job_dir(tmp_path, [f"name={name}", "ring.plan=optional"])
+    env = _fake_slurm(tmp_path)
+    env["FAKE_FAIL"] = "topo probe"
+    proc = subprocess.run(
+        ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, (
+        proc.stdout
+        + proc.stderr
+        + "".join(p.read_text() for p in (job_dir / "logs").glob("rank-*.err"))
+    )
+    assert "no placement plan (ring.plan=optional)" in proc.stdout
+    assert "all 2 ranks finished" in proc.stdout
+    assert sorted(p.name for p in (job_dir / "out").glob("*.safetensors")) == [
+        "rank-0.safetensors",
+        "rank-1.safetensors",
+    ]
+    assert (
+        "on 127.0.0.2 (local rank 0) -> ring rank 1 of 2"
+        in (job_dir / "logs" / "rank-1.out").read_text()
+    )
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_script_fails_clearly_without_a_required_plan(tmp_path):
+    job_dir = _job_dir(tmp_path, ["ring.plan=required"])
+    env = _fake_slurm(tmp_path)
+    env["FAKE_FAIL"] = "topo probe"
+    proc = subprocess.run(
+        ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert "FAILED: no placement plan, so no rank was started" in proc.stderr
+    assert not list((job_dir / "logs").glob("rank-*"))
+
+
+def test_script_places_the_ring_with_ringctl_topo(tmp_path):
+    """The whole script with the real `ringctl topo probe` + `ringctl topo`: 2 nodes x 2 ranks,
+    each rank taking its ring position from plan.json."""
+    job_dir = _job_dir(tmp_path, ["ring.plan=required", "tasks_per_node=2"])
+    env = _fake_slurm(tmp_path)
+    proc = subprocess.run(
+        ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=240
+    )
+    logs = "".join(p.read_text() for p in sorted((job_dir / "logs").glob("*")) if p.is_file())
+    assert proc.returncode == 0, proc.stdout + proc.stderr + logs
+    assert "placement plan written to plan.json" in proc.stdout
+    plan = json.loads((job_dir / "plan.json").read_text())
+    assert sorted((e["node"], e["local_rank"]) for e in plan["ring"]) == [
+        ("127.0.0.1", 0),
+        ("127.0.0.1", 1),
+        ("127.0.0.2", 0),
+        ("127.0.0.2", 1),
+    ]
+    for entry in plan["ring"]:
+        task = (0 if entry["node"] == "127.0.0.1" else 2) + entry["local_rank"]
+        out = (job_dir / "logs" / f"rank-{task}.out").read_text()
+        assert f"-> ring rank {entry['rank']} of 4 (from plan.json)" in out
+    assert len(list((job_dir / "out").glob("rank-*.safetensors"))) == 4

@@ -1,0 +1,218 @@
+"""The local backend end to end: 4 worker processes on gloo, like a 4-node Slurm job.
+
+Also the worker's placement logic (plan.json -> rank) without starting any process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ringctl.backends.base import JobState
+from ringctl.cli import main
+from ringctl.commands.jobs import open_job_dir
+from ringctl.config import load_resolved
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "jobs" / "smoke.yaml")
+
+
+def only_job_dir(root: Path) -> Path:
+    dirs = [p.parent for p in root.glob("*/job.json")]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def run_job(tmp_path: Path, capsys, *overrides: str) -> tuple[int, str, str, Path]:
+    code = main(["run", SMOKE, f"output_dir={tmp_path}", "task.steps=1", *overrides])
+    out, err = capsys.readouterr()
+    return code, out, err, only_job_dir(tmp_path)
+
+
+def test_smoke_job_matches_the_reference(tmp_path, capsys):
+    import torch
+
+    from ringctl.tasks.attention import load_results, reference
+
+    code, out, err, job_dir = run_job(tmp_path, capsys)
+    assert code == 0, out + err
+    assert "COMPLETED" in out
+    for name in ("config.yaml", "job.sh", "job.json"):
+        assert (job_dir / name).is_file()
+    assert json.loads((job_dir / "job.json").read_text())["backend"] == "local"
+
+    cfg = load_resolved(job_dir / "config.yaml")
+    want, got = reference(cfg), load_results(job_dir / "out")
+    for name in ("out", "dq", "dk", "dv"):
+        assert got[name].dtype == torch.float32 and got[name].shape == want[name].shape
+        scale = want[name].abs().max()
+        torch.testing.assert_close(got[name].double(), want[name], rtol=1e-5, atol=1e-5 * scale)
+    timing = json.loads((job_dir / "out" / "rank-3.json").read_text())
+    assert timing["world_size"] == 4 and timing["steps_done"] == 1 and timing["layout"] == "zigzag"
+
+    assert main(["status", str(job_dir)]) == 0
+    table = capsys.readouterr().out
+    assert "COMPLETED" in table and "smoke" in table and "1/1 steps" in table
+    assert main(["logs", str(job_dir), "--rank", "2"]) == 0
+    assert "-> ring rank 2 of 4" in capsys.readouterr().out
+    assert main(["logs", str(job_dir)]) == 0
+    assert "[rank 3] " in capsys.readouterr().out
+
+
+def test_a_failing_rank_fails_the_job_with_its_error(tmp_path, capsys):
+    code, out, err, job_dir = run_job(tmp_path, capsys, "task.fault_rank=2", "timeout=20")
+    assert code == 1
+    assert "FAILED" in err and "rank 2 exited 1: RuntimeError: injected fault on rank 2" in err
+    _, _, backend = open_job_dir(job_dir)
+    st = backend.status(job_dir)
+    assert st.state is JobState.FAILED and st.ranks[2] == "FAILED"
+    assert st.reason.startswith("rank 2 exited 1: RuntimeError: injected fault")
+    last = (job_dir / "logs" / "rank-2.err").read_text().strip().splitlines()[-1]
+    assert last.startswith("ringctl.worker: rank 2") and "injected fault" in last
+
+
+@pytest.mark.parametrize("fault", ["hang", "exit"])
+def test_a_dead_or_hung_rank_fails_the_others_within_the_timeout(tmp_path, capsys, fault):
+    timeout = 3
+    start = time.monotonic()
+    code, out, err, job_dir = run_job(
+        tmp_path, capsys, "task.fault_rank=1", f"task.fault={fault}", f"timeout={timeout}"
+    )
+    took = time.monotonic() - start
+    assert code == 1
+    state = json.loads((job_dir / "state.json").read_text())
+    assert state["state"] == "FAILED"
+    assert took < 90  # not the default 300 s collective timeout, nor the Slurm time limit
+    if fault == "hang":
+        # a peer timed out in a collective after `timeout` seconds; the hung rank was ended
+        assert f"Timed out waiting {timeout * 1000}ms" in state["reason"], state["reason"]
+        assert state["ranks"]["1"]["state"] == "KILLED"
+    else:
+        assert state["reason"].startswith("rank 1 exited 17")
+    assert not [r for r in state["ranks"].values() if r["state"] == "RUNNING"]
+
+
+def test_cancel(tmp_path, capsys):
+    assert (
+        main(
+            [
+                "submit",
+                SMOKE,
+                f"output_dir={tmp_path}",
+                "task.fault_rank=0",
+                "task.fault=hang",
+                "timeout=120",
+            ]
+        )
+        == 0
+    )
+    job_dir = only_job_dir(tmp_path)
+    assert "submitted job local-" in capsys.readouterr().out
+    _, _, backend = open_job_dir(job_dir)
+    deadline = time.monotonic() + 120
+    while backend.status(job_dir).state is not JobState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert main(["cancel", str(job_dir)]) == 0
+    st = backend.status(job_dir)
+    assert st.state is JobState.CANCELLED
+    pids = [r["pid"] for r in json.loads((job_dir / "state.json").read_text())["ranks"].values()]
+    time.sleep(0.2)
+    for pid in pids:  # no worker left behind
+        try:
+            os.kill(pid, 0)
+            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except ProcessLookupError:
+            alive = False
+        assert not alive, pid
+
+
+# --- placement: a plan decides each process's rank ---------------------------------------------
+
+
+def _plan(nodes: list[str], per_node: int, order: list[tuple[str, int]]) -> dict:
+    ring = [
+        {
+            "rank": r,
+            "node": n,
+            "local_rank": lr,
+            "gpu": None,
+            "nic": None,
+            "numa": None,
+            "env": {"RINGCTL_TEST_VAR": f"{n}/{lr}"},
+        }
+        for r, (n, lr) in enumerate(order)
+    ]
+    return {"version": 1, "ring": ring, "hops": [], "bottleneck": {}, "nodes": nodes}
+
+
+def test_identify_takes_the_rank_from_the_plan(tmp_path, monkeypatch):
+    from ringctl.worker import WorkerError, identify
+
+    for var in list(os.environ):
+        if var.startswith("SLURM") or var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "n1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    # Slurm placed tasks 0,1 on n1 and 2,3 on n2; the plan puts the ring n2:1, n1:0, n1:1, n2:0
+    order = [("n2", 1), ("n1", 0), ("n1", 1), ("n2", 0)]
+    (tmp_path / "plan.json").write_text(json.dumps(_plan(["n1", "n2"], 2, order)))
+    seen = {}
+    for task, (node, local) in enumerate([("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]):
+        monkeypatch.setenv("SLURMD_NODENAME", node)
+        monkeypatch.setenv("SLURM_LOCALID", str(local))
+        monkeypatch.setenv("SLURM_PROCID", str(task))
+        ident = identify(tmp_path)
+        assert ident.task_index == task and ident.world_size == 4
+        seen[(node, local)] = ident.rank
+        assert ident.plan_entry["env"]["RINGCTL_TEST_VAR"] == f"{node}/{local}"
+    assert seen == {("n2", 1): 0, ("n1", 0): 1, ("n1", 1): 2, ("n2", 0): 3}
+
+    monkeypatch.setenv("SLURMD_NODENAME", "n9")
+    with pytest.raises(WorkerError, match="0 ring entries for node 'n9'"):
+        identify(tmp_path)
+    (tmp_path / "plan.json").write_text("{not json")
+    with pytest.raises(WorkerError, match="unreadable plan"):
+        identify(tmp_path)
+    (tmp_path / "plan.json").unlink()
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert identify(tmp_path).rank == 3  # no plan: Slurm's task order
+
+
+def test_the_ring_follows_the_plan(tmp_path):
+    """A plan that reverses the ring (launch task t -> ring rank 3-t): ranks take their
+    positions from it, the store stays with launch task 0, and results still match."""
+    import socket
+
+    import torch
+
+    from ringctl.backends.local import LocalBackend
+    from ringctl.config import load_job, to_yaml
+    from ringctl.tasks.attention import load_results, reference
+
+    cfg = load_job(SMOKE, ["task.steps=1", "timeout=60"])
+    job_dir = tmp_path / "job"
+    (job_dir / "logs").mkdir(parents=True)
+    (job_dir / "config.yaml").write_text(to_yaml(cfg))
+    host = socket.gethostname().split(".")[0]
+    order = [(host, lr) for lr in (3, 2, 1, 0)]
+    (job_dir / "plan.json").write_text(json.dumps(_plan([host], 4, order)))
+    backend = LocalBackend(cfg)
+    backend.submit(job_dir)
+    deadline = time.monotonic() + 180
+    while not (st := backend.status(job_dir)).state.finished:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert st.state is JobState.COMPLETED, st.reason
+    for task in range(4):
+        out = (job_dir / "logs" / f"rank-{task}.out").read_text()
+        assert f"-> ring rank {3 - task} of 4 (from plan.json)" in out
+    want, got = reference(cfg), load_results(job_dir / "out")
+    for name in ("out", "dq", "dk", "dv"):
+        scale = want[name].abs().max()
+        torch.testing.assert_close(got[name].double(), want[name], rtol=1e-5, atol=1e-5 * scale)
