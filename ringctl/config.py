@@ -113,6 +113,8 @@ class JobConfig:
     nodes: int = 1
     tasks_per_node: int = 1
     gpus_per_node: int = 0
+    # `ringctl plan` device table entry of each rank (e.g. H100-SXM); submit checks the job fits
+    device: str | None = None
     timeout: float = 300.0  # seconds a collective may wait for a peer before the rank fails
     rendezvous_timeout: float = 600.0  # seconds ranks wait for each other to start
     task: Any = None  # replaced per task by its parameter dataclass

@@ -110,3 +110,14 @@ def test_plan_cli_errors_are_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_submit_refuses_a_job_that_cannot_fit(tmp_path, capsys):
+    # 4 H100 ranks cannot hold 64M tokens of 32 heads; nothing may be created or submitted.
+    argv = ["submit", "jobs/smoke.yaml", f"output_dir={tmp_path}", "device=H100-SXM",
+            "task.seq_len=67108864", "task.heads=32", "task.kv_heads=8", "task.head_dim=128",
+            "task.dtype=bfloat16"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "ringctl plan (H100-SXM): does not fit" in err and "--force" in err
+    assert list(tmp_path.iterdir()) == []

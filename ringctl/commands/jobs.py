@@ -90,11 +90,31 @@ def _make_job_dir(cfg) -> Path:
     raise UserError(f"output_dir: cannot create a new job directory under {base}")
 
 
-def submit_job(job_file: str, overrides: list[str]):
-    """Load, render, create the job directory, submit. Returns (job_dir, job_id, backend)."""
+def check_plan(cfg, *, force: bool = False) -> None:
+    """Refuse, with the plan's reason, a job whose ranks cannot hold their share."""
+    from ..planner.preflight import preflight
+
+    verdict = preflight(cfg)
+    if verdict is None:
+        return
+    est = verdict.estimate
+    if not est.fits:
+        if not force:
+            raise UserError(
+                f"ringctl plan ({verdict.device}): {verdict.reason}. Nothing was submitted; "
+                "give more ranks, a shorter sequence, or --force to submit anyway"
+            )
+        print(f"warning: submitting despite the plan (--force): {verdict.reason}", file=sys.stderr)
+    elif est.warnings:
+        print(f"plan ({verdict.device}): {verdict.reason}", file=sys.stderr)
+
+
+def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
+    """Load, plan, render, create the job directory, submit. Returns (job_dir, job_id, backend)."""
     from ..render import render_script
 
     cfg = load_job(job_file, overrides)
+    check_plan(cfg, force=force)
     script = render_script(cfg)  # before anything is written: a template error stops here
     backend = get_backend(cfg)
     job_dir = _make_job_dir(cfg)
@@ -135,13 +155,13 @@ def cmd_render(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    job_dir, job_id, backend = submit_job(args.job, args.overrides)
+    job_dir, job_id, backend = submit_job(args.job, args.overrides, force=args.force)
     print(f"submitted job {job_id} ({backend.name}) in {job_dir}")
     return 0
 
 
 def cmd_run(args) -> int:
-    job_dir, job_id, backend = submit_job(args.job, args.overrides)
+    job_dir, job_id, backend = submit_job(args.job, args.overrides, force=args.force)
     print(f"submitted job {job_id} ({backend.name}) in {job_dir}", flush=True)
     try:
         for line in backend.logs(job_dir, rank=None if args.all_ranks else args.rank, follow=True):
@@ -303,10 +323,13 @@ def register(subparsers) -> None:
         default=None,
         help="render with absolute paths to this job directory (as seen on the cluster)",
     )
-    job_parser("submit", "Create the job directory and submit the job.", cmd_submit)
+    force_help = "submit even when `ringctl plan` says the ranks cannot hold the job"
+    p = job_parser("submit", "Create the job directory and submit the job.", cmd_submit)
+    p.add_argument("--force", action="store_true", help=force_help)
     p = job_parser(
         "run", "Submit a job and follow its log until it ends (exit 0 only if COMPLETED).", cmd_run
     )
+    p.add_argument("--force", action="store_true", help=force_help)
     p.add_argument("--rank", type=int, default=0, help="whose log to follow (default: 0)")
     p.add_argument("--all-ranks", action="store_true", help="follow every rank's log")
 

@@ -54,6 +54,18 @@ def layout_of(cfg) -> str:
     return str(cfg.task.layout or cfg.ring.layout.value)
 
 
+def workload(cfg):
+    """What `ringctl plan` should size for this job (checked by `ringctl submit`)."""
+    from ..planner.cost import Workload
+
+    t = cfg.task
+    return Workload(
+        seq_len=int(t.seq_len), heads=int(t.heads), kv_heads=int(t.kv_heads or t.heads),
+        head_dim=int(t.head_dim), batch=int(t.batch), dtype=str(t.dtype), causal=bool(t.causal),
+        layout=layout_of(cfg), backward=True,
+    )  # fmt: skip
+
+
 def check(cfg, bad) -> None:
     from ..config import world_size
 
