@@ -15,6 +15,7 @@ from .errors import UserError
 # Each module has `register(subparsers)`; the order here is the order of `ringctl --help`.
 VERB_MODULES = [
     "ringctl.commands.jobs",  # config, render, submit, run, status, logs, cancel
+    "ringctl.commands.gather",  # gather
     "ringctl.topology.cli",  # topo (and topo probe)
     "ringctl.commands.plan",  # plan
 ]

@@ -205,6 +205,11 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> D
     return _build(layers)
 
 
+def load_job_from_dict(data: dict, *, source: str) -> DictConfig:
+    """Validate a config given as plain data (e.g. a task's prepared copy) like a job file."""
+    return _build([(source, OmegaConf.create(data))])
+
+
 def load_resolved(path: str | Path) -> DictConfig:
     """Load a job directory's config.yaml (already resolved) with the same checks."""
     return load_job(path)

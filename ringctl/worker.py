@@ -322,7 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         # Skip interpreter teardown: a broken process group can block it for a long time.
         os._exit(1)
-    return 0
+    # Success is recorded; skip interpreter teardown too. Threads of the communication library
+    # still being torn down at exit have been seen to abort the process (SIGABRT) after every
+    # result was written, which would turn a finished rank into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -41,6 +42,11 @@ def _entry(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple
             dist.destroy_process_group()
     with open(result_path, "wb") as f:
         pickle.dump(value, f)
+    # The result is on disk: skip interpreter teardown, where threads of the communication
+    # library have been seen to abort an otherwise finished process (SIGABRT).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_distributed(fn: Callable, world_size: int, *args: Any) -> list[Any]:

@@ -23,8 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
-from ..config import load_job, safe_dir_name, to_yaml
+from ..config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from ..errors import UserError
+from ..tasks import get_spec
 
 # --- helpers shared by the verbs ----------------------------------------------------------------
 
@@ -114,6 +115,9 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     from ..render import render_script
 
     cfg = load_job(job_file, overrides)
+    prepared = get_spec(str(cfg.task.name)).prepare(cfg)
+    if prepared is not cfg:  # re-validated: what is written is what was checked
+        cfg = load_job_from_dict(prepared, source=str(job_file))
     check_plan(cfg, force=force)
     script = render_script(cfg)  # before anything is written: a template error stops here
     backend = get_backend(cfg)

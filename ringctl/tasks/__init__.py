@@ -7,6 +7,8 @@ A task module defines:
         ...
     SECTIONS = {"model": ModelConfig}   # optional: extra top-level sections of its jobs
     def check(cfg, bad) -> None:   # optional: raise bad("task.x", "why") for impossible values
+    def prepare(cfg) -> dict:      # optional: the config as submitted (e.g. absolute paths)
+    def workload(cfg) -> Workload: # optional: what `ringctl plan` sizes before submission
     def run(cfg, ctx) -> None:     # what every rank does (ctx: `TaskContext` in ringctl.worker)
 
 The module is imported whenever a config is loaded (for its schema), so it must import torch,
@@ -30,7 +32,7 @@ __all__ = ["TASKS", "TaskParams", "TaskSpec", "get_spec", "atomic_write", "save_
 
 TASKS: dict[str, str] = {
     "attention": "ringctl.tasks.attention",
-    # "longdoc": "ringctl.tasks.longdoc",   # the long-document task (score / embed / grad)
+    "longdoc": "ringctl.tasks.longdoc",  # long documents: score / embed / grad with an LM
 }
 
 
@@ -45,6 +47,10 @@ class TaskSpec:
         checker = getattr(self.module, "check", None)
         if checker is not None:
             checker(cfg, bad)
+
+    def prepare(self, cfg):
+        preparer = getattr(self.module, "prepare", None)
+        return cfg if preparer is None else preparer(cfg)
 
     def run(self, cfg, ctx) -> Any:
         return self.module.run(cfg, ctx)

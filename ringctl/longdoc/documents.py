@@ -1,0 +1,219 @@
+"""Which documents a long-document job reads, in a stable order, with stable ids.
+
+Inputs (``LongDocParams.inputs``: one path or a list of paths):
+
+* a ``.txt`` file: one document, its whole content;
+* a ``.jsonl`` file: one document per non-empty line, the JSON object's ``text_field``
+  (default ``"text"``); a line that is not a JSON object with that string field is an error
+  naming the file and line;
+* a directory (a "dataset folder"): every ``.txt`` and ``.jsonl`` file below it, recursively,
+  sorted by relative path (hidden files and directories are skipped). Parquet or Arrow
+  datasets are not read (no pyarrow here): convert them to JSONL first.
+
+Document ids are stable across runs given the same inputs: a file's path relative to the
+directory it was found in (a file named directly: its file name), and ``<file id>#<line>``
+(1-based line number) for JSONL records. Two inputs giving the same id are an error.
+``Document.key`` is a file-system-safe form of the id (used for output paths).
+
+Bytes: documents are read as bytes. Invalid UTF-8 is never an error: the byte-level tokenizer
+takes the raw bytes as they are (lossless); a text tokenizer gets the text decoded with U+FFFD
+for each invalid byte. ``Document.invalid_utf8`` counts the bytes that were not valid UTF-8.
+
+Missing inputs: a path that does not exist is reported, by name, in ``Listing.missing``. What
+happens then is the job's ``on_missing`` policy: ``"report"`` (default) logs it, records it
+in the output's documents.json and goes on with the others; ``"stop"`` raises
+``MissingInputError`` before any document runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUFFIXES = (".txt", ".jsonl")
+ON_MISSING = ("report", "stop")
+
+
+class DocumentError(ValueError):
+    """An input that cannot be read as documents (says which file and why)."""
+
+
+class MissingInputError(DocumentError):
+    """Input paths that do not exist (with on_missing="stop")."""
+
+    def __init__(self, missing: Sequence[str]) -> None:
+        self.missing = list(missing)
+        super().__init__(
+            f"{len(self.missing)} input path(s) do not exist: {', '.join(self.missing)} "
+            "(on_missing=stop; use on_missing=report to go on with the others)"
+        )
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def doc_key(doc_id: str) -> str:
+    """A file-system-safe, unique, stable name for a document id."""
+    slug = _UNSAFE.sub("_", doc_id).strip("._")[:80] or "doc"
+    return f"{slug}-{hashlib.sha1(doc_id.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+
+
+def _to_bytes(text: str) -> bytes:
+    """The bytes behind a str from JSON: lone surrogates from undecodable bytes go back."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # e.g. an escaped lone surrogate "\ud800" in the JSON itself
+        return text.encode("utf-8", "replace")
+
+
+def invalid_utf8_count(raw: bytes) -> int:
+    """How many bytes of ``raw`` are not part of valid UTF-8."""
+    text = raw.decode("utf-8", "surrogateescape")  # each invalid byte -> one U+DC80..U+DCFF
+    return sum(1 for ch in text if "\udc80" <= ch <= "\udcff")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document: where it comes from, and how to read its bytes."""
+
+    id: str
+    source: str  # the file path (as given / found)
+    line: int | None = None  # 1-based line in a JSONL file
+    text_field: str = "text"
+    _offset: int = field(default=0, repr=False)
+    _length: int = field(default=-1, repr=False)
+
+    @property
+    def key(self) -> str:
+        return doc_key(self.id)
+
+    def read_bytes(self) -> bytes:
+        """The document's raw bytes. A file gone since listing raises FileNotFoundError."""
+        if self.line is None:
+            return Path(self.source).read_bytes()
+        with open(self.source, "rb") as f:
+            f.seek(self._offset)
+            line = f.read(self._length)
+        return _jsonl_text(line, self.source, self.line, self.text_field)
+
+    def read_text(self) -> str:
+        """The text, with U+FFFD in place of each byte that is not valid UTF-8."""
+        return self.read_bytes().decode("utf-8", "replace")
+
+    def describe(self) -> dict:
+        return {"id": self.id, "key": self.key, "source": self.source, "line": self.line}
+
+
+def _jsonl_text(line: bytes, source: str, lineno: int, text_field: str) -> bytes:
+    try:
+        record = json.loads(line.decode("utf-8", "surrogateescape"))
+    except json.JSONDecodeError as err:
+        raise DocumentError(f"{source}:{lineno}: not valid JSON ({err.msg})") from None
+    if not isinstance(record, dict):
+        raise DocumentError(f"{source}:{lineno}: a JSON object is expected, not {type(record)}")
+    if text_field not in record:
+        raise DocumentError(
+            f"{source}:{lineno}: no field {text_field!r} (fields: {', '.join(sorted(record))}); "
+            "set text_field"
+        )
+    value = record[text_field]
+    if not isinstance(value, str):
+        raise DocumentError(f"{source}:{lineno}: field {text_field!r} is not a string")
+    return _to_bytes(value)
+
+
+def _jsonl_documents(path: Path, file_id: str, text_field: str) -> list[Document]:
+    docs: list[Document] = []
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                # Parse now: a bad record is an error before any compute, naming the line.
+                _jsonl_text(line, str(path), lineno, text_field)
+                docs.append(
+                    Document(
+                        id=f"{file_id}#{lineno}",
+                        source=str(path),
+                        line=lineno,
+                        text_field=text_field,
+                        _offset=offset,
+                        _length=len(line),
+                    )
+                )
+            offset += len(line)
+    return docs
+
+
+def _file_documents(path: Path, file_id: str, text_field: str) -> list[Document]:
+    if path.suffix == ".jsonl":
+        return _jsonl_documents(path, file_id, text_field)
+    return [Document(id=file_id, source=str(path))]
+
+
+def _walk(root: Path) -> list[Path]:
+    found = []
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        if p.is_file() and p.suffix in SUFFIXES:
+            found.append(p)
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+@dataclass
+class Listing:
+    documents: list[Document]
+    missing: list[str]
+
+
+def list_documents(
+    inputs: str | Path | Sequence[str | Path],
+    *,
+    text_field: str = "text",
+    on_missing: str = "report",
+    max_docs: int | None = None,
+) -> Listing:
+    """Every document of the inputs, in order; missing paths per the on_missing policy."""
+    if on_missing not in ON_MISSING:
+        raise DocumentError(f"on_missing must be one of {ON_MISSING}, not {on_missing!r}")
+    paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    if not paths:
+        raise DocumentError("no inputs given")
+    docs: list[Document] = []
+    missing: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            missing.append(str(raw))
+            continue
+        if path.is_dir():
+            files = _walk(path)
+            if not files:
+                raise DocumentError(f"{path}: no .txt or .jsonl files in this directory")
+            for f in files:
+                docs += _file_documents(f, f.relative_to(path).as_posix(), text_field)
+        elif path.suffix in SUFFIXES:
+            docs += _file_documents(path, path.name, text_field)
+        else:
+            raise DocumentError(
+                f"{path}: unsupported input (expected a directory, .txt or .jsonl; convert "
+                "parquet/arrow datasets to JSONL)"
+            )
+    if missing and on_missing == "stop":
+        raise MissingInputError(missing)
+    seen: dict[str, str] = {}
+    for d in docs:
+        if d.id in seen:
+            raise DocumentError(
+                f"two inputs give the same document id {d.id!r}: {seen[d.id]} and {d.source} "
+                "(name the directory that holds them instead, or rename one)"
+            )
+        seen[d.id] = d.source
+    if max_docs is not None:
+        docs = docs[: max(0, int(max_docs))]
+    return Listing(docs, missing)

@@ -1,0 +1,146 @@
+"""The causal LM of a long-document job, with ring attention as its attention implementation.
+
+``model_path``:
+
+* ``None``: the bundled tiny Llama (``data/tiny-llama.json``: 2 layers, hidden 64, 4 heads,
+  2 KV heads, vocabulary 256 to match the byte-level tokenizer), random-initialised;
+* a ``.json`` file: a transformers config (with ``model_type``), random-initialised;
+* a directory: ``from_pretrained`` (safetensors, offline: ``HF_HUB_OFFLINE=1``).
+
+Random initialisation is seeded (``_ringctl_seed`` in the JSON, default 0) right before the
+model is built, so every rank builds identical weights; ``check_same_weights`` verifies that
+(and that ranks loading from disk loaded the same files) with one small all_gather.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def bundled_config_path() -> Path:
+    return Path(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
+
+
+def samples_dir() -> Path:
+    """The bundled sample documents."""
+    return Path(str(resources.files("ringctl.longdoc") / "data" / "samples"))
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {name!r}")
+    return DTYPES[name]
+
+
+def config_from_json(path: str | Path):
+    """(transformers config, seed) from a JSON file; keys starting with "_" are ours."""
+    from transformers import AutoConfig
+
+    data = json.loads(Path(path).read_text())
+    if "model_type" not in data:
+        raise ValueError(f"{path}: a model config needs a 'model_type' (e.g. 'llama')")
+    seed = int(data.get("_ringctl_seed", 0))
+    fields = {k: v for k, v in data.items() if not k.startswith("_")}
+    return AutoConfig.for_model(**fields), seed
+
+
+def build_random(config, *, seed: int, dtype: torch.dtype, attn_implementation: str):
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=attn_implementation, dtype=torch.float32
+        )
+    return model.to(dtype)
+
+
+def load_model(
+    model_path: str | Path | None,
+    *,
+    dtype: str = "float32",
+    attn_implementation: str = "ringattn",
+    device: torch.device | str | None = None,
+):
+    """The model in eval mode, its attention implementation set (registering ringattn)."""
+    if attn_implementation == "ringattn":
+        from ringattn.hf import register
+
+        register()
+    want = torch_dtype(dtype)
+    if model_path is None or str(model_path).endswith(".json"):
+        config, seed = config_from_json(model_path or bundled_config_path())
+        model = build_random(config, seed=seed, dtype=want, attn_implementation=attn_implementation)
+    else:
+        path = Path(model_path)
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"model_path {str(model_path)!r} is not a local directory or .json config (no "
+                "download is done)"
+            )
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=want, attn_implementation=attn_implementation
+        )
+    if device is not None:
+        model.to(device)
+    model.eval()
+    check_supported(model)
+    return model
+
+
+def check_supported(model) -> None:
+    cfg = model.config
+    if getattr(cfg, "final_logit_softcapping", None) is not None:
+        raise ValueError(f"{cfg.model_type}: final logit soft-capping is not supported")
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        raise ValueError(
+            f"{cfg.model_type}: sliding-window attention is on (window {cfg.sliding_window}); "
+            "ring attention computes full causal attention: set use_sliding_window=false"
+        )
+
+
+def decoder(model):
+    """The base model (embeddings + layers + final norm), whose output is the hidden state."""
+    return getattr(model, model.base_model_prefix)
+
+
+def weights_fingerprint(model) -> torch.Tensor:
+    """(sum, sum of squares) of all weights in float64: equal on ranks with equal weights."""
+    s = torch.zeros(2, dtype=torch.float64, device=next(model.parameters()).device)
+    with torch.no_grad():
+        for p in model.parameters():
+            x = p.detach().double()
+            s[0] += x.sum()
+            s[1] += (x * x).sum()
+    return s
+
+
+def check_same_weights(model, group=None) -> None:
+    """Raise if the ranks of ``group`` do not hold the same weights."""
+    world = dist.get_world_size(group)
+    if world == 1:
+        return
+    mine = weights_fingerprint(model)
+    if dist.get_backend(group) != "nccl":
+        mine = mine.cpu()
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    if any(not torch.equal(e, every[0]) for e in every):
+        detail = ", ".join(f"rank {i}: {e.tolist()}" for i, e in enumerate(every))
+        raise RuntimeError(f"ranks hold different model weights ({detail})")

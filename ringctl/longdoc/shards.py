@@ -1,0 +1,219 @@
+"""Output shards of a long-document job: what each rank writes, and how to check it.
+
+Layout under the job's output directory::
+
+    longdoc/run.json                            the run's settings (a rerun must match them)
+    longdoc/documents.json                      the document list (ids, sources; missing inputs)
+    longdoc/shards/<doc key>/rank-00003.safetensors   rank 3's tensors for the document
+    longdoc/shards/<doc key>/rank-00003.json          its manifest entry
+    longdoc/grads/<doc key>.safetensors         (task grad, write_grads) summed gradients, rank 0
+
+A manifest entry (JSON, ``format: ringctl.longdoc/1``) holds: ``doc_id``, ``doc_key``,
+``source``, ``rank``, ``world_size``, ``layout``, ``task``, ``n_tokens`` (the document's real
+length), ``padded_tokens``, ``positions`` (the global token positions covered, as
+``[start, stop)`` ranges in the rank's local order; padding excluded), ``n_positions``,
+``file``, ``bytes``, ``sha256`` (of the whole safetensors file), ``tensors`` (name -> dtype,
+shape), ``stats`` (document totals, see scoring.py), ``seconds``, and for grads
+``grads_file`` / ``grads_sha256``.
+
+Each file is written atomically (a temp file in the same directory, fsync, rename): a killed
+job never leaves a half file under a final name. The data file is renamed into place before its
+entry, so an entry always describes a whole file. A document is complete when every rank's
+entry exists (and its file matches its checksum); a rerun skips complete documents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT = "ringctl.longdoc/1"
+SUBDIR = "longdoc"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (temp file + fsync + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def position_ranges(positions: torch.Tensor) -> list[list[int]]:
+    """[start, stop) runs of consecutive positions, in order."""
+    pos = positions.tolist()
+    runs: list[list[int]] = []
+    for p in pos:
+        if runs and runs[-1][1] == p:
+            runs[-1][1] = p + 1
+        else:
+            runs.append([p, p + 1])
+    return runs
+
+
+def expand_ranges(ranges: list[list[int]]) -> torch.Tensor:
+    if not ranges:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.cat([torch.arange(a, b, dtype=torch.int64) for a, b in ranges])
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _json_safe(obj: Any) -> Any:
+    """NaN/inf -> None: the manifest stays strict JSON."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+class ShardStore:
+    """The ``longdoc/`` part of one job's output directory."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.root = Path(out_dir) / SUBDIR
+
+    # paths
+    @property
+    def run_file(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def documents_file(self) -> Path:
+        return self.root / "documents.json"
+
+    def doc_dir(self, key: str) -> Path:
+        return self.root / "shards" / key
+
+    def data_path(self, key: str, rank: int) -> Path:
+        return self.doc_dir(key) / f"rank-{rank:05d}.safetensors"
+
+    def entry_path(self, key: str, rank: int) -> Path:
+        return self.doc_dir(key) / f"rank-{rank:05d}.json"
+
+    def grads_path(self, key: str) -> Path:
+        return self.root / "grads" / f"{key}.safetensors"
+
+    # writing
+    def write_shard(
+        self,
+        *,
+        doc: dict,
+        rank: int,
+        world_size: int,
+        layout: str,
+        task: str,
+        n_tokens: int,
+        padded_tokens: int,
+        tensors: dict[str, torch.Tensor],
+        stats: dict,
+        seconds: float,
+        grads: dict[str, torch.Tensor] | None = None,
+    ) -> dict:
+        """Write this rank's tensors for one document, then its manifest entry; returns it."""
+        from safetensors.torch import save
+
+        key = doc["key"]
+        tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+        meta = {"format": FORMAT, "doc_id": doc["id"], "rank": str(rank)}
+        data = save(tensors, metadata=meta)
+        path = self.data_path(key, rank)
+        atomic_write(path, data)
+        entry = {
+            "format": FORMAT,
+            "doc_id": doc["id"],
+            "doc_key": key,
+            "source": doc.get("source"),
+            "line": doc.get("line"),
+            "rank": rank,
+            "world_size": world_size,
+            "layout": layout,
+            "task": task,
+            "n_tokens": n_tokens,
+            "padded_tokens": padded_tokens,
+            "positions": position_ranges(tensors["positions"]),
+            "n_positions": int(tensors["positions"].numel()),
+            "file": path.name,
+            "bytes": len(data),
+            "sha256": sha256_bytes(data),
+            "tensors": {
+                k: {"dtype": dtype_name(v.dtype), "shape": list(v.shape)}
+                for k, v in tensors.items()
+            },
+            "stats": stats,
+            "seconds": seconds,
+            "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if grads is not None:
+            gdata = save({k: v.contiguous() for k, v in grads.items()}, metadata=meta)
+            gpath = self.grads_path(key)
+            atomic_write(gpath, gdata)
+            entry["grads_file"] = str(gpath.relative_to(self.root))
+            entry["grads_sha256"] = sha256_bytes(gdata)
+        atomic_write_json(self.entry_path(key, rank), _json_safe(entry))
+        return entry
+
+    # reading
+    def read_entry(self, key: str, rank: int) -> dict | None:
+        try:
+            return json.loads(self.entry_path(key, rank).read_text())
+        except FileNotFoundError:
+            return None
+
+    def has_valid_entry(self, key: str, rank: int, *, world_size: int, task: str) -> bool:
+        """This rank's entry exists for this run's shape, and its file(s) match the checksums."""
+        try:
+            entry = self.read_entry(key, rank)
+        except (OSError, json.JSONDecodeError):
+            return False
+        if not entry or entry.get("world_size") != world_size or entry.get("task") != task:
+            return False
+        try:
+            if sha256_file(self.doc_dir(key) / entry["file"]) != entry["sha256"]:
+                return False
+            if "grads_file" in entry:
+                return sha256_file(self.root / entry["grads_file"]) == entry["grads_sha256"]
+        except (OSError, KeyError):
+            return False
+        return True
+
+    def is_complete(self, key: str, world_size: int, task: str) -> bool:
+        return all(
+            self.has_valid_entry(key, r, world_size=world_size, task=task)
+            for r in range(world_size)
+        )

@@ -1,0 +1,58 @@
+"""Text -> token ids, offline.
+
+* ``ByteTokenizer`` (the default, ``tokenizer_path=None``): the document's UTF-8 bytes are the
+  ids (vocabulary 256). Nothing to download; lossless, invalid UTF-8 included. It adds no
+  BOS token, so the first byte of a document is context only and is never scored.
+* ``HFTokenizer``: ``AutoTokenizer.from_pretrained(local_dir)`` with ``HF_HUB_OFFLINE=1`` (a hub
+  id fails at once instead of hanging). It gets the text with U+FFFD for invalid bytes, and
+  adds the tokenizer's special tokens (e.g. a BOS) as the model was trained with.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+class ByteTokenizer:
+    name = "bytes"
+    vocab_size = 256
+
+    def encode(self, raw: bytes) -> torch.Tensor:
+        if not raw:
+            return torch.zeros(0, dtype=torch.int64)
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
+
+    def describe(self) -> dict:
+        return {"kind": self.name, "vocab_size": self.vocab_size}
+
+
+class HFTokenizer:
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"tokenizer_path {str(path)!r} is not a local directory (no download is done: "
+                "save the tokenizer with save_pretrained and give its directory)"
+            )
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        from transformers import AutoTokenizer
+
+        self.path = str(path)
+        self.tok = AutoTokenizer.from_pretrained(self.path)
+        self.vocab_size = len(self.tok)
+        self.name = f"hf:{self.path}"
+
+    def encode(self, raw: bytes) -> torch.Tensor:
+        text = raw.decode("utf-8", "replace")
+        ids = self.tok(text, add_special_tokens=True, return_attention_mask=False)["input_ids"]
+        return torch.tensor(ids, dtype=torch.int64)
+
+    def describe(self) -> dict:
+        return {"kind": "hf", "path": self.path, "vocab_size": self.vocab_size}
+
+
+def load_tokenizer(path: str | Path | None) -> ByteTokenizer | HFTokenizer:
+    return ByteTokenizer() if path in (None, "") else HFTokenizer(path)
