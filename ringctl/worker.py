@@ -132,6 +132,7 @@ def identify(job_dir: Path) -> Identity:
     if os.environ.get("SLURM_JOB_ID") and (addr is None or port is None or task_index is None):
         from submitit.helpers import TorchDistributedEnvironment
 
+        os.environ.setdefault("SUBMITIT_EXECUTOR", "slurm")  # submitit reads Slurm's variables
         env = TorchDistributedEnvironment()
         addr, port = addr or env.master_addr, port or env.master_port
         task_index = env.rank if task_index is None else task_index

@@ -1,0 +1,254 @@
+"""Reading Slurm's answers: `squeue`/`sacct` output, job states, and `srun`'s error lines.
+
+Shared by the `slurm` backend (commands run here) and the `ssh` backend (the same commands run on
+a login node). Pure functions over text, so they are tested without a cluster.
+
+submitit's `SlurmInfoWatcher.read_info` parses sacct too, but keeps only the job's own line and
+drops the steps; telling "the script exited 0 but step 0 failed" needs the steps, hence this.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .base import JobState
+
+# squeue's and sacct's state names (long form) -> our states.
+# Requeued and preempted jobs go back to the queue (Slurm requeues them when the partition says
+# so), so they read as PENDING until a final state arrives.
+_STATE_MAP: dict[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "REQUEUED": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "RESV_DEL_HOLD": JobState.PENDING,
+    "PREEMPTED": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,
+    "STOPPED": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "COMPLETED": JobState.COMPLETED,
+    "CANCELLED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT,
+    "DEADLINE": JobState.TIMEOUT,
+    "FAILED": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "SPECIAL_EXIT": JobState.FAILED,
+}
+
+
+def map_state(raw: str) -> JobState:
+    """`CANCELLED by 0`, `RUNNING`, `OUT_OF_MEMORY+` -> JobState (UNKNOWN if unrecognised)."""
+    word = raw.strip().split(" ")[0].rstrip("+").upper() if raw.strip() else ""
+    return _STATE_MAP.get(word, JobState.UNKNOWN)
+
+
+def parse_duration(text: str) -> float | None:
+    """Slurm's `[days-][hours:]minutes:seconds` (squeue %M, sacct Elapsed) -> seconds."""
+    text = text.strip()
+    if not text or text in ("INVALID", "UNLIMITED", "Partition_Limit", "N/A"):
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    parts = [float(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    h, m, s = parts[-3:]
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """sacct's `ExitCode` "code:signal" -> (code, signal); ("", ...) -> (None, None)."""
+    text = text.strip()
+    if not text or ":" not in text:
+        return None, None
+    code, sig = text.split(":", 1)
+    try:
+        return int(code), int(sig)
+    except ValueError:
+        return None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# squeue
+
+SQUEUE_FORMAT = "%i|%T|%r|%M"
+
+
+def squeue_argv(job_id: str) -> list[str]:
+    # `-t all` so that a job finished less than MinJobAge ago is still shown with its end state.
+    return ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={SQUEUE_FORMAT}"]
+
+
+@dataclass
+class QueueEntry:
+    job_id: str
+    raw_state: str
+    reason: str
+    elapsed_s: float | None
+
+    @property
+    def state(self) -> JobState:
+        return map_state(self.raw_state)
+
+
+def parse_squeue(out: str, job_id: str) -> QueueEntry | None:
+    """The line of `job_id` in output of `squeue_argv`, or None when squeue does not know it."""
+    for line in out.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) < 4 or fields[0] != job_id:
+            continue
+        reason = fields[2].strip()
+        if reason in ("None", "(null)"):
+            reason = ""
+        return QueueEntry(fields[0], fields[1].strip(), reason, parse_duration(fields[3]))
+    return None
+
+
+def squeue_says_unknown(err: str) -> bool:
+    """squeue exits 1 with this once the job left its memory (MinJobAge after the end)."""
+    return "Invalid job id" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# sacct
+
+SACCT_FIELDS = ["JobIDRaw", "JobName", "State", "ExitCode", "ElapsedRaw", "Reason", "NodeList"]
+
+
+def sacct_argv(job_id: str) -> list[str]:
+    return [
+        "sacct",
+        "--noheader",
+        "--parsable2",
+        f"--jobs={job_id}",
+        "--format=" + ",".join(SACCT_FIELDS),
+    ]
+
+
+@dataclass
+class AcctRecord:
+    """One line of sacct: the job itself (step is None) or one of its steps."""
+
+    job_id: str
+    step: str | None  # "batch", "extern", "0", "1", ... or None for the job
+    name: str
+    raw_state: str
+    exit_code: int | None
+    signal: int | None
+    elapsed_s: float | None
+    reason: str
+    nodes: str
+
+    @property
+    def state(self) -> JobState:
+        return map_state(self.raw_state)
+
+
+def parse_sacct(out: str, job_id: str) -> list[AcctRecord]:
+    """Output of `sacct_argv` -> the records of `job_id` (job line first, then its steps)."""
+    records: list[AcctRecord] = []
+    for line in out.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(SACCT_FIELDS):
+            continue
+        raw_id, name, state, exit_code, elapsed, reason, nodes = fields[: len(SACCT_FIELDS)]
+        base, _, step = raw_id.partition(".")
+        if base != job_id:
+            continue
+        code, sig = parse_exit_code(exit_code)
+        records.append(
+            AcctRecord(
+                job_id=base,
+                step=step or None,
+                name=name,
+                raw_state=state.strip(),
+                exit_code=code,
+                signal=sig,
+                elapsed_s=float(elapsed) if elapsed.strip().isdigit() else None,
+                reason="" if reason.strip() in ("None", "") else reason.strip(),
+                nodes=nodes.strip(),
+            )
+        )
+    records.sort(key=lambda r: (r.step is not None, r.step or ""))
+    return records
+
+
+def failing_step(records: list[AcctRecord]) -> AcctRecord | None:
+    """The first step (srun steps before the batch script) that did not complete."""
+    steps = [r for r in records if r.step is not None and r.step != "extern"]
+    steps.sort(key=lambda r: (not r.step.isdigit(), int(r.step) if r.step.isdigit() else 0))
+    bad = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED)
+    for r in steps:
+        if r.state in bad or (r.state is JobState.COMPLETED and (r.exit_code or 0) != 0):
+            return r
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# srun's own error lines in the batch log
+
+_SRUN_TASK = re.compile(
+    r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<what>.+?)\s*$", re.M
+)
+
+
+def _expand_tasks(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def parse_srun_errors(batch_log: str) -> dict[int, str]:
+    """`srun: error: n3: task 2: Exited with exit code 1` -> {2: "Exited with exit code 1 (n3)"}.
+
+    The first report of a task wins (later ones are usually the others being killed)."""
+    tasks: dict[int, str] = {}
+    for m in _SRUN_TASK.finditer(batch_log):
+        for t in _expand_tasks(m.group("tasks")):
+            tasks.setdefault(t, f"{m.group('what')} ({m.group('node')})")
+    return tasks
+
+
+def first_failed_task(batch_log: str) -> tuple[int, str] | None:
+    """The rank that failed first, judged from srun's lines: an exit code beats a kill/signal
+    (the killed ones are usually victims of srun's --kill-on-bad-exit)."""
+    tasks = parse_srun_errors(batch_log)
+    if not tasks:
+        return None
+    for rank, what in tasks.items():
+        if "exit code" in what:
+            return rank, what
+    rank = next(iter(tasks))
+    return rank, tasks[rank]
+
+
+_ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")
+
+
+def error_summary(stderr_text: str, limit: int = 300) -> str:
+    """The line that names the error in a rank's stderr: the last `SomethingError: ...` line,
+    else the last non-empty line."""
+    lines = [ln.rstrip() for ln in stderr_text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    for ln in reversed(lines):
+        m = _ERROR_LINE.match(ln)
+        if m:
+            return m.group(1)[:limit]
+    return lines[-1].strip()[:limit]

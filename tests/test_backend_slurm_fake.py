@@ -1,0 +1,147 @@
+"""The slurm backend's decisions against a scripted shell (no cluster): sacct lagging behind
+squeue, no accounting at all, a job both have forgotten, and the exact sbatch argv."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from ringctl.backends.base import JobState
+from ringctl.backends.slurm import SlurmBackend
+from ringctl.errors import UserError
+
+
+class FakeShell:
+    where = "fake"
+
+    def __init__(self, answers: dict[str, list[tuple[int, str, str]]], files=None) -> None:
+        self.answers = answers  # command name -> answers, in order (the last one repeats)
+        self.files = files or {}
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
+        self.calls.append(list(argv))
+        queue = self.answers[argv[0]]
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    def read_from(self, path: str, offset: int = 0) -> bytes | None:
+        for suffix, text in self.files.items():
+            if path.endswith(suffix):
+                return text.encode()[offset:]
+        return None
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted({k.rsplit("/", 1)[-1] for k in self.files if k.startswith("logs/")})
+
+
+@pytest.fixture
+def job_dir(tmp_path):
+    d = tmp_path / "job"
+    (d / "logs").mkdir(parents=True)
+    (d / "job.sh").write_text("#!/bin/bash\ntrue\n")
+    return d
+
+
+def submitted(job_dir, job_id="42"):
+    (job_dir / "job.json").write_text(json.dumps({"backend": "slurm", "job_id": job_id}))
+    return job_dir
+
+
+def test_sbatch_argv_and_job_json(job_dir):
+    shell = FakeShell({"sbatch": [(0, "42;ringtest\n", "")]})
+    job_id = SlurmBackend(shell, sbatch_args=["--qos=high"]).submit(job_dir)
+    assert job_id == "42"
+    where = str(job_dir.resolve())
+    assert shell.calls == [
+        [
+            "sbatch",
+            "--parsable",
+            f"--chdir={where}",
+            f"--output={where}/logs/batch-%j.out",
+            f"--error={where}/logs/batch-%j.out",
+            "--qos=high",
+            f"{where}/job.sh",
+        ]
+    ]
+    recorded = json.loads((job_dir / "job.json").read_text())
+    assert recorded["job_id"] == "42" and recorded["backend"] == "slurm"
+
+
+def test_waits_for_sacct_to_catch_up(job_dir):
+    shell = FakeShell(
+        {
+            "squeue": [(0, "42|COMPLETED|None|0:03\n", "")],
+            "sacct": [
+                (0, "", ""),  # not recorded yet
+                (0, "42|job.sh|RUNNING|0:0|2|None|n1\n", ""),
+                (0, "42|job.sh|COMPLETED|0:0|3|None|n1\n42.batch|batch|COMPLETED|0:0|3||n1\n", ""),
+            ],
+        }
+    )
+    st = SlurmBackend(shell, poll_s=0.01).status(submitted(job_dir))
+    assert st.state is JobState.COMPLETED and st.elapsed_s == 3
+    assert [c[0] for c in shell.calls].count("sacct") == 3
+
+
+def test_without_accounting_uses_squeue_and_the_batch_log(job_dir):
+    shell = FakeShell(
+        {
+            "squeue": [(0, "42|COMPLETED|None|0:03\n", "")],
+            "sacct": [(1, "", "sacct: error: Accounting storage is disabled\n")],
+        },
+        files={
+            "logs/batch-42.out": "srun: error: n2: task 1: Exited with exit code 7\n",
+            "logs/rank-1.err": "ringctl.worker: rank 1 failed: shapes differ\n",
+        },
+    )
+    st = SlurmBackend(shell, poll_s=0.01).status(submitted(job_dir))
+    assert st.state is JobState.FAILED
+    assert st.reason == "rank 1 exited with exit code 7 (n2): rank 1 failed: shapes differ"
+    assert st.ranks == {1: "Exited with exit code 7 (n2)"}
+
+
+def test_result_file_error_preferred(job_dir):
+    shell = FakeShell(
+        {
+            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
+            "sacct": [(0, "42|job.sh|FAILED|1:0|3|None|n1\n42.0|python|FAILED|1:0|3||n1\n", "")],
+        },
+        files={
+            "logs/batch-42.out": "srun: error: n1: task 0: Exited with exit code 1\n",
+            "logs/rank-0.result.json": json.dumps({"error": "ValueError: bad\nsecond line"}),
+        },
+    )
+    st = SlurmBackend(shell).status(submitted(job_dir))
+    assert st.state is JobState.FAILED and st.exit_code == 1
+    assert st.reason == "rank 0 exited with exit code 1 (n1): ValueError: bad second line"
+
+
+def test_forgotten_everywhere_is_unknown(job_dir):
+    shell = FakeShell(
+        {
+            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
+            "sacct": [(0, "", "")],
+        }
+    )
+    st = SlurmBackend(shell).status(submitted(job_dir))
+    assert st.state is JobState.UNKNOWN and "unknown to squeue and sacct" in st.reason
+
+
+def test_squeue_error_is_user_error(job_dir):
+    shell = FakeShell({"squeue": [(1, "", "squeue: error: Unable to contact slurm controller\n")]})
+    with pytest.raises(UserError, match="squeue failed: squeue: error: Unable to contact"):
+        SlurmBackend(shell).status(submitted(job_dir))
+
+
+def test_other_backend_refused(job_dir):
+    (job_dir / "job.json").write_text(json.dumps({"backend": "local", "job_id": "local-1"}))
+    with pytest.raises(UserError, match="submitted with the local backend"):
+        SlurmBackend(FakeShell({})).status(job_dir)
+
+
+def test_missing_sbatch_is_user_error(job_dir, monkeypatch):
+    monkeypatch.setenv("PATH", str(job_dir))  # no Slurm commands here
+    with pytest.raises(UserError, match="`sbatch` not found on this machine"):
+        SlurmBackend().submit(job_dir)

@@ -1,0 +1,183 @@
+"""The `ssh` backend through the test cluster's loopback sshd (127.0.0.1:2222): host-key
+checking, one-line connection errors, quoting, and submit/status/logs/cancel/fetch of jobs on
+the real Slurm behind it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from ringctl.backends.base import JobState
+from ringctl.backends.ssh import SSHBackend, SSHSettings, connect
+from ringctl.errors import UserError
+
+pytestmark = pytest.mark.ssh
+
+RANK_LOGS = "--output=logs/rank-%t.out --error=logs/rank-%t.err"
+
+
+@pytest.fixture
+def settings(ssh_login, tmp_path) -> SSHSettings:
+    return SSHSettings(
+        host=ssh_login.host,
+        port=ssh_login.port,
+        user=ssh_login.user,
+        key=ssh_login.key,
+        known_hosts=ssh_login.known_hosts,
+        remote_dir=str(tmp_path / "remote-base"),  # not the local job dir: fetch is real
+        connect_timeout=5,
+    )
+
+
+def test_unknown_host_refused_with_how_to_trust(settings, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(UserError) as err:
+        connect(replace(settings, known_hosts=str(empty)))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"host [127.0.0.1]:{settings.port} is not in {empty}" in msg
+    assert f"ssh-keyscan -p {settings.port} 127.0.0.1 >> {empty}" in msg
+    assert "SHA256:" in msg and "trust_unknown_host" in msg
+    assert empty.read_text() == ""  # nothing was trusted
+
+
+def test_trust_unknown_host_when_asked(settings, tmp_path):
+    known = tmp_path / "new" / "known_hosts"
+    client = connect(replace(settings, known_hosts=str(known), trust_unknown_host=True))
+    client.close()
+    assert known.read_text().startswith(f"[127.0.0.1]:{settings.port} ssh-ed25519 ")
+    # and from now on the key is known: a strict connection passes
+    connect(replace(settings, known_hosts=str(known))).close()
+
+
+def test_changed_host_key_refused(settings, tmp_path):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    wrong = tmp_path / "known_hosts"
+    key = " ".join((tmp_path / "other_key.pub").read_text().split()[:2])
+    wrong.write_text(f"[127.0.0.1]:{settings.port} {key}\n")
+    with pytest.raises(UserError, match="does not match the one in") as err:
+        connect(replace(settings, known_hosts=str(wrong)))
+    assert "ssh-keygen -R" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_wrong_port_is_one_line_error(settings):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(UserError) as err:
+        connect(replace(settings, port=port))
+    msg = str(err.value)
+    assert msg.startswith(f"ssh root@127.0.0.1:{port}: cannot connect")
+    assert "refused" in msg.lower() and "\n" not in msg
+
+
+def test_silent_server_times_out(settings):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    held = []
+    threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(UserError) as err:
+            connect(replace(settings, port=server.getsockname()[1], connect_timeout=1))
+    finally:
+        server.close()
+        for conn, _ in held:
+            conn.close()
+    assert time.monotonic() - t0 < 10
+    assert "\n" not in str(err.value)
+    assert "banner" in str(err.value).lower() or "timed out" in str(err.value)
+
+
+def test_wrong_key_refused(settings, tmp_path):
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    with pytest.raises(UserError, match="authentication failed") as err:
+        connect(replace(settings, key=str(stranger)))
+    assert "\n" not in str(err.value)
+
+
+def test_remote_commands_are_quoted(settings, tmp_path):
+    nasty = f"x; touch {tmp_path}/pwned $(id) `id` '\" \\ *"
+    with SSHBackend(settings) as b:
+        rc, out, err = b.shell.run(["printf", "%s", nasty])
+    assert (rc, out, err) == (0, nasty, "")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
+    job_dir = make_job_dir(
+        "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --time=2\n"
+        'echo "SLURM_CONF=$SLURM_CONF"\n'
+        f"srun {RANK_LOGS} bash -c '"
+        'echo "rank $SLURM_PROCID on $SLURMD_NODENAME"; '
+        'echo "result of rank $SLURM_PROCID" > out/part-$SLURM_PROCID.txt'
+        "'\n",
+        name="ssh-job-1",
+    )
+    (job_dir / "config.yaml").write_text("name: ssh-job\n")
+    with SSHBackend(settings, poll_s=0.3) as b:
+        job_id = b.submit(job_dir)
+        remote = tmp_path / "remote-base" / "ssh-job-1"
+        assert (remote / "job.sh").read_text() == (job_dir / "job.sh").read_text()
+        recorded = json.loads((job_dir / "job.json").read_text())
+        assert recorded["backend"] == "ssh" and recorded["job_id"] == job_id
+        assert recorded["remote"] == {
+            "host": "127.0.0.1",
+            "port": settings.port,
+            "user": "root",
+            "dir": str(remote),
+        }
+        lines = list(b.logs(job_dir, follow=True))
+        st = b.status(job_dir)
+    assert st.state is JobState.COMPLETED, st
+    assert "[rank 0] rank 0 on n1" in lines and "[rank 1] rank 1 on n2" in lines
+    # results and logs came back into the local job directory
+    assert (job_dir / "out" / "part-1.txt").read_text() == "result of rank 1\n"
+    assert (job_dir / "logs" / "rank-0.out").read_text() == "rank 0 on n1\n"
+    assert (
+        f"SLURM_CONF={settings.known_hosts.rsplit('/ssh/', 1)[0]}/slurm.conf"
+        in (job_dir / "logs" / f"batch-{job_id}.out").read_text()
+    )
+    assert "fetched_at" in json.loads((job_dir / "job.json").read_text())
+    # a second backend (a later `ringctl status`) finds the job from job.json alone
+    with SSHBackend(replace(settings, remote_dir="elsewhere")) as later:
+        assert later.status(job_dir).state is JobState.COMPLETED
+        assert list(later.logs(job_dir, rank=1)) == ["rank 1 on n2"]
+
+
+def test_failure_and_cancel_over_ssh(settings, make_job_dir):
+    failing = make_job_dir(
+        "#!/bin/bash\n#SBATCH --time=2\n"
+        f"srun {RANK_LOGS} bash -c 'echo \"RuntimeError: no GPU here\" >&2; exit 4'\n",
+        name="ssh-fail",
+    )
+    sleeper = make_job_dir(f"#!/bin/bash\n#SBATCH --time=5\nsrun {RANK_LOGS} sleep 300\n", "zz")
+    with SSHBackend(settings, poll_s=0.3) as b:
+        b.submit(failing)
+        b.submit(sleeper)
+        st = b.wait(failing, timeout=60)
+        assert st.state is JobState.FAILED
+        assert st.reason == "rank 0 exited with exit code 4 (n1): RuntimeError: no GPU here"
+        deadline = time.monotonic() + 30
+        while b.status(sleeper).state is not JobState.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        b.cancel(sleeper)
+        assert b.wait(sleeper, timeout=60).state is JobState.CANCELLED
+
+
+def test_remote_dir_collision_refused(settings, make_job_dir, tmp_path):
+    job_dir = make_job_dir("#!/bin/bash\ntrue\n", name="same-name")
+    (tmp_path / "remote-base" / "same-name").mkdir(parents=True)
+    with SSHBackend(settings) as b, pytest.raises(UserError, match="already exists"):
+        b.submit(job_dir)
