@@ -167,8 +167,13 @@ def cmd_submit(args) -> int:
 def cmd_run(args) -> int:
     job_dir, job_id, backend = submit_job(args.job, args.overrides, force=args.force)
     print(f"submitted job {job_id} ({backend.name}) in {job_dir}", flush=True)
+    return follow_to_end(job_dir, job_id, backend, rank=None if args.all_ranks else args.rank)
+
+
+def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> int:
+    """Print the job's log as it grows, then its final state; 0 only if COMPLETED."""
     try:
-        for line in backend.logs(job_dir, rank=None if args.all_ranks else args.rank, follow=True):
+        for line in backend.logs(job_dir, rank=rank, follow=True):
             print(line, flush=True)
         status = backend.status(job_dir)
         while not status.state.finished:  # logs ended first: wait for the final word
@@ -188,6 +193,48 @@ def cmd_run(args) -> int:
     print(line, file=sys.stdout if status.state.value == "COMPLETED" else sys.stderr)
     print(f"job directory: {job_dir}")
     return 0 if status.state.value == "COMPLETED" else 1
+
+
+# What a job directory keeps across attempts; everything else belongs to one attempt.
+_KEPT_ACROSS_ATTEMPTS = {"config.yaml", "job.sh", "job.json", "out", "probes", "attempts"}
+
+
+def resume_job(job_dir: Path):
+    """Submit a finished (failed, cancelled, timed-out) job again into its own directory.
+
+    Its outputs stay; tasks skip work already complete (the long-document task skips
+    documents whose every shard is written and verified). The previous attempt's logs and
+    state move to attempts/<n>/.
+    """
+    job_dir, cfg, backend = open_job_dir(job_dir)
+    before = backend.status(job_dir)
+    if not before.state.finished and before.state.value != "UNKNOWN":
+        raise UserError(
+            f"{job_dir}: job {before.job_id} is {before.state.value}; cancel it first "
+            f"(`ringctl cancel {job_dir}`) or wait for it to end"
+        )
+    attempts = job_dir / "attempts"
+    attempts.mkdir(exist_ok=True)
+    previous = attempts / str(len(list(attempts.iterdir())) + 1)
+    previous.mkdir()
+    for entry in job_dir.iterdir():
+        if entry.name not in _KEPT_ACROSS_ATTEMPTS:
+            entry.rename(previous / entry.name)
+    (job_dir / "logs").mkdir()
+    history = _read_job_json(job_dir).get("attempts", [])
+    history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
+    _update_job_json(job_dir, attempts=history)
+    job_id = backend.submit(job_dir)
+    _update_job_json(job_dir, job_id=str(job_id))
+    return job_dir, str(job_id), backend
+
+
+def cmd_resume(args) -> int:
+    job_dir, job_id, backend = resume_job(Path(args.job_dir))
+    print(f"resubmitted as job {job_id} ({backend.name}) in {job_dir}", flush=True)
+    if not args.follow:
+        return 0
+    return follow_to_end(job_dir, job_id, backend, rank=args.rank)
 
 
 def _find_job_dirs(root: Path, name: str | None = None) -> list[Path]:
@@ -350,6 +397,21 @@ def register(subparsers) -> None:
     p.add_argument("--latest", action="store_true", help="only the most recent job")
     p.add_argument("--dir-only", action="store_true", help="print the job directories only")
     p.set_defaults(func=cmd_status)
+
+    p = subparsers.add_parser(
+        "resume",
+        help="Submit an ended job again into its directory; finished work is kept.",
+        description=(
+            "Submit a failed, cancelled or timed-out job again into its own directory. Its "
+            "outputs stay, and tasks skip what is already complete (for long documents: every "
+            "document whose shards are all written and verified). The previous attempt's logs "
+            "move to attempts/<n>/."
+        ),
+    )
+    p.add_argument("job_dir", metavar="JOBDIR")
+    p.add_argument("-f", "--follow", action="store_true", help="follow the log until it ends")
+    p.add_argument("--rank", type=int, default=0, help="whose log to follow (default: 0)")
+    p.set_defaults(func=cmd_resume)
 
     p = subparsers.add_parser("logs", help="Print a job's logs.", description="Print a job's logs.")
     p.add_argument("job_dir", metavar="JOBDIR")

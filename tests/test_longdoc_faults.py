@@ -1,0 +1,106 @@
+"""A rank killed mid-batch: the job is FAILED, finished documents stay intact and verified,
+and `ringctl resume` computes only what is missing; the result equals an uninterrupted run.
+
+Real processes on the local backend (the same worker and job directory as on Slurm); the
+kill is a real SIGKILL of one rank's process while documents are being scored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringctl.cli import main
+from ringctl.gather import GatherError, gather, verify
+from ringctl.tasks import load_tensors
+
+N_DOCS = 6
+
+
+def _documents(root: Path) -> Path:
+    rng = random.Random(5)
+    words = "ring attention shards tokens travel between ranks under one leaf switch".split()
+    docs = root / "docs"
+    docs.mkdir()
+    for i in range(N_DOCS):
+        text = " ".join(rng.choice(words) for _ in range(4000))  # ~30k bytes: ~1-2 s per document
+        (docs / f"doc{i}.txt").write_text(text)
+    return docs
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _state(job_dir: Path) -> dict:
+    try:
+        return json.loads((job_dir / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _done(job_dir: Path) -> int:
+    try:
+        return json.loads((job_dir / "logs" / "progress.json").read_text())["done"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
+
+
+def test_killed_rank_fails_the_job_and_resume_completes_only_what_is_missing(tmp_path, capsys):
+    docs = _documents(tmp_path)
+    job_dir = tmp_path / "job"
+    common = [f"task.inputs=[{docs}]", "timeout=20", "task.chunk_size=1024"]
+    assert main(["submit", "jobs/longdoc.yaml", f"job_dir={job_dir}", *common]) == 0
+
+    _wait(lambda: _done(job_dir) >= 2, 120, "two documents to finish")
+    victim = _state(job_dir)["ranks"]["1"]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    final = _wait(lambda: _state(job_dir).get("ended_at") and _state(job_dir), 60, "the job to end")
+    assert final["state"] == "FAILED"
+    assert "rank 1" in final["reason"]
+
+    # Finished documents are whole and verified; the rest are named as missing, nothing written.
+    with pytest.raises(GatherError) as err:
+        gather(job_dir, tmp_path / "partial")
+    problems = "\n".join(err.value.problems)
+    finished = [f"doc{i}.txt" for i in range(N_DOCS) if f"'doc{i}.txt'" not in problems]
+    assert len(finished) >= 2, problems
+    assert not (tmp_path / "partial").exists()
+    assert "checksum" not in problems  # missing, not corrupt
+
+    capsys.readouterr()
+    assert main(["resume", str(job_dir), "--follow"]) == 0
+    log = capsys.readouterr().out
+    todo = N_DOCS - len(finished)
+    assert f"complete already: {len(finished)}, to do: {todo}" in log
+    assert (job_dir / "attempts" / "1" / "state.json").exists()  # the failed attempt, kept
+
+    result = gather(job_dir, tmp_path / "resumed")
+    assert len(result.rows) == N_DOCS
+
+    # The same documents in one uninterrupted job give the same log-probabilities.
+    clean = tmp_path / "clean"
+    assert main(["run", "jobs/longdoc.yaml", f"job_dir={clean}", *common]) == 0
+    gather(clean, tmp_path / "clean-out")
+    resumed = sorted((tmp_path / "resumed" / "docs").glob("*.safetensors"))
+    clean_files = sorted((tmp_path / "clean-out" / "docs").glob("*.safetensors"))
+    assert [p.name for p in resumed] == [p.name for p in clean_files] and len(resumed) == N_DOCS
+    for a_path, b_path in zip(resumed, clean_files, strict=True):
+        a, _ = load_tensors(a_path)
+        b, _ = load_tensors(b_path)
+        assert torch.equal(a["token_logprob"], b["token_logprob"]), a_path.name
+    run, verified, _ = verify(job_dir)
+    assert len(verified) == N_DOCS
