@@ -8,6 +8,8 @@ named on stderr, and nothing is written).
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -29,13 +31,33 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def fetch_remote_outputs(job_dir: Path, console) -> None:
+    """A job submitted over SSH ran on the remote login node's filesystem: bring its files
+    (shards, manifests, logs) into the local job directory by SFTP before verifying them."""
+    try:
+        backend_name = json.loads((job_dir / "job.json").read_text()).get("backend")
+    except (OSError, ValueError):
+        return
+    if backend_name != "ssh":
+        return
+    from .jobs import open_job_dir
+
+    job_dir, _cfg, backend = open_job_dir(job_dir)
+    try:
+        fetched = backend.fetch(job_dir)
+    finally:
+        backend.close()
+    console.print(f"fetched {len(fetched)} file(s) of the remote job over SFTP")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..gather import gather, summary_table
 
-    result = gather(args.job_dir, args.out, force=args.force)
     console = Console()
+    fetch_remote_outputs(Path(args.job_dir), console)
+    result = gather(args.job_dir, args.out, force=args.force)
     console.print(summary_table(result))
     if result.missing_inputs:
         console.print(

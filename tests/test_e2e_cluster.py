@@ -1,0 +1,177 @@
+"""Rendered jobs end to end on the real test cluster (four emulated Slurm nodes, loopback sshd).
+
+Each job is a config from jobs/, rendered from templates/slurm.sh.j2 and submitted through
+`ringctl submit` with backend=slurm (sbatch on this host) or backend=ssh (sbatch on the "login
+node" reached with paramiko): the probe step, the placement plan and one srun of four gloo ranks
+on n1..n4. Outputs are compared with independent single-process references.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringctl.backends.base import JobState
+from ringctl.cli import main
+from ringctl.commands.jobs import open_job_dir
+from ringctl.config import load_resolved
+
+pytestmark = pytest.mark.slurm
+
+
+def _submit(capsys, *argv: str) -> Path:
+    capsys.readouterr()
+    assert main(["submit", *argv]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    return Path(out.strip().rsplit(" in ", 1)[1])
+
+
+def _wait(job_dir: Path, timeout: float = 180) -> tuple[object, list[str]]:
+    """Poll until the job ends; returns (final status, the states seen on the way)."""
+    _, _, backend = open_job_dir(job_dir)
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = backend.status(job_dir)
+        if not seen or seen[-1] != status.state.value:
+            seen.append(status.state.value)
+        if status.state.finished:
+            return status, seen
+        time.sleep(0.3)
+    raise AssertionError(f"{job_dir}: not finished after {timeout}s (states seen: {seen})")
+
+
+def _ssh_overrides(login) -> list[str]:
+    return [
+        "backend=ssh", f"ssh.host={login.host}", f"ssh.port={login.port}",
+        f"ssh.user={login.user}", f"ssh.key={login.key}", f"ssh.known_hosts={login.known_hosts}",
+    ]  # fmt: skip
+
+
+def _check_attention_outputs(job_dir: Path) -> dict[str, torch.Tensor]:
+    from ringctl.tasks.attention import load_results, reference
+
+    cfg = load_resolved(job_dir / "config.yaml")
+    want, got = reference(cfg), load_results(job_dir / "out")
+    for name in ("out", "dq", "dk", "dv"):
+        scale = want[name].abs().max()
+        torch.testing.assert_close(got[name].double(), want[name], rtol=1e-5, atol=1e-5 * scale)
+    return got
+
+
+@pytest.mark.parametrize("via", ["sbatch", "ssh"])
+def test_attention_job_on_four_nodes_matches_the_reference(via, slurm_cluster, ssh_login, tmp_path, capsys):
+    extra = _ssh_overrides(ssh_login) if via == "ssh" else ["backend=slurm"]
+    job_dir = _submit(
+        capsys, "jobs/smoke.yaml", f"output_dir={tmp_path}", "ring.plan=required",
+        f"slurm.partition={slurm_cluster.partition}", *extra,
+    )  # fmt: skip
+    status, seen = _wait(job_dir)
+    assert status.state is JobState.COMPLETED, (status, seen)
+    assert seen[-1] == "COMPLETED" and set(seen) <= {"PENDING", "RUNNING", "COMPLETED"}
+
+    # The placement ran on the allocation: one probe per node, and the ring in switch order.
+    plan = json.loads((job_dir / "plan.json").read_text())
+    assert [e["node"] for e in plan["ring"]] == ["n1", "n2", "n3", "n4"]
+    assert sorted(p.name for p in (job_dir / "probes").glob("n*.json")) == [
+        "n1.json", "n2.json", "n3.json", "n4.json",
+    ]  # fmt: skip
+    for rank in range(4):
+        log = (job_dir / "logs" / f"rank-{rank}.out").read_text()
+        assert f"-> ring rank {rank} of 4 (from plan.json)" in log
+
+    got = _check_attention_outputs(job_dir)
+
+    # The same job on the local backend gives the same results.
+    local_dir = tmp_path / "local"
+    assert main(["run", "jobs/smoke.yaml", f"job_dir={local_dir}"]) == 0
+    local = _check_attention_outputs(local_dir)
+    for name in got:
+        torch.testing.assert_close(got[name], local[name], rtol=1e-6, atol=1e-7)
+
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == 0
+    table = capsys.readouterr().out
+    assert "COMPLETED" in table and ("slurm" in table or "ssh" in table)
+
+
+def test_failing_rank_is_reported_failed_with_its_error(slurm_cluster, tmp_path, capsys):
+    job_dir = _submit(
+        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}",
+        "task.fault_rank=2", "task.fault=raise",
+    )  # fmt: skip
+    status, _ = _wait(job_dir)
+    assert status.state is JobState.FAILED
+    assert "injected fault" in status.reason and "rank 2" in status.reason
+
+
+def test_hung_rank_fails_the_job_within_the_collective_timeout(slurm_cluster, tmp_path, capsys):
+    start = time.monotonic()
+    job_dir = _submit(
+        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}", "timeout=5",
+        "task.fault_rank=1", "task.fault=hang", "slurm.time=00:10:00",
+    )  # fmt: skip
+    status, _ = _wait(job_dir, timeout=120)
+    assert status.state is JobState.FAILED, status
+    assert time.monotonic() - start < 90  # the 5 s collective timeout, not the 10 min limit
+
+
+def test_cancel_a_running_job(slurm_cluster, tmp_path, capsys):
+    job_dir = _submit(
+        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}",
+        "task.fault_rank=0", "task.fault=hang", "timeout=600",
+    )  # fmt: skip
+    _, _, backend = open_job_dir(job_dir)
+    deadline = time.monotonic() + 60
+    while backend.status(job_dir).state is not JobState.RUNNING:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.3)
+    assert main(["cancel", str(job_dir)]) == 0
+    status, _ = _wait(job_dir, timeout=60)
+    assert status.state is JobState.CANCELLED
+
+
+def test_longdoc_on_four_nodes_then_gather_matches_one_process(slurm_cluster, ssh_login, tmp_path, capsys):
+    """The whole long-document path: submit over SSH, run on n1..n4, gather (fetching the
+    remote shards by SFTP), and compare every token's log-probability with one process."""
+    from safetensors.torch import load_file
+
+    from ringctl.longdoc.model import load_model
+
+    job_dir = _submit(
+        capsys, "jobs/longdoc.yaml", f"output_dir={tmp_path}", "nodes=4", "tasks_per_node=1",
+        *_ssh_overrides(ssh_login),
+    )  # fmt: skip
+    status, _ = _wait(job_dir, timeout=300)
+    assert status.state is JobState.COMPLETED, status
+    capsys.readouterr()
+    assert main(["gather", str(job_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert "tide-almanac.txt" in printed and "perplexity" in printed
+
+    summary = json.loads((job_dir / "gathered" / "summary.json").read_text())
+    rows = summary["documents"] if isinstance(summary, dict) else summary
+    assert len(rows) == 4
+    model = load_model(None, attn_implementation="sdpa")  # eager would hold N^2 scores
+    for path in sorted((job_dir / "gathered" / "docs").glob("*.safetensors")):
+        got = load_file(str(path))
+        ids = got["input_ids"].long()
+        with torch.no_grad():
+            logits = model(input_ids=ids[None], use_cache=False).logits[0].double()
+        want = logits.log_softmax(-1)[:-1].gather(-1, ids[1:, None])[:, 0]
+        err = (got["token_logprob"].double() - want).abs().max() / want.abs().max()
+        assert err < 1e-5, f"{path.name}: relative error {err:.2e}"
+
+
+@pytest.mark.run_last
+def test_job_over_its_time_limit_is_reported_timeout(slurm_cluster, tmp_path, capsys):
+    job_dir = _submit(
+        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}",
+        "slurm.time=00:01:00", "task.fault_rank=0", "task.fault=hang", "timeout=600",
+    )  # fmt: skip
+    status, _ = _wait(job_dir, timeout=240)
+    assert status.state is JobState.TIMEOUT, status
