@@ -267,6 +267,22 @@ def _check(cfg: DictConfig, source: str) -> None:
             raise bad(key, f"must be a positive number of seconds, got {cfg[key]}")
     if cfg.backend == BackendName.ssh and not cfg.ssh.host:
         raise bad("ssh.host", "is required with backend=ssh (e.g. ssh.host=login.example.org)")
+    limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None
+    if cfg.slurm.time and limit is None:
+        raise bad(
+            "slurm.time", f"{cfg.slurm.time!r} is not a Slurm time (e.g. 90, 1:30:00, 2-00:00:00)"
+        )
+    if cfg.slurm.signal:
+        lead = re.fullmatch(r"(?:[A-Z0-9]+)(?:@(\d+))?", str(cfg.slurm.signal))
+        if lead is None:
+            raise bad("slurm.signal", f"{cfg.slurm.signal!r} is not SIG[@SECONDS] (e.g. USR1@120)")
+        seconds = int(lead.group(1) or 60)
+        if limit is not None and seconds >= limit:
+            raise bad(
+                "slurm.signal",
+                f"{cfg.slurm.signal} would fire {seconds}s before a {cfg.slurm.time} time limit, "
+                "i.e. at once; give a shorter lead or slurm.signal=null",
+            )
     for var in cfg.env.vars:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(var)):
             raise bad(f"env.vars.{var}", "is not a valid environment variable name")
@@ -277,6 +293,22 @@ def _check(cfg: DictConfig, source: str) -> None:
     from . import tasks
 
     tasks.get_spec(cfg.task.name).check(cfg, bad)
+
+
+def slurm_time_seconds(value: Any) -> int | None:
+    """Slurm's --time formats (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds."""
+    text = str(value).strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if m is None:
+        return None
+    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    if days is not None:  # D-H[:M[:S]]
+        return ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
+    if b is None:  # minutes
+        return a * 60
+    if c is None:  # M:S
+        return a * 60 + b
+    return (a * 60 + b) * 60 + c
 
 
 def _leaves(node: Any, prefix: str = ""):

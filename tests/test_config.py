@@ -179,3 +179,22 @@ def test_cli_errors_are_one_line(tmp_path, capsys, text, overrides, expected):
         if not overrides:
             assert str(path) in lines[0]
     assert not (tmp_path / "runs").exists()  # nothing was created, nothing submitted
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("90", 5400), ("1:30", 90), ("1:30:00", 5400), ("2-00", 172800), ("1-2:3", 93780), ("1-0:0:5", 86405), ("soon", None)],
+)
+def test_slurm_time_formats(value, seconds):
+    from ringctl.config import slurm_time_seconds
+
+    assert slurm_time_seconds(value) == seconds
+
+
+def test_signal_lead_longer_than_the_time_limit_is_refused(tmp_path):
+    from ringctl.config import load_job
+    from ringctl.errors import UserError
+
+    with pytest.raises(UserError, match=r"slurm.signal: USR1@60 would fire 60s before a 00:01:00"):
+        load_job("jobs/smoke.yaml", ["slurm.time=00:01:00"])
+    load_job("jobs/smoke.yaml", ["slurm.time=00:01:00", "slurm.signal=null"])

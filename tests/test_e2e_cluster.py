@@ -171,7 +171,8 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(slurm_cluster, ss
 def test_job_over_its_time_limit_is_reported_timeout(slurm_cluster, tmp_path, capsys):
     job_dir = _submit(
         capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}",
-        "slurm.time=00:01:00", "task.fault_rank=0", "task.fault=hang", "timeout=600",
+        "slurm.time=00:01:00", "slurm.signal=null", "task.fault_rank=0", "task.fault=hang",
+        "timeout=600",
     )  # fmt: skip
     status, _ = _wait(job_dir, timeout=240)
     assert status.state is JobState.TIMEOUT, status
