@@ -71,13 +71,18 @@ def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
 class _Rotation:
     """The block held now, and where the next one lands.
 
-    Receive buffers are never the caller's tensors (those are saved for backward): blocks land
-    alternately in two buffers of our own, the second allocated only when a ring needs it.
+    Blocks land alternately in two buffers. When the first block held is the caller's
+    (``owned=False``: K and V, saved for backward) both landing buffers are ours, the second
+    allocated only when the ring needs it; when it is ours (the dK/dV accumulators), it becomes
+    the second landing buffer once it has been sent on.
     """
 
-    def __init__(self, tensors: tuple[torch.Tensor, ...], transfers: int) -> None:
+    def __init__(self, tensors: tuple[torch.Tensor, ...], transfers: int, owned: bool) -> None:
         self.held = tensors
-        self._recv = [tuple(torch.empty_like(t) for t in tensors) for _ in range(min(2, transfers))]
+        n_new = min(2, transfers) if not owned else min(1, transfers)
+        self._recv = [tuple(torch.empty_like(t) for t in tensors) for _ in range(n_new)]
+        if owned and transfers > 1:
+            self._recv.append(tensors)
         self._arrived = 0
 
     def landing(self) -> tuple[torch.Tensor, ...]:
@@ -107,7 +112,7 @@ def ring_forward(
     kernel: BlockKernel,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     world = comm.world_size
-    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1)
+    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1, owned=False)
     out = lse = None
     for step in range(world):
         k_blk, v_blk = kv.held
@@ -147,11 +152,11 @@ def ring_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     world = comm.world_size
     acc = _accum_dtype(q.dtype)
-    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1)
+    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1, owned=False)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     zeros = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros_like(k, dtype=acc))
     # P transfers of each accumulator: the last one delivers it to the block's owner.
-    dkv = _Rotation(zeros, transfers=world if world > 1 else 0)
+    dkv = _Rotation(zeros, transfers=world if world > 1 else 0, owned=True)
     dkv_pending = None
     for step in range(world):
         k_blk, v_blk = kv.held
