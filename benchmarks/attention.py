@@ -156,7 +156,12 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
         else:  # the peer package, in its own contiguous layout; timed, not trusted
             from ring_attention_pytorch import ring_flash_attn
 
-            out = ring_flash_attn(qq, kk, vv, causal=cfg.causal, ring_size=world)
+            # ring_reduce_col=True is what makes it pass K/V around the ring (without it every
+            # rank attends to its own block only). Its out and dQ match full attention; its
+            # dK/dV do not (checked against the float64 reference at P = 2 and 4).
+            out = ring_flash_attn(
+                qq, kk, vv, causal=cfg.causal, ring_size=world, ring_reduce_col=True
+            )
         if backward:
             out.backward(dout)
         elapsed = time.perf_counter() - start
@@ -376,10 +381,11 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
                     baseline = None
                     if sdpa is not None:  # first, so each ring row can show its ratio
                         baseline = _sdpa_result(base, baseline_threads, sdpa.run(base))
+                        baseline.extra["for_ranks"] = world
                         results.append(baseline)
                         _print_row(baseline, None)
                     runs = [replace(base, layout=layout) for layout in args.layouts]
-                    if peer and world > 1:
+                    if peer and world > 1 and seq <= args.peer_max_seq:
                         runs.append(replace(base, impl="ring-attention-pytorch"))
                     for cfg in runs:
                         if seq % (world * (2 if cfg.layout == "zigzag" else 1)):
@@ -403,7 +409,7 @@ def _ring_result(cfg: Config, world: int, args, raw: dict) -> Result:
         fwd_flops / raw["fwd_s"] / 1e9, fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9,
         raw["peak_mib"], hidden, raw["comm_alone_s"], raw["wait_s"],
     )  # fmt: skip
-    if args.predict:
+    if args.predict and cfg.impl == "ringattn":
         result.extra.update(predict(cfg, world, args.predict))
     return result
 
@@ -494,7 +500,8 @@ def write_markdown(results: list[Result], path: Path, argv: list[str]) -> None:
 
 
 def write_plots(results: list[Result], prefix: Path) -> list[Path]:
-    """Time and peak memory against N, one line per (impl, P, mask, layout)."""
+    """Time and peak memory against N: one panel per ring size P, each with its SDPA baseline
+    (the same cores), the peer where timed, and ringctl plan's prediction (dotted)."""
     try:
         import matplotlib
 
@@ -503,43 +510,41 @@ def write_plots(results: list[Result], prefix: Path) -> list[Path]:
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[bench]'): no plots", flush=True)
         return []
-    series: dict[str, list[Result]] = {}
-    for r in results:
-        c = r.config
-        label = f"{r.impl} P={r.ranks} {'causal' if c.causal else 'full'}"
-        label += "" if r.impl == "sdpa" else f" {c.layout}"
-        series.setdefault(label, []).append(r)
+
+    def panel_of(r: Result) -> int:
+        return r.extra.get("for_ranks", r.threads) if r.impl == "sdpa" else r.ranks
+
+    panels = sorted({panel_of(r) for r in results})
     written = []
-    panels = [("fwd_bwd_s", "forward+backward time (s)"), ("peak_mem_mib", "peak MiB per rank")]
-    for attr, ylabel in panels:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for label, rows in sorted(series.items()):
-            rows = sorted(rows, key=lambda r: r.config.seq)
-            style = "--" if rows[0].impl == "sdpa" else "-"
-            ax.plot(
-                [r.config.seq for r in rows],
-                [getattr(r, attr) for r in rows],
-                style,
-                marker="o",
-                label=label,
-            )
-            if attr == "fwd_bwd_s" and "predicted_fwd_bwd_s" in rows[0].extra:
-                ax.plot(
-                    [r.config.seq for r in rows],
-                    [r.extra["predicted_fwd_bwd_s"] for r in rows],
-                    ":",
-                    marker="x",
-                    label=f"{label} (ringctl plan)",
-                )
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("total sequence length N")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+    for attr, ylabel in (("fwd_bwd_s", "forward+backward time (s)"),
+                         ("peak_mem_mib", "peak MiB per rank")):  # fmt: skip
+        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+        for ax, world in zip(axes[0], panels, strict=True):
+            series: dict[str, list[Result]] = {}
+            for r in (r for r in results if panel_of(r) == world):
+                c = r.config
+                label = f"{r.impl} {'causal' if c.causal else 'full'}"
+                label += f" ({r.threads} threads)" if r.impl == "sdpa" else f" {c.layout}"
+                series.setdefault(label, []).append(r)
+            for label, rows in sorted(series.items()):
+                rows = sorted(rows, key=lambda r: r.config.seq)
+                xs = [r.config.seq for r in rows]
+                style = "--" if rows[0].impl == "sdpa" else "-"
+                (line,) = ax.plot(xs, [getattr(r, attr) for r in rows], style, marker="o",
+                                  label=label)  # fmt: skip
+                if attr == "fwd_bwd_s" and "predicted_fwd_bwd_s" in rows[0].extra:
+                    ax.plot(xs, [r.extra["predicted_fwd_bwd_s"] for r in rows], ":",
+                            marker="x", color=line.get_color())  # fmt: skip
+            ax.set_title(f"P = {world} ranks" + (" (dotted: ringctl plan)" if world > 1 else ""))
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("total sequence length N")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
         path = prefix.with_name(f"{prefix.name}-{attr.split('_s')[0].replace('_', '-')}.png")
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
     return written
@@ -576,11 +581,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-baseline", action="store_true", help="skip the SDPA comparison")
     p.add_argument(
+        "--peer-max-seq", type=int, default=4096,
+        help="time the peer only up to this N (it is an order of magnitude slower)",
+    )  # fmt: skip
+    p.add_argument(
         "--peer",
         action="store_true",
         help="also time ring-attention-pytorch where installed (extra: bench)",
     )
     p.add_argument("--json", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    p.add_argument(
+        "--rerender", type=Path, metavar="JSON",
+        help="measure nothing: rewrite a saved run's markdown and plots (and, with --predict, "
+        "its predictions from the current model)",
+    )  # fmt: skip
     p.add_argument(
         "--predict", metavar="DEVICE",
         help="add `ringctl plan`'s prediction from this (calibrated) device entry",
@@ -588,17 +602,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def load_results(path: Path, predict_device: str | None) -> tuple[list[Result], list[str]]:
+    """A saved run, its predictions recomputed with today's model when a device is given."""
+    data = json.loads(path.read_text())
+    results = []
+    for row in data["results"]:
+        row["config"] = Config(**row["config"])
+        r = Result(**row)
+        r.extra = {k: v for k, v in r.extra.items() if not k.startswith("predicted_")}
+        if predict_device and r.impl == "ringattn":
+            r.extra.update(predict(r.config, r.ranks, predict_device))
+        results.append(r)
+    return results, data.get("argv", [])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads_per_rank))
     _print_header()
-    results = run_benchmark(args)
+    if args.rerender:
+        results, run_argv = load_results(args.rerender, args.predict)
+        args.json = args.rerender
+        for r in results:
+            _print_row(r, None)
+    else:
+        results, run_argv = run_benchmark(args), sys.argv[1:] if argv is None else argv
     args.json.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "attention",
         "host": os.uname().nodename,
         "cpus": os.cpu_count(),
-        "argv": sys.argv[1:] if argv is None else argv,
+        "argv": run_argv,
         "results": [asdict(r) for r in results],
     }
     tmp = args.json.with_suffix(".json.tmp")

@@ -17,7 +17,6 @@ the condition of the Ring Attention paper (Liu et al., 2023, section 3).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from .devices import Device
@@ -127,22 +126,30 @@ def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
     return parts
 
 
-def block_fractions(w: Workload, ranks: int) -> list[float]:
-    """The share of a full n x n block the slowest rank computes at each ring step."""
+def step_kinds(w: Workload, ranks: int) -> list[str]:
+    """The block kind the slowest rank computes at each ring step (ringattn.ring.block_plan)."""
     if not w.causal:
-        return [1.0] * ranks
+        return ["full"] * ranks
     if w.layout == "zigzag":
-        return [0.5] * ranks  # the diagonal pair of chunks, then half a block every step
-    return [0.5] + [1.0] * (ranks - 1)  # the last rank: its diagonal, then whole blocks
+        return ["diag"] + ["half"] * (ranks - 1)  # its two chunks, then half a block each step
+    return ["diag"] + ["full"] * (ranks - 1)  # the last rank: its diagonal, then whole blocks
 
 
-def _block_seconds(w: Workload, ranks: int, device: Device, ranks_on_host: int):
-    """Seconds one rank takes for a full n x n block, summed over layers: (forward, backward)."""
+def _step_seconds(w: Workload, ranks: int, device: Device, ranks_on_host: int):
+    """[(forward, backward) seconds] per ring step on the slowest rank, summed over layers."""
     n = w.seq_len / ranks
-    block_flops = 4.0 * w.batch * w.heads * n * n * w.head_dim
-    fwd_rate, bwd_rate = device.attention_flops_per_s(w.dtype, int(n), ranks_on_host)
     layers = w.model.layers if w.model else 1
-    return layers * block_flops / fwd_rate, layers * 2.5 * block_flops / bwd_rate
+    times = {}
+    for kind in set(step_kinds(w, ranks)):
+        fwd, bwd = device.block_time(
+            kind, n, dtype=w.dtype, batch=w.batch, heads=w.heads, head_dim=w.head_dim,
+            ranks_on_host=ranks_on_host,
+        )  # fmt: skip
+        times[kind] = (layers * fwd, layers * bwd)
+    if ranks > 1:
+        over_f, over_b = device.step_overhead(ranks_on_host)
+        times = {k: (f + layers * over_f, b + layers * over_b) for k, (f, b) in times.items()}
+    return [times[kind] for kind in step_kinds(w, ranks)]
 
 
 def _transfer_seconds(w: Workload, ranks: int, link: Link):
@@ -171,25 +178,26 @@ def estimate(
         memory_capacity_gib=capacity,
         fits=total / GIB <= capacity,
     )
-    fractions = block_fractions(w, ranks)
-    typical = fractions[-1]  # an off-diagonal step
-    block_fwd, block_bwd = _block_seconds(w, ranks, device, ranks_on_host)
+    steps = _step_seconds(w, ranks, device, ranks_on_host)
+    typical_fwd, typical_bwd = steps[-1]  # an off-diagonal step's compute
     t_kv, t_dkv = _transfer_seconds(w, ranks, link) if ranks > 1 else (0.0, 0.0)
+    if device.cores is not None and ranks > 1:
+        # Ranks on host CPUs move blocks with those CPUs (gloo over loopback copies through
+        # the kernel): a transfer hides its wait behind compute but still costs core time.
+        steps = [(f + t_kv, b + t_kv + t_dkv) for f, b in steps[:-1]] + [
+            (steps[-1][0], steps[-1][1] + t_dkv)
+        ]
     # Forward: steps 0..P-2 overlap the next block's transfer; the last step has none.
-    est.step_compute_s = {"forward": typical * block_fwd}
+    est.step_compute_s = {"forward": typical_fwd}
     est.step_transfer_s = {"forward": t_kv}
-    est.total_s = {
-        "forward": sum(max(f * block_fwd, t_kv) for f in fractions[:-1]) + fractions[-1] * block_fwd
-    }
+    est.total_s = {"forward": sum(max(f, t_kv) for f, _ in steps[:-1]) + steps[-1][0]}
     if w.backward:
         # Backward: K/V and the travelling dK/dV overlap compute; the last dK/dV hop (home)
         # has nothing left to hide behind.
-        est.step_compute_s["backward"] = typical * block_bwd
+        est.step_compute_s["backward"] = typical_bwd
         est.step_transfer_s["backward"] = t_kv + t_dkv
         est.total_s["backward"] = (
-            sum(max(f * block_bwd, t_kv + t_dkv) for f in fractions[:-1])
-            + fractions[-1] * block_bwd
-            + t_dkv
+            sum(max(b, t_kv + t_dkv) for _, b in steps[:-1]) + steps[-1][1] + t_dkv
         )
         est.total_s["forward+backward"] = est.total_s["forward"] + est.total_s["backward"]
     for phase in est.step_compute_s:
@@ -220,22 +228,32 @@ def min_tokens_for_overlap(
 ) -> int:
     """Smallest tokens per rank n with compute(n) >= transfer(n) for an off-diagonal step.
 
-    compute = a * n^2, transfer = c * n + latency: n = (c + sqrt(c^2 + 4 a latency)) / 2a.
+    Compute grows as n^2 and transfer as n (plus latency), so the condition holds from one
+    threshold on; found by bisection on the same step model `estimate` uses.
     """
+    kind = step_kinds(w, 2)[-1]
     b = DTYPE_BYTES[w.dtype]
-    typical = block_fractions(w, 2)[-1]
-    flops_per_n2 = 4.0 * w.batch * w.heads * w.head_dim * typical
-    rate_f, rate_b = device.attention_flops_per_s(w.dtype, 4096, ranks_on_host)
     kv_per_token = 2 * w.batch * w.kv_heads * w.head_dim * b
-    if phase == "forward":
-        a = flops_per_n2 / rate_f
-        c = kv_per_token / link.bytes_per_s
-        lat = link.latency_s
-    else:
-        a = 2.5 * flops_per_n2 / rate_b
-        c = kv_per_token * (1 + 4 / b) / link.bytes_per_s
-        lat = 2 * link.latency_s
-    return math.ceil((c + math.sqrt(c * c + 4 * a * lat)) / (2 * a))
+    per_token = kv_per_token if phase == "forward" else kv_per_token * (1 + 4 / b)
+    hops = 1 if phase == "forward" else 2
+
+    def hidden(n: int) -> bool:
+        fwd, bwd = device.block_time(
+            kind, n, dtype=w.dtype, batch=w.batch, heads=w.heads, head_dim=w.head_dim,
+            ranks_on_host=ranks_on_host,
+        )  # fmt: skip
+        compute = fwd if phase == "forward" else bwd
+        return compute >= n * per_token / link.bytes_per_s + hops * link.latency_s
+
+    lo, hi = 0, 1
+    while not hidden(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1 << 40:
+            return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if hidden(mid) else (mid, hi)
+    return hi
 
 
 def usable_gib(device: Device, ranks_on_host: int = 1) -> float:

@@ -9,6 +9,7 @@ entry by entry.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -17,6 +18,18 @@ from pathlib import Path
 from ..errors import UserError
 
 USER_DEVICES = Path(os.environ.get("RINGCTL_DEVICES", "~/.config/ringctl/devices.json"))
+
+
+# The three block shapes a ring step computes (see ringattn.ring.block_plan), as
+# (share of n query rows, share of n key rows, causal): a whole block, the diagonal block of
+# a causal mask (half the FLOPs), and the half block of every later zigzag step.
+BLOCK_KINDS = {"full": (1.0, 1.0, False), "diag": (1.0, 1.0, True), "half": (0.5, 1.0, False)}
+
+
+def block_flops(kind: str, n: float, *, batch: int, heads: int, head_dim: int) -> float:
+    """Forward FLOPs of one block of n tokens per rank (backward: 2.5 times these)."""
+    full = 4.0 * batch * heads * n * n * head_dim
+    return full if kind == "full" else full / 2
 
 
 @dataclass(frozen=True)
@@ -29,28 +42,52 @@ class Device:
     source: str = ""
     nvlink_gbytes_s: float = 0.0  # per direction; 0: no NVLink
     pcie_gbytes_s: float = 0.0
-    # Calibrated entries only: measured throughput of one rank's block kernel, GFLOP/s, by
-    # (tokens per rank) -> (forward, backward); and the cores the ranks share.
-    measured_gflops: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # Calibrated entries only: measured seconds of one ring step's block work (kernel plus the
+    # merge or gradient accumulation around it), forward and backward, by block kind and tokens
+    # per rank, for `calib_shape` = (batch, heads, head_dim), with every core busy.
+    block_seconds: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
+    calib_shape: tuple[int, int, int] = (1, 8, 64)
     cores: int | None = None
     threads_per_rank: int = 1
     p2p_gbytes_s: float | None = None  # measured rank-to-rank bandwidth, GB/s
     p2p_latency_s: float = 0.0
+    # Fixed seconds per ring step (forward, backward) by ranks on this host: what a step
+    # costs besides its block (rank checks, transfers posted and waited on, scheduling).
+    step_overhead_s: dict[int, tuple[float, float]] = field(default_factory=dict)
 
-    def attention_flops_per_s(self, dtype: str, tokens_per_rank: int, ranks_on_host: int = 1):
-        """(forward, backward) FLOP/s one rank sustains on blocks of this size."""
-        if self.measured_gflops:
-            sizes = sorted(self.measured_gflops)
-            nearest = min(sizes, key=lambda s: abs(s - tokens_per_rank))
-            fwd, bwd = self.measured_gflops[nearest]
-            share = 1.0
-            if self.cores:  # ranks oversubscribing the cores share them
-                share = min(1.0, self.cores / max(1, ranks_on_host * self.threads_per_rank))
-            return fwd * 1e9 * share, bwd * 1e9 * share
-        if dtype not in self.tflops:
-            raise UserError(f"device {self.name!r} has no throughput for dtype {dtype!r}")
-        peak = self.tflops[dtype] * 1e12
-        return peak * self.attention_efficiency[0], peak * self.attention_efficiency[1]
+    def step_overhead(self, ranks_on_host: int) -> tuple[float, float]:
+        if not self.step_overhead_s:
+            return (0.0, 0.0)
+        nearest = min(self.step_overhead_s, key=lambda r: (abs(r - ranks_on_host), -r))
+        return self.step_overhead_s[nearest]
+
+    def block_time(
+        self,
+        kind: str,
+        n: float,
+        *,
+        dtype: str,
+        batch: int,
+        heads: int,
+        head_dim: int,
+        ranks_on_host: int = 1,
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds one rank spends on a block of this kind and size."""
+        flops = block_flops(kind, n, batch=batch, heads=heads, head_dim=head_dim)
+        if not self.block_seconds:
+            if dtype not in self.tflops:
+                raise UserError(f"device {self.name!r} has no throughput for dtype {dtype!r}")
+            peak = self.tflops[dtype] * 1e12
+            return (
+                flops / (peak * self.attention_efficiency[0]),
+                2.5 * flops / (peak * self.attention_efficiency[1]),
+            )
+        fwd, bwd = _interpolate(self.block_seconds[kind], n)
+        b0, h0, d0 = self.calib_shape
+        scale = (batch * heads * head_dim) / (b0 * h0 * d0)  # FLOPs and bytes are linear in these
+        if self.cores:  # ranks beyond the cores time-share them
+            scale *= max(1.0, ranks_on_host * self.threads_per_rank / self.cores)
+        return fwd * scale, bwd * scale
 
     def to_json(self) -> dict:
         entry = {
@@ -62,21 +99,44 @@ class Device:
             "nvlink_gbps": self.nvlink_gbytes_s,
             "pcie_gbps": self.pcie_gbytes_s,
         }
-        if self.measured_gflops:
+        if self.block_seconds:
             entry.update(
-                measured_gflops={str(k): list(v) for k, v in self.measured_gflops.items()},
+                block_seconds={
+                    kind: {str(n): list(t) for n, t in sizes.items()}
+                    for kind, sizes in self.block_seconds.items()
+                },
+                calib_shape=list(self.calib_shape),
                 cores=self.cores,
                 threads_per_rank=self.threads_per_rank,
                 p2p_gbytes_s=self.p2p_gbytes_s,
                 p2p_latency_s=self.p2p_latency_s,
+                step_overhead_s={str(r): list(t) for r, t in self.step_overhead_s.items()},
             )
         return entry
 
 
+def _interpolate(table: dict[int, tuple[float, float]], n: float) -> tuple[float, float]:
+    """Seconds at n from measured sizes: log-log between neighbours; beyond the ends, the
+    nearest measured size scaled as n^2 (the FLOPs)."""
+    sizes = sorted(table)
+    if n <= sizes[0] or n >= sizes[-1]:
+        edge = sizes[0] if n <= sizes[0] else sizes[-1]
+        f = (n / edge) ** 2
+        return table[edge][0] * f, table[edge][1] * f
+    hi = next(s for s in sizes if s >= n)
+    lo = sizes[sizes.index(hi) - 1]
+    t = math.log(n / lo) / math.log(hi / lo)
+    return tuple(  # type: ignore[return-value]
+        math.exp((1 - t) * math.log(a) + t * math.log(b))
+        for a, b in zip(table[lo], table[hi], strict=True)
+    )
+
+
 def _device_from_json(name: str, entry: dict, where: str) -> Device:
     try:
-        measured = {
-            int(k): (float(v[0]), float(v[1])) for k, v in entry.get("measured_gflops", {}).items()
+        blocks = {
+            kind: {int(n): (float(t[0]), float(t[1])) for n, t in sizes.items()}
+            for kind, sizes in entry.get("block_seconds", {}).items()
         }
         return Device(
             name=name,
@@ -87,11 +147,16 @@ def _device_from_json(name: str, entry: dict, where: str) -> Device:
             source=entry.get("source", ""),
             nvlink_gbytes_s=float(entry.get("nvlink_gbps", 0.0)),
             pcie_gbytes_s=float(entry.get("pcie_gbps", 0.0)),
-            measured_gflops=measured,
+            block_seconds=blocks,
+            calib_shape=tuple(entry.get("calib_shape", (1, 8, 64))),
             cores=entry.get("cores"),
             threads_per_rank=int(entry.get("threads_per_rank", 1)),
             p2p_gbytes_s=entry.get("p2p_gbytes_s"),
             p2p_latency_s=float(entry.get("p2p_latency_s", 0.0)),
+            step_overhead_s={
+                int(r): (float(t[0]), float(t[1]))
+                for r, t in entry.get("step_overhead_s", {}).items()
+            },
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise UserError(f"{where}: device {name!r}: bad or missing field ({err})") from None
