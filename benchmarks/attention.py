@@ -9,8 +9,8 @@ P x threads-per-rank threads take turns on the same machine, so both see the sam
 Reported per configuration: median forward and forward+backward time over ``--repeats``,
 achieved GFLOP/s (FlashAttention accounting: forward 4*B*H*N^2*D, halved when causal;
 backward 2.5x forward), peak resident memory added per rank during the step, and the share of
-the ring's transfer time hidden behind compute: 1 - (time blocked waiting for transfers) /
-(time the same transfers take alone, measured right after).
+the ring's transfer time hidden behind compute: 1 - (step time - the same ring's step time
+with nothing sent) / (time the same transfers take alone, measured right after).
 """
 
 from __future__ import annotations
@@ -138,6 +138,27 @@ def _ring_worker(rank: int, world: int, threads: int, init: str, tasks, results)
     dist.destroy_process_group()
 
 
+class _NoTransfer:
+    """Stands in for ringattn's RingComm to time a ring's compute alone: same loop, same
+    shapes, nothing sent. Landing buffers get real data once, so no step computes on garbage."""
+
+    def __init__(self, group) -> None:
+        from ringattn.comm import RingComm
+
+        real = RingComm(group)
+        self.world_size, self.rank = real.world_size, real.rank
+        self._filled: set[int] = set()
+
+    def exchange(self, send, recv, *, tag: int = 0):
+        from ringattn.comm import PendingExchange
+
+        for s, r in zip(send, recv, strict=True):
+            if r.data_ptr() not in self._filled:
+                r.copy_(s)
+                self._filled.add(r.data_ptr())
+        return PendingExchange([])
+
+
 def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls):
     dtype = getattr(torch, cfg.dtype)
     local = cfg.seq // world
@@ -191,6 +212,17 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
         fwd_bwd.append(step(True))
         waits.append(stats.wait_s)
     stats.reset(enabled=False)
+    # The same ring with its transfers taken out: what the step costs in compute alone.
+    no_transfer = []
+    if world > 1 and cfg.impl == "ringattn":
+        import ringattn.ring as ring_module
+
+        real = ring_module.RingComm
+        ring_module.RingComm = _NoTransfer
+        try:
+            no_transfer = [step(True) for _ in range(cfg.repeats)]
+        finally:
+            ring_module.RingComm = real
     with _peak_above_now() as peak:
         step(True)
 
@@ -216,6 +248,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
         "fwd_s": statistics.median(fwd),
         "fwd_bwd_s": statistics.median(fwd_bwd),
         "wait_s": statistics.median(waits),
+        "no_transfer_s": statistics.median(no_transfer) if no_transfer else None,
         "comm_alone_s": comm_alone,
         "peak_mib": peak.mib,
     }
@@ -306,6 +339,7 @@ class RingPool:
             "fwd_s": per_rank[0]["fwd_s"],
             "fwd_bwd_s": per_rank[0]["fwd_bwd_s"],
             "wait_s": max(r["wait_s"] for r in per_rank),
+            "no_transfer_s": per_rank[0].get("no_transfer_s"),
             "comm_alone_s": max(r["comm_alone_s"] for r in per_rank),
             "peak_mib": max(r["peak_mib"] for r in per_rank),
         }
@@ -401,14 +435,19 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
 
 def _ring_result(cfg: Config, world: int, args, raw: dict) -> Result:
     fwd_flops, fwd_bwd_flops = attention_flops(cfg)
-    hidden = None  # measured through ringattn's own comm stats; unknown for the peer
-    if cfg.impl == "ringattn" and world > 1 and raw["comm_alone_s"] > 0:
-        hidden = max(0.0, min(1.0, 1.0 - raw["wait_s"] / raw["comm_alone_s"]))
+    # Hidden share: 1 - (time the transfers added to the step) / (time they take alone).
+    # What they added is the step's time minus the same ring's time with nothing sent.
+    hidden = None
+    if raw.get("no_transfer_s") and raw["comm_alone_s"] > 0:
+        exposed = max(0.0, raw["fwd_bwd_s"] - raw["no_transfer_s"])
+        hidden = max(0.0, min(1.0, 1.0 - exposed / raw["comm_alone_s"]))
     result = Result(
         cfg.impl, world, args.threads_per_rank, cfg, raw["fwd_s"], raw["fwd_bwd_s"],
         fwd_flops / raw["fwd_s"] / 1e9, fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9,
         raw["peak_mib"], hidden, raw["comm_alone_s"], raw["wait_s"],
     )  # fmt: skip
+    if raw.get("no_transfer_s"):
+        result.extra["no_transfer_fwd_bwd_s"] = raw["no_transfer_s"]
     if args.predict and cfg.impl == "ringattn":
         result.extra.update(predict(cfg, world, args.predict))
     return result

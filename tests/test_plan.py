@@ -121,3 +121,12 @@ def test_submit_refuses_a_job_that_cannot_fit(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "ringctl plan (H100-SXM): does not fit" in err and "--force" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_sizes_a_job_config(capsys):
+    argv = ["plan", "jobs/attention.yaml", "nodes=8", "tasks_per_node=8", "device=H100-SXM",
+            "task.seq_len=1048576", "task.dtype=bfloat16", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ranks"] == 64 and report["device"] == "H100-SXM"
+    assert report["workload"]["seq_len"] == 1048576 and report["link"]["name"].startswith("NET")

@@ -18,11 +18,15 @@ from ..planner.cost import (
 )
 from ..planner.devices import Device, get_device, save_user_device
 
+DEFAULT_DEVICE = "H100-SXM"
+
 EPILOG = """\
 examples:
   # a 1M-token causal forward+backward over 64 H100s on 8 nodes (NDR InfiniBand between nodes)
   ringctl plan --seq 1048576 --ranks 64 --nodes 8 --device H100-SXM \\
       --heads 32 --kv-heads 8 --head-dim 128 --layers 32 --hidden 4096 --vocab 128256
+  # size a job config (its task, ranks, nodes and `device`), overrides as for submit
+  ringctl plan jobs/attention.yaml nodes=8 tasks_per_node=8 device=H100-SXM task.seq_len=1048576
   # use the ring's real bottleneck hop from `ringctl topo ... -o plan.json`
   ringctl plan --seq 262144 --ranks 16 --device A100-80GB --topology plan.json
   # measure this machine (block kernel + rank-to-rank exchange) and store it as a device
@@ -47,6 +51,8 @@ def register(subparsers) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("job", nargs="?", metavar="JOB", help="a job config to size (optional)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides of JOB")
     w = p.add_argument_group("workload")
     w.add_argument("--seq", type=int, help="total sequence length N (tokens)")
     w.add_argument("--batch", type=int, default=1)
@@ -65,7 +71,7 @@ def register(subparsers) -> None:
     r = p.add_argument_group("ranks and links")
     r.add_argument("--ranks", type=int, help="ring size P")
     r.add_argument("--nodes", type=int, default=1, help="nodes the ranks span")
-    r.add_argument("--device", default="H100-SXM", help="device table entry (see below)")
+    r.add_argument("--device", default=DEFAULT_DEVICE, help="device table entry (see below)")
     r.add_argument("--devices", type=Path, help="extra device table (JSON) overriding entries")
     r.add_argument("--topology", type=Path, help="a `ringctl topo` plan: use its bottleneck hop")
     r.add_argument(
@@ -115,13 +121,33 @@ def _workload(args) -> Workload:
     )  # fmt: skip
 
 
+def _workload_from_job(args) -> Workload:
+    """The workload, ranks, nodes and device of a job config (flags given too still win)."""
+    from ..config import load_job, world_size
+    from ..tasks import get_spec
+
+    cfg = load_job(args.job, args.overrides)
+    make = getattr(get_spec(str(cfg.task.name)).module, "workload", None)
+    work = make(cfg) if make else None
+    if work is None:
+        raise UserError(
+            f"{args.job}: the {cfg.task.name} task does not describe its attention up front "
+            "(document lengths are known only when read); use the flags (--seq, --heads, ...)"
+        )
+    args.ranks = args.ranks or world_size(cfg)
+    args.nodes = args.nodes if args.nodes != 1 else int(cfg.nodes)
+    if cfg.get("device") and args.device == DEFAULT_DEVICE:
+        args.device = str(cfg.device)
+    return work
+
+
 def run(args) -> int:
     if args.calibrate:
         device = calibrate_and_store()
         if not args.seq:
             return 0
         args.device = device.name
-    work = _workload(args)
+    work = _workload_from_job(args) if args.job else _workload(args)
     if not args.ranks:
         raise UserError("--ranks is required (ring size P)")
     multiple = args.ranks * (2 if work.layout == "zigzag" else 1)
@@ -193,6 +219,11 @@ def _print_table(work, est, device, link, longest, fewest) -> None:
     if "forward+backward" in est.total_s:
         steps.add_row("fwd+bwd", "", "", "", "", f"{est.total_s['forward+backward']:.4g}")
     console.print(steps)
+    if work.model is not None:
+        console.print(
+            f"times are the attention of all {work.model.layers} layers; projections and MLP "
+            "are not modelled"
+        )
     console.print(f"longest sequence that fits on {est.ranks} ranks: {longest:,} tokens")
     if fewest is not None:
         console.print(f"fewest ranks that fit {work.seq_len:,} tokens: {fewest}")
