@@ -98,24 +98,40 @@ def _reset_peak() -> None:
         pass
 
 
-def _peak_above_now():
-    """Context: peak RSS during the block, minus RSS at its start, in MiB."""
+def _peak_above_now(device=None):
+    """Context: peak memory during the block above what was held at its start, in MiB:
+    the device allocator's peak on a GPU, the resident set's high-water mark on the CPU."""
+    import torch
+
+    on_gpu = device is not None and device.type == "cuda"
 
     class Peak:
         def __enter__(self):
+            if on_gpu:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                self.start = torch.cuda.memory_allocated(device) / 1024
+                return self
             _return_freed_memory_to_os()
             _reset_peak()
             self.start = _rss_kib("VmRSS")
             return self
 
         def __exit__(self, *exc):
-            self.mib = max(0, _rss_kib("VmHWM") - self.start) / 1024
+            if on_gpu:
+                torch.cuda.synchronize(device)
+                peak = torch.cuda.max_memory_allocated(device) / 1024
+            else:
+                peak = _rss_kib("VmHWM")
+            self.mib = max(0, peak - self.start) / 1024
 
     return Peak()
 
 
 # ----------------------------------------------------------------------------- workers
-def _ring_worker(rank: int, world: int, threads: int, init: str, tasks, results) -> None:
+def _ring_worker(
+    rank: int, world: int, threads: int, init: str, device_kind: str, tasks, results
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -123,15 +139,20 @@ def _ring_worker(rank: int, world: int, threads: int, init: str, tasks, results)
     from ringattn.comm import STATS, RingComm
 
     torch.set_num_threads(threads)
+    if device_kind == "cuda":  # one GPU per rank, NCCL; flash-attn kernels where installed
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(minutes=10)
-    )
+        "nccl" if device_kind == "cuda" else "gloo", init_method=init, rank=rank,
+        world_size=world, timeout=timedelta(minutes=10),
+    )  # fmt: skip
     while True:
         cfg = tasks.get()
         if cfg is None:
             break
         try:
-            res = _ring_measure(cfg, rank, world, torch, dist, ringattn, STATS, RingComm)
+            res = _ring_measure(
+                cfg, rank, world, torch, dist, ringattn, STATS, RingComm, device_kind
+            )
             results.put((rank, "ok", res))
         except Exception:
             results.put((rank, "error", traceback.format_exc()))
@@ -159,18 +180,25 @@ class _NoTransfer:
         return PendingExchange([])
 
 
-def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls):
+def _sync(torch, device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls, device_kind):
     dtype = getattr(torch, cfg.dtype)
+    device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
     local = cfg.seq // world
     g = torch.Generator().manual_seed(rank)
-    q = torch.randn(cfg.batch, local, cfg.heads, cfg.head_dim, generator=g).to(dtype)
-    k = torch.randn(cfg.batch, local, cfg.kv_heads, cfg.head_dim, generator=g).to(dtype)
+    q = torch.randn(cfg.batch, local, cfg.heads, cfg.head_dim, generator=g).to(device, dtype)
+    k = torch.randn(cfg.batch, local, cfg.kv_heads, cfg.head_dim, generator=g).to(device, dtype)
     v = torch.randn_like(k)
     dout = torch.randn_like(q)
 
     def step(backward: bool) -> float:
         qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
         dist.barrier()
+        _sync(torch, device)
         start = time.perf_counter()
         if cfg.impl == "ringattn":
             out = ringattn.ring_attention(qq, kk, vv, causal=cfg.causal, layout=cfg.layout)
@@ -185,9 +213,10 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
             )
         if backward:
             out.backward(dout)
+        _sync(torch, device)
         elapsed = time.perf_counter() - start
-        times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(times, torch.tensor([elapsed], dtype=torch.float64))
+        times = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(times, torch.tensor([elapsed], dtype=torch.float64, device=device))
         return max(t.item() for t in times)  # a step ends when its slowest rank ends
 
     if cfg.repeats == 0:  # memory only: a tiny warm-up (gloo pairs, threads), one measured step
@@ -195,7 +224,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
         ringattn.ring_attention(
             *(t.requires_grad_() for t in tiny), causal=cfg.causal, layout=cfg.layout
         ).sum().backward()
-        with _peak_above_now() as peak:
+        with _peak_above_now(device) as peak:
             elapsed = step(True)
         return {
             "fwd_s": float("nan"),
@@ -223,7 +252,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
             no_transfer = [step(True) for _ in range(cfg.repeats)]
         finally:
             ring_module.RingComm = real
-    with _peak_above_now() as peak:
+    with _peak_above_now(device) as peak:
         step(True)
 
     # The same transfers alone: P-1 K/V hops forward and backward, P dK/dV hops backward.
@@ -232,7 +261,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
     if world > 1:
         kv = (k, v)
         kv_in = (torch.empty_like(k), torch.empty_like(v))
-        dkv = (torch.zeros(k.shape), torch.zeros(v.shape))
+        dkv = (torch.zeros(k.shape, device=device), torch.zeros(v.shape, device=device))
         dkv_in = (torch.empty_like(dkv[0]), torch.empty_like(dkv[1]))
         samples = []
         for _ in range(cfg.repeats):
@@ -242,6 +271,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
                 comm.exchange(kv, kv_in).wait()
             for _ in range(world):
                 comm.exchange(dkv, dkv_in, tag=1).wait()
+            _sync(torch, device)
             samples.append(time.perf_counter() - start)
         comm_alone = statistics.median(samples)
     return {
@@ -254,11 +284,12 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls)
     }
 
 
-def _sdpa_worker(threads: int, tasks, results) -> None:
+def _sdpa_worker(threads: int, device_kind: str, tasks, results) -> None:
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
     while True:
         cfg = tasks.get()
         if cfg is None:
@@ -268,22 +299,24 @@ def _sdpa_worker(threads: int, tasks, results) -> None:
             g = torch.Generator().manual_seed(0)
             shape_q = (cfg.batch, cfg.heads, cfg.seq, cfg.head_dim)
             shape_kv = (cfg.batch, cfg.kv_heads, cfg.seq, cfg.head_dim)
-            q = torch.randn(shape_q, generator=g).to(dtype)
-            k = torch.randn(shape_kv, generator=g).to(dtype)
+            q = torch.randn(shape_q, generator=g).to(device, dtype)
+            k = torch.randn(shape_kv, generator=g).to(device, dtype)
             v, dout = torch.randn_like(k), torch.randn_like(q)
 
             def step(backward: bool, q=q, k=k, v=v, dout=dout, cfg=cfg) -> float:
                 qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
+                _sync(torch, device)
                 start = time.perf_counter()
                 out = F.scaled_dot_product_attention(
                     qq, kk, vv, is_causal=cfg.causal, enable_gqa=cfg.kv_heads != cfg.heads
                 )
                 if backward:
                     out.backward(dout)
+                _sync(torch, device)
                 return time.perf_counter() - start
 
             if cfg.repeats == 0:
-                with _peak_above_now() as peak:
+                with _peak_above_now(device) as peak:
                     elapsed = step(True)
                 results.put(
                     ("ok", {"fwd_s": float("nan"), "fwd_bwd_s": elapsed, "peak_mib": peak.mib})
@@ -292,7 +325,7 @@ def _sdpa_worker(threads: int, tasks, results) -> None:
             step(True)
             fwd = [step(False) for _ in range(cfg.repeats)]
             fwd_bwd = [step(True) for _ in range(cfg.repeats)]
-            with _peak_above_now() as peak:
+            with _peak_above_now(device) as peak:
                 step(True)
             results.put(
                 (
@@ -311,14 +344,15 @@ def _sdpa_worker(threads: int, tasks, results) -> None:
 class RingPool:
     """P ring ranks kept alive across configurations (spawning torch costs seconds)."""
 
-    def __init__(self, ctx, world: int, threads: int, tmpdir: str) -> None:
+    def __init__(self, ctx, world: int, threads: int, tmpdir: str, device_kind: str) -> None:
         self.world = world
         init = f"file://{tmpdir}/ring-store-{world}-{os.getpid()}"
         self.tasks = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()
         self.procs = [
             ctx.Process(
-                target=_ring_worker, args=(r, world, threads, init, self.tasks[r], self.results)
+                target=_ring_worker,
+                args=(r, world, threads, init, device_kind, self.tasks[r], self.results),
             )
             for r in range(world)
         ]
@@ -352,9 +386,11 @@ class RingPool:
 
 
 class SdpaProcess:
-    def __init__(self, ctx, threads: int) -> None:
+    def __init__(self, ctx, threads: int, device_kind: str) -> None:
         self.tasks, self.results = ctx.Queue(), ctx.Queue()
-        self.proc = ctx.Process(target=_sdpa_worker, args=(threads, self.tasks, self.results))
+        self.proc = ctx.Process(
+            target=_sdpa_worker, args=(threads, device_kind, self.tasks, self.results)
+        )
         self.proc.start()
 
     def run(self, cfg: Config) -> dict:
@@ -390,6 +426,18 @@ def _peer_installed() -> bool:
     return True
 
 
+def _device_kind(choice: str) -> tuple[str, int]:
+    """("cuda", GPUs) where asked for or (auto) where CUDA is there; else ("cpu", 0)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if choice == "cuda" and not gpus:
+        raise SystemExit("--device cuda: no CUDA device here")
+    if choice == "cpu" or not gpus:
+        return "cpu", 0
+    return "cuda", gpus
+
+
 def run_benchmark(args: argparse.Namespace) -> list[Result]:
     import tempfile
 
@@ -398,14 +446,20 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
     ctx = mp.get_context("spawn")
     results: list[Result] = []
     causal_values = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
-    peer = args.peer and _peer_installed()
+    device_kind, gpus = _device_kind(args.device)
+    print(f"# device: {device_kind}" + (f" ({gpus} GPU(s), NCCL)" if gpus else " (gloo)"),
+          flush=True)  # fmt: skip
+    peer = args.peer and _peer_installed() and device_kind == "cpu"
     if args.peer and not peer:
         print("ring-attention-pytorch is not installed: pip install -e '.[bench]'", flush=True)
     with tempfile.TemporaryDirectory() as tmpdir:
         for world in args.ranks:
             baseline_threads = args.baseline_threads or world * args.threads_per_rank
-            pool = RingPool(ctx, world, args.threads_per_rank, tmpdir)
-            sdpa = SdpaProcess(ctx, baseline_threads) if not args.no_baseline else None
+            if device_kind == "cuda" and world > gpus:
+                print(f"# P={world}: skipped, {gpus} GPU(s) here", flush=True)
+                continue
+            pool = RingPool(ctx, world, args.threads_per_rank, tmpdir, device_kind)
+            sdpa = None if args.no_baseline else SdpaProcess(ctx, baseline_threads, device_kind)
             try:
                 for seq, causal in itertools.product(args.seq, causal_values):
                     base = Config(
@@ -612,6 +666,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed repetitions, median reported; 0: one step, for peak memory only",
     )
     p.add_argument("--threads-per-rank", type=int, default=1)
+    p.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"],
+        help="auto: one GPU per rank with NCCL (and flash-attn where installed) when CUDA is "
+        "here, P limited to the GPUs; else CPU ranks with gloo",
+    )  # fmt: skip
     p.add_argument(
         "--baseline-threads",
         type=int,

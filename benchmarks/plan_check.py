@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         seq=args.seq, ranks=args.ranks, heads=8, kv_heads=None, head_dim=64, batch=1,
         dtype="float32", causal="both", layouts=["zigzag"], repeats=args.repeats,
         threads_per_rank=1, baseline_threads=None, no_baseline=True, peer=False,
-        peer_max_seq=0, predict=device,
+        peer_max_seq=0, predict=device, device="cpu",
     )  # fmt: skip
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print("measuring rings; each row: predicted / measured", flush=True)
