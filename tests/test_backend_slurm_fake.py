@@ -50,7 +50,9 @@ def submitted(job_dir, job_id="42"):
 
 
 def test_sbatch_argv_and_job_json(job_dir):
-    shell = FakeShell({"sbatch": [(0, "42;ringtest\n", "")]})
+    shell = FakeShell(
+        {"sbatch": [(0, "42;ringtest\n", "")], "date": [(0, "2026-11-30T10:00:00\n", "")]}
+    )
     job_id = SlurmBackend(shell, sbatch_args=["--qos=high"]).submit(job_dir)
     assert job_id == "42"
     where = str(job_dir.resolve())
@@ -63,10 +65,28 @@ def test_sbatch_argv_and_job_json(job_dir):
             f"--error={where}/logs/batch-%j.out",
             "--qos=high",
             f"{where}/job.sh",
-        ]
+        ],
+        ["date", "-d", "-2 minutes", "+%Y-%m-%dT%H:%M:%S"],  # the cluster's clock, for sacct
     ]
     recorded = json.loads((job_dir / "job.json").read_text())
     assert recorded["job_id"] == "42" and recorded["backend"] == "slurm"
+    assert recorded["sacct_since"] == "2026-11-30T10:00:00"
+
+
+def test_sacct_is_asked_only_for_jobs_since_submission(job_dir):
+    # A controller that lost its state reuses ids: an older job 42 must not answer for ours.
+    (job_dir / "job.json").write_text(
+        json.dumps({"backend": "slurm", "job_id": "42", "sacct_since": "2026-11-30T10:00:00"})
+    )
+    shell = FakeShell(
+        {
+            "squeue": [(0, "", "slurm_load_jobs error: Invalid job id specified\n")],
+            "sacct": [(0, "42|job.sh|COMPLETED|0:0|3|None|n1\n", "")],
+        }
+    )
+    SlurmBackend(shell).status(job_dir)
+    sacct = [c for c in shell.calls if c[0] == "sacct"][0]
+    assert "--starttime=2026-11-30T10:00:00" in sacct
 
 
 def test_waits_for_sacct_to_catch_up(job_dir):

@@ -209,6 +209,7 @@ class SlurmBackend:
         job_id = lines[-1].split(";")[0].strip() if lines else ""
         if not job_id.isdigit():
             raise UserError(f"sbatch printed no job id: {_one_line(out + ' ' + err)}")
+        since = self._cluster_clock()
         update_job_json(
             job_dir,
             backend=self.name,
@@ -216,14 +217,26 @@ class SlurmBackend:
             submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             cluster_dir=where,
             batch_log=BATCH_LOG.format(job_id=job_id),
+            sacct_since=since,
             **self._submitted_fields(job_dir, where),
         )
         return job_id
 
+    def _cluster_clock(self) -> str | None:
+        """The cluster's local time two minutes ago (sacct reads --starttime in its own zone),
+        or None when it cannot be read: sacct then goes unfiltered, as before."""
+        try:
+            rc, out, _ = self._run(["date", "-d", "-2 minutes", "+%Y-%m-%dT%H:%M:%S"])
+        except UserError:
+            return None
+        text = out.strip()
+        return text if rc == 0 and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", text) else None
+
     def status(self, job_dir: Path) -> JobStatus:
         job_dir = Path(job_dir)
         job_id = self._job_id(job_dir)
-        status = self._status(job_id, self._cluster_dir(job_dir))
+        since = read_job_json(job_dir).get("sacct_since")
+        status = self._status(job_id, self._cluster_dir(job_dir), since)
         if status.state.finished:
             self._after_final(job_dir, status)
         return status
@@ -271,22 +284,22 @@ class SlurmBackend:
             raise UserError(f"squeue failed: {_one_line(err or out)}")
         return ss.parse_squeue(out, job_id)
 
-    def _sacct(self, job_id: str) -> list[ss.AcctRecord] | None:
+    def _sacct(self, job_id: str, since: str | None = None) -> list[ss.AcctRecord] | None:
         """sacct's records of the job; None when sacct cannot answer (no accounting)."""
-        rc, out, err = self._run(ss.sacct_argv(job_id))
+        rc, out, err = self._run(ss.sacct_argv(job_id, since))
         if rc != 0:
             return None
         return ss.parse_sacct(out, job_id)
 
-    def _is_finished(self, job_id: str) -> bool:
+    def _is_finished(self, job_id: str, since: str | None = None) -> bool:
         """Cheap check for `logs --follow`: squeue's word only (no waiting for sacct)."""
         q = self._squeue(job_id)
         if q is not None:
             return q.state.finished
-        records = self._sacct(job_id)
+        records = self._sacct(job_id, since)
         return not records or records[0].state.finished
 
-    def _status(self, job_id: str, where: str) -> JobStatus:
+    def _status(self, job_id: str, where: str, since: str | None = None) -> JobStatus:
         q = self._squeue(job_id)
         if q is not None and not q.state.finished and q.state is not JobState.UNKNOWN:
             reason = q.reason if q.state is JobState.PENDING else ""
@@ -294,14 +307,14 @@ class SlurmBackend:
 
         # Finished, or forgotten by squeue: sacct has the details (steps, exit codes) but lags
         # squeue by a few seconds, so when squeue already calls the job finished, wait for it.
-        records = self._sacct(job_id)
+        records = self._sacct(job_id, since)
         if q is not None:
             deadline = time.monotonic() + self.sacct_wait_s
             while records is not None and time.monotonic() < deadline:
                 if records and records[0].step is None and records[0].state.finished:
                     break
                 time.sleep(min(1.0, self.poll_s))
-                records = self._sacct(job_id)
+                records = self._sacct(job_id, since)
 
         job = records[0] if records and records[0].step is None else None
         if job is not None and job.state.finished:
@@ -419,7 +432,8 @@ class SlurmBackend:
         rank: int | None,
         is_finished: Callable[[str], bool] | None = None,
     ) -> Iterator[str]:
-        is_finished = is_finished or self._is_finished
+        since = read_job_json(job_dir).get("sacct_since")
+        is_finished = is_finished or (lambda jid: self._is_finished(jid, since))
         offsets: dict[str, int] = {}
         partial: dict[str, bytes] = {}
         poll = max(0.2, min(self.poll_s, 2.0))

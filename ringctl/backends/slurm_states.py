@@ -126,12 +126,15 @@ def squeue_says_unknown(err: str) -> bool:
 SACCT_FIELDS = ["JobIDRaw", "JobName", "State", "ExitCode", "ElapsedRaw", "Reason", "NodeList"]
 
 
-def sacct_argv(job_id: str) -> list[str]:
+def sacct_argv(job_id: str, since: str | None = None) -> list[str]:
+    """sacct for one job; ``since`` (the cluster's local time shortly before submission) keeps
+    out an older job that had the same id (ids restart when a controller's state is lost)."""
     return [
         "sacct",
         "--noheader",
         "--parsable2",
         f"--jobs={job_id}",
+        *([f"--starttime={since}"] if since else []),
         "--format=" + ",".join(SACCT_FIELDS),
     ]
 
