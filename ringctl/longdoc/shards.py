@@ -26,35 +26,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..atomic import atomic_write  # noqa: F401  (re-exported: shards are written with it)
+from ..atomic import atomic_write_json as _atomic_write_json
+
 FORMAT = "ringctl.longdoc/1"
 SUBDIR = "longdoc"
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all (temp file + fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode())
+    _atomic_write_json(path, obj, indent=1)
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -18,17 +18,24 @@ transformers and the like inside `run`, not at the top.
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write, atomic_write_json
 from ..config import TaskParams
 
-__all__ = ["TASKS", "TaskParams", "TaskSpec", "get_spec", "atomic_write", "save_tensors"]
+__all__ = [
+    "TASKS",
+    "TaskParams",
+    "TaskSpec",
+    "atomic_write",
+    "atomic_write_json",
+    "get_spec",
+    "load_tensors",
+    "save_tensors",
+]
 
 TASKS: dict[str, str] = {
     "attention": "ringctl.tasks.attention",
@@ -64,27 +71,6 @@ def get_spec(name: str) -> TaskSpec:
 
 
 # --- writing outputs: atomically (temp file in the same directory, then rename) ----------------
-
-
-def atomic_write(path: str | Path, data: bytes | str) -> Path:
-    """Write a file so that it either exists whole or not at all."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> Path:
-    return atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def save_tensors(path: str | Path, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
