@@ -509,11 +509,11 @@ def _ring_result(cfg: Config, world: int, args, raw: dict) -> Result:
 
 def predict(cfg: Config, world: int, device_name: str) -> dict:
     """What `ringctl plan` predicts for this configuration on a calibrated device."""
-    from ringctl.planner.cost import Link, Workload, estimate
+    from ringctl.planner.cost import Workload, estimate, nominal_link
     from ringctl.planner.devices import get_device
 
     device = get_device(device_name)
-    link = Link("local gloo", (device.p2p_gbytes_s or 1.0) * 8, device.p2p_latency_s)
+    link = nominal_link(device)
     work = Workload(
         seq_len=cfg.seq, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
         batch=cfg.batch, dtype=cfg.dtype, causal=cfg.causal, layout=cfg.layout,

@@ -15,6 +15,7 @@ from ..planner.cost import (
     estimate,
     fewest_ranks,
     longest_sequence,
+    nominal_link,
 )
 from ..planner.devices import Device, get_device, save_user_device
 
@@ -94,13 +95,7 @@ def _link(args, device: Device) -> Link:
             raise UserError(f"{args.topology}: no such file") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise UserError(f"{args.topology}: not a ringctl topo plan ({err})") from None
-    if device.p2p_gbytes_s:
-        return Link("local gloo", device.p2p_gbytes_s * 8, device.p2p_latency_s)
-    if args.nodes > 1:
-        return Link("NET (NDR InfiniBand, nominal)", 400.0, 5e-6)
-    if device.nvlink_gbytes_s:
-        return Link("NVLink (nominal)", 8 * device.nvlink_gbytes_s)
-    return Link("PCIe (nominal)", 8 * (device.pcie_gbytes_s or 32))
+    return nominal_link(device, args.nodes)
 
 
 def _workload(args) -> Workload:

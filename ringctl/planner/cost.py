@@ -126,6 +126,18 @@ def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
     return parts
 
 
+def nominal_link(device: Device, nodes: int = 1) -> Link:
+    """The ring's slowest hop when no topology plan says it: this host's measured exchange for
+    a calibrated device, else NDR InfiniBand across nodes, else NVLink (or PCIe) inside one."""
+    if device.p2p_gbytes_s:
+        return Link("local gloo", device.p2p_gbytes_s * 8, device.p2p_latency_s)
+    if nodes > 1:
+        return Link("NET (NDR InfiniBand, nominal)", 400.0, 5e-6)
+    if device.nvlink_gbytes_s:
+        return Link("NVLink (nominal)", 8 * device.nvlink_gbytes_s)
+    return Link("PCIe (nominal)", 8 * (device.pcie_gbytes_s or 32))
+
+
 def step_kinds(w: Workload, ranks: int) -> list[str]:
     """The block kind the slowest rank computes at each ring step (ringattn.ring.block_plan)."""
     if not w.causal:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from .cost import Estimate, Link, estimate
+from .cost import Estimate, estimate, nominal_link
 from .devices import load_devices
 
 
@@ -41,11 +41,6 @@ def preflight(cfg) -> Preflight | None:
         return None
     device = devices[name]
     ranks = world_size(cfg)
-    if device.p2p_gbytes_s:
-        link = Link("local", device.p2p_gbytes_s * 8, device.p2p_latency_s)
-    elif int(cfg.nodes) > 1:
-        link = Link("NET (nominal)", 400.0, 5e-6)
-    else:
-        link = Link("NVLink (nominal)", 8 * (device.nvlink_gbytes_s or device.pcie_gbytes_s or 32))
+    link = nominal_link(device, int(cfg.nodes))
     ranks_on_host = int(cfg.tasks_per_node)
     return Preflight(name, estimate(work, ranks, device, link, ranks_on_host=ranks_on_host))
