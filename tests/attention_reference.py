@@ -1,4 +1,4 @@
-"""Inputs and the independent reference for ring attention tests.
+"""Inputs, the independent reference, and the ring run for ring attention tests.
 
 The reference is textbook attention on the whole sequence in float64 (scores, mask, softmax,
 autograd), with GQA heads repeated explicitly: nothing it does is shared with the engine.
@@ -68,3 +68,21 @@ def reference(inputs: dict[str, torch.Tensor], causal: bool) -> dict[str, torch.
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     """max |x - ref| / max |ref|: scale-free, and dominated by the worst element."""
     return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def ring_outputs(rank: int, world: int, cases: list[Case]) -> dict[str, dict[str, torch.Tensor]]:
+    """This rank's out, dq, dk, dv of ring attention for each case (runs inside a spawned rank)."""
+    import ringattn
+
+    results = {}
+    for case in cases:
+        inputs = make_inputs(case)
+        shard = {
+            name: ringattn.shard_sequence(t, world_size=world, rank=rank, layout=case.layout)
+            for name, t in inputs.items()
+        }
+        q, k, v = (shard[n].requires_grad_() for n in ("q", "k", "v"))
+        out = ringattn.ring_attention(q, k, v, causal=case.causal, layout=case.layout)
+        out.backward(shard["dout"])
+        results[case.id] = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return results

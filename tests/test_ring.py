@@ -13,11 +13,10 @@ the final output round to bf16.
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.nn.functional as F
 
 import ringattn
-from tests.attention_reference import Case, make_inputs, reference, relative_error
+from tests.attention_reference import Case, make_inputs, reference, relative_error, ring_outputs
 from tests.distributed import run_distributed
 
 FP32_TOL = 2e-5
@@ -39,26 +38,11 @@ def _cases(world: int) -> list[Case]:
     return cases
 
 
-def _run_cases(rank: int, world: int, cases: list[Case]) -> dict[str, dict[str, torch.Tensor]]:
-    results = {}
-    for case in cases:
-        inputs = make_inputs(case)
-        shard = {
-            name: ringattn.shard_sequence(t, world_size=world, rank=rank, layout=case.layout)
-            for name, t in inputs.items()
-        }
-        q, k, v = (shard[n].requires_grad_() for n in ("q", "k", "v"))
-        out = ringattn.ring_attention(q, k, v, causal=case.causal, layout=case.layout)
-        out.backward(shard["dout"])
-        results[case.id] = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-    return results
-
-
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda p: f"P{p}")
 def ring_results(request):
     world = request.param
     cases = _cases(world)
-    per_rank = run_distributed(_run_cases, world, cases)
+    per_rank = run_distributed(ring_outputs, world, cases)
     return world, cases, per_rank
 
 

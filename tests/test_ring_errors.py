@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ringattn
-from tests.attention_reference import Case, make_inputs, reference, relative_error
+from tests.attention_reference import Case, make_inputs, reference, relative_error, ring_outputs
 from tests.distributed import run_distributed
 
 
@@ -70,15 +70,7 @@ def test_ranks_disagreeing_on_shapes_fail_on_every_rank():
 
 def _chunked_kernel_ring(rank: int, world: int, case: Case):
     os.environ["RINGATTN_KERNEL"] = "chunked"
-    inputs = make_inputs(case)
-    shard = {
-        n: ringattn.shard_sequence(t, world_size=world, rank=rank, layout=case.layout)
-        for n, t in inputs.items()
-    }
-    q, k, v = (shard[n].requires_grad_() for n in ("q", "k", "v"))
-    out = ringattn.ring_attention(q, k, v, causal=case.causal, layout=case.layout)
-    out.backward(shard["dout"])
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return ring_outputs(rank, world, [case])[case.id]
 
 
 def test_ring_with_fallback_kernel_matches_reference():

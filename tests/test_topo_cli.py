@@ -18,12 +18,8 @@ from ringctl.cli import main
 from ringctl.errors import UserError
 from ringctl.topology import RingPlan, load_node, load_plan
 from ringctl.topology.probe import collect_probe
+from tests.topo_fixtures import DGX, H100, IBSTAT, LEONARDO
 
-FIX = Path(__file__).parent / "fixtures" / "topology"
-DGX = FIX / "nvidia-smi" / "dgx-a100-8gpu-nv12-10nic-legend-epyc7742-driver525-tabs.txt"
-H100 = FIX / "nvidia-smi" / "h100-sxm-8gpu-nv18-no-nics-dual-numa-with-prompt.txt"
-LEONARDO = FIX / "nvidia-smi" / "leonardo-4x-a100-sxm-64gb-nv4-mesh-4nic-slurm-cpuset.txt"
-IBSTAT = FIX / "ibstat" / "ibstat-connectx3-mlx4_0-single-port-active-fdr.txt"
 ROOT = Path(__file__).resolve().parent.parent
 
 SCONTROL = """\

@@ -13,16 +13,7 @@ from ringctl.topology.ibstat import parse_hca_text, parse_ibstat, parse_ibv_devi
 from ringctl.topology.nodes import build_node
 from ringctl.topology.nvidia_smi import parse_nvidia_smi
 from ringctl.topology.slurm import parse_slurm_topology
-
-FIX = Path(__file__).parent / "fixtures" / "topology"
-SMI = FIX / "nvidia-smi"
-DGX = SMI / "dgx-a100-8gpu-nv12-10nic-legend-epyc7742-driver525-tabs.txt"
-H100 = SMI / "h100-sxm-8gpu-nv18-no-nics-dual-numa-with-prompt.txt"
-LEONARDO = SMI / "leonardo-4x-a100-sxm-64gb-nv4-mesh-4nic-slurm-cpuset.txt"
-PCIE = SMI / "pcie-4gpu-dual-socket-pxb-pix-sys-no-nvlink-tabs.txt"
-CONSUMER = SMI / "consumer-2gpu-pcie-phb-no-nvlink.txt"
-CUBE = FIX / "synthetic" / "nvidia-smi-hybrid-cube-mesh-8gpu-nv1-nv2-gpu-numa-id.txt"
-OLD = FIX / "synthetic" / "nvidia-smi-4gpu-3nic-old-driver-device-names.txt"
+from tests.topo_fixtures import CONSUMER, CUBE, DGX, FIX, H100, LEONARDO, OLD, PCIE
 
 
 def smi(path: Path):

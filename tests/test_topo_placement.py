@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,16 +15,7 @@ from ringctl.topology.links import DEFAULT_BANDWIDTHS, link_gbps
 from ringctl.topology.nvidia_smi import parse_nvidia_smi
 from ringctl.topology.search import best_order, order_key
 from ringctl.topology.slurm import parse_slurm_topology
-
-FIX = Path(__file__).parent / "fixtures" / "topology"
-SMI = FIX / "nvidia-smi"
-DGX = SMI / "dgx-a100-8gpu-nv12-10nic-legend-epyc7742-driver525-tabs.txt"
-H100 = SMI / "h100-sxm-8gpu-nv18-no-nics-dual-numa-with-prompt.txt"
-LEONARDO = SMI / "leonardo-4x-a100-sxm-64gb-nv4-mesh-4nic-slurm-cpuset.txt"
-PCIE = SMI / "pcie-4gpu-dual-socket-pxb-pix-sys-no-nvlink-tabs.txt"
-CUBE = FIX / "synthetic" / "nvidia-smi-hybrid-cube-mesh-8gpu-nv1-nv2-gpu-numa-id.txt"
-OLD = FIX / "synthetic" / "nvidia-smi-4gpu-3nic-old-driver-device-names.txt"
-ROCE_ONLY = FIX / "synthetic" / "ibstat-two-ib-down-one-roce-up.txt"
+from tests.topo_fixtures import CUBE, DGX, H100, LEONARDO, OLD, PCIE, ROCE_ONLY
 
 
 def smi_text(n: int, link, nics: list[list[str]] | None = None) -> str:
