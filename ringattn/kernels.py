@@ -147,6 +147,12 @@ class ChunkedKernel:
         return dq, dk, dv
 
 
+# Plain attention in flash-attn's terms: no dropout, no sliding window, no softcap, no ALiBi.
+_FLASH_PLAIN = dict(
+    dropout_p=0.0, window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None
+)
+
+
 class FlashAttnKernel:
     """flash-attn 2.x kernels. Their private signatures moved between releases, so arguments
     are passed by name and only those the installed version accepts."""
@@ -173,14 +179,10 @@ class FlashAttnKernel:
             q=q.contiguous(),
             k=k.contiguous(),
             v=v.contiguous(),
-            dropout_p=0.0,
             softmax_scale=scale,
             causal=causal,
-            window_size_left=-1,
-            window_size_right=-1,
-            softcap=0.0,
-            alibi_slopes=None,
             return_softmax=False,
+            **_FLASH_PLAIN,
         )
         res = self._fwd(**kw)
         # >= 2.7: (out, lse, S_dmask, rng_state); 2.6: (out, q, k, v, out_padded, lse, ...)
@@ -200,15 +202,11 @@ class FlashAttnKernel:
             dq=dq,
             dk=dk,
             dv=dv,
-            dropout_p=0.0,
             softmax_scale=scale,
             causal=causal,
-            window_size_left=-1,
-            window_size_right=-1,
-            softcap=0.0,
-            alibi_slopes=None,
             deterministic=False,
             rng_state=None,
+            **_FLASH_PLAIN,
         )
         self._bwd(**kw)
         return dq, dk, dv
