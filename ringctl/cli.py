@@ -16,7 +16,7 @@ from .errors import UserError
 VERB_MODULES = [
     "ringctl.commands.jobs",  # config, render, submit, run, status, logs, cancel
     "ringctl.commands.gather",  # gather
-    "ringctl.topology.cli",  # topo (and topo probe)
+    "ringctl.commands.topo",  # topo (and topo probe)
     "ringctl.commands.plan",  # plan
 ]
 

@@ -18,7 +18,7 @@ from ringctl.cli import main
 from ringctl.errors import UserError
 from ringctl.topology import RingPlan, load_node, load_plan
 from ringctl.topology.probe import collect_probe
-from tests.topo_fixtures import DGX, H100, IBSTAT, LEONARDO
+from tests.topo_fixtures import DGX, H100, IBSTAT, LEONARDO, TWO_NIC, TWO_NIC_IBSTAT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,3 +226,110 @@ def test_plan_round_trip_and_validation(tmp_path):
     (tmp_path / "bad.json").write_text('{"version": 1,\n "ring": [}')
     with pytest.raises(UserError, match=r"bad.json:2: not JSON"):
         load_plan(tmp_path / "bad.json")
+
+
+# ---- round 2: binary inputs, GPUDirect marks, assumed rates, rings of rings -----------------
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (bytes(range(256)) * 4, "a binary file (NUL byte at 0)"),
+        (b"\xff\xfe GPU0 \x80\x81", "not UTF-8 text (byte 0)"),
+    ],
+)
+@pytest.mark.parametrize("option", ["--nvidia-smi", "--ibstat", "--slurm-topology"])
+def test_binary_or_garbage_files_give_one_line(tmp_path, capsys, content, message, option):
+    bad = tmp_path / "garbage.bin"
+    bad.write_bytes(content)
+    argv = ["topo", "--nvidia-smi", str(DGX), option, str(bad)]
+    if option == "--nvidia-smi":
+        argv = ["topo", "--nvidia-smi", str(bad)]
+    elif option == "--slurm-topology":
+        argv = ["topo", "--node", str(_probe(tmp_path / "p.json", "n1")), option, str(bad)]
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"ringctl topo: error: {bad}: {message}")
+
+
+def test_probe_with_a_non_string_tool_output_is_refused(tmp_path, capsys):
+    probe = tmp_path / "p.json"
+    probe.write_text(json.dumps({"node": "n1", "nvidia_smi_topo": [1, 2]}))
+    code, _, err = run(["topo", "--node", str(probe)], capsys)
+    assert code == 2 and "key nvidia_smi_topo must be a string or null" in err
+
+
+def _two_nic_dirs(tmp_path: Path, count: int, ib: bool = True) -> list[str]:
+    tmp_path.mkdir(exist_ok=True)
+    args = []
+    for i in range(1, count + 1):
+        d = _node_dir(tmp_path, f"n{i}", TWO_NIC, TWO_NIC_IBSTAT if ib else None)
+        args += ["--node", f"n{i}={d}"]
+    return args
+
+
+def test_table_and_json_show_gdr_marks_and_assumed_rates(tmp_path, capsys):
+    code, out, _ = run(["topo", *_two_nic_dirs(tmp_path, 2, ib=False)], capsys)
+    assert code == 0
+    assert "send -> recv" in out and out.count("GDR -> GDR") == 2
+    assert "assumed rate" in out and "Assumed: network port rate assumed 100 Gbit/s" in out
+    code, out, _ = run(["topo", *_two_nic_dirs(tmp_path / "j", 2, ib=False), "--json"], capsys)
+    data = json.loads(out)
+    net = [h for h in data["hops"] if h["link"] == "NET"]
+    assert {(h["src_end"], h["dst_end"], h["rate_source"]) for h in net} == {
+        ("GDR", "GDR", "assumed")
+    }
+    assert data["gdr"] == {"level": "PXB", "read": "auto"} and data["assumptions"]
+    code, out, _ = run(
+        ["topo", *_two_nic_dirs(tmp_path / "k", 2), "--gdr-level", "loc", "--json"], capsys
+    )
+    data = json.loads(out)
+    assert {h["src_end"] for h in data["hops"] if h["link"] == "NET"} == {"host bounce"}
+    assert {e["env"]["NCCL_NET_GDR_LEVEL"] for e in data["ring"]} == {"LOC"}
+
+
+def test_ring_size_reports_every_ring_and_the_worst(tmp_path, capsys):
+    topo = tmp_path / "topology.conf"
+    topo.write_text(
+        "SwitchName=l1 Nodes=n[1-2]\nSwitchName=l2 Nodes=n[3-4]\nSwitchName=s Switches=l[1-2]\n"
+    )
+    args = ["topo", *_two_nic_dirs(tmp_path, 4), "--slurm-topology", str(topo)]
+    code, out, _ = run([*args, "--ring-size", "16", "-o", str(tmp_path / "plan.json")], capsys)
+    assert code == 0
+    assert "2 rings of 16 ranks (32 ranks) over 4 nodes" in out
+    assert "leaf l1" in out and "leaf l2" in out and "Worst ring's bottleneck: NET at 100" in out
+    plan = load_plan(tmp_path / "plan.json")
+    assert plan.ring_size == 16 and [g.nodes for g in plan.groups] == [["n1", "n2"], ["n3", "n4"]]
+    assert plan.entry_for("n3", 0).group == 1
+    code, _, err = run([*args, "--ring-size", "5"], capsys)
+    assert code == 2 and "--ring-size 5 does not divide the job's 32 ranks" in err
+    code, _, err = run([*args, "--nvlink-blocks"], capsys)
+    assert code == 2 and "--nvlink-blocks needs a --slurm-topology with BlockName=" in err
+
+
+def test_plan_written_before_groups_existed_reads_as_one_ring(tmp_path):
+    main(["topo", "--nvidia-smi", str(DGX), "-o", str(tmp_path / "p.json")])
+    data = json.loads((tmp_path / "p.json").read_text())
+    for key in ("groups", "ring_size", "gdr", "assumptions"):
+        del data[key]
+    for entry in data["ring"]:
+        del entry["group"]
+    for hop in data["hops"]:
+        for key in ("src_end", "dst_end", "rate_source", "shared", "group"):
+            del hop[key]
+    old = RingPlan.from_dict(data, "old.json")
+    assert old.ring_size == 8 and [g.ranks for g in old.groups] == [list(range(8))]
+    assert old.groups[0].bottleneck == old.bottleneck
+    data["groups"] = [{"index": 0, "ranks": [0, 1, 2]}, {"index": 1, "ranks": [3, 4, 5, 6, 7]}]
+    with pytest.raises(UserError, match="groups must split ranks 0..7 into equal rings"):
+        RingPlan.from_dict(data, "bad.json")
+
+
+def test_topo_verb_lives_in_commands():
+    import importlib.util
+
+    from ringctl import cli
+    from ringctl.commands import topo
+
+    assert "ringctl.commands.topo" in cli.VERB_MODULES and callable(topo.register)
+    assert importlib.util.find_spec("ringctl.topology.cli") is None  # the topology is a library

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ringctl.errors import UserError
 from ringctl.topology import build_node, load_node_files, plan_ring
+from ringctl.topology.gdr import GdrPolicy
 from ringctl.topology.ibstat import parse_ibstat
 from ringctl.topology.links import DEFAULT_BANDWIDTHS, link_gbps
 from ringctl.topology.nvidia_smi import parse_nvidia_smi
@@ -178,14 +179,21 @@ def test_node_with_only_ethernet_nics_up_uses_roce():
     nics = {n["name"]: n for n in plan.nodes[0]["nics"]}
     assert nics["mlx5_2"]["link_layer"] == "Ethernet" and nics["mlx5_2"]["usable"]
     assert not nics["mlx5_0"]["usable"] and not nics["mlx5_1"]["usable"]
-    # GPU0/1 are PHB to mlx5_2 (100 Gbit/s port), GPU2/3 only SYS (80). The node needs one
-    # SYS hop inside anyway, so the best ring keeps both NV2 pairs and has one end near the NIC.
+    # GPU0/1 are PHB to mlx5_2 (100 Gbit/s port), GPU2/3 SYS: all beyond NCCL's default GDR
+    # distance (PXB), so every network end bounces through host memory at half the port rate.
+    net = [h for h in plan.hops if h.link == "NET"]
+    assert len(net) == 2 and {(h.src_end, h.dst_end) for h in net} == {("host bounce",) * 2}
+    assert plan.bottleneck.link == "NET" and plan.bottleneck.gbps == 50.0
+    # With GDR allowed up to PHB, GPU0/1 reach the NIC directly (100, capped by PHB 150): the
+    # ring enters and leaves each node through them and pays two SYS hops inside instead.
+    phb = plan_ring(nodes, gdr=GdrPolicy("PHB"))
     for node in ("e0", "e1"):
-        order = gpu_order(plan, node)
-        assert {order[0], order[-1]} & {0, 1}
-    assert plan.bottleneck.gbps == DEFAULT_BANDWIDTHS["SYS"]
-    assert sum(h.gbps == plan.bottleneck.gbps for h in plan.hops) == 4
-    assert sorted(h.link for h in plan.hops).count("NV2") == 4
+        order = gpu_order(phb, node)
+        assert {order[0], order[-1]} == {0, 1}
+    net = [h for h in phb.hops if h.link == "NET"]
+    assert {(h.src_end, h.dst_end, h.gbps) for h in net} == {("GDR", "GDR", 100.0)}
+    assert phb.bottleneck.link == "SYS" and phb.bottleneck.gbps == DEFAULT_BANDWIDTHS["SYS"]
+    assert {e.env["NCCL_NET_GDR_LEVEL"] for e in phb.ring} == {"PHB"}
 
 
 def test_each_gpu_gets_its_nearest_usable_nic_ties_to_the_faster_port():

@@ -2,19 +2,23 @@
 
 Parsers (`nvidia_smi`, `ibstat`, `slurm`, `hostlist`) turn raw tool output into a
 `NodeTopology` per node and a `SwitchTopology`; `placement.plan_ring` turns those into a
-`RingPlan`, the JSON the workers read (`plan.load_plan`, `RingPlan.entry_for`).
+`RingPlan`, the JSON the workers read (`plan.load_plan`, `RingPlan.entry_for`,
+`RingPlan.groups` for rings of rings). `gdr` models where the ring leaves a node (GPUDirect
+RDMA or host bounce), `groups` how a job's ranks split into tight rings of N.
 """
 
+from .gdr import GdrPolicy
 from .hostlist import compress, expand
 from .links import DEFAULT_BANDWIDTHS
 from .model import Gpu, Hca, Nic, NodeTopology, Port
 from .nodes import build_node, load_node, load_node_files
 from .placement import order_gpus, order_nodes, plan_ring
-from .plan import Hop, RankEntry, RingPlan, load_plan
+from .plan import Hop, RankEntry, RingGroup, RingPlan, load_plan
 from .slurm import SwitchTopology, parse_slurm_topology
 
 __all__ = [
     "DEFAULT_BANDWIDTHS",
+    "GdrPolicy",
     "Gpu",
     "Hca",
     "Hop",
@@ -22,6 +26,7 @@ __all__ = [
     "NodeTopology",
     "Port",
     "RankEntry",
+    "RingGroup",
     "RingPlan",
     "SwitchTopology",
     "build_node",

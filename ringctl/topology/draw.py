@@ -19,6 +19,7 @@ BOX_W, BOX_H, NIC_H, GAP = 50, 30, 18, 24
 NODES_PER_ROW, NODE_GAP_X, NODE_GAP_Y, SWITCH_ROW = 4, 70, 90, 60
 COLOURS = {
     "NV": "#2e7d32",
+    "MNNVL": "#2e7d32",  # NVLink between nodes of one NVLink domain
     "PIX": "#ef6c00",
     "PXB": "#ef6c00",
     "PHB": "#f9a825",

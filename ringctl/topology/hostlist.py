@@ -5,13 +5,21 @@ Slurm's: top-level commas separate items; inside brackets, commas separate piece
 is a range whose numbers are zero-padded to the width of `a` (`[08-10]` gives 08, 09, 10 and
 `[8-10]` gives 8, 9, 10); several bracket groups in one item expand as a product, leftmost
 slowest; order is kept and duplicates are not removed, because Slurm's task order follows it.
+
+Expansion is bounded: the number of names an expression stands for is counted from its bracket
+ranges first (no name is built), and an expression over MAX_HOSTS names is refused with one
+line. Without the count, `a[1-1000]b[1-1000]c[1-1000]` (10^9 names) would take gigabytes
+before failing; with it, a typo costs nothing. MAX_HOSTS is far above any real cluster (the
+largest have tens of thousands of nodes) and still leaves `n[1-1000000]` expandable.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["HostlistError", "expand", "compress"]
+__all__ = ["MAX_HOSTS", "HostlistError", "compress", "count", "expand"]
+
+MAX_HOSTS = 2_000_000
 
 _TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
 
@@ -41,52 +49,106 @@ def _split_top_level(expr: str) -> list[str]:
     return items
 
 
-def _expand_bracket(body: str, expr: str) -> list[str]:
-    """`001-004,010` -> ['001', '002', '003', '004', '010'] (padding from each lower bound)."""
-    out: list[str] = []
+def _bracket_pieces(body: str, expr: str) -> list[tuple[str, str | None]]:
+    """`001-004,010` -> [('001', '004'), ('010', None)], checked but not expanded."""
+    pieces: list[tuple[str, str | None]] = []
     for piece in body.split(","):
         piece = piece.strip()
         lo, sep, hi = piece.partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
             raise HostlistError(f"expected a number or a range a-b in [{body}] of {expr!r}")
-        if not sep:
+        if sep and int(hi) < int(lo):
+            raise HostlistError(f"range {piece} runs backwards in {expr!r}")
+        pieces.append((lo, hi if sep else None))
+    return pieces
+
+
+def _pieces_count(pieces: list[tuple[str, str | None]]) -> int:
+    return sum(1 if hi is None else int(hi) - int(lo) + 1 for lo, hi in pieces)
+
+
+def _expand_pieces(pieces: list[tuple[str, str | None]]) -> list[str]:
+    """Names of checked pieces (padding from each lower bound)."""
+    out: list[str] = []
+    for lo, hi in pieces:
+        if hi is None:
             out.append(lo)
             continue
-        a, b = int(lo), int(hi)
-        if b < a:
-            raise HostlistError(f"range {piece} runs backwards in {expr!r}")
-        if b - a > 1_000_000:
-            raise HostlistError(f"range {piece} is too large in {expr!r}")
         width = len(lo)
-        out.extend(str(n).zfill(width) for n in range(a, b + 1))
+        numbers = range(int(lo), int(hi) + 1)
+        out.extend(map(str, numbers) if width == 1 else (str(n).zfill(width) for n in numbers))
     return out
 
 
-def _expand_item(item: str, expr: str) -> list[str]:
-    parts = re.split(r"(\[[^\]]*\])", item)
-    names = [""]
-    for part in parts:
+def _parse_item(item: str, expr: str) -> list[str | list[tuple[str, str | None]]]:
+    """An item as its literal parts (str) and bracket pieces (list), in order."""
+    parts: list[str | list[tuple[str, str | None]]] = []
+    for part in re.split(r"(\[[^\]]*\])", item):
         if part.startswith("["):
-            choices = _expand_bracket(part[1:-1], expr)
-        else:
-            if "]" in part:
-                raise HostlistError(f"']' without '[' in {expr!r}")
-            choices = [part]
-        names = [n + c for n in names for c in choices]
-    return names
+            parts.append(_bracket_pieces(part[1:-1], expr))
+        elif "]" in part:
+            raise HostlistError(f"']' without '[' in {expr!r}")
+        elif part:
+            parts.append(part)
+    return parts
 
 
-def expand(expr: str) -> list[str]:
-    """Every host name of a hostlist expression, in Slurm's order (no sorting, no dedup)."""
-    expr = expr.strip()
-    if not expr:
-        return []
-    out: list[str] = []
+def _parse(expr: str) -> list[list[str | list[tuple[str, str | None]]]]:
+    items = []
     for item in _split_top_level(expr):
         item = item.strip()
         if not item:
             raise HostlistError(f"empty item in {expr!r}")
-        out.extend(_expand_item(item, expr))
+        items.append(_parse_item(item, expr))
+    return items
+
+
+def _count_parsed(items, expr: str, limit: int) -> int:
+    """Names the parsed items stand for; refused as soon as the running total passes limit."""
+    total = 0
+    for parts in items:
+        size = 1
+        for part in parts:
+            if isinstance(part, list):
+                size *= _pieces_count(part)
+                if size > limit:
+                    break
+        total += size
+        if total > limit:
+            shown = expr if len(expr) <= 80 else expr[:77] + "..."
+            raise HostlistError(
+                f"{shown!r} stands for more than {limit:,} host names; refusing to expand it"
+            )
+    return total
+
+
+def count(expr: str, limit: int = MAX_HOSTS) -> int:
+    """How many names `expand(expr)` gives, without building them (refused above `limit`)."""
+    expr = expr.strip()
+    return _count_parsed(_parse(expr), expr, limit) if expr else 0
+
+
+def expand(expr: str, limit: int = MAX_HOSTS) -> list[str]:
+    """Every host name of a hostlist expression, in Slurm's order (no sorting, no dedup).
+
+    Raises HostlistError for a malformed expression or one over `limit` names (counted before
+    anything is allocated)."""
+    expr = expr.strip()
+    if not expr:
+        return []
+    items = _parse(expr)
+    _count_parsed(items, expr, limit)
+    out: list[str] = []
+    for parts in items:
+        names = [""]
+        for part in parts:
+            choices = _expand_pieces(part) if isinstance(part, list) else [part]
+            if len(names) == 1:
+                prefix = names[0]
+                names = [prefix + c for c in choices] if prefix else choices
+            else:
+                names = [n + c for n in names for c in choices]
+        out.extend(names)
     return out
 
 

@@ -14,11 +14,17 @@ are nominal, not measured: what matters for placement is their order (NVLink > P
 | PHB  | 150    | through a PCIe host bridge (the CPU)            | the CPU's root complex     |
 | NODE | 120    | between host bridges inside one NUMA node       |                            |
 | SYS  | 80     | across the SMP link between sockets (UPI/xGMI)  | ~10 GB/s peer to peer      |
-| NET  | 100    | between nodes when the port rate is unknown     | EDR InfiniBand             |
+| NET  | 100    | between nodes when the port rate is unknown     | EDR InfiniBand (assumed)   |
+| HOST | 200    | cap of a network end staged through host memory | PCIe 4.0 x16 to host memory|
+| MNNVL| 3600   | NVLink between nodes of one NVLink domain       | NV18 at the NV figure      |
 | SHM  | 400    | between two CPU-only ranks of one node          | shared memory              |
 
-A network hop takes the smaller port rate of its two NICs, and no more than the PCIe path
-from each GPU to its NIC (a GPU two sockets away from its NIC does not get the NIC's rate).
+A network hop takes the slower of its two ends. An end that can use GPUDirect RDMA moves at its
+NIC's port rate capped by the PCIe path from the GPU to that NIC; an end beyond NCCL's GDR
+distance bounces through host memory: half its port rate, capped by HOST (see gdr.py). Without
+`ibstat` the port rate is unknown and NET is *assumed*: the plan says so. MNNVL is used for a
+hop between two nodes of one multi-node NVLink domain (GB200/GB300 NVL72) when a node's matrix
+shows no NVLink to scale from; otherwise such a hop runs at the GPUs' own NVLink figure.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ DEFAULT_BANDWIDTHS: dict[str, float] = {
     "NODE": 120.0,
     "SYS": 80.0,
     "NET": 100.0,
+    "HOST": 200.0,
+    "MNNVL": 3600.0,
     "SHM": 400.0,
 }
 

@@ -15,7 +15,7 @@ from .ibstat import parse_hca_text
 from .model import Hca, Nic, NodeTopology
 from .nvidia_smi import SmiTopology, parse_nvidia_smi
 
-__all__ = ["build_node", "load_node", "load_node_files", "parse_node_arg"]
+__all__ = ["build_node", "load_node", "load_node_files", "parse_node_arg", "read_text"]
 
 SMI_FILE = "nvidia-smi-topo.txt"
 HCA_FILES = ("ibstat.txt", "ibv_devinfo.txt")
@@ -73,11 +73,24 @@ def build_node(
     return node
 
 
-def _read(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """A tool output as text; a binary or non-UTF-8 file is refused in one line (the tools
+    print ASCII, so such a file is the wrong file, not a format to guess at)."""
     try:
-        return path.read_text()
+        data = path.read_bytes()
     except OSError as err:
         raise UserError(f"{path}: cannot read ({err.strerror})") from None
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise UserError(
+            f"{path}: a binary file (NUL byte at {nul}), expected the text output of the tool"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{path}: not UTF-8 text (byte {err.start}), expected the text output of the tool"
+        ) from None
 
 
 def load_node_files(
@@ -86,21 +99,24 @@ def load_node_files(
     """A node from an `nvidia-smi topo -m` file and optionally an ibstat/ibv_devinfo file."""
     smi = None
     if nvidia_smi is not None:
-        smi = parse_nvidia_smi(_read(Path(nvidia_smi)), str(nvidia_smi))
+        smi = parse_nvidia_smi(read_text(Path(nvidia_smi)), str(nvidia_smi))
     hcas = None
     if hca_file is not None:
-        hcas = parse_hca_text(_read(Path(hca_file)), str(hca_file))
+        hcas = parse_hca_text(read_text(Path(hca_file)), str(hca_file))
     return build_node(name, smi, hcas)
 
 
 def _load_probe(path: Path, name: str | None) -> NodeTopology:
-    text = _read(path)
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{path}:{err.lineno}: expected a probe JSON ({err.msg})") from None
     if not isinstance(data, dict) or "nvidia_smi_topo" not in data:
         raise UserError(f"{path}:1: expected a probe JSON with key nvidia_smi_topo")
+    for key in ("nvidia_smi_topo", "ibstat", "ibv_devinfo", "node"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise UserError(f"{path}: key {key} must be a string or null")
     node_name = name or data.get("node") or path.stem
     smi_text = data.get("nvidia_smi_topo")
     smi = parse_nvidia_smi(smi_text, f"{path}[nvidia_smi_topo]") if smi_text else None

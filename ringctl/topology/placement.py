@@ -1,27 +1,36 @@
-"""Place the ring: order the nodes by switch, the GPUs inside each node by link, and give each
-rank its NIC, NUMA node and environment.
+"""Place the ring: order the nodes by switch, the GPUs inside each node by link, cut the ranks
+into rings of `ring_size`, and give each rank its NIC, NUMA node and environment.
 
-In ring attention every rank sends its K/V block to the next rank at every step, so the ring
-runs at the pace of its slowest hop. Hence, in this order:
+In ring attention every rank sends its K/V block to the next rank of its ring at every step,
+so a ring runs at the pace of its slowest hop. Hence, in this order:
 
-* nodes under one leaf switch are neighbours in the ring (a depth-first walk of Slurm's tree),
-  so the ring crosses switch boundaries the minimal number of times;
+* nodes under one leaf switch are neighbours (a depth-first walk of Slurm's tree), so the ring
+  crosses switch boundaries the minimal number of times; with `ring_size` the rings are packed
+  inside nodes, NVLink domains and leaves first (`groups.py`);
 * inside a node, the GPUs form a path (a cycle when the ring is one node) with the best
   bottleneck, then the fewest hops at that bottleneck, then the most bandwidth (`search.py`);
-  a path's ends are scored by their link to a usable NIC, so entry and exit GPUs are the ones
-  closest (PIX/PXB) to a fast NIC;
-* each GPU uses its nearest usable NIC (down or unlisted NICs are skipped), ties going to the
-  faster port.
+  a path's first GPU receives from the network and its last one sends to it, so each end is
+  scored by the rate it gets through its best NIC, GPUDirect RDMA or host bounce (`gdr.py`):
+  the ring enters and leaves a node through the GPUs that sit next to a usable NIC;
+* the exit GPU takes a different NIC from the entry GPU when an equally fast one exists; every
+  other GPU uses its nearest usable NIC (down or unlisted NICs are skipped);
+* ranks that send (or receive) through one NIC at once share its rate (`Hop.shared`).
+
+Nodes with identical layouts are ordered once (`_NodeCache`), which is what keeps 4,096 nodes
+in seconds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ..errors import UserError
+from .gdr import GdrPolicy, NicEnd, best_nic, end_gbps, gdr_env, is_c2c
+from .groups import Layout, NodeRole, choose_layout, partition_cycles
 from .links import link_gbps, merge_bandwidths, nic_path_rank
 from .model import Nic, NodeTopology
-from .plan import Hop, RankEntry, RingPlan
+from .plan import Hop, RankEntry, RingGroup, RingPlan
 from .search import best_order
 from .slurm import SwitchTopology
 
@@ -29,7 +38,7 @@ __all__ = ["assign_nics", "nic_for_gpu", "order_gpus", "order_nodes", "plan_ring
 
 
 def assign_nics(node: NodeTopology) -> list[int | None]:
-    """For each GPU (by position), the index in `node.nics` of its NIC, or None.
+    """For each GPU (by position), the index in `node.nics` of its nearest NIC, or None.
 
     Nearest usable NIC first (PIX < PXB < PHB < NODE < SYS), then the faster port, then the
     NIC fewer GPUs already use (so GPU0 and GPU1 sharing a switch with mlx5_0 and mlx5_1 get
@@ -53,21 +62,8 @@ def assign_nics(node: NodeTopology) -> list[int | None]:
 
 
 def nic_for_gpu(node: NodeTopology, gpu_pos: int) -> int | None:
-    """Index in `node.nics` of the NIC the GPU at position `gpu_pos` should use, or None."""
+    """Index in `node.nics` of the nearest NIC of the GPU at position `gpu_pos`, or None."""
     return assign_nics(node)[gpu_pos]
-
-
-def _attach_gbps(node: NodeTopology, gpu_pos: int | None, table: Mapping[str, float]) -> float:
-    """What a rank can push into the network: its NIC's rate, capped by the PCIe path to it."""
-    nics = [(j, n) for j, n in enumerate(node.nics) if n.usable]
-    if gpu_pos is None:  # a CPU rank: the node's fastest usable NIC
-        rates = [n.rate_gbps or table["NET"] for _, n in nics]
-        return max(rates) if rates else table["NET"]
-    j = nic_for_gpu(node, gpu_pos)
-    if j is None:
-        return table["NET"]
-    rate = node.nics[j].rate_gbps or table["NET"]
-    return min(rate, link_gbps(node.gpu_nic_links[gpu_pos][j], table))
 
 
 def _gpu_weights(node: NodeTopology, table: Mapping[str, float]) -> list[list[float]]:
@@ -78,24 +74,43 @@ def _gpu_weights(node: NodeTopology, table: Mapping[str, float]) -> list[list[fl
     ]
 
 
+def nvlink_gbps(node: NodeTopology, gpu: int, table: Mapping[str, float]) -> float:
+    """What one GPU moves over NVLink to another node of its NVLink domain: its own fastest
+    NVLink figure in the node's matrix, else the MNNVL default."""
+    rates = [link_gbps(t, table) for t in node.gpu_links[gpu] if t.startswith("NV")]
+    return max(rates) if rates else table["MNNVL"]
+
+
+def _end_weights(node, kind: str, send: bool, policy, table) -> list[float]:
+    if kind == "nvlink":
+        return [nvlink_gbps(node, i, table) for i in range(len(node.gpus))]
+    return [best_nic(node, i, send, policy, table).gbps for i in range(len(node.gpus))]
+
+
 def order_gpus(
     node: NodeTopology,
     count: int | None = None,
     *,
     cycle: bool,
     bandwidths: Mapping[str, float] | None = None,
+    gdr: GdrPolicy | None = None,
+    entry: str = "net",
+    exit: str = "net",
 ) -> list[int]:
     """Positions (into `node.gpus`) of `count` GPUs in ring order.
 
     `cycle=True`: the whole ring is this node, wrap-around included. Otherwise a path whose
-    first and last GPU talk to the network, scored by their link to their NIC.
+    first GPU receives from the previous node and whose last GPU sends to the next one, over
+    the network ("net", scored by GPUDirect reach to a NIC) or NVLink ("nvlink").
     """
     table = merge_bandwidths(bandwidths)
     w = _gpu_weights(node, table)
     if cycle:
         return best_order(w, count, cycle=True)
-    attach = [_attach_gbps(node, i, table) for i in range(len(node.gpus))]
-    return best_order(w, count, cycle=False, start_w=attach, end_w=attach)
+    policy = gdr or GdrPolicy()
+    start_w = _end_weights(node, entry, False, policy, table)
+    end_w = _end_weights(node, exit, True, policy, table)
+    return best_order(w, count, cycle=False, start_w=start_w, end_w=end_w)
 
 
 def order_nodes(
@@ -108,30 +123,115 @@ def order_nodes(
     return sorted(nodes, key=lambda n: rank.get(n.name, len(rank)))
 
 
-def _switch_path(switches: SwitchTopology | None, node: str) -> list[str]:
-    """[leaf, its parent, ..., top] for a node; empty when the node is not in the layout."""
-    if switches is None:
-        return []
-    leaf = switches.leaf_of(node)
-    path: list[str] = []
-    while leaf is not None and leaf not in path:
-        path.append(leaf)
-        leaf = next((g.name for g in switches.groups.values() if path[-1] in g.children), None)
-    return path
+@dataclass
+class _Placed:
+    """One node's share of the placement: GPU positions in ring order and each rank's NIC."""
+
+    positions: list[int | None]  # GPU positions, or None per CPU rank
+    nics: list[int | None]  # index into node.nics per rank
+    send: dict[int, NicEnd]  # local rank -> its send end (ranks that leave the node)
+    recv: dict[int, NicEnd]  # local rank -> its receive end (ranks that enter it)
 
 
-def _node_dict(node: NodeTopology, path: list[str]) -> dict:
-    nics = node.nics
+class _NodeCache:
+    """Placement of a node, shared by every node with the same layout and role."""
+
+    def __init__(self, table: Mapping[str, float], policy: GdrPolicy, size: int) -> None:
+        self.table, self.policy, self.size = table, policy, size
+        self.memo: dict[tuple, _Placed] = {}
+
+    def place(self, node: NodeTopology, count: int, role: NodeRole) -> _Placed:
+        key = (
+            tuple(map(tuple, node.gpu_links)),
+            tuple(map(tuple, node.gpu_nic_links)),
+            tuple((n.usable, n.rate_gbps) for n in node.nics),
+            count,
+            role,
+        )
+        if key not in self.memo:
+            self.memo[key] = self._place(node, count, role)
+        return self.memo[key]
+
+    def _place(self, node: NodeTopology, count: int, role: NodeRole) -> _Placed:
+        if not node.gpus:
+            return self._cpu(node, count)
+        nearest = assign_nics(node)
+        if role.mode == "path":
+            pos = order_gpus(
+                node,
+                count,
+                cycle=False,
+                bandwidths=self.table,
+                gdr=self.policy,
+                entry=role.entry,
+                exit=role.exit,
+            )
+        else:
+            pos = order_gpus(node, count, cycle=True, bandwidths=self.table)
+            if role.mode == "cycles":
+                cycles = partition_cycles(_gpu_weights(node, self.table), pos, self.size)
+                pos = [p for c in cycles for p in c]
+        nics = [nearest[p] for p in pos]
+        placed = _Placed(list(pos), nics, {}, {})
+        if role.mode == "path":
+            self._ends(node, role, placed)
+        return placed
+
+    def _ends(self, node: NodeTopology, role: NodeRole, placed: _Placed) -> None:
+        """NICs of the entry (first) and exit (last) rank of a path, GDR-aware."""
+        first, last = 0, len(placed.positions) - 1
+        p_in, p_out = placed.positions[first], placed.positions[last]
+        args = (self.policy, self.table)
+        recv = best_nic(node, p_in, False, *args) if role.entry == "net" else None
+        if role.exit == "net":
+            avoid = recv.nic if recv is not None else None
+            send = best_nic(node, p_out, True, *args, avoid=avoid if last != first else None)
+            placed.send[last] = send
+            if send.nic is not None:
+                placed.nics[last] = send.nic
+        if recv is not None:
+            if last == first and role.exit == "net" and placed.send[last].nic is not None:
+                recv = end_gbps(node, p_in, placed.send[last].nic, False, *args)  # one HCA
+            placed.recv[first] = recv
+            if recv.nic is not None:
+                placed.nics[first] = recv.nic
+
+    def _cpu(self, node: NodeTopology, count: int) -> _Placed:
+        usable = [j for j, n in enumerate(node.nics) if n.usable]
+        j = max(usable, key=lambda k: node.nics[k].rate_gbps or 0.0) if usable else None
+        rate = node.nics[j].rate_gbps if j is not None else None
+        end = NicEnd(j, "host", rate or self.table["NET"], rate is None)  # a CPU rank
+        ends = {r: end for r in range(count)}
+        return _Placed([None] * count, [j] * count, ends, dict(ends))
+
+
+def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu.index)
+    if nic is not None and gpu is not None:
+        # '=' asks NCCL for an exact name: plain 'mlx5_1' would also match mlx5_10, mlx5_11.
+        env["NCCL_IB_HCA"] = f"={nic.name}" + (f":{nic.port}" if nic.port else "")
+        env.update(gdr_env(policy, node))
+    if gpu is not None and gpu.numa is not None:
+        env["RINGCTL_NUMA_NODE"] = str(gpu.numa)
+    if gpu is not None and gpu.cpu_affinity and gpu.cpu_affinity != "N/A":
+        env["RINGCTL_CPU_AFFINITY"] = gpu.cpu_affinity
+    return env
+
+
+def _node_dict(node: NodeTopology, path: list[str], chosen: dict[int, int | None]) -> dict:
+    nearest = assign_nics(node)
     gpus = []
     for i, g in enumerate(node.gpus):
-        j = nic_for_gpu(node, i)
+        j = chosen.get(i, nearest[i])
         gpus.append(
             {
                 "index": g.index,
                 "numa": g.numa,
                 "numa_affinity": g.numa_affinity,
                 "cpu_affinity": g.cpu_affinity,
-                "nic": nics[j].name if j is not None else None,
+                "nic": node.nics[j].name if j is not None else None,
             }
         )
     return {
@@ -150,25 +250,41 @@ def _node_dict(node: NodeTopology, path: list[str]) -> dict:
                 "rate_gbps": n.rate_gbps,
                 "link_layer": n.link_layer,
             }
-            for n in nics
+            for n in node.nics
         ],
         "gpu_links": node.gpu_links,
         "gpu_nic_links": node.gpu_nic_links,
     }
 
 
-def _env(nic: Nic | None, gpu_index: int | None, numa: int | None, cpus: str | None) -> dict:
-    env: dict[str, str] = {}
-    if gpu_index is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu_index)
-    if nic is not None:
-        # '=' asks NCCL for an exact name: plain 'mlx5_1' would also match mlx5_10, mlx5_11.
-        env["NCCL_IB_HCA"] = f"={nic.name}" + (f":{nic.port}" if nic.port else "")
-    if numa is not None:
-        env["RINGCTL_NUMA_NODE"] = str(numa)
-    if cpus and cpus != "N/A":
-        env["RINGCTL_CPU_AFFINITY"] = cpus
-    return env
+def _check(nodes: Sequence[NodeTopology], ranks_per_node: int | None) -> None:
+    if not nodes:
+        raise UserError("no node to place the ring on")
+    seen: set[str] = set()
+    for n in nodes:
+        if n.name in seen:
+            raise UserError(f"node {n.name} is given twice")
+        seen.add(n.name)
+    if ranks_per_node is not None and ranks_per_node < 1:
+        raise UserError("--ranks-per-node must be at least 1")
+    for node in nodes:
+        if node.gpus and ranks_per_node is not None and ranks_per_node > len(node.gpus):
+            raise UserError(
+                f"node {node.name} has {len(node.gpus)} GPUs, fewer than "
+                f"--ranks-per-node {ranks_per_node}"
+            )
+
+
+def _domains(ordered, paths, switches, nvlink_blocks: bool) -> list[str | None]:
+    """The multi-node NVLink domain of each node: its Slurm block, when blocks are NVLink."""
+    if not nvlink_blocks or switches is None:
+        return [None] * len(ordered)
+    out = []
+    for n in ordered:
+        leaf = paths[n.name][0] if paths[n.name] else None
+        group = switches.groups.get(leaf) if leaf else None
+        out.append(leaf if group is not None and group.kind == "block" else None)
+    return out
 
 
 def plan_ring(
@@ -176,50 +292,71 @@ def plan_ring(
     switch_topology: SwitchTopology | None = None,
     ranks_per_node: int | None = None,
     bandwidths: Mapping[str, float] | None = None,
+    *,
+    ring_size: int | None = None,
+    gdr: GdrPolicy | None = None,
+    nvlink_blocks: bool = False,
 ) -> RingPlan:
-    """Place a ring over `nodes`: every GPU of every node, or `ranks_per_node` of them.
+    """Place the ranks over `nodes`: every GPU of every node, or `ranks_per_node` of them, as
+    one ring or as rings of `ring_size` consecutive ranks.
 
-    Nodes without GPUs get `ranks_per_node` (default 1) CPU ranks with gpu null. Raises
-    UserError when the request cannot be met (no node, more ranks than GPUs, a name twice).
+    Nodes without GPUs get `ranks_per_node` (default 1) CPU ranks with gpu null.
+    `nvlink_blocks`: Slurm blocks are multi-node NVLink domains (GB200/GB300 NVL72), so hops
+    between nodes of one block are NVLink. Raises UserError when the request cannot be met.
     """
-    if not nodes:
-        raise UserError("no node to place the ring on")
-    names = [n.name for n in nodes]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise UserError(f"node {dup} is given twice")
-    if ranks_per_node is not None and ranks_per_node < 1:
-        raise UserError("--ranks-per-node must be at least 1")
+    _check(nodes, ranks_per_node)
     try:
         table = merge_bandwidths(bandwidths)
     except ValueError as err:
         raise UserError(str(err)) from None
-
+    policy = gdr or GdrPolicy()
     ordered = order_nodes(nodes, switch_topology)
-    single = len(ordered) == 1
+    paths = {
+        n.name: switch_topology.switch_path(n.name) if switch_topology else [] for n in ordered
+    }
+    counts = [(ranks_per_node or len(n.gpus)) if n.gpus else (ranks_per_node or 1) for n in ordered]
+    domains = _domains(ordered, paths, switch_topology, nvlink_blocks)
+    layout = choose_layout(counts, [n.name for n in ordered], paths, ring_size, domains)
+    cache = _NodeCache(table, policy, layout.ring_size)
+    placed = {i: cache.place(ordered[i], counts[i], layout.roles[i]) for i in layout.sequence}
+    ring, where = _rank_entries(ordered, layout, placed, policy)
+    given_net = any(k.upper() == "NET" for k in (bandwidths or {}))
+    hops, groups = _rings(ring, where, ordered, layout, placed, paths, domains, table, policy)
+    for h in hops:
+        if h.rate_source == "assumed" and given_net:
+            h.rate_source = "given"
+    bottleneck = min(hops, key=lambda h: h.gbps) if hops else None
+    chosen: dict[str, dict[int, int | None]] = {}
+    for e, (i, local) in zip(ring, where, strict=True):
+        pos = placed[i].positions[local]
+        if pos is not None:
+            chosen.setdefault(e.node, {})[pos] = placed[i].nics[local]
+    node_dicts = [
+        _node_dict(ordered[i], paths[ordered[i].name], chosen.get(ordered[i].name, {}))
+        for i in layout.sequence
+    ]
+    return RingPlan(
+        ring=ring,
+        hops=hops,
+        bottleneck=bottleneck,
+        nodes=node_dicts,
+        bandwidths=table,
+        groups=groups,
+        ring_size=layout.ring_size,
+        gdr={"level": policy.modelled_level, "read": policy.read},
+        assumptions=_assumptions(hops, table, given_net)
+        + _c2c_note(ordered, policy, any(h.link == "NET" for h in hops)),
+    )
+
+
+def _rank_entries(ordered, layout: Layout, placed, policy) -> tuple[list[RankEntry], list]:
     ring: list[RankEntry] = []
-    where: list[tuple[NodeTopology, int | None]] = []  # (node, gpu position) per rank
-    for node in ordered:
-        if node.gpus:
-            count = len(node.gpus) if ranks_per_node is None else ranks_per_node
-            if count > len(node.gpus):
-                raise UserError(
-                    f"node {node.name} has {len(node.gpus)} GPUs, fewer than "
-                    f"--ranks-per-node {count}"
-                )
-            positions: list[int | None] = list(
-                order_gpus(node, count, cycle=single, bandwidths=table)
-            )
-        else:
-            positions = [None] * (ranks_per_node or 1)
-        for local, pos in enumerate(positions):
-            nic = None
-            if pos is not None:
-                j = nic_for_gpu(node, pos)
-                nic = node.nics[j] if j is not None else None
-            elif node.nics:
-                usable = [n for n in node.nics if n.usable]
-                nic = max(usable, key=lambda n: n.rate_gbps or 0.0) if usable else None
+    where: list[tuple[int, int]] = []  # (node index, local rank) per rank
+    for i in layout.sequence:
+        node, p = ordered[i], placed[i]
+        for local, pos in enumerate(p.positions):
+            j = p.nics[local]
+            nic = node.nics[j] if j is not None else None
             gpu = node.gpus[pos] if pos is not None else None
             ring.append(
                 RankEntry(
@@ -232,36 +369,152 @@ def plan_ring(
                     numa=gpu.numa if gpu else None,
                     numa_affinity=gpu.numa_affinity if gpu else None,
                     cpu_affinity=gpu.cpu_affinity if gpu else None,
-                    env=_env(
-                        nic,
-                        gpu.index if gpu else None,
-                        gpu.numa if gpu else None,
-                        gpu.cpu_affinity if gpu else None,
-                    ),
+                    env=_env(node, nic, gpu, policy),
+                    group=len(ring) // layout.ring_size,
                 )
             )
-            where.append((node, pos))
+            where.append((i, local))
+    return ring, where
 
-    paths = {n.name: _switch_path(switch_topology, n.name) for n in ordered}
-    hops: list[Hop] = []
-    size = len(ring)
-    for src in range(size if size > 1 else 0):
-        dst = (src + 1) % size
-        (a, pa), (b, pb) = where[src], where[dst]
-        if a is b:
-            link = a.gpu_links[pa][pb] if pa is not None else "SHM"
-            hops.append(Hop(src, dst, link, link_gbps(link, table)))
-            continue
-        gbps = min(_attach_gbps(a, pa, table), _attach_gbps(b, pb, table))
-        leaf_a = paths[a.name][0] if paths[a.name] else None
-        leaf_b = paths[b.name][0] if paths[b.name] else None
-        crosses = leaf_a != leaf_b
-        hops.append(Hop(src, dst, "NET", gbps, ring[src].nic, ring[dst].nic, crosses))
-    bottleneck = min(hops, key=lambda h: h.gbps) if hops else None
-    return RingPlan(
-        ring=ring,
-        hops=hops,
-        bottleneck=bottleneck,
-        nodes=[_node_dict(n, paths[n.name]) for n in ordered],
-        bandwidths=table,
+
+def _rings(ring, where, ordered, layout, placed, paths, domains, table, policy):
+    """Every ring's hops (with NIC sharing applied) and the groups with their bottlenecks."""
+    size = layout.ring_size
+    pairs = []
+    for start in range(0, len(ring) if size > 1 else 0, size):
+        members = list(range(start, start + size))
+        pairs += zip(members, members[1:] + members[:1], strict=True)
+    context = (ring, where, ordered, placed, paths, domains, table, policy)
+    hops = [_hop(a, b, *context) for a, b in pairs]
+    _share_nics(hops, where)
+    by_group: dict[int, list[Hop]] = {}
+    for h in hops:
+        by_group.setdefault(h.group, []).append(h)
+    domain_of = {n.name: domains[i] for i, n in enumerate(ordered)}
+    groups = []
+    for g, start in enumerate(range(0, len(ring), size)):
+        mine = by_group.get(g, [])
+        names = list(dict.fromkeys(ring[r].node for r in range(start, start + size)))
+        groups.append(
+            RingGroup(
+                index=g,
+                ranks=list(range(start, start + size)),
+                bottleneck=min(mine, key=lambda h: h.gbps) if mine else None,
+                nodes=names,
+                span=_span(names, paths, domain_of),
+            )
+        )
+    return hops, groups
+
+
+def _hop(a, b, ring, where, ordered, placed, paths, domains, table, policy) -> Hop:
+    (ia, la), (ib, lb) = where[a], where[b]
+    na, nb = ordered[ia], ordered[ib]
+    pa, pb = placed[ia].positions[la], placed[ib].positions[lb]
+    group = ring[a].group
+    if ia == ib:
+        link = na.gpu_links[pa][pb] if pa is not None else "SHM"
+        return Hop(a, b, link, link_gbps(link, table), group=group)
+    leaf_a = paths[na.name][0] if paths[na.name] else None
+    leaf_b = paths[nb.name][0] if paths[nb.name] else None
+    crosses = leaf_a != leaf_b
+    if domains[ia] is not None and domains[ia] == domains[ib]:
+        gbps = min(
+            nvlink_gbps(na, pa, table) if pa is not None else table["MNNVL"],
+            nvlink_gbps(nb, pb, table) if pb is not None else table["MNNVL"],
+        )
+        return Hop(
+            a,
+            b,
+            "MNNVL",
+            gbps,
+            crosses_switch=False,
+            src_end="NVLink",
+            dst_end="NVLink",
+            group=group,
+        )
+    send = placed[ia].send.get(la) or _other_end(na, pa, placed[ia].nics[la], True, table, policy)
+    recv = placed[ib].recv.get(lb) or _other_end(nb, pb, placed[ib].nics[lb], False, table, policy)
+    source = "assumed" if send.assumed or recv.assumed else "ibstat"
+    return Hop(
+        a,
+        b,
+        "NET",
+        min(send.gbps, recv.gbps),
+        ring[a].nic,
+        ring[b].nic,
+        crosses,
+        send.mode,
+        recv.mode,
+        source,
+        1,
+        group,
     )
+
+
+def _other_end(node, pos, nic, send: bool, table, policy) -> NicEnd:
+    """The end of a rank that is not a path end of its node (consecutive-rank rings)."""
+    if pos is None or nic is None:
+        rate = node.nics[nic].rate_gbps if nic is not None else None
+        return NicEnd(nic, "host" if pos is None else "no NIC", rate or table["NET"], rate is None)
+    return end_gbps(node, pos, nic, send, policy, table)
+
+
+def _share_nics(hops: list[Hop], where) -> None:
+    """Ranks that send (receive) through one NIC at the same time split its rate."""
+    users: dict[tuple, int] = {}
+    keys = []
+    for h in hops:
+        if h.link != "NET":
+            keys.append(None)
+            continue
+        k_out = ("out", where[h.src][0], h.src_nic) if h.src_nic else None
+        k_in = ("in", where[h.dst][0], h.dst_nic) if h.dst_nic else None
+        for k in (k_out, k_in):
+            if k is not None:
+                users[k] = users.get(k, 0) + 1
+        keys.append((k_out, k_in))
+    for h, ks in zip(hops, keys, strict=True):
+        if ks is None:
+            continue
+        shared = max((users[k] for k in ks if k is not None), default=1)
+        if shared > 1:
+            h.shared, h.gbps = shared, h.gbps / shared
+
+
+def _span(names, paths, domain_of) -> str:
+    if len(names) == 1:
+        return "node"
+    doms = {domain_of[n] for n in names}
+    if len(doms) == 1 and None not in doms:
+        return f"nvlink domain {doms.pop()}"
+    leaves = {paths[n][0] if paths[n] else None for n in names}
+    if len(leaves) == 1 and None not in leaves:
+        return f"leaf {leaves.pop()}"
+    return "crosses switches" if any(paths[n] for n in names) else "network"
+
+
+def _c2c_note(ordered, policy: GdrPolicy, has_net: bool) -> list[str]:
+    c2c = [n.name for n in ordered if is_c2c(n)]
+    if not c2c or not has_net or policy.level is not None:
+        return []
+    return [
+        f"{len(c2c)} node(s) with coherent NVLink-C2C GPUs (first {c2c[0]}): NCCL may use "
+        "GPUDirect through C2C there (its default level P2C, left unpinned); their "
+        "host-bounce ends are a lower bound"
+    ]
+
+
+def _assumptions(hops: list[Hop], table, given_net: bool) -> list[str]:
+    out = []
+    if any(h.rate_source == "assumed" for h in hops):
+        out.append(
+            f"network port rate assumed {table['NET']:g} Gbit/s (no ibstat for some NIC): "
+            "give ibstat, or --bandwidth NET=GBPS"
+        )
+    if any(h.src_end == "host bounce" or h.dst_end == "host bounce" for h in hops):
+        out.append(
+            "a host-bounce end moves at half its port rate, at most "
+            f"HOST={table['HOST']:g} Gbit/s (nominal; --bandwidth HOST=GBPS)"
+        )
+    return out

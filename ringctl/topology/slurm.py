@@ -5,11 +5,16 @@ Both are lines of `Key=value` words, so one reader serves both: `scontrol show t
 of a node is its lowest-level switch, not just any switch naming it. The placement only needs
 one fact per node, the group it hangs under (leaf switch, block or ring), and an order of the
 groups in which neighbours share as much of the tree as possible: a depth-first walk.
+
+Lookups are linear in the size of the file: the leaf of every node and the parent of every
+switch are indexed once (`_index`), so a 4,096-node tree or a million-node hostlist costs one
+pass, not one scan of every group per node.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import UserError
 from .hostlist import HostlistError, expand
@@ -37,6 +42,7 @@ class SwitchTopology:
 
     groups: dict[str, Group] = field(default_factory=dict)
     block_sizes: list[int] = field(default_factory=list)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def by_kind(self, kind: str) -> list[Group]:
         return [g for g in self.groups.values() if g.kind == kind]
@@ -64,43 +70,74 @@ class SwitchTopology:
             level(name)
         return levels
 
+    def _index(self) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
+        """(leaf of each node, parent of each switch, level of each group), built once.
+
+        The leaf of a node is its lowest-level switch, else its block, else its ring (first in
+        file order among equals), matching how Slurm's plugins see a node."""
+        if "leaf" in self._cache:
+            return self._cache["leaf"], self._cache["parent"], self._cache["levels"]
+        levels = self._levels()
+        kind_rank = {"switch": 0, "block": 1, "ring": 2}
+        # write the least preferred groups first, so the preferred one is written last: by
+        # (kind, level) descending, and among equals the first in the file last
+        ranked = sorted(
+            reversed(list(self.groups.values())),
+            key=lambda g: (kind_rank[g.kind], levels[g.name]),
+            reverse=True,
+        )
+        leaf: dict[str, str] = {}
+        for g in ranked:
+            leaf.update(dict.fromkeys(g.nodes, g.name))
+        parent: dict[str, str] = {}
+        for g in self.groups.values():
+            for child in g.children:
+                parent.setdefault(child, g.name)
+        self._cache.update(leaf=leaf, parent=parent, levels=levels)
+        return leaf, parent, levels
+
     def leaf_of(self, node: str, levels: dict[str, int] | None = None) -> str | None:
         """The group a node hangs under: its lowest switch, else its block, else its ring."""
-        levels = levels or self._levels()
-        for kind in ("switch", "block", "ring"):
-            holders = [g for g in self.by_kind(kind) if node in g.nodes]
-            if holders:
-                return min(holders, key=lambda g: levels[g.name]).name
-        return None
+        return self._index()[0].get(node)
+
+    def switch_path(self, node: str) -> list[str]:
+        """[leaf, its parent, ..., top] for a node; empty when the layout does not list it."""
+        leaf, parent, _ = self._index()
+        path: list[str] = []
+        name = leaf.get(node)
+        while name is not None and name not in path:
+            path.append(name)
+            name = parent.get(name)
+        return path
 
     def node_order(self) -> list[str]:
         """Every node once, so that nodes of one leaf are together and leaves under one parent
         switch are together: a depth-first walk from the top switches, children in listing
         order; then blocks and rings in file order for nodes that no switch holds."""
-        levels = self._levels()
+        leaf, _, levels = self._index()
         order: list[str] = []
         seen: set[str] = set()
         child_names = {c for g in self.groups.values() for c in g.children}
         switches = self.by_kind("switch")
-        leaf = {n: self.leaf_of(n, levels) for g in self.groups.values() for n in g.nodes}
+        visited: set[str] = set()
 
-        def walk(name: str, path: frozenset[str]) -> None:
-            g = self.groups.get(name)
-            if g is None or name in path:
-                return
-            for n in g.nodes:
-                if n not in seen and leaf.get(n) == name:
-                    seen.add(n)
-                    order.append(n)
-            for child in g.children:
-                walk(child, path | {name})
+        def walk(name: str) -> None:
+            stack = [name]
+            while stack:
+                g = self.groups.get(stack.pop())
+                if g is None or g.name in visited:
+                    continue
+                visited.add(g.name)
+                for n in g.nodes:
+                    if n not in seen and leaf.get(n) == g.name:
+                        seen.add(n)
+                        order.append(n)
+                stack.extend(reversed(g.children))
 
         roots = [g for g in switches if g.name not in child_names]
         roots.sort(key=lambda g: -levels[g.name])  # stable: file order among equals
-        for g in roots + switches:
-            walk(g.name, frozenset())
-        for g in self.by_kind("block") + self.by_kind("ring"):
-            walk(g.name, frozenset())
+        for g in roots + switches + self.by_kind("block") + self.by_kind("ring"):
+            walk(g.name)
         return order
 
 

@@ -1,4 +1,5 @@
-"""`ringctl topo` and `ringctl topo probe`: argument parsing and printing only."""
+"""`ringctl topo` and `ringctl topo probe`: argument parsing and printing only (the placement
+itself is ringctl.topology)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,25 @@ import sys
 from pathlib import Path
 
 from ..errors import UserError
-from .draw import draw_svg
-from .links import DEFAULT_BANDWIDTHS
-from .nodes import load_node, load_node_files, parse_node_arg
-from .placement import plan_ring
-from .probe import write_probe
-from .report import print_plan
-from .slurm import SwitchTopology, parse_slurm_topology
+from ..topology.draw import draw_svg
+from ..topology.gdr import GDR_LEVELS, GDR_READ_CHOICES, GdrPolicy
+from ..topology.links import DEFAULT_BANDWIDTHS
+from ..topology.nodes import load_node, load_node_files, parse_node_arg, read_text
+from ..topology.placement import plan_ring
+from ..topology.probe import write_probe
+from ..topology.report import print_plan
+from ..topology.slurm import SwitchTopology, parse_slurm_topology
 
 DESCRIPTION = """\
-Place the ring of ring attention where the links are fastest, and write the plan the workers
+Place the ring of ring attention where the links are fastest, and write the placement the workers
 read. Every rank sends to the next at every step, so the slowest hop sets the pace: inside a
 node the GPUs are ordered by NVLink/PCIe links (bottleneck first, then total bandwidth), across
-nodes the nodes under one leaf switch are kept together, and each GPU gets its nearest usable
-NIC. Inputs are the raw outputs of `nvidia-smi topo -m`, `ibstat` (or `ibv_devinfo`) and
-Slurm's topology.conf or `scontrol show topology`, or the JSON written by `ringctl topo probe`.
+nodes the nodes under one leaf switch are kept together, and a node is entered and left through
+GPUs with GPUDirect RDMA reach to a usable NIC (else the hop is marked "host bounce"). With
+--ring-size N the ranks form rings of N, packed inside nodes, NVLink domains and leaves first,
+and each ring's bottleneck is reported. Inputs are the raw outputs of `nvidia-smi topo -m`,
+`ibstat` (or `ibv_devinfo`) and Slurm's topology.conf or `scontrol show topology`, or the JSON
+written by `ringctl topo probe`.
 """
 
 EPILOG = """\
@@ -31,13 +36,16 @@ examples:
   several nodes (probe JSON files or directories holding nvidia-smi-topo.txt and ibstat.txt),
   ordered by the switch tree, plan written for the workers:
     ringctl topo --node n1=probes/n1.json --node n2=probes/n2.json \\
-        --slurm-topology /etc/slurm/topology.conf -o plan.json --svg ring.svg
+        --slurm-topology /etc/slurm/topology.conf -o placement.json --svg ring.svg
   inside a Slurm job on CPU-only nodes (one rank per node):
     srun --ntasks-per-node=1 sh -c 'ringctl topo probe -o probes/$SLURMD_NODENAME.json'
     scontrol show topology | ringctl topo --node probes/*.json --slurm-topology - \\
-        --ranks-per-node 1 -o plan.json
+        --ranks-per-node 1 -o placement.json
   trust your own numbers (Gbit/s; NV is per NVLink, NET when a port rate is unknown):
     ringctl topo --nvidia-smi topo.txt --bandwidth SYS=40 --bandwidth NV=150
+  rings of 8 ranks on GB200 NVL72 racks (Slurm topology/block, blocks = NVLink domains):
+    scontrol show topology | ringctl topo --node probes/*.json --slurm-topology - \\
+        --nvlink-blocks --ring-size 8 -o placement.json
 
 default bandwidths (Gbit/s, one direction): {table}
 exit status: 0 ok, 2 bad input (one line naming the file and line).
@@ -61,12 +69,12 @@ def _switches(arg: str | None) -> SwitchTopology | None:
     if arg is None:
         return None
     if arg == "-":
-        return parse_slurm_topology(sys.stdin.read(), "<stdin>")
-    try:
-        text = Path(arg).read_text()
-    except OSError as err:
-        raise UserError(f"{arg}: cannot read ({err.strerror})") from None
-    return parse_slurm_topology(text, arg)
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as err:
+            raise UserError(f"<stdin>: not UTF-8 text (byte {err.start})") from None
+        return parse_slurm_topology(text, "<stdin>")
+    return parse_slurm_topology(read_text(Path(arg)), arg)
 
 
 def _write(path: str, text: str) -> None:
@@ -87,11 +95,17 @@ def run_topo(args: argparse.Namespace) -> int:
         nodes = [load_node(path, name) for name, path in map(parse_node_arg, args.node)]
     else:
         raise UserError("nothing to place: give --nvidia-smi FILE or --node NAME=PATH")
+    switches = _switches(args.slurm_topology)
+    if args.nvlink_blocks and (switches is None or not switches.by_kind("block")):
+        raise UserError("--nvlink-blocks needs a --slurm-topology with BlockName= lines")
     plan = plan_ring(
         nodes,
-        switch_topology=_switches(args.slurm_topology),
+        switch_topology=switches,
         ranks_per_node=args.ranks_per_node,
         bandwidths=_bandwidths(args.bandwidth),
+        ring_size=args.ring_size,
+        gdr=GdrPolicy(args.gdr_level.upper() if args.gdr_level else None, args.gdr_read),
+        nvlink_blocks=args.nvlink_blocks,
     )
     if args.output:
         _write(args.output, plan.to_json() + "\n")
@@ -143,9 +157,38 @@ def register(subparsers) -> None:
         metavar="N",
         help="ranks per node (default: every GPU; 1 on nodes without GPUs)",
     )
+    many.add_argument(
+        "--ring-size",
+        type=int,
+        metavar="N",
+        help="rings of N consecutive ranks (a divisor of the ranks), placed inside nodes, "
+        "NVLink domains and leaf switches where the sizes allow (default: one ring)",
+    )
+    many.add_argument(
+        "--nvlink-blocks",
+        action="store_true",
+        help="the topology's blocks are multi-node NVLink domains (GB200/GB300 NVL72): hops "
+        "between nodes of one block use NVLink",
+    )
+    net = p.add_argument_group("GPUDirect RDMA (what NCCL will do; pinned in each rank's env)")
+    net.add_argument(
+        "--gdr-level",
+        metavar="LEVEL",
+        help=f"largest GPU-NIC distance with GPUDirect RDMA: {', '.join(GDR_LEVELS)} "
+        "(default: NCCL's, PXB; left to NCCL on Grace C2C nodes)",
+    )
+    net.add_argument(
+        "--gdr-read",
+        default="auto",
+        choices=GDR_READ_CHOICES,
+        help="GPUDirect for sends; auto: on where the node's GPUs have NVLink (NCCL's "
+        "documented default)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan as JSON, not a table")
-    out.add_argument("-o", "--output", metavar="FILE", help="write the plan JSON to FILE")
+    out.add_argument(
+        "-o", "--output", metavar="FILE", help="write the placement JSON (placement.json) to FILE"
+    )
     out.add_argument("--svg", metavar="FILE", help="draw nodes, switches and the ring to FILE")
     out.add_argument(
         "--bandwidth",
