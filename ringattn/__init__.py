@@ -1,10 +1,13 @@
 """ringattn: exact attention over a sequence sharded across a ring of ranks.
 
 from ringattn import ring_attention, shard_sequence, sequence_positions
+from ringattn import hybrid_attention, hybrid_groups   # Ulysses x ring (ringattn.hybrid)
 """
 
+from .hybrid import HybridGroups, hybrid_attention, hybrid_groups, hybrid_rank
 from .kernels import BlockKernel, ChunkedKernel, TorchCPUKernel, select_kernel
 from .layouts import (
+    HYBRID_LAYOUTS,
     LAYOUTS,
     padded_length,
     sequence_positions,
@@ -14,11 +17,16 @@ from .layouts import (
 from .ring import block_plan, ring_attention
 
 __all__ = [
+    "HYBRID_LAYOUTS",
+    "HybridGroups",
     "LAYOUTS",
     "BlockKernel",
     "ChunkedKernel",
     "TorchCPUKernel",
     "block_plan",
+    "hybrid_attention",
+    "hybrid_groups",
+    "hybrid_rank",
     "padded_length",
     "ring_attention",
     "select_kernel",

@@ -1,0 +1,355 @@
+"""Hybrid sequence parallelism: Ulysses all-to-all inside a group, the ring across groups.
+
+P = U x R ranks form a grid: R *Ulysses groups* of U ranks (one NVLink domain each, say) and
+U *rings* of R ranks, ring u linking the member of ulysses rank u of every group. A rank's
+hybrid rank is ``ring_rank * U + ulysses_rank``; ``hybrid_groups(U)`` builds both groups so that
+it equals the global rank (groups of consecutive ranks).
+
+``hybrid_attention`` runs, on every rank:
+
+1. one all-to-all inside the Ulysses group (``ringattn.ulysses``): the rank gives away its
+   tokens of every head but its head block and receives the group's tokens of that block, so
+   it holds the group's whole share of the sequence for H/U heads;
+2. ``ring_attention`` over the ring of groups, on that share and those heads, with the ring's
+   own loop, kernels, causal block skipping and zigzag balance;
+3. the inverse all-to-all on the output. Backward runs the same three steps in reverse; each
+   all-to-all's backward is the inverse all-to-all, so gradients are exact.
+
+U = 1 is the ring alone (no all-to-all); R = 1 is Ulysses alone (a ring of one rank).
+
+Layout (``ringattn.layouts``): ``hybrid-zigzag`` zigzag-splits the sequence over the R groups
+(group r: chunks r and 2R-1-r of 2R) and cuts each group's share into U contiguous pieces, one
+per member; after step 1 every ring member holds exactly what ``zigzag`` gives ring rank r, so
+causal work is equal across the ring. ``hybrid-contiguous`` does the same with a contiguous
+ring split.
+
+GQA/MQA. Heads H must be a multiple of U. If kv_heads is a multiple of U, each member gets
+kv_heads/U kv heads, those of its q heads. If instead U is a multiple of kv_heads (MQA, or
+more members than kv heads), the kv heads are replicated U/kv_heads times *before* the
+all-to-all (``repeat_interleave``), each member receiving the one kv head its q heads use; the
+backward of that replication sums the replicas' gradients, so dK/dV are reduced over the
+members that shared a head. Either way only the kv heads a member needs (kv_heads/U, or 1)
+travel its ring. Any other (kv_heads, U) pair is refused.
+
+Bad input never hangs. Before any all-to-all, three small collectives (an all-gather in the
+Ulysses group, one in the ring, then the lowest rank that found a problem, over the Ulysses
+group) share every rank's shapes, dtypes, flags and grid coordinates, so a local problem (heads
+not divisible, ...), a disagreement between ranks, or groups that do not form a grid make
+*every* rank of a grid raise. They cost three latency-bound collectives per call, on top of
+the one ``ring_attention`` makes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .layouts import HYBRID_LAYOUTS, hybrid_grid, ring_layout_of
+from .ring import ring_attention
+from .ulysses import HeadsToSeq, SeqToHeads
+
+_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+_NO_RANK = 2**62
+
+
+@dataclass(frozen=True)
+class HybridGroups:
+    """This rank's Ulysses group and ring, the degrees, and its hybrid rank (for
+    ``shard_sequence(..., world_size=world_size, rank=rank, ulysses_degree=ulysses_degree)``)."""
+
+    ulysses: dist.ProcessGroup
+    ring: dist.ProcessGroup
+    ulysses_degree: int
+    ring_size: int
+    rank: int
+    world_size: int
+
+
+def hybrid_groups(ulysses_degree: int) -> HybridGroups:
+    """Split the default group into R groups of U consecutive ranks and U rings of R ranks.
+
+    Collective: every rank of the default group must call it with the same degree (torch's
+    ``new_group`` is). A degree that does not divide the world size raises on every rank.
+    """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    ring_size, ring_rank, ulysses_rank = hybrid_grid(world, ulysses_degree, rank)
+    ulysses = ring = None
+    for r in range(ring_size):
+        group = dist.new_group(list(range(r * ulysses_degree, (r + 1) * ulysses_degree)))
+        ulysses = group if r == ring_rank else ulysses
+    for u in range(ulysses_degree):
+        group = dist.new_group(list(range(u, world, ulysses_degree)))
+        ring = group if u == ulysses_rank else ring
+    assert ulysses is not None and ring is not None
+    return HybridGroups(ulysses, ring, ulysses_degree, ring_size, rank, world)
+
+
+def hybrid_rank(ulysses_group: dist.ProcessGroup | None, ring_group: dist.ProcessGroup | None):
+    """``ring_rank * U + ulysses_rank``: the rank to shard with in a hybrid layout."""
+    return dist.get_rank(ring_group) * dist.get_world_size(ulysses_group) + dist.get_rank(
+        ulysses_group
+    )
+
+
+def kv_heads_per_member(kv_heads: int, ulysses_degree: int) -> int:
+    """The kv heads each member holds after the all-to-all, i.e. that travel its ring."""
+    if kv_heads % ulysses_degree == 0:
+        return kv_heads // ulysses_degree
+    if ulysses_degree % kv_heads == 0:
+        return 1
+    raise ValueError(
+        f"kv_heads ({kv_heads}) and the Ulysses degree U={ulysses_degree} must divide one "
+        "another: kv heads are either split over the group or replicated across it"
+    )
+
+
+# ----------------------------------------------------------------------------- checks
+@dataclass(frozen=True)
+class _Desc:
+    """What one rank passes, as integers that travel in a collective."""
+
+    dims: tuple[int, int, int]  # q, k, v ndim
+    q: tuple[int, ...]  # shapes, (-1,)*4 when not 4-D
+    k: tuple[int, ...]
+    v: tuple[int, ...]
+    dtypes: tuple[int, int, int]  # index into _DTYPES, -1 if other
+    same_device: int
+    causal: int
+    layout: int  # index into HYBRID_LAYOUTS, -1 if other
+    ulysses_degree: int
+    ring_size: int
+    ulysses_rank: int
+    ring_rank: int
+    rank: int  # global
+
+    def shared(self) -> tuple:
+        """Fields every rank of the grid must agree on."""
+        return (self.dims, self.q, self.k, self.v, self.dtypes, self.same_device, self.causal,
+                self.layout, self.ulysses_degree, self.ring_size)  # fmt: skip
+
+    def as_list(self) -> list[int]:
+        return [*self.dims, *self.q, *self.k, *self.v, *self.dtypes, self.same_device,
+                self.causal, self.layout, self.ulysses_degree, self.ring_size,
+                self.ulysses_rank, self.ring_rank, self.rank]  # fmt: skip
+
+    @classmethod
+    def from_list(cls, x: list[int]) -> _Desc:
+        return cls(tuple(x[0:3]), tuple(x[3:7]), tuple(x[7:11]), tuple(x[11:15]),
+                   tuple(x[15:18]), *x[18:])  # type: ignore[arg-type]  # fmt: skip
+
+
+def _describe(q, k, v, causal, layout, ulysses_group, ring_group) -> _Desc:
+    def shape(t):
+        return tuple(t.shape) if t.dim() == 4 else (-1, -1, -1, -1)
+
+    def dtype(t):
+        return _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1
+
+    return _Desc(
+        (q.dim(), k.dim(), v.dim()), shape(q), shape(k), shape(v),
+        (dtype(q), dtype(k), dtype(v)), int(q.device == k.device == v.device), int(bool(causal)),
+        HYBRID_LAYOUTS.index(layout) if layout in HYBRID_LAYOUTS else -1,
+        dist.get_world_size(ulysses_group), dist.get_world_size(ring_group),
+        dist.get_rank(ulysses_group), dist.get_rank(ring_group), dist.get_rank(),
+    )  # fmt: skip
+
+
+def _local_problem(d: _Desc) -> str | None:
+    """What is wrong with one rank's input on its own (the same text wherever it is judged)."""
+    if d.layout < 0:
+        return f"layout must be one of {', '.join(HYBRID_LAYOUTS)}"
+    if d.dims != (4, 4, 4):
+        return f"q, k, v must be 4-D (batch, seq_local, heads, head_dim); got ndims {d.dims}"
+    if d.k != d.v:
+        return f"k and v shapes differ: k {d.k}, v {d.v}"
+    (b, s, h, hd), (bk, sk, hk, dk) = d.q, d.k
+    if (b, s, hd) != (bk, sk, dk):
+        return f"q and k/v must agree on batch, seq_local and head_dim: q {d.q}, k {d.k}"
+    if -1 in d.dtypes or len(set(d.dtypes)) > 1:
+        names = [str(_DTYPES[i]) if i >= 0 else "unsupported" for i in d.dtypes]
+        return f"q, k, v dtypes must be one of {_DTYPES} and equal; got {', '.join(names)}"
+    if not d.same_device:
+        return "q, k, v are on different devices"
+    u = d.ulysses_degree
+    if hk == 0 or h % hk:
+        return f"heads ({h}) must be a multiple of kv_heads ({hk})"
+    if h % u:
+        return f"heads ({h}) must be divisible by the Ulysses degree U={u}"
+    if hk % u and u % hk:
+        return (f"kv_heads ({hk}) and the Ulysses degree U={u} must divide one another "
+                "(kv heads split over the group, or replicated across it)")  # fmt: skip
+    if HYBRID_LAYOUTS[d.layout] == "hybrid-zigzag" and (u * s) % 2:
+        return (f"the hybrid-zigzag layout gives each group two equal chunks, but the group "
+                f"holds U x seq_local = {u} x {s} tokens, an odd number")  # fmt: skip
+    return None
+
+
+def _gather(desc_rows: list[int], group, device) -> list[list[int]]:
+    if dist.get_world_size(group) == 1:
+        return [desc_rows]
+    mine = torch.tensor(desc_rows, dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    return [t.tolist() for t in everyone]
+
+
+def _variant(r: _Desc) -> str:
+    dtypes = ",".join(str(_DTYPES[i]).removeprefix("torch.") if i >= 0 else "?" for i in r.dtypes)
+    layout = HYBRID_LAYOUTS[r.layout] if r.layout >= 0 else "?"
+    return (f"q={r.q} k={r.k} v={r.v} dtypes={dtypes} causal={bool(r.causal)} "
+            f"layout={layout} U={r.ulysses_degree} R={r.ring_size}")  # fmt: skip
+
+
+def _disagreement(rows: list[_Desc], what: str) -> str | None:
+    if len({r.shared() for r in rows}) == 1:
+        return None
+    variants: dict[str, list[int]] = {}
+    for r in rows:
+        variants.setdefault(_variant(r), []).append(r.rank)
+    detail = "; ".join(
+        f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}: {text}"
+        for text, ranks in variants.items()
+    )
+    return f"the ranks of one {what} disagree on their inputs or group sizes: {detail}"
+
+
+def _first_local_problem(rows: list[_Desc]) -> tuple[str | None, _Desc | None]:
+    for r in sorted(rows, key=lambda r: r.rank):
+        if (problem := _local_problem(r)) is not None:
+            return f"rank {r.rank}: {problem}", r
+    return None, None
+
+
+def _ulysses_stage(rows: list[_Desc]) -> str | None:
+    """Judged inside one Ulysses group: every member must sit at the same ring position."""
+    problem, _ = _first_local_problem(rows)
+    problem = problem or _disagreement(rows, "Ulysses group")
+    if problem is None and len({r.ring_rank for r in rows}) > 1:
+        seats = ", ".join(f"rank {r.rank} at ring rank {r.ring_rank}" for r in rows)
+        problem = (
+            "the groups do not form a U x R grid: the members of one Ulysses group must share "
+            f"a ring position (one member in each ring), but {seats}"
+        )
+    return problem
+
+
+def _ring_stage(rows: list[_Desc], culprits: list[_Desc]) -> str | None:
+    """Judged inside one ring: its members must all hold the same head block. ``culprits``
+    are rows with a local problem that the members found in their own Ulysses groups."""
+    problem, _ = _first_local_problem(rows + culprits)
+    problem = problem or _disagreement(rows, "ring")
+    if problem is None and len({r.ulysses_rank for r in rows}) > 1:
+        seats = ", ".join(f"rank {r.rank} at ulysses rank {r.ulysses_rank}" for r in rows)
+        problem = (
+            "the groups do not form a U x R grid: a ring must link the same Ulysses rank of "
+            f"every group (the same heads), but {seats}"
+        )
+    return problem
+
+
+def check_grid_agree(q, k, v, *, causal, layout, ulysses_group, ring_group) -> None:
+    """Raise a ValueError on every rank of the grid if any rank's input is bad.
+
+    Three collectives of fixed size: the rows of the Ulysses group (each rank's shapes, flags
+    and grid seat), then in the ring each member's row, whether its group found a problem and
+    the row at fault for a local one, then the lowest rank that found a problem, over the
+    Ulysses group. Nothing raises before all three are done, so no rank is left waiting in
+    one. A rank that saw the faulty row names the problem; one that only heard of it names
+    the rank that found it.
+    """
+    device = q.device if dist.get_backend(ulysses_group) == "nccl" else torch.device("cpu")
+    mine = _describe(q, k, v, causal, layout, ulysses_group, ring_group)
+    width = len(mine.as_list())
+    group_rows = [_Desc.from_list(x) for x in _gather(mine.as_list(), ulysses_group, device)]
+    problem = _ulysses_stage(group_rows)
+    culprit = _first_local_problem(group_rows)[1] or mine
+    payload = [*mine.as_list(), mine.rank if problem else _NO_RANK, *culprit.as_list()]
+    ring = _gather(payload, ring_group, device)
+    ring_rows = [_Desc.from_list(x[:width]) for x in ring]
+    culprits = [_Desc.from_list(x[width + 1 :]) for x in ring]
+    problem = problem or _ring_stage(ring_rows, culprits)
+    first_bad = min([x[width] for x in ring] + [mine.rank if problem else _NO_RANK])
+    verdict = torch.tensor([first_bad], dtype=torch.int64, device=device)
+    if dist.get_world_size(ulysses_group) > 1:
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=ulysses_group)
+    first_bad = int(verdict.item())
+    if problem is None and first_bad != _NO_RANK:
+        problem = (f"rank {first_bad} found bad input in the hybrid grid (its error names "
+                   "the problem); no rank ran the attention")  # fmt: skip
+    if problem is not None:
+        if layout not in HYBRID_LAYOUTS:
+            problem += f" (this rank passed layout={layout!r}; ring layouts go to ring_attention)"
+        raise ValueError(f"hybrid_attention: {problem}")
+
+
+# ----------------------------------------------------------------------------- attention
+def _replicate_kv(k: torch.Tensor, v: torch.Tensor, ulysses_degree: int):
+    """Repeat each kv head U/kv_heads times when the group has more members than kv heads;
+    autograd's backward of the repeat sums the replicas' gradients."""
+    kv_heads = k.shape[2]
+    if kv_heads % ulysses_degree == 0:
+        return k, v
+    times = ulysses_degree // kv_heads
+    return k.repeat_interleave(times, dim=2), v.repeat_interleave(times, dim=2)
+
+
+def _require_groups(ulysses_group, ring_group) -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "hybrid_attention needs an initialised torch.distributed process group: call "
+            "torch.distributed.init_process_group(...) first"
+        )
+    for name, group in (("ulysses_group", ulysses_group), ("ring_group", ring_group)):
+        if dist.get_rank(group) < 0:
+            raise RuntimeError(f"this process is not a member of the {name} given to it")
+
+
+def hybrid_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    layout: str,
+    ulysses_group: dist.ProcessGroup | None,
+    ring_group: dist.ProcessGroup | None,
+    softmax_scale: float | None = None,
+) -> torch.Tensor:
+    """Exact attention over a sequence sharded across a U x R grid of ranks.
+
+    q is (batch, seq_local, heads, head_dim), k and v (batch, seq_local, kv_heads, head_dim),
+    each rank holding its shard in the hybrid ``layout`` (``shard_sequence(..., layout=layout,
+    rank=hybrid_rank, ulysses_degree=U)``). Returns this rank's shard of the output, same
+    layout; differentiable with respect to q, k and v. ``None`` for a group is the default one.
+    """
+    _require_groups(ulysses_group, ring_group)
+    check_grid_agree(
+        q, k, v, causal=causal, layout=layout, ulysses_group=ulysses_group, ring_group=ring_group
+    )
+    ring_layout = ring_layout_of(layout)
+    degree = dist.get_world_size(ulysses_group)
+    if degree == 1:
+        return ring_attention(
+            q, k, v, causal=causal, softmax_scale=softmax_scale, group=ring_group,
+            layout=ring_layout,
+        )  # fmt: skip
+    k, v = _replicate_kv(k, v, degree)
+    q_h, k_h, v_h = SeqToHeads.apply(ulysses_group, q, k, v)
+    out_h = ring_attention(
+        q_h, k_h, v_h, causal=causal, softmax_scale=softmax_scale, group=ring_group,
+        layout=ring_layout,
+    )  # fmt: skip
+    (out,) = HeadsToSeq.apply(ulysses_group, out_h)
+    return out
+
+
+__all__ = [
+    "HybridGroups",
+    "check_grid_agree",
+    "hybrid_attention",
+    "hybrid_groups",
+    "hybrid_rank",
+    "kv_heads_per_member",
+]
