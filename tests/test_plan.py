@@ -27,8 +27,26 @@ WORK = Workload(seq_len=1 << 20, heads=32, kv_heads=8, head_dim=128, dtype="bflo
 
 def test_shipped_devices_all_load_with_sources():
     devices = load_devices()
-    for name in ("A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "L40S"):
-        assert devices[name].source and devices[name].tflops["bfloat16"] > 0
+    names = ("A100-40GB", "A100-80GB", "H100-SXM", "H100-SXM-96GB", "H100-PCIe", "H200", "B200",
+             "L40S")  # fmt: skip
+    for name in names:
+        d = devices[name]
+        assert d.source and d.tflops["bfloat16"] > 0
+        assert "https://" in d.source and d.efficiency_source, name  # cited, not asserted
+        assert 0 < d.attention_efficiency[1] <= d.attention_efficiency[0] < 1
+        assert 0 < d.matmul_efficiency < 1 and d.net_gbit > 0
+
+
+def test_attention_efficiency_follows_ring_flash_attention_readme():
+    # The single-GPU flash_attn rows of ring-flash-attention's README (Llama-3-8B attention,
+    # 8192 causal tokens, bf16): 373.4 / 94.7 it/s on A100, 591.5 / 154.7 on H800 (= H100 SXM
+    # compute). The device table's shares must reproduce those rates within 2%.
+    for name, fwd_its, fwd_bwd_its in (("A100-80GB", 373.4, 94.7), ("H100-SXM", 591.5, 154.7)):
+        fwd, bwd = get_device(name).block_time(
+            "diag", 8192, dtype="bfloat16", batch=1, heads=32, head_dim=128
+        )
+        assert 1 / fwd == pytest.approx(fwd_its, rel=0.02)
+        assert 1 / (fwd + bwd) == pytest.approx(fwd_bwd_its, rel=0.02)
 
 
 def test_attention_memory_is_linear_in_tokens_per_rank():
@@ -63,6 +81,28 @@ def test_fewest_ranks_is_minimal():
     cap = usable_gib(device) * GIB
     assert sum(memory_per_rank(WORK, p).values()) <= cap
     assert p == 1 or sum(memory_per_rank(WORK, p - 1).values()) > cap
+
+
+ISSUE_14_13B = ["--seq", "131072", "--device", "A100-80GB", "--layers", "40", "--hidden", "5120",
+                "--intermediate", "13824", "--vocab", "32000", "--heads", "40", "--head-dim",
+                "128"]  # fmt: skip
+
+
+def test_fewest_ranks_respects_the_layout(capsys):
+    # Regression (issue 14): the fewest ranks that fit must also split the sequence; the
+    # planner answered a count (171) that it then refused as not dividing 131072.
+    assert main(["plan", *ISSUE_14_13B, "--ranks", "8", "--json"]) == 1  # does not fit on 8
+    fewest = json.loads(capsys.readouterr().out)["fewest_ranks"]
+    assert 131072 % (2 * fewest) == 0
+    assert main(["plan", *ISSUE_14_13B, "--ranks", str(fewest), "--json"]) == 0  # accepted, fits
+    assert json.loads(capsys.readouterr().out)["fits"]
+    work = Workload(seq_len=131072, heads=40, kv_heads=40, head_dim=128,
+                    model=ModelShape(40, 5120, 13824, 32000))  # fmt: skip
+    cap = usable_gib(get_device("A100-80GB")) * GIB
+    smaller = [p for p in range(1, fewest) if 131072 % (2 * p) == 0]
+    assert all(sum(memory_per_rank(work, p).values()) > cap for p in smaller)
+    # and memory alone would have allowed a count the zigzag layout cannot use
+    assert sum(memory_per_rank(work, fewest - 1).values()) <= cap
 
 
 def test_plan_cli_json_and_warnings(capsys):
@@ -130,3 +170,13 @@ def test_plan_sizes_a_job_config(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["ranks"] == 64 and report["device"] == "H100-SXM"
     assert report["workload"]["seq_len"] == 1048576 and report["link"]["name"].startswith("NET")
+
+
+def test_a_device_file_with_a_bad_share_is_refused_by_name(tmp_path, capsys):
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"X": {"mem_gib": 80, "tflops": {"bfloat16": 100},
+                                      "attention_efficiency": [0, 0.5]}}))  # fmt: skip
+    assert main(["plan", "--seq", "1024", "--ranks", "2", "--devices", str(path),
+                 "--device", "X"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"{path}: device 'X': attention_efficiency must be shares" in err

@@ -93,7 +93,7 @@ def _make_job_dir(cfg) -> Path:
 
 def check_plan(cfg, *, force: bool = False) -> None:
     """Refuse, with the plan's reason, a job whose ranks cannot hold their share."""
-    from ..planner.preflight import preflight
+    from .plan import preflight
 
     verdict = preflight(cfg)
     if verdict is None:

@@ -1,9 +1,16 @@
-"""`ringctl plan`: memory, step time and overlap of a ring job before the queue wait."""
+"""`ringctl plan`: memory, whole-model time and overlap of a ring job before the queue wait.
+
+This module is where job configs meet the planner: it reads a job (its task, ranks, device,
+``ring.size``, ``model.shard`` and, for long documents, the model's config.json and the
+documents' lengths) and hands the planner plain ``Workload`` values. The planner itself
+(ringctl/planner) imports neither the tasks nor the config.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import UserError
@@ -14,28 +21,39 @@ from ..planner.cost import (
     Workload,
     estimate,
     fewest_ranks,
+    intra_link,
+    layout_multiple,
     longest_sequence,
+    net_link,
     nominal_link,
 )
 from ..planner.devices import Device, get_device, save_user_device
+from ..planner.model import resolve_model
 
 DEFAULT_DEVICE = "H100-SXM"
 
 EPILOG = """\
 examples:
-  # a 1M-token causal forward+backward over 64 H100s on 8 nodes (NDR InfiniBand between nodes)
-  ringctl plan --seq 1048576 --ranks 64 --nodes 8 --device H100-SXM \\
-      --heads 32 --kv-heads 8 --head-dim 128 --layers 32 --hidden 4096 --vocab 128256
-  # size a job config (its task, ranks, nodes and `device`), overrides as for submit
+  # Llama-3-8B, 1M tokens, training with full checkpointing and FSDP over 64 H100s (8 nodes)
+  ringctl plan --model llama3-8b --seq 1048576 --ranks 64 --nodes 8 --device H100-SXM \\
+      --mode train --checkpoint full --shard full --optimizer adam
+  # the same model scoring (inference) a 256k-token document on 8 GPUs
+  ringctl plan --model llama3-8b --seq 262144 --ranks 8 --mode score
+  # attention only (no model): what the ring itself costs
+  ringctl plan --seq 1048576 --ranks 64 --nodes 8 --heads 32 --kv-heads 8 --head-dim 128
+  # a model directory's config.json for the shape
+  ringctl plan --model /models/Llama-3.1-70B --seq 1048576 --ranks 64 --nodes 8 --shard weights
+  # size a job config (its task, ranks, nodes, device, ring.size, model.shard)
   ringctl plan jobs/attention.yaml nodes=8 tasks_per_node=8 device=H100-SXM task.seq_len=1048576
-  # use the ring's real bottleneck hop from `ringctl topo ... -o plan.json`
-  ringctl plan --seq 262144 --ranks 16 --device A100-80GB --topology plan.json
+  # a corpus on paper: one ring of the whole job versus rings sized per document
+  ringctl plan --model llama3-8b --ranks 64 --nodes 8 --corpus lognormal:10000:4096:1048576
   # measure this machine (block kernel + rank-to-rank exchange) and store it as a device
   ringctl plan --calibrate
-  ringctl plan --seq 16384 --ranks 2 --device cpu-$(hostname -s) --dtype float32 --heads 8
 
-Devices: A100-40GB, A100-80GB, H100-SXM, H100-PCIe, H200, B200, L40S (nominal datasheet
-figures, ringctl/planner/data/devices.json), plus entries from --calibrate and --devices FILE.
+Devices: A100-40GB, A100-80GB, H100-SXM, H100-SXM-96GB, H100-PCIe, H200, B200, L40S (datasheet
+figures with their sources, ringctl/planner/data/devices.json), plus --calibrate and --devices.
+Models (--model): llama3-8b, llama3-70b, llama3-405b, llama2-7b, llama2-13b, llama-3b,
+llama-30b (ringctl/planner/data/models.json), or a Hugging Face model directory.
 """
 
 
@@ -44,32 +62,102 @@ def register(subparsers) -> None:
         "plan",
         help="estimate memory, step time and overlap before submitting",
         description=(
-            "Estimate per-rank memory (broken down), per-step compute and transfer time over the "
-            "ring's slowest hop, whether the transfer hides behind compute (and the fewest tokens "
-            "per rank for which it does), the total time, the longest sequence that fits and the "
-            "fewest ranks that fit the sequence."
+            "Estimate per-rank memory (broken down, with the dtype of each kind of tensor), the "
+            "ring's per-step compute and transfer over its slowest hop, whether the transfer "
+            "hides behind compute, the whole model's time (tokens/s and MFU per GPU), flat ring "
+            "versus hybrid Ulysses x ring, the longest sequence that fits and the fewest ranks "
+            "that fit the sequence."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("job", nargs="?", metavar="JOB", help="a job config to size (optional)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides of JOB")
+    _workload_flags(p)
+    _model_flags(p)
+    _link_flags(p)
+    p.add_argument(
+        "--corpus",
+        metavar="lognormal:COUNT:LOW:HIGH[:SEED]",
+        help="predicted makespan of a generated corpus: one ring vs auto ring sizes",
+    )
+    p.add_argument(
+        "--schedule",
+        type=Path,
+        metavar="schedule.json",
+        help="a job's schedule: print its predicted makespan",
+    )
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.add_argument("--calibrate", action="store_true", help="measure this machine, store it")
+    p.set_defaults(func=run)
+
+
+def _workload_flags(p) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--seq", type=int, help="total sequence length N (tokens)")
     w.add_argument("--batch", type=int, default=1)
-    w.add_argument("--heads", type=int, default=32)
-    w.add_argument("--kv-heads", type=int, default=None, help="default: --heads")
-    w.add_argument("--head-dim", type=int, default=128)
+    w.add_argument("--heads", type=int, default=None, help="default: the model's, else 32")
+    w.add_argument("--kv-heads", type=int, default=None, help="default: the model's, else --heads")
+    w.add_argument("--head-dim", type=int, default=None, help="default: the model's, else 128")
     w.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    w.add_argument("--task", default="forward+backward", choices=["forward", "forward+backward"])
+    w.add_argument(
+        "--mode",
+        choices=["score", "embed", "train"],
+        help="inference (score, embed: one layer's activations) or train (autograd)",
+    )
+    w.add_argument(
+        "--task",
+        default=None,
+        choices=["forward", "forward+backward"],
+        help="older spelling of --mode: forward = score, forward+backward = train",
+    )
+    w.add_argument("--checkpoint", default="none", choices=["none", "full", "selective"])
+    w.add_argument(
+        "--shard",
+        default="none",
+        choices=["none", "weights", "full"],
+        help="FSDP: weights only, or weights + gradients + optimizer state",
+    )
+    w.add_argument("--shard-degree", type=int, help="ranks the shards span (default: --ranks)")
+    w.add_argument("--optimizer", choices=["adam"], help="float32 Adam moments + master weights")
+    w.add_argument(
+        "--lm-head-chunk",
+        type=int,
+        default=4096,
+        help="tokens per lm_head + log-softmax chunk (0: all tokens at once)",
+    )
+    w.add_argument(
+        "--mlp-chunk",
+        type=int,
+        default=0,
+        help="tokens per MLP chunk, blockwise feedforward (0: all at once)",
+    )
     w.add_argument("--no-causal", action="store_true", help="full (bidirectional) attention")
     w.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous"])
+    w.add_argument(
+        "--ulysses",
+        type=int,
+        default=1,
+        help="hybrid: heads split over U ranks of a node, ring across (1: flat)",
+    )
+
+
+def _model_flags(p) -> None:
     m = p.add_argument_group("model (optional: attention only without it)")
+    m.add_argument("--model", help="a preset (see below) or a Hugging Face model directory")
     m.add_argument("--layers", type=int)
     m.add_argument("--hidden", type=int)
     m.add_argument("--intermediate", type=int)
-    m.add_argument("--vocab", type=int, default=32000)
-    r = p.add_argument_group("ranks and links")
+    m.add_argument("--vocab", type=int, default=None, help="default: the model's, else 32000")
+    m.add_argument(
+        "--attention-only",
+        action="store_true",
+        help="ignore the model: the ring attention's memory and time alone",
+    )
+
+
+def _link_flags(p) -> None:
+    r = p.add_argument_group("ranks, device and links")
     r.add_argument("--ranks", type=int, help="ring size P")
     r.add_argument("--nodes", type=int, default=1, help="nodes the ranks span")
     r.add_argument("--device", default=DEFAULT_DEVICE, help="device table entry (see below)")
@@ -78,62 +166,120 @@ def register(subparsers) -> None:
     r.add_argument(
         "--link-gbit", type=float, help="bottleneck hop bandwidth in Gbit/s (overrides nominal)"
     )
-    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    p.add_argument("--calibrate", action="store_true", help="measure this machine, store it")
-    p.set_defaults(func=run)
+    r.add_argument(
+        "--link-latency-us",
+        type=float,
+        help="per-message latency of every link, microseconds (default: the device's)",
+    )
+    r.add_argument(
+        "--attention-efficiency",
+        metavar="FWD,BWD",
+        help="share of peak of the attention kernel (default: the device's)",
+    )
+    r.add_argument("--matmul-efficiency", type=float, help="share of peak of the matmuls")
+
+
+def _latency(args) -> float | None:
+    return None if args.link_latency_us is None else args.link_latency_us * 1e-6
 
 
 def _link(args, device: Device) -> Link:
+    latency = _latency(args)
     if args.link_gbit:
-        return Link("given", args.link_gbit)
+        return Link("given", args.link_gbit, 10e-6 if latency is None else latency)
     if args.topology:
         try:
             plan = json.loads(args.topology.read_text())
             hop = plan["bottleneck"]
-            return Link(str(hop["link"]), float(hop["gbps"]))
+            link = Link(str(hop["link"]), float(hop["gbps"]))
         except FileNotFoundError:
             raise UserError(f"{args.topology}: no such file") from None
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise UserError(f"{args.topology}: not a ringctl topo plan ({err})") from None
-    return nominal_link(device, args.nodes)
+        return link if latency is None else replace(link, latency_s=latency)
+    return nominal_link(device, args.nodes, latency)
 
 
-def _workload(args) -> Workload:
-    if not args.seq:
-        raise UserError("--seq is required (total sequence length in tokens)")
-    model = None
-    if args.layers or args.hidden:
+def _model(args) -> ModelShape | None:
+    if args.attention_only:
+        return None
+    if args.model:
+        base = resolve_model(args.model)
+    elif args.layers or args.hidden:
         if not (args.layers and args.hidden):
             raise UserError("a model needs both --layers and --hidden")
-        model = ModelShape(args.layers, args.hidden, args.intermediate, args.vocab)
-    kv = args.kv_heads or args.heads
-    if args.heads % kv:
-        raise UserError(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv})")
+        base = ModelShape(args.layers, args.hidden, args.intermediate, args.vocab or 32000)
+    else:
+        return None
+    given = {
+        "layers": args.layers,
+        "hidden": args.hidden,
+        "intermediate": args.intermediate,
+        "vocab": args.vocab,
+    }
+    return replace(base, **{k: v for k, v in given.items() if v})
+
+
+def _mode(args) -> str:
+    if args.mode:
+        return args.mode
+    return "score" if args.task == "forward" else "train"
+
+
+def _workload(args, seq_required: bool = True) -> Workload:
+    if not args.seq and seq_required:
+        raise UserError("--seq is required (total sequence length in tokens)")
+    model = _model(args)
+    heads = args.heads or (model.heads if model and model.heads else 32)
+    kv = args.kv_heads or (model.kv_heads if model and model.kv_heads and not args.heads else heads)
+    head_dim = args.head_dim or (model.head_dim if model and model.head_dim else 128)
+    if heads % kv:
+        raise UserError(f"--heads ({heads}) must be a multiple of --kv-heads ({kv})")
     return Workload(
-        seq_len=args.seq, heads=args.heads, kv_heads=kv, head_dim=args.head_dim,
-        batch=args.batch, dtype=args.dtype, causal=not args.no_causal, layout=args.layout,
-        backward=args.task == "forward+backward", model=model,
+        seq_len=args.seq or 0, heads=heads, kv_heads=kv, head_dim=head_dim, batch=args.batch,
+        dtype=args.dtype, causal=not args.no_causal, layout=args.layout, model=model,
+        backward=_mode(args) == "train", mode=_mode(args), checkpoint=args.checkpoint,
+        shard=args.shard, shard_degree=args.shard_degree, optimizer=args.optimizer,
+        lm_head_chunk=args.lm_head_chunk, mlp_chunk=args.mlp_chunk, ulysses=args.ulysses,
     )  # fmt: skip
 
 
-def _workload_from_job(args) -> Workload:
-    """The workload, ranks, nodes and device of a job config (flags given too still win)."""
-    from ..config import load_job, world_size
-    from ..tasks import get_spec
+def _device(args) -> Device:
+    device = get_device(args.device, args.devices)
+    changes = {}
+    if args.attention_efficiency:
+        try:
+            fwd, bwd = (float(x) for x in args.attention_efficiency.split(","))
+        except ValueError:
+            raise UserError("--attention-efficiency: expected FWD,BWD (e.g. 0.33,0.29)") from None
+        changes["attention_efficiency"] = (fwd, bwd)
+    if args.matmul_efficiency is not None:
+        changes["matmul_efficiency"] = args.matmul_efficiency
+    shares = [*changes.get("attention_efficiency", ()), changes.get("matmul_efficiency", 1.0)]
+    if not all(0 < share <= 1 for share in shares):
+        raise UserError("--attention-efficiency / --matmul-efficiency: shares of peak in (0, 1]")
+    return replace(device, **changes) if changes else device
 
-    cfg = load_job(args.job, args.overrides)
-    make = getattr(get_spec(str(cfg.task.name)).module, "workload", None)
-    work = make(cfg) if make else None
-    if work is None:
+
+def _check_split(work: Workload, ranks: int) -> None:
+    multiple = layout_multiple(work, ranks)
+    if work.seq_len % multiple:
         raise UserError(
-            f"{args.job}: the {cfg.task.name} task does not describe its attention up front "
-            "(document lengths are known only when read); use the flags (--seq, --heads, ...)"
+            f"--seq {work.seq_len} cannot be split over {ranks} ranks in the {work.layout} "
+            f"layout: it must be a multiple of {multiple}"
         )
-    args.ranks = args.ranks or world_size(cfg)
-    args.nodes = args.nodes if args.nodes != 1 else int(cfg.nodes)
-    if cfg.get("device") and args.device == DEFAULT_DEVICE:
-        args.device = str(cfg.device)
-    return work
+    u = work.ulysses
+    if u > 1 and (ranks % u or work.heads % u):
+        raise UserError(f"--ulysses {u} must divide --ranks ({ranks}) and the heads ({work.heads})")
+    if work.shard_degree is not None and work.shard_degree < 1:
+        raise UserError(f"--shard-degree must be at least 1, got {work.shard_degree}")
+    for flag, value, least in (
+        ("--batch", work.batch, 1),
+        ("--lm-head-chunk", work.lm_head_chunk, 0),
+        ("--mlp-chunk", work.mlp_chunk, 0),
+    ):
+        if value < least:
+            raise UserError(f"{flag} must be at least {least}, got {value}")
 
 
 def run(args) -> int:
@@ -142,31 +288,306 @@ def run(args) -> int:
         if not args.seq:
             return 0
         args.device = device.name
-    work = _workload_from_job(args) if args.job else _workload(args)
+    if args.job and (Path(args.job) / "schedule.json").is_file():  # a job directory
+        args.schedule = Path(args.job) / "schedule.json"
+    if args.schedule:
+        return _print_makespan(args.schedule, args.json)
+    job = _from_job(args) if args.job else None
+    if args.corpus:
+        return _print_corpus(args, _workload(args, seq_required=False), _device(args))
+    if job is not None and not job.seq_len:
+        return _print_budget(args, job, _device(args))
+    work = job or _workload(args)
     if not args.ranks:
         raise UserError("--ranks is required (ring size P)")
-    multiple = args.ranks * (2 if work.layout == "zigzag" else 1)
-    if work.seq_len % multiple:
-        raise UserError(
-            f"--seq {work.seq_len} cannot be split over {args.ranks} ranks in the {work.layout} "
-            f"layout: it must be a multiple of {multiple}"
-        )
-    device = get_device(args.device, args.devices)
+    _check_split(work, args.ranks)
+    device = _device(args)
     link = _link(args, device)
     ranks_on_host = max(1, args.ranks // max(1, args.nodes))
-    est = estimate(work, args.ranks, device, link, ranks_on_host=ranks_on_host)
+    latency = _latency(args)
+    est = estimate(
+        work, args.ranks, device, link, ranks_on_host=ranks_on_host,
+        intra=intra_link(device, latency), net=net_link(device, latency),
+    )  # fmt: skip
     longest = longest_sequence(work, args.ranks, device, ranks_on_host)
-    fewest = fewest_ranks(work, device) if device.cores is None else None
+    fewest = (
+        fewest_ranks(work, device, ranks_on_host=ranks_on_host) if device.cores is None else None
+    )
+    layouts = _layouts(args, work, device, link) if not args.json or args.ranks > 1 else []
     if args.json:
-        report = est.to_json() | {
-            "device": device.name, "link": {"name": link.name, "gbit_s": link.gbit_s},
-            "workload": {k: v for k, v in vars(work).items() if k != "model"},
-            "longest_sequence": longest, "fewest_ranks": fewest,
-        }  # fmt: skip
-        print(json.dumps(report, indent=2))
+        print(json.dumps(_report(work, est, device, link, longest, fewest, layouts), indent=2))
     else:
-        _print_table(work, est, device, link, longest, fewest)
+        from ..planner.report import print_plan
+
+        print_plan(work, est, device, link, longest, fewest, layouts)
     return 1 if est.warnings and not est.fits else 0
+
+
+def _layouts(args, work: Workload, device: Device, link: Link):
+    """Flat ring vs the hybrid the node allows (none when no Ulysses degree fits)."""
+    from ..planner.hybrid import compare_layouts, ulysses_degrees
+
+    if args.ranks < 2 or device.cores is not None:
+        return []
+    per_node = max(1, args.ranks // max(1, args.nodes))
+    if not ulysses_degrees(work, args.ranks, per_node):
+        return []
+    return compare_layouts(
+        work, args.ranks, device, nodes=args.nodes, flat_link=link, latency_s=_latency(args)
+    )
+
+
+def _report(work, est, device, link, longest, fewest, layouts) -> dict:
+    from ..planner.hybrid import recommend
+
+    report = est.to_json() | {
+        "device": device.name, "link": {"name": link.name, "gbit_s": link.gbit_s,
+                                        "latency_s": link.latency_s},
+        "workload": {k: v for k, v in vars(work).items() if k != "model"},
+        "model": vars(work.model) if work.model else None,
+        "longest_sequence": longest, "fewest_ranks": fewest,
+    }  # fmt: skip
+    if layouts:
+        report["layouts"] = [
+            {"name": o.name, "ulysses": o.ulysses, "ring": o.ring, "seconds": o.seconds,
+             "fits": o.estimate.fits, "overlapped": o.estimate.overlapped}
+            for o in layouts
+        ]  # fmt: skip
+        best = recommend(layouts)
+        report["recommended_layout"] = best.name if best else None
+    return report
+
+
+# --- job configs -------------------------------------------------------------------------
+
+
+def _section(cfg, name: str) -> dict:
+    """A config section as plain data, {} when the job has none (keys others are adding)."""
+    from omegaconf import OmegaConf
+
+    value = cfg.get(name)
+    if value is None:
+        return {}
+    data = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return data if isinstance(data, dict) else {}
+
+
+def _ring_size(cfg) -> int | None:
+    """``ring.size``: an int ring size, or None (absent, or ``auto``: rings per document)."""
+    size = _section(cfg, "ring").get("size")
+    if size is None or str(getattr(size, "value", size)) == "auto":
+        return None
+    try:
+        return int(size)
+    except (TypeError, ValueError):
+        raise UserError(f"ring.size: expected auto or a number of ranks, got {size!r}") from None
+
+
+def _job_shard(cfg, ring: int | None, world: int, trains: bool) -> tuple[str, int | None]:
+    """``model.shard``: none | ring | job -> the planner's (shard, degree). Inference shards
+    the weights; training (grad) also reduces gradients into shards."""
+    value = str(_section(cfg, "model").get("shard", "none"))
+    if value == "none":
+        return "none", None
+    if value not in ("ring", "job"):
+        raise UserError(f"model.shard: expected none, ring or job, got {value!r}")
+    kind = "full" if trains else "weights"
+    return kind, (ring or world) if value == "ring" else world
+
+
+def _longdoc_model(task) -> ModelShape:
+    from importlib import resources
+
+    from ..planner.model import read_hf_config
+
+    if task.get("model_path"):
+        return read_hf_config(str(task.model_path))
+    return read_hf_config(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
+
+
+def _job_workload(cfg, ring: int | None) -> Workload | None:
+    """The planner's workload for a job: the task's own ``workload(cfg)`` when it has one,
+    else a long-document job's model (``task.model_path``: its config.json) and mode, with
+    ``seq_len`` 0 (documents differ; see the budget)."""
+    from ..config import world_size
+    from ..tasks import get_spec
+
+    module = get_spec(str(cfg.task.name)).module
+    make = getattr(module, "workload", None)
+    if make is not None:
+        work = make(cfg)
+    elif str(cfg.task.name) == "longdoc":
+        m = _longdoc_model(cfg.task)
+        mode = {"score": "score", "embed": "embed", "grad": "train"}[str(cfg.task.mode)]
+        work = Workload(
+            seq_len=0, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, model=m,
+            dtype=str(cfg.task.dtype), mode=mode, backward=mode == "train",
+            layout=str(cfg.task.layout or cfg.ring.layout.value),
+            lm_head_chunk=int(cfg.task.chunk_size),
+        )  # fmt: skip
+    else:
+        return None
+    shard, degree = _job_shard(cfg, ring, world_size(cfg), work.trains)
+    return replace(work, shard=shard, shard_degree=degree) if shard != "none" else work
+
+
+def _from_job(args) -> Workload:
+    """The workload of a job config; its ranks, nodes and device fill the flags not given."""
+    from ..config import load_job, world_size
+
+    cfg = load_job(args.job, args.overrides)
+    ring = _ring_size(cfg)
+    work = _job_workload(cfg, ring)
+    if work is None:
+        raise UserError(
+            f"{args.job}: the {cfg.task.name} task does not describe its work up front; "
+            "use the flags (--seq, --model, ...)"
+        )
+    world = world_size(cfg)
+    args.world = world
+    args.ranks = args.ranks or ring or world
+    if args.nodes == 1:
+        args.nodes = max(1, -(-args.ranks // int(cfg.tasks_per_node)))
+    if cfg.get("device") and args.device == DEFAULT_DEVICE:
+        args.device = str(cfg.device)
+    if args.seq and not work.seq_len:
+        work = replace(work, seq_len=args.seq)
+    ulysses = _section(cfg, "ring").get("ulysses")
+    if ulysses not in (None, "auto") and args.ulysses == 1:
+        try:
+            work = replace(work, ulysses=int(ulysses))
+        except (TypeError, ValueError):
+            raise UserError(f"ring.ulysses: expected auto or a degree, got {ulysses!r}") from None
+    args.job_cfg = cfg
+    return work
+
+
+def _doc_lengths(cfg) -> list[int]:
+    """Tokens per document of a long-document job, without tokenising: UTF-8 bytes (exact for
+    the byte-level tokenizer; with a tokenizer, bytes / 4, an estimate)."""
+    from ..longdoc.documents import list_documents
+
+    t = cfg.task
+    if not t.get("inputs"):
+        from importlib import resources
+
+        inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
+    else:
+        inputs = [str(x) for x in t.inputs]
+    listing = list_documents(inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"))
+    per_token = 4 if t.get("tokenizer_path") else 1
+    return [max(1, len(d.read_bytes()) // per_token) for d in listing.documents]
+
+
+def _print_budget(args, work: Workload, device: Device) -> int:
+    """A job whose sequence lengths vary: the per-rank budget and the corpus's makespan."""
+    from ..planner.report import print_schedule
+    from ..planner.schedule import (
+        auto_schedule,
+        max_tokens_per_rank,
+        predicted_makespan,
+        single_ring_schedule,
+    )
+
+    ring = args.ranks
+    per_host = max(1, min(ring, ring // max(1, args.nodes)))
+    budget = max_tokens_per_rank(work, device, ring, per_host)
+    lengths = _doc_lengths(args.job_cfg) if str(args.job_cfg.task.name) == "longdoc" else []
+    schedules = {}
+    if lengths:
+        nodes = args.nodes
+        schedules[f"one ring of {ring}"] = single_ring_schedule(
+            lengths, ring, work, device, nodes=nodes
+        )
+        if ring == args.world:
+            try:
+                schedules["auto ring sizes"] = auto_schedule(
+                    lengths, args.world, work, device, nodes=nodes
+                )
+            except ValueError as err:
+                raise UserError(f"{args.job}: {err}") from None
+    spans = {name: predicted_makespan(s) for name, s in schedules.items()}
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "device": device.name,
+                    "ring_size": ring,
+                    "max_tokens_per_rank": budget,
+                    "documents": len(lengths),
+                    "makespan_s": spans,
+                },
+                indent=2,
+            )
+        )
+    else:
+        print_schedule(work, device, ring, budget, lengths, spans)
+    return 0
+
+
+def _print_makespan(path: Path, as_json: bool) -> int:
+    """A schedule.json (a list of per-document entries, or {"documents": [...]}) with each
+    entry's ``ring_size``, ``ring`` and predicted ``seconds``: its makespan."""
+    from ..planner.schedule import predicted_makespan
+
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    entries = data.get("documents") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise UserError(f"{path}: expected a list of documents (or a 'documents' key)")
+    try:
+        seconds = predicted_makespan(entries)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise UserError(
+            f"{path}: each document needs ring_size, ring and seconds ({err})"
+        ) from None
+    if as_json:
+        print(json.dumps({"documents": len(entries), "makespan_s": seconds}))
+    else:
+        print(f"{path}: {len(entries):,} documents, predicted makespan {seconds:.4g} s")
+    return 0
+
+
+def _print_corpus(args, work: Workload, device: Device) -> int:
+    """``--corpus lognormal:COUNT:LOW:HIGH[:SEED]`` on ``--ranks`` (the job's W)."""
+    from ..planner.report import print_corpus
+    from ..planner.schedule import corpus_comparison
+
+    try:
+        kind, *numbers = args.corpus.split(":")
+        count, low, high, *rest = (int(x) for x in numbers)
+    except ValueError:
+        raise UserError(
+            f"--corpus {args.corpus!r}: expected lognormal:COUNT:LOW:HIGH[:SEED]"
+        ) from None
+    if kind != "lognormal" or not 0 < low <= high or count < 1:
+        raise UserError(f"--corpus {args.corpus!r}: expected lognormal:COUNT:LOW:HIGH[:SEED]")
+    if not args.ranks:
+        raise UserError("--ranks is required (the job's ranks W)")
+    if work.model is None:
+        raise UserError("--corpus needs a model (--model or --layers/--hidden)")
+    try:
+        result = corpus_comparison(
+            work,
+            device,
+            args.ranks,
+            nodes=args.nodes,
+            count=count,
+            low=low,
+            high=high,
+            seed=rest[0] if rest else 0,
+        )
+    except ValueError as err:
+        raise UserError(f"--corpus: {err}") from None
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_corpus(result)
+    return 0
 
 
 def calibrate_and_store() -> Device:
@@ -178,49 +599,32 @@ def calibrate_and_store() -> Device:
     return device
 
 
-def _print_table(work, est, device, link, longest, fewest) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def preflight(cfg):
+    """What `ringctl submit` checks: the job's plan, or None when it cannot be sized (no
+    device entry, or a task that does not describe its work up front)."""
+    import socket
 
-    console = Console()
-    mask = "causal" if work.causal else "full"
-    console.print(
-        f"[bold]{work.seq_len:,} tokens[/], {mask} {work.layout}, {work.dtype}, "
-        f"{est.ranks} ranks x {est.tokens_per_rank:,} tokens on {device.name}; "
-        f"bottleneck hop: {link.name} {link.gbit_s:g} Gbit/s"
-    )
-    mem = Table(title="memory per rank", show_footer=True)
-    mem.add_column("held by", footer="total / usable")
-    mem.add_column(
-        "GiB", justify="right",
-        footer=f"{est.memory_total_gib:.2f} / {est.memory_capacity_gib:.1f}",
-    )  # fmt: skip
-    for name, value in est.memory_bytes.items():
-        mem.add_row(name, f"{value / GIB:.3f}")
-    console.print(mem)
-    steps = Table(title="one ring step (slowest rank)")
-    steps.add_column("phase")
-    for col in ("compute ms", "transfer ms", "hidden", "min tokens/rank", "total s"):
-        steps.add_column(col, justify="right", no_wrap=True)
-    for phase in est.step_compute_s:
-        steps.add_row(
-            phase,
-            f"{1e3 * est.step_compute_s[phase]:.2f}",
-            f"{1e3 * est.step_transfer_s[phase]:.2f}",
-            "yes" if est.overlapped[phase] else "[red]NO[/]",
-            f"{est.min_tokens_per_rank_for_overlap[phase]:,}",
-            f"{est.total_s[phase]:.4g}",
-        )
-    if "forward+backward" in est.total_s:
-        steps.add_row("fwd+bwd", "", "", "", "", f"{est.total_s['forward+backward']:.4g}")
-    console.print(steps)
-    if work.model is not None:
-        console.print(
-            f"times are the attention of all {work.model.layers} layers; projections and MLP "
-            "are not modelled"
-        )
-    console.print(f"longest sequence that fits on {est.ranks} ranks: {longest:,} tokens")
-    if fewest is not None:
-        console.print(f"fewest ranks that fit {work.seq_len:,} tokens: {fewest}")
-    for warning in est.warnings:
-        console.print(f"[yellow]warning:[/] {warning}")
+    from ..config import world_size
+    from ..planner.devices import load_devices
+    from ..planner.preflight import Preflight
+
+    try:
+        work = _job_workload(cfg, ring=_ring_size(cfg))
+    except UserError:
+        return None
+    if work is None or not work.seq_len:
+        return None
+    devices = load_devices()
+    name = cfg.get("device")
+    if not name and int(cfg.gpus_per_node) == 0:
+        name = f"cpu-{socket.gethostname().split('.')[0]}"
+    if not name or name not in devices:
+        return None
+    device = devices[name]
+    ranks = _ring_size(cfg) or world_size(cfg)
+    link = nominal_link(device, max(1, -(-ranks // int(cfg.tasks_per_node))))
+    per_host = min(ranks, int(cfg.tasks_per_node))
+    return Preflight(name, estimate(work, ranks, device, link, ranks_on_host=per_host))
+
+
+__all__ = ["GIB", "preflight", "register", "run"]

@@ -17,27 +17,40 @@ the condition of the Ring Attention paper (Liu et al., 2023, section 3).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .devices import Device
+from .memory import (
+    CHECKPOINTS,
+    DTYPE_BYTES,
+    MODES,
+    OPTIMIZERS,
+    SHARDS,
+    activation_parts,
+    backward_working_set,
+    logits_bytes,
+    output_bytes,
+    precision,
+    state_parts,
+)
+from .model import ModelShape
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 GIB = 1024**3
 
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A decoder-only LM, for activation and weight memory (per rank: all weights replicated)."""
-
-    layers: int
-    hidden: int
-    intermediate: int | None = None
-    vocab: int = 32000
-    params: int | None = None  # default: estimated from the shape
+__all__ = ["DTYPE_BYTES", "GIB", "Estimate", "Link", "ModelShape", "Workload", "estimate"]
 
 
 @dataclass(frozen=True)
 class Workload:
+    """What one ring computes: a sequence, its attention shape and, optionally, a model.
+
+    ``mode``: ``score`` / ``embed`` (inference: no autograd state) or ``train`` (forward and
+    backward). Without it, ``backward`` says which (the attention-only callers' field).
+    ``shard_degree``: the ranks the weights are sharded over; default the ring's ranks.
+    ``ulysses``: heads are split over this many ranks of a node (DeepSpeed-Ulysses all-to-all)
+    and the ring runs over ranks / ulysses groups; 1 is a flat ring.
+    """
+
     seq_len: int
     heads: int
     kv_heads: int
@@ -48,11 +61,39 @@ class Workload:
     layout: str = "zigzag"
     backward: bool = True
     model: ModelShape | None = None
+    mode: str | None = None
+    checkpoint: str = "none"
+    shard: str = "none"
+    shard_degree: int | None = None
+    optimizer: str | None = None
+    lm_head_chunk: int = 4096  # tokens per lm_head + log-softmax chunk; 0: all at once
+    ulysses: int = 1
+    mlp_chunk: int = 0  # tokens per MLP chunk (blockwise feedforward); 0: all at once
+
+    def __post_init__(self):
+        checks = [
+            ("mode", self.mode, (None, *MODES)),
+            ("checkpoint", self.checkpoint, CHECKPOINTS),
+            ("shard", self.shard, SHARDS),
+            ("optimizer", self.optimizer, OPTIMIZERS),
+        ]
+        for name, value, allowed in checks:
+            if value not in allowed:
+                shown = ", ".join(str(a) for a in allowed if a is not None)
+                raise ValueError(f"Workload.{name}: {value!r} is not one of {shown}")
+
+    @property
+    def run_mode(self) -> str:
+        return self.mode or ("train" if self.backward else "score")
+
+    @property
+    def trains(self) -> bool:
+        return self.run_mode == "train"
 
 
 @dataclass(frozen=True)
 class Link:
-    """The ring's slowest hop (from a topology plan's bottleneck, or nominal)."""
+    """One hop or collective link: bandwidth per direction and a per-message latency."""
 
     name: str
     gbit_s: float
@@ -75,23 +116,35 @@ class Estimate:
     step_transfer_s: dict[str, float] = field(default_factory=dict)
     overlapped: dict[str, bool] = field(default_factory=dict)
     min_tokens_per_rank_for_overlap: dict[str, int] = field(default_factory=dict)
-    total_s: dict[str, float] = field(default_factory=dict)
+    total_s: dict[str, float] = field(default_factory=dict)  # ring attention alone
     warnings: list[str] = field(default_factory=list)
+    mode: str = "train"
+    precision: dict[str, str] = field(default_factory=dict)
+    shard_degree: int = 1
+    ulysses: int = 1
+    memory_phases_gib: dict[str, float] = field(default_factory=dict)  # transients per phase
+    all_to_all_s: float = 0.0  # hybrid layouts: the Ulysses all-to-alls, all layers
+    model_s: dict[str, float] = field(default_factory=dict)  # whole model, by part
+    model_total_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def _model_params(m: ModelShape) -> int:
-    if m.params:
-        return m.params
-    inter = m.intermediate or 4 * m.hidden
-    per_layer = 4 * m.hidden * m.hidden + 3 * m.hidden * inter  # attention + gated MLP
-    return m.layers * per_layer + 2 * m.vocab * m.hidden
+def attention_view(w: Workload, ranks: int) -> tuple[Workload, int]:
+    """The ring attention a hybrid layout runs: ranks / U ring ranks, each holding N / ring
+    tokens for heads / U heads (K/V heads: kv / U, or one replicated head when U exceeds
+    them). A flat ring (U = 1) is itself."""
+    u = w.ulysses
+    if u == 1:
+        return w, ranks
+    return replace(w, heads=w.heads // u, kv_heads=max(1, w.kv_heads // u), ulysses=1), ranks // u
 
 
-def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
-    """Bytes one rank holds at its peak, by what holds them."""
+def _attention_parts(w: Workload, ranks: int) -> dict[str, float]:
+    """The ring's own buffers for one attention call (the layer being computed)."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
     q = w.batch * n * w.heads * w.head_dim * b
     kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
@@ -104,38 +157,81 @@ def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
         "K/V blocks in flight": in_flight * kv,
         "block kernel workspace": q * 4 / b,  # one block's output in float32, merged in place
     }
-    if w.backward:
+    if w.trains:
         parts.update({
             "dout + dQ (float32 accumulator)": q + q * 4 / b,
             "dK/dV accumulators (float32, travelling)": (1 + min(2, ranks)) * kv_f32,
             "dQ, dK, dV results": q + kv,
         })  # fmt: skip
-    if w.model is not None:
-        m = w.model
-        params = _model_params(m)
-        parts["model weights"] = params * b
-        tokens = w.batch * n
-        if w.backward:
-            # Saved activations per layer with a fused attention kernel (no n^2 scores):
-            # about 34 * hidden bytes per token in 16-bit (Korthikanti et al., 2022).
-            parts["activations (all layers)"] = m.layers * 34 * m.hidden * tokens * b / 2
-            parts["gradients"] = params * 4
-        else:
-            parts["activations (one layer live)"] = 2 * 34 * m.hidden * tokens * b / 2
-        parts["logits chunk (lm_head in chunks)"] = min(tokens, 4096) * m.vocab * 4
     return parts
 
 
-def nominal_link(device: Device, nodes: int = 1) -> Link:
+def memory_phases(w: Workload, ranks: int) -> tuple[dict[str, float], dict[str, dict]]:
+    """(always held, {phase: transient parts}) of one rank, in bytes.
+
+    A layer's attention and its MLP do not run at the same time, nor does the lm_head run
+    beside a layer: the ring's buffers, the MLP's gradients and the logits are transients of
+    different phases, so the peak is what is always held plus the largest phase."""
+    attn, ring = attention_view(w, ranks)
+    buffers = _attention_parts(attn, ring)
+    if w.model is None:
+        return buffers, {}
+    for counted in ("q, k, v shards", "output shard", "log-sum-exp"):
+        buffers.pop(counted)  # part of the layer's activations below
+    tokens = w.batch * w.seq_len / ranks
+    held = state_parts(w, w.shard_degree or ranks)
+    layer: dict[str, float] = {}
+    for name, value in activation_parts(w, tokens).items():
+        (layer if name.startswith(("recomputed", "activations (one layer")) else held)[name] = value
+    held.update(output_bytes(w, tokens))
+    phases = {"attention": layer | {f"ring attention: {k}": v for k, v in buffers.items()}}
+    mlp = dict(layer)
+    if w.trains:
+        mlp["backward working set (one layer's gradients)"] = backward_working_set(w, tokens)
+    phases["MLP"] = mlp
+    phases["lm_head"] = {_logits_label(w, tokens): logits_bytes(w, tokens)}
+    return held, phases
+
+
+def peak_phase(phases: dict[str, dict]) -> str | None:
+    return max(phases, key=lambda p: sum(phases[p].values())) if phases else None
+
+
+def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
+    """Bytes one rank holds at its peak, by what holds them (the largest phase's transients
+    beside what is always held; see ``memory_phases``)."""
+    held, phases = memory_phases(w, ranks)
+    peak = peak_phase(phases)
+    return held | (phases[peak] if peak else {})
+
+
+def _logits_label(w: Workload, tokens: float) -> str:
+    if w.lm_head_chunk and w.lm_head_chunk < tokens:
+        return f"logits (lm_head in chunks of {w.lm_head_chunk})"
+    return "logits (lm_head over all tokens at once)"
+
+
+def nominal_link(device: Device, nodes: int = 1, latency_s: float | None = None) -> Link:
     """The ring's slowest hop when no topology plan says it: this host's measured exchange for
-    a calibrated device, else NDR InfiniBand across nodes, else NVLink (or PCIe) inside one."""
+    a calibrated device, else the device's inter-node network (``net_gbit``: the NIC per GPU
+    of its reference system) across nodes, else NVLink (or PCIe) inside one."""
     if device.p2p_gbytes_s:
         return Link("local gloo", device.p2p_gbytes_s * 8, device.p2p_latency_s)
     if nodes > 1:
-        return Link("NET (NDR InfiniBand, nominal)", 400.0, 5e-6)
+        return net_link(device, latency_s)
+    return intra_link(device, latency_s)
+
+
+def net_link(device: Device, latency_s: float | None = None) -> Link:
+    lat = device.net_latency_s if latency_s is None else latency_s
+    return Link(f"NET ({device.net_name}, nominal)", device.net_gbit, lat)
+
+
+def intra_link(device: Device, latency_s: float | None = None) -> Link:
+    lat = device.nvlink_latency_s if latency_s is None else latency_s
     if device.nvlink_gbytes_s:
-        return Link("NVLink (nominal)", 8 * device.nvlink_gbytes_s)
-    return Link("PCIe (nominal)", 8 * (device.pcie_gbytes_s or 32))
+        return Link("NVLink (nominal)", 8 * device.nvlink_gbytes_s, lat)
+    return Link("PCIe (nominal)", 8 * (device.pcie_gbytes_s or 32), lat)
 
 
 def step_kinds(w: Workload, ranks: int) -> list[str]:
@@ -175,21 +271,16 @@ def _transfer_seconds(w: Workload, ranks: int, link: Link):
     )
 
 
-def estimate(
-    w: Workload, ranks: int, device: Device, link: Link, *, ranks_on_host: int = 1
-) -> Estimate:
-    n = w.seq_len // ranks
-    mem = memory_per_rank(w, ranks)
-    total = sum(mem.values())
-    capacity = usable_gib(device, ranks_on_host)
-    est = Estimate(
-        ranks=ranks,
-        tokens_per_rank=n,
-        memory_bytes=mem,
-        memory_total_gib=total / GIB,
-        memory_capacity_gib=capacity,
-        fits=total / GIB <= capacity,
-    )
+def _ring_times(
+    est: Estimate,
+    w: Workload,
+    ranks: int,
+    device: Device,
+    link: Link,
+    ranks_on_host: int,
+    overlap_threshold: bool,
+) -> None:
+    """Fill the ring attention's per-step and total times (w: the attention view)."""
     steps = _step_seconds(w, ranks, device, ranks_on_host)
     typical_fwd, typical_bwd = steps[-1]  # an off-diagonal step's compute
     t_kv, t_dkv = _transfer_seconds(w, ranks, link) if ranks > 1 else (0.0, 0.0)
@@ -203,7 +294,7 @@ def estimate(
     est.step_compute_s = {"forward": typical_fwd}
     est.step_transfer_s = {"forward": t_kv}
     est.total_s = {"forward": sum(max(f, t_kv) for f, _ in steps[:-1]) + steps[-1][0]}
-    if w.backward:
+    if w.trains:
         # Backward: K/V and the travelling dK/dV overlap compute; the last dK/dV hop (home)
         # has nothing left to hide behind.
         est.step_compute_s["backward"] = typical_bwd
@@ -216,9 +307,62 @@ def estimate(
         est.overlapped[phase] = (
             ranks == 1 or est.step_compute_s[phase] >= est.step_transfer_s[phase]
         )
-        est.min_tokens_per_rank_for_overlap[phase] = min_tokens_for_overlap(
-            w, device, link, phase, ranks_on_host
+        if overlap_threshold:
+            est.min_tokens_per_rank_for_overlap[phase] = min_tokens_for_overlap(
+                w, device, link, phase, ranks_on_host
+            )
+
+
+def estimate(
+    w: Workload,
+    ranks: int,
+    device: Device,
+    link: Link,
+    *,
+    ranks_on_host: int = 1,
+    intra: Link | None = None,
+    net: Link | None = None,
+    overlap_threshold: bool = True,
+) -> Estimate:
+    """Memory, ring attention and (with a model) whole-model time of one sequence.
+
+    ``link`` is the ring's bottleneck hop; ``intra`` / ``net`` the links FSDP's collectives
+    and the Ulysses all-to-all use (default: the device's nominal NVLink and network).
+    """
+    if w.ulysses > 1 and (ranks % w.ulysses or w.heads % w.ulysses):
+        raise ValueError(
+            f"ulysses degree {w.ulysses} must divide the ranks ({ranks}) and the heads ({w.heads})"
         )
+    attn, ring = attention_view(w, ranks)
+    n = w.seq_len // ranks
+    mem = memory_per_rank(w, ranks)
+    total = sum(mem.values())
+    capacity = usable_gib(device, ranks_on_host)
+    est = Estimate(
+        ranks=ranks, tokens_per_rank=n, memory_bytes=mem, memory_total_gib=total / GIB,
+        memory_capacity_gib=capacity, fits=total / GIB <= capacity, mode=w.run_mode,
+        precision=precision(w), ulysses=w.ulysses,
+        shard_degree=(w.shard_degree or ranks) if w.shard != "none" else 1,
+    )  # fmt: skip
+    _, phases = memory_phases(w, ranks)
+    est.memory_phases_gib = {name: sum(p.values()) / GIB for name, p in phases.items()}
+    _ring_times(est, attn, ring, device, link, ranks_on_host, overlap_threshold)
+    from .timing import all_to_all_s, model_time
+
+    a2a = all_to_all_s(w, ranks, intra or intra_link(device))
+    est.all_to_all_s = (w.model.layers if w.model else 1) * (a2a[0] + (a2a[1] if w.trains else 0))
+    timed = model_time(
+        w, ranks, device, est.total_s, ranks_on_host=ranks_on_host,
+        intra=intra or intra_link(device), net=net or net_link(device),
+    )  # fmt: skip
+    if timed:
+        est.model_s, est.model_total_s = timed["parts"], timed["total_s"]
+        est.tokens_per_s_per_gpu, est.mfu = timed["tokens_per_s_per_gpu"], timed["mfu"]
+    _warn(est, device, capacity, attn.seq_len // ring)
+    return est
+
+
+def _warn(est: Estimate, device: Device, capacity: float, ring_tokens: int) -> None:
     if not est.fits:
         est.warnings.append(
             f"does not fit: {est.memory_total_gib:.1f} GiB per rank needed, "
@@ -226,13 +370,12 @@ def estimate(
         )
     for phase, hidden in est.overlapped.items():
         if not hidden:
-            need = est.min_tokens_per_rank_for_overlap[phase]
+            need = est.min_tokens_per_rank_for_overlap.get(phase)
+            needs = f"; needs >= {need} tokens per ring rank (has {ring_tokens})" if need else ""
             est.warnings.append(
                 f"{phase}: communication exposed ({1e3 * est.step_transfer_s[phase]:.2f} ms "
-                f"transfer vs {1e3 * est.step_compute_s[phase]:.2f} ms compute per step); "
-                f"needs >= {need} tokens per rank (has {n})"
+                f"transfer vs {1e3 * est.step_compute_s[phase]:.2f} ms compute per step){needs}"
             )
-    return est
 
 
 def min_tokens_for_overlap(
@@ -275,14 +418,24 @@ def usable_gib(device: Device, ranks_on_host: int = 1) -> float:
     return device.mem_gib - device.reserve_gib
 
 
+def layout_multiple(w: Workload, ranks: int) -> int:
+    """What the sequence length must be a multiple of to split over ``ranks`` in w's layout
+    (zigzag: two chunks per rank). A hybrid layout splits over ranks as well (N / ring over
+    the ring, then 1/U of that per rank of a Ulysses group)."""
+    return ranks * (2 if w.layout == "zigzag" else 1)
+
+
+def splits(w: Workload, ranks: int) -> bool:
+    return w.seq_len % layout_multiple(w, ranks) == 0 and ranks % w.ulysses == 0
+
+
 def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int = 1) -> int:
-    """The largest total N (a multiple of 2P) whose per-rank memory fits the device."""
+    """The largest total N (a multiple of the layout's unit) whose per-rank memory fits."""
     capacity = usable_gib(device, ranks_on_host) * GIB
-    unit = 2 * ranks
+    unit = layout_multiple(w, ranks)
 
     def fits(seq: int) -> bool:
-        probe = Workload(**{**asdict(w), "seq_len": seq, "model": w.model})
-        return sum(memory_per_rank(probe, ranks).values()) <= capacity
+        return sum(memory_per_rank(replace(w, seq_len=seq), ranks).values()) <= capacity
 
     if not fits(unit):
         return 0
@@ -297,17 +450,25 @@ def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int
     return lo * unit
 
 
-def fewest_ranks(w: Workload, device: Device, limit: int = 1 << 16) -> int | None:
-    """The fewest ranks whose per-rank memory fits the sequence (None: not even ``limit``)."""
-    capacity = usable_gib(device) * GIB
+def fewest_ranks(
+    w: Workload, device: Device, limit: int = 1 << 16, ranks_on_host: int = 1
+) -> int | None:
+    """The fewest ranks whose per-rank memory fits the sequence *and* over which the layout
+    can split it (None: no such count up to ``limit``).
+
+    Memory falls as P grows, so the smallest P that fits is found by bisection; the answer is
+    then the first P from there that divides the sequence as the layout needs (a count the
+    planner itself would refuse is no answer).
+    """
+    capacity = usable_gib(device, ranks_on_host) * GIB
 
     def fits(p: int) -> bool:
         return sum(memory_per_rank(w, p).values()) <= capacity
 
     if not fits(limit):
         return None
-    lo, hi = 0, limit  # memory falls as P grows: binary search for the first that fits
+    lo, hi = 0, limit
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return hi
+    return next((p for p in range(hi, limit + 1) if splits(w, p)), None)

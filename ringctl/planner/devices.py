@@ -42,6 +42,15 @@ class Device:
     source: str = ""
     nvlink_gbytes_s: float = 0.0  # per direction; 0: no NVLink
     pcie_gbytes_s: float = 0.0
+    # Share of peak the projections' and MLP's matmuls reach (whole-model time).
+    matmul_efficiency: float = 0.6
+    # The inter-node network of the device's reference system: one NIC per GPU.
+    net_gbit: float = 400.0
+    net_name: str = "NDR InfiniBand"
+    net_latency_s: float = 5e-6
+    nvlink_latency_s: float = 3e-6
+    gpus_per_node: int = 8  # the NVLink (or PCIe) domain of one node
+    efficiency_source: str = ""
     # Calibrated entries only: measured seconds of one ring step's block work (kernel plus the
     # merge or gradient accumulation around it), forward and backward, by block kind and tokens
     # per rank, for `calib_shape` = (batch, heads, head_dim), with every core busy.
@@ -98,6 +107,13 @@ class Device:
             "reserve_gib": self.reserve_gib,
             "nvlink_gbps": self.nvlink_gbytes_s,
             "pcie_gbps": self.pcie_gbytes_s,
+            "matmul_efficiency": self.matmul_efficiency,
+            "net_gbit": self.net_gbit,
+            "net_name": self.net_name,
+            "net_latency_s": self.net_latency_s,
+            "nvlink_latency_s": self.nvlink_latency_s,
+            "gpus_per_node": self.gpus_per_node,
+            "efficiency_source": self.efficiency_source,
         }
         if self.block_seconds:
             entry.update(
@@ -132,7 +148,24 @@ def _interpolate(table: dict[int, tuple[float, float]], n: float) -> tuple[float
     )
 
 
+def _check_shares(device: Device, where: str) -> Device:
+    shares = {"attention_efficiency": device.attention_efficiency,
+              "matmul_efficiency": (device.matmul_efficiency,)}  # fmt: skip
+    for key, values in shares.items():
+        size = 2 if key == "attention_efficiency" else 1
+        if len(values) != size or not all(0 < v <= 1 for v in values):
+            raise UserError(
+                f"{where}: device {device.name!r}: {key} must be shares of peak "
+                f"in (0, 1], got {list(values)}"
+            )
+    return device
+
+
 def _device_from_json(name: str, entry: dict, where: str) -> Device:
+    return _check_shares(_parse_device(name, entry, where), where)
+
+
+def _parse_device(name: str, entry: dict, where: str) -> Device:
     try:
         blocks = {
             kind: {int(n): (float(t[0]), float(t[1])) for n, t in sizes.items()}
@@ -147,6 +180,13 @@ def _device_from_json(name: str, entry: dict, where: str) -> Device:
             source=entry.get("source", ""),
             nvlink_gbytes_s=float(entry.get("nvlink_gbps", 0.0)),
             pcie_gbytes_s=float(entry.get("pcie_gbps", 0.0)),
+            matmul_efficiency=float(entry.get("matmul_efficiency", 0.6)),
+            net_gbit=float(entry.get("net_gbit", 400.0)),
+            net_name=str(entry.get("net_name", "NDR InfiniBand")),
+            net_latency_s=float(entry.get("net_latency_s", 5e-6)),
+            nvlink_latency_s=float(entry.get("nvlink_latency_s", 3e-6)),
+            gpus_per_node=int(entry.get("gpus_per_node", 8)),
+            efficiency_source=str(entry.get("efficiency_source", "")),
             block_seconds=blocks,
             calib_shape=tuple(entry.get("calib_shape", (1, 8, 64))),
             cores=entry.get("cores"),

@@ -1,0 +1,141 @@
+"""A decoder-only LM's shape, and the counts the planner derives from it.
+
+The shape comes from flags, from a preset (``data/models.json``) or from a Hugging Face
+``config.json``; the planner needs only sizes, never the weights, so reading the config is a
+plain JSON read (no transformers import, which keeps ``ringctl plan`` fast and the planner a
+leaf of the package).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama-family decoder: attention (GQA) + gated MLP per layer, embeddings + lm_head.
+
+    ``heads``/``kv_heads``/``head_dim`` are optional so that older callers (which gave the
+    attention shape on the Workload only) keep working: the Workload's values fill them in.
+    """
+
+    layers: int
+    hidden: int
+    intermediate: int | None = None
+    vocab: int = 32000
+    params: int | None = None  # default: counted from the shape
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    tied_embeddings: bool = False
+    name: str = ""
+
+    @property
+    def inter(self) -> int:
+        return self.intermediate or 4 * self.hidden
+
+
+def layer_params(m: ModelShape, heads: int, kv_heads: int, head_dim: int) -> int:
+    """Weights of one decoder layer: q/k/v/o projections, gate/up/down, two norms."""
+    attn = m.hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * m.hidden
+    return attn + 3 * m.hidden * m.inter + 2 * m.hidden
+
+
+def embedding_params(m: ModelShape) -> int:
+    """Input embedding plus lm_head (one matrix when tied) plus the final norm."""
+    return (1 if m.tied_embeddings else 2) * m.vocab * m.hidden + m.hidden
+
+
+def total_params(m: ModelShape, heads: int, kv_heads: int, head_dim: int) -> int:
+    if m.params:
+        return m.params
+    return m.layers * layer_params(m, heads, kv_heads, head_dim) + embedding_params(m)
+
+
+def linear_flops_per_token(m: ModelShape, heads: int, kv_heads: int, head_dim: int) -> float:
+    """Forward matmul FLOPs per token of all layers (attention scores excluded)."""
+    per_layer = layer_params(m, heads, kv_heads, head_dim) - 2 * m.hidden
+    return 2.0 * m.layers * per_layer
+
+
+def lm_head_flops_per_token(m: ModelShape) -> float:
+    return 2.0 * m.vocab * m.hidden
+
+
+def _int(data: dict, key: str, where: str, default=None) -> int:
+    value = data.get(key, default)
+    if value is None:
+        raise UserError(f"{where}: missing key {key!r}")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: key {key!r} must be an integer, got {value!r}") from None
+    if number < 1:
+        raise UserError(f"{where}: key {key!r} must be at least 1, got {number}")
+    return number
+
+
+def from_hf_config(data: dict, where: str) -> ModelShape:
+    """A shape from a Hugging Face config (Llama, Mistral, Qwen2 and similar key names)."""
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a JSON object")
+    if "text_config" in data and "hidden_size" not in data:  # multimodal wrappers
+        data = data["text_config"]
+    hidden = _int(data, "hidden_size", where)
+    heads = _int(data, "num_attention_heads", where)
+    kv = _int(data, "num_key_value_heads", where, default=heads)
+    head_dim = _int(data, "head_dim", where, default=hidden // heads)
+    if heads % kv:
+        raise UserError(
+            f"{where}: num_attention_heads ({heads}) must be a multiple of "
+            f"num_key_value_heads ({kv})"
+        )
+    return ModelShape(
+        layers=_int(data, "num_hidden_layers", where), hidden=hidden,
+        intermediate=_int(data, "intermediate_size", where, default=4 * hidden),
+        vocab=_int(data, "vocab_size", where), heads=heads, kv_heads=kv, head_dim=head_dim,
+        tied_embeddings=bool(data.get("tie_word_embeddings", False)),
+        name=str(data.get("_name_or_path") or data.get("model_type") or ""),
+    )  # fmt: skip
+
+
+def read_hf_config(path: str | Path) -> ModelShape:
+    """A model directory (its config.json) or a config JSON file."""
+    path = Path(path).expanduser()
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{file}: no such model config") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{file}:{err.lineno}: not valid JSON ({err.msg})") from None
+    return from_hf_config(data, str(file))
+
+
+def presets() -> dict[str, ModelShape]:
+    text = resources.files(__package__).joinpath("data/models.json").read_text()
+    table = json.loads(text)
+    where = "ringctl/planner/data/models.json"
+    return {
+        name: from_hf_config(entry, f"{where}: {name}")
+        for name, entry in table.items()
+        if not name.startswith("_")
+    }
+
+
+def resolve_model(spec: str) -> ModelShape:
+    """``spec``: a preset name (see data/models.json) or a model directory / config file."""
+    table = presets()
+    if spec in table:
+        return table[spec]
+    if Path(spec).expanduser().exists():
+        return read_hf_config(spec)
+    raise UserError(
+        f"--model {spec!r}: neither a preset ({', '.join(sorted(table))}) nor a model "
+        "directory or config.json"
+    )

@@ -1,0 +1,116 @@
+"""Whole-model time of one sequence on a ring: matmuls, ring attention, lm_head, recompute,
+FSDP collectives and (hybrid layouts) the Ulysses all-to-all; then tokens/s and MFU per GPU.
+
+Per decoder layer the rank computes its projections and MLP on its N/P tokens (matmul
+throughput: the device's peak x ``matmul_efficiency``) and its share of attention (the ring
+model of ``cost``, which already hides or exposes the K/V transfers step by step). Training
+runs the matmuls backward at 2x their forward FLOPs; ``checkpoint=full`` recomputes each
+layer's forward (ring attention included) before its backward; ``selective`` recomputes
+only element-wise work, counted as free.
+
+Sharded weights are all-gathered a layer at a time, prefetched one layer ahead, so a layer
+costs max(its compute, its collectives) and only the first gather (and, backward, the last
+reduce-scatter) is exposed. FSDP2 reshards after forward, so backward gathers each layer
+again and reduce-scatters its gradient. The collectives cross NVLink while the shard group
+fits one node, else the device's inter-node network.
+
+The Ulysses all-to-all (q, k, v in, output back; backward: dout in, dq, dk, dv back) sits on
+the critical path of every layer: its volume is (U-1)/U of the tensors, over NVLink.
+"""
+
+from __future__ import annotations
+
+from .memory import DTYPE_BYTES
+from .model import layer_params, linear_flops_per_token, lm_head_flops_per_token
+
+
+def collective_s(nbytes: float, degree: int, link) -> float:
+    """A ring all-gather or reduce-scatter of ``nbytes`` (the full tensor) over ``degree``."""
+    if degree <= 1:
+        return 0.0
+    return (degree - 1) / degree * nbytes / link.bytes_per_s + (degree - 1) * link.latency_s
+
+
+def all_to_all_s(w, ranks: int, link) -> tuple[float, float]:
+    """(forward, backward) seconds per layer of the Ulysses all-to-all on one rank."""
+    u = w.ulysses
+    if u <= 1:
+        return 0.0, 0.0
+    tokens = w.batch * w.seq_len / ranks
+    b = DTYPE_BYTES[w.dtype]
+    kv_heads = max(w.kv_heads, u)  # fewer K/V heads than U: each rank gets one, replicated
+    qkv = tokens * (w.heads + 2 * kv_heads) * w.head_dim * b
+    out = tokens * w.heads * w.head_dim * b
+    share = (u - 1) / u
+    one = 2 * link.latency_s * (u - 1)
+    return share * (qkv + out) / link.bytes_per_s + one, share * (
+        out + qkv
+    ) / link.bytes_per_s + one
+
+
+def attention_flops(w, ranks: int) -> float:
+    """Forward attention FLOPs per rank over all layers (causal: half the full score matrix)."""
+    full = 4.0 * w.batch * w.seq_len**2 / ranks * w.heads * w.head_dim
+    return w.model.layers * (full / 2 if w.causal else full)
+
+
+def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict | None:
+    """Seconds by part, total, tokens/s/GPU and MFU; None when the device has no matmul rate
+    (a calibrated CPU entry measures attention blocks only)."""
+    if w.model is None or w.dtype not in device.tflops:
+        return None
+    m = w.model
+    peak = device.tflops[w.dtype] * 1e12
+    rate = peak * device.matmul_efficiency
+    tokens = w.batch * w.seq_len / ranks
+    lin_f = tokens * linear_flops_per_token(m, w.heads, w.kv_heads, w.head_dim) / rate
+    head_f = tokens * lm_head_flops_per_token(m) / rate
+    att_f = attn_s["forward"]
+    trains = w.trains
+    lin_b, att_b, head_b = (2 * lin_f, attn_s.get("backward", 0.0), 2 * head_f)
+    recompute = lin_f + att_f if trains and w.checkpoint == "full" else 0.0
+    degree = (w.shard_degree or ranks) if w.shard != "none" else 1
+    link = intra if degree <= ranks_on_host else net
+    b = DTYPE_BYTES[w.dtype]
+    layer_bytes = layer_params(m, w.heads, w.kv_heads, w.head_dim) * b
+    grad_b = 4 if w.optimizer == "adam" else b
+    gather = collective_s(layer_bytes, degree, link)
+    scatter = collective_s(layer_bytes / b * grad_b, degree, link) if trains else 0.0
+    a2a_f, a2a_b = all_to_all_s(w, ranks, intra)
+    L = m.layers
+    fwd_layer = (lin_f + att_f) / L
+    parts = {
+        "projections + MLP (forward)": lin_f,
+        "ring attention (forward)": att_f,
+        "lm_head (forward)": head_f,
+    }
+    forward = L * max(fwd_layer, gather) + gather + L * a2a_f + head_f
+    total = forward
+    if trains:
+        parts.update({
+            "projections + MLP (backward)": lin_b,
+            "ring attention (backward)": att_b,
+            "lm_head (backward)": head_b,
+            "recompute (checkpoint=full)": recompute,
+        })  # fmt: skip
+        bwd_layer = (lin_b + att_b + recompute) / L
+        backward = L * max(bwd_layer, gather + scatter) + scatter + L * a2a_b + head_b
+        total += backward
+    if degree > 1:
+        parts[f"FSDP collectives over {degree} ({link.name}), exposed"] = total - (
+            sum(parts.values()) + L * (a2a_f + (a2a_b if trains else 0.0))
+        )
+    if w.ulysses > 1:
+        parts[f"Ulysses all-to-all x{w.ulysses} ({intra.name})"] = L * (
+            a2a_f + (a2a_b if trains else 0.0)
+        )
+    useful = tokens * (
+        linear_flops_per_token(m, w.heads, w.kv_heads, w.head_dim) + lm_head_flops_per_token(m)
+    ) + attention_flops(w, ranks)
+    useful *= 3 if trains else 1
+    return {
+        "parts": parts,
+        "total_s": total,
+        "tokens_per_s_per_gpu": tokens / total,
+        "mfu": useful / (total * peak),
+    }

@@ -1,0 +1,126 @@
+"""The planner's side of many rings per job: per-rank budgets, a document's cost, the makespan
+of a schedule, and the reference auto schedule of the scale-out issue."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from ringctl.cli import main
+from ringctl.planner.cost import GIB, Workload, memory_per_rank, usable_gib
+from ringctl.planner.devices import get_device
+from ringctl.planner.model import presets
+from ringctl.planner.schedule import (
+    Entry,
+    auto_schedule,
+    corpus_comparison,
+    document_cost,
+    lognormal_lengths,
+    max_tokens_per_rank,
+    predicted_makespan,
+    ring_sizes,
+)
+
+L8 = presets()["llama3-8b"]
+H100 = get_device("H100-SXM")
+SCORE = Workload(seq_len=0, heads=32, kv_heads=8, head_dim=128, model=L8, mode="score")
+
+
+@pytest.mark.parametrize("ring", [1, 4])
+def test_budget_fits_and_one_more_unit_does_not(ring):
+    n = max_tokens_per_rank(SCORE, H100, ring)
+    cap = usable_gib(H100) * GIB
+    unit = 2 * ring  # zigzag
+
+    def total(tokens_per_rank):
+        return sum(memory_per_rank(replace(SCORE, seq_len=tokens_per_rank * ring), ring).values())
+
+    assert n > 0 and (n * ring) % unit == 0
+    assert total(n) <= cap < total(n + unit // ring)
+
+
+def test_sharding_over_the_ring_raises_the_budget():
+    plain = max_tokens_per_rank(SCORE, H100, 8)
+    sharded = max_tokens_per_rank(replace(SCORE, shard="weights"), H100, 8)
+    assert sharded > plain
+
+
+def test_document_cost_grows_as_n_squared_for_attention_and_n_for_the_rest():
+    attention = Workload(seq_len=0, heads=32, kv_heads=8, head_dim=128, mode="score")
+    long = document_cost(1 << 20, 8, attention, H100) / document_cost(1 << 19, 8, attention, H100)
+    assert long == pytest.approx(4, rel=0.02)
+    short = document_cost(8192, 1, SCORE, H100) / document_cost(4096, 1, SCORE, H100)
+    assert 2 <= short < 2.5  # projections and MLP dominate at 4-8k tokens
+
+
+def test_makespan_is_the_sum_over_phases_of_the_busiest_ring():
+    schedule = [
+        Entry(0, 0, 4, 0, 0, 10.0),
+        Entry(1, 0, 2, 0, 1, 3.0), Entry(2, 0, 2, 0, 1, 4.0), Entry(3, 0, 2, 1, 1, 5.0),
+        Entry(4, 0, 1, 3, 2, 1.0),
+    ]  # fmt: skip
+    assert predicted_makespan(schedule) == 10 + 7 + 1
+    as_json = [{"ring_size": e.ring_size, "ring": e.ring, "seconds": e.seconds} for e in schedule]
+    assert predicted_makespan(as_json) == 18  # phases from the ring sizes, largest first
+
+
+def test_auto_schedule_places_each_document_once_on_the_smallest_ring_that_holds_it():
+    lengths = lognormal_lengths(200, 4096, 1 << 21, seed=3)
+    schedule = auto_schedule(lengths, 16, SCORE, H100, nodes=2, balance=False)
+    assert sorted(e.doc for e in schedule) == list(range(200))
+    assert schedule == auto_schedule(lengths, 16, SCORE, H100, nodes=2, balance=False)
+    budgets = {s: max_tokens_per_rank(SCORE, H100, s, min(s, 8)) for s in ring_sizes(16)}
+    for e in schedule:
+        smaller = [s for s in ring_sizes(16) if s < e.ring_size]
+        assert all(-(-e.tokens // (2 * s)) * 2 > budgets[s] for s in smaller)
+        assert 0 <= e.ring < 16 // e.ring_size
+    phases = [e.phase for e in schedule]
+    assert phases == sorted(phases)  # large rings first
+    balanced = auto_schedule(lengths, 16, SCORE, H100, nodes=2)
+    assert sorted(e.doc for e in balanced) == list(range(200))
+    before = {e.doc: e.ring_size for e in schedule}
+    assert all(e.ring_size >= before[e.doc] for e in balanced)  # balancing only grows rings
+    assert predicted_makespan(balanced) <= predicted_makespan(schedule)
+
+
+def test_a_document_no_ring_can_hold_is_refused_by_name():
+    big = 16 * max_tokens_per_rank(SCORE, H100, 16, 8) + 4096
+    with pytest.raises(ValueError, match=rf"document 1: {big:,} tokens; no ring"):
+        auto_schedule([4096, big], 16, SCORE, H100, nodes=2)
+
+
+def test_auto_beats_one_ring_on_a_heavy_tailed_corpus():
+    result = corpus_comparison(SCORE, H100, 64, nodes=8, count=300, low=4096, high=1 << 20)
+    assert result["auto_makespan_s"] < result["one_ring_makespan_s"]
+    assert result["gpu_seconds"]["auto"] < result["gpu_seconds"]["one ring"]
+    assert sum(result["auto_documents_per_ring_size"].values()) == 300
+    # without balancing, the smallest ring that holds a long document outlasts the job
+    assert result["smallest_ring_makespan_s"] > result["one_ring_makespan_s"]
+
+
+def test_plan_corpus_cli(capsys):
+    argv = ["plan", "--model", "llama3-8b", "--ranks", "64", "--nodes", "8", "--mode", "score",
+            "--corpus", "lognormal:100:4096:1048576", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["documents"] == 100 and report["speedup"] > 1
+    assert main(["plan", "--ranks", "8", "--corpus", "normal:1:2:3"]) == 2
+    assert "expected lognormal:COUNT:LOW:HIGH" in capsys.readouterr().err
+
+
+def test_plan_prints_a_schedule_files_makespan(tmp_path, capsys):
+    docs = [{"doc": "a", "ring_size": 2, "ring": [0, 1], "seconds": 3.0},
+            {"doc": "b", "ring_size": 2, "ring": [2, 3], "seconds": 5.0},
+            {"doc": "c", "ring_size": 2, "ring": [0, 1], "seconds": 1.0},
+            {"doc": "d", "ring_size": 4, "ring": [0, 1, 2, 3], "seconds": 2.0}]  # fmt: skip
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps({"documents": docs}))
+    assert main(["plan", "--schedule", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"documents": 4, "makespan_s": 2.0 + 5.0}
+    assert main(["plan", str(tmp_path), "--json"]) == 0  # a job directory with its schedule
+    assert json.loads(capsys.readouterr().out)["makespan_s"] == 7.0
+    path.write_text(json.dumps([{"ring": 0}]))
+    assert main(["plan", "--schedule", str(path)]) == 2
+    assert "each document needs ring_size, ring and seconds" in capsys.readouterr().err
