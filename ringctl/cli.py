@@ -18,6 +18,7 @@ VERB_MODULES = [
     "ringctl.commands.gather",  # gather
     "ringctl.commands.topo",  # topo (and topo probe)
     "ringctl.commands.plan",  # plan
+    "ringctl.commands.example",  # example
 ]
 
 

@@ -13,9 +13,11 @@ brings its own parameter dataclass and may add top-level sections of its own (e.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
+import math
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,12 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from . import sbatch
 from .errors import UserError
+from .sbatch import slurm_time_seconds
+from .tasks.base import TaskParams, world_size
+
+__all__ = ["TaskParams", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
 
 
 class BackendName(str, enum.Enum):
@@ -43,17 +50,10 @@ class DistBackend(str, enum.Enum):
     nccl = "nccl"
 
 
-class PlanMode(str, enum.Enum):
-    required = "required"  # no plan -> the Slurm job fails, saying so
-    optional = "optional"  # no plan -> warn, ranks keep Slurm's task order
-    skip = "skip"  # no probe, no plan: ranks in Slurm's task order
-
-
-@dataclass
-class TaskParams:
-    """Base of every task's parameters: `task.name` selects the task."""
-
-    name: str = "attention"
+class PlacementMode(str, enum.Enum):
+    required = "required"  # no placement -> the Slurm job fails, saying so
+    optional = "optional"  # no placement -> warn, ranks keep Slurm's task order
+    skip = "skip"  # no probe, no placement: ranks in Slurm's task order
 
 
 @dataclass
@@ -88,7 +88,7 @@ class EnvConfig:
 @dataclass
 class RingConfig:
     layout: Layout = Layout.zigzag
-    plan: PlanMode = PlanMode.required
+    placement: PlacementMode = PlacementMode.required  # `ring.plan` before 0.2
     dist_backend: DistBackend = DistBackend.auto
 
 
@@ -102,6 +102,19 @@ class SshConfig:
     remote_dir: str = "ringctl-jobs"  # relative paths are under the remote home
     trust_unknown_host: bool = False
     connect_timeout: float = 15.0
+    command_timeout: float = 120.0  # seconds one remote command (sbatch, squeue, ...) may take
+
+    @property
+    def target(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return f"{user}{self.host}:{self.port}"
+
+    @property
+    def known_hosts_path(self) -> str:
+        return os.path.expanduser(self.known_hosts or DEFAULT_KNOWN_HOSTS)
+
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 @dataclass
@@ -122,10 +135,6 @@ class JobConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     ssh: SshConfig = field(default_factory=SshConfig)
-
-
-def world_size(cfg: DictConfig) -> int:
-    return int(cfg.nodes) * int(cfg.tasks_per_node)
 
 
 def job_schema(task_name: str) -> type:
@@ -169,6 +178,26 @@ def _task_name(layers: list[tuple[str, DictConfig]]) -> str:
     return name
 
 
+# Keys renamed since 0.1: still read, with a one-line note (old dotted key -> new one).
+RENAMED_KEYS = {"ring.plan": "ring.placement"}
+
+
+def _renamed(layers):
+    """Move renamed keys to their new names, saying so once per layer."""
+    for source, layer in layers:
+        for old, new in RENAMED_KEYS.items():
+            old_parent, _, old_leaf = old.rpartition(".")
+            parent = OmegaConf.select(layer, old_parent) if old_parent else layer
+            if isinstance(parent, DictConfig) and old_leaf in parent:
+                value = parent[old_leaf]
+                layer = OmegaConf.masked_copy(layer, list(layer.keys()))
+                parent = OmegaConf.select(layer, old_parent) if old_parent else layer
+                del parent[old_leaf]
+                OmegaConf.update(layer, new, value, force_add=True)
+                print(f"ringctl: {source}: {old} is deprecated, read as {new}", file=sys.stderr)
+        yield source, layer
+
+
 def _drop_other_tasks(layers, task_name: str):
     """A `task` section belongs to the task it names: when a later layer switches the task
     (`task.name=longdoc` over a file written for `attention`), earlier parameters are dropped."""
@@ -181,9 +210,9 @@ def _drop_other_tasks(layers, task_name: str):
 
 def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Load, merge and validate a job; a `UserError` names what is wrong and where."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"job file {path} not found")
+    from .resources import find_job
+
+    path = find_job(path)
     try:
         raw = OmegaConf.load(path)
     except Exception as err:  # yaml.YAMLError and friends
@@ -224,12 +253,21 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         known = ", ".join(sorted(tasks.TASKS))
         raise UserError(f"{source[0]}: task.name: unknown task {task_name!r} (known: {known})")
     cfg = OmegaConf.structured(job_schema(task_name))
-    for source, layer in _drop_other_tasks(layers, task_name):
+    prepared = list(_drop_other_tasks(_renamed(layers), task_name))
+    for source, layer in prepared:
         try:
             cfg = OmegaConf.merge(cfg, layer)
         except OmegaConfBaseException as err:
             raise UserError(f"{source}: {_describe(err)}") from None
-    missing = sorted(OmegaConf.missing_keys(cfg))
+        except (TypeError, ValueError) as err:  # e.g. a list where the schema has a mapping
+            raise UserError(f"{source}: {_shape_error(cfg, layer) or err}") from None
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if not missing:
+            OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as err:  # an interpolation (`${...}`) that cannot resolve
+        key = getattr(err, "full_key", None) or ""
+        raise UserError(f"{_source_of(prepared, key)}: {_describe(err)}") from None
     if missing:
         keys = ", ".join(missing)
         raise UserError(
@@ -237,78 +275,122 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
             f"(set {'them' if len(missing) > 1 else 'it'} in the file or on the command line, "
             f"e.g. {missing[0]}=...)"
         )
-    try:
-        OmegaConf.resolve(cfg)
-    except OmegaConfBaseException as err:
-        raise UserError(f"{layers[0][0]}: {_describe(err)}") from None
-    _check(cfg, layers[0][0])
+    _check(cfg, lambda key: _source_of(prepared, key))
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
-_NAME_OK = re.compile(r"^[^\n\r\x00]*$")
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node
 
 
-def _check(cfg: DictConfig, source: str) -> None:
-    """Checks a type cannot express; nothing past here should fail for a reason in the config."""
+def _shape_error(cfg: DictConfig, layer: DictConfig) -> str | None:
+    """The key where a layer gives a list for a mapping (or the reverse), said in one line."""
+
+    def walk(have: Any, give: Any, prefix: str) -> str | None:
+        if not isinstance(have, dict) or not isinstance(give, dict):
+            return None
+        for key, value in give.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in have:
+                continue
+            old = have[key]
+            if isinstance(old, dict) and not isinstance(value, dict):
+                return f"{path}: expected a mapping of keys to values, got {value!r}"
+            if isinstance(old, list) and not isinstance(value, list):
+                return f"{path}: expected a list, got {value!r}"
+            found = walk(old, value, path)
+            if found:
+                return found
+        return None
+
+    return walk(_plain(cfg), _plain(layer), "")
+
+
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _source_of(layers: list[tuple[str, DictConfig]], key: str) -> str:
+    """The file or override that set `key` last (the first file when none did: a default)."""
+    parts = [(m.group(1), m.group(2)) for m in _PATH_PART.finditer(key)]
+    for source, layer in reversed(layers):
+        node: Any = _plain(layer)
+        for name, index in parts:
+            if name is not None and isinstance(node, dict) and name in node:
+                node = node[name]
+            elif index is not None and isinstance(node, list) and int(index) < len(node):
+                node = node[int(index)]
+            else:
+                break
+        else:
+            if parts:
+                return source
+    return layers[0][0]
+
+
+_ONE_LINE = re.compile(r"[^\n\r\x00]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_TIMEOUT_S = 365 * 86400.0
+
+
+def _check(cfg: DictConfig, source_of) -> None:
+    """Checks a type cannot express; nothing past here should fail for a reason in the config.
+    `source_of(key)` names the file or override the value came from."""
 
     def bad(key: str, why: str) -> UserError:
-        return UserError(f"{source}: {key}: {why}")
+        return UserError(f"{source_of(key)}: {key}: {why}")
 
+    # Values that reach a batch script: one line each, or the line structure breaks.
+    for key, value in _leaves(OmegaConf.to_container(cfg, enum_to_str=True)):
+        if isinstance(value, str) and not _ONE_LINE.fullmatch(value):
+            raise bad(key, "must be a single line (no newline or NUL characters)")
+    for var in cfg.env.vars:
+        if not _ENV_NAME.fullmatch(str(var)):
+            shown = var if _ONE_LINE.fullmatch(var) and var.isprintable() else repr(var)
+            where = source_of(f"env.vars.{var}")
+            raise UserError(f"{where}: env.vars.{shown}: is not a valid environment variable name")
     if not str(cfg.name).strip():
         raise bad("name", "must not be empty")
-    for key in ("nodes", "tasks_per_node"):
-        if cfg[key] < 1:
-            raise bad(key, f"must be at least 1, got {cfg[key]}")
-    if cfg.gpus_per_node < 0:
-        raise bad("gpus_per_node", f"must be 0 or more, got {cfg.gpus_per_node}")
-    for key in ("timeout", "rendezvous_timeout"):
-        if cfg[key] <= 0:
-            raise bad(key, f"must be a positive number of seconds, got {cfg[key]}")
+    _check_numbers(cfg, bad)
     if cfg.backend == BackendName.ssh and not cfg.ssh.host:
         raise bad("ssh.host", "is required with backend=ssh (e.g. ssh.host=login.example.org)")
-    limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None
-    if cfg.slurm.time and limit is None:
-        raise bad(
-            "slurm.time", f"{cfg.slurm.time!r} is not a Slurm time (e.g. 90, 1:30:00, 2-00:00:00)"
-        )
-    if cfg.slurm.signal:
-        lead = re.fullmatch(r"(?:[A-Z0-9]+)(?:@(\d+))?", str(cfg.slurm.signal))
-        if lead is None:
-            raise bad("slurm.signal", f"{cfg.slurm.signal!r} is not SIG[@SECONDS] (e.g. USR1@120)")
-        seconds = int(lead.group(1) or 60)
+    for key in ("output_dir", "job_dir", "ssh.remote_dir"):
+        value = OmegaConf.select(cfg, key)
+        why = sbatch.path_problem(str(value)) if value is not None else None
+        if why:
+            raise bad(key, why)
+    sbatch.check_config(cfg, bad)
+    if cfg.slurm.signal and cfg.slurm.time:
+        limit = slurm_time_seconds(cfg.slurm.time)
+        _, seconds = sbatch.signal_lead(str(cfg.slurm.signal))
         if limit is not None and seconds >= limit:
             raise bad(
                 "slurm.signal",
                 f"{cfg.slurm.signal} would fire {seconds}s before a {cfg.slurm.time} time limit, "
                 "i.e. at once; give a shorter lead or slurm.signal=null",
             )
-    for var in cfg.env.vars:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(var)):
-            raise bad(f"env.vars.{var}", "is not a valid environment variable name")
-    # Values that reach a batch script: one line each, or the line structure breaks.
-    for key, value in _leaves(OmegaConf.to_container(cfg, enum_to_str=True)):
-        if isinstance(value, str) and not _NAME_OK.match(value):
-            raise bad(key, "must be a single line (no newline or NUL characters)")
     from . import tasks
 
     tasks.get_spec(cfg.task.name).check(cfg, bad)
 
 
-def slurm_time_seconds(value: Any) -> int | None:
-    """Slurm's --time formats (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds."""
-    text = str(value).strip()
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if m is None:
-        return None
-    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
-    if days is not None:  # D-H[:M[:S]]
-        return ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
-    if b is None:  # minutes
-        return a * 60
-    if c is None:  # M:S
-        return a * 60 + b
-    return (a * 60 + b) * 60 + c
+def _check_numbers(cfg: DictConfig, bad) -> None:
+    """Counts, ports and timeouts: in range, and finite (a YAML `nan` or `inf` is a float)."""
+    for key in ("nodes", "tasks_per_node"):
+        if cfg[key] < 1:
+            raise bad(key, f"must be at least 1, got {cfg[key]}")
+    if cfg.gpus_per_node < 0:
+        raise bad("gpus_per_node", f"must be 0 or more, got {cfg.gpus_per_node}")
+    if cfg.slurm.cpus_per_task is not None and cfg.slurm.cpus_per_task < 1:
+        raise bad(
+            "slurm.cpus_per_task", f"must be at least 1 (or null), got {cfg.slurm.cpus_per_task}"
+        )
+    for key in ("timeout", "rendezvous_timeout", "ssh.connect_timeout", "ssh.command_timeout"):
+        value = OmegaConf.select(cfg, key)
+        if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+            raise bad(key, f"must be a positive number of seconds (at most 365 days), got {value}")
+    if not 1 <= cfg.ssh.port <= 65535:
+        raise bad("ssh.port", f"must be a TCP port, 1 to 65535, got {cfg.ssh.port}")
 
 
 def _leaves(node: Any, prefix: str = ""):
@@ -335,8 +417,3 @@ def safe_dir_name(name: str) -> str:
     """A job name turned into something safe for a directory name."""
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
     return cleaned[:80] or "job"
-
-
-def suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]}?)" if close else ""

@@ -1,8 +1,12 @@
 """A job config + templates/slurm.sh.j2 -> the text of a Slurm batch script.
 
-Every config value that reaches the script goes through the `quote` filter (shlex.quote), so a
-value stays one word: a job named `x; rm -rf ~` is a name, never a command. Values that would
-break the line structure (newlines) are refused when the config is loaded.
+Two readers, two rules. The `#SBATCH` header is read by sbatch, whose word splitting is not the
+shell's (a backslash escapes inside single quotes): its lines come from `ringctl.sbatch`
+(`sbatch_lines` in the template), where every value has passed a strict check for its option.
+The body is read by bash: every config value there goes through the `quote` filter
+(shlex.quote), so a value stays one word: a module named `x; rm -rf ~` is a name, never a
+command. Values that would break the line structure (newlines) are refused when the config is
+loaded.
 
 The script expects to run with the job directory as its working directory: either rendered
 with `job_dir=` (absolute, as seen on the cluster: `#SBATCH --chdir` points there), or submitted
@@ -20,11 +24,9 @@ import jinja2
 
 from .config import to_plain, world_size
 from .errors import UserError
+from .resources import template_dir as bundled_template_dir
+from .sbatch import header_lines
 
-TEMPLATE_DIRS = [
-    Path(__file__).resolve().parents[1] / "templates",  # a source checkout
-    Path(sys.prefix) / "share" / "ringctl" / "templates",
-]
 DEFAULT_TEMPLATE = "slurm.sh.j2"
 
 
@@ -41,8 +43,13 @@ def quote(value) -> str:
 
 
 def quote_args(line) -> str:
-    """An option line (e.g. `--mail-type END`): split like the shell would, quote each word."""
-    return " ".join(quote(word) for word in shlex.split(str(line)))
+    """An option line (e.g. `--mail-type END`) for a shell command: split like the shell would,
+    quote each word. Not for `#SBATCH` lines (sbatch splits words by other rules)."""
+    try:
+        words = shlex.split(str(line))
+    except ValueError as err:  # "No closing quotation"
+        raise UserError(f"{line!r}: {err}") from None
+    return " ".join(quote(word) for word in words)
 
 
 def quote_path(value) -> str:
@@ -55,21 +62,20 @@ def quote_path(value) -> str:
     return quote(text)
 
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def identifier(value) -> str:
     """An environment variable name, checked (it cannot be quoted)."""
     text = str(value)
-    if not _IDENTIFIER.match(text):
+    if not _IDENTIFIER.fullmatch(text):
         raise ValueError(f"not a valid environment variable name: {text!r}")
     return text
 
 
 def _environment(template_dir: Path | None = None) -> jinja2.Environment:
-    dirs = [template_dir] if template_dir else [d for d in TEMPLATE_DIRS if d.is_dir()]
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
+        loader=jinja2.FileSystemLoader(str(template_dir or bundled_template_dir())),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         # `{#` is common in shell (`${#array[@]}`): Jinja comments are `{##...##}` here
@@ -104,15 +110,16 @@ def render_script(
     template: str = DEFAULT_TEMPLATE,
     template_dir: Path | None = None,
 ) -> str:
-    env = _environment(template_dir)
+    where = template_dir or bundled_template_dir()
+    env = _environment(where)
     try:
         tmpl = env.get_template(template)
     except jinja2.TemplateNotFound:
-        where = ", ".join(str(d) for d in ([template_dir] if template_dir else TEMPLATE_DIRS))
         raise UserError(f"template {template} not found in {where}") from None
     plain = to_plain(cfg)
     return tmpl.render(
         cfg=plain,
+        sbatch_lines=header_lines(cfg, job_dir),
         job_dir=job_dir,
         python=default_python(cfg),
         world_size=world_size(cfg),

@@ -1,6 +1,6 @@
 """What every rank runs: `python -m ringctl.worker JOB_DIR`.
 
-1. Read JOB_DIR/config.yaml, and JOB_DIR/plan.json where the job wrote one.
+1. Read JOB_DIR/config.yaml, and JOB_DIR/placement.json where the job wrote one.
 2. Know who this process is: its node ($SLURMD_NODENAME, else the host name) and local rank
    ($SLURM_LOCALID, else $LOCAL_RANK). With a plan, its ring entry for (node, local_rank) gives
    the torch rank (ring position == rank: the ring follows the placement), the GPU, and
@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import re
 import signal
@@ -29,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ERROR_PREFIX = "ringctl.worker: "
+from .errors import WORKER_ERROR_PREFIX as ERROR_PREFIX
+from .jobdir import JobDir
 
 
 class WorkerError(Exception):
@@ -69,14 +69,22 @@ class TaskContext:
         stamp = datetime.datetime.now().strftime("%H:%M:%S")
         print(f"{stamp} [rank {self.rank}] {msg}", flush=True)
 
-    def progress(self, done: int, total: int, *, unit: str = "items", **extra: Any) -> None:
-        """Log progress with rate and ETA; rank 0 also keeps logs/progress.json up to date."""
-        from .tasks import atomic_write_json
+    def progress(
+        self, done: int, total: int, *, unit: str = "items", before: int = 0, **extra: Any
+    ) -> None:
+        """Log progress with rate and ETA; rank 0 also keeps logs/progress.json up to date.
+
+        `before` is how many of `done` an earlier attempt finished (a resumed job): the rate
+        counts only this attempt's work, so the ETA is not flattered by skipped items."""
+        from .atomic import atomic_write_json
 
         elapsed = time.monotonic() - self._start
-        rate = done / elapsed if elapsed > 0 else 0.0
+        fresh = max(0, done - before)
+        rate = fresh / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else None
         parts = [f"{done}/{total} {unit}", f"{rate:.3g} {unit}/s"]
+        if before:
+            parts.append(f"{before} from earlier attempts")
         if eta is not None:
             parts.append(f"ETA {eta:.0f}s")
         parts += [f"{k}={v}" for k, v in extra.items()]
@@ -86,12 +94,14 @@ class TaskContext:
                 "done": done,
                 "total": total,
                 "unit": unit,
+                "before": before,
                 "elapsed_s": elapsed,
                 "rate": rate,
                 "eta_s": eta,
+                "updated_at": time.time(),
                 **extra,
             }
-            atomic_write_json(self.job_dir / "logs" / "progress.json", record)
+            atomic_write_json(JobDir(self.job_dir).progress, record)
 
     def stop_requested(self) -> bool:
         """True once Slurm's --signal (or SIGTERM) arrived: finish the unit, save, return."""
@@ -106,21 +116,18 @@ def _env_int(*names: str) -> int | None:
     return None
 
 
-def load_plan(job_dir: Path) -> dict | None:
-    path = job_dir / "plan.json"
+def load_placement(job_dir: Path):
+    """The job's placement (`ringctl.topology.RingPlan`), or None when the job has none."""
+    from .errors import UserError
+    from .topology import load_plan
+
+    path = JobDir(job_dir).placement
     if not path.exists():
         return None
     try:
-        plan = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise WorkerError(f"{path}: unreadable plan: {err}") from None
-    if (
-        not isinstance(plan, dict)
-        or plan.get("version") != 1
-        or not isinstance(plan.get("ring"), list)
-    ):
-        raise WorkerError(f"{path}: not a version-1 plan with a 'ring' list")
-    return plan
+        return load_plan(path)
+    except UserError as err:
+        raise WorkerError(str(err)) from None
 
 
 def identify(job_dir: Path) -> Identity:
@@ -145,20 +152,22 @@ def identify(job_dir: Path) -> Identity:
         )
     local_rank = task_index if local_rank is None else local_rank
     ident = Identity(node, local_rank, task_index, task_index, world, addr, int(port))
-    plan = load_plan(job_dir)
-    if plan is not None:
-        ring = plan["ring"]
-        matches = [e for e in ring if e.get("node") == node and e.get("local_rank") == local_rank]
-        if len(matches) != 1:
+    placement = load_placement(job_dir)
+    if placement is not None:
+        from dataclasses import asdict
+
+        from .errors import UserError
+
+        if placement.world_size != world:
             raise WorkerError(
-                f"plan.json has {len(matches)} ring entries for node {node!r} local_rank "
-                f"{local_rank} (expected 1); the plan's nodes: "
-                f"{sorted({str(e.get('node')) for e in ring})}"
+                f"placement.json places {placement.world_size} ranks but {world} were launched"
             )
-        if len(ring) != world:
-            raise WorkerError(f"plan.json places {len(ring)} ranks but {world} were launched")
-        ident.plan_entry = matches[0]
-        ident.rank = int(matches[0]["rank"])
+        try:
+            entry = placement.entry_for(node, local_rank)
+        except UserError as err:
+            raise WorkerError(f"placement.json: {err}") from None
+        ident.plan_entry = asdict(entry)
+        ident.rank = entry.rank
     return ident
 
 
@@ -169,7 +178,7 @@ def _result_path(job_dir: Path, ident: Identity | None) -> Path:
 
 def _write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
     try:
-        from .tasks import atomic_write_json
+        from .atomic import atomic_write_json
 
         atomic_write_json(_result_path(job_dir, ident), record)
     except OSError:
@@ -241,7 +250,7 @@ def run(job_dir: Path) -> dict:
     print(
         f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
         f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"
-        f"{' (from plan.json)' if ident.plan_entry else ''}; rendezvous "
+        f"{' (from placement.json)' if ident.plan_entry else ''}; rendezvous "
         f"{ident.master_addr}:{ident.master_port}; collective timeout {cfg.timeout:g}s",
         flush=True,
     )

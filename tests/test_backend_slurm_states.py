@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ringctl.backends import slurm_states as ss
 from ringctl.backends.base import JobState
+from ringctl.backends.joblogs import error_summary
 
 
 def test_map_state():
@@ -71,6 +72,6 @@ def test_srun_errors_pick_the_rank_that_failed_first():
 
 def test_error_summary():
     err = "Traceback (most recent call last):\n  File x\nValueError: bad shape\n\n"
-    assert ss.error_summary(err) == "ValueError: bad shape"
-    assert ss.error_summary("just words\nlast line\n") == "last line"
-    assert ss.error_summary("") == ""
+    assert error_summary(err) == "ValueError: bad shape"
+    assert error_summary("just words\nlast line\n") == "last line"
+    assert error_summary("") == ""

@@ -5,11 +5,13 @@ the real Slurm behind it."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -139,7 +141,12 @@ def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
         }
         lines = list(b.logs(job_dir, follow=True))
         st = b.status(job_dir)
-    assert st.state is JobState.COMPLETED, st
+        assert st.state is JobState.COMPLETED, st
+        # status and logs read the remote files; they copy nothing back
+        assert not (job_dir / "out" / "part-1.txt").exists()
+        assert "fetched_at" not in json.loads((job_dir / "job.json").read_text())
+        fetched = b.fetch(job_dir)
+    assert "out/part-1.txt" in fetched and "job.sh" not in fetched
     assert "[rank 0] rank 0 on n1" in lines and "[rank 1] rank 1 on n2" in lines
     # results and logs came back into the local job directory
     assert (job_dir / "out" / "part-1.txt").read_text() == "result of rank 1\n"
@@ -181,3 +188,62 @@ def test_remote_dir_collision_refused(settings, make_job_dir, tmp_path):
     (tmp_path / "remote-base" / "same-name").mkdir(parents=True)
     with SSHBackend(settings) as b, pytest.raises(UserError, match="already exists"):
         b.submit(job_dir)
+
+
+def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_path):
+    """A remote job directory that was changed (by the job, or by anyone who can write there)
+    cannot change local control files, write outside the job directory, or crash the fetch."""
+    job_dir = make_job_dir("#!/bin/bash\ntrue\n", name="hostile-remote")
+    (job_dir / "config.yaml").write_text("name: mine\n")
+    with SSHBackend(settings, poll_s=0.3) as b:
+        b.submit(job_dir)
+        remote = tmp_path / "remote-base" / "hostile-remote"
+        (remote / "config.yaml").write_text("name: theirs\nssh:\n  trust_unknown_host: true\n")
+        (remote / "job.json").write_text('{"backend": "local"}')
+        (remote / "state.json").write_text("{}")
+        (remote / "out").mkdir(exist_ok=True)
+        (remote / "out" / "ok.txt").write_text("fine\n")
+        outside = tmp_path / "outside.txt"
+        outside.write_text("untouched\n")
+        (remote / "out" / "link").symlink_to(outside)  # a symlink is never followed
+        (remote / "logs" / "escape").mkdir()
+        (remote / "logs" / "escape" / "x.txt").write_text("x")
+        (job_dir / "logs").mkdir(exist_ok=True)
+        (job_dir / "logs" / "escape").symlink_to(tmp_path)  # a local symlink is not entered
+        os.makedirs(os.fsencode(remote / "out") + b"/bad-\xff-name", exist_ok=True)
+        (remote / "out" / ("n" * 240)).write_text("too long for a temporary suffix")
+        fetched = b.fetch(job_dir)
+    assert fetched == ["out/ok.txt"] or sorted(fetched) == ["out/ok.txt"], fetched
+    assert (job_dir / "config.yaml").read_text() == "name: mine\n"
+    assert json.loads((job_dir / "job.json").read_text())["backend"] == "ssh"
+    assert not (job_dir / "state.json").exists()
+    assert outside.read_text() == "untouched\n" and not (tmp_path / "x.txt").exists()
+    assert not (job_dir / "out" / "link").exists()
+
+
+def test_known_hosts_markers_are_honoured_not_fatal(settings, tmp_path, capsys):
+    """Sites with host certificates have @cert-authority lines; @revoked keys are refused."""
+    real = Path(settings.known_hosts).read_text().strip().splitlines()[0]
+    host, keytype, key = real.split()[:3]
+    marked = tmp_path / "marked_known_hosts"
+    marked.write_text(
+        f"@cert-authority *.example.org {keytype} {key}\n# a comment\n{real}\n"
+        f"@revoked other.example.org ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyFakeKeyFakeKey\n"
+    )
+    with SSHBackend(replace(settings, known_hosts=str(marked))) as b:
+        assert b.shell.run(["true"])[0] == 0
+    assert "@cert-authority lines are not used" in capsys.readouterr().err
+    revoked = tmp_path / "revoked_known_hosts"
+    revoked.write_text(f"@revoked {host} {keytype} {key}\n")
+    for trust in (False, True):  # revoked wins even over trust_unknown_host
+        with pytest.raises(UserError, match="marked @revoked") as err:
+            connect(replace(settings, known_hosts=str(revoked), trust_unknown_host=trust))
+        assert "\n" not in str(err.value)
+
+
+def test_private_key_readable_by_others_is_refused(settings, tmp_path):
+    loose = tmp_path / "loose_key"
+    loose.write_bytes(Path(settings.key).read_bytes())
+    loose.chmod(0o644)
+    with pytest.raises(UserError, match="accessible by others.*chmod 600"):
+        connect(replace(settings, key=str(loose)))

@@ -183,7 +183,15 @@ def test_cli_errors_are_one_line(tmp_path, capsys, text, overrides, expected):
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [("90", 5400), ("1:30", 90), ("1:30:00", 5400), ("2-00", 172800), ("1-2:3", 93780), ("1-0:0:5", 86405), ("soon", None)],
+    [
+        ("90", 5400),
+        ("1:30", 90),
+        ("1:30:00", 5400),
+        ("2-00", 172800),
+        ("1-2:3", 93780),
+        ("1-0:0:5", 86405),
+        ("soon", None),
+    ],
 )
 def test_slurm_time_formats(value, seconds):
     from ringctl.config import slurm_time_seconds
@@ -198,3 +206,66 @@ def test_signal_lead_longer_than_the_time_limit_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"slurm.signal: USR1@60 would fire 60s before a 00:01:00"):
         load_job("jobs/smoke.yaml", ["slurm.time=00:01:00"])
     load_job("jobs/smoke.yaml", ["slurm.time=00:01:00", "slurm.signal=null"])
+
+
+# --- values refused at load, naming the key and where it came from -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "why"),
+    [
+        ("timeout=nan", "timeout", "positive number of seconds"),
+        ("rendezvous_timeout=inf", "rendezvous_timeout", "positive number of seconds"),
+        ("ssh.port=99999", "ssh.port", "1 to 65535"),
+        ("ssh.port=-1", "ssh.port", "1 to 65535"),
+        ("ssh.connect_timeout=-1", "ssh.connect_timeout", "positive number of seconds"),
+        ("ssh.command_timeout=0", "ssh.command_timeout", "positive number of seconds"),
+        ("slurm.cpus_per_task=-3", "slurm.cpus_per_task", "at least 1"),
+        ("slurm.signal=KILL", "slurm.signal", "cannot be caught"),
+        ("slurm.signal=USR1@0", "slurm.signal", "1 to 65535 seconds"),
+        ("slurm.signal=USR1@70000", "slurm.signal", "1 to 65535 seconds"),
+        ("slurm.signal=FOO@60", "slurm.signal", "not a signal name Slurm knows"),
+        ("slurm.time=12345678901234567890", "slurm.time", "not a Slurm time"),
+        ("slurm.time=400-00:00:00", "slurm.time", "more than 365 days"),
+        ("slurm.mem=lots", "slurm.mem", "not a memory size"),
+        ("output_dir=a\\b", "output_dir", "backslash"),
+        ("slurm.extra_sbatch=[--export=ALL]", "slurm.extra_sbatch[0]", "--export cannot be given"),
+        ('slurm.extra_sbatch=["--comment=\\"a b"]', "slurm.extra_sbatch[0]", "unbalanced quote"),
+        ("env.vars=[1]", "env.vars", "expected a mapping"),
+        ("name=${missing.key}", "name", "Interpolation key 'missing.key' not found"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_override(capsys, override, key, why):
+    """One line on stderr, exit 2, the override (not the job file) and the key named."""
+    code, out, err = run_cli(capsys, "render", str(SMOKE), override)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"ringctl render: error: override {override!r}: {key}: "), err
+    assert why in lines[0]
+
+
+def test_a_bad_value_in_the_file_names_the_file(tmp_path):
+    path = write(tmp_path, "name: a\ntimeout: .nan\nslurm:\n  partition: ${nowhere}\n")
+    with pytest.raises(UserError, match=rf"^{path}: slurm\.partition: Interpolation key"):
+        load_job(path)
+    with pytest.raises(UserError, match=rf"^{path}: timeout: must be a positive number"):
+        load_job(path, ["slurm.partition=debug"])
+    load_job(path, ["slurm.partition=debug", "timeout=30"])  # the override mends it
+
+
+def test_a_trailing_newline_is_not_one_line(tmp_path):
+    """`$` matches before a final newline: the checks match the whole value."""
+    with pytest.raises(UserError, match=r"job\.yaml: name: must be a single line"):
+        load_job(write(tmp_path, 'name: "abc\\n"\n'))
+    with pytest.raises(UserError) as err:
+        load_job(write(tmp_path, 'name: a\nenv:\n  vars:\n    "X\\n": "1"\n', "vars.yaml"))
+    assert str(err.value).endswith("env.vars.'X\\n': is not a valid environment variable name")
+    assert "\n" not in str(err.value)
+
+
+def test_percent_in_the_output_directory_is_accepted():
+    """`%` reaches Slurm's --output pattern doubled (ringctl.sbatch.output_pattern, run on the
+    cluster in test_sbatch_injection), so it is not refused."""
+    cfg = load_job(SMOKE, ["output_dir=runs%j", "job_dir=/scratch/x%xy"])
+    assert cfg.output_dir == "runs%j" and cfg.job_dir == "/scratch/x%xy"

@@ -67,22 +67,27 @@ def _check_attention_outputs(job_dir: Path) -> dict[str, torch.Tensor]:
 def test_attention_job_on_four_nodes_matches_the_reference(via, slurm_cluster, ssh_login, tmp_path, capsys):
     extra = _ssh_overrides(ssh_login) if via == "ssh" else ["backend=slurm"]
     job_dir = _submit(
-        capsys, "jobs/smoke.yaml", f"output_dir={tmp_path}", "ring.plan=required",
+        capsys, "jobs/smoke.yaml", f"output_dir={tmp_path}", "ring.placement=required",
         f"slurm.partition={slurm_cluster.partition}", *extra,
     )  # fmt: skip
     status, seen = _wait(job_dir)
     assert status.state is JobState.COMPLETED, (status, seen)
     assert seen[-1] == "COMPLETED" and set(seen) <= {"PENDING", "RUNNING", "COMPLETED"}
+    if via == "ssh":  # status copies nothing back; `ringctl fetch` brings outputs and logs
+        assert not (job_dir / "placement.json").exists()
+        capsys.readouterr()
+        assert main(["fetch", str(job_dir)]) == 0
+        assert "fetched" in capsys.readouterr().out
 
     # The placement ran on the allocation: one probe per node, and the ring in switch order.
-    plan = json.loads((job_dir / "plan.json").read_text())
+    plan = json.loads((job_dir / "placement.json").read_text())
     assert [e["node"] for e in plan["ring"]] == ["n1", "n2", "n3", "n4"]
     assert sorted(p.name for p in (job_dir / "probes").glob("n*.json")) == [
         "n1.json", "n2.json", "n3.json", "n4.json",
     ]  # fmt: skip
     for rank in range(4):
         log = (job_dir / "logs" / f"rank-{rank}.out").read_text()
-        assert f"-> ring rank {rank} of 4 (from plan.json)" in log
+        assert f"-> ring rank {rank} of 4 (from placement.json)" in log
 
     got = _check_attention_outputs(job_dir)
 

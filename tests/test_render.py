@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import socket
 import stat
 import subprocess
@@ -16,7 +15,9 @@ import pytest
 
 from ringctl.cli import main
 from ringctl.config import load_job
+from ringctl.errors import UserError
 from ringctl.render import quote, render_script
+from ringctl.sbatch import header_words
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "jobs" / "smoke.yaml"
@@ -24,12 +25,9 @@ EVIL = "x; rm -rf ~"
 
 
 def sbatch_options(script: str) -> list[list[str]]:
-    """The #SBATCH lines as sbatch reads them (it honours quotes like the shell)."""
-    return [
-        shlex.split(line[len("#SBATCH") :])
-        for line in script.splitlines()
-        if line.startswith("#SBATCH")
-    ]
+    """The #SBATCH lines as sbatch reads them (by its own rules: `ringctl.sbatch.header_words`,
+    checked against the real sbatch in test_sbatch_injection)."""
+    return [header_words(line) for line in script.splitlines() if line.startswith("#SBATCH")]
 
 
 def bash_n(script: str, tmp_path: Path) -> None:
@@ -63,7 +61,7 @@ def test_smoke_script(tmp_path):
         i < first_cmd for i, ln in enumerate(script.splitlines()) if ln.startswith("#SBATCH")
     )
     assert 'ringctl topo probe -o "probes/$SLURMD_NODENAME.json"' in script
-    assert "--slurm-topology" in script and "--ranks-per-node 1 -o plan.json" in script
+    assert "--slurm-topology" in script and "--ranks-per-node 1 -o placement.json" in script
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
     assert "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))" in script
     srun = script[script.index("srun --kill-on-bad-exit=1") :]
@@ -88,7 +86,7 @@ def test_gpu_container_and_environment(tmp_path):
             "env.venv=~/venvs/ring",
             "env.vars={NCCL_IB_HCA: mlx5}",
             "env.container_image=nvcr.io#nvidia/pytorch:24.05-py3",
-            "ring.plan=required",
+            "ring.placement=required",
             "slurm.extra_sbatch=[--mail-type END,--comment=hello]",
         ],
     )
@@ -107,7 +105,7 @@ def test_gpu_container_and_environment(tmp_path):
         "--comment=hello",
     ):
         assert want in flat, want
-    assert ["--mail-type", "END"] in opts
+    assert "--mail-type=END" in flat  # `--mail-type END` written as one word
     assert "module load cuda/12.4\nmodule load nccl\n" in script
     assert 'source "$HOME"/venvs/ring/bin/activate' in script
     assert "export NCCL_IB_HCA=mlx5" in script
@@ -115,37 +113,51 @@ def test_gpu_container_and_environment(tmp_path):
     assert "--container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in script
     assert "JOB_DIR='/scratch/me/job 1'" in script
     assert "PY=python3" in script  # a venv/container brings its own interpreter
-    assert "ring.plan=required" in script and "exit 1" in script
+    assert "ring.placement=required" in script and "exit 1" in script
 
 
 def test_plan_off_skips_the_probe(tmp_path):
-    script = render_script(load_job(SMOKE, ["ring.plan=skip"]))
+    script = render_script(load_job(SMOKE, ["ring.placement=skip"]))
     bash_n(script, tmp_path)
-    assert "topo probe" not in script and "plan.json" not in script.split("ring.plan=skip")[1]
+    assert (
+        "topo probe" not in script
+        and "placement.json" not in script.split("ring.placement=skip")[1]
+    )
 
 
 def test_hostile_values_stay_words(tmp_path):
-    """A job name like `x; rm -rf ~` is a name: every occurrence in the script is quoted."""
+    """In the script's body, a value like `x; rm -rf ~` is data: every occurrence is quoted."""
     cfg = load_job(
         SMOKE,
         [
-            f"name={EVIL}",
-            "slurm.partition=$(touch pwned)",
+            f"env.container_image={EVIL}",
             "env.modules=['`id`', \"a'b\"]",
-            "slurm.extra_sbatch=[--comment=$HOME;ls]",
             "env.vars={X: '$(reboot)'}",
         ],
     )
     script = render_script(cfg, job_dir="/tmp/a dir; echo hi")
     bash_n(script, tmp_path)
-    for value in (EVIL, "$(touch pwned)", "/tmp/a dir; echo hi", "$(reboot)"):
-        starts = [m.start() for m in re.finditer(re.escape(value), script)]
+    body = script[script.index("set -eo pipefail") :]
+    for value in (EVIL, "/tmp/a dir; echo hi", "$(reboot)"):
+        starts = [m.start() for m in re.finditer(re.escape(value), body)]
         assert starts, value
         for i in starts:  # wrapped in single quotes: the shell sees it as data
-            rest_of_line = script[i + len(value) :].split("\n")[0]
-            assert script[i - 1] == "'" and "'" in rest_of_line, script[i - 30 : i + 60]
-    assert f"--job-name={EVIL}" in [o[0] for o in sbatch_options(script)]
+            rest_of_line = body[i + len(value) :].split("\n")[0]
+            assert body[i - 1] == "'" and "'" in rest_of_line, body[i - 30 : i + 60]
+    assert ["--chdir=/tmp/a dir; echo hi"] in sbatch_options(script)
     assert "module load '`id`'" in script and "module load 'a'\"'\"'b'" in script
+
+
+@pytest.mark.parametrize(
+    "override",
+    [f"name={EVIL}", "slurm.partition=$(touch pwned)", "slurm.extra_sbatch=[--comment=a\\'b]"],
+)
+def test_hostile_header_values_are_refused(override):
+    """In the header (read by sbatch, not bash) they are refused, naming the key; the corpus on
+    the real sbatch is in test_sbatch_injection."""
+    key = override.split("=")[0]
+    with pytest.raises(UserError, match=rf"override .*: {re.escape(key)}(\[0\])?: "):
+        load_job(SMOKE, [override])
 
 
 def test_quote_refuses_newlines():
@@ -247,9 +259,11 @@ def _job_dir(tmp_path: Path, overrides: list[str]) -> Path:
 
 def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
     """The rendered script, executed: probe fails (optional plan), then 2 ranks run the task.
-    The job name is hostile; nothing it says gets executed."""
-    name = "x; touch PWNED; $(touch PWNED2) ~"
-    job_dir = _job_dir(tmp_path, [f"name={name}", "ring.plan=optional"])
+    An exported variable is hostile; nothing it says gets executed."""
+    hostile = "x; touch PWNED; $(touch PWNED2) ~"
+    job_dir = _job_dir(
+        tmp_path, ["name=a b", f"env.vars={{X: '{hostile}'}}", "ring.placement=optional"]
+    )
     env = _fake_slurm(tmp_path)
     env["FAKE_FAIL"] = "topo probe"
     proc = subprocess.run(
@@ -260,7 +274,7 @@ def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
         + proc.stderr
         + "".join(p.read_text() for p in (job_dir / "logs").glob("rank-*.err"))
     )
-    assert "no placement plan (ring.plan=optional)" in proc.stdout
+    assert "no placement (ring.placement=optional)" in proc.stdout
     assert "all 2 ranks finished" in proc.stdout
     assert sorted(p.name for p in (job_dir / "out").glob("*.safetensors")) == [
         "rank-0.safetensors",
@@ -274,29 +288,29 @@ def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
 
 
 def test_script_fails_clearly_without_a_required_plan(tmp_path):
-    job_dir = _job_dir(tmp_path, ["ring.plan=required"])
+    job_dir = _job_dir(tmp_path, ["ring.placement=required"])
     env = _fake_slurm(tmp_path)
     env["FAKE_FAIL"] = "topo probe"
     proc = subprocess.run(
         ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 1
-    assert "FAILED: no placement plan, so no rank was started" in proc.stderr
+    assert "FAILED: no placement, so no rank was started" in proc.stderr
     assert not list((job_dir / "logs").glob("rank-*"))
 
 
 def test_script_places_the_ring_with_ringctl_topo(tmp_path):
     """The whole script with the real `ringctl topo probe` + `ringctl topo`: 2 nodes x 2 ranks,
-    each rank taking its ring position from plan.json."""
-    job_dir = _job_dir(tmp_path, ["ring.plan=required", "tasks_per_node=2"])
+    each rank taking its ring position from placement.json."""
+    job_dir = _job_dir(tmp_path, ["ring.placement=required", "tasks_per_node=2"])
     env = _fake_slurm(tmp_path)
     proc = subprocess.run(
         ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=240
     )
     logs = "".join(p.read_text() for p in sorted((job_dir / "logs").glob("*")) if p.is_file())
     assert proc.returncode == 0, proc.stdout + proc.stderr + logs
-    assert "placement plan written to plan.json" in proc.stdout
-    plan = json.loads((job_dir / "plan.json").read_text())
+    assert "placement written to placement.json" in proc.stdout
+    plan = json.loads((job_dir / "placement.json").read_text())
     assert sorted((e["node"], e["local_rank"]) for e in plan["ring"]) == [
         ("127.0.0.1", 0),
         ("127.0.0.1", 1),
@@ -306,5 +320,5 @@ def test_script_places_the_ring_with_ringctl_topo(tmp_path):
     for entry in plan["ring"]:
         task = (0 if entry["node"] == "127.0.0.1" else 2) + entry["local_rank"]
         out = (job_dir / "logs" / f"rank-{task}.out").read_text()
-        assert f"-> ring rank {entry['rank']} of 4 (from plan.json)" in out
+        assert f"-> ring rank {entry['rank']} of 4 (from placement.json)" in out
     assert len(list((job_dir / "out").glob("rank-*.safetensors"))) == 4

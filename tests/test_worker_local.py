@@ -1,6 +1,6 @@
 """The local backend end to end: 4 worker processes on gloo, like a 4-node Slurm job.
 
-Also the worker's placement logic (plan.json -> rank) without starting any process.
+Also the worker's placement logic (placement.json -> rank) without starting any process.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def test_identify_takes_the_rank_from_the_plan(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "4")
     # Slurm placed tasks 0,1 on n1 and 2,3 on n2; the plan puts the ring n2:1, n1:0, n1:1, n2:0
     order = [("n2", 1), ("n1", 0), ("n1", 1), ("n2", 0)]
-    (tmp_path / "plan.json").write_text(json.dumps(_plan(["n1", "n2"], 2, order)))
+    (tmp_path / "placement.json").write_text(json.dumps(_plan(["n1", "n2"], 2, order)))
     seen = {}
     for task, (node, local) in enumerate([("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]):
         monkeypatch.setenv("SLURMD_NODENAME", node)
@@ -181,12 +181,12 @@ def test_identify_takes_the_rank_from_the_plan(tmp_path, monkeypatch):
     assert seen == {("n2", 1): 0, ("n1", 0): 1, ("n1", 1): 2, ("n2", 0): 3}
 
     monkeypatch.setenv("SLURMD_NODENAME", "n9")
-    with pytest.raises(WorkerError, match="0 ring entries for node 'n9'"):
+    with pytest.raises(WorkerError, match="no rank for node 'n9'"):
         identify(tmp_path)
-    (tmp_path / "plan.json").write_text("{not json")
-    with pytest.raises(WorkerError, match="unreadable plan"):
+    (tmp_path / "placement.json").write_text("{not json")
+    with pytest.raises(WorkerError, match="placement.json:1: not JSON"):
         identify(tmp_path)
-    (tmp_path / "plan.json").unlink()
+    (tmp_path / "placement.json").unlink()
     monkeypatch.setenv("SLURM_PROCID", "3")
     assert identify(tmp_path).rank == 3  # no plan: Slurm's task order
 
@@ -208,7 +208,7 @@ def test_the_ring_follows_the_plan(tmp_path):
     (job_dir / "config.yaml").write_text(to_yaml(cfg))
     host = socket.gethostname().split(".")[0]
     order = [(host, lr) for lr in (3, 2, 1, 0)]
-    (job_dir / "plan.json").write_text(json.dumps(_plan([host], 4, order)))
+    (job_dir / "placement.json").write_text(json.dumps(_plan([host], 4, order)))
     backend = LocalBackend(cfg)
     backend.submit(job_dir)
     deadline = time.monotonic() + 180
@@ -218,7 +218,7 @@ def test_the_ring_follows_the_plan(tmp_path):
     assert st.state is JobState.COMPLETED, st.reason
     for task in range(4):
         out = (job_dir / "logs" / f"rank-{task}.out").read_text()
-        assert f"-> ring rank {3 - task} of 4 (from plan.json)" in out
+        assert f"-> ring rank {3 - task} of 4 (from placement.json)" in out
     want, got = reference(cfg), load_results(job_dir / "out")
     for name in ("out", "dq", "dk", "dv"):
         scale = want[name].abs().max()

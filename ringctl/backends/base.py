@@ -1,26 +1,25 @@
-"""The interface every backend implements, and the job directory they all share.
+"""The base every backend (local, slurm, ssh) derives from, and the states they report.
 
-A job directory (created by `ringctl submit`/`run` before any backend sees it) holds:
-
-    config.yaml      the resolved job config (what was asked)
-    job.sh           the rendered batch script (the local backend keeps it for reference)
-    job.json         backend name, job id, submit time, remote location (written at submission)
-    plan.json        the ring placement (written by the job itself once nodes are known)
-    probes/          one `ringctl topo probe` JSON per node
-    logs/            rank-<R>.out / rank-<R>.err per rank, plus the batch script's own log
-    out/             the task's output shards and manifest
-
-A backend never interprets the task: it starts the script (or the local equivalent), reports the
-state, streams logs and cancels.
+A backend starts a job directory's work (see `ringctl.jobdir` for the layout), reports its
+state, streams its logs and cancels it; it never interprets the task. What is the same for all
+backends lives here once: following logs (`joblogs.follow_logs`), reading why a rank failed
+(`joblogs.rank_error`), waiting for the end, and the defaults of `fetch` (nothing to fetch when
+the files are local) and `close` (nothing to close).
 """
 
 from __future__ import annotations
 
 import enum
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar
+
+from ..jobdir import JobDir
+from . import joblogs
+from .shell import LocalShell, Shell
 
 
 class JobState(str, enum.Enum):
@@ -47,17 +46,84 @@ class JobStatus:
     ranks: dict[int, str] = field(default_factory=dict)  # rank -> its own state, where known
 
 
-class Backend(Protocol):
-    name: str
+class Backend(ABC):
+    """One way of running jobs. Methods take the job directory (a path or a `JobDir`)."""
 
+    name: ClassVar[str]
+    poll_s: float = 1.0
+
+    # -- what each backend must say --------------------------------------------------------
+    @abstractmethod
     def submit(self, job_dir: Path) -> str:
         """Start the job described by job_dir; return its id (also recorded in job.json)."""
 
+    @abstractmethod
     def status(self, job_dir: Path) -> JobStatus: ...
 
+    @abstractmethod
+    def cancel(self, job_dir: Path) -> None: ...
+
+    # -- where the job's files are (the ssh backend's are on the login node) ------------------
+    @property
+    def shell(self) -> Shell:
+        return LocalShell()
+
+    def cluster_dir(self, job_dir: Path) -> str:
+        """The job directory where its files are written (as the shell sees it)."""
+        return str(Path(job_dir).resolve())
+
+    def batch_log_name(self, job_dir: Path) -> str | None:
+        """The batch script's own log, relative to the job directory (None: there is none)."""
+        return None
+
+    def is_finished(self, job_dir: Path) -> bool:
+        """Cheap check used while following logs."""
+        return self.status(job_dir).state.finished
+
+    # -- the same for every backend ----------------------------------------------------------
     def logs(
         self, job_dir: Path, *, rank: int | None = None, follow: bool = False
     ) -> Iterator[str]:
-        """Yield log text (whole lines), of one rank or of all; with follow, until the job ends."""
+        """Lines of rank R's `.out` then `.err`, or of every log (prefixed `[batch] ` or
+        `[rank R] `); with follow, new lines as they are written, until the job ends."""
+        source = joblogs.LogSource(
+            self.shell, self.cluster_dir(job_dir), self.batch_log_name(job_dir)
+        )
+        if not follow:
+            yield from joblogs.read_logs(source, rank)
+            return
+        yield from joblogs.follow_logs(
+            source, rank, lambda: self.is_finished(job_dir), poll_s=max(0.2, min(self.poll_s, 2))
+        )
 
-    def cancel(self, job_dir: Path) -> None: ...
+    def rank_error(self, job_dir: Path, rank: int) -> str:
+        """What rank (launch index) `rank` said went wrong, in one line."""
+        return joblogs.rank_error(self.shell, self.cluster_dir(job_dir), rank)
+
+    def wait(
+        self, job_dir: Path, *, timeout: float | None = None, poll_s: float | None = None
+    ) -> JobStatus:
+        """Poll status() until the job is finished (or timeout seconds pass: the last status)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = self.status(job_dir)
+            if st.state.finished or (deadline is not None and time.monotonic() >= deadline):
+                return st
+            time.sleep(self.poll_s if poll_s is None else poll_s)
+
+    def fetch(self, job_dir: Path) -> list[str]:
+        """Bring the job's outputs and logs into the local directory; local files: nothing."""
+        return []
+
+    def prepare_resume(self, job: JobDir) -> None:
+        """Forget the previous attempt's submission so that submit() accepts the directory."""
+        job.update_meta(job_id=None)
+
+    def close(self) -> None:  # noqa: B027 - a default, not an abstract method
+        """Release connections (the ssh backend's); nothing for local backends."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,17 +1,23 @@
 """The `local` backend: the job's ranks as processes on this machine, no Slurm.
 
 `submit` starts a detached supervisor (`python -m ringctl.backends.local supervise JOB_DIR`, in a
-session of its own) and returns at once. The supervisor starts P = nodes x tasks_per_node
-workers (`python -m ringctl.worker JOB_DIR`, as on Slurm) with MASTER_ADDR=127.0.0.1, a free
-port, RANK / WORLD_SIZE / LOCAL_RANK, and no Slurm variables (so they form one node named after
-this host). Each rank writes logs/rank-<R>.out and .err. The supervisor records the state in
-JOB_DIR/state.json, so `ringctl status`, `logs` and `cancel` work from any shell. Like
-`srun --kill-on-bad-exit=1`, the first rank to fail ends the others; the job is then FAILED with
-that rank's error.
+session of its own) and returns at once. The supervisor (`Supervisor`) starts P = nodes x
+tasks_per_node workers (`python -m ringctl.worker JOB_DIR`, as on Slurm) with
+MASTER_ADDR=127.0.0.1, a free port, RANK / WORLD_SIZE / LOCAL_RANK, and no Slurm variables (so
+they form one node named after this host). Each rank writes logs/rank-<R>.out and .err. The
+supervisor records the state in JOB_DIR/state.json, so `ringctl status`, `logs` and `cancel`
+work from any shell. Like `srun --kill-on-bad-exit=1`, the first rank to fail ends the others;
+the job is then FAILED with that rank's error.
+
+Processes never outlive their job: workers run in the supervisor's process group and get
+SIGKILL from the kernel when the supervisor dies (PR_SET_PDEATHSIG), even by SIGKILL. A pid in
+supervisor.pid or state.json is trusted only while the process it names still has the start
+time and command line recorded with it (`ProcessRecord`), so a reused pid is never signalled.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -19,15 +25,23 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .base import JobState, JobStatus
+from ..errors import UserError
+from ..jobdir import JobDir
+from .base import Backend, JobState, JobStatus
 
-STATE_FILE = "state.json"
-SUPERVISOR_PID = "supervisor.pid"
 KILL_GRACE_S = 5.0
-ERROR_PREFIX = "ringctl.worker: "  # the worker's last stderr line on failure
+_CLEARED_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+)
 
 
 def create(cfg) -> LocalBackend:
@@ -43,50 +57,12 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("SLURM_", "SLURMD_", "TORCHELASTIC_", "PMI_", "OMPI_"))
-        and k
-        not in (
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "GROUP_RANK",
-        )
+        and k not in _CLEARED_VARS
     }
     root = _package_root()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.update(extra or {})
     return env
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _write_state(job_dir: Path, state: dict) -> None:
-    tmp = job_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, job_dir / STATE_FILE)
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _free_port() -> int:
@@ -95,267 +71,316 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def rank_error(job_dir: Path, rank: int) -> str:
-    """The error a failed rank reported: its result file, else its last stderr lines."""
-    result = _read_json(job_dir / "logs" / f"rank-{rank}.result.json") or {}
-    if result.get("error"):
-        return str(result["error"])
-    err = job_dir / "logs" / f"rank-{rank}.err"
+# -- process identity ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A pid with what makes it this process: its start time (clock ticks since boot, from
+    /proc/PID/stat) and a marker its command line must contain."""
+
+    pid: int
+    start: int | None
+    marker: str
+
+    @classmethod
+    def of(cls, pid: int, marker: str) -> ProcessRecord:
+        return cls(pid, _start_time(pid), marker)
+
+    def alive(self) -> bool:
+        """Still running (not a zombie), and still the same process."""
+        stat = _proc_stat(self.pid)
+        if stat is None or stat[0] == "Z":
+            return False
+        if self.start is not None and stat[1] != self.start:
+            return False  # the pid was reused
+        return self.marker in _cmdline(self.pid)
+
+    def signal(self, sig: int, *, group: bool = False) -> bool:
+        if not self.alive():
+            return False
+        try:
+            (os.killpg if group else os.kill)(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time) of a process, or None when there is none."""
     try:
-        lines = [s.strip() for s in err.read_text(errors="replace").splitlines() if s.strip()]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    stat = _proc_stat(pid)
+    return stat[1] if stat else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return ""
-    for line in reversed(lines):
-        if line.startswith(ERROR_PREFIX):
-            return line[len(ERROR_PREFIX) :]
-    return lines[-1] if lines else ""
+    return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
-class LocalBackend:
+def _read_record(job: JobDir) -> ProcessRecord | None:
+    try:
+        text = job.supervisor_file.read_text().strip()
+    except OSError:
+        return None
+    try:
+        data = json.loads(text)
+        if isinstance(data, int):  # a 0.1 job directory: a bare pid, identity unknown
+            return ProcessRecord(data, None, f"supervise {job.path.resolve()}")
+        return ProcessRecord(int(data["pid"]), data.get("start"), str(data["marker"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent (the supervisor) dies."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process group still lets cancel reach every worker
+
+
+# -- the backend -----------------------------------------------------------------------------
+
+
+class LocalBackend(Backend):
     name = "local"
+    poll_s = 0.2
 
     def __init__(self, cfg=None) -> None:
         self.cfg = cfg
 
-    # -- submit ----------------------------------------------------------------------------
     def submit(self, job_dir: Path) -> str:
-        job_dir = Path(job_dir).resolve()
-        (job_dir / "logs").mkdir(parents=True, exist_ok=True)
-        log = open(job_dir / "logs" / "supervisor.log", "ab")  # noqa: SIM115
-        try:
+        job = JobDir(Path(job_dir).resolve())
+        job.logs.mkdir(parents=True, exist_ok=True)
+        stop_earlier_workers(job)
+        with open(job.logs / "supervisor.log", "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ringctl.backends.local", "supervise", str(job_dir)],
-                cwd=job_dir,
+                [sys.executable, "-m", "ringctl.backends.local", "supervise", str(job.path)],
+                cwd=job.path,
                 env=_child_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # survives the terminal; cancel kills its group
+                start_new_session=True,  # survives the terminal; cancel signals its group
                 close_fds=True,
             )
-        finally:
-            log.close()
-        (job_dir / SUPERVISOR_PID).write_text(f"{proc.pid}\n")
+        record = ProcessRecord.of(proc.pid, f"supervise {job.path}")
+        job.supervisor_file.write_text(json.dumps(asdict(record)) + "\n")
         return f"local-{proc.pid}"
 
-    # -- status ----------------------------------------------------------------------------
-    def _supervisor_pid(self, job_dir: Path) -> int | None:
-        try:
-            return int((job_dir / SUPERVISOR_PID).read_text().strip())
-        except (OSError, ValueError):
-            return None
-
     def status(self, job_dir: Path) -> JobStatus:
-        job_dir = Path(job_dir)
-        pid = self._supervisor_pid(job_dir)
-        job_id = f"local-{pid}" if pid else "local-?"
-        state = _read_json(job_dir / STATE_FILE)
+        job = JobDir(job_dir)
+        record = _read_record(job)
+        job_id = f"local-{record.pid}" if record else "local-?"
+        state = job.read_state()
+        alive = record is not None and record.alive()
         if state is None:
-            if pid and _alive(pid):
+            if alive:
                 return JobStatus(job_id, JobState.PENDING, "starting")
             return JobStatus(job_id, JobState.UNKNOWN, "no state recorded (not submitted?)")
         st = JobState(state.get("state", "UNKNOWN"))
         reason = state.get("reason", "")
         started, ended = state.get("started_at"), state.get("ended_at")
-        elapsed = None
-        if started:
-            elapsed = (ended or time.time()) - started
-        if not st.finished and not _alive(pid):
+        elapsed = (ended or time.time()) - started if started else None
+        if not st.finished and not alive:
             st, reason = JobState.FAILED, "the local supervisor process is gone (killed?)"
         ranks = {int(r): info.get("state", "?") for r, info in state.get("ranks", {}).items()}
         return JobStatus(job_id, st, reason, state.get("exit_code"), elapsed, ranks)
 
-    # -- logs ------------------------------------------------------------------------------
-    def logs(
-        self, job_dir: Path, *, rank: int | None = None, follow: bool = False
-    ) -> Iterator[str]:
-        job_dir = Path(job_dir)
-        logs = job_dir / "logs"
-
-        def files() -> list[tuple[str, Path]]:
-            if rank is not None:
-                return [(f"rank {rank}", logs / f"rank-{rank}.{ext}") for ext in ("out", "err")]
-            found = []
-            for path in sorted(logs.glob("rank-*.out")) + sorted(logs.glob("rank-*.err")):
-                try:
-                    r = int(path.stem.split("-", 1)[1])
-                except ValueError:
-                    continue
-                found.append((f"rank {r}", path))
-            found.sort(key=lambda item: (int(item[0].split()[1]), item[1].suffix != ".out"))
-            return found
-
-        prefix = rank is None
-        if not follow:
-            for label, path in files():
-                if path.exists():
-                    for line in path.read_text(errors="replace").splitlines():
-                        yield f"[{label}] {line}" if prefix else line
-            return
-        offsets: dict[Path, int] = {}
-        partial: dict[Path, tuple[str, str]] = {}  # path -> (label, a line not yet ended)
-
-        def fmt(label: str, line: str) -> str:
-            return f"[{label}] {line}" if prefix else line
-
-        while True:
-            finished = self.status(job_dir).state.finished
-            for label, path in files():
-                try:
-                    with open(path, "rb") as fh:
-                        fh.seek(offsets.get(path, 0))
-                        chunk = fh.read()
-                        offsets[path] = fh.tell()
-                except OSError:
-                    continue
-                text = partial.pop(path, (label, ""))[1] + chunk.decode(errors="replace")
-                *lines, rest = text.split("\n")
-                if rest:
-                    partial[path] = (label, rest)
-                for line in lines:
-                    yield fmt(label, line)
-            if finished:
-                for label, rest in partial.values():
-                    yield fmt(label, rest)
-                return
-            time.sleep(0.2)
-
-    # -- cancel ----------------------------------------------------------------------------
     def cancel(self, job_dir: Path) -> None:
-        job_dir = Path(job_dir)
-        if self.status(job_dir).state.finished:
-            return
-        pid = self._supervisor_pid(job_dir)
-        if pid and _alive(pid):
-            os.kill(pid, signal.SIGTERM)
+        job = JobDir(job_dir)
+        record = _read_record(job)
+        if record is not None and record.signal(signal.SIGTERM):
             deadline = time.monotonic() + KILL_GRACE_S * 2
-            while time.monotonic() < deadline and _alive(pid):
+            while time.monotonic() < deadline and record.alive():
                 time.sleep(0.1)
-            if _alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGKILL)  # the supervisor leads its process group
-                except ProcessLookupError:
-                    pass
-        state = _read_json(job_dir / STATE_FILE) or {}
+            record.signal(signal.SIGKILL, group=True)  # the supervisor leads its group
+        stop_earlier_workers(job)
+        state = job.read_state() or {}
         if not JobState(state.get("state", "UNKNOWN")).finished:
             state.update(state="CANCELLED", reason="cancelled", ended_at=time.time())
-            _write_state(job_dir, state)
+            job.write_state(state)
 
 
-# -- the supervisor ----------------------------------------------------------------------------
+def live_workers(job: JobDir) -> list[ProcessRecord]:
+    """Workers recorded in state.json that still run (same pid, start time and job)."""
+    state = job.read_state() or {}
+    marker = f"ringctl.worker {job.path.resolve()}"
+    found = []
+    for info in state.get("ranks", {}).values():
+        if isinstance(info, dict) and info.get("pid"):
+            record = ProcessRecord(int(info["pid"]), info.get("start"), marker)
+            if record.alive():
+                found.append(record)
+    return found
 
 
-def supervise(job_dir: Path) -> int:
-    from ..config import load_resolved, world_size
+def stop_earlier_workers(job: JobDir) -> int:
+    """Kill workers of an earlier attempt that outlived their supervisor (a 0.1 job directory,
+    or a platform without PR_SET_PDEATHSIG), so no two rings share out/."""
+    workers = live_workers(job)
+    for record in workers:
+        record.signal(signal.SIGKILL)
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline and any(r.alive() for r in workers):
+        time.sleep(0.05)
+    return len(workers)
 
-    job_dir = Path(job_dir).resolve()
-    cfg = load_resolved(job_dir / "config.yaml")
-    world = world_size(cfg)
-    logs = job_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    (job_dir / "out").mkdir(exist_ok=True)
-    python = cfg.env.python or sys.executable
-    port = _free_port()
-    threads = str(max(1, (os.cpu_count() or 1) // world))
-    cancelled = [False]
 
-    def on_term(signum, frame):
-        cancelled[0] = True
+# -- the supervisor --------------------------------------------------------------------------
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    state: dict = {
-        "state": "RUNNING",
-        "backend": "local",
-        "supervisor_pid": os.getpid(),
-        "world_size": world,
-        "master_port": port,
-        "started_at": time.time(),
-        "ranks": {},
-    }
-    procs: dict[int, subprocess.Popen] = {}
-    for rank in range(world):
-        extra = {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world),
-            **{str(k): str(v) for k, v in cfg.env.vars.items()},
+
+class Supervisor:
+    """Starts the ranks, watches them, ends them all when one fails or a cancel arrives, and
+    records every change in state.json."""
+
+    def __init__(self, job: JobDir) -> None:
+        from ..config import load_resolved, world_size
+
+        self.job = job
+        self.cfg = load_resolved(job.config)
+        self.world = world_size(self.cfg)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.codes: dict[int, int] = {}
+        self.killed: set[int] = set()
+        self.failed: list[int] = []
+        self.cancelled = False
+        self.kill_at: float | None = None
+        self.state: dict = {
+            "state": "RUNNING",
+            "backend": "local",
+            "supervisor_pid": os.getpid(),
+            "world_size": self.world,
+            "started_at": time.time(),
+            "ranks": {},
         }
-        extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", threads))
+
+    def on_term(self, signum, frame) -> None:
+        self.cancelled = True
+
+    def start(self) -> None:
+        self.job.logs.mkdir(parents=True, exist_ok=True)
+        self.job.out.mkdir(exist_ok=True)
+        port = _free_port()
+        self.state["master_port"] = port
+        threads = str(max(1, (os.cpu_count() or 1) // self.world))
+        for rank in range(self.world):
+            extra = {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(self.world),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(self.world),
+                **{str(k): str(v) for k, v in self.cfg.env.vars.items()},
+            }
+            extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", threads))
+            self.procs[rank] = self._spawn(rank, extra)
+            pid = self.procs[rank].pid
+            self.state["ranks"][str(rank)] = {
+                "pid": pid,
+                "start": _start_time(pid),
+                "state": "RUNNING",
+            }
+        self.job.write_state(self.state)
+        print(f"supervisor {os.getpid()}: started {self.world} ranks on port {port}", flush=True)
+
+    def _spawn(self, rank: int, extra: dict[str, str]) -> subprocess.Popen:
+        python = self.cfg.env.python or sys.executable
         with (
-            open(logs / f"rank-{rank}.out", "ab") as out,
-            open(logs / f"rank-{rank}.err", "ab") as err,
+            open(self.job.rank_log(rank, "out"), "ab") as out,
+            open(self.job.rank_log(rank, "err"), "ab") as err,
         ):
-            procs[rank] = subprocess.Popen(
-                [python, "-m", "ringctl.worker", str(job_dir)],
-                cwd=job_dir,
+            return subprocess.Popen(
+                [python, "-m", "ringctl.worker", str(self.job.path)],
+                cwd=self.job.path,
                 env=_child_env(extra),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
+                preexec_fn=_die_with_parent,
             )
-        state["ranks"][str(rank)] = {"pid": procs[rank].pid, "state": "RUNNING"}
-    _write_state(job_dir, state)
-    print(f"supervisor {os.getpid()}: started {world} ranks on port {port}", flush=True)
 
-    codes: dict[int, int] = {}
-    killed: set[int] = set()
-    failed_first: list[int] = []
-    kill_at: float | None = None
-    while len(codes) < world:
-        for rank, proc in procs.items():
-            if rank in codes:
-                continue
-            code = proc.poll()
-            if code is None:
-                continue
-            codes[rank] = code
-            info = state["ranks"][str(rank)]
-            info["exit_code"] = code
-            if rank in killed:
-                info["state"] = "CANCELLED" if cancelled[0] else "KILLED"
-            else:
-                info["state"] = "COMPLETED" if code == 0 else "FAILED"
-                if code != 0:
-                    failed_first.append(rank)
-            _write_state(job_dir, state)
-        if (failed_first or cancelled[0]) and kill_at is None:
-            kill_at = time.monotonic() + KILL_GRACE_S
-            for rank, proc in procs.items():
-                if rank not in codes:
-                    killed.add(rank)
-                    proc.terminate()
-        if kill_at is not None and time.monotonic() > kill_at:
-            for rank, proc in procs.items():
-                if rank not in codes:
-                    proc.kill()
-        time.sleep(0.05)
+    def watch(self) -> None:
+        """Until every rank has exited: record exits, end the rest after a failure/cancel."""
+        while len(self.codes) < self.world:
+            for rank, proc in self.procs.items():
+                code = None if rank in self.codes else proc.poll()
+                if code is not None:
+                    self._record_exit(rank, code)
+            if (self.failed or self.cancelled) and self.kill_at is None:
+                self.kill_at = time.monotonic() + KILL_GRACE_S
+                for rank, proc in self.procs.items():
+                    if rank not in self.codes:
+                        self.killed.add(rank)
+                        proc.terminate()
+            if self.kill_at is not None and time.monotonic() > self.kill_at:
+                for rank, proc in self.procs.items():
+                    if rank not in self.codes:
+                        proc.kill()
+            time.sleep(0.05)
 
-    state["ended_at"] = time.time()
-    if cancelled[0] and not failed_first:
-        state.update(state="CANCELLED", reason="cancelled", exit_code=None)
-    elif failed_first:
-        # The rank that failed first caused the rest: order by the time each rank recorded.
+    def _record_exit(self, rank: int, code: int) -> None:
+        self.codes[rank] = code
+        info = self.state["ranks"][str(rank)]
+        info["exit_code"] = code
+        if rank in self.killed:
+            info["state"] = "CANCELLED" if self.cancelled else "KILLED"
+        else:
+            info["state"] = "COMPLETED" if code == 0 else "FAILED"
+            if code != 0:
+                self.failed.append(rank)
+        self.job.write_state(self.state)
+
+    def finish(self) -> None:
+        self.state["ended_at"] = time.time()
+        if self.cancelled and not self.failed:
+            self.state.update(state="CANCELLED", reason="cancelled", exit_code=None)
+        elif self.failed:
+            first = self._first_failure()
+            code = self.codes[first]
+            how = f"killed by signal {-code}" if code < 0 else f"exited {code}"
+            error = LocalBackend().rank_error(self.job.path, first)
+            reason = f"rank {first} {how}" + (f": {error}" if error else "")
+            self.state.update(state="FAILED", exit_code=code, reason=reason)
+        else:
+            self.state.update(state="COMPLETED", exit_code=0, reason="")
+        self.job.write_state(self.state)
+        summary = f"{self.state['state']} {self.state['reason']}".rstrip()
+        print(f"supervisor {os.getpid()}: {summary}", flush=True)
+
+    def _first_failure(self) -> int:
+        """The rank that failed first caused the rest: order by the time each recorded."""
+
         def failed_at(rank: int) -> float:
-            rec = _read_json(logs / f"rank-{rank}.result.json") or {}
-            return float(rec.get("failed_at", float("inf")))
+            try:
+                rec = json.loads(self.job.rank_log(rank, "result.json").read_text())
+                return float(rec.get("failed_at", float("inf")))
+            except (OSError, ValueError, TypeError, AttributeError):
+                return float("inf")
 
-        first = min(failed_first, key=lambda r: (failed_at(r), failed_first.index(r)))
-        code = codes[first]
-        how = f"killed by signal {-code}" if code < 0 else f"exited {code}"
-        error = rank_error(job_dir, first)
-        state.update(
-            state="FAILED",
-            exit_code=code,
-            reason=f"rank {first} {how}" + (f": {error}" if error else ""),
-        )
-    else:
-        state.update(state="COMPLETED", exit_code=0, reason="")
-    _write_state(job_dir, state)
-    print(f"supervisor {os.getpid()}: {state['state']} {state['reason']}".rstrip(), flush=True)
+        return min(self.failed, key=lambda r: (failed_at(r), self.failed.index(r)))
+
+
+def supervise(job_dir: Path) -> int:
+    supervisor = Supervisor(JobDir(Path(job_dir).resolve()))
+    signal.signal(signal.SIGTERM, supervisor.on_term)
+    signal.signal(signal.SIGINT, supervisor.on_term)
+    supervisor.start()
+    supervisor.watch()
+    supervisor.finish()
     return 0
 
 
@@ -364,7 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2 or argv[0] != "supervise":
         print("usage: python -m ringctl.backends.local supervise JOB_DIR", file=sys.stderr)
         return 2
-    return supervise(Path(argv[1]))
+    try:
+        return supervise(Path(argv[1]))
+    except UserError as err:
+        print(f"supervisor: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -239,19 +239,3 @@ def first_failed_task(batch_log: str) -> tuple[int, str] | None:
             return rank, what
     rank = next(iter(tasks))
     return rank, tasks[rank]
-
-
-_ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")
-
-
-def error_summary(stderr_text: str, limit: int = 300) -> str:
-    """The line that names the error in a rank's stderr: the last `SomethingError: ...` line,
-    else the last non-empty line."""
-    lines = [ln.rstrip() for ln in stderr_text.splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    for ln in reversed(lines):
-        m = _ERROR_LINE.match(ln)
-        if m:
-            return m.group(1)[:limit]
-    return lines[-1].strip()[:limit]

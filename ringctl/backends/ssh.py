@@ -3,8 +3,12 @@
 - submit: the job directory is copied by SFTP to `<remote_dir>/<job dir name>` on the login node
   (a relative `remote_dir` is under the remote home), then `sbatch` runs there.
 - status, logs, cancel: `squeue`/`sacct`/`scancel` and reads of the remote files, over the same
-  connection; once the job is finished, its files (logs, plan, probes, outputs) are fetched back
-  into the local job directory (`fetch` does it on demand).
+  connection; nothing is copied back by them.
+- fetch (`ringctl gather`): the task's outputs (`out/`), the logs, the probes and the placement
+  come back into their own places. The remote directory is not trusted: control files
+  (config.yaml, job.json, state.json, the script, keys, known_hosts) are never replaced, every
+  name is checked (one path component, UTF-8, no dot files, short enough) and every local path
+  must resolve inside the local job directory; a name that fails is skipped with a warning.
 - Every remote command is an argv joined with `shlex.join`: no user value reaches the remote
   shell unquoted.
 - Authentication by key file or ssh-agent only, never a password. Host keys are checked against
@@ -16,68 +20,38 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import os
 import posixpath
 import shlex
 import socket
 import stat
+import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import paramiko
+from omegaconf import OmegaConf
+from paramiko import sftp as sftp_proto
+from paramiko.sftp_attr import SFTPAttributes
 
+from ..config import DEFAULT_KNOWN_HOSTS, SshConfig
 from ..errors import UserError
-from .base import JobStatus
-from .slurm import SlurmBackend, _one_line, read_job_json, update_job_json
+from ..jobdir import PLACEMENT, JobDir
+from .slurm import SlurmBackend, _one_line
 
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-
-
-@dataclass
-class SSHSettings:
-    """Where and how to log in (the `ssh` section of a job config has the same names)."""
-
-    host: str
-    port: int = 22
-    user: str | None = None
-    key: str | None = None  # private key file; default: the SSH agent and ~/.ssh keys
-    known_hosts: str | None = None  # default: ~/.ssh/known_hosts
-    remote_dir: str = "ringctl-jobs"  # relative paths are under the remote home
-    trust_unknown_host: bool = False
-    connect_timeout: float = 15.0
-    command_timeout: float = 120.0
-
-    @property
-    def target(self) -> str:
-        user = f"{self.user}@" if self.user else ""
-        return f"{user}{self.host}:{self.port}"
-
-    @property
-    def known_hosts_path(self) -> str:
-        return os.path.expanduser(self.known_hosts or DEFAULT_KNOWN_HOSTS)
+# One schema for SSH settings: the `ssh` section of a job config (ringctl.config.SshConfig).
+SSHSettings = SshConfig
 
 
 def create(cfg) -> SSHBackend:
     """The backend for a resolved job config: its `ssh` section."""
-    s = cfg.ssh
-    if not s.host:
+    if not cfg.ssh.host:
         raise UserError("ssh.host: is required with backend=ssh")
-    return SSHBackend(
-        SSHSettings(
-            host=str(s.host),
-            port=int(s.port),
-            user=s.user,
-            key=s.key,
-            known_hosts=s.known_hosts,
-            remote_dir=str(s.remote_dir),
-            trust_unknown_host=bool(s.trust_unknown_host),
-            connect_timeout=float(s.connect_timeout),
-        )
-    )
+    return SSHBackend(OmegaConf.to_object(cfg.ssh))
 
 
 # -- host keys -------------------------------------------------------------------------------------
@@ -122,6 +96,80 @@ class _TrustAndRecord(paramiko.MissingHostKeyPolicy):
         with open(path, "a") as f:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class _RevokedHost(_UnknownHost):
+    pass
+
+
+class _RefuseRevoked(paramiko.MissingHostKeyPolicy):
+    """A key marked @revoked in known_hosts is refused, whatever the other policy says (revoked
+    keys are never loaded as known, so paramiko asks this policy about them)."""
+
+    def __init__(self, revoked: set[tuple[str, str]], then: paramiko.MissingHostKeyPolicy):
+        self.revoked, self.then = revoked, then
+
+    def missing_host_key(self, client, hostname, key) -> None:
+        if (key.get_name(), key.get_base64()) in self.revoked:
+            raise _RevokedHost(
+                f"ssh {hostname}: its host key {_fingerprint(key)} is marked @revoked in "
+                "known_hosts: refusing to connect"
+            )
+        self.then.missing_host_key(client, hostname, key)
+
+
+def load_known_hosts(keys: paramiko.HostKeys, path: str) -> set[tuple[str, str]]:
+    """Add a known_hosts file's plain entries to `keys`; return its @revoked keys.
+
+    paramiko's own loader fails on marker lines, which sites with host certificates have
+    (OpenSSH's sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"). `@revoked` keys are returned so they
+    are refused; `@cert-authority` lines are skipped with a note (certificates are not
+    checked here: such hosts need their plain key listed too)."""
+    revoked: set[tuple[str, str]] = set()
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError as err:
+        raise UserError(f"ssh: cannot read known_hosts {path}: {err.strerror}") from None
+    noted = False
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if text.startswith("@"):
+            marker, _, rest = text.partition(" ")
+            fields = rest.split()
+            if marker == "@revoked" and len(fields) >= 3:
+                revoked.add((fields[1], fields[2]))
+            elif not noted:
+                print(f"ringctl: note: {path}:{number}: {marker} lines are not used by ringctl "
+                      "(host certificates are not checked; list the host's key itself)",
+                      file=sys.stderr)  # fmt: skip
+                noted = True
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(text, number)
+        except (paramiko.SSHException, ValueError, TypeError, binascii.Error):
+            entry = None
+        if entry is None or entry.key is None:
+            continue  # an unreadable line is skipped, as OpenSSH does
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
+
+
+def check_private_key(path: str, configured: str) -> None:
+    """Refuse a key file that is missing or that others can read, as OpenSSH does."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        raise UserError(f"ssh.key: no such file {configured}") from None
+    if not stat.S_ISREG(mode):
+        raise UserError(f"ssh.key: {configured} is not a file")
+    if mode & 0o077:
+        raise UserError(
+            f"ssh.key: {configured} is accessible by others (mode {stat.S_IMODE(mode):o}); "
+            f"OpenSSH refuses such keys too: chmod 600 {shlex.quote(configured)}"
+        )
 
 
 # -- the remote shell ----------------------------------------------------------------------------
@@ -202,10 +250,12 @@ class SSHShell:
             raise UserError(f"ssh {self.where}: reading {path}: {_one_line(str(err))}") from None
 
     def listdir(self, path: str) -> list[str]:
+        """Names that decode as UTF-8 (others cannot be a log of ours)."""
         try:
-            return self.sftp.listdir(path)
+            raw = listdir_raw(self.sftp, path)
         except OSError:
             return []
+        return [n.decode() for n, _ in raw if n not in (b".", b"..") and _utf8(n)]
 
     def close(self) -> None:
         if self._sftp is not None:
@@ -219,18 +269,16 @@ def connect(settings: SSHSettings) -> paramiko.SSHClient:
     s = settings
     client = paramiko.SSHClient()
     known = s.known_hosts_path
-    try:
-        if os.path.exists(known):
-            client.load_host_keys(known)
-        if s.known_hosts is None and os.path.exists("/etc/ssh/ssh_known_hosts"):
-            client.load_system_host_keys("/etc/ssh/ssh_known_hosts")
-    except (OSError, paramiko.SSHException) as err:
-        raise UserError(f"ssh: cannot read known_hosts {known}: {_one_line(str(err))}") from None
+    files = [known] + (["/etc/ssh/ssh_known_hosts"] if s.known_hosts is None else [])
+    revoked: set[tuple[str, str]] = set()
+    for path in files:
+        if os.path.exists(path):
+            revoked |= load_known_hosts(client.get_host_keys(), path)
     policy = _TrustAndRecord(s) if s.trust_unknown_host else _RefuseUnknown(s)
-    client.set_missing_host_key_policy(policy)
+    client.set_missing_host_key_policy(_RefuseRevoked(revoked, policy))
     key = os.path.expanduser(s.key) if s.key else None
-    if key and not os.path.isfile(key):
-        raise UserError(f"ssh.key: no such file {s.key}")
+    if key:
+        check_private_key(key, s.key)
     t = s.connect_timeout
     t0 = time.monotonic()
     try:
@@ -346,11 +394,20 @@ class SSHBackend(SlurmBackend):
             self._remote_base = posixpath.normpath(base)
         return self._remote_base
 
-    def _cluster_dir(self, job_dir: Path) -> str:
-        recorded = read_job_json(Path(job_dir)).get("remote", {}).get("dir")
+    def cluster_dir(self, job_dir: Path) -> str:
+        recorded = (JobDir(job_dir).read_meta().get("remote") or {}).get("dir")
         return recorded or posixpath.join(self.remote_base(), Path(job_dir).resolve().name)
 
+    def prepare_resume(self, job: JobDir) -> None:
+        """The remote copy stays where it is (its out/ holds the finished work): its logs and
+        placement move to attempts/<n> there too, and config.yaml/job.sh are sent again."""
+        super().prepare_resume(job)
+        attempts = job.read_meta().get("attempts") or [{}]
+        self._resume_attempt = Path(str(attempts[-1].get("dir", "attempt"))).name
+
     def _prepare(self, job_dir: Path) -> str:
+        if getattr(self, "_resume_attempt", None):
+            return self._prepare_resumed(JobDir(job_dir))
         remote = posixpath.join(self.remote_base(), Path(job_dir).resolve().name)
         sftp = self.shell.sftp
         try:
@@ -366,13 +423,32 @@ class SSHBackend(SlurmBackend):
         self._upload(Path(job_dir), remote)
         return remote
 
+    def _prepare_resumed(self, job: JobDir) -> str:
+        remote = self.cluster_dir(job.path)
+        sftp = self.shell.sftp
+        archive = posixpath.join(remote, "attempts", self._resume_attempt)
+        try:
+            self._mkdirs(archive)
+            for name in ("logs", PLACEMENT):
+                try:
+                    sftp.rename(posixpath.join(remote, name), posixpath.join(archive, name))
+                except FileNotFoundError:
+                    pass
+            sftp.mkdir(posixpath.join(remote, "logs"), mode=0o755)
+            for name in ("config.yaml", "job.sh"):
+                sftp.put(str(job.path / name), posixpath.join(remote, name))
+            sftp.chmod(posixpath.join(remote, "job.sh"), 0o755)
+        except OSError as err:
+            raise UserError(
+                f"ssh {self.settings.target}: preparing {remote} for the resumed job failed: "
+                f"{_one_line(str(err))}"
+            ) from None
+        self._resume_attempt = None
+        return remote
+
     def _submitted_fields(self, job_dir: Path, cluster_dir: str) -> dict:
         s = self.settings
         return {"remote": {"host": s.host, "port": s.port, "user": s.user, "dir": cluster_dir}}
-
-    def _after_final(self, job_dir: Path, status: JobStatus) -> None:
-        if not read_job_json(Path(job_dir)).get("fetched_at"):
-            self.fetch(job_dir)
 
     # -- SFTP --------------------------------------------------------------------------------------
 
@@ -412,43 +488,141 @@ class SSHBackend(SlurmBackend):
             ) from None
 
     def fetch(self, job_dir: Path) -> list[str]:
-        """Copy the remote job directory's files back (job.json stays the local one); return
-        the relative paths fetched."""
-        job_dir = Path(job_dir)
-        remote = self._cluster_dir(job_dir)
-        sftp = self.shell.sftp
+        """Copy the job's outputs, logs, probes and placement back from the login node; return
+        the relative paths fetched. Nothing else, and nothing outside the job directory."""
+        job = JobDir(Path(job_dir).resolve())
+        remote = self.cluster_dir(job.path)
         fetched: list[str] = []
-
-        def walk(rdir: str, ldir: Path) -> Iterator[tuple[str, Path]]:
-            for entry in sftp.listdir_attr(rdir):
-                rpath = posixpath.join(rdir, entry.filename)
-                if stat.S_ISDIR(entry.st_mode or 0):
-                    yield from walk(rpath, ldir / entry.filename)
-                elif stat.S_ISREG(entry.st_mode or 0):
-                    yield rpath, ldir / entry.filename
-
         try:
-            for rpath, lpath in walk(remote, job_dir):
-                rel = lpath.relative_to(job_dir).as_posix()
-                if rel == "job.json":
-                    continue
-                lpath.parent.mkdir(parents=True, exist_ok=True)
-                tmp = lpath.with_name(f".{lpath.name}.part")
-                sftp.get(rpath, str(tmp))
-                tmp.replace(lpath)
-                fetched.append(rel)
+            for rpath, rel in self._fetchable(remote):
+                if fetch_one(self.shell.sftp, rpath, job.path, rel):
+                    fetched.append(rel)
         except OSError as err:
             raise UserError(
                 f"ssh {self.settings.target}: fetching {remote} failed: {_one_line(str(err))}"
             ) from None
-        update_job_json(
-            job_dir, fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds")
-        )
+        job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched
 
-    def logs(
-        self, job_dir: Path, *, rank: int | None = None, follow: bool = False
-    ) -> Iterator[str]:
-        yield from super().logs(job_dir, rank=rank, follow=follow)
-        if follow:
-            self.fetch(job_dir)
+    def _fetchable(self, remote: str) -> Iterator[tuple[str, str]]:
+        """(remote path, relative local path) of the regular files that may come back."""
+        sftp = self.shell.sftp
+        for top in FETCHED_DIRS:
+            yield from _walk_remote(sftp, posixpath.join(remote, top), top)
+        try:
+            entry = sftp.stat(posixpath.join(remote, PLACEMENT))
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(entry.st_mode or 0):
+            yield posixpath.join(remote, PLACEMENT), PLACEMENT
+
+
+# What `fetch` brings back: the task's outputs, the logs and the probes (placement.json too).
+FETCHED_DIRS = ("out", "logs", "probes")
+_MAX_NAME = 200  # bytes: room for a temporary suffix within the usual 255-byte limit
+_MAX_DEPTH = 8
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _safe_name(raw: str | bytes) -> str | None:
+    """A remote file name usable locally: one UTF-8 path component, not a dot file."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    if (
+        not raw
+        or raw in (".", "..")
+        or raw.startswith(".")
+        or "/" in raw
+        or "\\" in raw
+        or "\x00" in raw
+        or any(ord(c) < 32 for c in raw)
+        or len(raw.encode("utf-8", "surrogateescape")) > _MAX_NAME
+    ):
+        return None
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:  # paramiko decodes undecodable names with surrogates
+        return None
+    return raw
+
+
+def _warn(message: str) -> None:
+    print(f"ringctl: warning: {message}", file=sys.stderr)
+
+
+def listdir_raw(sftp: paramiko.SFTPClient, path: str) -> list[tuple[bytes, SFTPAttributes]]:
+    """(name as bytes, attributes) of a remote directory's entries.
+
+    paramiko's listdir_attr decodes every name as strict UTF-8, so one file with another
+    encoding fails the whole listing; this is the same SFTP exchange (OPENDIR, READDIR until
+    EOF, CLOSE) keeping the raw names."""
+    kind, msg = sftp._request(sftp_proto.CMD_OPENDIR, path)
+    if kind != sftp_proto.CMD_HANDLE:
+        raise OSError(f"{path}: no directory handle")
+    handle = msg.get_binary()
+    entries = []
+    try:
+        while True:
+            try:
+                kind, msg = sftp._request(sftp_proto.CMD_READDIR, handle)
+            except EOFError:
+                break
+            if kind != sftp_proto.CMD_NAME:
+                raise OSError(f"{path}: unexpected SFTP reply")
+            for _ in range(msg.get_int()):
+                name, longname = msg.get_string(), msg.get_string()
+                entries.append((name, SFTPAttributes._from_msg(msg, name, longname)))
+    finally:
+        sftp._request(sftp_proto.CMD_CLOSE, handle)
+    return entries
+
+
+def _walk_remote(sftp, rdir: str, rel: str, depth: int = 0) -> Iterator[tuple[str, str]]:
+    try:
+        entries = listdir_raw(sftp, rdir)
+    except FileNotFoundError:
+        return
+    for raw, entry in entries:
+        if raw in (b".", b".."):
+            continue
+        name = _safe_name(raw)
+        if name is None:
+            _warn(f"skipped the remote file {raw!r} in {rdir}: not a usable name")
+            continue
+        mode = entry.st_mode or 0
+        if stat.S_ISDIR(mode) and depth < _MAX_DEPTH:
+            yield from _walk_remote(sftp, posixpath.join(rdir, name), f"{rel}/{name}", depth + 1)
+        elif stat.S_ISREG(mode):  # symlinks and devices never come back
+            yield posixpath.join(rdir, name), f"{rel}/{name}"
+
+
+def fetch_one(sftp, rpath: str, job_dir: Path, rel: str) -> bool:
+    """Download one file to job_dir/rel through a temporary name; False (and a warning) when
+    the local path would leave the job directory, pass through a symlink or replace a control
+    file."""
+    from ..jobdir import CONTROL_FILES
+
+    target = job_dir / rel
+    parent = target.parent
+    if rel in CONTROL_FILES or target.name in CONTROL_FILES and parent == job_dir:
+        _warn(f"did not fetch {rel}: a control file is never replaced from the remote copy")
+        return False
+    parent.mkdir(parents=True, exist_ok=True)
+    resolved = parent.resolve() / target.name
+    if not resolved.is_relative_to(job_dir) or target.is_symlink() or parent.resolve() != parent:
+        _warn(f"did not fetch {rel}: its local path leaves {job_dir}")
+        return False
+    tmp = parent / f".{target.name}.fetch.tmp"
+    sftp.get(rpath, str(tmp))
+    os.replace(tmp, target)
+    return True

@@ -1,4 +1,4 @@
-"""Verbs for jobs: config, render, submit, run, status, logs, cancel.
+"""Verbs for jobs: config, render, submit, run, status, logs, cancel, resume, fetch.
 
     ringctl config JOB [KEY=VALUE ...]     the resolved config (YAML)
     ringctl render JOB [KEY=VALUE ...]     the Slurm batch script (dry run: nothing submitted)
@@ -8,6 +8,8 @@
                                            a table (default: every job under ./runs)
     ringctl logs JOBDIR [-f] [--rank R]    the ranks' logs
     ringctl cancel JOBDIR
+    ringctl resume JOBDIR [-f] [--force]   submit an ended job again; finished work is kept
+    ringctl fetch JOBDIR                   copy an ssh job's outputs and logs back
 
 Backends are modules `ringctl.backends.<name>` with `create(cfg) -> Backend`, imported only
 when used.
@@ -17,20 +19,23 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
+from ..backends.base import Backend
 from ..config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from ..errors import UserError
+from ..jobdir import JobDir
 from ..tasks import get_spec
 
 # --- helpers shared by the verbs ----------------------------------------------------------------
 
 
-def get_backend(cfg, name: str | None = None):
+def get_backend(cfg, name: str | None = None) -> Backend:
     name = name or cfg.backend.value
     try:
         module = importlib.import_module(f"ringctl.backends.{name}")
@@ -41,54 +46,14 @@ def get_backend(cfg, name: str | None = None):
     return module.create(cfg)
 
 
-def _read_job_json(job_dir: Path) -> dict:
-    try:
-        return json.loads((job_dir / "job.json").read_text())
-    except FileNotFoundError:
-        return {}
-    except json.JSONDecodeError as err:
-        raise UserError(f"{job_dir}/job.json: not valid JSON ({err})") from None
-
-
-def _update_job_json(job_dir: Path, **fields) -> dict:
-    data = _read_job_json(job_dir)  # the backend may have added fields of its own: keep them
-    data.update(fields)
-    tmp = job_dir / ".job.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(job_dir / "job.json")
-    return data
-
-
-def open_job_dir(path: str | Path):
-    """(job_dir, cfg, backend) for an existing job directory."""
+def open_job_dir(path: str | Path) -> tuple[JobDir, object, Backend]:
+    """(job, cfg, backend) for an existing job directory (a one-line error if it is not)."""
     from ..config import load_resolved
 
-    job_dir = Path(path)
-    if not (job_dir / "config.yaml").is_file():
-        raise UserError(f"{job_dir} is not a job directory (no config.yaml)")
-    cfg = load_resolved(job_dir / "config.yaml")
-    name = _read_job_json(job_dir).get("backend") or cfg.backend.value
-    return job_dir, cfg, get_backend(cfg, name)
-
-
-def _make_job_dir(cfg) -> Path:
-    if cfg.job_dir:
-        job_dir = Path(str(cfg.job_dir)).expanduser()
-        if job_dir.exists() and any(job_dir.iterdir()):
-            raise UserError(f"job_dir: {job_dir} exists and is not empty")
-        job_dir.mkdir(parents=True, exist_ok=True)
-        return job_dir.resolve()
-    base = Path(str(cfg.output_dir)).expanduser()
-    base.mkdir(parents=True, exist_ok=True)
-    stem = f"{safe_dir_name(str(cfg.name))}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    for n in range(1, 1000):
-        job_dir = base / (stem if n == 1 else f"{stem}-{n}")
-        try:
-            job_dir.mkdir()
-            return job_dir.resolve()
-        except FileExistsError:
-            continue
-    raise UserError(f"output_dir: cannot create a new job directory under {base}")
+    job = JobDir.open(path)
+    cfg = load_resolved(job.config)
+    name = job.read_meta().get("backend") or cfg.backend.value
+    return job, cfg, get_backend(cfg, name)
 
 
 def check_plan(cfg, *, force: bool = False) -> None:
@@ -110,36 +75,66 @@ def check_plan(cfg, *, force: bool = False) -> None:
         print(f"plan ({verdict.device}): {verdict.reason}", file=sys.stderr)
 
 
+def check_packages(cfg) -> None:
+    """Refuse a job whose task needs a package this Python cannot import, before anything is
+    created. Only where the job runs this interpreter (local, or slurm with no other env)."""
+    env = cfg.env
+    if cfg.backend.value == "ssh" or env.python or env.venv or env.conda or env.container_image:
+        return
+    missing = get_spec(str(cfg.task.name)).missing_packages(cfg)
+    if missing:
+        module, install = missing[0]
+        raise UserError(
+            f"task {cfg.task.name} needs {module}, which {sys.executable} cannot import: "
+            f"{install}. Nothing was submitted"
+        )
+
+
+def _job_files(cfg, script: str, job_file: str, overrides: list[str], backend: Backend) -> dict:
+    meta = {
+        "backend": backend.name,
+        "name": str(cfg.name),
+        "source": str(job_file),
+        "overrides": list(overrides),
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "ringctl_version": __version__,
+    }
+    return {
+        "config.yaml": to_yaml(cfg),
+        "job.sh": script,
+        "job.json": json.dumps(meta, indent=2, sort_keys=True) + "\n",
+    }
+
+
 def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
-    """Load, plan, render, create the job directory, submit. Returns (job_dir, job_id, backend)."""
+    """Load, check, render, create the job directory, submit. Returns (job, job_id, backend).
+    A submission that fails leaves no job directory behind."""
     from ..render import render_script
 
     cfg = load_job(job_file, overrides)
     prepared = get_spec(str(cfg.task.name)).prepare(cfg)
     if prepared is not cfg:  # re-validated: what is written is what was checked
         cfg = load_job_from_dict(prepared, source=str(job_file))
+    check_packages(cfg)
     check_plan(cfg, force=force)
     script = render_script(cfg)  # before anything is written: a template error stops here
     backend = get_backend(cfg)
-    job_dir = _make_job_dir(cfg)
-    for sub in ("logs", "probes", "out"):
-        (job_dir / sub).mkdir(exist_ok=True)
-    (job_dir / "config.yaml").write_text(to_yaml(cfg))
-    (job_dir / "job.sh").write_text(script)
-    (job_dir / "job.sh").chmod(0o755)
-    _update_job_json(
-        job_dir,
-        backend=backend.name,
-        name=str(cfg.name),
-        source=str(job_file),
-        overrides=list(overrides),
-        local_dir=str(job_dir),
-        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        ringctl_version=__version__,
+    target = Path(str(cfg.job_dir)).expanduser() if cfg.job_dir else None
+    stem = f"{safe_dir_name(str(cfg.name))}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    job = JobDir.create(
+        _job_files(cfg, script, job_file, overrides, backend),
+        target=target,
+        base=Path(str(cfg.output_dir)).expanduser(),
+        stem=stem,
     )
-    job_id = backend.submit(job_dir)
-    _update_job_json(job_dir, job_id=str(job_id))
-    return job_dir, str(job_id), backend
+    job.update_meta(local_dir=str(job.path))
+    try:
+        job_id = backend.submit(job.path)
+    except BaseException:
+        shutil.rmtree(job.path, ignore_errors=True)
+        raise
+    job.update_meta(job_id=str(job_id))
+    return job.path, str(job_id), backend
 
 
 # --- verbs ----------------------------------------------------------------------------------------
@@ -195,62 +190,43 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
     return 0 if status.state.value == "COMPLETED" else 1
 
 
-# What a job directory keeps across attempts; everything else belongs to one attempt.
-_KEPT_ACROSS_ATTEMPTS = {"config.yaml", "job.sh", "job.json", "out", "probes", "attempts"}
-
-
-def resume_job(job_dir: Path):
-    """Submit a finished (failed, cancelled, timed-out) job again into its own directory.
+def resume_job(path: Path, *, force: bool = False):
+    """Submit an ended job (failed, cancelled, timed out) again into its own directory.
 
     Its outputs stay; tasks skip work already complete (the long-document task skips
-    documents whose every shard is written and verified). The previous attempt's logs and
-    state move to attempts/<n>/.
+    documents whose shards are all written and verified). The previous attempt's logs and
+    placement move to attempts/<n>/. Under the directory's lock; a refusal changes nothing.
     """
-    job_dir, cfg, backend = open_job_dir(job_dir)
-    before = backend.status(job_dir)
-    if not before.state.finished and before.state.value != "UNKNOWN":
-        raise UserError(
-            f"{job_dir}: job {before.job_id} is {before.state.value}; cancel it first "
-            f"(`ringctl cancel {job_dir}`) or wait for it to end"
-        )
-    attempts = job_dir / "attempts"
-    attempts.mkdir(exist_ok=True)
-    previous = attempts / str(len(list(attempts.iterdir())) + 1)
-    previous.mkdir()
-    for entry in job_dir.iterdir():
-        if entry.name not in _KEPT_ACROSS_ATTEMPTS:
-            entry.rename(previous / entry.name)
-    (job_dir / "logs").mkdir()
-    history = _read_job_json(job_dir).get("attempts", [])
-    history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
-    _update_job_json(job_dir, attempts=history)
-    job_id = backend.submit(job_dir)
-    _update_job_json(job_dir, job_id=str(job_id))
-    return job_dir, str(job_id), backend
+    job, cfg, backend = open_job_dir(path)
+    with job.lock("resume"):
+        before = backend.status(job.path)
+        if not before.state.finished and before.state.value != "UNKNOWN":
+            raise UserError(
+                f"{job.path}: job {before.job_id} is {before.state.value}; cancel it first "
+                f"(`ringctl cancel {job.path}`) or wait for it to end"
+            )
+        if before.state.value == "COMPLETED" and not force:
+            raise UserError(
+                f"{job.path}: job {before.job_id} already COMPLETED; pass --force to run it "
+                "again (finished work is still kept)"
+            )
+        previous = job.archive_attempt()
+        job.remove_stale_temporaries()
+        history = job.read_meta().get("attempts", [])
+        history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
+        job.update_meta(attempts=history)
+        backend.prepare_resume(job)
+        job_id = backend.submit(job.path)
+        job.update_meta(job_id=str(job_id))
+    return job.path, str(job_id), backend
 
 
 def cmd_resume(args) -> int:
-    job_dir, job_id, backend = resume_job(Path(args.job_dir))
+    job_dir, job_id, backend = resume_job(Path(args.job_dir), force=args.force)
     print(f"resubmitted as job {job_id} ({backend.name}) in {job_dir}", flush=True)
     if not args.follow:
         return 0
     return follow_to_end(job_dir, job_id, backend, rank=args.rank)
-
-
-def _find_job_dirs(root: Path, name: str | None = None) -> list[Path]:
-    """Job directories under root (of the job `name`, if given), oldest first."""
-    if not root.is_dir():
-        return []
-    found = []
-    for meta_path in root.glob("*/job.json"):
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            meta = {}
-        if name is not None and meta.get("name") != name:
-            continue
-        found.append((str(meta.get("created_at", "")), meta_path.stat().st_mtime, meta_path.parent))
-    return [d for _, _, d in sorted(found)]
 
 
 def _status_targets(args) -> list[Path]:
@@ -261,76 +237,99 @@ def _status_targets(args) -> list[Path]:
         if cfg.job_dir:
             dirs = [Path(str(cfg.job_dir))]
         else:
-            dirs = _find_job_dirs(Path(str(cfg.output_dir)).expanduser(), str(cfg.name))
+            root = Path(str(cfg.output_dir)).expanduser()
+            dirs = [j.path for j in JobDir.find(root, str(cfg.name))]
         if not dirs:
             raise UserError(f"no job directory of {cfg.name!r} under {cfg.output_dir}/")
     elif targets:
         dirs = [Path(t) for t in targets]
     else:
-        dirs = _find_job_dirs(Path(args.root))
+        dirs = [j.path for j in JobDir.find(Path(args.root))]
     return dirs[-1:] if args.latest else dirs
 
 
-def _progress(job_dir: Path) -> str:
+def read_progress(job_dir: Path) -> dict | None:
     try:
-        p = json.loads((job_dir / "logs" / "progress.json").read_text())
-        return f"{p['done']}/{p['total']} {p.get('unit', '')}".strip()
-    except (OSError, ValueError, KeyError):
+        p = json.loads(JobDir(job_dir).progress.read_text())
+    except (OSError, ValueError):
+        return None
+    return p if isinstance(p, dict) and "done" in p and "total" in p else None
+
+
+def _progress_text(p: dict | None, state: str) -> str:
+    if not p:
         return ""
+    text = f"{p['done']}/{p['total']} {p.get('unit', '')}".strip()
+    if state == "RUNNING" and p.get("eta_s") is not None:
+        text += f", ETA {float(p['eta_s']):.0f}s"
+    return text
+
+
+def job_row(job_dir: Path, *, single: bool) -> dict:
+    """One job's status as plain data (the table's row, `status --json`'s object)."""
+    try:
+        meta = JobDir(job_dir).read_meta()
+    except UserError:
+        meta = {}
+    row = {
+        "job_dir": str(job_dir), "name": meta.get("name", ""), "backend": meta.get("backend", ""),
+        "job_id": meta.get("job_id", ""), "state": "UNKNOWN", "elapsed_s": None, "reason": "",
+    }  # fmt: skip
+    try:
+        _, cfg, backend = open_job_dir(job_dir)
+        try:
+            st = backend.status(job_dir)
+        finally:
+            backend.close()
+        row.update(name=str(cfg.name), backend=backend.name, job_id=st.job_id,
+                   state=st.state.value, elapsed_s=st.elapsed_s, reason=st.reason)  # fmt: skip
+    except UserError as err:
+        if single:
+            raise
+        row["reason"] = str(err)
+    row["progress"] = read_progress(job_dir)
+    return row
+
+
+_COLOURS = {"COMPLETED": "green", "FAILED": "red", "TIMEOUT": "red", "CANCELLED": "yellow",
+            "RUNNING": "cyan", "PENDING": "blue"}  # fmt: skip
+
+
+def _status_table(rows: list[dict]):
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=None, show_lines=False)
+    table.add_column("job dir", overflow="fold", min_width=20)
+    for col in ("name", "backend", "job id", "state", "elapsed", "progress"):
+        table.add_column(col, no_wrap=True, min_width=len(col))
+    table.add_column("reason", overflow="fold", min_width=20)
+    for r in rows:
+        elapsed = f"{r['elapsed_s']:.1f}s" if r["elapsed_s"] is not None else ""
+        cells = [r["job_dir"], r["name"], r["backend"], str(r["job_id"]), r["state"], elapsed,
+                 _progress_text(r["progress"], r["state"]), r["reason"]]  # fmt: skip
+        row = [Text(str(c)) for c in cells]  # plain text: no rich markup from logs or names
+        row[4].stylize(_COLOURS.get(r["state"], "white"))
+        table.add_row(*row)
+    return table
 
 
 def cmd_status(args) -> int:
     from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     dirs = _status_targets(args)
     if args.dir_only:
         for job_dir in dirs:
             print(job_dir)
         return 0 if dirs else 1
-    if not dirs:
+    rows = [job_row(d, single=len(dirs) == 1) for d in dirs]
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    elif not rows:
         print(f"no jobs under {args.root}/ (give a job directory: ringctl status JOBDIR)")
-        return 0
-    table = Table(title=None, show_lines=False)
-    table.add_column("job dir", overflow="fold", min_width=20)
-    for col in ("name", "backend", "job id", "state", "elapsed", "progress"):
-        table.add_column(col, no_wrap=True, min_width=len(col))
-    table.add_column("reason", overflow="fold", min_width=20)
-    colours = {
-        "COMPLETED": "green",
-        "FAILED": "red",
-        "TIMEOUT": "red",
-        "CANCELLED": "yellow",
-        "RUNNING": "cyan",
-        "PENDING": "blue",
-    }
-    worst = 0
-    for job_dir in dirs:
-        meta = _read_job_json(job_dir)
-        try:
-            _, cfg, backend = open_job_dir(job_dir)
-            st = backend.status(job_dir)
-            state, reason = st.state.value, st.reason
-            elapsed = f"{st.elapsed_s:.1f}s" if st.elapsed_s is not None else ""
-            job_id, name, bname = st.job_id, str(cfg.name), backend.name
-        except UserError as err:
-            if len(dirs) == 1:
-                raise
-            state, reason, elapsed = "UNKNOWN", str(err), ""
-            job_id, name, bname = (
-                meta.get("job_id", ""),
-                meta.get("name", ""),
-                meta.get("backend", ""),
-            )
-        cells = [str(job_dir), name, bname, str(job_id), state, elapsed, _progress(job_dir), reason]
-        row = [Text(str(c)) for c in cells]  # plain text: no rich markup from logs or names
-        row[4].stylize(colours.get(state, "white"))
-        table.add_row(*row)
-        if state == "UNKNOWN":
-            worst = 1
-    Console(width=max(120, Console().width)).print(table)
-    return worst
+    else:
+        Console(width=max(120, Console().width)).print(_status_table(rows))
+    return 1 if any(r["state"] == "UNKNOWN" for r in rows) else 0
 
 
 def cmd_logs(args) -> int:
@@ -344,13 +343,27 @@ def cmd_logs(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    job_dir, _, backend = open_job_dir(args.job_dir)
-    before = backend.status(job_dir)
-    if before.state.finished:
-        print(f"job {before.job_id} already finished: {before.state.value}")
-        return 0
-    backend.cancel(job_dir)
-    print(f"cancelled job {before.job_id} ({job_dir})")
+    job, _, backend = open_job_dir(args.job_dir)
+    with job.lock("cancel"):
+        before = backend.status(job.path)
+        if before.state.finished:
+            print(f"job {before.job_id} already finished: {before.state.value}")
+            return 0
+        backend.cancel(job.path)
+    print(f"cancelled job {before.job_id} ({job.path})")
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    job, _, backend = open_job_dir(args.job_dir)
+    try:
+        fetched = backend.fetch(job.path)
+    finally:
+        backend.close()
+    if not job.read_meta().get("remote"):  # only an ssh job's files live elsewhere
+        print(f"{job.path}: the job's files are already here ({backend.name} backend)")
+    else:
+        print(f"fetched {len(fetched)} file(s) into {job.path} (out/, logs/, probes/, placement)")
     return 0
 
 
@@ -396,6 +409,9 @@ def register(subparsers) -> None:
     p.add_argument("--root", default="runs", help="where to look without JOBDIR (default: runs)")
     p.add_argument("--latest", action="store_true", help="only the most recent job")
     p.add_argument("--dir-only", action="store_true", help="print the job directories only")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per job (state, progress, rate, ETA)"
+    )
     p.set_defaults(func=cmd_status)
 
     p = subparsers.add_parser(
@@ -411,6 +427,9 @@ def register(subparsers) -> None:
     p.add_argument("job_dir", metavar="JOBDIR")
     p.add_argument("-f", "--follow", action="store_true", help="follow the log until it ends")
     p.add_argument("--rank", type=int, default=0, help="whose log to follow (default: 0)")
+    p.add_argument(
+        "--force", action="store_true", help="run a COMPLETED job again (its outputs are kept)"
+    )
     p.set_defaults(func=cmd_resume)
 
     p = subparsers.add_parser("logs", help="Print a job's logs.", description="Print a job's logs.")
@@ -418,6 +437,18 @@ def register(subparsers) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.add_argument("--rank", type=int, default=None, help="only this rank (default: all)")
     p.set_defaults(func=cmd_logs)
+
+    p = subparsers.add_parser(
+        "fetch",
+        help="Copy a remote (ssh) job's outputs and logs into its local directory.",
+        description=(
+            "Copy a job's outputs (out/), logs, probes and placement from the login node into "
+            "the local job directory. Control files (config.yaml, job.json, ...) are never "
+            "replaced from the remote copy. Local and slurm jobs need no fetch."
+        ),
+    )
+    p.add_argument("job_dir", metavar="JOBDIR")
+    p.set_defaults(func=cmd_fetch)
 
     p = subparsers.add_parser("cancel", help="Cancel a job.", description="Cancel a job.")
     p.add_argument("job_dir", metavar="JOBDIR")

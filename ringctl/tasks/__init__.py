@@ -18,13 +18,15 @@ transformers and the like inside `run`, not at the top.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write, atomic_write_json
-from ..config import TaskParams
+from .base import TaskParams
 
 __all__ = [
     "TASKS",
@@ -41,6 +43,25 @@ TASKS: dict[str, str] = {
     "attention": "ringctl.tasks.attention",
     "longdoc": "ringctl.tasks.longdoc",  # long documents: score / embed / grad with an LM
 }
+
+HF_INSTALL = "pip install 'ringctl[hf]'"
+# Optional packages a task needs on the ranks: (module, how to install it). Checked at submit,
+# so a missing one is a one-line refusal instead of a traceback from every started rank.
+TASK_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "longdoc": (("transformers", HF_INSTALL), ("tokenizers", HF_INSTALL)),
+}
+# Tasks whose outputs `ringctl gather` can verify and reassemble: task -> module with
+# `gather(job_dir, out, *, force, **options)` (see ringctl.longdoc.gather).
+TASK_GATHERERS: dict[str, str] = {"longdoc": "ringctl.longdoc.gather"}
+KERNEL_PACKAGES = {"flash": ("flash_attn", "pip install 'ringctl[flash]' (CUDA only)")}
+
+
+def importable(module: str) -> bool:
+    """Whether `import module` would find it, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+        return False
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,20 @@ class TaskSpec:
 
     def run(self, cfg, ctx) -> Any:
         return self.module.run(cfg, ctx)
+
+    def gatherer(self):
+        """The module that gathers this task's outputs, or None when it has none."""
+        name = TASK_GATHERERS.get(self.name)
+        return importlib.import_module(name) if name else None
+
+    def missing_packages(self, cfg) -> list[tuple[str, str]]:
+        """(module, install line) of each optional package the job needs and cannot import:
+        the task's own, and flash-attn when the job forces RINGATTN_KERNEL=flash."""
+        needs = list(TASK_PACKAGES.get(self.name, ()))
+        kernel = cfg.env.vars.get("RINGATTN_KERNEL") or os.environ.get("RINGATTN_KERNEL")
+        if kernel in KERNEL_PACKAGES:
+            needs.append(KERNEL_PACKAGES[kernel])
+        return [(module, install) for module, install in needs if not importable(module)]
 
 
 def get_spec(name: str) -> TaskSpec:

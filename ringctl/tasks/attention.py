@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-FAULTS = ("raise", "hang", "exit")
+FAULTS = ("raise", "raise-once", "hang", "exit")  # raise-once: first attempt only (resume)
 
 
 @dataclass
@@ -67,7 +67,7 @@ def workload(cfg):
 
 
 def check(cfg, bad) -> None:
-    from ..config import world_size
+    from .base import world_size
 
     t = cfg.task
     for key in ("seq_len", "batch", "heads", "head_dim", "steps"):
@@ -164,8 +164,10 @@ def _inject_fault(cfg, ctx, step: int) -> None:
     t = cfg.task
     if t.fault_rank is None or t.fault_rank != ctx.rank or t.fault_step != step:
         return
+    if t.fault == "raise-once" and (ctx.job_dir / "attempts").is_dir():
+        return  # an earlier attempt failed here: this one (a resume) goes through
     ctx.log(f"injecting fault {t.fault!r} at step {step}")
-    if t.fault == "raise":
+    if t.fault in ("raise", "raise-once"):
         raise RuntimeError(f"injected fault on rank {ctx.rank} at step {step}")
     if t.fault == "hang":
         while True:

@@ -1,0 +1,118 @@
+"""Reading a job's logs, for every backend: listing them, following them as they grow, and
+finding the line in which a failed rank says why.
+
+Everything goes through a `Shell`'s `read_from`/`listdir`, so the same code reads a local job
+directory and a job directory on a login node over SFTP: the same failure reads the same
+everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..errors import WORKER_ERROR_PREFIX
+from .shell import Shell
+
+_RANK_LOG = re.compile(r"rank-(\d+)\.(out|err)")
+_ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")
+_TAIL_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """A job directory's logs as a shell sees them."""
+
+    shell: Shell
+    job_dir: str  # the directory's path for the shell
+    batch_log: str | None = None  # relative to job_dir, e.g. logs/batch-42.out
+
+    def files(self, rank: int | None) -> list[tuple[str, str]]:
+        """(path, line prefix) of the logs to show: the batch log first, then each rank's
+        .out before its .err, ranks in order; without a prefix when one rank is asked for."""
+        found = []
+        for name in self.shell.listdir(f"{self.job_dir}/logs"):
+            m = _RANK_LOG.fullmatch(name)
+            if m and (rank is None or int(m.group(1)) == rank):
+                found.append((int(m.group(1)), m.group(2) != "out", name))
+        files = []
+        if rank is None and self.batch_log:
+            files.append((f"{self.job_dir}/{self.batch_log}", "[batch] "))
+        for r, _, name in sorted(found):
+            prefix = "" if rank is not None else f"[rank {r}] "
+            files.append((f"{self.job_dir}/logs/{name}", prefix))
+        return files
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def read_logs(source: LogSource, rank: int | None) -> Iterator[str]:
+    for path, prefix in source.files(rank):
+        data = source.shell.read_from(path, 0) or b""
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            yield prefix + line
+
+
+def follow_logs(
+    source: LogSource, rank: int | None, is_finished: Callable[[], bool], *, poll_s: float = 0.5
+) -> Iterator[str]:
+    """Yield whole lines as they are written until the job is finished; a last unterminated
+    line comes out at the end. The state is read before each pass, so nothing is missed."""
+    offsets: dict[str, int] = {}
+    partial: dict[str, bytes] = {}
+
+    def drain(final: bool) -> Iterator[str]:
+        for path, prefix in source.files(rank):
+            data = source.shell.read_from(path, offsets.get(path, 0)) or b""
+            if not data and not (final and partial.get(path)):
+                continue
+            offsets[path] = offsets.get(path, 0) + len(data)
+            *lines, rest = (partial.get(path, b"") + data).split(b"\n")
+            if final and rest:
+                lines.append(rest)
+                rest = b""
+            partial[path] = rest
+            for line in lines:
+                yield prefix + _decode(line)
+
+    while True:
+        done = is_finished()
+        yield from drain(final=done)
+        if done:
+            return
+        time.sleep(poll_s)
+
+
+def error_summary(stderr_text: str, limit: int = 300) -> str:
+    """The line that names the error in a rank's stderr: the last `SomethingError: ...` line,
+    else the last non-empty line."""
+    lines = [ln.rstrip() for ln in stderr_text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        m = _ERROR_LINE.match(ln)
+        if m:
+            return m.group(1)[:limit]
+    return lines[-1].strip()[:limit] if lines else ""
+
+
+def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
+    """Why rank (launch index) `rank` failed, in one line: its result file's error, else the
+    worker's `ringctl.worker: ` line, else the last error-looking line of its stderr."""
+    raw = shell.read_from(f"{job_dir}/logs/rank-{rank}.result.json", 0)
+    if raw:
+        try:
+            error = json.loads(raw.decode("utf-8", errors="replace")).get("error")
+        except (json.JSONDecodeError, AttributeError):
+            error = None
+        if error:
+            return " ".join(str(error).split())[:limit]
+    data = shell.read_from(f"{job_dir}/logs/rank-{rank}.err", 0) or b""
+    stderr = data[-_TAIL_BYTES:].decode("utf-8", errors="replace")
+    for line in reversed(stderr.splitlines()):
+        if line.startswith(WORKER_ERROR_PREFIX):
+            return line[len(WORKER_ERROR_PREFIX) :].strip()[:limit]
+    return error_summary(stderr, limit)

@@ -1,0 +1,60 @@
+"""Where a backend's commands run and its job files are: this machine, or a login node.
+
+The slurm backend runs `sbatch`/`squeue`/`sacct` and reads job files through a `Shell`; the
+ssh backend gives it one over paramiko (`ringctl.backends.ssh.SSHShell`). Commands are argv
+lists, never shell text.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..errors import UserError
+
+
+class Shell(Protocol):
+    where: str  # for messages: "this machine", "root@login:22"
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
+        """Run argv (no shell); return (exit status, stdout, stderr)."""
+
+    def read_from(self, path: str, offset: int = 0) -> bytes | None:
+        """The bytes of the file from offset on; None when the file does not exist."""
+
+    def listdir(self, path: str) -> list[str]:
+        """Names in a directory; [] when it does not exist."""
+
+
+class LocalShell:
+    where = "this machine"
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
+        try:
+            proc = subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except FileNotFoundError:
+            raise UserError(
+                f"`{argv[0]}` not found on this machine: the slurm backend runs on a Slurm login "
+                "node (use the ssh backend to submit through one)"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise UserError(f"`{argv[0]}` did not answer within {timeout:.0f}s") from None
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def read_from(self, path: str, offset: int = 0) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return []

@@ -1,0 +1,53 @@
+"""`ringctl example [NAME [DIR]]`: list the bundled job configs, or copy one out to edit.
+
+    ringctl example                  the bundled jobs, one line each
+    ringctl example longdoc          writes ./longdoc.yaml (refuses to overwrite)
+    ringctl example smoke configs/   writes configs/smoke.yaml
+
+Bundled jobs also run by name without copying: `ringctl run smoke`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import UserError
+from ..resources import bundled_jobs, describe_job
+
+
+def cmd_example(args) -> int:
+    jobs = bundled_jobs()
+    if not args.name:
+        width = max((len(n) for n in jobs), default=0)
+        for name, path in jobs.items():
+            print(f"{name:<{width}}  {describe_job(path)}")
+        print("\nrun one by name (`ringctl run smoke`), or copy one to edit: ringctl example smoke")
+        return 0
+    stem = args.name[: -len(".yaml")] if args.name.endswith(".yaml") else args.name
+    if stem not in jobs:
+        raise UserError(f"no bundled job {args.name!r} (bundled: {', '.join(jobs) or 'none'})")
+    target = Path(args.dir).expanduser() / f"{stem}.yaml"
+    if target.exists() and not args.force:
+        raise UserError(f"{target} exists; pass --force to overwrite it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(jobs[stem].read_text())
+    print(f"wrote {target}: edit it, then `ringctl run {target}`")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "example",
+        help="List the bundled job configs, or write one out to edit.",
+        description=__doc__.split("\n\n", 1)[0].split(": ", 1)[1],
+        epilog=(
+            "examples:\n  ringctl example\n  ringctl example longdoc\n"
+            "  ringctl example smoke configs/\n  ringctl run smoke        # by name, no copy"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", nargs="?", metavar="NAME", help="a bundled job (see the list)")
+    p.add_argument("dir", nargs="?", default=".", metavar="DIR", help="where to write NAME.yaml")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=cmd_example)

@@ -1,0 +1,281 @@
+"""A job directory: the one module that knows its layout, its control files and its lifecycle.
+
+Like submitit's `JobPaths`, everything else asks this module for a path instead of joining
+names by hand:
+
+    config.yaml      the resolved job config (what was asked)            control, local only
+    job.sh           the rendered batch script                            control
+    job.json         backend name, job id, submit time, remote location  control, local only
+    state.json       the local supervisor's record of the ranks           control (local backend)
+    supervisor.pid   the local supervisor's pid and start time            control (local backend)
+    placement.json   the ring placement (written by the job once nodes are known)
+    probes/          one `ringctl topo probe` JSON per node
+    logs/            rank-<R>.out|err|result.json, batch-<id>.out, progress.json
+    out/             the task's output shards and manifest
+    attempts/<n>/    an earlier attempt's logs and placement (`ringctl resume`)
+
+Control files are written atomically (temporary file, fsync, rename: `ringctl.atomic`). A new
+directory is built under a temporary name and renamed into place, so a failed submit leaves
+no half directory and never an empty config.yaml. Verbs that change a directory (resume,
+cancel, gather --force, submit into an existing directory) hold its lock (`JobDir.lock`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .atomic import atomic_write, atomic_write_json
+from .errors import UserError
+
+CONFIG = "config.yaml"
+SCRIPT = "job.sh"
+META = "job.json"
+STATE = "state.json"
+SUPERVISOR = "supervisor.pid"
+PLACEMENT = "placement.json"
+LOCK = ".lock"
+LOGS, OUT, PROBES, ATTEMPTS = "logs", "out", "probes", "attempts"
+BATCH_LOG = "logs/batch-{job_id}.out"
+
+# Files a job's own processes (or a remote copy of the directory) may never replace: they say
+# what was asked, where it runs and how to reach it.
+CONTROL_FILES = frozenset({CONFIG, SCRIPT, META, STATE, SUPERVISOR, LOCK})
+# What a directory keeps across attempts; everything else belongs to one attempt.
+KEPT_ACROSS_ATTEMPTS = frozenset({CONFIG, SCRIPT, META, LOCK, OUT, PROBES, ATTEMPTS})
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """Paths and control files of one job directory (which need not exist yet)."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    # -- names -------------------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def script(self) -> Path:
+        return self.path / SCRIPT
+
+    @property
+    def meta_file(self) -> Path:
+        return self.path / META
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / STATE
+
+    @property
+    def supervisor_file(self) -> Path:
+        return self.path / SUPERVISOR
+
+    @property
+    def placement(self) -> Path:
+        return self.path / PLACEMENT
+
+    @property
+    def logs(self) -> Path:
+        return self.path / LOGS
+
+    @property
+    def out(self) -> Path:
+        return self.path / OUT
+
+    @property
+    def probes(self) -> Path:
+        return self.path / PROBES
+
+    @property
+    def attempts(self) -> Path:
+        return self.path / ATTEMPTS
+
+    @property
+    def progress(self) -> Path:
+        return self.logs / "progress.json"
+
+    def rank_log(self, rank: int, ext: str) -> Path:
+        """logs/rank-<R>.<ext> (out, err, result.json), R the launch index."""
+        return self.logs / f"rank-{rank}.{ext}"
+
+    def batch_log(self, job_id: str) -> Path:
+        return self.path / BATCH_LOG.format(job_id=job_id)
+
+    # -- control files -----------------------------------------------------------------------
+    def read_meta(self) -> dict:
+        """job.json ({} before submission); a damaged one is a one-line error."""
+        return _read_json_object(self.meta_file, missing={})
+
+    def update_meta(self, **fields) -> dict:
+        data = self.read_meta()  # a backend may have added fields of its own: keep them
+        data.update(fields)
+        atomic_write_json(self.meta_file, data)
+        return data
+
+    def read_state(self) -> dict | None:
+        try:
+            return _read_json_object(self.state_file, missing=None)
+        except UserError:
+            return None  # being replaced right now, or damaged: the supervisor rewrites it
+
+    def write_state(self, state: dict) -> None:
+        atomic_write_json(self.state_file, state)
+
+    # -- attempts ----------------------------------------------------------------------------
+    def new_attempt(self) -> Path:
+        """attempts/<n> for n one above the highest present (a deleted one leaves a gap)."""
+        self.attempts.mkdir(exist_ok=True)
+        numbers = [int(p.name) for p in self.attempts.iterdir() if p.name.isdigit()]
+        target = self.attempts / str(max(numbers, default=0) + 1)
+        target.mkdir()
+        return target
+
+    def archive_attempt(self) -> Path:
+        """Move this attempt's files (logs, placement, state) to attempts/<n>; fresh logs/."""
+        target = self.new_attempt()
+        for entry in self.path.iterdir():
+            if entry.name not in KEPT_ACROSS_ATTEMPTS:
+                entry.rename(target / entry.name)
+        self.logs.mkdir()
+        return target
+
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Temporary files a killed atomic write left behind (`.<name>.<random>.tmp`)."""
+        removed = []
+        for root in (self.path, self.out, self.logs):
+            if not root.is_dir():
+                continue
+            for entry in root.rglob(".*.tmp"):
+                if entry.is_file() and not entry.is_symlink():
+                    entry.unlink(missing_ok=True)
+                    removed.append(entry)
+        return removed
+
+    # -- the lock ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, verb: str) -> Iterator[None]:
+        """Hold the directory's lock for a verb that changes it; refuse at once when another
+        ringctl holds it (an flock: released by the kernel if the holder dies)."""
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another ringctl"
+                raise UserError(
+                    f"{self.path} is in use ({holder}); try again when that has finished"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"ringctl {verb}, pid {os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path) -> JobDir:
+        job = cls(Path(path).expanduser())
+        if not job.config.is_file():
+            raise UserError(f"{job.path} is not a job directory (no {CONFIG})")
+        return job
+
+    @classmethod
+    def create(cls, files: dict[str, str | bytes], *, target: Path | None, base: Path, stem: str):
+        """A new job directory holding `files` (name -> content) and empty logs/, probes/,
+        out/: at `target` (which must not exist or be an empty directory), else at
+        base/<stem>, base/<stem>-2, ... Built under a temporary name, then renamed."""
+        parent = target.parent if target is not None else base
+        if target is not None and target.exists():
+            if not target.is_dir():
+                raise UserError(f"job_dir: {target} exists and is not a directory")
+            if any(target.iterdir()):
+                raise UserError(f"job_dir: {target} exists and is not empty")
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise UserError(f"{parent} is not a directory (output_dir / job_dir)") from None
+        tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.", suffix=".creating", dir=parent))
+        try:
+            for sub in (LOGS, PROBES, OUT):
+                (tmp / sub).mkdir()
+            for name, content in files.items():
+                atomic_write(tmp / name, content)
+            if SCRIPT in files:
+                (tmp / SCRIPT).chmod(0o755)
+            tmp.chmod(0o755)
+            return cls(_rename_into_place(tmp, target, base, stem).resolve())
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @staticmethod
+    def find(root: str | Path, name: str | None = None) -> list[JobDir]:
+        """Job directories directly under root (of the job `name`, if given), oldest first."""
+        root = Path(root)
+        if not root.is_dir():
+            return []
+        found = []
+        for meta_path in root.glob(f"*/{META}"):
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                meta = {}
+            if not isinstance(meta, dict) or (name is not None and meta.get("name") != name):
+                continue
+            created = str(meta.get("created_at", ""))
+            found.append((created, meta_path.stat().st_mtime, JobDir(meta_path.parent)))
+        return [d for _, _, d in sorted(found, key=lambda t: (t[0], t[1]))]
+
+
+def _rename_into_place(tmp: Path, target: Path | None, base: Path, stem: str) -> Path:
+    if target is not None:
+        try:
+            os.rename(tmp, target)  # replaces an empty directory; fails on a non-empty one
+        except OSError as err:
+            raise UserError(f"job_dir: cannot create {target}: {err.strerror}") from None
+        return target
+    for n in range(1, 1000):
+        candidate = base / (stem if n == 1 else f"{stem}-{n}")
+        if candidate.exists():
+            continue
+        try:
+            os.rename(tmp, candidate)
+            return candidate
+        except OSError as err:
+            if err.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                continue
+            raise
+    raise UserError(f"output_dir: cannot create a new job directory under {base}")
+
+
+def _read_json_object(path: Path, *, missing):
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return missing
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data

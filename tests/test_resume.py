@@ -1,0 +1,153 @@
+"""Resume, cancel and status against what really runs: resume on every backend (the real Slurm
+cluster and the loopback sshd), concurrent resumes, workers that outlive a killed supervisor,
+and a supervisor.pid that names somebody else's process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringctl.backends.base import JobState
+from ringctl.cli import main
+from ringctl.commands.jobs import open_job_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = str(ROOT / "jobs" / "smoke.yaml")
+ONCE = ["task.fault_rank=1", "task.fault=raise-once", "timeout=60", "task.steps=1"]
+
+
+def _submit(capsys, *argv: str) -> Path:
+    capsys.readouterr()
+    assert main(["submit", *argv]) == 0, capsys.readouterr().err
+    return Path(capsys.readouterr().out.strip().rsplit(" in ", 1)[1])
+
+
+def _final(job_dir: Path, timeout: float = 180):
+    _, _, backend = open_job_dir(job_dir)
+    try:
+        return backend.wait(job_dir, timeout=timeout, poll_s=0.3)
+    finally:
+        backend.close()
+
+
+def _resume_and_check(job_dir: Path, capsys) -> None:
+    first = _final(job_dir)
+    assert first.state is JobState.FAILED and "injected fault" in first.reason, first
+    capsys.readouterr()
+    assert main(["resume", str(job_dir)]) == 0, capsys.readouterr().err
+    second = _final(job_dir)
+    assert second.state is JobState.COMPLETED, second
+    assert (job_dir / "attempts" / "1" / "logs").is_dir()
+    meta = json.loads((job_dir / "job.json").read_text())
+    assert [a["state"] for a in meta["attempts"]] == ["FAILED"]
+    capsys.readouterr()
+    assert main(["logs", str(job_dir), "--rank", "0"]) == 0
+    assert "ring rank 0 of" in capsys.readouterr().out
+    assert main(["resume", str(job_dir)]) == 2  # COMPLETED: asks for --force, changes nothing
+    assert not (job_dir / "attempts" / "2").exists()
+
+
+@pytest.mark.slurm
+def test_resume_on_slurm(slurm_cluster, tmp_path, capsys):
+    job_dir = _submit(capsys, SMOKE, "backend=slurm", f"output_dir={tmp_path}", "nodes=2", *ONCE)
+    _resume_and_check(job_dir, capsys)
+
+
+@pytest.mark.ssh
+def test_resume_over_ssh(slurm_cluster, ssh_login, tmp_path, capsys):
+    login = [
+        "backend=ssh", f"ssh.host={ssh_login.host}", f"ssh.port={ssh_login.port}",
+        f"ssh.user={ssh_login.user}", f"ssh.key={ssh_login.key}",
+        f"ssh.known_hosts={ssh_login.known_hosts}", f"ssh.remote_dir={tmp_path / 'remote'}",
+    ]  # fmt: skip
+    job_dir = _submit(capsys, SMOKE, *login, f"output_dir={tmp_path / 'local'}", "nodes=2", *ONCE)
+    _resume_and_check(job_dir, capsys)
+    remote = tmp_path / "remote" / job_dir.name
+    assert (remote / "attempts" / "1" / "logs").is_dir() and (remote / "logs").is_dir()
+
+
+def test_resume_locally_and_concurrent_resumes(tmp_path, capsys):
+    job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
+    assert _final(job_dir).state is JobState.FAILED
+    cmd = [sys.executable, "-m", "ringctl.cli", "resume", str(job_dir)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]  # fmt: skip
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    codes = sorted(code for code, _, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for code, _, err in results if code == 2)
+    # refused in one line: the lock is held, or the winner's job is already PENDING/RUNNING
+    assert loser.count("\n") == 1 and re.search(r"in use|is (PENDING|RUNNING)", loser), loser
+    assert _final(job_dir).state is JobState.COMPLETED
+    assert sorted(p.name for p in (job_dir / "attempts").iterdir()) == ["1"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_workers_die_with_their_supervisor(tmp_path, capsys):
+    hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=2"]
+    job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
+
+    def workers():
+        try:
+            state = json.loads((job_dir / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        pids = [info["pid"] for info in state.get("ranks", {}).values()]
+        return pids if len(pids) == 2 else None
+
+    pids = _wait_for(workers, 60, "two workers")
+    supervisor = json.loads((job_dir / "supervisor.pid").read_text())["pid"]
+    os.kill(supervisor, signal.SIGKILL)
+    _wait_for(lambda: not any(_alive(p) for p in pids), 10, "the workers to die")
+    status = _final(job_dir, timeout=10)
+    assert status.state is JobState.FAILED and "supervisor process is gone" in status.reason
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path, capsys):
+    hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=2"]
+    job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
+    _wait_for(lambda: (job_dir / "state.json").exists(), 60, "the job to start")
+    assert main(["cancel", str(job_dir)]) == 0
+    assert _final(job_dir, timeout=30).state is JobState.CANCELLED
+    bystander = subprocess.Popen(["sleep", "120"])
+    try:
+        for record in (
+            f"{bystander.pid}\n",  # a 0.1 supervisor.pid: a bare pid
+            json.dumps({"pid": bystander.pid, "start": 1, "marker": f"supervise {job_dir}"}),
+        ):
+            (job_dir / "supervisor.pid").write_text(record)
+            state = json.loads((job_dir / "state.json").read_text())
+            state["state"] = "RUNNING"  # as if the job were still going
+            (job_dir / "state.json").write_text(json.dumps(state))
+            main(["status", str(job_dir)])
+            main(["cancel", str(job_dir)])
+            assert bystander.poll() is None, "cancel killed an unrelated process"
+            assert _final(job_dir, timeout=5).state is not JobState.RUNNING
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -1,0 +1,97 @@
+"""The package as a user gets it: a wheel installed into a fresh venv, used outside any checkout.
+
+Builds the wheel from this checkout, installs it (with the `hf` extra and the local CPU torch)
+into a new virtual environment without the system's site-packages, and from an empty
+temporary directory runs the bundled jobs by name: `ringctl run smoke` (4 local ranks),
+`ringctl run longdoc` (the bundled tiny Llama) and `ringctl render smoke backend=slurm`; also
+`ringctl example` writes a config that then runs. Nothing here may come from the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_VERSION = "2.13.0"
+_NOT_SOURCE = (".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*_cache", "results")
+
+
+def _run(argv, *, cwd, env, timeout=900) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, argv))} exited {proc.returncode}\n"
+            f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    import torch
+
+    if not torch.__version__.startswith(TORCH_VERSION):
+        pytest.skip(f"needs the local CPU torch {TORCH_VERSION} build (have {torch.__version__})")
+    base = tmp_path_factory.mktemp("wheel")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    # Built from a copy: setuptools leaves build/ in the source tree, and a stale build/lib
+    # would carry files this checkout no longer has into the wheel.
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", base, source], cwd=base, env=env)
+    wheels = sorted(base.glob("ringctl-*.whl"))
+    assert len(wheels) == 1, wheels
+    venv = base / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=base, env=env)
+    py = venv / "bin" / "python"
+    _run([py, "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"], cwd=base, env=env)
+    _run([py, "-m", "pip", "install", "-q", f"{wheels[0]}[hf]"], cwd=base, env=env)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    env["HF_HUB_OFFLINE"] = "1"
+    return venv, env
+
+
+def test_wheel_carries_templates_and_jobs(wheel_venv, tmp_path):
+    venv, env = wheel_venv
+    probe = (
+        "import ringctl, ringctl.resources as r; print(ringctl.__file__); "
+        "print(r.template_dir()); print(sorted(r.bundled_jobs()))"
+    )
+    out = _run([venv / "bin" / "python", "-c", probe], cwd=tmp_path, env=env).stdout.splitlines()
+    site = str(venv)
+    assert out[0].startswith(site), f"ringctl imported from {out[0]}, not the venv"
+    assert out[1].startswith(site) and (Path(out[1]) / "slurm.sh.j2").is_file()
+    assert out[2] == "['attention', 'longdoc', 'smoke']"
+
+
+def test_bundled_jobs_run_by_name_outside_a_checkout(wheel_venv, tmp_path):
+    _, env = wheel_venv
+    smoke = _run(["ringctl", "run", "smoke", "timeout=120"], cwd=tmp_path, env=env)
+    assert "COMPLETED" in smoke.stdout
+    rendered = _run(["ringctl", "render", "smoke", "backend=slurm"], cwd=tmp_path, env=env)
+    assert rendered.stdout.startswith("#!") and "#SBATCH" in rendered.stdout
+    longdoc = _run(["ringctl", "run", "longdoc", "job_dir=ld"], cwd=tmp_path, env=env)
+    assert "COMPLETED" in longdoc.stdout
+    gathered = _run(["ringctl", "gather", "ld"], cwd=tmp_path, env=env)
+    assert "perplexity" in gathered.stdout.lower()
+
+
+def test_example_writes_a_config_that_runs(wheel_venv, tmp_path):
+    _, env = wheel_venv
+    listing = _run(["ringctl", "example"], cwd=tmp_path, env=env).stdout
+    assert "smoke" in listing and "longdoc" in listing
+    _run(["ringctl", "example", "smoke", "cfg"], cwd=tmp_path, env=env)
+    assert (tmp_path / "cfg" / "smoke.yaml").is_file()
+    done = _run(
+        ["ringctl", "run", "cfg/smoke.yaml", "nodes=2", "timeout=120"], cwd=tmp_path, env=env
+    )
+    assert "COMPLETED" in done.stdout
