@@ -10,7 +10,16 @@ Reported per configuration: median forward and forward+backward time over ``--re
 achieved GFLOP/s (FlashAttention accounting: forward 4*B*H*N^2*D, halved when causal;
 backward 2.5x forward), peak resident memory added per rank during the step, and the share of
 the ring's transfer time hidden behind compute: 1 - (step time - the same ring's step time
-with nothing sent) / (time the same transfers take alone, measured right after).
+with nothing sent) / (time the same transfers take alone, measured right after). The ring
+"with nothing sent" is ``ring_attention(..., comm=...)`` given a RingComm that sends nothing;
+on GPUs every one of these times is taken with CUDA events.
+
+Outside load: the CPU that processes outside this benchmark's process tree used during each
+measurement (``benchmarks.outside_load``) is recorded per row, in cores. A measurement during
+which it exceeded ``--load-threshold`` is rerun (up to ``--load-retries`` times); the least
+disturbed run is kept, and a row still above the threshold is flagged ``!`` in the table and
+``"disturbed": true`` in the JSON, so a ratio taken under someone else's load is never read as
+the ring's.
 """
 
 from __future__ import annotations
@@ -26,9 +35,12 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 DEFAULT_OUT = Path("benchmarks/results/attention.json")
+LOAD_THRESHOLD_CORES = 0.25
+LOAD_RETRIES = 2
 
 
 @dataclass(frozen=True)
@@ -159,25 +171,49 @@ def _ring_worker(
     dist.destroy_process_group()
 
 
-class _NoTransfer:
-    """Stands in for ringattn's RingComm to time a ring's compute alone: same loop, same
-    shapes, nothing sent. Landing buffers get real data once, so no step computes on garbage."""
+def _no_transfer_comm(group):
+    """ringattn's RingComm with nothing sent, to time a ring's compute alone: the same loop and
+    shapes, given as ring_attention's ``comm``. Landing buffers get real data once, so no step
+    computes on garbage."""
+    from ringattn.comm import PendingExchange, RingComm
 
-    def __init__(self, group) -> None:
-        from ringattn.comm import RingComm
+    class NoTransfer(RingComm):
+        def __init__(self, group) -> None:
+            super().__init__(group)
+            self._filled: set[int] = set()
 
-        real = RingComm(group)
-        self.world_size, self.rank = real.world_size, real.rank
-        self._filled: set[int] = set()
+        def exchange(self, send, recv, *, tag: int = 0):
+            for s, r in zip(send, recv, strict=True):
+                if r.data_ptr() not in self._filled:
+                    r.copy_(s)
+                    self._filled.add(r.data_ptr())
+            return PendingExchange([])
 
-    def exchange(self, send, recv, *, tag: int = 0):
-        from ringattn.comm import PendingExchange
+    return NoTransfer(group)
 
-        for s, r in zip(send, recv, strict=True):
-            if r.data_ptr() not in self._filled:
-                r.copy_(s)
-                self._filled.add(r.data_ptr())
-        return PendingExchange([])
+
+class _Clock:
+    """Seconds of a stretch of work: CUDA events on a GPU (the work's own time on the device,
+    read after one synchronisation), the wall clock after a barrier on the CPU."""
+
+    def __init__(self, torch, device) -> None:
+        self.torch, self.device = torch, device
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            self._a = self.torch.cuda.Event(enable_timing=True)
+            self._a.record()
+        else:
+            self._t = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            b = self.torch.cuda.Event(enable_timing=True)
+            b.record()
+            b.synchronize()
+            return self._a.elapsed_time(b) / 1e3
+        return time.perf_counter() - self._t
 
 
 def _sync(torch, device) -> None:
@@ -195,13 +231,17 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
     v = torch.randn_like(k)
     dout = torch.randn_like(q)
 
-    def step(backward: bool) -> float:
+    clock = _Clock(torch, device)
+
+    def step(backward: bool, comm=None) -> float:
         qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
         dist.barrier()
         _sync(torch, device)
-        start = time.perf_counter()
+        clock.start()
         if cfg.impl == "ringattn":
-            out = ringattn.ring_attention(qq, kk, vv, causal=cfg.causal, layout=cfg.layout)
+            out = ringattn.ring_attention(
+                qq, kk, vv, causal=cfg.causal, layout=cfg.layout, comm=comm
+            )
         else:  # the peer package, in its own contiguous layout; timed, not trusted
             from ring_attention_pytorch import ring_flash_attn
 
@@ -213,8 +253,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
             )
         if backward:
             out.backward(dout)
-        _sync(torch, device)
-        elapsed = time.perf_counter() - start
+        elapsed = clock.stop()
         times = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
         dist.all_gather(times, torch.tensor([elapsed], dtype=torch.float64, device=device))
         return max(t.item() for t in times)  # a step ends when its slowest rank ends
@@ -244,14 +283,8 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
     # The same ring with its transfers taken out: what the step costs in compute alone.
     no_transfer = []
     if world > 1 and cfg.impl == "ringattn":
-        import ringattn.ring as ring_module
-
-        real = ring_module.RingComm
-        ring_module.RingComm = _NoTransfer
-        try:
-            no_transfer = [step(True) for _ in range(cfg.repeats)]
-        finally:
-            ring_module.RingComm = real
+        silent = _no_transfer_comm(None)
+        no_transfer = [step(True, comm=silent) for _ in range(cfg.repeats)]
     with _peak_above_now(device) as peak:
         step(True)
 
@@ -266,13 +299,13 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
         samples = []
         for _ in range(cfg.repeats):
             dist.barrier()
-            start = time.perf_counter()
+            _sync(torch, device)
+            clock.start()
             for _ in range(2 * (world - 1)):
                 comm.exchange(kv, kv_in).wait()
             for _ in range(world):
                 comm.exchange(dkv, dkv_in, tag=1).wait()
-            _sync(torch, device)
-            samples.append(time.perf_counter() - start)
+            samples.append(clock.stop())
         comm_alone = statistics.median(samples)
     return {
         "fwd_s": statistics.median(fwd),
@@ -418,6 +451,36 @@ def _get(results, procs):
 
 
 # ----------------------------------------------------------------------------- driver
+def _guarded(run, args, label: str) -> dict:
+    """One measurement, rerun while other jobs used more than the threshold; the least
+    disturbed run is kept, with its outside load (cores) and whether it stayed disturbed."""
+    from benchmarks.outside_load import OutsideLoad
+
+    threshold = getattr(args, "load_threshold", LOAD_THRESHOLD_CORES)
+    retries = getattr(args, "load_retries", LOAD_RETRIES)
+    best = None
+    for attempt in range(1 + retries):
+        with OutsideLoad() as load:
+            raw = run()
+        reading = load.reading
+        if best is None or (reading.outside_cores or 0.0) < (best[1].outside_cores or 0.0):
+            best = (raw, reading)
+        if not reading.disturbed(threshold):
+            break
+        more = "rerunning" if attempt < retries else "keeping the least disturbed run"
+        print(f"# {label}: {reading.outside_cores:.2f} cores busy outside the benchmark; {more}",
+              flush=True)  # fmt: skip
+    raw, reading = best
+    return {**raw, "outside_cores": reading.outside_cores,
+            "disturbed": reading.disturbed(threshold)}  # fmt: skip
+
+
+def _note_load(result: Result, raw: dict) -> Result:
+    result.extra["outside_cores"] = raw.get("outside_cores")
+    result.extra["disturbed"] = bool(raw.get("disturbed"))
+    return result
+
+
 def _peer_installed() -> bool:
     try:
         import ring_attention_pytorch  # noqa: F401
@@ -468,7 +531,8 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
                     )  # fmt: skip
                     baseline = None
                     if sdpa is not None:  # first, so each ring row can show its ratio
-                        baseline = _sdpa_result(base, baseline_threads, sdpa.run(base))
+                        raw = _guarded(partial(sdpa.run, base), args, f"SDPA N={seq}")
+                        baseline = _note_load(_sdpa_result(base, baseline_threads, raw), raw)
                         baseline.extra["for_ranks"] = world
                         results.append(baseline)
                         _print_row(baseline, None)
@@ -478,7 +542,9 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
                     for cfg in runs:
                         if seq % (world * (2 if cfg.layout == "zigzag" else 1)):
                             continue
-                        results.append(_ring_result(cfg, world, args, pool.run(cfg)))
+                        label = f"ring P={world} N={seq}"
+                        raw = _guarded(partial(pool.run, cfg), args, label)
+                        results.append(_note_load(_ring_result(cfg, world, args, raw), raw))
                         _print_row(results[-1], baseline)
             finally:
                 pool.close()
@@ -544,7 +610,7 @@ def _sdpa_result(cfg: Config, threads: int, raw: dict) -> Result:
 COLUMNS = [
     ("impl", "<22"), ("P", ">2"), ("thr", ">3"), ("N", ">6"), ("mask", "<6"), ("layout", "<10"),
     ("fwd ms", ">8"), ("f+b ms", ">9"), ("f+b GF/s", ">8"), ("peak MiB/rank", ">13"),
-    ("hidden", ">6"), ("f+b vs SDPA", ">11"), ("predicted f+b ms", ">16"),
+    ("hidden", ">6"), ("f+b vs SDPA", ">11"), ("predicted f+b ms", ">16"), ("outside", ">7"),
 ]  # fmt: skip
 
 
@@ -560,7 +626,16 @@ def _cells(r: Result, baseline: Result | None) -> list[str]:
         "" if r.hidden_comm is None else f"{100 * r.hidden_comm:.0f}%",
         f"{r.extra['fwd_bwd_over_sdpa']:.2f}x" if "fwd_bwd_over_sdpa" in r.extra else "",
         "" if pred is None else f"{1e3 * pred:.1f} ({pred / r.fwd_bwd_s:.2f}x)",
+        _load_cell(r),
     ]  # fmt: skip
+
+
+def _load_cell(r: Result) -> str:
+    """Other jobs' CPU use during the row's measurement, in cores; '!' when over threshold."""
+    cores = r.extra.get("outside_cores")
+    if cores is None:
+        return ""
+    return f"{cores:.2f}" + ("!" if r.extra.get("disturbed") else "")
 
 
 def _print_header() -> None:
@@ -678,6 +753,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="SDPA threads (default: P x threads-per-rank, the same cores)",
     )
     p.add_argument("--no-baseline", action="store_true", help="skip the SDPA comparison")
+    p.add_argument(
+        "--load-threshold", type=float, default=LOAD_THRESHOLD_CORES, metavar="CORES",
+        help="a measurement during which other processes used more CPU than this (cores) is "
+        f"rerun, and flagged if it stays above (default {LOAD_THRESHOLD_CORES})",
+    )  # fmt: skip
+    p.add_argument(
+        "--load-retries", type=int, default=LOAD_RETRIES,
+        help=f"reruns of a disturbed measurement (default {LOAD_RETRIES})",
+    )  # fmt: skip
     p.add_argument(
         "--peer-max-seq", type=int, default=4096,
         help="time the peer only up to this N (it is an order of magnitude slower)",

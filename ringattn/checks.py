@@ -37,6 +37,24 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str)
         raise ValueError(f"zigzag shards hold two equal chunks; seq_local={s} is odd")
 
 
+def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
+    """Sinks are one float logit per query head, on q's device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a tensor of shape (heads,), got {type(sinks).__name__}")
+    heads = q.shape[2]
+    if sinks.dim() != 1 or sinks.shape[0] != heads:
+        raise ValueError(
+            f"sinks must have shape (heads,) = ({heads},), one logit per query head; "
+            f"got {tuple(sinks.shape)}"
+        )
+    if not sinks.is_floating_point():
+        raise ValueError(f"sinks must be a float tensor, got {sinks.dtype}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks are on {sinks.device}, q on {q.device}")
+
+
 def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -51,7 +69,13 @@ def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
 
 
 def check_ranks_agree(
-    q: torch.Tensor, k: torch.Tensor, causal: bool, layout: str, group: dist.ProcessGroup | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool,
+    layout: str,
+    group: dist.ProcessGroup | None,
+    *,
+    has_sinks: bool = False,
 ) -> None:
     """All ranks must pass the same shapes: otherwise the ring's transfers mismatch or hang."""
     world = dist.get_world_size(group)
@@ -59,7 +83,14 @@ def check_ranks_agree(
         return
     device = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
     mine = torch.tensor(
-        [*q.shape, k.shape[2], _DTYPES.index(q.dtype), int(causal), LAYOUTS.index(layout)],
+        [
+            *q.shape,
+            k.shape[2],
+            _DTYPES.index(q.dtype),
+            int(causal),
+            LAYOUTS.index(layout),
+            int(has_sinks),
+        ],
         dtype=torch.int64,
         device=device,
     )
@@ -71,7 +102,7 @@ def check_ranks_agree(
         def describe(r: tuple[int, ...]) -> str:
             return (
                 f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
-                f"causal={bool(r[6])} layout={LAYOUTS[r[7]]}"
+                f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])}"
             )
 
         detail = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))

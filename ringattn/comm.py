@@ -5,13 +5,21 @@ giving each process the rank equal to its ring position, so the engine needs no 
 own. ``RingComm.exchange`` posts both transfers and returns at once; the caller computes on
 the block it holds and waits only when it needs the next one. Time spent blocked in ``wait``
 is the communication that compute did not hide; ``CommStats`` records it for benchmarks.
+
+The ring loops (``ringattn.ring``) are generators that *yield* each pending exchange they must
+wait for. A transport runs them: ``RingComm`` (this process is one rank of a
+``torch.distributed`` group) simply waits on what is yielded; ``ringattn.local_ring.LocalRing``
+runs P virtual ranks in one process, in lock step, delivering blocks between them. The loop,
+kernels, merge and backward are the same code for both. On NCCL ``wait`` only makes the
+current stream wait for NCCL's stream: nothing in the loop synchronises with the host.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -49,7 +57,39 @@ class PendingExchange:
             STATS.waits.append(elapsed)
 
 
+class Endpoint(Protocol):
+    """One rank's view of the ring, as the loop uses it."""
+
+    rank: int
+    world_size: int
+
+    def exchange(
+        self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor], *, tag: int = 0
+    ) -> Any: ...
+
+
+class Transport(Protocol):
+    """Runs ring loops: one per rank that lives in this process."""
+
+    world_size: int
+
+    def endpoints(self) -> Sequence[Endpoint]: ...
+
+    def drive(self, loops: Sequence[Generator[Any, None, Any]], device=None) -> list[Any]: ...
+
+
+def run_loop(loop: Generator[Any, None, Any]) -> Any:
+    """Run one rank's loop to its end, waiting on every exchange it yields; its result."""
+    try:
+        while True:
+            next(loop).wait()
+    except StopIteration as stop:
+        return stop.value
+
+
 class RingComm:
+    """This process as one rank of a ``torch.distributed`` ring (endpoint and transport)."""
+
     def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -58,6 +98,12 @@ class RingComm:
         self.next_rank = to_global((self.rank + 1) % self.world_size)
         self.prev_rank = to_global((self.rank - 1) % self.world_size)
         self._batched = dist.get_backend(group) == "nccl"
+
+    def endpoints(self) -> list[RingComm]:
+        return [self]
+
+    def drive(self, loops: Sequence[Generator[Any, None, Any]], device=None) -> list[Any]:
+        return [run_loop(loop) for loop in loops]
 
     def exchange(
         self,

@@ -6,13 +6,16 @@ log-sum-exp (so partial results can be merged exactly), and the block's gradient
 that one small interface, so the ring loop is the same code on every device:
 
 * ``FlashAttnKernel``   flash-attn's CUDA kernels (fp16/bf16 on CUDA, when installed)
+* ``TorchCUDAKernel``   torch's own fused CUDA kernels (SDPA's flash and memory-efficient
+                        backends, called as the aten ops that return the lse)
 * ``TorchCPUKernel``    torch's fused CPU flash kernel (a private aten op that returns the lse)
 * ``ChunkedKernel``     plain matmuls over query chunks; any device and dtype, the fallback
 
 Shapes: q (B, Sq, H, D); k, v (B, Sk, Hkv, D) with H a multiple of Hkv (GQA/MQA, heads are
 never repeated in memory); out (B, Sq, H, D) in q's dtype; lse (B, H, Sq) in float32.
 ``causal`` means the top-left aligned mask of a diagonal block (Sq == Sk).
-The environment variable ``RINGATTN_KERNEL`` (flash, torch, chunked) forces a choice.
+The environment variable ``RINGATTN_KERNEL`` (flash, torch-cuda, torch = torch-cpu, chunked)
+forces a choice.
 """
 
 from __future__ import annotations
@@ -76,6 +79,104 @@ class TorchCPUKernel:
             scale=scale,
         )
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+class TorchCUDAKernel:
+    """torch's fused CUDA attention, as the private aten ops behind SDPA that return the lse.
+
+    * fp16/bf16 with head_dim a multiple of 8 up to 256: ``_scaled_dot_product_flash_attention``
+      (FlashAttention-2 inside torch). It takes grouped heads natively (kv heads dividing the
+      query heads, as flash-attn does), so K/V are used as they arrive and dK/dV come back
+      with kv_heads heads.
+    * otherwise (fp32, or a shape flash refuses): ``_scaled_dot_product_efficient_attention``
+      with ``compute_log_sumexp=True``. It needs equal head counts, so K/V are expanded to the
+      query heads after arrival and dK/dV summed over each group (in float32) before they
+      travel back: only kv_heads heads ever cross the ring. Its lse comes padded to a multiple
+      of 32 rows (not on ROCm); the backward is given the same padded shape.
+    * cuDNN's attention is not used: no GPU was at hand to measure it against these two.
+
+    The ops' outputs are read by position, as in torch 2.4 .. 2.13 (flash: out, lse, cum_seq_q,
+    cum_seq_k, max_q, max_k, rng state, unused, debug mask; efficient: out, lse, seed, offset).
+    The backward needs the forward's rng placeholders (dropout is 0, so they are never read):
+    they come from one tiny forward per device and dtype.
+    """
+
+    name = "torch-cuda"
+
+    def __init__(self) -> None:
+        ops = torch.ops.aten
+        self._flash_fwd = ops._scaled_dot_product_flash_attention.default
+        self._flash_bwd = ops._scaled_dot_product_flash_attention_backward.default
+        self._eff_fwd = ops._scaled_dot_product_efficient_attention.default
+        self._eff_bwd = ops._scaled_dot_product_efficient_attention_backward.default
+        self._probes: dict[tuple, tuple] = {}
+
+    @staticmethod
+    def uses_flash(q: Tensor) -> bool:
+        d = q.shape[-1]
+        return q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
+
+    def _probe(self, flash: bool, device: torch.device, dtype: torch.dtype) -> tuple:
+        """(rng seed, rng offset, lse row alignment) of the op, from a one-token forward."""
+        key = (flash, device, dtype)
+        if key not in self._probes:
+            x = torch.zeros(1, 1, 1, 64, device=device, dtype=dtype)
+            if flash:
+                res = self._flash_fwd(x, x, x, 0.0, False, False, scale=1.0)
+                self._probes[key] = (res[6], res[7], 1)
+            else:
+                res = self._eff_fwd(x, x, x, None, True, 0.0, False, scale=1.0)
+                self._probes[key] = (res[2], res[3], res[1].shape[-1])
+        return self._probes[key]
+
+    def forward(self, q, k, v, *, scale, causal):
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D)
+        if self.uses_flash(q):
+            res = self._flash_fwd(qt, kt, vt, 0.0, causal, False, scale=scale)
+            return res[0].transpose(1, 2), res[1]
+        heads = q.shape[2]
+        kt, vt = _repeat_heads(kt, heads), _repeat_heads(vt, heads)
+        res = self._eff_fwd(qt, kt, vt, None, True, 0.0, causal, scale=scale)
+        return res[0].transpose(1, 2), res[1][..., : q.shape[1]]
+
+    def backward(self, dout, q, k, v, out, lse, *, scale, causal):
+        b, sq, heads, _ = q.shape
+        kv_heads, sk = k.shape[2], k.shape[1]
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        dot, ot = dout.transpose(1, 2), out.transpose(1, 2)
+        flash = self.uses_flash(q)
+        seed, offset, align = self._probe(flash, q.device, q.dtype)
+        if flash:
+            dq, dk, dv = self._flash_bwd(
+                dot, qt, kt, vt, ot, lse.contiguous(), None, None, sq, sk, 0.0, causal,
+                seed, offset, scale=scale,
+            )[:3]  # fmt: skip
+            return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        kt, vt = _repeat_heads(kt, heads), _repeat_heads(vt, heads)
+        rows = -(-sq // align) * align
+        lse_rows = lse.new_full((b, heads, rows), float("inf"))  # padding rows: p = 0
+        lse_rows[..., :sq] = lse
+        dq, dk, dv = self._eff_bwd(
+            dot, qt, kt, vt, None, ot, lse_rows, seed, offset, 0.0, [True, True, True, False],
+            causal, scale=scale,
+        )[:3]  # fmt: skip
+        dk, dv = _sum_groups(dk, kv_heads), _sum_groups(dv, kv_heads)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+def _repeat_heads(t: Tensor, heads: int) -> Tensor:
+    """(B, Hkv, S, D) -> (B, H, S, D), query head h reading kv head h // (H / Hkv)."""
+    b, kv_heads, s, d = t.shape
+    if kv_heads == heads:
+        return t
+    return t[:, :, None].expand(b, kv_heads, heads // kv_heads, s, d).reshape(b, heads, s, d)
+
+
+def _sum_groups(t: Tensor, kv_heads: int) -> Tensor:
+    """(B, H, S, D) gradients of repeated heads -> (B, Hkv, S, D), summed in float32."""
+    if t.shape[1] == kv_heads:
+        return t
+    return t.unflatten(1, (kv_heads, -1)).sum(2, dtype=torch.float32)
 
 
 class ChunkedKernel:
@@ -220,24 +321,49 @@ def _flash_attn_available() -> bool:
     return True
 
 
+_FORCED = {
+    "chunked": lambda: ChunkedKernel(),
+    "torch": lambda: TorchCPUKernel(),
+    "torch-cpu": lambda: TorchCPUKernel(),
+    "torch-cuda": lambda: _cached(TorchCUDAKernel),
+    "flash": lambda: FlashAttnKernel(),
+}
+
+
 def select_kernel(q: Tensor) -> BlockKernel:
-    """The fastest kernel that handles q's device and dtype (or the one RINGATTN_KERNEL names)."""
+    """The fastest kernel that handles q's device and dtype (or the one RINGATTN_KERNEL names).
+
+    CUDA: flash-attn where installed (fp16/bf16), else torch's fused kernels (fp16/bf16/fp32,
+    head_dim a multiple of 8), else chunked matmuls. CPU: torch's fused CPU kernel.
+    """
     forced = os.environ.get("RINGATTN_KERNEL", "").strip().lower()
-    if forced == "chunked":
-        return ChunkedKernel()
-    if forced == "torch":
-        return TorchCPUKernel()
-    if forced == "flash":
-        return FlashAttnKernel()
     if forced:
-        raise ValueError(f"RINGATTN_KERNEL={forced!r}: expected flash, torch or chunked")
-    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _flash_attn_available():
-        return FlashAttnKernel()
+        if forced not in _FORCED:
+            raise ValueError(
+                f"RINGATTN_KERNEL={forced!r}: expected one of {', '.join(sorted(_FORCED))}"
+            )
+        return _FORCED[forced]()
+    if q.is_cuda:
+        if q.dtype in (torch.float16, torch.bfloat16) and _flash_attn_available():
+            return FlashAttnKernel()
+        if q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.shape[-1] % 8 == 0:
+            return _cached(TorchCUDAKernel)
+        return ChunkedKernel()
     if q.device.type == "cpu" and hasattr(
         torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
     ):
         return TorchCPUKernel()
     return ChunkedKernel()
+
+
+_INSTANCES: dict[type, object] = {}
+
+
+def _cached(cls):
+    """One instance per process: TorchCUDAKernel keeps its per-device probes."""
+    if cls not in _INSTANCES:
+        _INSTANCES[cls] = cls()
+    return _INSTANCES[cls]
 
 
 def default_scale(head_dim: int) -> float:

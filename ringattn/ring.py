@@ -14,19 +14,34 @@ after P steps every accumulator has visited every rank and arrives back at its o
 Under a causal mask, ``block_plan`` says which part of a block is needed: blocks entirely in the
 future are skipped, so their FLOPs are never spent; in the zigzag layout every step after the
 first costs every rank exactly half a block.
+
+Both loops are generators that yield each pending exchange they must wait for; the transport
+(``comm``) runs them: one rank of a ``torch.distributed`` group (``RingComm``) or P virtual
+ranks in one process (``LocalRing``). The same code computes in both.
+
+Attention sinks (gpt-oss): one extra logit ``sink_h`` per query head in every softmax
+denominator, with a zero value vector. After the ring, with L the ring's lse and O its output,
+the exact result is ``O' = O * sigmoid(L - sink)`` and ``L' = logaddexp(L, sink)``. The block
+backward given (O', L') is then exact for q, k, v (the sink's value is zero, so only the
+softmax normaliser changes, and D = rowsum(dO' * O') already sees it), and
+``d sink_h = -sum over rows of exp(sink_h - L') * rowsum(dO' * O')`` (the softmax gradient of
+the sink column, whose dP is zero).
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .checks import check_inputs, check_ranks_agree, resolve_group
-from .comm import RingComm
+from .checks import check_inputs, check_ranks_agree, check_sinks, resolve_group
+from .comm import Endpoint, RingComm, Transport
 from .kernels import BlockKernel, default_scale, select_kernel
+from .layouts import check_divisible
 
 ALL = slice(None)
 
@@ -93,7 +108,7 @@ class _Rotation:
         self._arrived += 1
 
 
-def _plan(step: int, comm: RingComm, seq_local: int, causal: bool, layout: str) -> list[Block]:
+def _plan(step: int, comm: Endpoint, seq_local: int, causal: bool, layout: str) -> list[Block]:
     return block_plan(
         step=step, rank=comm.rank, world_size=comm.world_size, seq_local=seq_local,
         causal=causal, layout=layout,
@@ -108,9 +123,10 @@ def ring_forward(
     scale: float,
     causal: bool,
     layout: str,
-    comm: RingComm,
+    comm: Endpoint,
     kernel: BlockKernel,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor]]:
+    """One rank's forward loop; returns (out in the accumulation dtype, lse)."""
     world = comm.world_size
     kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1, owned=False)
     out = lse = None
@@ -130,10 +146,10 @@ def ring_forward(
                 _merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
             del block_out, block_lse
         if pending is not None:
-            pending.wait()
+            yield pending
             kv.advance()
     assert out is not None and lse is not None
-    return out.to(q.dtype), lse
+    return out, lse
 
 
 def ring_backward(
@@ -147,9 +163,10 @@ def ring_backward(
     scale: float,
     causal: bool,
     layout: str,
-    comm: RingComm,
+    comm: Endpoint,
     kernel: BlockKernel,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """One rank's backward loop given the global out and lse; returns (dq, dk, dv)."""
     world = comm.world_size
     acc = _accum_dtype(q.dtype)
     kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1, owned=False)
@@ -174,7 +191,7 @@ def ring_backward(
             del dq_b
         # The accumulator of the block held now arrived during this step's compute.
         if dkv_pending is not None:
-            dkv_pending.wait()
+            yield dkv_pending
             dkv.advance()
         dk_acc, dv_acc = dkv.held
         for kv_rows, dk_b, dv_b in grads:
@@ -184,44 +201,117 @@ def ring_backward(
         if world > 1:  # pass it on; after the last step it reaches the block's owner
             dkv_pending = comm.exchange(dkv.held, dkv.landing(), tag=1)
         if kv_pending is not None:
-            kv_pending.wait()
+            yield kv_pending
             kv.advance()
     if dkv_pending is not None:
-        dkv_pending.wait()
+        yield dkv_pending
         dkv.advance()
     dk_own, dv_own = dkv.held
     return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
 
 
+def _shards(t: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """The ranks' shards of t (views), given one after another along the sequence dim."""
+    return list(t.chunk(parts, dim=1)) if parts > 1 else [t]
+
+
+def _join(pieces: list[torch.Tensor], dim: int) -> torch.Tensor:
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
+
+
+def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> None:
+    """Fold one sink logit per head (zero value) into the ring's (out, lse), in place."""
+    sink = sinks.to(lse.dtype)[None, :, None]  # (1, H, 1) against lse (B, H, S)
+    out.mul_(torch.sigmoid(lse - sink).transpose(1, 2).unsqueeze(-1).to(out.dtype))
+    lse.copy_(torch.logaddexp(lse, sink))
+
+
+def sink_grad(
+    dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor, rows: int
+) -> torch.Tensor:
+    """-sum_{b,i} exp(sink_h - lse) * rowsum(dout * out), in float32 (float64 for float64),
+    ``rows`` query rows at a time so no full-size float32 copy of out or dout is made."""
+    acc = _accum_dtype(out.dtype)
+    grad = torch.zeros(sinks.shape, dtype=acc, device=out.device)
+    sink = sinks.to(acc)[None, :, None]
+    for r0 in range(0, out.shape[1], rows):
+        sl = slice(r0, r0 + rows)
+        delta = (dout[:, sl].to(acc) * out[:, sl].to(acc)).sum(-1).transpose(1, 2)  # (B, H, s)
+        grad -= (torch.exp(sink - lse[:, :, sl].to(acc)) * delta).sum((0, 2))
+    return grad.to(sinks.dtype)
+
+
+def _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel):
+    """Every local rank's forward; the output (q's dtype) and lse of all of them, joined."""
+    ranks = transport.endpoints()
+    parts = [_shards(t, len(ranks)) for t in (q, k, v)]
+    loops = [
+        ring_forward(qr, kr, vr, scale=scale, causal=causal, layout=layout, comm=rank,
+                     kernel=kernel)
+        for rank, qr, kr, vr in zip(ranks, *parts, strict=True)
+    ]  # fmt: skip
+    results = transport.drive(loops, device=q.device)
+    outs, lses = [], []
+    for i, (out_acc, lse) in enumerate(results):
+        if sinks is not None:
+            apply_sinks(out_acc, lse, sinks)
+        outs.append(out_acc.to(q.dtype))
+        lses.append(lse)
+        results[i] = None  # free this rank's float32 accumulator before the next cast
+    return _join(outs, 1), _join(lses, 2)
+
+
+def _backward_all(dout, q, k, v, out, lse, scale, causal, layout, transport, kernel):
+    ranks = transport.endpoints()
+    parts = [_shards(t, len(ranks)) for t in (dout, q, k, v, out)]
+    lse_parts = list(lse.chunk(len(ranks), dim=2)) if len(ranks) > 1 else [lse]
+    loops = [
+        ring_backward(d, qr, kr, vr, o, lr, scale=scale, causal=causal, layout=layout,
+                      comm=rank, kernel=kernel)
+        for rank, d, qr, kr, vr, o, lr in zip(ranks, *parts, lse_parts, strict=True)
+    ]  # fmt: skip
+    results = transport.drive(loops, device=q.device)
+    return tuple(_join([r[i] for r in results], 1) for i in range(3))
+
+
 class RingAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, layout, group):
-        comm = RingComm(group)
+    def forward(ctx, q, k, v, sinks, scale, causal, layout, transport):
         kernel = select_kernel(q)
-        out, lse = ring_forward(
-            q, k, v, scale=scale, causal=causal, layout=layout, comm=comm, kernel=kernel
-        )
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.layout, ctx.group = scale, causal, layout, group
+        out, lse = _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.scale, ctx.causal, ctx.layout, ctx.transport = scale, causal, layout, transport
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(
-            dout.contiguous(),
-            q,
-            k,
-            v,
-            out,
-            lse,
-            scale=ctx.scale,
-            causal=ctx.causal,
-            layout=ctx.layout,
-            comm=RingComm(ctx.group),
-            kernel=select_kernel(q),
-        )
-        return dq, dk, dv, None, None, None, None
+        q, k, v, out, lse, sinks = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = _backward_all(
+            dout, q, k, v, out, lse, ctx.scale, ctx.causal, ctx.layout, ctx.transport,
+            select_kernel(q),
+        )  # fmt: skip
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            dsinks = sink_grad(dout, out, lse, sinks, rows=max(1, 2**24 // out[0, 0].numel()))
+        return dq, dk, dv, dsinks, None, None, None, None
+
+
+def _transport(q, k, causal, layout, sinks, group, comm) -> Transport:
+    """The transport to run on: the process group's ring (checked), or the one given."""
+    if comm is None:
+        group = resolve_group(group)
+        check_ranks_agree(q, k, causal, layout, group, has_sinks=sinks is not None)
+        return RingComm(group)
+    if group is not None:
+        raise ValueError("ring_attention: pass either group= or comm=, not both")
+    if isinstance(comm, RingComm):
+        check_ranks_agree(q, k, causal, layout, comm.group, has_sinks=sinks is not None)
+        return comm
+    local = len(comm.endpoints())
+    if local > 1:  # the shards of several ranks, one after another
+        check_divisible(q.shape[1], world_size=local, layout=layout)
+    return comm
 
 
 def ring_attention(
@@ -233,15 +323,25 @@ def ring_attention(
     softmax_scale: float | None = None,
     group: dist.ProcessGroup | None = None,
     layout: str = "contiguous",
+    sinks: torch.Tensor | None = None,
+    comm: Transport | None = None,
 ) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
     q is (batch, seq_local, heads, head_dim) and k, v are (batch, seq_local, kv_heads,
     head_dim), each rank holding its shard in ``layout`` (see ``shard_sequence``). Returns this
-    rank's shard of the output; differentiable with respect to q, k and v.
+    rank's shard of the output; differentiable with respect to q, k, v and ``sinks``.
+
+    ``sinks``: optional float tensor of shape (heads,): one extra logit per query head in every
+    softmax denominator, with a zero value vector (gpt-oss). Its gradient is this rank's share
+    (the sum over its own rows); sum it over the ranks as for any replicated parameter.
+
+    ``comm``: the transport, default the ring of ``group``'s processes. With
+    ``ringattn.local_ring.LocalRing(P)`` one process runs all P ranks: q, k, v (and the result)
+    then hold the P shards one after another along the sequence dimension.
     """
     check_inputs(q, k, v, layout)
-    group = resolve_group(group)
-    check_ranks_agree(q, k, causal, layout, group)
+    check_sinks(sinks, q)
+    transport = _transport(q, k, causal, layout, sinks, group, comm)
     scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    return RingAttentionFunction.apply(q, k, v, scale, causal, layout, group)
+    return RingAttentionFunction.apply(q, k, v, sinks, scale, causal, layout, transport)

@@ -2,6 +2,8 @@
 
 The reference is textbook attention on the whole sequence in float64 (scores, mask, softmax,
 autograd), with GQA heads repeated explicitly: nothing it does is shared with the engine.
+Attention sinks (gpt-oss) are an extra score column per head, softmaxed with the rest and then
+dropped, exactly as the model's eager attention does it.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ class Case:
     causal: bool
     layout: str
     seed: int = 0
+    sinks: bool = False  # one learned sink logit per query head
 
     @property
     def id(self) -> str:
         return (
             f"b{self.batch}-n{self.seq}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}-"
             f"{self.dtype}-{'causal' if self.causal else 'full'}-{self.layout}"
+            + ("-sinks" if self.sinks else "")
         )
 
     @property
@@ -43,12 +47,15 @@ def make_inputs(case: Case) -> dict[str, torch.Tensor]:
     shape_kv = (case.batch, case.seq, case.kv_heads, case.head_dim)
     # Scaled so the softmax is neither uniform nor one-hot: exercises the lse merge.
     make = lambda shape, s: (torch.randn(shape, generator=g) * s).to(case.torch_dtype)  # noqa: E731
-    return {
+    inputs = {
         "q": make(shape_q, 1.5),
         "k": make(shape_kv, 1.5),
         "v": make(shape_kv, 1.0),
         "dout": make(shape_q, 1.0),
     }
+    if case.sinks:  # about the size of the scores, so the sink takes a real share of each row
+        inputs["sinks"] = (torch.randn(case.heads, generator=g) * 2.0 + 1.0).float()
+    return inputs
 
 
 def reference(inputs: dict[str, torch.Tensor], causal: bool) -> dict[str, torch.Tensor]:
@@ -60,9 +67,33 @@ def reference(inputs: dict[str, torch.Tensor], causal: bool) -> dict[str, torch.
         n = q.shape[1]
         future = torch.ones(n, n, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
-    out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), vr)
+    sinks = None
+    if "sinks" in inputs:
+        sinks = inputs["sinks"].double().requires_grad_()
+        column = sinks[None, :, None, None].expand(*scores.shape[:3], 1)
+        probs = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, vr)
     out.backward(inputs["dout"].double())
-    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    result = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    if sinks is not None:
+        result["dsinks"] = sinks.grad
+    return result
+
+
+def sdpa_bf16_error(case: Case, inputs, ref, device: str = "cpu") -> dict[str, float]:
+    """PyTorch's own attention (SDPA, one process) on the same bf16 inputs: its error against
+    the float64 reference is what a bf16 ring is held to (see tests/test_ring.py)."""
+    import torch.nn.functional as F
+
+    q, k, v = (
+        inputs[n].to(device).transpose(1, 2).detach().requires_grad_() for n in ("q", "k", "v")
+    )
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=True)
+    out.backward(inputs["dout"].to(device).transpose(1, 2))
+    mine = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return {n: relative_error(t.detach().transpose(1, 2).cpu(), ref[n]) for n, t in mine.items()}
 
 
 def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -70,19 +101,56 @@ def relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
-def ring_outputs(rank: int, world: int, cases: list[Case]) -> dict[str, dict[str, torch.Tensor]]:
+def ring_outputs(
+    rank: int, world: int, cases: list[Case], device: str = "cpu"
+) -> dict[str, dict[str, torch.Tensor]]:
     """This rank's out, dq, dk, dv of ring attention for each case (runs inside a spawned rank)."""
     import ringattn
 
     results = {}
     for case in cases:
-        inputs = make_inputs(case)
+        inputs = {n: t.to(device) for n, t in make_inputs(case).items()}
+        sinks = inputs.pop("sinks", None)
         shard = {
             name: ringattn.shard_sequence(t, world_size=world, rank=rank, layout=case.layout)
             for name, t in inputs.items()
         }
         q, k, v = (shard[n].requires_grad_() for n in ("q", "k", "v"))
-        out = ringattn.ring_attention(q, k, v, causal=case.causal, layout=case.layout)
+        kw = {} if sinks is None else {"sinks": sinks.requires_grad_()}
+        out = ringattn.ring_attention(q, k, v, causal=case.causal, layout=case.layout, **kw)
         out.backward(shard["dout"])
         results[case.id] = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        if sinks is not None:  # this rank's share of the gradient
+            results[case.id]["dsinks"] = sinks.grad
     return results
+
+
+def local_ring_outputs(case: Case, world: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """out, dq, dk, dv (and dsinks) of a LocalRing of ``world`` virtual ranks, unsharded."""
+    import ringattn
+    from ringattn.local_ring import LocalRing
+
+    inputs = make_inputs(case)
+    sinks = inputs.pop("sinks", None)
+    # The ranks' shards one after another, as LocalRing takes them.
+    stacked = {
+        name: torch.cat(
+            [ringattn.shard_sequence(t, world_size=world, rank=r, layout=case.layout)
+             for r in range(world)], dim=1,
+        ).to(device)
+        for name, t in inputs.items()
+    }  # fmt: skip
+    q, k, v = (stacked[n].requires_grad_() for n in ("q", "k", "v"))
+    kw = {} if sinks is None else {"sinks": sinks.to(device).requires_grad_()}
+    out = ringattn.ring_attention(
+        q, k, v, causal=case.causal, layout=case.layout, comm=LocalRing(world), **kw
+    )
+    out.backward(stacked["dout"])
+    got = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    result = {
+        name: ringattn.unshard_sequence(list(t.cpu().chunk(world, dim=1)), layout=case.layout)
+        for name, t in got.items()
+    }
+    if sinks is not None:
+        result["dsinks"] = kw["sinks"].grad.cpu()
+    return result

@@ -1,4 +1,4 @@
-"""Run a function on P real processes joined by a gloo process group (test helper).
+"""Run a function on P real processes joined by a gloo (or NCCL) process group (test helper).
 
 The function must live at module level (spawned processes import it). Each process gets
 (rank, world_size, *args); whatever it returns is pickled back to the caller, in rank order.
@@ -20,15 +20,19 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _entry(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple) -> None:
+def _entry(
+    rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple, backend: str = "gloo"
+) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
     result_path = os.path.join(store_dir, f"result-{rank}.pkl")
     try:
+        if backend == "nccl":  # one GPU per rank
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"file://{store_dir}/store",
             rank=rank,
             world_size=world_size,
@@ -49,11 +53,11 @@ def _entry(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple
     os._exit(0)
 
 
-def run_distributed(fn: Callable, world_size: int, *args: Any) -> list[Any]:
+def run_distributed(fn: Callable, world_size: int, *args: Any, backend: str = "gloo") -> list[Any]:
     with tempfile.TemporaryDirectory() as store_dir:
         mp.start_processes(
             _entry,
-            args=(world_size, store_dir, fn, args),
+            args=(world_size, store_dir, fn, args, backend),
             nprocs=world_size,
             join=True,
             start_method="spawn",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ringattn.kernels import ChunkedKernel, TorchCPUKernel
+from ringattn.kernels import ChunkedKernel, TorchCPUKernel, TorchCUDAKernel, select_kernel
 from tests.attention_reference import Case, make_inputs, reference, relative_error
 
 KERNELS = {"torch": TorchCPUKernel, "chunked": lambda: ChunkedKernel(chunk=16)}
@@ -47,3 +47,96 @@ def test_chunked_kernel_rectangular_block_equals_torch_kernel():
     a = ChunkedKernel(chunk=7).forward(q, k, v, scale=0.1, causal=False)
     b = TorchCPUKernel().forward(q, k, v, scale=0.1, causal=False)
     assert torch.allclose(a[0], b[0], atol=1e-6) and torch.allclose(a[1], b[1], atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- TorchCUDAKernel
+# No GPU in CI: the adapter is checked against the installed torch's op schemas on meta
+# tensors (argument order, None for the dense path's cum_seq tensors, output positions and
+# shapes), and numerically on the CPU with the four op handles replaced by CPU stand-ins that
+# keep the real ops' contracts (equal heads for the efficient op, its lse padded to 32 rows).
+# tests/gpu/ runs the real kernels against float64 where CUDA is.
+
+
+@pytest.mark.parametrize(
+    "dtype,heads,kv_heads,head_dim,flash",
+    [
+        (torch.bfloat16, 8, 2, 128, True),
+        (torch.float16, 4, 1, 256, True),
+        (torch.bfloat16, 4, 4, 64, True),
+        (torch.float32, 8, 2, 64, False),  # fp32: the memory-efficient op
+        (torch.bfloat16, 4, 2, 264, False),  # head_dim > 256: flash refuses
+    ],
+)
+def test_torch_cuda_kernel_calls_match_the_op_schemas(dtype, heads, kv_heads, head_dim, flash):
+    kernel = TorchCUDAKernel()
+    q = torch.empty(2, 200, heads, head_dim, device="meta", dtype=dtype)  # 200: not 128k
+    k = torch.empty(2, 100, kv_heads, head_dim, device="meta", dtype=dtype)
+    v = torch.empty_like(k)
+    assert kernel.uses_flash(q) is flash
+    out, lse = kernel.forward(q, k, v, scale=0.1, causal=False)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert lse.shape == (2, heads, 200) and lse.dtype == torch.float32
+    dq, dk, dv = kernel.backward(torch.empty_like(q), q, k, v, out, lse, scale=0.1, causal=False)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def _cpu_stand_ins(kernel: TorchCUDAKernel, calls: list[str]) -> None:
+    cpu_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    cpu_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    seed, offset = torch.empty((), dtype=torch.long), torch.empty((), dtype=torch.long)
+
+    def flash_fwd(q, k, v, dropout, causal, debug, *, scale):
+        calls.append("flash")
+        out, lse = cpu_fwd(q, k, v, dropout, causal, scale=scale)
+        return out, lse.contiguous(), None, None, q.shape[2], k.shape[2], seed, offset, None
+
+    def flash_bwd(do, q, k, v, o, lse, cq, ck, mq, mk, dropout, causal, s, off, *, scale):
+        assert lse.shape == (q.shape[0], q.shape[1], q.shape[2]) and lse.is_contiguous()
+        return cpu_bwd(do, q, k, v, o, lse, dropout, causal, scale=scale)
+
+    def eff_fwd(q, k, v, bias, compute_lse, dropout, causal, *, scale):
+        calls.append("efficient")
+        assert compute_lse and bias is None and q.shape[1] == k.shape[1], "equal heads"
+        out, lse = cpu_fwd(q, k, v, dropout, causal, scale=scale)
+        rows = -(-q.shape[2] // 32) * 32
+        padded = torch.full((*lse.shape[:2], rows), float("nan"))  # must never be read
+        padded[..., : q.shape[2]] = lse
+        return out, padded, seed, offset
+
+    def eff_bwd(do, q, k, v, bias, o, lse, s, off, dropout, mask, causal, *, scale):
+        assert lse.shape[-1] == -(-q.shape[2] // 32) * 32 and q.shape[1] == k.shape[1]
+        lse = lse[..., : q.shape[2]].contiguous()
+        return (*cpu_bwd(do, q, k, v, o, lse, dropout, causal, scale=scale), None)
+
+    kernel._flash_fwd, kernel._flash_bwd = flash_fwd, flash_bwd
+    kernel._eff_fwd, kernel._eff_bwd = eff_fwd, eff_bwd
+
+
+@pytest.mark.parametrize("path", ["flash", "efficient"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (4, 1)])
+def test_torch_cuda_kernel_adapter_matches_reference_on_cpu(path, causal, heads, kv_heads):
+    kernel, calls = TorchCUDAKernel(), []
+    _cpu_stand_ins(kernel, calls)
+    kernel.uses_flash = lambda q: path == "flash"
+    case = Case(2, 50, heads, kv_heads, 32, "float32", causal, "contiguous", seed=7)
+    inputs = make_inputs(case)
+    ref = reference(inputs, causal)
+    q, k, v, dout = (inputs[n] for n in ("q", "k", "v", "dout"))
+    out, lse = kernel.forward(q, k, v, scale=32**-0.5, causal=causal)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, scale=32**-0.5, causal=causal)
+    assert set(calls) == {path} and lse.shape == (2, heads, 50) and dk.shape == k.shape
+    for name, got in {"out": out, "dq": dq, "dk": dk, "dv": dv}.items():
+        assert relative_error(got, ref[name]) < 2e-5, name
+
+
+def test_kernel_choice_by_environment(monkeypatch):
+    q = torch.zeros(1, 4, 2, 8)
+    assert isinstance(select_kernel(q), TorchCPUKernel)
+    monkeypatch.setenv("RINGATTN_KERNEL", "torch-cuda")
+    assert isinstance(select_kernel(q), TorchCUDAKernel)
+    monkeypatch.setenv("RINGATTN_KERNEL", "chunked")
+    assert isinstance(select_kernel(q), ChunkedKernel)
+    monkeypatch.setenv("RINGATTN_KERNEL", "cudnn")
+    with pytest.raises(ValueError, match="RINGATTN_KERNEL='cudnn': expected one of chunked, "):
+        select_kernel(q)

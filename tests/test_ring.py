@@ -13,10 +13,16 @@ the final output round to bf16.
 from __future__ import annotations
 
 import pytest
-import torch.nn.functional as F
 
 import ringattn
-from tests.attention_reference import Case, make_inputs, reference, relative_error, ring_outputs
+from tests.attention_reference import (
+    Case,
+    make_inputs,
+    reference,
+    relative_error,
+    ring_outputs,
+    sdpa_bf16_error,
+)
 from tests.distributed import run_distributed
 
 FP32_TOL = 2e-5
@@ -35,6 +41,11 @@ def _cases(world: int) -> list[Case]:
                 Case(1, 3 * n, 4, 4, 128, "float32", causal, layout, seed=3),  # MHA, d=128
                 Case(2, n, 8, 2, 64, "bfloat16", causal, layout, seed=4),
             ]
+    # Attention sinks (gpt-oss): the gradient of the sinks is each rank's share, summed here.
+    cases += [
+        Case(2, n, 8, 2, 64, "float32", True, "zigzag", seed=5, sinks=True),
+        Case(1, n, 4, 1, 32, "float32", False, "contiguous", seed=6, sinks=True),
+    ]
     return cases
 
 
@@ -46,14 +57,6 @@ def ring_results(request):
     return world, cases, per_rank
 
 
-def _sdpa_bf16_error(case: Case, inputs, ref) -> dict[str, float]:
-    q, k, v = (inputs[n].transpose(1, 2).requires_grad_() for n in ("q", "k", "v"))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=True)
-    out.backward(inputs["dout"].transpose(1, 2))
-    mine = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
-    return {n: relative_error(t.detach().transpose(1, 2), ref[n]) for n, t in mine.items()}
-
-
 def test_ring_matches_float64_reference(ring_results):
     world, cases, per_rank = ring_results
     failures = []
@@ -63,7 +66,7 @@ def test_ring_matches_float64_reference(ring_results):
         ref = reference(inputs, case.causal)
         tol = {n: FP32_TOL for n in ref}
         if case.dtype == "bfloat16":
-            sdpa = _sdpa_bf16_error(case, inputs, ref)
+            sdpa = sdpa_bf16_error(case, inputs, ref)
             tol = {n: 2 * sdpa[n] + BF16_ULP for n in ref}
         for name in ("out", "dq", "dk", "dv"):
             got = ringattn.unshard_sequence(
@@ -75,5 +78,10 @@ def test_ring_matches_float64_reference(ring_results):
                 worst = max(worst, err)
             if not err <= tol[name]:
                 failures.append(f"P={world} {case.id} {name}: error {err:.2e} > {tol[name]:.2e}")
+        if case.sinks:
+            got = sum(r[case.id]["dsinks"] for r in per_rank)
+            err = relative_error(got, ref["dsinks"])
+            if not err <= FP32_TOL:
+                failures.append(f"P={world} {case.id} dsinks: error {err:.2e} > {FP32_TOL:.2e}")
     assert not failures, "\n".join(failures)
     print(f"P={world}: worst float32 relative error {worst:.2e}")

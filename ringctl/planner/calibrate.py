@@ -2,8 +2,10 @@
 
 What the cost model needs from a device is exactly two rates: how fast one rank's block kernel
 computes (forward and backward, at the block sizes a ring would use) and how fast a block moves
-to the next rank. Both are measured here with the engine's own kernel and the engine's own
-ring exchange, so the prediction and the run share their parts.
+to the next rank. Both are measured here through the engine's public API: the block work is
+timed inside ``ring_attention`` running on a ``LocalRing`` (the same loop, kernel, merge and
+gradient accumulation a real ring runs, each step's stretch timed by the ring), and the
+exchange with the engine's own ``RingComm``, so the prediction and the run share their parts.
 """
 
 from __future__ import annotations
@@ -20,36 +22,48 @@ from .devices import BLOCK_KINDS, Device, block_flops
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096)
 
 
-def _time_block(q_share, kv_share, causal, n, heads, head_dim, dtype, repeats, barrier):
-    """(forward, backward) median seconds of one block as a ring step does it."""
+# Where each block kind's work is, in a LocalRing of 2 virtual ranks (record_steps=True):
+# (ring, forward stretches, backward stretches) of every rank's loop, stretches being the
+# compute between two waits. Forward: stretch 0 is step 0, stretch 1 is step 1 with its merge.
+# Backward: stretch 0 is step 0 (kernel, dQ and dK/dV accumulation); step 1's kernel and dQ are
+# stretch 1 and its dK/dV accumulation stretch 2 (the wait for the arriving accumulator sits
+# between them).
+_KIND_STRETCHES = {
+    "full": ("full", (1,), (0,)),
+    "diag": ("causal", (0,), (0,)),
+    "half": ("causal", (1,), (1, 2)),
+}
+_RINGS = {"full": (False, "contiguous"), "causal": (True, "zigzag")}
+
+
+def _time_kinds(n, heads, head_dim, dtype, repeats, barrier):
+    """{kind: [forward, backward] median seconds} of one ring step of n tokens per rank, as
+    the engine's own loop does it: ring_attention on a LocalRing of two virtual ranks."""
     import torch
 
-    from ringattn.kernels import select_kernel
-    from ringattn.ring import _merge
+    from ringattn import LocalRing, ring_attention  # LocalRing: an export ringattn must add
 
-    q = torch.randn(1, int(n * q_share), heads, head_dim, dtype=dtype)
-    k = torch.randn(1, int(n * kv_share), heads, head_dim, dtype=dtype)
-    v, dout = torch.randn_like(k), torch.randn_like(q)
-    kernel, scale = select_kernel(q), head_dim**-0.5
-    acc_out, acc_lse = kernel.forward(q, k, v, scale=scale, causal=causal)
-    acc_out = acc_out.float()
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    fwd, bwd = [], []
-    for i in range(repeats + 1):  # the first round warms up
-        barrier.wait()
-        t0 = time.perf_counter()
-        out, lse = kernel.forward(q, k, v, scale=scale, causal=causal)
-        _merge(acc_out, acc_lse.clone(), out, lse)
-        t1 = time.perf_counter()
-        barrier.wait()
-        t2 = time.perf_counter()
-        gq, gk, gv = kernel.backward(dout, q, k, v, out, lse, scale=scale, causal=causal)
-        dq.add_(gq), dk.add_(gk), dv.add_(gv)
-        t3 = time.perf_counter()
-        if i:
-            fwd.append(t1 - t0)
-            bwd.append(t3 - t2)
-    return [statistics.median(fwd), statistics.median(bwd)]
+    samples = {kind: ([], []) for kind in _KIND_STRETCHES}
+    for ring_name, (causal, layout) in _RINGS.items():
+        ring = LocalRing(2, record_steps=True)
+        q = torch.randn(1, 2 * n, heads, head_dim, dtype=dtype)
+        k, v, dout = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
+        for i in range(repeats + 1):  # the first round warms up
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            barrier.wait()
+            out = ring_attention(qq, kk, vv, causal=causal, layout=layout, comm=ring)
+            fwd = ring.step_seconds()
+            barrier.wait()
+            out.backward(dout)
+            bwd = ring.step_seconds()
+            if not i:
+                continue
+            for kind, (name, f_idx, b_idx) in _KIND_STRETCHES.items():
+                if name == ring_name:
+                    for rank in range(2):
+                        samples[kind][0].append(sum(fwd[rank][j] for j in f_idx))
+                        samples[kind][1].append(sum(bwd[rank][j] for j in b_idx))
+    return {kind: [statistics.median(f), statistics.median(b)] for kind, (f, b) in samples.items()}
 
 
 def _block_worker(index, sizes, heads, head_dim, dtype_name, threads, repeats, barrier, out):
@@ -64,10 +78,8 @@ def _block_worker(index, sizes, heads, head_dim, dtype_name, threads, repeats, b
     dtype = getattr(torch, dtype_name)
     result: dict[str, dict[int, list[float]]] = {kind: {} for kind in BLOCK_KINDS}
     for n in sizes:
-        for kind, (q_share, kv_share, causal) in BLOCK_KINDS.items():
-            result[kind][n] = _time_block(
-                q_share, kv_share, causal, n, heads, head_dim, dtype, repeats, barrier
-            )
+        for kind, times in _time_kinds(n, heads, head_dim, dtype, repeats, barrier).items():
+            result[kind][n] = times
     with open(out, "w") as f:
         json.dump({"index": index, "result": result}, f)
 
@@ -109,7 +121,7 @@ def _p2p_rank(rank: int, init: str, nbytes: int, repeats: int, out_path: str) ->
     import torch
     import torch.distributed as dist
 
-    from ringattn.comm import RingComm
+    from ringattn import RingComm  # an export ringattn must add
 
     torch.set_num_threads(1)
     dist.init_process_group(
