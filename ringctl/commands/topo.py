@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..topology.draw import draw_svg
 from ..topology.gdr import GDR_LEVELS, GDR_READ_CHOICES, GdrPolicy
+from ..topology.hybrid_place import plan_hybrid
 from ..topology.links import DEFAULT_BANDWIDTHS
 from ..topology.nodes import load_node, load_node_files, parse_node_arg, read_text
 from ..topology.placement import plan_ring
@@ -24,9 +25,11 @@ node the GPUs are ordered by NVLink/PCIe links (bottleneck first, then total ban
 nodes the nodes under one leaf switch are kept together, and a node is entered and left through
 GPUs with GPUDirect RDMA reach to a usable NIC (else the hop is marked "host bounce"). With
 --ring-size N the ranks form rings of N, packed inside nodes, NVLink domains and leaves first,
-and each ring's bottleneck is reported. Inputs are the raw outputs of `nvidia-smi topo -m`,
-`ibstat` (or `ibv_devinfo`) and Slurm's topology.conf or `scontrol show topology`, or the JSON
-written by `ringctl topo probe`.
+and each ring's bottleneck is reported. With --ulysses auto|N the job is hybrid: Ulysses groups
+of N consecutive ranks, each inside one NVLink domain (a node, or an NVL72 block), and the ring
+across them; auto takes the largest N that one domain holds and --heads/--kv-heads allow.
+Inputs are the raw outputs of `nvidia-smi topo -m`, `ibstat` (or `ibv_devinfo`) and Slurm's
+topology.conf or `scontrol show topology`, or the JSON written by `ringctl topo probe`.
 """
 
 EPILOG = """\
@@ -43,6 +46,9 @@ examples:
         --ranks-per-node 1 -o placement.json
   trust your own numbers (Gbit/s; NV is per NVLink, NET when a port rate is unknown):
     ringctl topo --nvidia-smi topo.txt --bandwidth SYS=40 --bandwidth NV=150
+  hybrid Ulysses x ring, the degree chosen from the nodes and the model's heads:
+    ringctl topo --node probes/*.json --slurm-topology topology.conf \\
+        --ulysses auto --heads 32 --kv-heads 8 -o placement.json
   rings of 8 ranks on GB200 NVL72 racks (Slurm topology/block, blocks = NVLink domains):
     scontrol show topology | ringctl topo --node probes/*.json --slurm-topology - \\
         --nvlink-blocks --ring-size 8 -o placement.json
@@ -84,6 +90,22 @@ def _write(path: str, text: str) -> None:
         raise UserError(f"{path}: cannot write ({err.strerror})") from None
 
 
+def _ulysses(args: argparse.Namespace) -> int | str | None:
+    """--ulysses as "auto" or a positive int; None for a plain ring plan."""
+    if args.ulysses is None:
+        if args.heads is not None or args.kv_heads is not None:
+            raise UserError("--heads and --kv-heads go with --ulysses auto|N")
+        return None
+    if args.ring_size is not None:
+        raise UserError("give --ring-size (rings of rings) or --ulysses (hybrid), not both")
+    value = args.ulysses.strip().lower()
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"--ulysses {args.ulysses}: expected auto or a positive integer")
+    return int(value)
+
+
 def run_topo(args: argparse.Namespace) -> int:
     if args.nvidia_smi and args.node:
         raise UserError("give either --nvidia-smi (one node) or --node (several), not both")
@@ -98,15 +120,20 @@ def run_topo(args: argparse.Namespace) -> int:
     switches = _switches(args.slurm_topology)
     if args.nvlink_blocks and (switches is None or not switches.by_kind("block")):
         raise UserError("--nvlink-blocks needs a --slurm-topology with BlockName= lines")
-    plan = plan_ring(
-        nodes,
+    common = dict(
         switch_topology=switches,
         ranks_per_node=args.ranks_per_node,
         bandwidths=_bandwidths(args.bandwidth),
-        ring_size=args.ring_size,
         gdr=GdrPolicy(args.gdr_level.upper() if args.gdr_level else None, args.gdr_read),
         nvlink_blocks=args.nvlink_blocks,
     )
+    ulysses = _ulysses(args)
+    if ulysses is None:
+        plan = plan_ring(nodes, ring_size=args.ring_size, **common)
+    else:
+        plan = plan_hybrid(
+            nodes, ulysses=ulysses, heads=args.heads, kv_heads=args.kv_heads, **common
+        )
     if args.output:
         _write(args.output, plan.to_json() + "\n")
     if args.svg:
@@ -163,6 +190,17 @@ def register(subparsers) -> None:
         metavar="N",
         help="rings of N consecutive ranks (a divisor of the ranks), placed inside nodes, "
         "NVLink domains and leaf switches where the sizes allow (default: one ring)",
+    )
+    hybrid = p.add_argument_group("hybrid Ulysses x ring (ringattn.hybrid_attention)")
+    hybrid.add_argument(
+        "--ulysses",
+        metavar="auto|N",
+        help="Ulysses groups of N consecutive ranks inside one NVLink domain, the ring across "
+        "them; auto: the most GPUs of one domain that the heads allow (needs --heads)",
+    )
+    hybrid.add_argument("--heads", type=int, metavar="H", help="the model's attention heads")
+    hybrid.add_argument(
+        "--kv-heads", type=int, metavar="K", help="its key/value heads (default: --heads)"
     )
     many.add_argument(
         "--nvlink-blocks",

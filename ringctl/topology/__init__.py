@@ -5,15 +5,18 @@ Parsers (`nvidia_smi`, `ibstat`, `slurm`, `hostlist`) turn raw tool output into 
 `RingPlan`, the JSON the workers read (`plan.load_plan`, `RingPlan.entry_for`,
 `RingPlan.groups` for rings of rings). `gdr` models where the ring leaves a node (GPUDirect
 RDMA or host bounce), `groups` how a job's ranks split into tight rings of N.
+`hybrid_place.plan_hybrid` places a hybrid Ulysses x ring job (`RingPlan.ulysses`,
+`RingPlan.ring_of_groups`), with the degree `ulysses` chooses from the domains and heads.
 """
 
 from .gdr import GdrPolicy
 from .hostlist import compress, expand
+from .hybrid_place import plan_hybrid
 from .links import DEFAULT_BANDWIDTHS
 from .model import Gpu, Hca, Nic, NodeTopology, Port
 from .nodes import build_node, load_node, load_node_files
 from .placement import order_gpus, order_nodes, plan_ring
-from .plan import Hop, RankEntry, RingGroup, RingPlan, load_plan
+from .plan import Hop, RankEntry, RingGroup, RingOfGroups, RingPlan, UlyssesGroups, load_plan
 from .slurm import SwitchTopology, parse_slurm_topology
 
 __all__ = [
@@ -27,8 +30,10 @@ __all__ = [
     "Port",
     "RankEntry",
     "RingGroup",
+    "RingOfGroups",
     "RingPlan",
     "SwitchTopology",
+    "UlyssesGroups",
     "build_node",
     "compress",
     "expand",
@@ -38,5 +43,6 @@ __all__ = [
     "order_gpus",
     "order_nodes",
     "parse_slurm_topology",
+    "plan_hybrid",
     "plan_ring",
 ]

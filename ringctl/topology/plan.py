@@ -33,6 +33,26 @@ by it). A hop between nodes of one multi-node NVLink domain has link "MNNVL". `g
 GPUDirect settings the plan modelled, which it also pins in each rank's `env` (see gdr.py);
 `assumptions` lists what the figures rest on that no input said. Bandwidths are nominal Gbit/s
 (see `links.py`).
+
+Hybrid plans (`ringctl topo --ulysses auto|N`; added, absent from other plans): the job runs
+`ringattn.hybrid_attention`, an all-to-all inside each Ulysses group and rings across them.
+
+    "ulysses": {"degree": U, "groups": [[0, .., U-1], [U, .., 2U-1], ...],
+                "reason": "auto: the 8 ranks of one node (32 heads, 8 kv heads allow it)",
+                "heads": H or null, "kv_heads": K or null,
+                "inside": [{"domain", "nodes", "link", "gbps"}, ...]},
+    "ring_of_groups": {"size": R, "rings": [[0, U, 2U, ...], [1, U+1, ...], ...],
+                       "hops": [Hop, ...], "bottleneck": Hop or null}
+
+`ulysses.groups[g]` is the g-th block of U consecutive ranks, always (the loader refuses
+anything else): exactly the groups `ringattn.hybrid_groups(U)` builds, so a rank's hybrid rank
+`ring_rank * U + ulysses_rank` is its plan rank. Every group sits inside one NVLink domain
+(`inside[g].domain`: a node, or an NVLink block); `inside[g].link`/`gbps` is its slowest pair,
+which paces the all-to-all (null for U = 1). `ring_of_groups.rings[u]` links the member u of
+every group, in group order (R = W / U ranks; all U rings run at once), `hops` are those rings'
+sends (`Hop.group` = u), `bottleneck` the slowest of them (null when R = 1). In a hybrid plan
+the top-level `hops`, `bottleneck` and `groups` still describe one flat ring over the same
+rank order, the ring a worker that ignores `ulysses` would run.
 """
 
 from __future__ import annotations
@@ -44,7 +64,16 @@ from typing import Any
 
 from ..errors import UserError
 
-__all__ = ["PLAN_VERSION", "Hop", "RankEntry", "RingGroup", "RingPlan", "load_plan"]
+__all__ = [
+    "PLAN_VERSION",
+    "Hop",
+    "RankEntry",
+    "RingGroup",
+    "RingOfGroups",
+    "RingPlan",
+    "UlyssesGroups",
+    "load_plan",
+]
 
 PLAN_VERSION = 1
 COMPACT_ABOVE = 1024  # ranks; larger plans are written without indentation
@@ -113,6 +142,58 @@ class RingGroup:
 
 
 @dataclass
+class UlyssesGroups:
+    """A hybrid plan's Ulysses groups: consecutive blocks of `degree` ranks, one NVLink domain
+    each, why that degree, and each group's slowest pair (`inside`)."""
+
+    degree: int
+    groups: list[list[int]]
+    reason: str
+    inside: list[dict[str, Any]] = field(default_factory=list)
+    heads: int | None = None
+    kv_heads: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UlyssesGroups:
+        return cls(
+            degree=int(data["degree"]),
+            groups=[[int(r) for r in g] for g in data["groups"]],
+            reason=str(data.get("reason", "")),
+            inside=[dict(x) for x in data.get("inside") or []],
+            heads=None if data.get("heads") is None else int(data["heads"]),
+            kv_heads=None if data.get("kv_heads") is None else int(data["kv_heads"]),
+        )
+
+
+@dataclass
+class RingOfGroups:
+    """A hybrid plan's rings across the Ulysses groups: ring u links member u of each group."""
+
+    size: int
+    rings: list[list[int]]
+    hops: list[Hop] = field(default_factory=list)
+    bottleneck: Hop | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "rings": self.rings,
+            "hops": [dict(vars(h)) for h in self.hops],
+            "bottleneck": asdict(self.bottleneck) if self.bottleneck else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RingOfGroups:
+        low = data.get("bottleneck")
+        return cls(
+            size=int(data["size"]),
+            rings=[[int(r) for r in ring] for ring in data["rings"]],
+            hops=[Hop(**h) for h in data.get("hops") or []],
+            bottleneck=Hop(**low) if low else None,
+        )
+
+
+@dataclass
 class RingPlan:
     """The placed ring; `to_json()` / `from_json()` round-trip it exactly."""
 
@@ -126,6 +207,8 @@ class RingPlan:
     ring_size: int | None = None
     gdr: dict[str, str] = field(default_factory=dict)
     assumptions: list[str] = field(default_factory=list)
+    ulysses: UlyssesGroups | None = None
+    ring_of_groups: RingOfGroups | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:  # one ring of every rank (plans written before groups existed)
@@ -173,7 +256,14 @@ class RingPlan:
             "groups": [g.to_dict() for g in self.groups],
             "gdr": self.gdr,
             "assumptions": self.assumptions,
-        }
+        } | self._hybrid_dict()
+
+    def _hybrid_dict(self) -> dict[str, Any]:
+        """The hybrid keys, only in hybrid plans (other plans' files stay as they were)."""
+        if self.ulysses is None:
+            return {}
+        rog = self.ring_of_groups
+        return {"ulysses": asdict(self.ulysses), "ring_of_groups": rog.to_dict() if rog else None}
 
     def to_json(self, indent: int | None | str = "auto") -> str:
         """The plan file's text. "auto": indented for a reader up to COMPACT_ABOVE ranks,
@@ -199,6 +289,10 @@ class RingPlan:
                 "gdr": dict(data.get("gdr") or {}),
                 "assumptions": [str(a) for a in data.get("assumptions") or []],
             }
+            if data.get("ulysses") is not None:
+                extra["ulysses"] = UlyssesGroups.from_dict(data["ulysses"])
+                rog = data.get("ring_of_groups")
+                extra["ring_of_groups"] = RingOfGroups.from_dict(rog) if rog else None
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise UserError(f"{source}: not a ring plan ({err})") from None
         if [e.rank for e in ring] != list(range(len(ring))):
@@ -207,6 +301,8 @@ class RingPlan:
         if len(seen) != len(ring):
             raise UserError(f"{source}: two ranks share a node and local rank")
         _check_groups(groups, ring, source)
+        if "ulysses" in extra:
+            _check_hybrid(extra["ulysses"], extra["ring_of_groups"], len(ring), source)
         return cls(
             ring,
             hops,
@@ -242,6 +338,26 @@ def _check_groups(groups: list[RingGroup], ring: list[RankEntry], source: str) -
             raise UserError(f"{source}: group {g.index} is not a run of consecutive ranks")
         if any(ring[r].group != g.index for r in g.ranks):
             raise UserError(f"{source}: ring entries disagree with group {g.index}")
+
+
+def _check_hybrid(
+    ulysses: UlyssesGroups, rog: RingOfGroups | None, world: int, source: str
+) -> None:
+    """The groups must be what `ringattn.hybrid_groups(U)` builds over ranks 0..W-1: blocks of
+    U consecutive ranks, and rings of the same member of every block."""
+    u = ulysses.degree
+    if u < 1 or world % u:
+        raise UserError(f"{source}: ulysses.degree {u} does not divide the {world} ranks")
+    if ulysses.groups != [list(range(s, s + u)) for s in range(0, world, u)]:
+        raise UserError(
+            f"{source}: ulysses.groups must be the blocks of {u} consecutive ranks 0..{world - 1}"
+        )
+    rings = [list(range(m, world, u)) for m in range(u)]
+    if rog is None or rog.size != world // u or rog.rings != rings:
+        raise UserError(
+            f"{source}: ring_of_groups must hold {u} rings of {world // u} ranks, ring m "
+            f"linking ranks m, m+{u}, ... (member m of every Ulysses group)"
+        )
 
 
 def load_plan(path: str | Path) -> RingPlan:

@@ -1,5 +1,7 @@
 """The readable form of a plan: the ring hop by hop, with link kinds, GPUDirect marks and the
-bottleneck; with rings of rings, a line per ring with its bottleneck and the worst ring."""
+bottleneck; with rings of rings, a line per ring with its bottleneck and the worst ring; for a
+hybrid plan, the Ulysses groups (where each sits, its slowest pair) and the ring across them,
+a row per step from one group to the next (the slowest of the sends that cross there)."""
 
 from __future__ import annotations
 
@@ -95,6 +97,9 @@ def print_plan(plan: RingPlan, console: Console | None = None) -> None:
         console = Console(highlight=False)
         if not console.is_terminal:
             console.width = 160  # logs and pipes: no wrapping of the hop table
+    if plan.ulysses is not None:
+        print_hybrid(plan, console)
+        return
     console.print(_title(plan), soft_wrap=True)
     _print_nodes(plan, console)
     if not plan.hops:
@@ -181,3 +186,127 @@ def _print_assumptions(plan: RingPlan, console: Console) -> None:
         )
     for line in plan.assumptions:
         console.print(f"Assumed: {line}", soft_wrap=True)
+
+
+def _hybrid_title(plan: RingPlan) -> str:
+    u, rog = plan.ulysses, plan.ring_of_groups
+    n_nodes = len(plan.nodes)
+    crossings = sum(1 for h in rog.hops if h.crosses_switch and h.group == 0)
+    return (
+        f"Hybrid: {len(u.groups)} Ulysses group{'s' * (len(u.groups) != 1)} of {u.degree} "
+        f"rank{'s' * (u.degree != 1)} (all-to-all inside), {u.degree} ring"
+        f"{'s' * (u.degree != 1)} of {rog.size} group{'s' * (rog.size != 1)} across them, "
+        f"{plan.world_size} ranks over {n_nodes} node{'s' * (n_nodes != 1)}"
+        + (f", {crossings} switch crossing(s) per ring" if n_nodes > 1 else "")
+    )
+
+
+def print_hybrid(plan: RingPlan, console: Console) -> None:
+    """Both groups of a hybrid plan: the Ulysses groups, then the ring across them."""
+    u, rog = plan.ulysses, plan.ring_of_groups
+    console.print(_hybrid_title(plan), soft_wrap=True)
+    _print_nodes(plan, console)
+    console.print(f"Ulysses degree {u.degree}: {u.reason}", soft_wrap=True)
+    _print_ulysses_groups(plan, console)
+    slow = [x for x in u.inside if x["link"] and not _is_nvlink(x["link"])]
+    if slow:
+        console.print(
+            f"Warning: the all-to-all of {len(slow)} group(s) crosses {slow[0]['link']} "
+            f"({_gbps(slow[0]['gbps'])} Gbit/s), not NVLink, on every layer",
+            soft_wrap=True,
+        )
+    if not rog.hops:
+        console.print("One Ulysses group: no ring across groups (Ulysses alone).")
+    else:
+        _print_ring_of_groups(plan, console)
+        low = rog.bottleneck
+        a, b = plan.ring[low.src], plan.ring[low.dst]
+        same = sum(1 for h in rog.hops if h.gbps == low.gbps)
+        src, dst = _group_where(plan, low.src // u.degree), _group_where(plan, low.dst // u.degree)
+        console.print(
+            f"Ring-of-groups bottleneck: {low.link} at {_gbps(low.gbps)} Gbit/s, hop "
+            f"{low.src}->{low.dst} ({rank_label(a)} -> {rank_label(b)}), from group {src} to {dst}"
+            + (f"; {same} sends at that speed" if same > 1 else ""),
+            soft_wrap=True,
+        )
+    if plan.bottleneck is not None:
+        flat = plan.bottleneck
+        console.print(
+            f"Flat ring over the same ranks (a worker without Ulysses): bottleneck {flat.link} "
+            f"at {_gbps(flat.gbps)} Gbit/s, hop {flat.src}->{flat.dst}",
+            soft_wrap=True,
+        )
+    _print_assumptions(plan, console)
+
+
+def _is_nvlink(link: str) -> bool:
+    """NVLink inside a node (NV#), between the nodes of a block (MNNVL), or a CPU node's SHM."""
+    return all(part.startswith("NV") or part in ("MNNVL", "SHM") for part in link.split("+"))
+
+
+def _print_ulysses_groups(plan: RingPlan, console: Console) -> None:
+    """A row per Ulysses group: its ranks, NVLink domain, nodes and slowest pair."""
+    u = plan.ulysses
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in [("group", "right"), ("ranks", "left"), ("domain", "left")]:
+        table.add_column(name, justify=justify, no_wrap=True)
+    table.add_column("nodes", no_wrap=True)
+    table.add_column("link inside (slowest pair)", no_wrap=True)
+    table.add_column("Gbit/s", justify="right", no_wrap=True)
+    rows = list(zip(range(len(u.groups)), u.groups, u.inside, strict=True))
+    if len(rows) > MAX_ROWS:
+        rows = sorted(rows, key=lambda r: (r[2]["gbps"] or 0.0, r[0]))[:MAX_ROWS]
+        table.caption = f"the {MAX_ROWS} slowest of {len(u.groups)} groups"
+    for g, ranks, inside in rows:
+        table.add_row(
+            str(g),
+            f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
+            inside["domain"],
+            _nodes_text(inside["nodes"]),
+            inside["link"] or "(one rank)",
+            _gbps(inside["gbps"]) if inside["gbps"] is not None else "",
+        )
+    console.print(table)
+
+
+def _print_ring_of_groups(plan: RingPlan, console: Console) -> None:
+    """A row per step from group g to group g+1: the slowest of its U parallel sends."""
+    u, rog = plan.ulysses, plan.ring_of_groups
+    steps: dict[int, list[Hop]] = {}
+    for h in rog.hops:
+        steps.setdefault(h.src // u.degree, []).append(h)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("step", justify="right", no_wrap=True)
+    for name in ("from group", "to group", "link", "sends"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("Gbit/s", justify="right", no_wrap=True)
+    table.add_column("slowest send", no_wrap=True)
+    table.add_column("send -> recv", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    low = rog.bottleneck
+    rows = sorted(steps.items())
+    if len(rows) > MAX_ROWS:
+        rows = sorted(rows, key=lambda r: (min(h.gbps for h in r[1]), r[0]))[:MAX_ROWS]
+        table.caption = f"the {MAX_ROWS} slowest of {len(steps)} steps"
+    for g, hops in rows:
+        worst = min(hops, key=lambda h: h.gbps)
+        links = "+".join(dict.fromkeys(h.link for h in hops))
+        is_low = worst.gbps == low.gbps
+        table.add_row(
+            f"{g}->{worst.dst // u.degree}",
+            _group_where(plan, g),
+            _group_where(plan, worst.dst // u.degree),
+            links,
+            str(len(hops)),
+            _gbps(worst.gbps),
+            f"{worst.src}->{worst.dst}",
+            _ends(worst),
+            _note(worst, is_low),
+            style="bold red" if is_low else None,
+        )
+    console.print(table)
+
+
+def _group_where(plan: RingPlan, g: int) -> str:
+    inside = plan.ulysses.inside[g] if g < len(plan.ulysses.inside) else None
+    return f"{g} ({inside['domain']})" if inside else str(g)
