@@ -90,6 +90,13 @@ class RingConfig:
     layout: Layout = Layout.zigzag
     placement: PlacementMode = PlacementMode.required  # `ring.plan` before 0.2
     dist_backend: DistBackend = DistBackend.auto
+    # Many rings per job (ringctl.rings): null = one ring of the whole job; N = rings of N
+    # consecutive ranks; auto = each document on the smallest ring that holds it.
+    size: Any = None
+    max_tokens_per_rank: int | None = None  # auto's budget; default: from `device` (planner)
+    ulysses: Any = None  # Ulysses degree inside an NVLink domain: null/1, N or auto
+    nvlink_blocks: bool = False  # Slurm topology/block = NVLink domains (GB200/GB300 NVL72)
+    network_gbps: float | None = None  # the inter-node rate when the nodes cannot tell it
 
 
 @dataclass
@@ -352,6 +359,7 @@ def _check(cfg: DictConfig, source_of) -> None:
     if not str(cfg.name).strip():
         raise bad("name", "must not be empty")
     _check_numbers(cfg, bad)
+    _check_ring(cfg, bad)
     if cfg.backend == BackendName.ssh and not cfg.ssh.host:
         raise bad("ssh.host", "is required with backend=ssh (e.g. ssh.host=login.example.org)")
     for key in ("output_dir", "job_dir", "ssh.remote_dir"):
@@ -372,6 +380,27 @@ def _check(cfg: DictConfig, source_of) -> None:
     from . import tasks
 
     tasks.get_spec(cfg.task.name).check(cfg, bad)
+
+
+def _check_ring(cfg: DictConfig, bad) -> None:
+    """ring.size / ulysses: null, auto or a count that divides the job; budgets positive."""
+    world = world_size(cfg)
+    for key in ("size", "ulysses"):
+        value = cfg.ring[key]
+        if value is None or value == "auto":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(f"ring.{key}", f"expected null, auto or a number of ranks, got {value!r}")
+        if world % value:
+            raise bad(f"ring.{key}", f"{value} does not divide the job's {world} ranks")
+    if isinstance(cfg.ring.size, int) and cfg.ring.ulysses not in (None, 1):
+        raise bad("ring.ulysses", "a Ulysses degree and a numeric ring.size cannot be combined")
+    budget = cfg.ring.max_tokens_per_rank
+    if budget is not None and budget < 1:
+        raise bad("ring.max_tokens_per_rank", f"must be at least 1 (or null), got {budget}")
+    rate = cfg.ring.network_gbps
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise bad("ring.network_gbps", f"must be a positive number of Gbit/s, got {rate}")
 
 
 def _check_numbers(cfg: DictConfig, bad) -> None:

@@ -46,6 +46,7 @@ class Identity:
     master_addr: str
     master_port: int
     plan_entry: dict | None = None
+    placement: Any = None
 
 
 @dataclass
@@ -61,6 +62,7 @@ class TaskContext:
     job_dir: Path
     out_dir: Path
     plan_entry: dict | None = None
+    placement: Any = None  # the job's placement.json (ringctl.topology.RingPlan), if any
     _stop: list[bool] = field(default_factory=lambda: [False])
     _start: float = field(default_factory=time.monotonic)
 
@@ -153,6 +155,7 @@ def identify(job_dir: Path) -> Identity:
     local_rank = task_index if local_rank is None else local_rank
     ident = Identity(node, local_rank, task_index, task_index, world, addr, int(port))
     placement = load_placement(job_dir)
+    ident.placement = placement
     if placement is not None:
         from dataclasses import asdict
 
@@ -277,6 +280,7 @@ def run(job_dir: Path) -> dict:
         job_dir=job_dir,
         out_dir=out_dir,
         plan_entry=ident.plan_entry,
+        placement=ident.placement,
         _stop=stop,
     )
     started = time.time()

@@ -181,3 +181,21 @@ def test_job_over_its_time_limit_is_reported_timeout(slurm_cluster, tmp_path, ca
     )  # fmt: skip
     status, _ = _wait(job_dir, timeout=240)
     assert status.state is JobState.TIMEOUT, status
+
+
+def test_hybrid_job_on_the_cluster_takes_its_groups_from_the_placement(slurm_cluster, tmp_path, capsys):
+    """ring.ulysses=auto on 2 nodes x 2 ranks: `ringctl topo --ulysses auto` puts each
+    node's ranks in one Ulysses group (placement.json), every worker builds both groups from
+    it, and the result equals float64 attention over the whole sequence."""
+    job_dir = _submit(
+        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}", "nodes=2",
+        "tasks_per_node=2", "ring.ulysses=auto", "ring.placement=required",
+    )  # fmt: skip
+    status, seen = _wait(job_dir)
+    assert status.state is JobState.COMPLETED, (status, seen)
+    placement = json.loads((job_dir / "placement.json").read_text())
+    assert placement["ulysses"]["degree"] == 2
+    assert [g for g in placement["ulysses"]["groups"]] == [[0, 1], [2, 3]]
+    log = (job_dir / "logs" / "rank-3.out").read_text()
+    assert "Ulysses degree 2 x ring of 2" in log
+    _check_attention_outputs(job_dir)

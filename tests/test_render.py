@@ -322,3 +322,25 @@ def test_script_places_the_ring_with_ringctl_topo(tmp_path):
         out = (job_dir / "logs" / f"rank-{task}.out").read_text()
         assert f"-> ring rank {entry['rank']} of 4 (from placement.json)" in out
     assert len(list((job_dir / "out").glob("rank-*.safetensors"))) == 4
+
+
+def test_ring_keys_reach_the_placement_step():
+    """ring.size, ring.nvlink_blocks and ring.network_gbps become `ringctl topo` flags; a size
+    that does not divide the job is refused at load, naming the key."""
+    script = render_script(
+        load_job(SMOKE, ["ring.size=2", "ring.nvlink_blocks=true", "ring.network_gbps=200"])
+    )
+    assert "--ring-size 2 \\" in script and "--nvlink-blocks \\" in script
+    assert "--bandwidth NET=200.0 \\" in script
+    plain = render_script(load_job(SMOKE, ["ring.size=auto"]))
+    assert "--ring-size" not in plain and "--nvlink-blocks" not in plain
+    with pytest.raises(UserError, match="ring.size: 3 does not divide the job's 4 ranks"):
+        load_job(SMOKE, ["ring.size=3"])
+
+
+def test_ulysses_reaches_the_placement_step():
+    script = render_script(load_job(SMOKE, ["ring.ulysses=auto"]))
+    assert "--ulysses auto \\" in script and "--heads 4 --kv-heads 2 \\" in script
+    assert "--ulysses" not in render_script(load_job(SMOKE, []))
+    with pytest.raises(UserError, match="ring.ulysses: a Ulysses degree and a numeric ring.size"):
+        load_job(SMOKE, ["ring.ulysses=2", "ring.size=2"])

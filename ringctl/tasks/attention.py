@@ -84,6 +84,11 @@ def check(cfg, bad) -> None:
         raise bad("task.fault", f"expected one of {', '.join(FAULTS)}, got {t.fault!r}")
     world, layout = world_size(cfg), layout_of(cfg)
     multiple = world * (2 if layout == "zigzag" else 1)
+    degree = cfg.ring.ulysses if isinstance(cfg.ring.ulysses, int) else 1
+    if degree > 1:  # hybrid: whole zigzag chunks per group, R = world / U groups in the ring
+        multiple = math.lcm(world, (2 if layout == "zigzag" else 1) * (world // degree))
+        if t.heads % degree:
+            raise bad("ring.ulysses", f"{degree} does not divide the task's {t.heads} heads")
     if t.seq_len % multiple:
         padded = -(-t.seq_len // multiple) * multiple
         raise bad(
@@ -154,10 +159,38 @@ def load_results(out_dir: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{out_dir}: shards of ranks {ranks}, expected 0..{world - 1}")
     shards.sort(key=lambda s: int(s[1]["rank"]))
     layout = shards[0][1]["layout"]
+    degree = int(shards[0][1].get("ulysses_degree", 1))
+    extra = {"ulysses_degree": degree} if degree > 1 else {}
     return {
-        name: unshard_sequence([s[0][name] for s in shards], layout=layout)
+        name: unshard_sequence([s[0][name] for s in shards], layout=layout, **extra)
         for name in ("out", "dq", "dk", "dv")
     }
+
+
+def _attention_for(cfg, ctx, layout: str, kv_heads: int):
+    """(attend(q, k, v), the layout shards use, the Ulysses degree): the ring over the job,
+    or with a Ulysses degree U > 1 (ring.ulysses, or the placement's groups) the hybrid
+    attention over groups of U consecutive ranks, built here on every rank."""
+    from functools import partial
+
+    from ringattn import hybrid_attention, hybrid_groups, ring_attention
+
+    from ..rings import ulysses_degree
+
+    t = cfg.task
+    degree = ulysses_degree(
+        cfg.ring.ulysses, placement=ctx.placement, ranks_per_node=int(cfg.tasks_per_node),
+        world=ctx.world_size, heads=int(t.heads), kv_heads=kv_heads,
+    )  # fmt: skip
+    common = {"causal": t.causal, "softmax_scale": t.softmax_scale}
+    if degree <= 1:
+        return partial(ring_attention, group=ctx.group, layout=layout, **common), layout, 1
+    groups = hybrid_groups(degree)
+    hybrid = f"hybrid-{layout}"
+    attend = partial(hybrid_attention, layout=hybrid, ulysses_group=groups.ulysses,
+                     ring_group=groups.ring, **common)  # fmt: skip
+    ctx.log(f"attention: Ulysses degree {degree} x ring of {ctx.world_size // degree}")
+    return attend, hybrid, degree
 
 
 def _inject_fault(cfg, ctx, step: int) -> None:
@@ -178,22 +211,23 @@ def _inject_fault(cfg, ctx, step: int) -> None:
 def run(cfg, ctx) -> dict:
     import torch
 
-    from ringattn import ring_attention, sequence_positions, shard_sequence
+    from ringattn import sequence_positions, shard_sequence
 
     t = cfg.task
     layout = layout_of(cfg)
     dtype = _dtype(t.dtype)
     inputs = make_inputs(cfg)
+    attend, layout, degree = _attention_for(cfg, ctx, layout, int(inputs["k"].shape[2]))
+    where = {"world_size": ctx.world_size, "rank": ctx.rank, "layout": layout}
+    if degree > 1:
+        where["ulysses_degree"] = degree
 
     def shard(x: torch.Tensor) -> torch.Tensor:
-        part = shard_sequence(x, world_size=ctx.world_size, rank=ctx.rank, layout=layout)
-        return part.to(dtype).to(ctx.device)
+        return shard_sequence(x, **where).to(dtype).to(ctx.device)
 
     q, k, v, dout = (shard(inputs[n]) for n in ("q", "k", "v", "dout"))
     del inputs
-    positions = sequence_positions(
-        t.seq_len, world_size=ctx.world_size, rank=ctx.rank, layout=layout
-    )
+    positions = sequence_positions(t.seq_len, **where)
     ctx.log(
         f"attention: seq_len={t.seq_len} (local {q.shape[1]}) batch={t.batch} heads={t.heads} "
         f"kv_heads={k.shape[2]} head_dim={t.head_dim} dtype={t.dtype} causal={t.causal} "
@@ -213,15 +247,7 @@ def run(cfg, ctx) -> dict:
         qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
         sync()
         t0 = time.perf_counter()
-        out = ring_attention(
-            qs,
-            ks,
-            vs,
-            causal=t.causal,
-            softmax_scale=t.softmax_scale,
-            group=ctx.group,
-            layout=layout,
-        )
+        out = attend(qs, ks, vs)
         sync()
         t1 = time.perf_counter()
         _inject_fault(cfg, ctx, step)
@@ -251,6 +277,7 @@ def run(cfg, ctx) -> dict:
             "rank": str(ctx.rank),
             "world_size": str(ctx.world_size),
             "layout": layout,
+            "ulysses_degree": str(degree),
             "seq_len": str(t.seq_len),
             "dtype": t.dtype,
             "steps_done": str(len(timings)),

@@ -1,0 +1,165 @@
+"""Which ring runs which document, and in what order: a schedule every rank computes alike.
+
+No coordinator: every rank builds the same schedule from the same inputs (each document's
+length estimate, the job's size, the ring sizes, the per-rank token budget, a cost model), so
+they agree without talking. The policy:
+
+1. Each document goes to the smallest ring size whose ranks hold it: padded length / size
+   <= the budget (padding to the layout's multiple included). None holds it: refused by name
+   before anything runs (`DocumentTooLong`), with the ring size it would need.
+2. Work runs in phases, from the largest ring size to the smallest (a phase of size N has
+   W/N rings running at once); a phase ends when its slowest ring ends.
+3. Within a phase, documents in decreasing predicted cost (attention ~ n^2, the rest ~ n; ties
+   by input order) each go to the least-loaded ring (ties: lowest ring index): longest
+   processing time first, within 4/3 of the best makespan of a phase.
+
+`schedule.json` in the job directory is this schedule; `ringctl status` reads it for progress
+per ring, `ringctl plan JOB` prints its predicted makespan.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from .errors import UserError
+from .rings import Ring
+
+SCHEDULE_VERSION = 1
+
+Cost = Callable[[int, int], float]  # (tokens, ring size) -> predicted seconds (or relative)
+
+
+class DocumentTooLong(UserError):
+    """A document that no ring of the job can hold."""
+
+
+@dataclass(frozen=True)
+class DocLength:
+    index: int  # position in the job's input order
+    doc_id: str
+    tokens: int  # an estimate is fine (see `estimate_tokens`)
+
+
+@dataclass
+class Assignment:
+    index: int
+    doc_id: str
+    tokens: int
+    ring_size: int
+    ring: int
+    members: list[int]
+    order: int  # position in its ring's queue within the phase
+    predicted_s: float
+
+
+@dataclass
+class Schedule:
+    world: int
+    sizes: list[int]
+    budget: int
+    entries: list[Assignment]
+    phases: list[dict] = field(default_factory=list)
+    length_source: str = "estimate"
+
+    @property
+    def makespan(self) -> float:
+        return sum(p["predicted_s"] for p in self.phases)
+
+    def for_rank(self, rank: int) -> list[tuple[int, Ring, list[Assignment]]]:
+        """(ring size, this rank's ring, its documents in order) for each phase, in order;
+        every rank gets every phase (possibly with no documents) so phases stay in step."""
+        plan = []
+        for phase in self.phases:
+            size = phase["ring_size"]
+            ring = Ring(size, rank // size)
+            mine = [e for e in self.entries if e.ring_size == size and e.ring == ring.index]
+            plan.append((size, ring, sorted(mine, key=lambda e: e.order)))
+        return plan
+
+    def to_dict(self) -> dict:
+        return {
+            "version": SCHEDULE_VERSION,
+            "world_size": self.world,
+            "ring_sizes": self.sizes,
+            "max_tokens_per_rank": self.budget,
+            "length_source": self.length_source,
+            "predicted_makespan_s": self.makespan,
+            "phases": self.phases,
+            "documents": [asdict(e) for e in sorted(self.entries, key=lambda e: e.index)],
+        }
+
+
+def padded(tokens: int, size: int, multiple: int) -> int:
+    """Tokens after padding to a multiple of `multiple` (the layout's unit on this ring)."""
+    return -(-max(tokens, 1) // multiple) * multiple
+
+
+def ring_for(tokens: int, sizes: Sequence[int], budget: int, multiple: Callable[[int], int]):
+    """The smallest ring size that holds `tokens` under the budget, or None."""
+    for size in sorted(sizes):
+        if padded(tokens, size, multiple(size)) // size <= budget:
+            return size
+    return None
+
+
+def default_cost(tokens: int, size: int) -> float:
+    """Relative cost when no device is known: attention n^2 plus the rest, both over the ring,
+    and a per-step cost for each of the ring's size steps."""
+    n = max(tokens, 1)
+    return (n * n / 4096.0 + 16.0 * n) / size + 64.0 * (size - 1)
+
+
+def build_schedule(
+    docs: Sequence[DocLength],
+    *,
+    world: int,
+    sizes: Sequence[int],
+    budget: int,
+    multiple: Callable[[int], int],
+    cost: Cost = default_cost,
+) -> Schedule:
+    """The schedule of `docs` on a job of `world` ranks (see the module docstring)."""
+    chosen: dict[int, list[DocLength]] = {}
+    for doc in docs:
+        size = ring_for(doc.tokens, sizes, budget, multiple)
+        if size is None:
+            raise DocumentTooLong(_too_long(doc, world, sizes, budget, multiple))
+        chosen.setdefault(size, []).append(doc)
+    entries: list[Assignment] = []
+    phases = []
+    for size in sorted(chosen, reverse=True):
+        placed, longest = _place_phase(chosen[size], size, world, cost)
+        entries += placed
+        phases.append({"ring_size": size, "rings": world // size, "documents": len(placed),
+                       "predicted_s": longest})  # fmt: skip
+    return Schedule(world, sorted(sizes), budget, entries, phases)
+
+
+def _place_phase(docs: list[DocLength], size: int, world: int, cost: Cost):
+    """Longest first to the least-loaded ring of this size; returns (entries, phase time)."""
+    loads = [(0.0, ring) for ring in range(world // size)]
+    heapq.heapify(loads)
+    queue_len = [0] * (world // size)
+    placed = []
+    for doc in sorted(docs, key=lambda d: (-cost(d.tokens, size), d.index)):
+        load, ring = heapq.heappop(loads)
+        seconds = cost(doc.tokens, size)
+        members = Ring(size, ring).members
+        placed.append(Assignment(doc.index, doc.doc_id, doc.tokens, size, ring, members,
+                                 queue_len[ring], seconds))  # fmt: skip
+        queue_len[ring] += 1
+        heapq.heappush(loads, (load + seconds, ring))
+    return placed, max((load for load, _ in loads), default=0.0)
+
+
+def _too_long(doc: DocLength, world, sizes, budget, multiple) -> str:
+    need = -(-doc.tokens // max(budget, 1))
+    biggest = max(sizes)
+    return (
+        f"document {doc.doc_id!r} has {doc.tokens} tokens: no ring of this job holds it "
+        f"(max_tokens_per_rank {budget}; the largest ring, {biggest} ranks, holds "
+        f"{budget * biggest - (multiple(biggest) - 1) if budget else 0}); it needs a ring of at "
+        f"least {need} ranks, or a larger ring.max_tokens_per_rank"
+    )
