@@ -1,22 +1,39 @@
 """Ring attention as a Hugging Face ``transformers`` attention implementation.
 
-    from ringattn.hf import register
+    from ringattn.hf import register, ring_settings
     register()                                   # name "ringattn"
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="ringattn")
     # every rank feeds its shard, with the GLOBAL positions of that shard:
-    out = model(input_ids=shard_ids, position_ids=shard_positions, use_cache=False,
-                ring_group=group, ring_layout="zigzag")
+    with ring_settings(group=group, layout="zigzag", seq_len=n_tokens, model=model):
+        out = model(input_ids=shard_ids, position_ids=shard_positions, use_cache=False)
 
-Extra keyword arguments given to ``model(...)`` reach every attention call: ``ring_group``
-(a ``torch.distributed`` process group; default: the default group) and ``ring_layout``
-(``"contiguous"`` or ``"zigzag"``, as in ``ringattn.shard_sequence``). The layout must be
-given whenever the group has more than one rank: a wrong layout gives wrong numbers silently.
+The ring's settings reach every attention call in one of two ways: ``ring_settings(...)`` (a
+context manager: it works even for models that do not pass ``model(...)`` keyword arguments
+down to their attention layers, such as StableLM and Nemotron), or the keyword arguments
+``ring_group`` / ``ring_layout`` / ``ring_seq_len`` given to ``model(...)`` (they win when
+both are there). ``group`` is a ``torch.distributed`` process group (default: the default
+group); ``layout`` is ``"contiguous"`` or ``"zigzag"``, as in ``ringattn.shard_sequence``, and
+must be given whenever the group has more than one rank (a wrong layout gives wrong numbers
+silently); ``seq_len`` is the document's real (unpadded) global length.
+
+``seq_len`` with ``model`` also makes RoPE whose frequencies depend on the sequence length
+(``dynamic`` NTK scaling, Phi-3's ``longrope``) use the document's global length on every rank:
+transformers picks the scaling from the largest position it sees, which on a ring is each
+rank's own largest position, not the document's length.
 
 Attention is always causal (these are causal LMs) and over one unpadded document per batch row.
 What cannot be honoured is refused with a ValueError instead of being dropped silently:
 
 * a 2D padding ``attention_mask`` with a zero in it (an all-ones mask is accepted),
-* a 4D mask, sliding-window attention, logit soft-capping, and attention dropout.
+* a 4D mask, logit soft-capping, and attention dropout,
+* sliding-window attention over a document longer than the window (full causal attention
+  equals windowed attention for a document of at most ``window`` tokens: a token then never
+  looks further back than the window allows),
+* attention sinks (gpt-oss's ``s_aux``) when ``ring_attention`` has no ``sinks=`` parameter.
+
+``count_calls()`` counts the attention calls (and distinct layers) of a forward: a model that
+computes attention some other way never calls this function, and a caller that counts can
+refuse it instead of scoring with per-shard attention.
 
 ``transformers`` is imported here only, and only when ``register`` is called: ``import
 ringattn`` never pulls it in.
@@ -24,14 +41,119 @@ ringattn`` never pulls it in.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .layouts import HYBRID_LAYOUTS
 from .ring import ring_attention
 
 DEFAULT_NAME = "ringattn"
+# RoPE types whose frequencies transformers recomputes from the largest position it is given.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+@dataclass(frozen=True)
+class RingSettings:
+    group: Any = None
+    layout: str | None = None
+    seq_len: int | None = None  # the document's real global length
+    ulysses_group: Any = None  # hybrid layouts: the Ulysses group (``group`` is the ring)
+
+
+_SETTINGS: contextvars.ContextVar[RingSettings | None] = contextvars.ContextVar(
+    "ringattn_hf_settings", default=None
+)
+
+
+@dataclass
+class CallCount:
+    """Attention calls seen inside one ``count_calls()`` block."""
+
+    calls: int = 0
+    layers: set[int] = field(default_factory=set)  # id() of each attention module called
+
+
+_COUNTERS: list[CallCount] = []
+
+
+@contextlib.contextmanager
+def count_calls() -> Iterator[CallCount]:
+    """Count the calls of ``ring_attention_forward`` (and the distinct layers) in the block."""
+    counter = CallCount()
+    _COUNTERS.append(counter)
+    try:
+        yield counter
+    finally:
+        _COUNTERS.remove(counter)
+
+
+def supports_sinks() -> bool:
+    """Whether this ``ring_attention`` merges attention sinks (a ``sinks=`` parameter)."""
+    return "sinks" in inspect.signature(ring_attention).parameters
+
+
+def _setting(kwargs: dict, name: str) -> Any:
+    if kwargs.get(f"ring_{name}") is not None:
+        return kwargs[f"ring_{name}"]
+    settings = _SETTINGS.get()
+    return getattr(settings, name) if settings is not None else None
+
+
+def _world(group) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def _check_window(module: torch.nn.Module, window: int, seq_len: int | None) -> None:
+    if seq_len is None or seq_len > int(window):
+        length = "of unknown length" if seq_len is None else f"of {seq_len} tokens"
+        raise ValueError(
+            f"ringattn: {type(module).__name__} uses sliding-window attention (window "
+            f"{window}) and the document is {length}; ring attention computes full causal "
+            f"attention, which is the same only for documents of at most {window} tokens "
+            "(give ring_seq_len / ring_settings(seq_len=...) when the ring has several ranks)"
+        )
+
+
+def _sinks(module: torch.nn.Module, kwargs: dict) -> torch.Tensor | None:
+    sinks = kwargs.get("s_aux")
+    if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
+        raise ValueError(
+            f"ringattn: {type(module).__name__} has attention sinks that it did not pass to "
+            "the attention function (s_aux): refused rather than ignored"
+        )
+    if sinks is not None and not supports_sinks():
+        raise ValueError(
+            f"ringattn: {type(module).__name__} uses attention sinks (gpt-oss), and this "
+            "ringattn's ring_attention has no sinks= parameter: refused rather than ignored"
+        )
+    return sinks
+
+
+def _refuse_unsupported(module, attention_mask, dropout, kwargs) -> None:
+    if attention_mask is not None:
+        raise ValueError(
+            "ringattn: an attention mask reached the attention layer "
+            f"(shape {tuple(attention_mask.shape)}); ring attention applies the causal mask "
+            "itself over one unpadded document per row and cannot honour a custom or padding "
+            "mask: pass attention_mask=None"
+        )
+    if dropout:
+        raise ValueError(
+            f"ringattn: attention dropout ({dropout}) is not supported; use model.eval() or "
+            "set attention_dropout=0"
+        )
+    if kwargs.get("softcap") is not None:
+        raise ValueError(
+            f"ringattn: {type(module).__name__} soft-caps its attention logits "
+            f"(softcap={kwargs['softcap']}), which ring attention does not implement"
+        )
 
 
 def ring_attention_forward(
@@ -50,45 +172,139 @@ def ring_attention_forward(
     head_dim) with RoPE applied and GQA heads not repeated. Returns (batch, seq_local, heads,
     head_dim) and no attention weights.
     """
-    if attention_mask is not None:
-        raise ValueError(
-            "ringattn: an attention mask reached the attention layer "
-            f"(shape {tuple(attention_mask.shape)}); ring attention applies the causal mask "
-            "itself over one unpadded document per row and cannot honour a custom or padding "
-            "mask: pass attention_mask=None"
-        )
-    if dropout:
-        raise ValueError(
-            f"ringattn: attention dropout ({dropout}) is not supported; use model.eval() or "
-            "set attention_dropout=0"
-        )
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError(
-            f"ringattn: this layer uses sliding-window attention (window "
-            f"{kwargs['sliding_window']}), which ring attention does not implement; set "
-            "config.sliding_window=None (full causal attention) or use another implementation"
-        )
-    if kwargs.get("softcap") is not None:
-        raise ValueError("ringattn: attention logit soft-capping is not supported")
-    group = kwargs.get("ring_group")
-    layout = kwargs.get("ring_layout")
+    _refuse_unsupported(module, attention_mask, dropout, kwargs)
+    group = _setting(kwargs, "group")
+    layout = _setting(kwargs, "layout")
+    ulysses = _setting(kwargs, "ulysses_group")
+    world = _world(group) * (_world(ulysses) if ulysses is not None else 1)
     if layout is None:
-        if dist.is_initialized() and dist.get_world_size(group) > 1:
+        if world > 1:
             raise ValueError(
-                "ringattn: pass ring_layout='zigzag' or 'contiguous' to model(...) (the layout "
-                "the input was sharded with); it is required when the group has several ranks"
+                f"ringattn: no ring layout reached {type(module).__name__}: run the model "
+                "inside ringattn.hf.ring_settings(layout=...) or pass ring_layout='zigzag' or "
+                "'contiguous' (the layout the input was sharded with) to model(...)"
             )
         layout = "contiguous"
+    if kwargs.get("sliding_window") is not None:
+        seq_len = _setting(kwargs, "seq_len")
+        if seq_len is None and world == 1:
+            seq_len = query.shape[2]
+        _check_window(module, kwargs["sliding_window"], seq_len)
+    sinks = _sinks(module, kwargs)
+    extra = {} if sinks is None else {"sinks": sinks}
+    for counter in _COUNTERS:
+        counter.calls += 1
+        counter.layers.add(id(module))
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if layout in HYBRID_LAYOUTS:
+        return _hybrid(module, q, k, v, scaling, layout, ulysses, group, sinks), None
+    if ulysses is not None:
+        raise ValueError(
+            f"ringattn: a Ulysses group needs a hybrid layout ({', '.join(HYBRID_LAYOUTS)}), "
+            f"not {layout!r}"
+        )
     out = ring_attention(
-        query.transpose(1, 2),
-        key.transpose(1, 2),
-        value.transpose(1, 2),
-        causal=True,
-        softmax_scale=scaling,
-        group=group,
-        layout=layout,
+        q, k, v, causal=True, softmax_scale=scaling, group=group, layout=layout, **extra
     )
     return out, None
+
+
+def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks) -> torch.Tensor:
+    from .hybrid import hybrid_attention
+
+    if ulysses is None:
+        raise ValueError(
+            f"ringattn: the {layout!r} layout needs the Ulysses group: "
+            "ring_settings(ulysses_group=..., group=<the ring>) (ringattn.hybrid.hybrid_groups)"
+        )
+    if sinks is not None:
+        raise ValueError(
+            f"ringattn: {type(module).__name__} uses attention sinks, which hybrid attention "
+            "does not merge: refused rather than ignored"
+        )
+    return hybrid_attention(
+        q, k, v, causal=True, softmax_scale=scaling, layout=layout, ulysses_group=ulysses,
+        ring_group=ring,
+    )  # fmt: skip
+
+
+def _rope_types(module: torch.nn.Module) -> dict[str, str]:
+    """{attribute prefix: rope type} of a rotary-embedding module ({} for anything else)."""
+    kind = getattr(module, "rope_type", None)
+    if isinstance(kind, str) and hasattr(module, "inv_freq"):
+        return {"": kind}
+    if isinstance(kind, dict):
+        return {f"{layer}_": str(t) for layer, t in kind.items()}
+    return {}
+
+
+def _reset_dynamic(module: torch.nn.Module, prefix: str) -> None:
+    """Forget the frequencies a longer earlier document left (dynamic RoPE caches them)."""
+    original = getattr(module, f"{prefix}original_inv_freq", None)
+    cached = getattr(module, "original_max_seq_len", None)
+    if original is not None and cached is not None:
+        current = getattr(module, f"{prefix}inv_freq")
+        module.register_buffer(f"{prefix}inv_freq", original.to(current.device), persistent=False)
+        setattr(module, f"{prefix}max_seq_len_cached", cached)
+
+
+def _global_rope_hooks(model: torch.nn.Module, seq_len: int) -> list:
+    """Hooks making length-dependent RoPE see the document's length ``seq_len`` on every rank.
+
+    transformers takes the length as ``max(position_ids) + 1``; one extra position
+    ``seq_len - 1`` is appended to the positions (those past the document, i.e. padding, are
+    clamped to it: their outputs are dropped and no real token attends to them), and its
+    cos/sin are cut off the output again.
+    """
+    last = max(int(seq_len), 1) - 1
+    hooks = []
+    for module in model.modules():
+        types = _rope_types(module)
+        if not any(t in LENGTH_DEPENDENT_ROPE or "dynamic" in t for t in types.values()):
+            continue
+
+        def before(mod, args, kwargs, _types=types):
+            for prefix, kind in _types.items():
+                if "dynamic" in kind:
+                    _reset_dynamic(mod, prefix)
+            args = list(args)
+            pos = args[1] if len(args) > 1 else kwargs["position_ids"]
+            pos = torch.cat([pos.clamp(max=last), torch.full_like(pos[..., :1], last)], dim=-1)
+            if len(args) > 1:
+                args[1] = pos
+            else:
+                kwargs["position_ids"] = pos
+            return tuple(args), kwargs
+
+        def after(mod, args, kwargs, output):
+            return tuple(t[..., :-1, :] for t in output)
+
+        hooks.append(module.register_forward_pre_hook(before, with_kwargs=True))
+        hooks.append(module.register_forward_hook(after, with_kwargs=True))
+    return hooks
+
+
+@contextlib.contextmanager
+def ring_settings(
+    *,
+    group: Any = None,
+    layout: str | None = None,
+    seq_len: int | None = None,
+    model: torch.nn.Module | None = None,
+    ulysses_group: Any = None,
+) -> Iterator[RingSettings]:
+    """The ring's settings for every attention call in the block (see the module docstring)."""
+    settings = RingSettings(
+        group=group, layout=layout, seq_len=seq_len, ulysses_group=ulysses_group
+    )
+    token = _SETTINGS.set(settings)
+    hooks = _global_rope_hooks(model, seq_len) if model is not None and seq_len else []
+    try:
+        yield settings
+    finally:
+        for hook in hooks:
+            hook.remove()
+        _SETTINGS.reset(token)
 
 
 def _refuse_padding_mask(*, attention_mask: torch.Tensor | None = None, **_: Any) -> None:
@@ -116,4 +332,13 @@ def register(name: str = DEFAULT_NAME) -> str:
     return name
 
 
-__all__ = ["DEFAULT_NAME", "register", "ring_attention_forward"]
+__all__ = [
+    "DEFAULT_NAME",
+    "CallCount",
+    "RingSettings",
+    "count_calls",
+    "register",
+    "ring_attention_forward",
+    "ring_settings",
+    "supports_sinks",
+]

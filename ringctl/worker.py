@@ -72,18 +72,27 @@ class TaskContext:
         print(f"{stamp} [rank {self.rank}] {msg}", flush=True)
 
     def progress(
-        self, done: int, total: int, *, unit: str = "items", before: int = 0, **extra: Any
+        self,
+        done: int,
+        total: int,
+        *,
+        unit: str = "items",
+        before: int = 0,
+        eta_s: float | None = None,
+        **extra: Any,
     ) -> None:
         """Log progress with rate and ETA; rank 0 also keeps logs/progress.json up to date.
 
         `before` is how many of `done` an earlier attempt finished (a resumed job): the rate
-        counts only this attempt's work, so the ETA is not flattered by skipped items."""
+        counts only this attempt's work, so the ETA is not flattered by skipped items. A task
+        that knows better (e.g. from bytes left) gives its own `eta_s`."""
         from .atomic import atomic_write_json
 
         elapsed = time.monotonic() - self._start
         fresh = max(0, done - before)
         rate = fresh / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else None
+        eta = eta_s if eta_s is not None else eta
         parts = [f"{done}/{total} {unit}", f"{rate:.3g} {unit}/s"]
         if before:
             parts.append(f"{before} from earlier attempts")

@@ -21,11 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 from ringctl.errors import UserError
-from ringctl.gather import GATHER_FAILED_EXIT, gather
+from ringctl.longdoc.gather import GATHER_FAILED_EXIT, GatherError, gather
 from tests.distributed import run_distributed
 from tests.longdoc_reference import build, reference, rel_err
 
 TOL, GRAD_TOL = 1e-5, 1e-4
+REPO = Path(__file__).resolve().parents[1]
 LONG = "The tide turns twice a day; the keeper writes it down. " * 6  # 330 bytes
 
 
@@ -39,7 +40,16 @@ def _make_inputs(base: Path) -> list[str]:
     return [str(d / "latin1.txt"), str(d / "gone.txt"), str(d / "one.txt"), str(d / "docs.jsonl")]
 
 
-def _jobs(rank: int, world: int, base: str, inputs: list[str], qwen_dir: str) -> dict:
+def _make_markup_inputs(base: Path) -> list[str]:
+    """Ids that are rich markup: `a[/b].txt` (a closing tag: rich raises) and `[bold]c.txt`."""
+    d = base / "markup-in"
+    (d / "a[").mkdir(parents=True)
+    (d / "a[" / "b].txt").write_bytes(b"brackets")
+    (d / "[bold]c.txt").write_bytes(b"bold")
+    return [str(d), str(base / "gone[/i].txt")]
+
+
+def _jobs(rank: int, world: int, base: str, inputs: list[str], qwen_dir: str, markup) -> dict:
     import torch.distributed as dist
 
     from ringctl.longdoc.documents import doc_key
@@ -61,6 +71,12 @@ def _jobs(rank: int, world: int, base: str, inputs: list[str], qwen_dir: str) ->
         entry.unlink()
     dist.barrier()
     res["resumed"] = run(score, "score/out")
+    dist.barrier()
+    if rank == 0:  # a copied entry (rank 1's as rank 0's): resume must redo that document
+        shards = base_p / "score/out/longdoc/shards" / doc_key("docs.jsonl#3")
+        shutil.copyfile(shards / "rank-00001.json", shards / "rank-00000.json")
+    dist.barrier()
+    res["repaired"] = run(score, "score/out")
     for bad, out in (
         (dict(score, on_missing="stop"), "stop"),
         (dict(score, task="embed"), "score/out"),
@@ -76,6 +92,7 @@ def _jobs(rank: int, world: int, base: str, inputs: list[str], qwen_dir: str) ->
         "grad/out",
     )
     res["embed"] = run({"inputs": inputs, "task": "embed"}, "embed/out")
+    res["markup"] = run({"inputs": markup}, "markup/out")
     return res
 
 
@@ -84,7 +101,8 @@ def jobs(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("longdoc")
     inputs = _make_inputs(base)
     build("qwen2", "eager").save_pretrained(base / "qwen2")
-    results = run_distributed(_jobs, 2, str(base), inputs, str(base / "qwen2"))
+    markup = _make_markup_inputs(base)
+    results = run_distributed(_jobs, 2, str(base), inputs, str(base / "qwen2"), markup)
     return {"base": base, "results": results, "inputs": inputs}
 
 
@@ -112,6 +130,7 @@ def test_runs_resume_and_policies(jobs: dict) -> None:
         assert r["first"].missing == [jobs["inputs"][1]]
         assert (r["again"].done, r["again"].skipped) == (0, 5)  # rerun: all complete
         assert (r["resumed"].done, r["resumed"].skipped) == (1, 4)  # only the broken one
+        assert (r["repaired"].done, r["repaired"].skipped) == (1, 4)  # the copied entry
         stop_err, mismatch_err = r["errors"]
         assert "gone.txt" in stop_err and "on_missing=stop" in stop_err
         assert (
@@ -120,7 +139,7 @@ def test_runs_resume_and_policies(jobs: dict) -> None:
         assert r["stopped"].stopped and r["stopped"].done == 0
     lines = r0["lines"]
     per_doc = [ln for ln in lines if ln.startswith("doc ")]
-    assert len(per_doc) == 5 + 1 + 5 + 5  # first, resumed, grad, embed
+    assert len(per_doc) == 5 + 1 + 1 + 5 + 5 + 2  # first, resumed, repaired, grad, embed, markup
     assert all("tokens/s" in ln and "ETA" in ln for ln in per_doc)
     assert any("missing input" in ln and "gone.txt" in ln for ln in lines)
     assert not any(ln.startswith("doc ") for ln in r1["lines"])  # one line per doc: rank 0
@@ -194,9 +213,10 @@ def test_gather_grad_and_embed(jobs: dict, tmp_path: Path) -> None:
         assert rel_err(t["pooled"], ref["hidden"].mean(0)) < TOL
 
 
-def _copy_job(jobs: dict, tmp_path: Path) -> tuple[Path, Path]:
-    job = tmp_path / "job"
-    shutil.copytree(jobs["base"] / "score" / "out", job / "out")
+def _copy_job(jobs: dict, tmp_path: Path, kind: str = "score", name: str = "job"):
+    """(a copy of a job's outputs as tmp_path/name/out, its shards directory)."""
+    job = tmp_path / name
+    shutil.copytree(jobs["base"] / kind / "out", job / "out")
     shards = job / "out" / "longdoc" / "shards"
     return job, shards
 
@@ -260,3 +280,292 @@ def test_usage_errors(jobs: dict, tmp_path: Path, capsys) -> None:
     assert _cli([str(job)]) == 2 and "--force" in capsys.readouterr().err
     assert _cli([str(job), "--force"]) == 0
     assert (job / "gathered" / "summary.json").is_file()
+
+
+# --- hostile job directories (issue 10: traversal, --force, integrity, malformed manifests) ------
+
+
+def _root(job: Path) -> Path:
+    return job / "out" / "longdoc"
+
+
+def _index(job: Path) -> dict:
+    return json.loads((_root(job) / "documents.json").read_text())
+
+
+def _write_index(job: Path, index: dict) -> None:
+    (_root(job) / "documents.json").write_text(json.dumps(index))
+
+
+def _doc(index: dict, doc_id: str) -> dict:
+    return next(d for d in index["documents"] if d["id"] == doc_id)
+
+
+def _one_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1
+
+
+def test_document_keys_cannot_lead_outside(jobs: dict, tmp_path: Path, capsys) -> None:
+    """A key `../../evil` (its shards placed where that leads) wrote JOB/evil.safetensors
+    beside -o; an absolute key read and wrote wherever it named. Both exited 0."""
+    job, shards = _copy_job(jobs, tmp_path)
+    index = _index(job)
+    doc = _doc(index, "one.txt")
+    shutil.move(shards / doc["key"], job / "out" / "evil")  # = shards/../../evil
+    doc["key"] = "../../evil"
+    _write_index(job, index)
+    assert _cli([str(job)]) == 3
+    err = capsys.readouterr().err
+    assert "key='../../evil' is not a plain file name" in err and _one_line(err)
+    assert not (job / "evil.safetensors").exists() and _nothing_written(job)
+
+    job, shards = _copy_job(jobs, tmp_path, name="job-abs")
+    index = _index(job)
+    doc = _doc(index, "one.txt")
+    outside = tmp_path / "outside" / "stolen"
+    outside.parent.mkdir()
+    shutil.move(shards / doc["key"], outside)
+    doc["key"] = str(outside)
+    _write_index(job, index)
+    assert _cli([str(job)]) == 3
+    assert f"key={str(outside)!r} is not a plain file name" in capsys.readouterr().err
+    assert not (tmp_path / "outside" / "stolen.safetensors").exists() and _nothing_written(job)
+
+
+def test_symlinks_out_of_the_job_are_refused(jobs: dict, tmp_path: Path, capsys) -> None:
+    """A shard file, or a document's shard directory, that is a symlink to a (byte-identical)
+    copy outside the job directory was read and accepted."""
+    job, shards = _copy_job(jobs, tmp_path)
+    shard = shards / _doc(_index(job), "docs.jsonl#1")["key"] / "rank-00001.safetensors"
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    shutil.move(shard, elsewhere)
+    shard.symlink_to(elsewhere)
+    assert _cli([str(job)]) == 3
+    err = capsys.readouterr().err
+    assert f"{shard} leads outside" in err and _one_line(err) and _nothing_written(job)
+
+    job, shards = _copy_job(jobs, tmp_path, name="job-dir")
+    doc_dir = shards / _doc(_index(job), "latin1.txt")["key"]
+    shutil.move(doc_dir, tmp_path / "elsewhere")
+    doc_dir.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert _cli([str(job)]) == 3
+    assert f"{doc_dir} leads outside" in capsys.readouterr().err and _nothing_written(job)
+
+
+def test_duplicate_ids_are_refused(jobs: dict, tmp_path: Path, capsys) -> None:
+    job, _ = _copy_job(jobs, tmp_path)
+    index = _index(job)
+    index["documents"].append(dict(_doc(index, "one.txt")))  # gathered twice, one file
+    _write_index(job, index)
+    assert _cli([str(job)]) == 3
+    err = capsys.readouterr().err
+    assert "document id 'one.txt' is listed more than once" in err and _nothing_written(job)
+
+
+def test_gradient_file_named_by_an_entry_stays_inside(jobs: dict, tmp_path: Path, capsys) -> None:
+    """An entry's grads_file pointing at any file (its sha256 beside it) was copied into the
+    results."""
+    from ringctl.longdoc.shards import sha256_file
+
+    job, shards = _copy_job(jobs, tmp_path, kind="grad")
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"not yours")
+    entry_path = shards / _doc(_index(job), "docs.jsonl#1")["key"] / "rank-00000.json"
+    entry = json.loads(entry_path.read_text())
+    entry.update(grads_file=str(secret), grads_sha256=sha256_file(secret))
+    entry_path.write_text(json.dumps(entry))
+    assert _cli([str(job)]) == 3
+    err = capsys.readouterr().err
+    assert f"grads_file={str(secret)!r}" in err and "refused" in err and _nothing_written(job)
+
+
+def test_force_replaces_only_an_earlier_gather_output(
+    jobs: dict, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """`gather -o . --force` deleted the current directory; --force on a file or a symlink
+    was a traceback."""
+    job, _ = _copy_job(jobs, tmp_path)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    (cwd / "precious.txt").write_text("keep me")
+    monkeypatch.chdir(cwd)
+    assert _cli([str(job), "-o", ".", "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "not an earlier gather output" in err and _one_line(err)
+    assert [p.name for p in cwd.iterdir()] == ["precious.txt"]
+
+    a_file = tmp_path / "a.txt"
+    a_file.write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(cwd, target_is_directory=True)
+    for target, why in ((a_file, "is not a directory"), (link, "is a symlink")):
+        assert _cli([str(job), "-o", str(target), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert why in err and _one_line(err)
+    assert a_file.read_text() == "mine" and link.is_symlink() and (cwd / "precious.txt").exists()
+
+    out = tmp_path / "gathered"
+    assert _cli([str(job), "-o", str(out)]) == 0
+    (out / "docs" / "left-over.txt").write_text("from the earlier gather")
+    assert _cli([str(job), "-o", str(out), "--force"]) == 0
+    assert (out / ".ringctl-gather").is_file() and not (out / "docs" / "left-over.txt").exists()
+    assert not list(tmp_path.glob(".gathered.*"))  # no temporary left beside it
+
+
+def test_gathered_folder_has_the_users_permissions(jobs: dict, tmp_path: Path) -> None:
+    """mkdtemp's 0700 made the results unreadable to the user's group."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        gather(jobs["base"] / "grad", tmp_path / "out")
+    finally:
+        os.umask(old)
+    paths = [tmp_path / "out", *(tmp_path / "out").rglob("*")]
+    modes = {p.relative_to(tmp_path): stat.S_IMODE(p.stat().st_mode) for p in paths}
+    assert modes[Path("out")] == 0o755 and modes[Path("out/grads")] == 0o755
+    assert all(m == (0o755 if (tmp_path / p).is_dir() else 0o644) for p, m in modes.items())
+
+
+def test_malformed_manifests_exit_3_in_one_line(jobs: dict, tmp_path: Path, capsys) -> None:
+    cases = [
+        ("documents.json", "[]", "expected a JSON object"),
+        ("documents.json", '{"documents": {"a": 1}}', "'documents' is dict"),
+        ("documents.json", '{"documents": [{"id": 7}]}', "id=7"),
+        ("documents.json", "{not json", "not valid JSON"),
+        ("run.json", '{"task": "score", "layout": "zigzag"}', "world_size=None"),
+        ("run.json", '{"world_size": 2, "task": "score", "layout": "spiral"}', "layout='spiral'"),
+    ]
+    for i, (name, text, why) in enumerate(cases):
+        job, _ = _copy_job(jobs, tmp_path, name=f"job{i}")
+        (_root(job) / name).write_text(text)
+        assert _cli([str(job)]) == 3, (name, text)
+        err = capsys.readouterr().err
+        assert why in err and name in err and _one_line(err), err
+
+
+def test_ids_with_markup_are_printed_literally(jobs: dict, capsys) -> None:
+    """`a[/b].txt` made gather crash after writing; `[bold]` vanished into styling."""
+    assert _cli([str(jobs["base"] / "markup")]) == 0
+    shown = capsys.readouterr().out.replace("\n", "")
+    assert "a[/b].txt" in shown and "[bold]c.txt" in shown and "gone[/i].txt" in shown
+
+
+def test_document_list_is_checked_against_the_expected_one(
+    jobs: dict, tmp_path: Path, capsys
+) -> None:
+    """A documents.json cut down to 0 or 1 documents exited 0 with a "complete" summary."""
+    from ringctl.longdoc.expected import EXPECTED_FILE, check_expected, write_expected
+
+    for keep in (0, 1):
+        job, _ = _copy_job(jobs, tmp_path, name=f"job{keep}")
+        index = _index(job)
+        if not (_root(job) / EXPECTED_FILE).exists():  # what the run records when it starts
+            write_expected(_root(job), index["documents"])
+        index["documents"] = index["documents"][:keep]
+        _write_index(job, index)
+        assert _cli([str(job)]) == 3
+        err = capsys.readouterr().err
+        assert f"{5 - keep} expected document(s) are not listed" in err and _one_line(err)
+        assert all(repr(doc_id) in err for doc_id in DOC_IDS[keep:]) and _nothing_written(job)
+
+    job, _ = _copy_job(jobs, tmp_path, name="tokens")
+    (_root(job) / EXPECTED_FILE).unlink(missing_ok=True)
+    documents = _index(job)["documents"]
+    write_expected(_root(job), documents, tokens={"one.txt": 2})
+    assert _cli([str(job)]) == 3
+    assert "document 'one.txt': 1 tokens, expected.json says 2" in capsys.readouterr().err
+    # A later attempt over other documents is told, before any work, and nothing is rewritten.
+    assert check_expected(_root(job), documents) == ""
+    assert "1 expected document(s) are not listed: 'one.txt'" in check_expected(
+        _root(job), [d for d in documents if d["id"] != "one.txt"]
+    )
+    with pytest.raises(ValueError, match="use a new output directory"):
+        write_expected(_root(job), documents[:2])
+
+
+def test_one_definition_of_complete(jobs: dict, tmp_path: Path) -> None:
+    """A copied entry (rank 1's entry as rank 0's) passed resume's check (the file the entry
+    names matched its checksum) while gather refused it: both now ask completeness.py."""
+    from ringctl.longdoc.completeness import document_status, rank_complete
+
+    job, shards = _copy_job(jobs, tmp_path)
+    root, index = _root(job), _index(job)
+    run = json.loads((root / "run.json").read_text())
+    doc = _doc(index, "docs.jsonl#1")
+    doc_dir = shards / doc["key"]
+    shutil.copyfile(doc_dir / "rank-00001.json", doc_dir / "rank-00000.json")
+    complete, problems = document_status(root, doc, run)
+    assert not complete and "rank-00000.safetensors does not match its checksum" in problems[0]
+    assert not rank_complete(root, doc, run, 0) and rank_complete(root, doc, run, 1)
+    intact = _doc(index, "latin1.txt")
+    assert document_status(root, intact, run) == (True, [])
+    assert all(rank_complete(root, intact, run, r) for r in range(2))
+    with pytest.raises(GatherError) as err:
+        gather(job)
+    assert err.value.problems == problems  # gather: the same verdict, the same words
+
+
+def _real_job_dir(jobs: dict, tmp_path: Path, job_file: str, name: str) -> Path:
+    """A job directory as submit makes it (config.yaml, job.json) around a copy of outputs."""
+    from ringctl.config import load_job, to_yaml
+
+    job, _ = _copy_job(jobs, tmp_path, name=name)
+    (job / "config.yaml").write_text(to_yaml(load_job(REPO / job_file)))
+    (job / "job.json").write_text(json.dumps({"backend": "local", "job_id": "1"}))
+    return job
+
+
+def test_gather_goes_through_the_task_and_the_lock(jobs: dict, tmp_path: Path, capsys) -> None:
+    from ringctl.jobdir import JobDir
+
+    job = _real_job_dir(jobs, tmp_path, "jobs/longdoc.yaml", "longdoc-job")
+    assert _cli([str(job)]) == 0 and (job / "gathered" / "summary.json").is_file()
+    assert _cli([str(job / "out"), "-o", str(tmp_path / "from-out")]) == 0  # its out/ works too
+    with JobDir(job).lock("resume"):
+        assert _cli([str(job), "--force"]) == 2
+        assert "is in use (ringctl resume" in capsys.readouterr().err
+    assert _cli([str(job), "--force"]) == 0
+
+    attention = _real_job_dir(jobs, tmp_path, "jobs/smoke.yaml", "attention-job")
+    assert _cli([str(attention)]) == 2
+    err = capsys.readouterr().err
+    assert "task 'attention' has no gather step" in err and _one_line(err)
+
+
+def test_gather_fetches_a_remote_job_over_ssh(jobs: dict, tmp_path: Path, ssh_login) -> None:
+    """The verb asks every backend to fetch (no test of its name): an ssh job's shards exist
+    only on the login node (the loopback sshd) until gather brings them back over SFTP."""
+    from ringctl.config import load_job, to_yaml
+
+    remote = tmp_path / "remote-base" / "ssh-job"
+    shutil.copytree(jobs["base"] / "score" / "out", remote / "out")
+    job = tmp_path / "ssh-job"
+    (job / "out").mkdir(parents=True)
+    ssh = {k: getattr(ssh_login, k) for k in ("host", "port", "user", "key", "known_hosts")}
+    overrides = ["backend=ssh", *(f"ssh.{k}={v}" for k, v in ssh.items())]
+    cfg = load_job(REPO / "jobs/longdoc.yaml", [*overrides, f"ssh.remote_dir={remote.parent}"])
+    (job / "config.yaml").write_text(to_yaml(cfg))
+    meta = {"backend": "ssh", "job_id": "1", "remote": {**ssh, "dir": str(remote)}}
+    (job / "job.json").write_text(json.dumps(meta))
+    assert _cli([str(job)]) == 0
+    assert (job / "out" / "longdoc" / "run.json").is_file()  # fetched
+    summary = json.loads((job / "gathered" / "summary.json").read_text())
+    assert [row["document"] for row in summary["documents"]] == DOC_IDS
+
+
+def test_grad_job_gets_the_token_table_and_the_curve(jobs: dict, tmp_path: Path) -> None:
+    """The per-token table and loss curve of a grad job (issue 11; formats and curve are
+    checked value by value on a score job in test_gather_outputs.py): the same token_logprob."""
+    import csv
+
+    result = gather(jobs["base"] / "grad", tmp_path / "grad", fmt="csv")
+    assert {"tokens.csv", "loss-by-position.json"} <= set(result.files)
+    docs = {r["document"]: load_file(tmp_path / "grad" / r["file"]) for r in result.rows}
+    with (tmp_path / "grad" / "tokens.csv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["doc_id"] == "docs.jsonl#1"]
+    got = torch.tensor([float(r["token_logprob"]) for r in rows[1:]], dtype=torch.float32)
+    assert torch.equal(got, docs["docs.jsonl#1"]["token_logprob"])
+    curve = json.loads((tmp_path / "grad" / "loss-by-position.json").read_text())
+    assert curve["tokens"] == sum(t["token_logprob"].numel() for t in docs.values())

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ringctl.cli import main
-from ringctl.gather import GatherError, gather, verify
+from ringctl.longdoc.gather import GatherError, gather, verify
 from ringctl.tasks import load_tensors
 
 N_DOCS = 6

@@ -37,14 +37,15 @@ def corpus(tmp_path: Path) -> Path:
     lines = [json.dumps(r) for r in records[:2]] + ['{"text": "caf\\u00e9"}']
     (d / "c.jsonl").write_text(lines[0] + "\n\n" + lines[1] + "\n" + lines[2] + "\n")
     (d / ".hidden.txt").write_text("skipped")
-    (d / "notes.md").write_text("skipped: not .txt/.jsonl")
+    (d / "notes.md").write_text("markdown is text")
+    (d / "data.bin").write_text("skipped: not a document suffix")
     return d
 
 
 def test_directory_listing_is_stable_and_ids_unique(corpus: Path) -> None:
     listing = list_documents(corpus)
     ids = [d.id for d in listing.documents]
-    assert ids == ["a.txt", "c.jsonl#1", "c.jsonl#3", "c.jsonl#4", "sub/b.txt"]
+    assert ids == ["a.txt", "c.jsonl#1", "c.jsonl#3", "c.jsonl#4", "notes.md", "sub/b.txt"]
     assert [d.id for d in list_documents(str(corpus)).documents] == ids
     assert len({d.key for d in listing.documents}) == len(ids)
     assert all("/" not in d.key for d in listing.documents)
@@ -123,8 +124,9 @@ def test_params() -> None:
     assert LongDocParams.from_any(p) == p
     with pytest.raises(ValueError, match="unknown longdoc parameter"):
         LongDocParams.from_any({"inputz": []})
-    with pytest.raises(ValueError, match="task.task"):
-        LongDocParams.from_any({"task": "train"})
+    with pytest.raises(ValueError, match="task.mode"):
+        LongDocParams.from_any({"task": "train"})  # "task": the old name of "mode"
+    assert LongDocParams.from_any({"mode": "embed"}).mode == "embed"
     with pytest.raises(ValueError, match="write_grads"):
         LongDocParams.from_any({"write_grads": True})
     with pytest.raises(ValueError, match="task.layout"):

@@ -1,68 +1,198 @@
-"""`ringctl gather JOBDIR [-o OUT]`: verify a long-document job's shards and reassemble them.
+"""`ringctl gather JOBDIR [-o OUT] [--force] [--partial] [--format F]`: verify, reassemble.
 
-Exit status: 0 when every document verified and OUT was written; 2 for a usage error (no such
-job directory, OUT exists without --force); 3 when shards are missing or corrupt (each one is
-named on stderr, and nothing is written).
+The work is the task's (a task may provide a gather step: `TaskSpec.gatherer()`, e.g.
+`ringctl.longdoc.gather`); this verb finds the job, has its backend fetch the outputs (remote
+jobs: over SFTP; local files: nothing to do), finds the task's gather step and runs it. With
+--force it holds the job directory's lock, since it may replace an earlier output.
+
+JOBDIR may also be a job's out/ directory, or a bare directory of task output without a job
+around it (a copy): then the gather step that recognises it is used.
+
+--partial writes the documents that are complete now (the others are listed, and the output is
+marked partial in summary.json and its marker file) and says what the backend reports about the
+job (still running, or ended without them); a later gather replaces a partial output without
+--force (and holds the job's lock to do it). --format parquet|csv adds a table of per-token
+values (see ringctl.longdoc.export).
+
+Exit status: 0 when every document verified (with --partial: every complete one) and OUT was
+written; 2 for a usage error (no such
+job directory, a task without a gather step, OUT exists without --force, or is not an earlier
+gather output); 3 when outputs are missing, corrupt or malformed (each problem is named on
+stderr, and nothing is written).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import importlib
+import re
 from pathlib import Path
+
+from ..errors import UserError
+
+FORMATS = ("safetensors", "parquet", "csv")  # ringctl.longdoc.export.FORMATS (not imported here:
+# building the parser must not import the task's modules)
+
+_REMOTE = re.compile(r"(?:[\w.-]+@)?[\w.-]+:(?!//).*", re.DOTALL)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "gather",
-        help="verify a long-document job's output shards and reassemble each document",
+        help="verify a job's output shards and reassemble each document",
         description=(
             "Check that every token position of every document is covered exactly once by "
             "shards with valid checksums, undo the sequence layout, and write one file per "
-            "document plus summary.json / summary.csv. Missing or corrupt shards are named and "
-            "gather exits with status 3 without writing anything."
+            "document plus summary.json / summary.csv (and, for score/grad, the mean loss by "
+            "token position: loss-by-position.json and .png). Missing or corrupt shards are "
+            "named and gather exits with status 3 without writing anything; --partial writes the "
+            "complete documents of a job that is still running, marked partial."
         ),
     )
     p.add_argument("job_dir", metavar="JOBDIR", help="the job directory (or its out/ directory)")
     p.add_argument(
         "-o", "--out", metavar="OUT", help="where to write the results (default JOBDIR/gathered)"
     )
-    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument(
+        "--force", action="store_true", help="replace OUT if it is an earlier gather output"
+    )
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="write the documents complete so far (marked partial; the others are listed) "
+        "while the job still runs",
+    )
+    p.add_argument(
+        "--format",
+        dest="fmt",
+        default="safetensors",
+        choices=FORMATS,
+        help="safetensors (default: docs/*.safetensors only); parquet or csv also write a "
+        "table of per-token values (tokens.parquet|csv; embed: pooled.parquet|csv)",
+    )
     p.set_defaults(func=run)
 
 
-def fetch_remote_outputs(job_dir: Path, console) -> None:
-    """A job submitted over SSH ran on the remote login node's filesystem: bring its files
-    (shards, manifests, logs) into the local job directory by SFTP before verifying them."""
-    try:
-        backend_name = json.loads((job_dir / "job.json").read_text()).get("backend")
-    except (OSError, ValueError):
-        return
-    if backend_name != "ssh":
-        return
-    from .jobs import open_job_dir
+def _existing_dir(spec: str) -> Path:
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if not path.exists() and _REMOTE.fullmatch(spec):
+        raise UserError(
+            f"{spec}: remote job directories are gathered through their local job directory "
+            f"(the one `ringctl submit` made); or copy it first (e.g. rsync -a {spec} ./job)"
+        )
+    raise UserError(f"{spec}: no such job directory")
 
-    job_dir, _cfg, backend = open_job_dir(job_dir)
+
+def _job_of(path: Path) -> Path | None:
+    """The job directory path is, or whose out/ it is; None for a bare output directory."""
+    from ..jobdir import CONFIG, OUT
+
+    if (path / CONFIG).is_file():
+        return path
+    if path.name == OUT and (path.parent / CONFIG).is_file():
+        return path.parent
+    return None
+
+
+def _task_gatherer(cfg, job) -> object:
+    from ..tasks import get_spec
+
+    name = str(cfg.task.name)
     try:
-        fetched = backend.fetch(job_dir)
-    finally:
-        backend.close()
-    console.print(f"fetched {len(fetched)} file(s) of the remote job over SFTP")
+        gatherer = get_spec(name).gatherer()
+    except KeyError as err:
+        raise UserError(f"{job.config}: task.name: {err.args[0]}") from None
+    if gatherer is None:
+        raise UserError(f"{job.path}: task {name!r} has no gather step; nothing to gather")
+    return gatherer
+
+
+def _recognising_gatherer(path: Path) -> object:
+    """For a directory that is not a job: the gather step whose output it holds."""
+    from ..tasks import TASK_GATHERERS
+
+    for module_name in TASK_GATHERERS.values():
+        module = importlib.import_module(module_name)
+        if getattr(module, "recognises", lambda p: False)(path):
+            return module
+    raise UserError(f"{path}: not a job directory (no config.yaml), and no task output here")
+
+
+def _fetch(job, backend, console, *, want_state: bool):
+    """The job's state (when asked: --partial), read first so that COMPLETED means the outputs
+    fetched after it are final; then the backend brings the outputs here (nothing, when they
+    are local already)."""
+    from rich.text import Text
+
+    with backend:
+        status = backend.status(job.path) if want_state else None
+        fetched = backend.fetch(job.path)
+    if fetched:
+        console.print(Text(f"fetched {len(fetched)} file(s) of the job into {job.path}"))
+    return status
+
+
+def _state_line(status, job_path: Path | None, result) -> str:
+    """What --partial says about the job: still running, or ended without some documents."""
+    if status is None:
+        return "job state unknown (not a job directory: no backend to ask)"
+    state = status.state.value
+    why = f" ({status.reason})" if status.reason else ""
+    left = len(getattr(result, "incomplete", []) or [])
+    if state == "UNKNOWN":
+        return f"the backend does not know the job's state{why}; `ringctl status {job_path}`"
+    if not status.state.finished:
+        if not left:
+            return f"the job is still {state}{why}; every listed document is complete already"
+        return (
+            f"the job is still {state}{why}: run `ringctl gather {job_path}` again when it "
+            "ends (it replaces this partial output)"
+        )
+    if not left:
+        return f"the job is {state}{why}"
+    if state == "COMPLETED":
+        return (
+            f"the job is COMPLETED, yet {left} document(s) are not complete: `ringctl gather "
+            f"{job_path}` (without --partial) names every problem"
+        )
+    return (
+        f"the job is {state}{why}: the {left} document(s) left out will not be computed "
+        f"unless you `ringctl resume {job_path}`"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-
-    from ..gather import gather, summary_table
+    from rich.text import Text
 
     console = Console()
-    fetch_remote_outputs(Path(args.job_dir), console)
-    result = gather(args.job_dir, args.out, force=args.force)
-    console.print(summary_table(result))
-    if result.missing_inputs:
-        console.print(
-            f"[yellow]warning:[/] {len(result.missing_inputs)} input(s) were missing when the "
-            f"job ran and are not in the results: {', '.join(result.missing_inputs)}"
-        )
-    console.print(f"wrote {result.out} (summary.json, summary.csv, docs/)")
+    path = _existing_dir(args.job_dir)
+    job_path = _job_of(path)
+    options = {"force": args.force, "partial": args.partial, "fmt": args.fmt}
+    status = None
+    if job_path is None:
+        gatherer = _recognising_gatherer(path)
+        result = gatherer.gather(path, args.out, **options)
+    else:
+        from .jobs import open_job_dir
+
+        job, cfg, backend = open_job_dir(job_path)
+        gatherer = _task_gatherer(cfg, job)
+        replaces = getattr(gatherer, "replaces_partial", lambda *a: False)(path, args.out)
+        # --force, or an earlier partial output, may be replaced: no other verb changes the
+        # directory meanwhile
+        with job.lock("gather") if args.force or replaces else contextlib.nullcontext():
+            status = _fetch(job, backend, console, want_state=args.partial)
+            state = status.state.value if status is not None else None
+            result = gatherer.gather(path, args.out, job_state=state, **options)
+    show = getattr(gatherer, "show", None)
+    if show is not None:
+        show(result, console)
+    else:
+        console.print(Text(f"wrote {result.out}"))
+    if args.partial:
+        console.print(Text(_state_line(status, job_path, result)))
     return 0

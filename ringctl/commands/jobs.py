@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
+from ..atomic import atomic_write
 from ..backends.base import Backend
 from ..config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from ..errors import UserError
@@ -190,7 +191,30 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
     return 0 if status.state.value == "COMPLETED" else 1
 
 
-def resume_job(path: Path, *, force: bool = False):
+# What a resume may change: how the job runs, never what it computes or where it lives.
+RESUME_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "device", "timeout",
+               "rendezvous_timeout", "ring.", "slurm.", "env.")  # fmt: skip
+
+
+def _resumed_config(job: JobDir, overrides: list[str]):
+    """The job's config with resume's overrides, checked like a new job; None without any."""
+    from ..render import render_script
+
+    if not overrides:
+        return None
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if not key.startswith(RESUME_KEYS) and key not in RESUME_KEYS:
+            raise UserError(
+                f"override {item!r}: a resume may change how the job runs "
+                f"({', '.join(k.rstrip('.') for k in RESUME_KEYS)}), not {key}; the outputs "
+                "must stay those of the same run"
+            )
+    cfg = load_job(job.config, overrides)  # every check of a new job, the task's included
+    return cfg, render_script(cfg)
+
+
+def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[str, ...] = ()):
     """Submit an ended job (failed, cancelled, timed out) again into its own directory.
 
     Its outputs stay; tasks skip work already complete (the long-document task skips
@@ -198,6 +222,7 @@ def resume_job(path: Path, *, force: bool = False):
     placement move to attempts/<n>/. Under the directory's lock; a refusal changes nothing.
     """
     job, cfg, backend = open_job_dir(path)
+    changed = _resumed_config(job, list(overrides))  # before anything moves: a refusal
     with job.lock("resume"):
         before = backend.status(job.path)
         if not before.state.finished and before.state.value != "UNKNOWN":
@@ -212,6 +237,10 @@ def resume_job(path: Path, *, force: bool = False):
             )
         previous = job.archive_attempt()
         job.remove_stale_temporaries()
+        if changed is not None:
+            atomic_write(job.config, to_yaml(changed[0]))
+            atomic_write(job.script, changed[1])
+            job.script.chmod(0o755)
         history = job.read_meta().get("attempts", [])
         history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
         job.update_meta(attempts=history)
@@ -222,7 +251,9 @@ def resume_job(path: Path, *, force: bool = False):
 
 
 def cmd_resume(args) -> int:
-    job_dir, job_id, backend = resume_job(Path(args.job_dir), force=args.force)
+    job_dir, job_id, backend = resume_job(
+        Path(args.job_dir), force=args.force, overrides=args.overrides
+    )
     print(f"resubmitted as job {job_id} ({backend.name}) in {job_dir}", flush=True)
     if not args.follow:
         return 0
@@ -256,10 +287,40 @@ def read_progress(job_dir: Path) -> dict | None:
     return p if isinstance(p, dict) and "done" in p and "total" in p else None
 
 
+def read_rings(job_dir: Path) -> list[dict]:
+    """Each ring's progress record (logs/rings/*.json, written by its lead), by label."""
+    rings = []
+    for path in sorted((JobDir(job_dir).logs / "rings").glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and "done" in record and "total" in record:
+            rings.append({"ring": path.stem, **record})
+    return rings
+
+
+def ring_summary(rings: list[dict]) -> dict | None:
+    """Progress over every ring of this attempt: documents done/total and the latest ETA."""
+    if len(rings) < 2:
+        return None
+    etas = [r["eta_s"] for r in rings if r.get("eta_s") is not None and r["done"] < r["total"]]
+    return {
+        "done": sum(int(r["done"]) for r in rings),
+        "total": sum(int(r["total"]) for r in rings),
+        "unit": "documents",
+        "rings": len(rings),
+        "rings_done": sum(1 for r in rings if r["done"] >= r["total"]),
+        "eta_s": max(etas) if etas else None,
+    }
+
+
 def _progress_text(p: dict | None, state: str) -> str:
     if not p:
         return ""
     text = f"{p['done']}/{p['total']} {p.get('unit', '')}".strip()
+    if p.get("rings"):
+        text += f" on {p['rings']} rings ({p['rings_done']} done)"
     if state == "RUNNING" and p.get("eta_s") is not None:
         text += f", ETA {float(p['eta_s']):.0f}s"
     return text
@@ -287,7 +348,8 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
         if single:
             raise
         row["reason"] = str(err)
-    row["progress"] = read_progress(job_dir)
+    row["rings"] = read_rings(job_dir)
+    row["progress"] = ring_summary(row["rings"]) or read_progress(job_dir)
     return row
 
 
@@ -328,8 +390,30 @@ def cmd_status(args) -> int:
     elif not rows:
         print(f"no jobs under {args.root}/ (give a job directory: ringctl status JOBDIR)")
     else:
-        Console(width=max(120, Console().width)).print(_status_table(rows))
+        console = Console(width=max(120, Console().width))
+        console.print(_status_table(rows))
+        if len(rows) == 1 and len(rows[0]["rings"]) > 1:
+            console.print(_rings_table(rows[0]["rings"], rows[0]["state"]))
     return 1 if any(r["state"] == "UNKNOWN" for r in rows) else 0
+
+
+def _rings_table(rings: list[dict], state: str):
+    """One row per ring of a many-ring job: its ranks, documents done and ETA."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="rings", show_lines=False)
+    for col in ("ring", "ranks", "documents", "tokens/s", "ETA"):
+        table.add_column(col, no_wrap=True)
+    for r in rings:
+        members = r.get("members") or []
+        ends = members[:1] + members[-1:] if len(members) > 1 else members
+        ranks = "-".join(str(m) for m in ends)
+        eta = r.get("eta_s") if state == "RUNNING" and r["done"] < r["total"] else None
+        cells = [r["ring"], ranks, f"{r['done']}/{r['total']}", str(r.get("tokens_per_s", "")),
+                 f"{float(eta):.0f}s" if eta is not None else ""]  # fmt: skip
+        table.add_row(*(Text(str(c)) for c in cells))
+    return table
 
 
 def cmd_logs(args) -> int:
@@ -425,6 +509,13 @@ def register(subparsers) -> None:
         ),
     )
     p.add_argument("job_dir", metavar="JOBDIR")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="change how the job runs: nodes, tasks_per_node, ring.*, slurm.*, env.*, ... "
+        "(e.g. ring.size=2 nodes=2); what it computes stays",
+    )
     p.add_argument("-f", "--follow", action="store_true", help="follow the log until it ends")
     p.add_argument("--rank", type=int, default=0, help="whose log to follow (default: 0)")
     p.add_argument(

@@ -1,11 +1,20 @@
 """Long documents in batch: score / embed / grad with a causal LM whose attention is ringattn.
 
-    documents.py  which documents, stable ids, missing-input policy
-    tokenize.py   byte-level (default) or a local HF tokenizer
+    params.py     ``LongDocParams``: the job's ``task:`` section and run_longdoc's input
+    documents.py  which documents (text, JSONL, .jsonl.gz, JSON arrays), ids, bad records
+    tokenize.py   the model directory's tokenizer, a local HF tokenizer, or bytes
     model.py      a local HF causal LM or the bundled tiny random Llama
-    scoring.py    the three tasks on one sharded document
+    compat.py     which models the ring runs exactly; the others refused by name
+    head.py       the model's own output head (logit scaling, soft-capping), in chunks
+    scoring.py    the three modes on one sharded document (attention calls counted)
+    probe.py      before scoring: the model on the ring vs its own forward pass
+    consensus.py  decisions every rank takes alike
     shards.py     each rank's outputs + manifest entries, written atomically
-    run.py        the loop over documents: ``run_longdoc`` and ``LongDocParams``
+    run.py        the loop over documents: ``run_longdoc``
+    manifest.py   run.json / documents.json checked as hostile input
+    expected.py   the document list fixed at start (expected.json), checked by gather
+    completeness.py  when a document is complete: one definition for gather and resume
+    gather.py     verify + reassemble (`ringctl gather`)
 
 Importing this package imports neither torch nor transformers; the modules do.
 """

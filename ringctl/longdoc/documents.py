@@ -2,18 +2,25 @@
 
 Inputs (``LongDocParams.inputs``: one path or a list of paths):
 
-* a ``.txt`` file: one document, its whole content;
-* a ``.jsonl`` file: one document per non-empty line, the JSON object's ``text_field``
-  (default ``"text"``); a line that is not a JSON object with that string field is an error
-  naming the file and line;
-* a directory (a "dataset folder"): every ``.txt`` and ``.jsonl`` file below it, recursively,
-  sorted by relative path (hidden files and directories are skipped). Parquet or Arrow
-  datasets are not read (no pyarrow here): convert them to JSONL first.
+* a ``.txt`` or ``.md`` file: one document, its whole content;
+* a ``.jsonl`` or ``.jsonl.gz`` file: one document per non-empty line, the JSON object's
+  ``text_field`` (default ``"text"``);
+* a ``.json`` file holding an array of such objects: one document per element;
+* a directory (a "dataset folder"): every file of those kinds below it, recursively, sorted by
+  relative path (hidden files and directories are skipped). Parquet or Arrow datasets are not
+  read (no pyarrow here): convert them to JSONL first.
+
+A record that is not a JSON object with a string ``text_field`` (or, with ``id_field``, without
+that field) is a bad record, named by file and line (``.json``: element number). The
+``on_bad_record`` policy decides: ``"stop"`` (the default of ``list_documents``) raises a
+``DocumentError``; ``"skip"`` (the job's default) leaves it out and names it in
+``Listing.skipped``. Either way this happens while listing, before any model runs.
 
 Document ids are stable across runs given the same inputs: a file's path relative to the
 directory it was found in (a file named directly: its file name), and ``<file id>#<line>``
-(1-based line number) for JSONL records. Two inputs giving the same id are an error.
-``Document.key`` is a file-system-safe form of the id (used for output paths).
+(1-based line or element number) for records, or the record's ``id_field`` value when given.
+Two documents with the same id are an error. ``Document.key`` is a file-system-safe form of the
+id (used for output paths).
 
 Bytes: documents are read as bytes. Invalid UTF-8 is never an error: the byte-level tokenizer
 takes the raw bytes as they are (lossless); a text tokenizer gets the text decoded with U+FFFD
@@ -27,6 +34,8 @@ in the output's documents.json and goes on with the others; ``"stop"`` raises
 
 from __future__ import annotations
 
+import functools
+import gzip
 import hashlib
 import json
 import re
@@ -34,8 +43,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUFFIXES = (".txt", ".jsonl")
+SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz", ".json")
+TEXT_SUFFIXES = (".txt", ".md")
 ON_MISSING = ("report", "stop")
+ON_BAD_RECORD = ("skip", "stop")
 
 
 class DocumentError(ValueError):
@@ -82,8 +93,9 @@ class Document:
 
     id: str
     source: str  # the file path (as given / found)
-    line: int | None = None  # 1-based line in a JSONL file
+    line: int | None = None  # 1-based line (JSONL) or element number (a .json array)
     text_field: str = "text"
+    packed: bool = False  # in a .jsonl.gz or .json file: read by record number, not offset
     _offset: int = field(default=0, repr=False)
     _length: int = field(default=-1, repr=False)
 
@@ -95,6 +107,10 @@ class Document:
         """The document's raw bytes. A file gone since listing raises FileNotFoundError."""
         if self.line is None:
             return Path(self.source).read_bytes()
+        if self.packed:
+            path = Path(self.source)
+            records = _packed_records(str(path), path.stat().st_mtime_ns)
+            return _record_text(records[self.line - 1], self.source, self.line, self.text_field)
         with open(self.source, "rb") as f:
             f.seek(self._offset)
             line = f.read(self._length)
@@ -109,10 +125,17 @@ class Document:
 
 
 def _jsonl_text(line: bytes, source: str, lineno: int, text_field: str) -> bytes:
+    return _record_text(_parse_line(line, source, lineno), source, lineno, text_field)
+
+
+def _parse_line(line: bytes, source: str, lineno: int):
     try:
-        record = json.loads(line.decode("utf-8", "surrogateescape"))
+        return json.loads(line.decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as err:
         raise DocumentError(f"{source}:{lineno}: not valid JSON ({err.msg})") from None
+
+
+def _record_text(record, source: str, lineno: int, text_field: str) -> bytes:
     if not isinstance(record, dict):
         raise DocumentError(f"{source}:{lineno}: a JSON object is expected, not {type(record)}")
     if text_field not in record:
@@ -126,31 +149,128 @@ def _jsonl_text(line: bytes, source: str, lineno: int, text_field: str) -> bytes
     return _to_bytes(value)
 
 
-def _jsonl_documents(path: Path, file_id: str, text_field: str) -> list[Document]:
+@dataclass
+class Records:
+    """How to read the records of one file: the text field, the id field, the bad-record
+    policy, and the bad records found (``file:line: why``)."""
+
+    text_field: str = "text"
+    id_field: str | None = None
+    on_bad_record: str = "stop"
+    skipped: list[str] = field(default_factory=list)
+
+    def check(self, record, source: str, lineno: int, file_id: str) -> str | None:
+        """The record's document id, or None if it is bad and skipped (raises on stop)."""
+        try:
+            if isinstance(record, DocumentError):
+                raise record
+            _record_text(record, source, lineno, self.text_field)
+            if self.id_field is None:
+                return f"{file_id}#{lineno}"
+            if self.id_field not in record:
+                raise DocumentError(f"{source}:{lineno}: no id field {self.id_field!r}")
+            value = record[self.id_field]
+            if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
+                raise DocumentError(
+                    f"{source}:{lineno}: id field {self.id_field!r} must be a non-empty string "
+                    "or an integer"
+                )
+            return str(value)
+        except DocumentError as err:
+            if self.on_bad_record == "stop":
+                raise
+            self.skipped.append(str(err))
+            return None
+
+
+def _jsonl_documents(path: Path, file_id: str, records: Records) -> list[Document]:
     docs: list[Document] = []
     offset = 0
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, start=1):
             if line.strip():
-                # Parse now: a bad record is an error before any compute, naming the line.
-                _jsonl_text(line, str(path), lineno, text_field)
-                docs.append(
-                    Document(
-                        id=f"{file_id}#{lineno}",
-                        source=str(path),
-                        line=lineno,
-                        text_field=text_field,
-                        _offset=offset,
-                        _length=len(line),
+                # Parse now: a bad record is found before any compute, naming the line.
+                try:
+                    record = _parse_line(line, str(path), lineno)
+                except DocumentError as err:
+                    record = err
+                doc_id = records.check(record, str(path), lineno, file_id)
+                if doc_id is not None:
+                    docs.append(
+                        Document(
+                            id=doc_id,
+                            source=str(path),
+                            line=lineno,
+                            text_field=records.text_field,
+                            _offset=offset,
+                            _length=len(line),
+                        )
                     )
-                )
             offset += len(line)
     return docs
 
 
-def _file_documents(path: Path, file_id: str, text_field: str) -> list[Document]:
-    if path.suffix == ".jsonl":
-        return _jsonl_documents(path, file_id, text_field)
+@functools.lru_cache(maxsize=2)
+def _packed_records(source: str, mtime_ns: int) -> list:
+    """Every record of a .jsonl.gz or .json file (None for blank lines), parsed once."""
+    path = Path(source)
+    if source.endswith(".gz"):
+        try:
+            with gzip.open(path, "rb") as f:
+                lines = f.read().split(b"\n")
+        except (OSError, EOFError) as err:
+            raise DocumentError(f"{source}: not a readable gzip file ({err})") from None
+        return [
+            _parse_or_error(line, source, i) if line.strip() else None
+            for i, line in enumerate(lines, start=1)
+        ]
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8", "surrogateescape"))
+    except json.JSONDecodeError as err:
+        raise DocumentError(f"{source}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(data, list):
+        raise DocumentError(f"{source}: a .json input must hold an array of records")
+    return data
+
+
+def _parse_or_error(line: bytes, source: str, lineno: int):
+    try:
+        return _parse_line(line, source, lineno)
+    except DocumentError as err:
+        return err
+
+
+def _packed_documents(path: Path, file_id: str, records: Records) -> list[Document]:
+    docs: list[Document] = []
+    for number, record in enumerate(_packed_records(str(path), path.stat().st_mtime_ns), 1):
+        if record is None:
+            continue
+        doc_id = records.check(record, str(path), number, file_id)
+        if doc_id is not None:
+            size = len(record[records.text_field].encode("utf-8", "surrogateescape"))
+            docs.append(
+                Document(
+                    id=doc_id,
+                    source=str(path),
+                    line=number,
+                    text_field=records.text_field,
+                    packed=True,
+                    _length=size,
+                )
+            )
+    return docs
+
+
+def _suffix(path: Path) -> str:
+    return ".jsonl.gz" if path.name.endswith(".jsonl.gz") else path.suffix
+
+
+def _file_documents(path: Path, file_id: str, records: Records) -> list[Document]:
+    kind = _suffix(path)
+    if kind == ".jsonl":
+        return _jsonl_documents(path, file_id, records)
+    if kind in (".jsonl.gz", ".json"):
+        return _packed_documents(path, file_id, records)
     return [Document(id=file_id, source=str(path))]
 
 
@@ -160,7 +280,7 @@ def _walk(root: Path) -> list[Path]:
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts):
             continue
-        if p.is_file() and p.suffix in SUFFIXES:
+        if p.is_file() and _suffix(p) in SUFFIXES:
             found.append(p)
     return sorted(found, key=lambda p: p.relative_to(root).as_posix())
 
@@ -169,18 +289,24 @@ def _walk(root: Path) -> list[Path]:
 class Listing:
     documents: list[Document]
     missing: list[str]
+    skipped: list[str] = field(default_factory=list)  # bad records (on_bad_record=skip)
 
 
 def list_documents(
     inputs: str | Path | Sequence[str | Path],
     *,
     text_field: str = "text",
+    id_field: str | None = None,
     on_missing: str = "report",
+    on_bad_record: str = "stop",
     max_docs: int | None = None,
 ) -> Listing:
     """Every document of the inputs, in order; missing paths per the on_missing policy."""
     if on_missing not in ON_MISSING:
         raise DocumentError(f"on_missing must be one of {ON_MISSING}, not {on_missing!r}")
+    if on_bad_record not in ON_BAD_RECORD:
+        raise DocumentError(f"on_bad_record must be one of {ON_BAD_RECORD}, not {on_bad_record!r}")
+    records = Records(text_field, id_field, on_bad_record)
     paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     if not paths:
         raise DocumentError("no inputs given")
@@ -194,15 +320,15 @@ def list_documents(
         if path.is_dir():
             files = _walk(path)
             if not files:
-                raise DocumentError(f"{path}: no .txt or .jsonl files in this directory")
+                raise DocumentError(f"{path}: no {', '.join(SUFFIXES)} files in this directory")
             for f in files:
-                docs += _file_documents(f, f.relative_to(path).as_posix(), text_field)
-        elif path.suffix in SUFFIXES:
-            docs += _file_documents(path, path.name, text_field)
+                docs += _file_documents(f, f.relative_to(path).as_posix(), records)
+        elif _suffix(path) in SUFFIXES:
+            docs += _file_documents(path, path.name, records)
         else:
             raise DocumentError(
-                f"{path}: unsupported input (expected a directory, .txt or .jsonl; convert "
-                "parquet/arrow datasets to JSONL)"
+                f"{path}: unsupported input (expected a directory or {', '.join(SUFFIXES)}; "
+                "convert parquet/arrow datasets to JSONL)"
             )
     if missing and on_missing == "stop":
         raise MissingInputError(missing)
@@ -216,4 +342,4 @@ def list_documents(
         seen[d.id] = d.source
     if max_docs is not None:
         docs = docs[: max(0, int(max_docs))]
-    return Listing(docs, missing)
+    return Listing(docs, missing, records.skipped)

@@ -45,7 +45,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def config_from_json(path: str | Path):
+def config_from_json(path: str | Path, overrides: dict | None = None):
     """(transformers config, seed) from a JSON file; keys starting with "_" are ours."""
     from transformers import AutoConfig
 
@@ -54,6 +54,7 @@ def config_from_json(path: str | Path):
         raise ValueError(f"{path}: a model config needs a 'model_type' (e.g. 'llama')")
     seed = int(data.get("_ringctl_seed", 0))
     fields = {k: v for k, v in data.items() if not k.startswith("_")}
+    fields.update(overrides or {})
     return AutoConfig.for_model(**fields), seed
 
 
@@ -74,15 +75,19 @@ def load_model(
     dtype: str = "float32",
     attn_implementation: str = "ringattn",
     device: torch.device | str | None = None,
+    overrides: dict | None = None,
 ):
-    """The model in eval mode, its attention implementation set (registering ringattn)."""
+    """The model in eval mode, its attention implementation set (registering ringattn).
+
+    ``overrides``: config fields set before the model is built (``task.model_overrides``).
+    """
     if attn_implementation == "ringattn":
         from ringattn.hf import register
 
         register()
     want = torch_dtype(dtype)
     if model_path is None or str(model_path).endswith(".json"):
-        config, seed = config_from_json(model_path or bundled_config_path())
+        config, seed = config_from_json(model_path or bundled_config_path(), overrides)
         model = build_random(config, seed=seed, dtype=want, attn_implementation=attn_implementation)
     else:
         path = Path(model_path)
@@ -92,32 +97,34 @@ def load_model(
                 "download is done)"
             )
         os.environ["HF_HUB_OFFLINE"] = "1"
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
+        config = AutoConfig.from_pretrained(path, **(overrides or {}))
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=want, attn_implementation=attn_implementation
+            path, config=config, dtype=want, attn_implementation=attn_implementation
         )
     if device is not None:
         model.to(device)
     model.eval()
-    check_supported(model)
     return model
-
-
-def check_supported(model) -> None:
-    cfg = model.config
-    if getattr(cfg, "final_logit_softcapping", None) is not None:
-        raise ValueError(f"{cfg.model_type}: final logit soft-capping is not supported")
-    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-        raise ValueError(
-            f"{cfg.model_type}: sliding-window attention is on (window {cfg.sliding_window}); "
-            "ring attention computes full causal attention: set use_sliding_window=false"
-        )
 
 
 def decoder(model):
     """The base model (embeddings + layers + final norm), whose output is the hidden state."""
-    return getattr(model, model.base_model_prefix)
+    base = getattr(model, model.base_model_prefix, None)
+    if base is None:
+        base = getattr(model, "model", None)
+    if base is None:
+        raise ValueError(
+            f"{model.config.model_type}: no base model (embeddings, layers, final norm) found "
+            f"under {model.base_model_prefix!r} or 'model': not supported"
+        )
+    return base
+
+
+def attention_layers(model) -> int:
+    """How many attention layers a forward must run (every decoder layer attends once)."""
+    return int(model.config.get_text_config().num_hidden_layers)
 
 
 def weights_fingerprint(model) -> torch.Tensor:

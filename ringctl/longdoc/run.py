@@ -6,6 +6,10 @@ complete in ``out_dir`` (every rank's entry there, checksums valid) are skipped,
 after a failure or preemption only computes what is missing. Rank 0 logs one line per
 document with the progress (documents done / total, tokens/s, ETA).
 
+Before any document, every rank loads the model, checks that the ranks hold the same weights,
+refuses what ``compat.py`` knows cannot be exact, and runs the probe (``probe.py``): the model
+on the ring must reproduce the model's own forward pass, or nothing is scored.
+
 Decisions that must be the same on every rank (skip a document, stop, fail) are taken together:
 every rank contributes its view through a small collective, so a rank never waits on a peer
 that went another way. Errors that concern the whole job (bad parameters, a missing input with
@@ -14,7 +18,6 @@ that went another way. Errors that concern the whole job (bad parameters, a miss
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import zlib
@@ -26,100 +29,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ringattn import LAYOUTS, padded_length
+from ringattn import padded_length
 
-from .documents import ON_MISSING, Document, list_documents
-from .model import DTYPES, check_same_weights, load_model, samples_dir
-from .scoring import TASKS, comm_device, run_task
+from ..errors import UserError
+from ..rings import RingGroups
+from .compat import config_refusal, model_refusal, read_model_config, window_refusal
+from .completeness import document_status
+from .consensus import agree, any_has, document_verdict
+from .documents import Document, DocumentError, Listing, list_documents
+from .expected import check_expected, write_expected
+from .model import check_same_weights, load_model, samples_dir
+from .params import LongDocParams
+from .probe import run_probe
+from .scheduling import RingOptions, plan_schedule, write_schedule
+from .scoring import ShardResult, comm_device, run_task
 from .shards import FORMAT, ShardStore, atomic_write_json
-from .tokenize import load_tokenizer
+from .tokenize import load_tokenizer, resolve_tokenizer_path, vocabulary_mismatch
 
-
-@dataclass
-class LongDocParams:
-    """Parameters of the long-document task (the ``task:`` section of a job).
-
-    inputs: paths of documents (``.txt``, ``.jsonl``, directories); None = the bundled samples.
-    text_field: the JSONL field holding the text.
-    model_path: local HF model directory or ``.json`` config; None = bundled tiny Llama.
-    tokenizer_path: local tokenizer directory; None = byte-level (UTF-8 bytes, vocab 256).
-    task: score | embed | grad.  dtype: float32 | bfloat16 | float16 | float64.
-    layout: zigzag | contiguous.  max_docs: only the first N documents (None = all).
-    on_missing: report (log, record, go on) | stop (fail before running anything).
-    write_grads: (task grad) rank 0 writes each document's summed gradients.
-    chunk_size: positions per lm_head / log-softmax chunk.
-    """
-
-    inputs: list[str] | None = None
-    text_field: str = "text"
-    model_path: str | None = None
-    tokenizer_path: str | None = None
-    task: str = "score"
-    dtype: str = "float32"
-    layout: str = "zigzag"
-    max_docs: int | None = None
-    on_missing: str = "report"
-    write_grads: bool = False
-    chunk_size: int = 4096
-
-    @classmethod
-    def from_any(cls, cfg: Any) -> LongDocParams:
-        """From this dataclass, a mapping, or any object with these attributes (extra ignored
-        for objects; unknown keys in a mapping are an error)."""
-        if isinstance(cfg, cls):
-            params = dataclasses.replace(cfg)
-        else:
-            names = {f.name for f in dataclasses.fields(cls)}
-            if isinstance(cfg, dict):
-                unknown = sorted(set(cfg) - names - {"name"})
-                if unknown:
-                    raise ValueError(
-                        f"unknown longdoc parameter(s): {', '.join(unknown)}; known: "
-                        f"{', '.join(sorted(names))}"
-                    )
-                values = {k: v for k, v in cfg.items() if k in names}
-            else:
-                values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
-            params = cls(**values)
-        if isinstance(params.inputs, (str, Path)):
-            params.inputs = [str(params.inputs)]
-        elif params.inputs is not None:
-            params.inputs = [str(p) for p in params.inputs]
-        for name in ("model_path", "tokenizer_path"):
-            value = getattr(params, name)
-            setattr(params, name, None if value in (None, "") else str(value))
-        params.validate()
-        return params
-
-    def validate(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"task.{name}: {why}")
-
-        if self.task not in TASKS:
-            raise bad("task", f"must be one of {', '.join(TASKS)}, not {self.task!r}")
-        if self.layout not in LAYOUTS:
-            raise bad("layout", f"must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
-        if self.dtype not in DTYPES:
-            raise bad("dtype", f"must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
-        if self.on_missing not in ON_MISSING:
-            raise bad("on_missing", f"must be one of {', '.join(ON_MISSING)}")
-        if int(self.chunk_size) < 1:
-            raise bad("chunk_size", f"must be >= 1, not {self.chunk_size}")
-        if self.max_docs is not None and int(self.max_docs) < 0:
-            raise bad("max_docs", f"must be >= 0, not {self.max_docs}")
-        if self.write_grads and self.task != "grad":
-            raise bad("write_grads", "only applies to task=grad")
-
-    def signature(self) -> dict:
-        """What a rerun in the same output directory must keep (outputs would not match)."""
-        return {
-            "task": self.task,
-            "layout": self.layout,
-            "dtype": self.dtype,
-            "model_path": self.model_path,
-            "tokenizer_path": self.tokenizer_path,
-            "text_field": self.text_field,
-        }
+__all__ = ["LongDocParams", "LongDocSummary", "run_longdoc"]
 
 
 @dataclass
@@ -133,24 +60,32 @@ class LongDocSummary:
     tokens: int = 0  # tokens computed in this run
     seconds: float = 0.0
     stopped: bool = False  # stopped early on request (preemption)
+    probe: str = ""  # what the probe measured (rank 0's line)
+    world_size: int = 0  # ranks in the job
 
 
-def _agree(error: str, group) -> None:
-    """Raise on every rank if any rank has an error (the first one, naming its rank)."""
-    world = dist.get_world_size(group)
-    if world == 1:
-        if error:
-            raise RuntimeError(error)
-        return
-    every: list[str] = [""] * world
-    dist.all_gather_object(every, error, group=group)
-    for r, e in enumerate(every):
-        if e:
-            raise RuntimeError(e if r == dist.get_rank(group) else f"rank {r}: {e}")
+@dataclass
+class _Ring:
+    """This rank's place in a ring (or in the whole job): what every step needs."""
+
+    rank: int
+    world_size: int
+    group: Any
+    device: torch.device  # where collective tensors live
+    log: Callable[[str], None]
+    members: list[int] = field(default_factory=list)  # the job ranks of this ring, in order
+    label: str = "job"  # "ring 2x1": rings of 2 ranks, the second one
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
 
 
 def _check_run_file(store: ShardStore, params: LongDocParams, world_size: int) -> str:
-    want = {"format": FORMAT, "world_size": world_size, **params.signature()}
+    """The output directory holds this run's results, or none. The job's size may differ (a
+    resume on more or fewer ranks, or other ring sizes): each document's entries record the
+    ring that wrote it."""
+    want = {"format": FORMAT, **params.signature()}
     try:
         have = json.loads(store.run_file.read_text())
     except FileNotFoundError:
@@ -181,6 +116,201 @@ def _doc_size(doc: Document) -> int:
         return 0
 
 
+def _list_inputs(params: LongDocParams, store: ShardStore, ring: _Ring) -> Listing:
+    """Step 1, listing: the documents, agreed on every rank; rank 0 records run and list."""
+    inputs = params.inputs if params.inputs is not None else [str(samples_dir())]
+    error, listing = "", None
+    try:
+        listing = list_documents(
+            inputs,
+            text_field=params.text_field,
+            id_field=params.id_field,
+            on_missing=params.on_missing,
+            on_bad_record=params.on_bad_record,
+            max_docs=params.max_docs,
+        )
+    except ValueError as err:
+        error = str(err)
+    if not error:
+        assert listing is not None
+        error = _check_run_file(store, params, ring.world_size)
+        error = error or check_expected(store.root, listing.documents)
+    agree(error, ring.group)
+    assert listing is not None
+    for path in listing.missing:
+        ring.log(f"missing input: {path} (on_missing=report: going on with the others)")
+    for problem in listing.skipped:
+        ring.log(f"bad record skipped: {problem} (on_bad_record=skip)")
+    if ring.lead:
+        run = {"format": FORMAT, "world_size": ring.world_size, **params.signature()}
+        atomic_write_json(store.run_file, run)
+        write_expected(store.root, listing.documents)
+        index = {
+            "format": FORMAT,
+            "inputs": inputs,
+            "documents": [d.describe() for d in listing.documents],
+            "missing_inputs": list(listing.missing),
+        }
+        if listing.skipped:
+            index["skipped_records"] = list(listing.skipped)
+        atomic_write_json(store.documents_file, index)
+    return listing
+
+
+def _load_agreed_model(params: LongDocParams, ring: _Ring, device) -> tuple[Any, Any, str]:
+    """Step 2, model agreement: (tokenizer, model, probe line), refused on every rank alike.
+
+    Every rank loads the model; the ranks must hold the same weights, the model must not be
+    one that ``compat`` refuses, and the probe must reproduce the model's own forward pass.
+    """
+    error, model, tokenizer = "", None, None
+    try:
+        config = {**read_model_config(params.model_path), **(params.model_overrides or {})}
+        refused = config_refusal(config)  # before building: some refused families cannot be
+        if refused:  # built with ringattn at all (a KeyError or AttributeError otherwise)
+            raise ValueError(refused)
+        tokenizer = load_tokenizer(params.tokenizer_path)
+        model = load_model(
+            params.model_path,
+            dtype=params.dtype,
+            device=device or ring.device,
+            overrides=params.model_overrides,
+        )
+        vocab = int(model.config.get_text_config().vocab_size)
+        is_bytes = params.tokenizer_path is None
+        error = vocabulary_mismatch(tokenizer.vocab_size, vocab, is_bytes=is_bytes)
+        error = error or model_refusal(model) or ""
+    except ValueError as err:
+        error = str(err)
+    except (OSError, KeyError, AttributeError, TypeError) as err:
+        error = f"the model could not be loaded for ring attention: {type(err).__name__}: {err}"
+    agree(error, ring.group)
+    check_same_weights(model, ring.group)
+    probe = run_probe(
+        model,
+        group=ring.group,
+        layout=params.layout,
+        dtype_name=params.dtype,
+        chunk_size=int(params.chunk_size),
+    )
+    if ring.lead and probe.message:
+        ring.log(probe.message)
+    agree(probe.error if ring.lead else "", ring.group)
+    return tokenizer, model, probe.message
+
+
+def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: _Ring):
+    """Step 3, resume: the documents not complete yet, by gather's own definition (whatever
+    ring size wrote them). Document i is checked by job rank i mod W, then the ranks agree."""
+    run = {"format": FORMAT, "world_size": job.world_size, **params.signature()}
+    mine = [
+        i % job.world_size == job.rank and document_status(store.root, d.describe(), run)[0]
+        for i, d in enumerate(docs)
+    ]
+    have = any_has(mine, job.group, job.device)
+    return [d for d, h in zip(docs, have, strict=True) if not h]
+
+
+def _read_ids(doc: Document, tokenizer) -> tuple[torch.Tensor | None, int]:
+    """(token ids or None when the input vanished, their checksum)."""
+    try:
+        raw = doc.read_bytes()
+    except (FileNotFoundError, DocumentError):  # gone, or changed since it was listed
+        return None, -1
+    ids = tokenizer.encode(raw)
+    return ids, zlib.crc32(ids.numpy().tobytes())
+
+
+def _score_document(doc, ids, model, params: LongDocParams, store, ring: _Ring) -> ShardResult:
+    """Step 4b: one agreed document through the model on the ring, its shard written."""
+    n = int(ids.numel())
+    too_long = window_refusal(model.config, n)
+    if too_long:  # n is the same on every rank (agreed): every rank raises alike
+        raise RuntimeError(f"{doc.id}: {too_long}; nothing more was scored")
+    result = run_task(
+        params.mode,
+        model,
+        ids,
+        group=ring.group,
+        layout=params.layout,
+        chunk_size=int(params.chunk_size),
+        keep_grads=params.write_grads and ring.lead,
+    )
+    store.write_shard(
+        doc=doc.describe(),
+        rank=ring.rank,
+        world_size=ring.world_size,
+        layout=params.layout,
+        task=params.mode,
+        n_tokens=n,
+        padded_tokens=padded_length(n, world_size=ring.world_size, layout=params.layout)
+        if n
+        else 0,
+        tensors=result.tensors,
+        stats=result.stats,
+        seconds=result.seconds,
+        grads=result.grads if ring.lead else None,
+    )
+    return result
+
+
+def _stats_text(st: dict) -> str:
+    extra = ""
+    if "log_likelihood" in st:
+        ppl = st["perplexity"]
+        extra = f", log-lik {st['log_likelihood']:.4g}, ppl " + (
+            f"{ppl:.4g}" if ppl is not None else "-"
+        )
+    if "loss" in st:
+        loss = st["loss"]
+        extra += f", loss {loss:.4g}" if loss is not None else ", loss -"
+        extra += f", grad norm {st['grad_norm']:.4g}"
+    return extra
+
+
+class _Progress:
+    """A ring lead's one line per document: tokens/s of this run and the ETA of what is left
+    on its ring; `progress(done, total, ...)` gets the counts (the job's rank 0: the job's
+    progress file; every ring lead: its ring's)."""
+
+    def __init__(self, todo: list[Document], total: int, skipped: int, progress) -> None:
+        self.bytes_left = sum(_doc_size(d) for d in todo)
+        self.bytes_done = 0
+        self.compute_s = 0.0
+        self.tokens = 0
+        self.total, self.done_before = total, skipped
+        self.progress = progress
+        self.start = time.monotonic()
+
+    def document(self, doc: Document, n: int, result: ShardResult, done: int, log) -> None:
+        self.compute_s += result.seconds
+        self.tokens += n
+        self.bytes_done += _doc_size(doc)
+        elapsed = time.monotonic() - self.start
+        rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
+        eta = (self.bytes_left - self.bytes_done) / rate if rate > 0 else float("nan")
+        tok_s = self.tokens / self.compute_s if self.compute_s > 0 else 0.0
+        done_all = self.done_before + done
+        log(
+            f"doc {done_all}/{self.total} {doc.id}: {n} tokens in {result.seconds:.2f}s"
+            f"{_stats_text(result.stats)}; {tok_s:.0f} tokens/s, ETA {_eta(eta)}"
+        )
+        if self.progress is not None:
+            eta_s = None if eta != eta else round(eta, 1)
+            self.progress(done_all, self.total, unit="documents", tokens_per_s=round(tok_s),
+                          eta_s=eta_s)  # fmt: skip
+
+
+def _check_group(rank: int, world_size: int, group) -> None:
+    if not dist.is_initialized():
+        raise RuntimeError("run_longdoc needs an initialised torch.distributed process group")
+    if (dist.get_rank(group), dist.get_world_size(group)) != (rank, world_size):
+        raise RuntimeError(
+            f"rank/world_size ({rank}/{world_size}) disagree with the process group "
+            f"({dist.get_rank(group)}/{dist.get_world_size(group)})"
+        )
+
+
 def run_longdoc(
     cfg: Any,
     rank: int,
@@ -192,186 +322,152 @@ def run_longdoc(
     progress: Callable[..., None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     device: torch.device | str | None = None,
+    rings: RingOptions | None = None,
+    schedule_path: str | Path | None = None,
+    ring_progress: Callable[[str, dict], None] | None = None,
 ) -> LongDocSummary:
     """Run the long-document task on this rank; every rank of ``group`` calls it alike.
 
     cfg: ``LongDocParams``, a dict of its fields, or an object with those attributes.
     group: an initialised process group of ``world_size`` ranks (None: the default group).
-    out_dir: the job's output directory (shared by all ranks, or one per node: both work).
+    out_dir: the job's output directory (shared by all ranks).
     log: one line of text per call (the worker's ``ctx.log``).
     progress: optional ``progress(done, total, unit="documents", **extra)`` (rank 0 only).
-    should_stop: optional, polled before each document; when any rank says True, all ranks
-    stop after the current document (its outputs written) and return with ``stopped=True``.
+    should_stop: optional, polled before each document; when any rank of a ring says True,
+    its ranks stop after the current document (its outputs written), the job after the phase.
     device: where the model runs; default: the current GPU under NCCL, else the CPU.
+    rings: ``ring.size`` / ``ring.max_tokens_per_rank`` (default: one ring of the whole job).
+    schedule_path: where rank 0 writes the schedule (schedule.json in the job directory).
+    ring_progress: optional ``ring_progress(label, record)``, called by each ring's lead.
     """
     started = time.monotonic()
     params = LongDocParams.from_any(cfg)
-    if not dist.is_initialized():
-        raise RuntimeError("run_longdoc needs an initialised torch.distributed process group")
-    if (dist.get_rank(group), dist.get_world_size(group)) != (rank, world_size):
-        raise RuntimeError(
-            f"rank/world_size ({rank}/{world_size}) disagree with the process group "
-            f"({dist.get_rank(group)}/{dist.get_world_size(group)})"
-        )
-    lead = rank == 0
-    cdev = comm_device(group)
+    params.tokenizer_path = resolve_tokenizer_path(params.tokenizer_path, params.model_path)
+    _check_group(rank, world_size, group)
+    job = _Ring(rank, world_size, group, comm_device(group), log, list(range(world_size)))
     store = ShardStore(out_dir)
-    inputs = params.inputs if params.inputs is not None else [str(samples_dir())]
-
-    error = ""
-    listing = None
-    try:
-        listing = list_documents(
-            inputs,
-            text_field=params.text_field,
-            on_missing=params.on_missing,
-            max_docs=params.max_docs,
-        )
-    except ValueError as err:
-        error = str(err)
-    _agree(error or _check_run_file(store, params, world_size), group)
-    assert listing is not None
+    listing = _list_inputs(params, store, job)
     docs = listing.documents
-    summary = LongDocSummary(total=len(docs), missing=list(listing.missing))
-    for path in listing.missing:
-        log(f"missing input: {path} (on_missing=report: going on with the others)")
-    if lead:
-        atomic_write_json(
-            store.run_file, {"format": FORMAT, "world_size": world_size, **params.signature()}
-        )
-        index = {
-            "format": FORMAT,
-            "inputs": inputs,
-            "documents": [d.describe() for d in docs],
-            "missing_inputs": list(listing.missing),
-        }
-        atomic_write_json(store.documents_file, index)
-
-    error = ""
-    try:
-        tokenizer = load_tokenizer(params.tokenizer_path)
-        model = load_model(params.model_path, dtype=params.dtype, device=device or cdev)
-        if tokenizer.vocab_size > model.config.vocab_size:
-            error = (
-                f"the tokenizer's vocabulary ({tokenizer.vocab_size}) is larger than the "
-                f"model's ({model.config.vocab_size})"
-            )
-    except (OSError, ValueError) as err:
-        error = f"{type(err).__name__}: {err}"
-    _agree(error, group)
-    check_same_weights(model, group)
-
-    # Resume: a document is skipped only if every rank has its valid entry for it.
-    have = torch.tensor(
-        [store.has_valid_entry(d.key, rank, world_size=world_size, task=params.task) for d in docs],
-        dtype=torch.int64,
-        device=cdev,
-    )
-    if world_size > 1 and len(docs):
-        dist.all_reduce(have, op=dist.ReduceOp.MIN, group=group)
-    todo = [d for d, h in zip(docs, have.cpu().tolist(), strict=True) if not h]
+    summary = LongDocSummary(total=len(docs), missing=list(listing.missing), world_size=world_size)
+    tokenizer, model, summary.probe = _load_agreed_model(params, job, device)
+    todo = _to_do(docs, store, params, job)
     summary.skipped = len(docs) - len(todo)
-    if lead:
+    schedule = _agreed_schedule(todo, params, rings or RingOptions(), job, tokenizer)
+    if job.lead:
+        if schedule_path is not None:
+            write_schedule(Path(schedule_path), schedule, todo)
+        sizes = ", ".join(f"{p['documents']} on {p['rings']} ring(s) of {p['ring_size']}"
+                          for p in schedule.phases)  # fmt: skip
         log(
-            f"longdoc: task={params.task} layout={params.layout} ranks={world_size} "
-            f"documents={len(docs)} (complete already: {summary.skipped}, to do: {len(todo)}, "
-            f"missing inputs: {len(listing.missing)})"
+            f"longdoc: mode={params.mode} layout={params.layout} ranks={world_size} "
+            f"documents={len(docs)} (complete already: {summary.skipped}, to do: {len(todo)}"
+            f"{': ' + sizes if sizes else ''}; missing inputs: {len(listing.missing)})"
         )
-
-    bytes_left = sum(_doc_size(d) for d in todo)
-    bytes_done = 0
-    compute_s = 0.0
-    loop_start = time.monotonic()
-    for doc in todo:
-        stop = bool(should_stop and should_stop())
-        raw: bytes | None
-        try:
-            raw = doc.read_bytes()
-        except FileNotFoundError:
-            raw = None
-        ids = tokenizer.encode(raw) if raw is not None else torch.zeros(0, dtype=torch.int64)
-        crc = zlib.crc32(ids.numpy().tobytes()) if raw is not None else -1
-        mine = torch.tensor([int(stop), int(ids.numel()), crc], dtype=torch.int64, device=cdev)
-        every = [mine]
-        if world_size > 1:
-            every = [torch.empty_like(mine) for _ in range(world_size)]
-            dist.all_gather(every, mine, group=group)
-        every = [e.cpu() for e in every]
-        if any(int(e[0]) for e in every):
+    groups = _ring_groups(schedule, job)
+    led = [0, 0]  # documents and tokens of the rings this rank led
+    for size, spec, entries in schedule.for_rank(rank):
+        ring = _Ring(spec.rank_in_ring(rank), size, groups[size], job.device, log, spec.members,
+                     f"ring {size}x{spec.index}")  # fmt: skip
+        mine = [todo[e.index] for e in entries]
+        shown = _ring_reporter(ring, mine, progress, ring_progress, len(docs), summary)
+        before = (summary.done, summary.tokens)
+        stopped = _run_ring(mine, ring, model, tokenizer, params, store, summary, should_stop,
+                            shown)  # fmt: skip
+        if ring.lead:  # each document counted once, by its ring's lead
+            led[0] += summary.done - before[0]
+            led[1] += summary.tokens - before[1]
+        if any_has([stopped], job.group, job.device)[0]:  # every rank ends the phase here
             summary.stopped = True
-            if lead:
-                log(f"stop requested: {summary.done} documents done in this run, rest left")
             break
-        if any(int(e[2]) == -1 for e in every):
-            gone = [r for r, e in enumerate(every) if int(e[2]) == -1]
-            msg = f"{doc.id}: input {doc.source} vanished (ranks {gone} cannot read it)"
+    _summarise(summary, led, started, job, log)
+    return summary
+
+
+def _agreed_schedule(todo, params, rings: RingOptions, job: _Ring, tokenizer):
+    """The same schedule on every rank (deterministic); a document no ring can hold, or an
+    impossible ring setting, fails every rank alike before any document runs."""
+    try:
+        return plan_schedule(todo, rings, world=job.world_size, layout=params.layout,
+                             tokenizer=tokenizer)  # fmt: skip
+    except (ValueError, UserError) as err:
+        raise RuntimeError(f"the schedule: {err}") from None
+
+
+def _ring_groups(schedule, job: _Ring) -> dict[int, Any]:
+    """One process group per ring size the schedule uses (the job's own for the whole job);
+    every rank creates every group, in the same order (torch's rule)."""
+    sizes = sorted({p["ring_size"] for p in schedule.phases} | {job.world_size})
+    if sizes == [job.world_size]:
+        return {job.world_size: job.group}
+    made = RingGroups.create(job.world_size, job.rank, sizes)
+    return {size: made.group(size) for size in sizes}
+
+
+def _ring_reporter(ring: _Ring, mine, progress, ring_progress, total: int, summary):
+    """A ring lead's progress lines (None on other ranks). A ring of the whole job counts the
+    job's documents (the job's progress file, as with one ring); a smaller ring counts its
+    own, in its own progress record (`ringctl status` adds them up)."""
+    if not ring.lead:
+        return None
+    whole = len(ring.members) == summary_world(summary, ring)
+
+    def report(done: int, of: int, **extra) -> None:
+        extra.pop("unit", None)
+        if progress is not None and whole:
+            progress(done, of, unit="documents", before=summary.skipped, **extra)
+        if ring_progress is not None:
+            ring_progress(ring.label, {"done": done, "total": of, "members": ring.members,
+                                       "updated_at": time.time(), **extra})  # fmt: skip
+
+    if whole:
+        return _Progress(mine, total, summary.skipped, report)
+    return _Progress(mine, len(mine), 0, report)
+
+
+def summary_world(summary: LongDocSummary, ring: _Ring) -> int:
+    return summary.world_size or len(ring.members)
+
+
+def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, should_stop, shown):
+    """This ring's documents, in its order: per document consensus, then the model. Returns
+    whether a stop was requested (the ring's documents done so far are written)."""
+    done = 0
+    for doc in docs:
+        stop = bool(should_stop and should_stop())
+        ids, crc = _read_ids(doc, tokenizer)
+        n = None if ids is None else int(ids.numel())
+        verdict = document_verdict(doc.id, stop, n, crc, ring.group, ring.device)
+        if verdict.action == "stop":
+            if ring.lead:
+                ring.log(f"{ring.label}: stop requested; the rest is left for a resume")
+            return True
+        if verdict.action == "missing":
+            msg = f"{doc.id}: input {doc.source} vanished or changed since it was listed "
+            msg += f"(ranks {verdict.unreadable_ranks} of {ring.label} cannot read it)"
             if params.on_missing == "stop":
                 raise RuntimeError(msg)
-            log(f"missing input: {msg}; going on with the others")
+            ring.log(f"missing input: {msg}; going on with the others")
             summary.missing.append(doc.source)
             continue
-        if len({(int(e[1]), int(e[2])) for e in every}) > 1:
-            detail = ", ".join(f"rank {r}: {int(e[1])} tokens" for r, e in enumerate(every))
-            raise RuntimeError(
-                f"{doc.id}: ranks tokenised different token sequences ({detail}, or different "
-                "contents): do they read the same file and tokenizer?"
-            )
-        result = run_task(
-            params.task,
-            model,
-            ids,
-            group=group,
-            layout=params.layout,
-            chunk_size=int(params.chunk_size),
-            keep_grads=params.write_grads and lead,
-        )
-        n = int(ids.numel())
-        padded = padded_length(n, world_size=world_size, layout=params.layout) if n else 0
-        store.write_shard(
-            doc=doc.describe(),
-            rank=rank,
-            world_size=world_size,
-            layout=params.layout,
-            task=params.task,
-            n_tokens=n,
-            padded_tokens=padded,
-            tensors=result.tensors,
-            stats=result.stats,
-            seconds=result.seconds,
-            grads=result.grads if lead else None,
-        )
+        result = _score_document(doc, ids, model, params, store, ring)
         summary.done += 1
         summary.tokens += n
-        compute_s += result.seconds
-        bytes_done += _doc_size(doc)
-        if lead:
-            elapsed = time.monotonic() - loop_start
-            rate = bytes_done / elapsed if elapsed > 0 else 0.0
-            eta = (bytes_left - bytes_done) / rate if rate > 0 else float("nan")
-            tok_s = summary.tokens / compute_s if compute_s > 0 else 0.0
-            st = result.stats
-            extra = ""
-            if "log_likelihood" in st:
-                ppl = st["perplexity"]
-                extra = f", log-lik {st['log_likelihood']:.4g}, ppl " + (
-                    f"{ppl:.4g}" if ppl is not None else "-"
-                )
-            if "loss" in st:
-                loss = st["loss"]
-                extra += f", loss {loss:.4g}" if loss is not None else ", loss -"
-                extra += f", grad norm {st['grad_norm']:.4g}"
-            done_all = summary.skipped + summary.done
-            log(
-                f"doc {done_all}/{len(docs)} {doc.id}: {n} tokens in {result.seconds:.2f}s"
-                f"{extra}; {tok_s:.0f} tokens/s, ETA {_eta(eta)}"
-            )
-            if progress is not None:
-                progress(done_all, len(docs), unit="documents", tokens_per_s=round(tok_s))
+        done += 1
+        if shown is not None:
+            shown.document(doc, n, result, done, ring.log)
+    return False
+
+
+def _summarise(summary: LongDocSummary, led: list[int], started: float, job: _Ring, log) -> None:
+    """The job's totals on every rank: the documents and tokens each ring's lead counted."""
     summary.seconds = time.monotonic() - started
-    if lead:
+    totals = torch.tensor(led, dtype=torch.int64, device=job.device)
+    if job.world_size > 1:
+        dist.all_reduce(totals, group=job.group)
+    summary.done, summary.tokens = (int(x) for x in totals.cpu().tolist())
+    if job.lead:
         log(
             f"longdoc: {summary.done} documents ({summary.tokens} tokens) in "
             f"{summary.seconds:.1f}s; {summary.skipped} were complete already"
             + (f"; missing inputs: {', '.join(summary.missing)}" if summary.missing else "")
         )
-    return summary

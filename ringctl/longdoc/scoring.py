@@ -5,8 +5,10 @@ the whole document: a tokenizer cannot cut a text at shard boundaries). The docu
 tokens is padded at its end to a length the layout can split (``ringattn.padded_length``) with
 token 0; under the causal mask padding cannot change any earlier token, and padded positions
 are dropped from every output. Each rank feeds its shard with the shard's *global* position ids
-(zigzag order included), ``use_cache=False``, and the process group and layout as the
-``ring_group`` / ``ring_layout`` keyword arguments that reach ``ringattn.hf``.
+(zigzag order included), ``use_cache=False``, inside ``ringattn.hf.ring_settings`` (the process
+group, the layout, and the document's real length for windows and length-dependent RoPE).
+Every forward counts its attention calls: one that skipped ring attention in some layer is
+refused (``BypassError``).
 
 Outputs of a rank cover the real (unpadded) positions it holds, in its local order, and are
 returned as ``ShardResult.tensors`` (what the rank writes) and ``ShardResult.stats`` (document
@@ -36,7 +38,8 @@ Edge cases: an empty document (N = 0) runs no model: every rank returns empty te
 None`` and zero gradients. A one-token document runs the model (padded to 2P tokens in zigzag)
 and scores nothing (``n_scored = 0``, as above), but has a hidden state.
 
-``lm_head`` and the log-softmax run over ``chunk_size`` positions at a time, so
+The model's output head (``head.py``: ``lm_head`` and the model's own logit scaling and
+soft-capping) and the log-softmax run over ``chunk_size`` positions at a time, so
 vocabulary-sized logits never exist for the whole shard; in ``grad`` each chunk is
 checkpointed (recomputed in backward), so they are not kept for backward either.
 """
@@ -53,10 +56,13 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from ringattn import padded_length, sequence_positions, shard_sequence
+from ringattn.hf import count_calls, ring_settings
 
-from .model import decoder
+from .compat import window_refusal
+from .head import output_head
+from .model import attention_layers, decoder
 
-TASKS = ("score", "embed", "grad")
+MODES = ("score", "embed", "grad")
 PAD_ID = 0
 
 
@@ -132,8 +138,8 @@ def next_token_labels(shard: Shard, group) -> tuple[torch.Tensor, torch.Tensor]:
     return labels, valid
 
 
-def _chunk_logprob(head: torch.nn.Module, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    logits = head(h).float()
+def _chunk_logprob(head, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits = head(h)
     return logits.gather(-1, labels[:, None])[:, 0] - logits.logsumexp(-1)
 
 
@@ -143,7 +149,7 @@ def chunked_logprobs(
     """log p(labels[i]) at each row of hidden (S, H), ``chunk_size`` rows at a time."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    head = model.get_output_embeddings()
+    head = output_head(model)
     pieces = []
     for start in range(0, hidden.shape[0], chunk_size):
         h, lab = hidden[start : start + chunk_size], labels[start : start + chunk_size]
@@ -156,15 +162,32 @@ def chunked_logprobs(
     return torch.cat(pieces)
 
 
+class BypassError(RuntimeError):
+    """The model did not run ring attention in every attention layer."""
+
+
 def forward_hidden(model, shard: Shard, *, group, layout: str) -> torch.Tensor:
+    """The last hidden states of this rank's shard, with ring attention in every layer.
+
+    The document's real length reaches the attention layers (windows) and length-dependent
+    RoPE; the attention calls are counted, and a forward in which some attention layer did not
+    go through ring attention (it attended over this shard alone) is refused.
+    """
     device = next(model.parameters()).device
-    out = decoder(model)(
-        input_ids=shard.ids[None].to(device),
-        position_ids=shard.positions[None].to(device),
-        use_cache=False,
-        ring_group=group,
-        ring_layout=layout,
-    )
+    settings = dict(group=group, layout=layout, seq_len=shard.n_tokens)
+    with ring_settings(model=model, **settings), count_calls() as counted:
+        out = decoder(model)(
+            input_ids=shard.ids[None].to(device),
+            position_ids=shard.positions[None].to(device),
+            use_cache=False,
+        )
+    want = attention_layers(model)
+    if len(counted.layers) != want:
+        raise BypassError(
+            f"model type {model.config.model_type!r}: ring attention ran in "
+            f"{len(counted.layers)} of the model's {want} layers; the others attend (or recur) "
+            "over each rank's shard alone, which gives wrong numbers: this model is not supported"
+        )
     return out.last_hidden_state[0]
 
 
@@ -193,6 +216,56 @@ def param_group(name: str) -> str:
     return ".".join(parts[:-1]) or name
 
 
+def _embed(model, shard: Shard, tensors: dict, *, group, layout: str) -> None:
+    """hidden (this rank's real positions) and, on rank 0, pooled (the document's mean)."""
+    world, rank, n = dist.get_world_size(group), dist.get_rank(group), shard.n_tokens
+    param = next(model.parameters())
+    hidden_size = model.config.hidden_size
+    if n == 0:
+        hidden = torch.zeros(0, hidden_size, dtype=param.dtype, device=param.device)
+    else:
+        with torch.no_grad():
+            hidden = forward_hidden(model, shard, group=group, layout=layout)
+        hidden = hidden[shard.real.to(param.device)].contiguous()
+    local_sum = hidden.float().sum(0).double()
+    if world > 1:
+        dist.all_reduce(local_sum, group=group)
+    tensors["hidden"] = hidden.cpu()
+    if rank == 0:
+        pooled = (local_sum / n).float().cpu() if n else torch.full((hidden_size,), math.nan)
+        tensors["pooled"] = pooled
+
+
+def _score(model, shard: Shard, *, group, layout: str, chunk_size: int, grad: bool):
+    """(token_logprob of this rank's real positions, this rank's log-likelihood sum)."""
+    device = next(model.parameters()).device
+    with torch.set_grad_enabled(grad):
+        if shard.n_tokens == 0:
+            return torch.zeros(0, dtype=torch.float32), torch.zeros((), dtype=torch.float64)
+        labels, valid = next_token_labels(shard, group)
+        labels, valid = labels.to(device), valid.to(device)
+        hidden = forward_hidden(model, shard, group=group, layout=layout)
+        lp_all = chunked_logprobs(model, hidden, labels, chunk_size=chunk_size, grad=grad)
+        ll_local = lp_all[valid].double().sum()
+        lp = torch.where(valid, lp_all.detach(), torch.full_like(lp_all, float("nan")))
+        return lp[shard.real.to(device)].cpu(), ll_local
+
+
+def _grad_stats(model, ll_local, ll: float, n_scored: int, group, keep: bool):
+    """(stats: loss, per-group and total gradient norms; the gradients if kept, else None)."""
+    grads = _backward(model, ll_local, n_scored, group)
+    norms: dict[str, float] = {}
+    for name, g in grads.items():
+        key = param_group(name)
+        norms[key] = norms.get(key, 0.0) + float(g.double().pow(2).sum())
+    stats = {
+        "loss": -ll / n_scored if n_scored else None,
+        "grad_norms": {k: math.sqrt(v) for k, v in norms.items()},
+        "grad_norm": math.sqrt(sum(norms.values())),
+    }
+    return stats, ({k: v.cpu() for k, v in grads.items()} if keep else None)
+
+
 def run_task(
     task: str,
     model,
@@ -203,70 +276,36 @@ def run_task(
     chunk_size: int = 4096,
     keep_grads: bool = False,
 ) -> ShardResult:
-    """Run ``task`` on one document (all of its token ids) on this rank of ``group``."""
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {', '.join(TASKS)}, not {task!r}")
+    """Run mode ``task`` on one document (all of its token ids) on this rank of ``group``."""
+    if task not in MODES:
+        raise ValueError(f"task must be one of {', '.join(MODES)}, not {task!r}")
     start = time.perf_counter()
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     ids = ids.to(torch.int64).flatten()
     n = int(ids.numel())
+    too_long = window_refusal(model.config, n)
+    if too_long:  # every rank holds the whole document's ids: every rank raises alike
+        raise ValueError(too_long)
     shard = make_shard(ids, rank=rank, world_size=world, layout=layout)
-    device = next(model.parameters()).device
-    real = shard.real
-    real_dev = real.to(device)
     tensors: dict[str, torch.Tensor] = {
-        "positions": shard.positions[real].clone(),
-        "input_ids": shard.ids[real].clone(),
+        "positions": shard.positions[shard.real].clone(),
+        "input_ids": shard.ids[shard.real].clone(),
     }
     stats: dict[str, Any] = {"n_tokens": n}
     grads = None
     if task == "embed":
-        hidden_size = model.config.hidden_size
-        if n == 0:
-            hidden = torch.zeros(
-                0, hidden_size, dtype=next(model.parameters()).dtype, device=device
-            )
-        else:
-            with torch.no_grad():
-                hidden = forward_hidden(model, shard, group=group, layout=layout)
-            hidden = hidden[real_dev].contiguous()
-        local_sum = hidden.float().sum(0).double()
-        if world > 1:
-            dist.all_reduce(local_sum, group=group)
-        tensors["hidden"] = hidden.cpu()
-        if rank == 0:
-            pooled = (local_sum / n).float().cpu() if n else torch.full((hidden_size,), math.nan)
-            tensors["pooled"] = pooled
-    elif task == "score" or task == "grad":
-        n_scored = max(n - 1, 0)
-        with torch.set_grad_enabled(task == "grad"):
-            if n == 0:
-                lp = torch.zeros(0, dtype=torch.float32)
-                ll_local = torch.zeros((), dtype=torch.float64)
-            else:
-                labels, valid = next_token_labels(shard, group)
-                labels, valid = labels.to(device), valid.to(device)
-                hidden = forward_hidden(model, shard, group=group, layout=layout)
-                lp_all = chunked_logprobs(
-                    model, hidden, labels, chunk_size=chunk_size, grad=task == "grad"
-                )
-                ll_local = lp_all[valid].double().sum()
-                lp = torch.where(valid, lp_all.detach(), torch.full_like(lp_all, float("nan")))
-                lp = lp[real_dev].cpu()
+        _embed(model, shard, tensors, group=group, layout=layout)
+    else:
+        lp, ll_local = _score(
+            model, shard, group=group, layout=layout, chunk_size=chunk_size, grad=task == "grad"
+        )
         (ll,) = _all_sum([float(ll_local.detach())], group)
         tensors["token_logprob"] = lp.detach().float().contiguous()
+        n_scored = max(n - 1, 0)
         stats.update(_score_stats(ll, n_scored))
         if task == "grad":
-            grads = _backward(model, ll_local, n_scored, group)
-            norms: dict[str, float] = {}
-            for name, g in grads.items():
-                key = param_group(name)
-                norms[key] = norms.get(key, 0.0) + float(g.double().pow(2).sum())
-            total = math.sqrt(sum(norms.values()))
-            stats["loss"] = -ll / n_scored if n_scored else None
-            stats["grad_norms"] = {k: math.sqrt(v) for k, v in norms.items()}
-            stats["grad_norm"] = total
-            grads = {k: v.cpu() for k, v in grads.items()} if keep_grads else None
+            more, grads = _grad_stats(model, ll_local, ll, n_scored, group, keep_grads)
+            stats.update(more)
     return ShardResult(tensors, stats, time.perf_counter() - start, grads)
 
 

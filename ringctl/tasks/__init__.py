@@ -51,7 +51,8 @@ TASK_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "longdoc": (("transformers", HF_INSTALL), ("tokenizers", HF_INSTALL)),
 }
 # Tasks whose outputs `ringctl gather` can verify and reassemble: task -> module with
-# `gather(job_dir, out, *, force, **options)` (see ringctl.longdoc.gather).
+# `gather(job_dir, out, *, force)`; optional `recognises(path)` (bare output directories) and
+# `show(result, console)` (see ringctl.longdoc.gather).
 TASK_GATHERERS: dict[str, str] = {"longdoc": "ringctl.longdoc.gather"}
 KERNEL_PACKAGES = {"flash": ("flash_attn", "pip install 'ringctl[flash]' (CUDA only)")}
 

@@ -1,100 +1,137 @@
 """The long-document task: score, embed or take gradients of documents with a causal LM.
 
 The work lives in `ringctl.longdoc` (documents, tokenizer, model, scoring, shards); this module
-is its face in a job config:
+is its face in a job config. Its parameters are `ringctl.longdoc.params.LongDocParams` (the
+`task:` section; see that module for every key):
 
     task:
       name: longdoc
       mode: score            # score | embed | grad
-      inputs: [docs/]        # .txt, .jsonl, directories; null = the bundled samples
+      inputs: [docs/]        # a path or a list: .txt .md .jsonl .jsonl.gz .json, directories
       model_path: null       # a local HF model directory; null = the bundled tiny Llama
 
-Relative input and model paths are made absolute when the job is submitted, so ranks that run
-inside the job directory (or on another node with the same filesystem) find them.
+`check` runs at submit, before anything is created: impossible values, paths that do not exist,
+a model that ring attention cannot run exactly (refused by name, from its config.json), a byte
+tokenizer with a model of another vocabulary, and inputs that cannot be read. Relative input and
+model paths are made absolute when the job is submitted (`prepare`), so ranks that run inside
+the job directory (or on another node with the same filesystem) find them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..config import TaskParams
+from ..longdoc.params import MODES, LongDocParams
 
-MODES = ("score", "embed", "grad")
+Params = LongDocParams
+__all__ = ["MODES", "Params", "check", "params_of", "prepare", "run"]
 
 
-@dataclass
-class Params(TaskParams):
-    name: str = "longdoc"
-    mode: str = "score"
-    inputs: list[str] | None = None
-    text_field: str = "text"
-    model_path: str | None = None
-    tokenizer_path: str | None = None
-    dtype: str = "float32"
-    layout: str | None = None  # default: ring.layout
-    max_docs: int | None = None
-    on_missing: str = "report"  # report: log it and go on with the others | stop: fail first
-    write_grads: bool = False
-    chunk_size: int = 4096  # positions per lm_head + log-softmax chunk
+def _check_model(p: LongDocParams, bad) -> None:
+    """The model and tokenizer, from config.json only (no torch, no transformers)."""
+    from ..longdoc.compat import config_refusal, read_model_config
+    from ..longdoc.tokenize import TOKENIZER_FILES, resolve_tokenizer_path
+
+    try:
+        config = read_model_config(p.model_path)
+    except ValueError as err:
+        raise bad("task.model_path", str(err)) from None
+    config = {**config, **(p.model_overrides or {})}
+    why = config_refusal(config)
+    if why:
+        raise bad("task.model_path", why)
+    vocab = (config.get("text_config") or config).get("vocab_size")
+    tokenizer = resolve_tokenizer_path(p.tokenizer_path, p.model_path)
+    if tokenizer is None and vocab is not None and int(vocab) != 256:
+        where = "has no tokenizer files" if p.model_path else "is the bundled byte model"
+        raise bad(
+            "task.tokenizer_path",
+            f"the model's vocabulary is {vocab} ids and the model directory {where} "
+            f"({', '.join(TOKENIZER_FILES)}): UTF-8 bytes (256 ids) would score garbage; "
+            "give the tokenizer's directory",
+        )
+
+
+def _check_inputs(p: LongDocParams, bad) -> None:
+    """Inputs that cannot be read are found at submit (missing ones follow on_missing)."""
+    from ..longdoc.documents import DocumentError, list_documents
+
+    if p.inputs is None:
+        return
+    try:
+        list_documents(
+            p.inputs,
+            text_field=p.text_field,
+            id_field=p.id_field,
+            on_missing=p.on_missing,
+            on_bad_record=p.on_bad_record,
+            max_docs=p.max_docs,
+        )
+    except DocumentError as err:
+        raise bad("task.inputs", str(err)) from None
 
 
 def check(cfg, bad) -> None:
-    t = cfg.task
-    if t.mode not in MODES:
-        raise bad("task.mode", f"must be one of {', '.join(MODES)}, got {t.mode!r}")
-    if t.on_missing not in ("report", "stop"):
-        raise bad("task.on_missing", f"must be report or stop, got {t.on_missing!r}")
-    if t.dtype not in ("float32", "bfloat16", "float16", "float64"):
-        raise bad("task.dtype", f"must be float32, bfloat16, float16 or float64, got {t.dtype!r}")
-    if t.chunk_size < 1:
-        raise bad("task.chunk_size", f"must be at least 1, got {t.chunk_size}")
+    try:
+        p = LongDocParams.from_any(OmegaConf.to_container(cfg.task, resolve=True), validate=False)
+    except (TypeError, ValueError) as err:
+        raise bad("task", str(err)) from None
+    for key, why in p.problems():
+        raise bad(f"task.{key}", why)
     for key in ("model_path", "tokenizer_path"):
-        value = t[key]
-        if value is not None and not Path(value).expanduser().exists():
+        value = getattr(p, key)
+        if value is not None and value != "bytes" and not Path(value).expanduser().exists():
             raise bad(f"task.{key}", f"{value} does not exist")
+    _check_model(p, bad)
+    _check_inputs(p, bad)
 
 
 def prepare(cfg):
     """Absolute paths, so ranks started in the job directory find the inputs and model."""
     cfg = OmegaConf.to_container(cfg, resolve=True)
     t = cfg["task"]
+    if isinstance(t["inputs"], str):
+        t["inputs"] = [t["inputs"]]
     if t["inputs"]:
         t["inputs"] = [str(Path(p).expanduser().absolute()) for p in t["inputs"]]
     for key in ("model_path", "tokenizer_path"):
-        if t[key]:
+        if t[key] and t[key] != "bytes":
             t[key] = str(Path(t[key]).expanduser().absolute())
     return cfg
 
 
-def params_of(cfg):
-    from ..longdoc.run import LongDocParams
-
-    t = cfg.task
-    return LongDocParams(
-        inputs=list(t.inputs) if t.inputs else None,
-        text_field=t.text_field,
-        model_path=t.model_path,
-        tokenizer_path=t.tokenizer_path,
-        task=t.mode,
-        dtype=t.dtype,
-        layout=str(t.layout or cfg.ring.layout.value),
-        max_docs=t.max_docs,
-        on_missing=t.on_missing,
-        write_grads=t.write_grads,
-        chunk_size=t.chunk_size,
-    )
+def params_of(cfg) -> LongDocParams:
+    params = LongDocParams.from_any(OmegaConf.to_container(cfg.task, resolve=True), validate=False)
+    params.layout = str(cfg.task.layout or cfg.ring.layout.value)
+    params.validate()
+    return params
 
 
 def run(cfg, ctx) -> dict:
+    from ..atomic import atomic_write_json
+    from ..jobdir import JobDir
     from ..longdoc.run import run_longdoc
+    from ..longdoc.scheduling import RingOptions
+
+    job = JobDir(ctx.job_dir)
+
+    def ring_progress(label: str, record: dict) -> None:
+        atomic_write_json(job.logs / "rings" / f"{label.replace(' ', '-')}.json", record)
 
     summary = run_longdoc(
         params_of(cfg), ctx.rank, ctx.world_size, ctx.group, ctx.out_dir, ctx.log,
         progress=ctx.progress, should_stop=ctx.stop_requested, device=ctx.device,
+        rings=RingOptions.of(cfg), schedule_path=job.path / "schedule.json",
+        ring_progress=ring_progress,
     )  # fmt: skip
+    if summary.stopped:  # a preemption signal: the job is not done, and must not look done
+        left = summary.total - summary.skipped - summary.done
+        raise RuntimeError(
+            f"stopped on request before the end: {left} of {summary.total} documents left "
+            "(finished ones are written); `ringctl resume` continues"
+        )
     missing = f", missing inputs: {', '.join(summary.missing)}" if summary.missing else ""
     ctx.log(
         f"longdoc: {summary.done} documents done, {summary.skipped} already complete, "

@@ -1,0 +1,194 @@
+"""Which models a long-document job accepts, decided from the model's config.
+
+Ring attention gives the model's own numbers only when every token-mixing step of the model is
+an attention call that goes through transformers' attention interface (where ``ringattn``
+replaces it). What does not is refused here, by name, before any rank scores anything:
+
+* families that compute attention themselves (ALiBi in BLOOM and MPT, Falcon's and GPT-Neo's
+  own attention classes): ring attention never runs, each rank attends over its shard alone;
+* state-space, convolutional and linear-attention layers (Mamba, Jamba, LFM2, Falcon-H1,
+  Qwen3-Next, ...): their recurrence would restart on every rank's shard;
+* attention-logit soft-capping (Gemma 2): not implemented by the ring kernels;
+* value heads of another size than query/key heads (DeepSeek-V2/V3's latent attention);
+* attention sinks (gpt-oss) while ``ring_attention`` has no ``sinks=`` parameter.
+
+Windowed attention (sliding windows, Llama 4's chunked attention) is exact under full causal
+attention only for a document that fits in the window: ``window(config)`` gives the limit and
+the job refuses longer documents, naming it. (Llama 4's attention temperature tuning counts
+positions per rank; it is exact up to ``floor_scale - 1`` tokens, so that is a limit too.)
+
+``config_refusal`` reads a plain dict (a ``config.json``), so ``ringctl submit`` can call it
+without torch or transformers; ``model_refusal`` adds what only the built model shows. Anything
+this list does not know about is still checked by the probe (``probe.py``) and by counting the
+attention calls of every forward (``scoring.forward_hidden``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+_OWN_ATTENTION = (
+    "computes attention in its own code, not through transformers' attention interface, so "
+    "ring attention would never run"
+)
+_RECURRENT = (
+    "has state-space, convolution or linear-attention layers whose recurrence over the "
+    "sequence would restart on every rank's shard"
+)
+REFUSED: dict[str, str] = {
+    "bloom": f"BLOOM (ALiBi) {_OWN_ATTENTION}",
+    "mpt": f"MPT (ALiBi) {_OWN_ATTENTION}",
+    "falcon": f"Falcon {_OWN_ATTENTION}",
+    "gpt_neo": f"GPT-Neo {_OWN_ATTENTION}",
+    "xglm": f"XGLM {_OWN_ATTENTION}",
+    "mamba": f"Mamba {_RECURRENT}",
+    "mamba2": f"Mamba-2 {_RECURRENT}",
+    "falcon_mamba": f"Falcon-Mamba {_RECURRENT}",
+    "jamba": f"Jamba {_RECURRENT}",
+    "bamba": f"Bamba {_RECURRENT}",
+    "zamba": f"Zamba {_RECURRENT}",
+    "zamba2": f"Zamba2 {_RECURRENT}",
+    "falcon_h1": f"Falcon-H1 {_RECURRENT}",
+    "granitemoehybrid": f"Granite hybrid {_RECURRENT}",
+    "nemotron_h": f"Nemotron-H {_RECURRENT}",
+    "lfm2": f"LFM2 {_RECURRENT}",
+    "lfm2_moe": f"LFM2-MoE {_RECURRENT}",
+    "qwen3_next": f"Qwen3-Next {_RECURRENT}",
+    "recurrent_gemma": f"RecurrentGemma {_RECURRENT}",
+    "rwkv": f"RWKV {_RECURRENT}",
+    "xlstm": f"xLSTM {_RECURRENT}",
+    "minimax": f"MiniMax {_RECURRENT}",
+}
+WINDOW_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+# transformers' defaults that matter here, for hand-written config.json files that omit them
+# (a saved model's config.json has every field)
+DEFAULTS: dict[str, dict[str, Any]] = {"gemma2": {"attn_logit_softcapping": 50.0}}
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def text_config(config: Any) -> Any:
+    """The language model's part of a config (multimodal configs nest it in text_config)."""
+    inner = _get(config, "text_config")
+    return inner if inner is not None else config
+
+
+def model_type(config: Any) -> str:
+    return str(_get(text_config(config), "model_type") or _get(config, "model_type") or "?")
+
+
+def config_refusal(config: Any) -> str | None:
+    """Why this model cannot be scored exactly on a ring, or None (config dict or object)."""
+    cfg = text_config(config)
+    kind = model_type(config)
+    if kind in REFUSED:
+        return f"model type {kind!r}: {REFUSED[kind]}: not supported"
+    cap = _get(cfg, "attn_logit_softcapping", DEFAULTS.get(kind, {}).get("attn_logit_softcapping"))
+    if cap is not None:
+        return (
+            f"model type {kind!r}: attention-logit soft-capping (attn_logit_softcapping={cap}) "
+            "is not implemented by ring attention: not supported"
+        )
+    qk = (_get(cfg, "qk_nope_head_dim") or 0) + (_get(cfg, "qk_rope_head_dim") or 0)
+    v_dim = _get(cfg, "v_head_dim")
+    if qk and v_dim and qk != v_dim:
+        return (
+            f"model type {kind!r}: its attention's query/key heads ({qk}) and value heads "
+            f"({v_dim}) differ in size (multi-head latent attention), which the ring kernels "
+            "do not take: not supported"
+        )
+    if kind == "gpt_oss":
+        from ringattn.hf import supports_sinks
+
+        if not supports_sinks():
+            return (
+                f"model type {kind!r}: attention sinks need ring_attention(sinks=...), which "
+                "this ringattn does not have: not supported"
+            )
+    return None
+
+
+def window(config: Any) -> int | None:
+    """The shortest attention window of any layer (sliding or chunked), or None (no window)."""
+    cfg = text_config(config)
+    limits = _temperature_limit(cfg)
+    types = _get(cfg, "layer_types")
+    sliding, chunk = _get(cfg, "sliding_window"), _get(cfg, "attention_chunk_size")
+    if types is not None:
+        if "sliding_attention" in types and sliding:
+            limits.append(int(sliding))
+        if "chunked_attention" in types and chunk:
+            limits.append(int(chunk))
+    elif _get(cfg, "use_sliding_window") is not False:
+        limits += [int(v) for v in (sliding, chunk) if v]
+    return min(limits) if limits else None
+
+
+def _temperature_limit(cfg: Any) -> list[int]:
+    """Llama 4's NoPE layers scale queries by log1p(floor((p + 1) / floor_scale)), computing p
+    from each rank's *local* positions: the same as the model's only while every scale is 1,
+    i.e. for documents of at most floor_scale - 1 tokens."""
+    floor_scale = _get(cfg, "floor_scale")
+    uses_nope = _get(cfg, "no_rope_layers") is None or 0 in (_get(cfg, "no_rope_layers") or [])
+    if _get(cfg, "attn_temperature_tuning") and floor_scale and uses_nope:
+        return [int(floor_scale) - 1]
+    return []
+
+
+def window_refusal(config: Any, n_tokens: int) -> str | None:
+    limit = window(config)
+    if limit is None or n_tokens <= limit:
+        return None
+    return (
+        f"{n_tokens} tokens is longer than the attention window of model type "
+        f"{model_type(config)!r} (window {limit}); ring attention computes full causal "
+        f"attention, which equals the model's windowed attention only for documents of at "
+        f"most {limit} tokens"
+    )
+
+
+def model_refusal(model) -> str | None:
+    """config_refusal, plus token-mixing convolutions in the built model (any hybrid)."""
+    return config_refusal(model.config) or sequence_mixing_refusal(model)
+
+
+def sequence_mixing_refusal(model) -> str | None:
+    """A convolution over the sequence anywhere in the model (what state-space, short-conv and
+    linear-attention layers have), whatever the family is called."""
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Conv1d):
+            return (
+                f"model type {model_type(model.config)!r}: {name} is a convolution over the "
+                "sequence (a state-space or convolutional layer), whose state would restart on "
+                "every rank's shard: not supported"
+            )
+    return None
+
+
+def read_model_config(model_path: str | Path | None) -> dict:
+    """The config.json of a model path (a directory, a .json config, None: the bundled one)."""
+    if model_path is None:
+        path = Path(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
+    else:
+        path = Path(model_path)
+        if path.is_dir():
+            path = path / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no model config here") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable model config ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a model config must be a JSON object")
+    return data

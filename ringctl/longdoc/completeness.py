@@ -1,0 +1,299 @@
+"""When a document's output is complete: one definition, for ``ringctl gather`` and for resume.
+
+A rank's shard of a document is complete when, under ``longdoc/shards/<key>/``:
+
+* its entry ``rank-NNNNN.json`` and data file ``rank-NNNNN.safetensors`` exist (these fixed
+  names, never the name an entry gives), both inside the ``longdoc/`` directory once symlinks
+  are resolved;
+* the entry names this document (id and key), this rank, this file and the run's world
+  size, task and layout; the file's size and sha256 match the entry;
+* the tensors in the file have the names, dtypes and shapes the entry declares, and their
+  ``positions`` are those the entry lists and those the layout gives this rank;
+* a gradient file it names is ``grads/<key>.safetensors`` and matches its checksum.
+
+A document is complete when every rank 0..P-1 is, all agree on its length, and their positions
+cover ``0 .. N-1`` exactly once. P is the size of the ring that produced the document (a job
+runs rings of several sizes, and a resumed job may use others): rank 0's entry says it, and
+every other entry must say the same. ``document_status`` answers that (gather); ``rank_complete``
+answers it for one rank (resume, where each rank may only see its own node's output directory).
+The checks are against accidental damage and truncation: whoever can edit the job directory can
+also rewrite an entry's checksum (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_problems
+from .shards import dtype_name, expand_ranges, sha256_bytes, sha256_file
+
+
+@dataclass
+class RankShard:
+    """One rank's verified part of a document: its entry and its tensors."""
+
+    rank: int
+    entry: dict
+    tensors: dict[str, torch.Tensor]
+    data_path: Path
+
+
+def shard_paths(root: Path, key: str, rank: int) -> tuple[Path, Path]:
+    """(entry, data file) of rank's shard: the fixed names, whatever an entry says."""
+    doc_dir = root / "shards" / key
+    return doc_dir / f"rank-{rank:05d}.json", doc_dir / f"rank-{rank:05d}.safetensors"
+
+
+def confined(path: Path, base: Path) -> bool:
+    """Whether path, symlinks resolved, is base or below it (resolved too)."""
+    try:
+        path.resolve().relative_to(base.resolve())
+    except (ValueError, OSError, RuntimeError):  # outside; or a symlink loop
+        return False
+    return True
+
+
+def ranges_text(idx: list[int], limit: int = 6) -> str:
+    """Positions as runs ("0-5, 9"), the first `limit` of them."""
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    shown = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit]]
+    return ", ".join(shown) + (f" and {len(runs) - limit} more runs" if len(runs) > limit else "")
+
+
+# --- one rank ------------------------------------------------------------------------------------
+
+
+def _read_entry(entry_path: Path, rank: int) -> tuple[dict | None, str]:
+    if not entry_path.is_file():
+        return None, f"rank {rank}'s manifest entry {entry_path} is missing"
+    try:
+        entry = json.loads(entry_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return None, f"{entry_path} is unreadable or corrupt ({err})"
+    if not isinstance(entry, dict):
+        return None, f"{entry_path} is corrupt (not a JSON object)"
+    return entry, ""
+
+
+def _read_data(data_path: Path, entry_path: Path, entry: dict, rank: int) -> tuple[bytes, str]:
+    if not data_path.is_file():
+        return b"", f"rank {rank}'s shard {data_path} is missing"
+    raw = data_path.read_bytes()
+    if sha256_bytes(raw) != entry.get("sha256") or len(raw) != entry.get("bytes"):
+        return b"", (
+            f"{data_path} does not match its checksum in {entry_path.name} (corrupt or tampered)"
+        )
+    return raw, ""
+
+
+def _identity_mismatch(entry: dict, doc: dict, run: dict, rank: int) -> list[str]:
+    wanted = (
+        ("doc_id", doc["id"]),
+        ("doc_key", doc["key"]),
+        ("rank", rank),
+        ("world_size", run["world_size"]),
+        ("task", run["task"]),
+        ("layout", run["layout"]),
+    )
+    return [f"{k}={entry.get(k)!r} (expected {v!r})" for k, v in wanted if entry.get(k) != v]
+
+
+def _declared_tensors(entry: dict) -> dict[str, tuple[str, list]] | None:
+    declared = entry.get("tensors")
+    if not isinstance(declared, dict):
+        return None
+    try:
+        return {k: (v["dtype"], list(v["shape"])) for k, v in declared.items()}
+    except (TypeError, KeyError):
+        return None
+
+
+def _load_tensors(raw: bytes, entry: dict, data_path: Path) -> tuple[dict | None, str]:
+    from safetensors.torch import load
+
+    try:
+        tensors = load(raw)
+    except Exception as err:  # safetensors raises its own error types
+        return None, f"{data_path} is not a readable safetensors file ({err})"
+    declared = _declared_tensors(entry)
+    actual = {k: (dtype_name(v.dtype), list(v.shape)) for k, v in tensors.items()}
+    if declared != actual:
+        return None, f"{data_path} holds {actual}, its entry says {declared}"
+    positions = tensors.get("positions")
+    if positions is None or positions.dtype != torch.int64 or positions.dim() != 1:
+        return None, f"{data_path} has no int64 positions vector"
+    return tensors, ""
+
+
+def _ranges_valid(ranges: Any, rows: int) -> bool:
+    """[start, stop) pairs of ints, non-empty, covering `rows` positions in all (no expansion
+    before this: a hostile entry must not make us allocate what it likes)."""
+    if not isinstance(ranges, list):
+        return False
+    total = 0
+    for pair in ranges:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(is_int(v) for v in pair)):
+            return False
+        if not 0 <= pair[0] < pair[1]:
+            return False
+        total += pair[1] - pair[0]
+    return total == rows
+
+
+def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path: Path) -> str:
+    """The positions in the file: those the entry lists, and those the layout gives rank."""
+    from ringattn import padded_length, sequence_positions
+
+    positions, world = tensors["positions"], run["world_size"]
+    n = entry.get("n_tokens")
+    # A rank holds about N/P positions; a larger N is impossible (and would be allocated below).
+    if not is_int(n) or not 0 <= n <= world * (positions.numel() + 2 * world):
+        return f"{data_path}: n_tokens={n!r} is impossible for {positions.numel()} positions"
+    if not _ranges_valid(entry.get("positions"), positions.numel()) or not torch.equal(
+        positions, expand_ranges(entry["positions"])
+    ):
+        return f"{data_path}: positions differ from its manifest entry"
+    expected = torch.zeros(0, dtype=torch.int64)
+    if n:
+        padded = padded_length(n, world_size=world, layout=run["layout"])
+        expected = sequence_positions(padded, world_size=world, rank=rank, layout=run["layout"])
+        expected = expected[expected < n]
+    if not torch.equal(positions, expected):
+        return (
+            f"{data_path} covers positions {entry['positions']}, but rank {rank} of the "
+            f"{run['layout']} layout holds {ranges_text(expected.tolist())}"
+        )
+    return ""
+
+
+def _grads_problem(root: Path, key: str, entry: dict) -> str:
+    if "grads_file" not in entry:
+        return ""
+    want = f"grads/{key}.safetensors"
+    if entry["grads_file"] != want:
+        return f"grads_file={entry['grads_file']!r} in its entry (expected {want!r}); refused"
+    gpath = root / want
+    if not confined(gpath, root):
+        return f"gradient file {gpath} leads outside {root} (a symlink); refused"
+    if not gpath.is_file():
+        return f"gradient file {gpath} is missing"
+    if sha256_file(gpath) != entry.get("grads_sha256"):
+        return f"{gpath} does not match its checksum (corrupt)"
+    return ""
+
+
+def check_rank(root: Path, doc: dict, run: dict, rank: int) -> tuple[RankShard | None, str]:
+    """(rank's verified shard, "") or (None, why it is not complete). doc and run are checked
+    entries (``manifest.doc_problems`` / ``run_problems`` found nothing)."""
+    entry_path, data_path = shard_paths(root, doc["key"], rank)
+    for path in (entry_path, data_path):
+        if not confined(path, root):
+            return None, f"{path} leads outside {root} (a symlink); refused"
+    entry, problem = _read_entry(entry_path, rank)
+    if entry is None:
+        return None, problem
+    raw, problem = _read_data(data_path, entry_path, entry, rank)
+    if problem:
+        return None, problem
+    mismatch = _identity_mismatch(entry, doc, run, rank)
+    if mismatch:
+        return None, f"{entry_path} says {', '.join(mismatch)}"
+    tensors, problem = _load_tensors(raw, entry, data_path)
+    if tensors is None:
+        return None, problem
+    problem = _layout_problem(entry, tensors, run, rank, data_path)
+    if not problem and entry.get("file") != data_path.name:
+        problem = f"{entry_path} says file={entry.get('file')!r} (expected {data_path.name!r})"
+    problem = problem or _grads_problem(root, doc["key"], entry)
+    if problem:
+        return None, problem
+    return RankShard(rank, entry, tensors, data_path), ""
+
+
+# --- one document --------------------------------------------------------------------------------
+
+
+def _coverage_problems(shards: list[RankShard], n: int) -> list[str]:
+    """Every position 0..n-1 held by exactly one rank (the layout check implies it; this is the
+    independent count)."""
+    all_pos = torch.cat([s.tensors["positions"] for s in shards])
+    outside = all_pos[(all_pos < 0) | (all_pos >= n)]
+    if outside.numel():
+        return [f"positions outside 0..{n - 1}: {outside[:6].tolist()}"]
+    counts = torch.bincount(all_pos, minlength=n) if n else torch.zeros(0, dtype=torch.int64)
+    holes = (counts == 0).nonzero()[:, 0].tolist()
+    twice = (counts > 1).nonzero()[:, 0].tolist()
+    problems = []
+    if holes:
+        problems.append(f"positions covered by no rank: {ranges_text(holes)}")
+    if twice:
+        problems.append(f"positions covered more than once: {ranges_text(twice)}")
+    return problems
+
+
+def ring_size_of(root: Path, doc: dict, run: dict) -> int:
+    """The size of the ring that wrote the document: rank 0's entry's world_size when it is a
+    rank count, else the run's (the entries are then checked against it and found wanting)."""
+    entry_path, _ = shard_paths(root, doc["key"], 0)
+    entry = None
+    if confined(entry_path, root):
+        entry, _ = _read_entry(entry_path, 0)
+    size = (entry or {}).get("world_size")
+    return size if is_int(size) and 1 <= size <= MAX_WORLD_SIZE else run["world_size"]
+
+
+def document_shards(root: Path, doc: dict, run: dict) -> tuple[list[RankShard], int, list[str]]:
+    """(every rank's verified shard, the document's length, problems): problems is empty
+    exactly when the document is complete."""
+    checked = doc_problems(doc) or run_problems(run)
+    if checked:
+        return [], 0, checked
+    run = {**run, "world_size": ring_size_of(root, doc, run)}
+    where = f"document {doc['id']!r}"
+    doc_dir = root / "shards" / doc["key"]
+    if not confined(doc_dir, root):
+        return [], 0, [f"{where}: {doc_dir} leads outside {root} (a symlink); refused"]
+    if not doc_dir.is_dir():
+        return [], 0, [f"{where}: no shards at all ({doc_dir} is missing)"]
+    shards, problems = [], []
+    for rank in range(run["world_size"]):
+        shard, problem = check_rank(root, doc, run, rank)
+        if shard is None:
+            problems.append(f"{where}: {problem}")
+        else:
+            shards.append(shard)
+    if problems:
+        return [], 0, problems
+    lengths = sorted({s.entry["n_tokens"] for s in shards})
+    if len(lengths) != 1:
+        return [], 0, [f"{where}: ranks disagree on the document length: {lengths}"]
+    problems = [f"{where}: {p}" for p in _coverage_problems(shards, lengths[0])]
+    return ([], 0, problems) if problems else (shards, lengths[0], [])
+
+
+def document_status(root: str | Path, doc: dict, run: dict) -> tuple[bool, list[str]]:
+    """(complete, the problems that make it incomplete), for every rank of the document."""
+    _, _, problems = document_shards(Path(root), doc, run)
+    return not problems, problems
+
+
+def rank_complete(root: str | Path, doc: dict, run: dict, rank: int) -> bool:
+    """Whether rank's own shard of doc is complete (resume: each rank checks what it wrote,
+    then the ranks agree; the same checks as gather's, for that rank)."""
+    if doc_problems(doc) or run_problems(run):
+        return False
+    root = Path(root)
+    if not confined(root / "shards" / doc["key"], root):
+        return False
+    shard, _ = check_rank(root, doc, {**run, "world_size": ring_size_of(root, doc, run)}, rank)
+    return shard is not None

@@ -1,0 +1,514 @@
+"""The long-document task's gather step: verify every shard, reassemble each document in order.
+
+``gather(job_dir, out)`` reads ``longdoc/`` (see ``shards.py``) under ``job_dir`` or
+``job_dir/out``. Nothing there is trusted: ``manifest.py`` checks run.json and documents.json
+(plain file-name keys, no duplicate ids), ``expected.py`` checks the document list against the
+one fixed when the run started (when there is one), and ``completeness.py`` decides, the same way
+as resume, whether each document is complete: every rank's shard present, inside the job
+directory (symlinks resolved), matching its checksum, its entry and its layout, and together
+covering ``0 .. N-1`` exactly once.
+
+Then it undoes the layout (each tensor row goes to its global position), and writes, to a
+temporary directory renamed to ``out`` only when everything verified:
+
+* ``docs/<doc key>.safetensors``: ``input_ids`` (N,); task score/grad: ``token_logprob``
+  (N-1,), ``token_logprob[i] = log p(input_ids[i+1] | input_ids[..i])``; task embed: ``hidden``
+  (N, hidden) and ``pooled`` (hidden,); metadata: doc_id, source, task;
+* ``grads/<doc key>.safetensors`` (task grad with write_grads), checksum verified;
+* ``summary.json`` and ``summary.csv``: one row per document (tokens, log-likelihood,
+  perplexity, seconds, ...), plus the inputs that were missing when the job ran;
+* ``tokens.parquet|csv`` (``pooled.*`` for embed) with ``--format parquet|csv``, and, for
+  score/grad, ``loss-by-position.json`` / ``.png`` (see ``export.py`` and ``curve.py``);
+* ``.ringctl-gather``: the marker that makes it a gather output. ``--force`` replaces only a
+  directory with this marker (or an empty one), never anything else.
+
+``partial=True`` (``--partial``) writes the documents that are complete now, by the same
+definition, and lists the others (``incomplete`` in summary.json, a ``status`` column in
+summary.csv); such an output says ``partial: true`` in summary.json, in the marker and in the
+curve's JSON, and a later gather replaces it without ``--force`` (it is ours, and never
+complete). What is wrong rather than unfinished (a document list that disagrees with
+expected.json, a complete document of the wrong length or with NaN scores) is refused with or
+without ``partial``.
+
+The folder and files get the permissions the user's umask gives (not a temp dir's 0700).
+Anything missing or corrupt is named (file and reason) in a ``GatherError``: exit status 3,
+and nothing is written under ``out`` (an existing ``out`` is left as it was). Missing *inputs*
+(documents the job could not read, ``on_missing=report``) are not an error here: they are
+listed in the summary and as a warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from . import export
+from .completeness import RankShard, confined, document_shards
+from .expected import expected_problems
+from .manifest import read_documents, read_run
+
+GATHER_FAILED_EXIT = 3
+MARKER = ".ringctl-gather"
+MARKER_FORMAT = "ringctl.gather/1"
+
+
+class GatherError(UserError):
+    """Shards missing or corrupt, manifests malformed: exit status 3 (2 stays for usage
+    errors). One problem is one line; several are listed below a head line."""
+
+    exit_code = GATHER_FAILED_EXIT
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        if len(problems) == 1:
+            super().__init__(f"{problems[0]}; nothing was written")
+            return
+        head = f"{len(problems)} problem(s) in the job's output; nothing was written:"
+        super().__init__("\n".join([head, *(f"  - {p}" for p in problems)]))
+
+
+@dataclass
+class GatheredDoc:
+    doc_id: str
+    key: str
+    source: str | None
+    tensors: dict[str, Any]
+    row: dict[str, Any]
+    grads_file: Path | None = None
+
+
+@dataclass
+class GatherResult:
+    out: Path
+    task: str
+    rows: list[dict[str, Any]]
+    missing_inputs: list[str] = field(default_factory=list)
+    partial: bool = False  # some listed documents are not complete (only with --partial)
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # written beside docs/
+    notes: list[str] = field(default_factory=list)  # e.g. the PNG skipped, and why
+    asked_partial: bool = False
+
+
+# --- where ----------------------------------------------------------------------------------------
+
+
+def resolve_job_dir(spec: str | Path) -> Path:
+    """The job directory (or its out/ directory) as an absolute path; it must exist."""
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise UserError(f"{spec}: no such job directory")
+    return path.absolute()
+
+
+def find_longdoc_root(job_dir: Path) -> Path:
+    """job_dir/longdoc or job_dir/out/longdoc (the one holding run.json), inside job_dir."""
+    for base in (job_dir, job_dir / "out"):
+        root = base / "longdoc"
+        if (root / "run.json").is_file():
+            if not confined(root, job_dir):
+                raise GatherError([f"{root} leads outside {job_dir} (a symlink); refused"])
+            return root
+    raise UserError(
+        f"{job_dir}: no long-document output here (looked for longdoc/run.json and "
+        "out/longdoc/run.json)"
+    )
+
+
+def recognises(path: str | Path) -> bool:
+    """Whether path holds long-document output (for a directory that is not a job directory)."""
+    path = Path(path)
+    return any((base / "longdoc" / "run.json").is_file() for base in (path, path / "out"))
+
+
+# --- verify and reassemble ------------------------------------------------------------------------
+
+
+def _assemble(shards: list[RankShard], n: int, name: str):
+    import torch
+
+    first = shards[0].tensors[name]
+    full = torch.empty((n, *first.shape[1:]), dtype=first.dtype)
+    for s in shards:
+        full[s.tensors["positions"]] = s.tensors[name]
+    return full
+
+
+def _task_outputs(shards: list[RankShard], n: int, task: str) -> tuple[dict, dict, str]:
+    """(tensors, summary fields, problem) of a verified document for its task."""
+    import torch
+
+    out: dict[str, Any] = {"input_ids": _assemble(shards, n, "input_ids")}
+    row: dict[str, Any] = {}
+    if task in ("score", "grad"):
+        lp = _assemble(shards, n, "token_logprob")[: max(n - 1, 0)].contiguous()
+        if torch.isnan(lp).any():
+            return {}, {}, "NaN log-probabilities at scored positions"
+        out["token_logprob"] = lp
+        ll = float(lp.double().sum())
+        row["log_likelihood"] = ll
+        row["perplexity"] = math.exp(-ll / lp.numel()) if lp.numel() else None
+    if task == "embed":
+        out["hidden"] = _assemble(shards, n, "hidden")
+        if "pooled" not in shards[0].tensors:
+            return {}, {}, "rank 0's shard has no pooled vector"
+        out["pooled"] = shards[0].tensors["pooled"]
+    if task == "grad":
+        stats = shards[0].entry.get("stats")
+        stats = stats if isinstance(stats, dict) else {}
+        row["loss"] = stats.get("loss")
+        row["grad_norm"] = stats.get("grad_norm")
+    return out, row, ""
+
+
+def _gathered(root: Path, doc: dict, run: dict, tokens: dict[str, int], problems: list[str]):
+    """(the document reassembled, []), or (None, why it is not complete). Problems of a
+    complete document (its length, NaN) are added to problems: those are never partial."""
+    where = f"document {doc['id']!r}"
+    shards, n, found = document_shards(root, doc, run)
+    if found:
+        return None, found
+    if doc["id"] in tokens and tokens[doc["id"]] != n:
+        problems.append(f"{where}: {n} tokens, expected.json says {tokens[doc['id']]}")
+        return None, []
+    tensors, fields, problem = _task_outputs(shards, n, run["task"])
+    if problem:
+        problems.append(f"{where}: {problem}")
+        return None, []
+    seconds = max(_seconds(s.entry.get("seconds")) for s in shards)
+    row = {"document": doc["id"], "tokens": n, **fields, "seconds": round(seconds, 4)}
+    grads = shards[0].entry.get("grads_file") if run["task"] == "grad" else None
+    grads_file = root / grads if grads else None  # checked by document_shards
+    got = GatheredDoc(doc["id"], doc["key"], doc.get("source"), tensors, row, grads_file)
+    return got, []
+
+
+def _seconds(value: Any) -> float:
+    try:
+        seconds = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return seconds if math.isfinite(seconds) else 0.0
+
+
+@dataclass
+class Verified:
+    """What verification found: the complete documents and, for --partial, the others."""
+
+    run: dict
+    docs: list[GatheredDoc]
+    missing_inputs: list[str]
+    incomplete: list[dict]  # {"document": id, "reason": its first problem, "problems": count}
+
+
+def verify_job(job_dir: str | Path, *, partial: bool = False) -> Verified:
+    """Verify every listed document. Manifest problems, and problems of a complete document,
+    always raise GatherError; an incomplete document raises it too unless partial, which lists
+    it instead (the same completeness definition decides both)."""
+    root = find_longdoc_root(resolve_job_dir(job_dir))
+    run, problems = read_run(root)
+    index, index_problems = read_documents(root)
+    if run is None or index is None:
+        raise GatherError(problems + index_problems)
+    # A list that disagrees with expected.json is a problem even for --partial: nothing about
+    # such a list can be vouched for, not even partly. So is what completeness.py refuses (a
+    # path leading outside, a foreign gradient file): no running job writes that.
+    tokens, problems = expected_problems(root, index["documents"])
+    docs, incomplete = [], []
+    for doc in index["documents"]:
+        got, found = _gathered(root, doc, run, tokens, problems)
+        if got is not None:
+            docs.append(got)
+        elif found and partial and not any(p.endswith("refused") for p in found):
+            reason = found[0].removeprefix(f"document {doc['id']!r}: ")
+            incomplete.append({"document": doc["id"], "reason": reason, "problems": len(found)})
+        else:
+            problems.extend(found)
+    if problems:
+        raise GatherError(problems)
+    return Verified(run, docs, list(index.get("missing_inputs", [])), incomplete)
+
+
+def verify(job_dir: str | Path) -> tuple[dict, list[GatheredDoc], list[str]]:
+    """(run.json, the verified documents, missing inputs); raises GatherError on problems."""
+    got = verify_job(job_dir)
+    return got.run, got.docs, got.missing_inputs
+
+
+# --- write ----------------------------------------------------------------------------------------
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    cols = list(dict.fromkeys(k for row in rows for k in row)) or ["document", "tokens", "seconds"]
+    writer = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+def _marker_of(path: Path) -> dict | None:
+    """The marker of an earlier gather output in path (None: not one)."""
+    marker = path / MARKER
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == MARKER_FORMAT else None
+
+
+def _is_gather_output(path: Path) -> bool:
+    return _marker_of(path) is not None
+
+
+def is_partial_output(path: Path) -> bool:
+    """Whether path is an earlier --partial output (a real directory whose marker says
+    partial): ours to replace by a later gather, without --force."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    marker = _marker_of(path)
+    return marker is not None and marker.get("partial") is True
+
+
+def check_target(target: Path, job: Path, *, force: bool) -> None:
+    """Refuse, in one line, an `out` gather may not write or replace."""
+    if confined(job, target):
+        raise UserError(f"{target}: holds the job directory {job}; choose another -o")
+    if not target.exists() and not target.is_symlink():
+        return
+    if not force and is_partial_output(target):
+        return  # an earlier partial gather: a later one replaces it
+    if not force:
+        raise UserError(f"{target} exists already; remove it or pass --force to replace it")
+    if target.is_symlink() or not target.is_dir():
+        kind = "a symlink" if target.is_symlink() else "not a directory"
+        raise UserError(f"{target} is {kind}; --force replaces only an earlier gather output")
+    if any(target.iterdir()) and not _is_gather_output(target):
+        raise UserError(
+            f"{target} is not an earlier gather output (no {MARKER} in it); --force replaces "
+            "only those: remove it yourself or choose another -o"
+        )
+
+
+def _new_output_dir(target: Path) -> Path:
+    """A temporary directory beside target, with the permissions the umask gives."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)
+    return tmp
+
+
+def _write_docs(tmp: Path, task: str, docs: list[GatheredDoc]) -> list[dict[str, Any]]:
+    """docs/ (and grads/): one safetensors file per document; the summary rows."""
+    from safetensors.torch import save
+
+    (tmp / "docs").mkdir()
+    rows = []
+    for d in docs:
+        path = tmp / "docs" / f"{d.key}.safetensors"
+        assert confined(path, tmp), path  # keys are checked plain names (manifest.py)
+        meta = {"doc_id": d.doc_id, "source": str(d.source), "task": task}
+        path.write_bytes(save(d.tensors, metadata=meta))
+        if d.grads_file is not None:
+            (tmp / "grads").mkdir(exist_ok=True)
+            shutil.copyfile(d.grads_file, tmp / "grads" / f"{d.key}.safetensors")
+        rows.append({**d.row, "file": f"docs/{d.key}.safetensors"})
+    return rows
+
+
+def _csv_rows(rows: list[dict], incomplete: list[dict]) -> list[dict]:
+    """summary.csv's rows: a partial output gets a status column and a row per incomplete
+    document, so that even this file alone cannot be taken for the whole result."""
+    if not incomplete:
+        return rows
+    done = [{**row, "status": "complete"} for row in rows]
+    return done + [
+        {"document": i["document"], "status": f"incomplete: {i['reason']}"} for i in incomplete
+    ]
+
+
+def _write_outputs(tmp: Path, got: Verified, job: Path, fmt: str, job_state: str | None):
+    """Everything under tmp: docs/, the table (--format), the curve, summary, marker."""
+    task, partial = got.run["task"], bool(got.incomplete)
+    rows = _write_docs(tmp, task, got.docs)
+    files, notes = ["summary.json", "summary.csv"], []
+    table = export.write_table(tmp, fmt, task, got.docs)
+    if table is not None:
+        files.append(table)
+    if task == "embed" and fmt != "safetensors":
+        notes.append(f"{table}: pooled vectors; per-token hidden states stay in docs/")
+    if task in ("score", "grad"):
+        written, note = export.write_curve(tmp, got.docs, partial=partial)
+        files += written
+        notes += [note] if note else []
+    summary = {
+        "task": task,
+        "layout": got.run["layout"],
+        "world_size": got.run["world_size"],
+        "partial": partial,
+        "documents": rows,
+        "incomplete": got.incomplete,
+        "missing_inputs": got.missing_inputs,
+        "files": files,
+    }
+    if job_state is not None:
+        summary["job_state"] = job_state  # the backend's word when this gather ran
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (tmp / "summary.csv").write_text(_csv(_csv_rows(rows, got.incomplete)))
+    marker = {"format": MARKER_FORMAT, "job_dir": str(job), "task": task, "partial": partial}
+    (tmp / MARKER).write_text(json.dumps(marker) + "\n")
+    return rows, files, notes
+
+
+def _put_in_place(tmp: Path, target: Path) -> None:
+    """Rename tmp to target; an earlier output (checked by check_target) is moved aside first
+    and deleted only once the new one is in place."""
+    if not target.exists():
+        os.rename(tmp, target)
+        return
+    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.replaced-"))
+    os.rename(target, old)  # replaces the empty directory just made
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def target_of(job_dir: str | Path, out: str | Path | None) -> Path:
+    """Where gather writes: ``out``, or JOB_DIR/gathered."""
+    if out is not None:
+        return Path(out).expanduser().absolute()
+    return resolve_job_dir(job_dir) / "gathered"
+
+
+def replaces_partial(job_dir: str | Path, out: str | Path | None) -> bool:
+    """Whether this gather would replace an earlier partial output (the verb then holds the
+    job's lock, as for --force)."""
+    return is_partial_output(target_of(job_dir, out))
+
+
+def gather(
+    job_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    force: bool = False,
+    partial: bool = False,
+    fmt: str = "safetensors",
+    job_state: str | None = None,
+):
+    """Verify and reassemble; write ``out`` (default JOB_DIR/gathered) only if all is well.
+    partial: write the complete documents even if others are not (the result says so);
+    fmt: the table to add (export.FORMATS); job_state: recorded in summary.json."""
+    export.check_format(fmt)
+    job = resolve_job_dir(job_dir)
+    target = target_of(job, out)
+    check_target(target, job, force=force)
+    got = verify_job(job, partial=partial)
+    tmp = _new_output_dir(target)
+    try:
+        rows, files, notes = _write_outputs(tmp, got, job, fmt, job_state)
+        check_target(target, job, force=force)  # again: it may have changed while verifying
+        _put_in_place(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return GatherResult(
+        target,
+        got.run["task"],
+        rows,
+        got.missing_inputs,
+        partial=bool(got.incomplete),
+        incomplete=got.incomplete,
+        files=files,
+        notes=notes,
+        asked_partial=partial,
+    )
+
+
+# --- show -----------------------------------------------------------------------------------------
+
+
+def summary_table(result: GatherResult):
+    """A rich Table of the gathered documents (ids and paths shown literally, never markup)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def num(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    what = f"{len(result.rows)} documents ({result.task})"
+    if result.partial:
+        what = f"{len(result.rows)} of {len(result.rows) + len(result.incomplete)} documents "
+        what += f"({result.task}, partial)"
+    table = Table(title=Text(f"{what} -> {result.out}"))
+    table.add_column("document")
+    table.add_column("tokens", justify="right")
+    scored = result.task in ("score", "grad")
+    if scored:
+        table.add_column("log-likelihood", justify="right")
+        table.add_column("perplexity", justify="right")
+    if result.task == "grad":
+        table.add_column("loss", justify="right")
+        table.add_column("grad norm", justify="right")
+    table.add_column("time (s)", justify="right")
+    for row in result.rows:
+        cells = [str(row["tokens"])]
+        if scored:
+            cells += [num(row.get("log_likelihood"), ".2f"), num(row.get("perplexity"), ".3f")]
+        if result.task == "grad":
+            cells += [num(row.get("loss"), ".4f"), num(row.get("grad_norm"), ".4g")]
+        cells.append(num(row.get("seconds"), ".2f"))
+        table.add_row(Text(str(row["document"])), *(Text(c) for c in cells))
+    return table
+
+
+def _incomplete_lines(result: GatherResult) -> list[str]:
+    """What --partial says about the documents it left out (ids shown literally)."""
+    if not result.asked_partial:
+        return []
+    total = len(result.rows) + len(result.incomplete)
+    if not result.partial:
+        return [f"all {total} documents are complete: this is a full gather, not a partial one"]
+    lines = [
+        f"partial: {len(result.rows)} of {total} documents complete; "
+        f"{len(result.incomplete)} not (yet), left out:"
+    ]
+    lines += [f"  {i['document']}: {i['reason']}" for i in result.incomplete]
+    return lines
+
+
+def show(result: GatherResult, console) -> None:
+    """What `ringctl gather` prints: the table, missing inputs, the documents --partial left
+    out, notes, where the files are."""
+    from rich.text import Text
+
+    console.print(summary_table(result))
+    if result.missing_inputs:
+        warning = Text("warning: ", style="yellow")
+        warning.append(
+            f"{len(result.missing_inputs)} input(s) were missing when the job ran and are not "
+            f"in the results: {', '.join(result.missing_inputs)}"
+        )
+        console.print(warning)
+    for line in _incomplete_lines(result):
+        console.print(Text(line, style="yellow" if result.partial else ""))
+    for note in result.notes:
+        console.print(Text(f"note: {note}"))
+    files = ", ".join([*(result.files or ["summary.json", "summary.csv"]), "docs/"])
+    console.print(Text(f"wrote {result.out} ({files})"))

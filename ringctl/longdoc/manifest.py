@@ -1,0 +1,133 @@
+"""Reading a long-document job's own manifests (run.json, documents.json) as hostile input.
+
+The job's processes, a remote copy of its directory, or anyone who can edit it write these
+files; ``ringctl gather`` (and the resume check in ``completeness``) only trusts what passes
+here. A document's ``key`` becomes a directory and a file name, so it must be one plain name
+from a fixed character set (no separator, no ``.``/``..``) and be the key of its id
+(``documents.doc_key``): a key like ``../x`` or ``/tmp/x`` can never reach a path. Two
+documents with the same id or key are refused (their outputs would overwrite each other).
+
+Every reader returns ``(value, problems)``: problems are one line each, naming the file and
+the key, and the caller decides how to report them (gather: exit status 3).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from ringattn import LAYOUTS
+
+from .documents import doc_key
+from .params import MODES
+
+# One path component: what documents.doc_key produces (letters, digits, ".", "_", "-"; never
+# starting with "."), at most 128 characters.
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+MAX_WORLD_SIZE = 1 << 16  # more ranks than any job has: a bound before looping over them
+
+
+def is_safe_name(value: Any) -> bool:
+    """A single file name of the fixed character set (no separator, not "." or "..")."""
+    return isinstance(value, str) and SAFE_NAME.fullmatch(value) is not None
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_json_object(path: Path) -> tuple[dict | None, str]:
+    """(the JSON object in path, "") or (None, a one-line reason)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"{path} is missing"
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return None, f"{path}: not valid JSON ({err})"
+    if not isinstance(data, dict):
+        return None, f"{path}: expected a JSON object, found {type(data).__name__}"
+    return data, ""
+
+
+def run_problems(run: dict, where: str = "run.json") -> list[str]:
+    """What is wrong with a run.json object (the fields gather and resume rely on)."""
+    problems = []
+    world = run.get("world_size")
+    if not is_int(world) or not 1 <= world <= MAX_WORLD_SIZE:
+        problems.append(f"{where}: world_size={world!r} is not a rank count (1..{MAX_WORLD_SIZE})")
+    if run.get("task") not in MODES:
+        problems.append(f"{where}: task={run.get('task')!r} is not one of {', '.join(MODES)}")
+    if run.get("layout") not in LAYOUTS:
+        problems.append(f"{where}: layout={run.get('layout')!r} is not one of {', '.join(LAYOUTS)}")
+    return problems
+
+
+def read_run(root: Path) -> tuple[dict | None, list[str]]:
+    """run.json under root (the ``longdoc/`` directory), checked."""
+    run, problem = read_json_object(root / "run.json")
+    if run is None:
+        return None, [problem]
+    problems = run_problems(run, str(root / "run.json"))
+    return (None if problems else run), problems
+
+
+def doc_problems(doc: Any, where: str = "documents.json") -> list[str]:
+    """What is wrong with one entry of documents.json's ``documents`` list."""
+    if not isinstance(doc, dict):
+        return [f"{where}: a document entry is {type(doc).__name__}, not an object"]
+    doc_id, key = doc.get("id"), doc.get("key")
+    if not isinstance(doc_id, str) or not doc_id:
+        return [f"{where}: a document has id={doc_id!r} (a non-empty string is needed)"]
+    if not is_safe_name(key):
+        return [
+            f"{where}: document {doc_id!r}: key={key!r} is not a plain file name "
+            "(letters, digits, '.', '_', '-'; no separators); refused"
+        ]
+    if key != doc_key(doc_id):
+        return [
+            f"{where}: document {doc_id!r}: key={key!r} is not the key of its id "
+            f"(expected {doc_key(doc_id)!r}); refused"
+        ]
+    source = doc.get("source")
+    if source is not None and not isinstance(source, str):
+        return [f"{where}: document {doc_id!r}: source={source!r} is not a path"]
+    return []
+
+
+def _duplicates(docs: list[dict], field: str) -> list[str]:
+    seen: set[str] = set()
+    twice = []
+    for doc in docs:
+        value = doc[field]
+        if value in seen and value not in twice:
+            twice.append(value)
+        seen.add(value)
+    return twice
+
+
+def documents_problems(index: dict, where: str) -> list[str]:
+    """What is wrong with a documents.json object: its list, each entry, duplicates."""
+    docs, missing = index.get("documents"), index.get("missing_inputs", [])
+    if not isinstance(docs, list):
+        return [f"{where}: 'documents' is {type(docs).__name__}, not a list"]
+    if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
+        return [f"{where}: 'missing_inputs' is not a list of paths"]
+    problems = [p for doc in docs for p in doc_problems(doc, where)]
+    if problems:
+        return problems
+    for field in ("id", "key"):
+        for value in _duplicates(docs, field):
+            problems.append(f"{where}: document {field} {value!r} is listed more than once")
+    return problems
+
+
+def read_documents(root: Path) -> tuple[dict | None, list[str]]:
+    """documents.json under root, checked: ``{"documents": [...], "missing_inputs": [...]}``."""
+    path = root / "documents.json"
+    index, problem = read_json_object(path)
+    if index is None:
+        return None, [problem]
+    problems = documents_problems(index, str(path))
+    return (None if problems else index), problems

@@ -1,0 +1,145 @@
+"""The parameters of a long-document job: one class for the job file and for ``run_longdoc``.
+
+It is the ``task:`` section of a job (``ringctl.tasks.longdoc.Params`` is this class), and what
+``run_longdoc`` takes (from this class, a mapping of its fields, or any object with them).
+Importing it imports neither torch nor transformers: ``ringctl submit`` validates with it.
+
+    task:
+      name: longdoc
+      mode: score            # score | embed | grad
+      inputs: [docs/]        # a path or a list of paths; null = the bundled samples
+      text_field: text       # the field holding the text in JSON records
+      id_field: null         # a field holding each record's id (default: file#line)
+      model_path: null       # a local HF model directory or a .json config; null = tiny Llama
+      tokenizer_path: null   # null: the model directory's tokenizer, else UTF-8 bytes
+      model_overrides: {}    # config fields set before the model is built
+      dtype: float32         # float32 | bfloat16 | float16 | float64
+      layout: null           # zigzag | contiguous; null = ring.layout
+      max_docs: null         # only the first N documents
+      on_missing: report     # a missing input: report it and go on | stop before anything runs
+      on_bad_record: skip    # an unreadable record: report it and skip it | stop
+      write_grads: false     # (mode grad) rank 0 writes each document's summed gradients
+      chunk_size: 4096       # positions per output-head + log-softmax chunk
+
+``run_longdoc`` callers may still say ``task`` for ``mode`` (the name before 0.2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..tasks.base import TaskParams
+
+MODES = ("score", "embed", "grad")
+LAYOUTS = ("contiguous", "zigzag")  # ringattn.LAYOUTS (not imported here: it imports torch)
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+ON_MISSING = ("report", "stop")
+ON_BAD_RECORD = ("skip", "stop")
+BYTES = "bytes"  # tokenizer_path: UTF-8 bytes as ids, whatever the model directory holds
+_ALIASES = {"task": "mode"}
+
+
+@dataclass
+class LongDocParams(TaskParams):
+    name: str = "longdoc"
+    mode: str = "score"
+    inputs: Any = None
+    text_field: str = "text"
+    id_field: str | None = None
+    model_path: str | None = None
+    tokenizer_path: str | None = None
+    model_overrides: Any = None
+    dtype: str = "float32"
+    layout: str | None = None
+    max_docs: int | None = None
+    on_missing: str = "report"
+    on_bad_record: str = "skip"
+    write_grads: bool = False
+    chunk_size: int = 4096
+
+    @classmethod
+    def from_any(cls, cfg: Any, *, validate: bool = True) -> LongDocParams:
+        """From this dataclass, a mapping (unknown keys are an error) or an object."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if isinstance(cfg, cls):
+            values = {n: getattr(cfg, n) for n in names}
+        elif isinstance(cfg, Mapping):
+            values = {_ALIASES.get(k, k): v for k, v in cfg.items()}
+            unknown = sorted(set(values) - names)
+            if unknown:
+                raise ValueError(
+                    f"unknown longdoc parameter(s): {', '.join(unknown)}; known: "
+                    f"{', '.join(sorted(names))}"
+                )
+        else:
+            values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
+        params = cls(**values)
+        params._normalise()
+        if validate:
+            params.validate()
+        return params
+
+    def _normalise(self) -> None:
+        if isinstance(self.inputs, (str, Path)):
+            self.inputs = [str(self.inputs)]
+        elif self.inputs is not None:
+            self.inputs = [str(p) for p in self.inputs]
+        for name in ("model_path", "tokenizer_path", "id_field"):
+            value = getattr(self, name)
+            setattr(self, name, None if value in (None, "") else str(value))
+        if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
+            try:
+                self.model_overrides = dict(self.model_overrides.items())
+            except AttributeError:
+                pass  # problems() names it
+        self.layout = self.layout or "zigzag"
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, why) for every impossible value; empty when the parameters can run."""
+        out: list[tuple[str, str]] = []
+        choices = {
+            "mode": MODES,
+            "layout": LAYOUTS,
+            "dtype": DTYPE_NAMES,
+            "on_missing": ON_MISSING,
+            "on_bad_record": ON_BAD_RECORD,
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                why = f"must be one of {', '.join(allowed)}, not {getattr(self, key)!r}"
+                out.append((key, why))
+        if int(self.chunk_size) < 1:
+            out.append(("chunk_size", f"must be >= 1, not {self.chunk_size}"))
+        if self.max_docs is not None and int(self.max_docs) < 0:
+            out.append(("max_docs", f"must be >= 0, not {self.max_docs}"))
+        if self.write_grads and self.mode != "grad":
+            out.append(("write_grads", "only applies to mode=grad"))
+        if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
+            out.append(("model_overrides", "must be a mapping of config fields to values"))
+        if self.inputs is not None and not self.inputs:
+            out.append(("inputs", "is an empty list (null means the bundled samples)"))
+        return out
+
+    def validate(self) -> None:
+        for key, why in self.problems():
+            raise ValueError(f"task.{key}: {why}")
+
+    def signature(self) -> dict:
+        """What a rerun in the same output directory must keep (outputs would not match).
+
+        The key ``task`` (the mode) is the output format's name for it (``run.json``).
+        """
+        return {
+            "task": self.mode,
+            "layout": self.layout,
+            "dtype": self.dtype,
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "text_field": self.text_field,
+            **({"id_field": self.id_field} if self.id_field else {}),
+            **({"model_overrides": self.model_overrides} if self.model_overrides else {}),
+        }
