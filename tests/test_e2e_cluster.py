@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
@@ -199,3 +200,37 @@ def test_hybrid_job_on_the_cluster_takes_its_groups_from_the_placement(slurm_clu
     log = (job_dir / "logs" / "rank-3.out").read_text()
     assert "Ulysses degree 2 x ring of 2" in log
     _check_attention_outputs(job_dir)
+
+
+def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster, tmp_path, capsys):
+    """ring.size=auto on n1..n4 (one rank each): the longest document needs a ring of 2 under
+    the budget, the others fit one rank; gather equals a local run on one ring."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    words = "ring after ring the documents find the smallest one that holds them".split()
+    for i, n in enumerate((900, 400, 260, 120, 60, 300)):
+        text = " ".join(words[(i + j) % len(words)] for j in range(n))[:n]
+        (docs / f"doc{i}.txt").write_text(text)
+    common = [f"task.inputs=[{docs}]", "task.chunk_size=256"]
+    job_dir = _submit(
+        capsys, "jobs/longdoc.yaml", "backend=slurm", f"output_dir={tmp_path}", "nodes=4",
+        "tasks_per_node=1", "ring.size=auto", "ring.max_tokens_per_rank=500", *common,
+    )  # fmt: skip
+    status, _ = _wait(job_dir, timeout=300)
+    assert status.state is JobState.COMPLETED, status
+    schedule = json.loads((job_dir / "schedule.json").read_text())
+    sizes = {r["doc_id"]: r["ring_size"] for r in schedule["documents"]}
+    assert sizes == {"doc0.txt": 2, **{f"doc{i}.txt": 1 for i in range(1, 6)}}
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == 0
+    assert "rings" in capsys.readouterr().out  # the per-ring table
+    assert main(["gather", str(job_dir)]) == 0
+
+    local = tmp_path / "local"
+    assert main(["run", "jobs/longdoc.yaml", f"job_dir={local}", "nodes=1", "tasks_per_node=2",
+                 *common]) == 0  # fmt: skip
+    assert main(["gather", str(local)]) == 0
+    for path in sorted((job_dir / "gathered" / "docs").glob("*.safetensors")):
+        got = load_file(str(path))["token_logprob"].double()
+        want = load_file(str(local / "gathered" / "docs" / path.name))["token_logprob"].double()
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max(), path.name

@@ -129,6 +129,11 @@ def attention_layers(model) -> int:
 
 def weights_fingerprint(model) -> torch.Tensor:
     """(sum, sum of squares) of all weights in float64: equal on ranks with equal weights."""
+    from .sharding import is_sharded
+    from .sharding import weights_fingerprint as sharded_fingerprint
+
+    if is_sharded(model):  # the whole model's, from the shards (a collective)
+        return sharded_fingerprint(model).to(next(model.parameters()).device)
     s = torch.zeros(2, dtype=torch.float64, device=next(model.parameters()).device)
     with torch.no_grad():
         for p in model.parameters():

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .compat import model_type, window
-from .scoring import BypassError, run_task
+from .scoring import BypassError
 
 PROBE_TOKENS = 251  # prime: never a multiple of the number of shards
 PROBE_SEED = 20240229
@@ -114,9 +114,13 @@ def run_probe(model, *, group, layout: str, dtype_name: str, chunk_size: int) ->
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     ids = probe_ids(model.config.get_text_config().vocab_size, probe_length(model))
     mine, failure = None, ""
+    from .sharding import is_sharded, release, run_task_sharded
+
+    sharded = is_sharded(model)
     try:
         with torch.no_grad():
-            r = run_task("score", model, ids, group=group, layout=layout, chunk_size=chunk_size)
+            r = run_task_sharded("score", model, ids, group=group, layout=layout,
+                                 chunk_size=chunk_size)  # fmt: skip
         mine = (r.tensors["positions"], r.tensors["token_logprob"])
     except (BypassError, ValueError) as err:
         failure = f"refused on the probe: {err}"
@@ -126,10 +130,14 @@ def run_probe(model, *, group, layout: str, dtype_name: str, chunk_size: int) ->
     if failures:
         return ProbeResult(failures[0], failures[0])
     result = ProbeResult("", "")
-    if rank == 0:
+    if rank == 0 or sharded:  # a sharded model's own forward needs every rank's shard
         result = _compare(model, ids, [m for m, _ in every], dtype_name, world)
+        if sharded:
+            release(model)
     verdict = [result.error]
     if world > 1:
-        dist.broadcast_object_list(verdict, src=dist.get_global_rank(group, 0) if group else 0)
+        dist.broadcast_object_list(
+            verdict, src=dist.get_global_rank(group, 0) if group else 0, group=group
+        )
     result.error = verdict[0]
     return result

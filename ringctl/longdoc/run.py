@@ -157,11 +157,14 @@ def _list_inputs(params: LongDocParams, store: ShardStore, ring: _Ring) -> Listi
     return listing
 
 
-def _load_agreed_model(params: LongDocParams, ring: _Ring, device) -> tuple[Any, Any, str]:
+def _load_agreed_model(
+    params: LongDocParams, ring: _Ring, device, shard: str = "none", job_group=None
+) -> tuple[Any, Any, str]:
     """Step 2, model agreement: (tokenizer, model, probe line), refused on every rank alike.
 
-    Every rank loads the model; the ranks must hold the same weights, the model must not be
-    one that ``compat`` refuses, and the probe must reproduce the model's own forward pass.
+    Every rank loads the model (``shard``: whole, or its FSDP2 shard over the ring's ranks or
+    the job's); the ranks must hold the same weights, the model must not be one that
+    ``compat`` refuses, and the probe must reproduce the model's own forward pass.
     """
     error, model, tokenizer = "", None, None
     try:
@@ -170,12 +173,7 @@ def _load_agreed_model(params: LongDocParams, ring: _Ring, device) -> tuple[Any,
         if refused:  # built with ringattn at all (a KeyError or AttributeError otherwise)
             raise ValueError(refused)
         tokenizer = load_tokenizer(params.tokenizer_path)
-        model = load_model(
-            params.model_path,
-            dtype=params.dtype,
-            device=device or ring.device,
-            overrides=params.model_overrides,
-        )
+        model = _load(params, shard, device or ring.device, ring.group, job_group)
         vocab = int(model.config.get_text_config().vocab_size)
         is_bytes = params.tokenizer_path is None
         error = vocabulary_mismatch(tokenizer.vocab_size, vocab, is_bytes=is_bytes)
@@ -197,6 +195,18 @@ def _load_agreed_model(params: LongDocParams, ring: _Ring, device) -> tuple[Any,
         ring.log(probe.message)
     agree(probe.error if ring.lead else "", ring.group)
     return tokenizer, model, probe.message
+
+
+def _load(params: LongDocParams, shard: str, device, ring_group, job_group):
+    if shard == "none":
+        return load_model(params.model_path, dtype=params.dtype, device=device,
+                          overrides=params.model_overrides)  # fmt: skip
+    from .sharding import load_sharded_model
+
+    return load_sharded_model(
+        params.model_path, mode=shard, mesh_or_group=ring_group if shard == "ring" else job_group,
+        dtype=params.dtype, device=device, overrides=params.model_overrides,
+    )  # fmt: skip
 
 
 def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: _Ring):
@@ -227,15 +237,16 @@ def _score_document(doc, ids, model, params: LongDocParams, store, ring: _Ring) 
     too_long = window_refusal(model.config, n)
     if too_long:  # n is the same on every rank (agreed): every rank raises alike
         raise RuntimeError(f"{doc.id}: {too_long}; nothing more was scored")
-    result = run_task(
-        params.mode,
-        model,
-        ids,
-        group=ring.group,
-        layout=params.layout,
-        chunk_size=int(params.chunk_size),
-        keep_grads=params.write_grads and ring.lead,
-    )
+    from .sharding import is_sharded, run_task_sharded
+
+    if is_sharded(model):  # every rank asks for the whole gradients: gathering is collective
+        result = run_task_sharded(params.mode, model, ids, group=ring.group,
+                                  layout=params.layout, chunk_size=int(params.chunk_size),
+                                  gather_grads=params.write_grads)  # fmt: skip
+    else:
+        result = run_task(params.mode, model, ids, group=ring.group, layout=params.layout,
+                          chunk_size=int(params.chunk_size),
+                          keep_grads=params.write_grads and ring.lead)  # fmt: skip
     store.write_shard(
         doc=doc.describe(),
         rank=ring.rank,
@@ -325,6 +336,7 @@ def run_longdoc(
     rings: RingOptions | None = None,
     schedule_path: str | Path | None = None,
     ring_progress: Callable[[str, dict], None] | None = None,
+    shard: str = "none",
 ) -> LongDocSummary:
     """Run the long-document task on this rank; every rank of ``group`` calls it alike.
 
@@ -339,17 +351,25 @@ def run_longdoc(
     rings: ``ring.size`` / ``ring.max_tokens_per_rank`` (default: one ring of the whole job).
     schedule_path: where rank 0 writes the schedule (schedule.json in the job directory).
     ring_progress: optional ``ring_progress(label, record)``, called by each ring's lead.
+    shard: ``model.shard`` (none, ring, job): FSDP2 shards of the model over each ring (or the
+    job); needs one ring size (the model is sharded over this rank's one ring).
     """
     started = time.monotonic()
     params = LongDocParams.from_any(cfg)
     params.tokenizer_path = resolve_tokenizer_path(params.tokenizer_path, params.model_path)
     _check_group(rank, world_size, group)
+    if shard != "none" and (rings or RingOptions()).size == "auto":
+        raise ValueError("model.shard needs one ring size, not ring.size=auto")
     job = _Ring(rank, world_size, group, comm_device(group), log, list(range(world_size)))
     store = ShardStore(out_dir)
     listing = _list_inputs(params, store, job)
     docs = listing.documents
     summary = LongDocSummary(total=len(docs), missing=list(listing.missing), world_size=world_size)
-    tokenizer, model, summary.probe = _load_agreed_model(params, job, device)
+    model = None
+    if shard == "none":
+        tokenizer, model, summary.probe = _load_agreed_model(params, job, device)
+    else:
+        tokenizer = load_tokenizer(params.tokenizer_path)  # the model: once its ring exists
     todo = _to_do(docs, store, params, job)
     summary.skipped = len(docs) - len(todo)
     schedule = _agreed_schedule(todo, params, rings or RingOptions(), job, tokenizer)
@@ -369,6 +389,9 @@ def run_longdoc(
         ring = _Ring(spec.rank_in_ring(rank), size, groups[size], job.device, log, spec.members,
                      f"ring {size}x{spec.index}")  # fmt: skip
         mine = [todo[e.index] for e in entries]
+        if model is None:  # sharded over this ring (one ring size: loaded once)
+            tokenizer, model, summary.probe = _load_agreed_model(params, ring, device, shard,
+                                                                 job.group)  # fmt: skip
         shown = _ring_reporter(ring, mine, progress, ring_progress, len(docs), summary)
         before = (summary.done, summary.tokens)
         stopped = _run_ring(mine, ring, model, tokenizer, params, store, summary, should_stop,

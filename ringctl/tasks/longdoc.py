@@ -19,6 +19,7 @@ the job directory (or on another node with the same filesystem) find them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -26,6 +27,16 @@ from omegaconf import OmegaConf
 from ..longdoc.params import MODES, LongDocParams
 
 Params = LongDocParams
+
+
+@dataclass
+class ModelSection:
+    """`model:` of a long-document job: how the model's weights are held."""
+
+    shard: str = "none"  # none | ring (FSDP2 over each ring's ranks) | job (over all ranks)
+
+
+SECTIONS = {"model": ModelSection}
 __all__ = ["MODES", "Params", "check", "params_of", "prepare", "run"]
 
 
@@ -86,6 +97,29 @@ def check(cfg, bad) -> None:
             raise bad(f"task.{key}", f"{value} does not exist")
     _check_model(p, bad)
     _check_inputs(p, bad)
+    _check_shard(cfg, p, bad)
+
+
+def _check_shard(cfg, p: LongDocParams, bad) -> None:
+    """model.shard needs one ring per rank for the whole job (FSDP gathers over that ring)."""
+    from ..longdoc.sharding import SHARD_MODES
+
+    shard = str(cfg.model.shard)
+    if shard not in SHARD_MODES:
+        raise bad("model.shard", f"expected one of {', '.join(SHARD_MODES)}, got {shard!r}")
+    if shard == "none":
+        return
+    if cfg.ring.size == "auto":
+        why = "size would need its own sharded copy of the model); give ring.size=N"
+        raise bad("model.shard", f"{shard} cannot be combined with ring.size=auto (each ring {why}")
+    several = cfg.ring.size is not None and int(cfg.ring.size) < int(cfg.nodes) * int(
+        cfg.tasks_per_node
+    )
+    if shard == "job" and several:
+        raise bad("model.shard", "job with several rings is not supported yet (every ring "
+                  "would have to run its documents in step); use model.shard=ring")  # fmt: skip
+    if shard == "job" and p.mode == "grad":
+        raise bad("model.shard", "job cannot run mode=grad; use model.shard=ring")
 
 
 def prepare(cfg):
@@ -124,7 +158,7 @@ def run(cfg, ctx) -> dict:
         params_of(cfg), ctx.rank, ctx.world_size, ctx.group, ctx.out_dir, ctx.log,
         progress=ctx.progress, should_stop=ctx.stop_requested, device=ctx.device,
         rings=RingOptions.of(cfg), schedule_path=job.path / "schedule.json",
-        ring_progress=ring_progress,
+        ring_progress=ring_progress, shard=str(cfg.model.shard),
     )  # fmt: skip
     if summary.stopped:  # a preemption signal: the job is not done, and must not look done
         left = summary.total - summary.skipped - summary.done
