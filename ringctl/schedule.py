@@ -62,6 +62,7 @@ class Schedule:
     entries: list[Assignment]
     phases: list[dict] = field(default_factory=list)
     length_source: str = "estimate"
+    cost_unit: str = "relative"  # "seconds" when a device's cost model priced it
 
     @property
     def makespan(self) -> float:
@@ -85,6 +86,7 @@ class Schedule:
             "ring_sizes": self.sizes,
             "max_tokens_per_rank": self.budget,
             "length_source": self.length_source,
+            "cost_unit": self.cost_unit,
             "predicted_makespan_s": self.makespan,
             "phases": self.phases,
             "documents": [asdict(e) for e in sorted(self.entries, key=lambda e: e.index)],

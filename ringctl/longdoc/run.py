@@ -392,7 +392,8 @@ def run_longdoc(
         if model is None:  # sharded over this ring (one ring size: loaded once)
             tokenizer, model, summary.probe = _load_agreed_model(params, ring, device, shard,
                                                                  job.group)  # fmt: skip
-        shown = _ring_reporter(ring, mine, progress, ring_progress, len(docs), summary)
+        single = len(schedule.phases) == 1 and schedule.phases[0]["rings"] == 1
+        shown = _ring_reporter(ring, mine, progress, ring_progress, len(docs), summary, single)
         before = (summary.done, summary.tokens)
         stopped = _run_ring(mine, ring, model, tokenizer, params, store, summary, should_stop,
                             shown)  # fmt: skip
@@ -426,29 +427,24 @@ def _ring_groups(schedule, job: _Ring) -> dict[int, Any]:
     return {size: made.group(size) for size in sizes}
 
 
-def _ring_reporter(ring: _Ring, mine, progress, ring_progress, total: int, summary):
-    """A ring lead's progress lines (None on other ranks). A ring of the whole job counts the
-    job's documents (the job's progress file, as with one ring); a smaller ring counts its
-    own, in its own progress record (`ringctl status` adds them up)."""
+def _ring_reporter(ring: _Ring, mine, progress, ring_progress, total: int, summary, single):
+    """A ring lead's progress lines (None on other ranks). When the job is one ring (`single`)
+    its lines and the job's progress file count the job's documents, as before; each ring's
+    own record (`ringctl status` adds them up) counts the ring's documents."""
     if not ring.lead:
         return None
-    whole = len(ring.members) == summary_world(summary, ring)
+    base = summary.skipped if single else 0
 
     def report(done: int, of: int, **extra) -> None:
         extra.pop("unit", None)
-        if progress is not None and whole:
-            progress(done, of, unit="documents", before=summary.skipped, **extra)
+        if progress is not None and single:
+            progress(done, of, unit="documents", before=base, **extra)
         if ring_progress is not None:
-            ring_progress(ring.label, {"done": done, "total": of, "members": ring.members,
-                                       "updated_at": time.time(), **extra})  # fmt: skip
+            ring_progress(ring.label, {"done": done - base, "total": len(mine),
+                                       "members": ring.members, "updated_at": time.time(),
+                                       **extra})  # fmt: skip
 
-    if whole:
-        return _Progress(mine, total, summary.skipped, report)
-    return _Progress(mine, len(mine), 0, report)
-
-
-def summary_world(summary: LongDocSummary, ring: _Ring) -> int:
-    return summary.world_size or len(ring.members)
+    return _Progress(mine, total if single else len(mine), base, report)
 
 
 def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, should_stop, shown):
