@@ -84,8 +84,11 @@ def test_bad_inputs_are_named(tmp_path: Path, corpus: Path) -> None:
         list_documents(bad)
     with pytest.raises(DocumentError, match=r"bad.jsonl:1: no field 'body'"):
         list_documents(bad, text_field="body")
-    (tmp_path / "x.parquet").write_bytes(b"PAR1")
+    (tmp_path / "x.docx").write_bytes(b"PK")
     with pytest.raises(DocumentError, match="unsupported input"):
+        list_documents(tmp_path / "x.docx")
+    (tmp_path / "x.parquet").write_bytes(b"PAR1")  # a damaged table: one line, by name
+    with pytest.raises(DocumentError, match=r"x\.parquet: not a readable \.parquet table"):
         list_documents(tmp_path / "x.parquet")
     with pytest.raises(DocumentError, match="same document id 'a.txt'"):
         list_documents([corpus / "a.txt", corpus / "a.txt"])

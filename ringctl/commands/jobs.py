@@ -76,6 +76,31 @@ def check_plan(cfg, *, force: bool = False) -> None:
         print(f"plan ({verdict.device}): {verdict.reason}", file=sys.stderr)
 
 
+def with_ring_budget(cfg, source: str):
+    """ring.size=auto needs a per-rank token budget: the job's own, else the planner's for its
+    `device` (written into the submitted config, and said), else a one-line refusal."""
+    from omegaconf import OmegaConf
+
+    from .plan import ring_budget
+
+    ring = cfg.ring
+    if ring.size != "auto" or ring.max_tokens_per_rank is not None:
+        return cfg
+    derived = ring_budget(cfg)
+    if derived is None:
+        raise UserError(
+            f"{source}: ring.max_tokens_per_rank: ring.size=auto needs a per-rank token budget: "
+            "set it, or set device=... (a `ringctl plan` device) for the planner to derive one"
+        )
+    budget, device = derived
+    if budget < 1:
+        raise UserError(f"{source}: ring.size=auto: the model alone does not fit one {device}")
+    print(f"ring.max_tokens_per_rank={budget} (from the planner: {device})", file=sys.stderr)
+    data = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    data["ring"]["max_tokens_per_rank"] = budget
+    return load_job_from_dict(data, source=source)
+
+
 def check_packages(cfg) -> None:
     """Refuse a job whose task needs a package this Python cannot import, before anything is
     created. Only where the job runs this interpreter (local, or slurm with no other env)."""
@@ -117,6 +142,7 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     if prepared is not cfg:  # re-validated: what is written is what was checked
         cfg = load_job_from_dict(prepared, source=str(job_file))
     check_packages(cfg)
+    cfg = with_ring_budget(cfg, str(job_file))
     check_plan(cfg, force=force)
     script = render_script(cfg)  # before anything is written: a template error stops here
     backend = get_backend(cfg)

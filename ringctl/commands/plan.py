@@ -627,4 +627,27 @@ def preflight(cfg):
     return Preflight(name, estimate(work, ranks, device, link, ranks_on_host=per_host))
 
 
-__all__ = ["GIB", "preflight", "register", "run"]
+def ring_budget(cfg) -> tuple[int, str] | None:
+    """(tokens per rank, which device said so) for a job with ring.size=auto and no budget of
+    its own: the planner's largest per-rank share for the job's device, model, dtype, mode
+    and sharding, the smallest over the ring sizes the job may use. None: not sizable (no
+    device entry, or a task that does not describe its model)."""
+    from ..config import world_size
+    from ..planner.devices import load_devices
+    from ..planner.schedule import max_tokens_per_rank
+    from ..rings import divisors
+
+    name = cfg.get("device")
+    devices = load_devices()
+    if not name or name not in devices:
+        return None
+    work = _job_workload(cfg, ring=None)
+    if work is None:
+        return None
+    world, per_host = world_size(cfg), int(cfg.tasks_per_node)
+    sizes = divisors(world)
+    budget = min(max_tokens_per_rank(work, devices[name], n, min(n, per_host)) for n in sizes)
+    return budget, str(name)
+
+
+__all__ = ["GIB", "preflight", "register", "ring_budget", "run"]

@@ -6,9 +6,12 @@ Inputs (``LongDocParams.inputs``: one path or a list of paths):
 * a ``.jsonl`` or ``.jsonl.gz`` file: one document per non-empty line, the JSON object's
   ``text_field`` (default ``"text"``);
 * a ``.json`` file holding an array of such objects: one document per element;
-* a directory (a "dataset folder"): every file of those kinds below it, recursively, sorted by
-  relative path (hidden files and directories are skipped). Parquet or Arrow datasets are not
-  read (no pyarrow here): convert them to JSONL first.
+* a ``.parquet`` file, or an ``.arrow`` file (Arrow IPC, as Hugging Face ``datasets`` writes
+  with ``save_to_disk``): one document per row, its ``text_field`` column (pyarrow needed:
+  ``pip install 'ringctl[parquet]'``);
+* a directory (a "dataset folder", a ``save_to_disk`` folder included): every file of those
+  kinds below it, recursively, sorted by relative path (hidden files and directories are
+  skipped).
 
 A record that is not a JSON object with a string ``text_field`` (or, with ``id_field``, without
 that field) is a bad record, named by file and line (``.json``: element number). The
@@ -43,7 +46,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz", ".json")
+SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz", ".json", ".parquet", ".arrow")
+TABLE_SUFFIXES = (".parquet", ".arrow")
+PYARROW_INSTALL = "pip install pyarrow (or pip install 'ringctl[parquet]')"
 TEXT_SUFFIXES = (".txt", ".md")
 ON_MISSING = ("report", "stop")
 ON_BAD_RECORD = ("skip", "stop")
@@ -212,8 +217,11 @@ def _jsonl_documents(path: Path, file_id: str, records: Records) -> list[Documen
 
 @functools.lru_cache(maxsize=2)
 def _packed_records(source: str, mtime_ns: int) -> list:
-    """Every record of a .jsonl.gz or .json file (None for blank lines), parsed once."""
+    """Every record of a .jsonl.gz, .json, .parquet or .arrow file (None for blank lines),
+    parsed once."""
     path = Path(source)
+    if source.endswith(TABLE_SUFFIXES):
+        return _table_records(path)
     if source.endswith(".gz"):
         try:
             with gzip.open(path, "rb") as f:
@@ -231,6 +239,26 @@ def _packed_records(source: str, mtime_ns: int) -> list:
     if not isinstance(data, list):
         raise DocumentError(f"{source}: a .json input must hold an array of records")
     return data
+
+
+def _table_records(path: Path) -> list:
+    """The rows of a Parquet file or an Arrow IPC file/stream, as dicts."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        why = f"reading {path.suffix} needs pyarrow: {PYARROW_INSTALL}"
+        raise DocumentError(f"{path}: {why}") from None
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path).to_pylist()
+        with pa.memory_map(str(path)) as source:
+            try:
+                return pa.ipc.open_stream(source).read_all().to_pylist()
+            except pa.ArrowInvalid:  # the file format rather than the stream one
+                return pa.ipc.open_file(source).read_all().to_pylist()
+    except (OSError, pa.ArrowException) as err:
+        raise DocumentError(f"{path}: not a readable {path.suffix} table ({err})") from None
 
 
 def _parse_or_error(line: bytes, source: str, lineno: int):
@@ -269,9 +297,13 @@ def _file_documents(path: Path, file_id: str, records: Records) -> list[Document
     kind = _suffix(path)
     if kind == ".jsonl":
         return _jsonl_documents(path, file_id, records)
-    if kind in (".jsonl.gz", ".json"):
+    if kind in (".jsonl.gz", ".json", *TABLE_SUFFIXES):
         return _packed_documents(path, file_id, records)
     return [Document(id=file_id, source=str(path))]
+
+
+# What Hugging Face datasets' save_to_disk writes beside its .arrow files: metadata, not text.
+SAVE_TO_DISK_METADATA = ("dataset_info.json", "state.json")
 
 
 def _walk(root: Path) -> list[Path]:
@@ -279,6 +311,8 @@ def _walk(root: Path) -> list[Path]:
     for p in root.rglob("*"):
         rel = p.relative_to(root)
         if any(part.startswith(".") for part in rel.parts):
+            continue
+        if p.name in SAVE_TO_DISK_METADATA and any(p.parent.glob("*.arrow")):
             continue
         if p.is_file() and _suffix(p) in SUFFIXES:
             found.append(p)
@@ -327,8 +361,7 @@ def list_documents(
             docs += _file_documents(path, path.name, records)
         else:
             raise DocumentError(
-                f"{path}: unsupported input (expected a directory or {', '.join(SUFFIXES)}; "
-                "convert parquet/arrow datasets to JSONL)"
+                f"{path}: unsupported input (expected a directory or {', '.join(SUFFIXES)})"
             )
     if missing and on_missing == "stop":
         raise MissingInputError(missing)

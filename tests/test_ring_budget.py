@@ -1,0 +1,41 @@
+"""ring.size=auto's per-rank token budget: the job's own, or the planner's for its device
+(written into the submitted config and said), or a one-line refusal at submit."""
+
+from __future__ import annotations
+
+from ringctl.cli import main
+from ringctl.config import load_job, load_resolved
+from ringctl.planner.devices import load_devices
+from ringctl.planner.schedule import max_tokens_per_rank
+
+
+def test_without_budget_or_device_auto_is_refused_at_submit(tmp_path, capsys):
+    assert main(["submit", "longdoc", "ring.size=auto", f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "ring.max_tokens_per_rank: ring.size=auto needs a per-rank token budget" in err
+    assert err.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+def test_the_planner_derives_the_budget_from_the_device(tmp_path, capsys):
+    from ringctl.commands.plan import _job_workload
+
+    job = tmp_path / "job"
+    argv = ["submit", "longdoc", "ring.size=auto", "device=H100-SXM", "nodes=1",
+            "tasks_per_node=2", f"job_dir={job}"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    budget = load_resolved(job / "config.yaml").ring.max_tokens_per_rank
+    assert f"ring.max_tokens_per_rank={budget} (from the planner: H100-SXM)" in (
+        capsys.readouterr().err
+    )
+    # the budget is what one rank of the smallest ring (the whole model on it) can hold
+    cfg = load_job("longdoc", ["device=H100-SXM", "nodes=1", "tasks_per_node=2"])
+    one = max_tokens_per_rank(_job_workload(cfg, None), load_devices()["H100-SXM"], 1)
+    assert 0 < budget <= one
+    main(["cancel", str(job)])
+
+
+def test_an_explicit_budget_is_kept(tmp_path, capsys):
+    from ringctl.commands.jobs import with_ring_budget
+
+    cfg = load_job("longdoc", ["ring.size=auto", "ring.max_tokens_per_rank=512"])
+    assert with_ring_budget(cfg, "x") is cfg
