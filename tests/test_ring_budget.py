@@ -39,3 +39,21 @@ def test_an_explicit_budget_is_kept(tmp_path, capsys):
 
     cfg = load_job("longdoc", ["ring.size=auto", "ring.max_tokens_per_rank=512"])
     assert with_ring_budget(cfg, "x") is cfg
+
+
+def test_a_document_the_device_cannot_hold_is_refused_and_a_long_one_warned(tmp_path, capsys):
+    """The issue's 40 MB document: refused at submit when no ring of the job holds it on its
+    device, warned about when it fits but would outlast slurm.time; nothing is created."""
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b"x" * 40_000_000)
+    base = ["submit", "longdoc", f"task.inputs={huge}", "nodes=1", "tasks_per_node=2",
+            f"output_dir={tmp_path / 'runs'}"]  # fmt: skip
+    assert main([*base, "device=A100-40GB"]) == 2
+    err = capsys.readouterr().err
+    assert "document 'huge.txt' (40,000,000 tokens) needs 3 ranks of A100-40GB" in err
+    assert not (tmp_path / "runs").exists()
+    strict = [*base, "device=H100-SXM", "slurm.time=00:01:00", "slurm.signal=null",
+              "ring.placement=required"]  # fmt: skip
+    assert main(strict) == 2  # under ring.placement=required the time limit refuses too
+    assert "over slurm.time=00:01:00" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

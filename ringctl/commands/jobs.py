@@ -101,6 +101,34 @@ def with_ring_budget(cfg, source: str):
     return load_job_from_dict(data, source=source)
 
 
+def check_documents(cfg, *, force: bool = False) -> None:
+    """A long-document job whose documents its device cannot hold is refused (--force to
+    insist); one predicted to outlast slurm.time is warned about, and refused under
+    ring.placement=required. Lengths are the inputs' sizes in bytes (a byte-tokenizer's count;
+    a model's tokenizer gives fewer tokens, so this errs on the safe side)."""
+    if str(cfg.task.name) != "longdoc" or cfg.task.inputs is None or not cfg.device:
+        return  # the planner sizes only a device it knows
+    from ..longdoc.documents import list_documents
+    from ..longdoc.scheduling import document_bytes
+    from .plan import document_verdict
+
+    t = cfg.task
+    listing = list_documents(
+        list(t.inputs), text_field=t.text_field, id_field=t.id_field, on_missing="report",
+        on_bad_record="skip", max_docs=t.max_docs,
+    )  # fmt: skip
+    problems, warnings = document_verdict(
+        cfg, [(d.id, document_bytes(d)) for d in listing.documents]
+    )
+    strict = cfg.ring.placement.value == "required"
+    for why in problems + (warnings if strict else []):
+        if not force:
+            raise UserError(f"ringctl plan ({cfg.device}): {why}. Nothing was submitted; "
+                            "--force to submit anyway")  # fmt: skip
+    for why in problems + warnings:
+        print(f"warning: ringctl plan ({cfg.device}): {why}", file=sys.stderr)
+
+
 def check_packages(cfg) -> None:
     """Refuse a job whose task needs a package this Python cannot import, before anything is
     created. Only where the job runs this interpreter (local, or slurm with no other env)."""
@@ -144,6 +172,7 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     check_packages(cfg)
     cfg = with_ring_budget(cfg, str(job_file))
     check_plan(cfg, force=force)
+    check_documents(cfg, force=force)
     script = render_script(cfg)  # before anything is written: a template error stops here
     backend = get_backend(cfg)
     target = Path(str(cfg.job_dir)).expanduser() if cfg.job_dir else None

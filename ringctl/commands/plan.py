@@ -650,4 +650,43 @@ def ring_budget(cfg) -> tuple[int, str] | None:
     return budget, str(name)
 
 
-__all__ = ["GIB", "preflight", "register", "ring_budget", "run"]
+def document_verdict(cfg, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of a long-document job's documents on its device: a document no
+    ring of the job can hold (a problem), and a predicted time over slurm.time (a warning).
+    Nothing without a device entry: the planner cannot size an unknown device."""
+    from ..config import slurm_time_seconds, world_size
+    from ..planner.devices import load_devices
+    from ..planner.schedule import document_cost, max_tokens_per_rank
+    from ..rings import ring_sizes
+
+    name, devices = cfg.get("device"), load_devices()
+    if not name or name not in devices or not lengths:
+        return [], []
+    device, world = devices[name], world_size(cfg)
+    work = _job_workload(cfg, ring=_ring_size(cfg))
+    if work is None:
+        return [], []
+    size = cfg.ring.size if cfg.ring.size is not None else world
+    biggest = max(ring_sizes(world, size))
+    per_host = min(biggest, int(cfg.tasks_per_node))
+    budget = cfg.ring.max_tokens_per_rank or max_tokens_per_rank(work, device, biggest, per_host)
+    problems = [
+        f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks of {name} at "
+        f"{budget:,} tokens per rank; the job's largest ring has {biggest}"
+        for doc, n in lengths if n > budget * biggest
+    ]  # fmt: skip
+    warnings = []
+    limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None
+    if limit and not problems:
+        nodes = max(1, -(-biggest // int(cfg.tasks_per_node)))
+        seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
+        seconds /= max(1, world // biggest)  # the rings of the job share the documents
+        if seconds > limit:
+            warnings.append(
+                f"the documents need about {seconds:,.0f} s on {world} x {name} "
+                f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
+            )
+    return problems, warnings
+
+
+__all__ = ["GIB", "document_verdict", "preflight", "register", "ring_budget", "run"]
