@@ -129,11 +129,6 @@ def attention_layers(model) -> int:
 
 def weights_fingerprint(model) -> torch.Tensor:
     """(sum, sum of squares) of all weights in float64: equal on ranks with equal weights."""
-    from .sharding import is_sharded
-    from .sharding import weights_fingerprint as sharded_fingerprint
-
-    if is_sharded(model):  # the whole model's, from the shards (a collective)
-        return sharded_fingerprint(model).to(next(model.parameters()).device)
     s = torch.zeros(2, dtype=torch.float64, device=next(model.parameters()).device)
     with torch.no_grad():
         for p in model.parameters():
@@ -143,12 +138,13 @@ def weights_fingerprint(model) -> torch.Tensor:
     return s
 
 
-def check_same_weights(model, group=None) -> None:
-    """Raise if the ranks of ``group`` do not hold the same weights."""
+def check_same_weights(model, group=None, *, fingerprint=weights_fingerprint) -> None:
+    """Raise if the ranks of ``group`` do not hold the same weights (``fingerprint``: a
+    sharded model's comes from its shards, ``sharding.weights_fingerprint``)."""
     world = dist.get_world_size(group)
     if world == 1:
         return
-    mine = weights_fingerprint(model)
+    mine = fingerprint(model)
     if dist.get_backend(group) != "nccl":
         mine = mine.cpu()
     every = [torch.empty_like(mine) for _ in range(world)]

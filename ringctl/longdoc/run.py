@@ -183,7 +183,7 @@ def _load_agreed_model(
     except (OSError, KeyError, AttributeError, TypeError) as err:
         error = f"the model could not be loaded for ring attention: {type(err).__name__}: {err}"
     agree(error, ring.group)
-    check_same_weights(model, ring.group)
+    check_same_weights(model, ring.group, fingerprint=_fingerprint_of(model))
     probe = run_probe(
         model,
         group=ring.group,
@@ -195,6 +195,17 @@ def _load_agreed_model(
         ring.log(probe.message)
     agree(probe.error if ring.lead else "", ring.group)
     return tokenizer, model, probe.message
+
+
+def _fingerprint_of(model):
+    """How to fingerprint the model's weights: from its shards when FSDP holds them."""
+    from .model import weights_fingerprint
+    from .sharding import is_sharded
+    from .sharding import weights_fingerprint as sharded
+
+    if model is None or not is_sharded(model):
+        return weights_fingerprint
+    return lambda m: sharded(m).to(next(m.parameters()).device)
 
 
 def _load(params: LongDocParams, shard: str, device, ring_group, job_group):

@@ -364,26 +364,33 @@ def run_task_sharded(task: str, model, ids: torch.Tensor, *, group, layout: str,
 
 
 def _grad_task(model, ids, *, group, layout: str, chunk_size: int, gather: bool):
-    from . import scoring
+    from .scoring import (
+        ShardResult,
+        _all_sum,
+        _score,
+        _score_stats,
+        make_shard,
+        window_refusal,
+    )
 
     start = time.perf_counter()
     ids = ids.to(torch.int64).flatten()
     n = int(ids.numel())
-    too_long = scoring.window_refusal(model.config, n)
+    too_long = window_refusal(model.config, n)
     if too_long:
         raise ValueError(too_long)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    shard = scoring.make_shard(ids, rank=rank, world_size=world, layout=layout)
+    shard = make_shard(ids, rank=rank, world_size=world, layout=layout)
     tensors = {
         "positions": shard.positions[shard.real].clone(),
         "input_ids": shard.ids[shard.real].clone(),
     }
-    lp, ll_local = scoring._score(model, shard, group=group, layout=layout,
+    lp, ll_local = _score(model, shard, group=group, layout=layout,
                                   chunk_size=chunk_size, grad=True)  # fmt: skip
-    (ll,) = scoring._all_sum([float(ll_local.detach())], group)
+    (ll,) = _all_sum([float(ll_local.detach())], group)
     tensors["token_logprob"] = lp.detach().float().contiguous()
     n_scored = max(n - 1, 0)
-    stats: dict[str, Any] = {"n_tokens": n, **scoring._score_stats(ll, n_scored)}
+    stats: dict[str, Any] = {"n_tokens": n, **_score_stats(ll, n_scored)}
     model.zero_grad(set_to_none=True)
     if n_scored > 0:
         (-ll_local / n_scored).backward()
@@ -393,7 +400,7 @@ def _grad_task(model, ids, *, group, layout: str, chunk_size: int, gather: bool)
     stats["grad_norm"] = math.sqrt(sum(v * v for v in norms.values()))
     grads = {k: v.cpu() for k, v in full_gradients(model).items()} if gather else None
     model.zero_grad(set_to_none=True)
-    return scoring.ShardResult(tensors, stats, time.perf_counter() - start, grads)
+    return ShardResult(tensors, stats, time.perf_counter() - start, grads)
 
 
 # -- loading ------------------------------------------------------------------------------------
