@@ -150,14 +150,35 @@ def _ranges_valid(ranges: Any, rows: int) -> bool:
     return total == rows
 
 
+MAX_BATCH_PADDING = 1 << 24  # tokens: a batch row is short (rows x L / P within a budget)
+
+
+def _padding_of(entry: dict, n: int, world: int, layout: str) -> int:
+    """The padded length the rank's shard was cut from: the entry's when it is a whole number
+    of layout units beyond the document's own padding (a batch of short documents pads each
+    row to its longest; bounded, so a hostile entry cannot make us allocate what it likes),
+    else the document's own."""
+    from ringattn import padded_length
+
+    own = padded_length(n, world_size=world, layout=layout)
+    unit = 2 * world if layout == "zigzag" else world
+    recorded = entry.get("padded_tokens")
+    if is_int(recorded) and own < recorded <= MAX_BATCH_PADDING and recorded % unit == 0:
+        return recorded
+    return own
+
+
 def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path: Path) -> str:
     """The positions in the file: those the entry lists, and those the layout gives rank."""
-    from ringattn import padded_length, sequence_positions
+    from ringattn import sequence_positions
 
     positions, world = tensors["positions"], run["world_size"]
     n = entry.get("n_tokens")
-    # A rank holds about N/P positions; a larger N is impossible (and would be allocated below).
-    if not is_int(n) or not 0 <= n <= world * (positions.numel() + 2 * world):
+    # A rank holds about N/P positions of a document cut alone; a larger N is impossible (and
+    # would be allocated below). A batch row's rank may hold few or none: bounded by padding.
+    batched = is_int(n) and n > 0 and _padding_of(entry, n, world, run["layout"]) > n + 2 * world
+    bound = MAX_BATCH_PADDING if batched else world * (positions.numel() + 2 * world)
+    if not is_int(n) or not 0 <= n <= bound:
         return f"{data_path}: n_tokens={n!r} is impossible for {positions.numel()} positions"
     if not _ranges_valid(entry.get("positions"), positions.numel()) or not torch.equal(
         positions, expand_ranges(entry["positions"])
@@ -165,7 +186,7 @@ def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path:
         return f"{data_path}: positions differ from its manifest entry"
     expected = torch.zeros(0, dtype=torch.int64)
     if n:
-        padded = padded_length(n, world_size=world, layout=run["layout"])
+        padded = _padding_of(entry, n, world, run["layout"])
         expected = sequence_positions(padded, world_size=world, rank=rank, layout=run["layout"])
         expected = expected[expected < n]
     if not torch.equal(positions, expected):

@@ -258,6 +258,12 @@ def _score_document(doc, ids, model, params: LongDocParams, store, ring: _Ring) 
         result = run_task(params.mode, model, ids, group=ring.group, layout=params.layout,
                           chunk_size=int(params.chunk_size),
                           keep_grads=params.write_grads and ring.lead)  # fmt: skip
+    padded = padded_length(n, world_size=ring.world_size, layout=params.layout) if n else 0
+    _write(doc, n, padded, result, params, store, ring)
+    return result
+
+
+def _write(doc, n: int, padded: int, result: ShardResult, params, store, ring: _Ring) -> None:
     store.write_shard(
         doc=doc.describe(),
         rank=ring.rank,
@@ -265,15 +271,27 @@ def _score_document(doc, ids, model, params: LongDocParams, store, ring: _Ring) 
         layout=params.layout,
         task=params.mode,
         n_tokens=n,
-        padded_tokens=padded_length(n, world_size=ring.world_size, layout=params.layout)
-        if n
-        else 0,
+        padded_tokens=padded,
         tensors=result.tensors,
         stats=result.stats,
         seconds=result.seconds,
         grads=result.grads if ring.lead else None,
     )
-    return result
+
+
+def _score_batch(pending, model, params: LongDocParams, store, ring: _Ring) -> list:
+    """Step 4b for several short documents at once (batching.py): one forward, each
+    document's shards written as if alone (their entries record the batch's padding)."""
+    from .batching import run_batch
+
+    ids = [i for _, i in pending]
+    results = run_batch(params.mode, model, ids, group=ring.group, layout=params.layout,
+                        chunk_size=int(params.chunk_size))  # fmt: skip
+    width = padded_length(max(int(i.numel()) for i in ids), world_size=ring.world_size,
+                          layout=params.layout)  # fmt: skip
+    for (doc, i), result in zip(pending, results, strict=True):
+        _write(doc, int(i.numel()), width, result, params, store, ring)
+    return results
 
 
 def _stats_text(st: dict) -> str:
@@ -407,7 +425,7 @@ def run_longdoc(
         shown = _ring_reporter(ring, mine, progress, ring_progress, len(docs), summary, single)
         before = (summary.done, summary.tokens)
         stopped = _run_ring(mine, ring, model, tokenizer, params, store, summary, should_stop,
-                            shown)  # fmt: skip
+                            shown, (rings or RingOptions()).max_tokens_per_rank)  # fmt: skip
         if ring.lead:  # each document counted once, by its ring's lead
             led[0] += summary.done - before[0]
             led[1] += summary.tokens - before[1]
@@ -458,16 +476,37 @@ def _ring_reporter(ring: _Ring, mine, progress, ring_progress, total: int, summa
     return _Progress(mine, total if single else len(mine), base, report)
 
 
-def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, should_stop, shown):
-    """This ring's documents, in its order: per document consensus, then the model. Returns
+def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, should_stop, shown,
+              budget: int | None = None):  # fmt: skip
+    """This ring's documents, in its order: per document consensus, then the model (short
+    documents batched under the per-rank token budget, where the model allows it). Returns
     whether a stop was requested (the ring's documents done so far are written)."""
-    done = 0
+    from .batching import MAX_ROWS, can_batch
+
+    batching = budget is not None and can_batch(model, params.mode)
+    pending: list = []
+    done = [0]
+
+    def finish(items, results) -> None:
+        for (doc, ids), result in zip(items, results, strict=True):
+            summary.done += 1
+            summary.tokens += int(ids.numel())
+            done[0] += 1
+            if shown is not None:
+                shown.document(doc, int(ids.numel()), result, done[0], ring.log)
+
+    def flush() -> None:
+        if pending:
+            finish(pending, _score_batch(pending, model, params, store, ring))
+            pending.clear()
+
     for doc in docs:
         stop = bool(should_stop and should_stop())
         ids, crc = _read_ids(doc, tokenizer)
         n = None if ids is None else int(ids.numel())
         verdict = document_verdict(doc.id, stop, n, crc, ring.group, ring.device)
         if verdict.action == "stop":
+            flush()
             if ring.lead:
                 ring.log(f"{ring.label}: stop requested; the rest is left for a resume")
             return True
@@ -479,12 +518,17 @@ def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, shoul
             ring.log(f"missing input: {msg}; going on with the others")
             summary.missing.append(doc.source)
             continue
-        result = _score_document(doc, ids, model, params, store, ring)
-        summary.done += 1
-        summary.tokens += n
-        done += 1
-        if shown is not None:
-            shown.document(doc, n, result, done, ring.log)
+        if batching and n:
+            longest = max([n] + [int(i.numel()) for _, i in pending])
+            width = padded_length(longest, world_size=ring.world_size, layout=params.layout)
+            if pending and ((len(pending) + 1) * width // ring.world_size > budget
+                            or len(pending) >= MAX_ROWS):  # fmt: skip
+                flush()
+            pending.append((doc, ids))
+            continue
+        flush()
+        finish([(doc, ids)], [_score_document(doc, ids, model, params, store, ring)])
+    flush()
     return False
 
 
