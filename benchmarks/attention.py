@@ -33,10 +33,12 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
+
+from benchmarks.results_file import write_results
 
 DEFAULT_OUT = Path("benchmarks/results/attention.json")
 LOAD_THRESHOLD_CORES = 0.25
@@ -809,19 +811,9 @@ def main(argv: list[str] | None = None) -> int:
             _print_row(r, None)
     else:
         results, run_argv = run_benchmark(args), sys.argv[1:] if argv is None else argv
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "attention",
-        "host": os.uname().nodename,
-        "cpus": os.cpu_count(),
-        "argv": run_argv,
-        "results": [asdict(r) for r in results],
-    }
-    tmp = args.json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(args.json)
+    write_results(args.json, "attention", run_argv, results)
     markdown = args.json.with_suffix(".md")
-    write_markdown(results, markdown, payload["argv"])
+    write_markdown(results, markdown, run_argv)
     plots = write_plots(results, args.json.with_suffix(""))
     print(f"wrote {args.json}, {markdown}" + "".join(f", {p}" for p in plots))
     return 0

@@ -19,16 +19,17 @@ output differs beyond float32 rounding is reported as such, not timed as if it w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import queue
 import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+
+from benchmarks.results_file import write_results
 
 DEFAULT_OUT = Path("benchmarks/results/hybrid.json")
 AGREE_TOL = 1e-4  # float32 outputs of two exact algorithms differ by rounding only
@@ -365,17 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_line([name for name, _ in COLUMNS]), flush=True)
     results = run_benchmark(args)
     run_argv = sys.argv[1:] if argv is None else argv
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "benchmark": "hybrid",
-        "host": os.uname().nodename,
-        "cpus": os.cpu_count(),
-        "argv": run_argv,
-        "results": [asdict(r) for r in results],
-    }
-    tmp = args.json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    tmp.replace(args.json)
+    write_results(args.json, "hybrid", run_argv, results)
     markdown = args.json.with_suffix(".md")
     write_markdown(results, markdown, run_argv)
     print(f"wrote {args.json}, {markdown}")

@@ -108,15 +108,11 @@ def check_documents(cfg, *, force: bool = False) -> None:
     a model's tokenizer gives fewer tokens, so this errs on the safe side)."""
     if str(cfg.task.name) != "longdoc" or cfg.task.inputs is None or not cfg.device:
         return  # the planner sizes only a device it knows
-    from ..longdoc.documents import list_documents
     from ..longdoc.scheduling import document_bytes
+    from ..tasks.longdoc import params_of
     from .plan import document_verdict
 
-    t = cfg.task
-    listing = list_documents(
-        list(t.inputs), text_field=t.text_field, id_field=t.id_field, on_missing="report",
-        on_bad_record="skip", max_docs=t.max_docs,
-    )  # fmt: skip
+    listing = params_of(cfg).list_inputs(on_missing="report", on_bad_record="skip")
     problems, warnings = document_verdict(
         cfg, [(d.id, document_bytes(d)) for d in listing.documents]
     )

@@ -176,7 +176,8 @@ def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path:
     n = entry.get("n_tokens")
     # A rank holds about N/P positions of a document cut alone; a larger N is impossible (and
     # would be allocated below). A batch row's rank may hold few or none: bounded by padding.
-    batched = is_int(n) and n > 0 and _padding_of(entry, n, world, run["layout"]) > n + 2 * world
+    padded = _padding_of(entry, n, world, run["layout"]) if is_int(n) and n > 0 else 0
+    batched = is_int(n) and padded > n + 2 * world
     bound = MAX_BATCH_PADDING if batched else world * (positions.numel() + 2 * world)
     if not is_int(n) or not 0 <= n <= bound:
         return f"{data_path}: n_tokens={n!r} is impossible for {positions.numel()} positions"
@@ -186,7 +187,6 @@ def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path:
         return f"{data_path}: positions differ from its manifest entry"
     expected = torch.zeros(0, dtype=torch.int64)
     if n:
-        padded = _padding_of(entry, n, world, run["layout"])
         expected = sequence_positions(padded, world_size=world, rank=rank, layout=run["layout"])
         expected = expected[expected < n]
     if not torch.equal(positions, expected):

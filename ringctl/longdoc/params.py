@@ -128,6 +128,21 @@ class LongDocParams(TaskParams):
         for key, why in self.problems():
             raise ValueError(f"task.{key}: {why}")
 
+    def list_inputs(self, inputs=None, *, on_missing: str | None = None,
+                    on_bad_record: str | None = None):  # fmt: skip
+        """The documents of `inputs` (default: the job's own) read with this job's fields and
+        limits; `on_missing` / `on_bad_record` override the job's policies."""
+        from .documents import list_documents
+
+        return list_documents(
+            self.inputs if inputs is None else inputs,
+            text_field=self.text_field,
+            id_field=self.id_field,
+            on_missing=on_missing or self.on_missing,
+            on_bad_record=on_bad_record or self.on_bad_record,
+            max_docs=self.max_docs,
+        )
+
     def signature(self) -> dict:
         """What a rerun in the same output directory must keep (outputs would not match).
 

@@ -36,12 +36,12 @@ from ..rings import RingGroups
 from .compat import config_refusal, model_refusal, read_model_config, window_refusal
 from .completeness import document_status
 from .consensus import agree, any_has, document_verdict
-from .documents import Document, DocumentError, Listing, list_documents
+from .documents import Document, DocumentError, Listing
 from .expected import check_expected, write_expected
 from .model import check_same_weights, load_model, samples_dir
 from .params import LongDocParams
 from .probe import run_probe
-from .scheduling import RingOptions, plan_schedule, write_schedule
+from .scheduling import RingOptions, document_bytes, plan_schedule, write_schedule
 from .scoring import ShardResult, comm_device, run_task
 from .shards import FORMAT, ShardStore, atomic_write_json
 from .tokenize import load_tokenizer, resolve_tokenizer_path, vocabulary_mismatch
@@ -61,7 +61,6 @@ class LongDocSummary:
     seconds: float = 0.0
     stopped: bool = False  # stopped early on request (preemption)
     probe: str = ""  # what the probe measured (rank 0's line)
-    world_size: int = 0  # ranks in the job
 
 
 @dataclass
@@ -109,26 +108,12 @@ def _eta(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _doc_size(doc: Document) -> int:
-    try:
-        return doc._length if doc.line is not None else Path(doc.source).stat().st_size
-    except OSError:
-        return 0
-
-
 def _list_inputs(params: LongDocParams, store: ShardStore, ring: _Ring) -> Listing:
     """Step 1, listing: the documents, agreed on every rank; rank 0 records run and list."""
     inputs = params.inputs if params.inputs is not None else [str(samples_dir())]
     error, listing = "", None
     try:
-        listing = list_documents(
-            inputs,
-            text_field=params.text_field,
-            id_field=params.id_field,
-            on_missing=params.on_missing,
-            on_bad_record=params.on_bad_record,
-            max_docs=params.max_docs,
-        )
+        listing = params.list_inputs(inputs)
     except ValueError as err:
         error = str(err)
     if not error:
@@ -314,7 +299,7 @@ class _Progress:
     progress file; every ring lead: its ring's)."""
 
     def __init__(self, todo: list[Document], total: int, skipped: int, progress) -> None:
-        self.bytes_left = sum(_doc_size(d) for d in todo)
+        self.bytes_left = sum(document_bytes(d) for d in todo)
         self.bytes_done = 0
         self.compute_s = 0.0
         self.tokens = 0
@@ -325,7 +310,7 @@ class _Progress:
     def document(self, doc: Document, n: int, result: ShardResult, done: int, log) -> None:
         self.compute_s += result.seconds
         self.tokens += n
-        self.bytes_done += _doc_size(doc)
+        self.bytes_done += document_bytes(doc)
         elapsed = time.monotonic() - self.start
         rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
         eta = (self.bytes_left - self.bytes_done) / rate if rate > 0 else float("nan")
@@ -393,7 +378,7 @@ def run_longdoc(
     store = ShardStore(out_dir)
     listing = _list_inputs(params, store, job)
     docs = listing.documents
-    summary = LongDocSummary(total=len(docs), missing=list(listing.missing), world_size=world_size)
+    summary = LongDocSummary(total=len(docs), missing=list(listing.missing))
     model = None
     if shard == "none":
         tokenizer, model, summary.probe = _load_agreed_model(params, job, device)

@@ -26,6 +26,7 @@ from ..atomic import atomic_write_json
 from ..rings import ring_sizes
 from ..schedule import DocLength, Schedule, build_schedule
 from .documents import Document
+from .tokenize import ByteTokenizer
 
 SAMPLE_BYTES = 256 * 1024
 UNLIMITED = 1 << 62
@@ -55,9 +56,7 @@ def document_bytes(doc: Document) -> int:
 
 def bytes_per_token(docs: list[Document], tokenizer) -> float:
     """1 for the byte tokenizer; else measured on the same sample on every rank."""
-    if getattr(tokenizer, "vocab_size", None) == 256 and type(tokenizer).__name__.startswith(
-        "Byte"
-    ):
+    if isinstance(tokenizer, ByteTokenizer):
         return 1.0
     raw_bytes = tokens = 0
     for doc in docs:

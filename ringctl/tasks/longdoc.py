@@ -67,19 +67,12 @@ def _check_model(p: LongDocParams, bad) -> None:
 
 def _check_inputs(p: LongDocParams, bad) -> None:
     """Inputs that cannot be read are found at submit (missing ones follow on_missing)."""
-    from ..longdoc.documents import DocumentError, list_documents
+    from ..longdoc.documents import DocumentError
 
     if p.inputs is None:
         return
     try:
-        list_documents(
-            p.inputs,
-            text_field=p.text_field,
-            id_field=p.id_field,
-            on_missing=p.on_missing,
-            on_bad_record=p.on_bad_record,
-            max_docs=p.max_docs,
-        )
+        p.list_inputs()
     except DocumentError as err:
         raise bad("task.inputs", str(err)) from None
 

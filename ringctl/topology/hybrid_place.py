@@ -25,13 +25,11 @@ from collections.abc import Mapping, Sequence
 from ..errors import UserError
 from .gdr import GDR, GdrPolicy, end_gbps
 from .groups import Layout, choose_layout
-from .links import link_gbps, merge_bandwidths, nic_path_rank
+from .links import link_gbps, nic_path_rank
 from .model import NodeTopology
 from .placement import (
     _assumptions,
     _c2c_note,
-    _check,
-    _domains,
     _gpu_weights,
     _hop,
     _node_dict,
@@ -42,7 +40,7 @@ from .placement import (
     _span,
     assign_nics,
     nvlink_gbps,
-    order_nodes,
+    prepare_nodes,
 )
 from .plan import Hop, RingGroup, RingOfGroups, RingPlan, UlyssesGroups
 from .slurm import SwitchTopology
@@ -65,19 +63,10 @@ def plan_hybrid(
 ) -> RingPlan:
     """A hybrid plan: `ulysses` is "auto" (needs `heads`) or the degree U. The plan's
     `ulysses` and `ring_of_groups` hold both groups; UserError when U cannot be placed."""
-    _check(nodes, ranks_per_node)
-    try:
-        table = merge_bandwidths(bandwidths)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    policy = gdr or GdrPolicy()
-    ordered = order_nodes(nodes, switch_topology)
-    paths = {
-        n.name: switch_topology.switch_path(n.name) if switch_topology else [] for n in ordered
-    }
-    counts = [(ranks_per_node or len(n.gpus)) if n.gpus else (ranks_per_node or 1) for n in ordered]
+    table, policy, ordered, paths, counts, blocks = prepare_nodes(
+        nodes, ranks_per_node, switch_topology, bandwidths, gdr, nvlink_blocks
+    )
     names = [n.name for n in ordered]
-    blocks = _domains(ordered, paths, switch_topology, nvlink_blocks)
     domains = domain_runs(names, counts, blocks)
     flat = choose_layout(counts, names, paths, None, blocks)
     base = _flat_nodes(ordered, counts, flat.roles, table, policy)

@@ -287,6 +287,24 @@ def _domains(ordered, paths, switches, nvlink_blocks: bool) -> list[str | None]:
     return out
 
 
+def prepare_nodes(nodes, ranks_per_node, switch_topology, bandwidths, gdr, nvlink_blocks):
+    """What every placement starts from: (bandwidth table, GPUDirect policy, nodes in switch
+    order, each node's switch path, its rank count, the NVLink domains). UserError for a
+    request that cannot be met or a bad bandwidth override."""
+    _check(nodes, ranks_per_node)
+    try:
+        table = merge_bandwidths(bandwidths)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    ordered = order_nodes(nodes, switch_topology)
+    paths = {
+        n.name: switch_topology.switch_path(n.name) if switch_topology else [] for n in ordered
+    }
+    counts = [(ranks_per_node or len(n.gpus)) if n.gpus else (ranks_per_node or 1) for n in ordered]
+    domains = _domains(ordered, paths, switch_topology, nvlink_blocks)
+    return table, gdr or GdrPolicy(), ordered, paths, counts, domains
+
+
 def plan_ring(
     nodes: Sequence[NodeTopology],
     switch_topology: SwitchTopology | None = None,
@@ -304,18 +322,9 @@ def plan_ring(
     `nvlink_blocks`: Slurm blocks are multi-node NVLink domains (GB200/GB300 NVL72), so hops
     between nodes of one block are NVLink. Raises UserError when the request cannot be met.
     """
-    _check(nodes, ranks_per_node)
-    try:
-        table = merge_bandwidths(bandwidths)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    policy = gdr or GdrPolicy()
-    ordered = order_nodes(nodes, switch_topology)
-    paths = {
-        n.name: switch_topology.switch_path(n.name) if switch_topology else [] for n in ordered
-    }
-    counts = [(ranks_per_node or len(n.gpus)) if n.gpus else (ranks_per_node or 1) for n in ordered]
-    domains = _domains(ordered, paths, switch_topology, nvlink_blocks)
+    table, policy, ordered, paths, counts, domains = prepare_nodes(
+        nodes, ranks_per_node, switch_topology, bandwidths, gdr, nvlink_blocks
+    )
     layout = choose_layout(counts, [n.name for n in ordered], paths, ring_size, domains)
     cache = _NodeCache(table, policy, layout.ring_size)
     placed = {i: cache.place(ordered[i], counts[i], layout.roles[i]) for i in layout.sequence}
