@@ -569,3 +569,19 @@ def test_grad_job_gets_the_token_table_and_the_curve(jobs: dict, tmp_path: Path)
     assert torch.equal(got, docs["docs.jsonl#1"]["token_logprob"])
     curve = json.loads((tmp_path / "grad" / "loss-by-position.json").read_text())
     assert curve["tokens"] == sum(t["token_logprob"].numel() for t in docs.values())
+
+
+def test_an_entry_cannot_claim_any_padding(jobs: dict, tmp_path: Path, capsys) -> None:
+    """padded_tokens (a batch row's padding) is used only within its bound: an absurd value
+    is ignored (nothing of its size is allocated; the shard is judged by its own padding), and
+    a plausible one the shard's positions do not follow is refused by name."""
+    job, shards = _copy_job(jobs, tmp_path)
+    entry_path = shards / _doc(_index(job), "docs.jsonl#1")["key"] / "rank-00000.json"
+    entry = json.loads(entry_path.read_text())
+    entry_path.write_text(json.dumps({**entry, "padded_tokens": 10**15}))
+    assert _cli([str(job), "-o", str(tmp_path / "a")]) == 0
+    capsys.readouterr()
+    entry_path.write_text(json.dumps({**entry, "padded_tokens": entry["padded_tokens"] + 64}))
+    assert _cli([str(job), "-o", str(tmp_path / "b")]) == 3
+    err = capsys.readouterr().err
+    assert "but rank 0 of the zigzag layout holds" in err and not (tmp_path / "b").exists()

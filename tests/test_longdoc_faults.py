@@ -7,11 +7,9 @@ kill is a real SIGKILL of one rank's process while documents are being scored.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ import torch
 from ringctl.cli import main
 from ringctl.longdoc.gather import GatherError, gather, verify
 from ringctl.tasks import load_tensors
+from tests.local_jobs import local_state, wait_for
 
 N_DOCS = 6
 
@@ -33,23 +32,6 @@ def _documents(root: Path) -> Path:
         text = " ".join(rng.choice(words) for _ in range(4000))  # ~30k bytes: ~1-2 s per document
         (docs / f"doc{i}.txt").write_text(text)
     return docs
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _state(job_dir: Path) -> dict:
-    try:
-        return json.loads((job_dir / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def _complete_on_both_ranks(job_dir: Path) -> int:
@@ -69,10 +51,10 @@ def test_killed_rank_fails_the_job_and_resume_completes_only_what_is_missing(tmp
     common = [f"task.inputs=[{docs}]", "timeout=20", "task.chunk_size=1024"]
     assert main(["submit", "jobs/longdoc.yaml", f"job_dir={job_dir}", *common]) == 0
 
-    _wait(lambda: _complete_on_both_ranks(job_dir) >= 2, 120, "two documents to finish")
-    victim = _state(job_dir)["ranks"]["1"]["pid"]
+    wait_for(lambda: _complete_on_both_ranks(job_dir) >= 2, 120, "two documents to finish")
+    victim = local_state(job_dir)["ranks"]["1"]["pid"]
     os.kill(victim, signal.SIGKILL)
-    final = _wait(lambda: _state(job_dir).get("ended_at") and _state(job_dir), 60, "the job to end")
+    final = wait_for(lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 60, "the job to end")
     assert final["state"] == "FAILED"
     assert "rank 1" in final["reason"]
 

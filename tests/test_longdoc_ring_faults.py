@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from ringctl.cli import main
 from ringctl.config import load_resolved
 from ringctl.longdoc.gather import gather
+from tests.local_jobs import local_state, wait_for
 from tests.longdoc_reference import rel_err
 
 N_DOCS = 8
@@ -31,23 +32,6 @@ def _documents(root: Path) -> Path:
     for i in range(N_DOCS):
         (docs / f"doc{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(700)))
     return docs
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _state(job_dir: Path) -> dict:
-    try:
-        return json.loads((job_dir / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def _complete(job_dir: Path) -> int:
@@ -82,10 +66,10 @@ def test_killed_rank_then_resume_on_another_ring_size(tmp_path, capsys):
     job_dir = tmp_path / "job"
     argv = ["submit", "longdoc", f"job_dir={job_dir}", "ring.size=2", *_common(docs)]
     assert main(argv) == 0
-    _wait(lambda: _complete(job_dir) >= 2, 180, "two documents to finish")
+    wait_for(lambda: _complete(job_dir) >= 2, 180, "two documents to finish")
     killed_at = time.monotonic()
-    os.kill(_state(job_dir)["ranks"]["3"]["pid"], signal.SIGKILL)
-    final = _wait(lambda: _state(job_dir).get("ended_at") and _state(job_dir), 60, "the end")
+    os.kill(local_state(job_dir)["ranks"]["3"]["pid"], signal.SIGKILL)
+    final = wait_for(lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 60, "the end")
     assert final["state"] == "FAILED" and "rank 3" in final["reason"]
     assert time.monotonic() - killed_at < 60  # every ring stopped, none waits on the dead one
     finished = _complete(job_dir)
@@ -112,10 +96,10 @@ def test_preemption_signal_finishes_each_rings_document_and_resume_continues(tmp
     job_dir = tmp_path / "job"
     argv = ["submit", "longdoc", f"job_dir={job_dir}", "ring.size=2", *_common(docs)]
     assert main(argv) == 0
-    _wait(lambda: _complete(job_dir) >= 1, 180, "a document to finish")
-    for info in _state(job_dir)["ranks"].values():  # what Slurm's --signal does, to every rank
+    wait_for(lambda: _complete(job_dir) >= 1, 180, "a document to finish")
+    for info in local_state(job_dir)["ranks"].values():  # what Slurm's --signal does, to every rank
         os.kill(info["pid"], signal.SIGUSR1)
-    final = _wait(lambda: _state(job_dir).get("ended_at") and _state(job_dir), 90, "the end")
+    final = wait_for(lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 90, "the end")
     assert final["state"] == "FAILED", final  # not done, and not reported done
     assert "stopped on request before the end" in final["reason"]
     stopped_with = _complete(job_dir)

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from ringctl.backends.base import JobState
 from ringctl.cli import main
 from ringctl.commands.jobs import open_job_dir
+from tests.local_jobs import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "jobs" / "smoke.yaml")
@@ -98,16 +98,6 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_workers_die_with_their_supervisor(tmp_path, capsys):
     hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=2"]
     job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
@@ -120,10 +110,10 @@ def test_workers_die_with_their_supervisor(tmp_path, capsys):
         pids = [info["pid"] for info in state.get("ranks", {}).values()]
         return pids if len(pids) == 2 else None
 
-    pids = _wait_for(workers, 60, "two workers")
+    pids = wait_for(workers, 60, "two workers")
     supervisor = json.loads((job_dir / "supervisor.pid").read_text())["pid"]
     os.kill(supervisor, signal.SIGKILL)
-    _wait_for(lambda: not any(_alive(p) for p in pids), 10, "the workers to die")
+    wait_for(lambda: not any(_alive(p) for p in pids), 10, "the workers to die")
     status = _final(job_dir, timeout=10)
     assert status.state is JobState.FAILED and "supervisor process is gone" in status.reason
 
@@ -131,7 +121,7 @@ def test_workers_die_with_their_supervisor(tmp_path, capsys):
 def test_a_reused_pid_is_never_signalled(tmp_path, capsys):
     hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=2"]
     job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
-    _wait_for(lambda: (job_dir / "state.json").exists(), 60, "the job to start")
+    wait_for(lambda: (job_dir / "state.json").exists(), 60, "the job to start")
     assert main(["cancel", str(job_dir)]) == 0
     assert _final(job_dir, timeout=30).state is JobState.CANCELLED
     bystander = subprocess.Popen(["sleep", "120"])

@@ -1,0 +1,26 @@
+"""Helpers for tests that watch a real local job from outside (no tests here)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll predicate every 0.1 s until it returns something true; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def local_state(job_dir: Path) -> dict:
+    """The local supervisor's state.json ({} before it exists or while it is replaced)."""
+    try:
+        return json.loads((job_dir / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
