@@ -256,6 +256,7 @@ class Supervisor:
         self.codes: dict[int, int] = {}
         self.killed: set[int] = set()
         self.failed: list[int] = []
+        self.exited_at: dict[int, float] = {}
         self.cancelled = False
         self.kill_at: float | None = None
         self.state: dict = {
@@ -334,6 +335,7 @@ class Supervisor:
 
     def _record_exit(self, rank: int, code: int) -> None:
         self.codes[rank] = code
+        self.exited_at[rank] = time.time()
         info = self.state["ranks"][str(rank)]
         info["exit_code"] = code
         if rank in self.killed:
@@ -362,16 +364,54 @@ class Supervisor:
         print(f"supervisor {os.getpid()}: {summary}", flush=True)
 
     def _first_failure(self) -> int:
-        """The rank that failed first caused the rest: order by the time each recorded."""
-
-        def failed_at(rank: int) -> float:
+        """The rank whose failure caused the rest (see first_failure)."""
+        failures = []
+        for order, rank in enumerate(self.failed):
             try:
                 rec = json.loads(self.job.rank_log(rank, "result.json").read_text())
-                return float(rec.get("failed_at", float("inf")))
-            except (OSError, ValueError, TypeError, AttributeError):
-                return float("inf")
+                rec = rec if isinstance(rec, dict) else {}
+            except (OSError, ValueError):
+                rec = {}
+            try:
+                when = float(rec["failed_at"])
+            except (KeyError, TypeError, ValueError):
+                when = self.exited_at.get(rank, float("inf"))  # died without a word
+            failures.append(RankFailure(rank, when, str(rec.get("error", "")), order))
+        return first_failure(failures)
 
-        return min(self.failed, key=lambda r: (failed_at(r), self.failed.index(r)))
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    at: float  # when it recorded its failure, or when the supervisor saw it die
+    error: str  # its one-line error; "" when it died without writing one (a signal, _exit)
+    order: int  # the order the supervisor saw the exits
+
+
+# What a rank says when a peer went away: the effect of another rank's failure, never its cause.
+PEER_LOSS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "socket closed",
+    "remote process exited",
+    "communicator was aborted",
+)
+
+
+def is_peer_loss(error: str) -> bool:
+    text = error.lower()
+    return any(marker in text for marker in PEER_LOSS)
+
+
+def first_failure(failures: list[RankFailure]) -> int:
+    """The rank that failed first caused the rest. A rank that says a peer left is an effect,
+    so it counts only when every failure says so; among the rest the earliest wins. A rank killed
+    by a signal writes nothing: its time is when the supervisor saw it die, which can be after
+    the peer it took down wrote "Connection reset by peer" - hence the first rule, not the clock."""
+    best = min(failures, key=lambda f: (is_peer_loss(f.error), f.at, f.order))
+    return best.rank
 
 
 def supervise(job_dir: Path) -> int:
