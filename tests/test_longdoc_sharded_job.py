@@ -4,6 +4,7 @@ exactly as the unsharded job; impossible combinations are refused at submit by n
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -49,11 +50,49 @@ def test_sharded_job_equals_the_unsharded_job(mode, tmp_path, capsys):
                 assert (b[doc][name] - g).abs().max() <= 1e-4 * scale, (doc, name)
 
 
+def _uneven_corpus(root: Path) -> Path:
+    """Five documents for two rings of 2: one ring gets three, the other two (it idles a
+    round), and one document is empty (its ring idles inside the document)."""
+    docs = root / "docs"
+    docs.mkdir()
+    words = "weights sharded over the whole job gather layer by layer in every ring".split()
+    for i, n in enumerate([700, 0, 380, 150, 45]):
+        text = " ".join(words[(i + j) % len(words)] for j in range(n // 6))
+        (docs / f"doc{i}.txt").write_text(text)
+    return docs
+
+
+@pytest.mark.parametrize("mode, kind", [("score", "token_logprob"), ("embed", "hidden")])
+def test_job_sharding_over_several_rings_equals_the_unsharded_job(mode, kind, tmp_path, capsys):
+    """model.shard=job, 4 ranks in rings of 2: each rank holds 1/4 of the weights while the two
+    rings run different documents in lockstep; outputs equal the unsharded job's."""
+    docs = _uneven_corpus(tmp_path)
+    common = [*SHAPE, f"task.mode={mode}", f"task.inputs=[{docs}]"]
+    for shard in ("none", "job"):
+        job = tmp_path / shard
+        assert main(["run", "longdoc", f"job_dir={job}", f"model.shard={shard}", *common]) == 0, (
+            capsys.readouterr().err
+        )
+        assert main(["gather", str(job)]) == 0
+    schedule = (tmp_path / "job" / "schedule.json").read_text()
+    assert '"rings": 2' in schedule  # two rings ran, not one ring of the job
+    plain, sharded = (_outputs(tmp_path / s / "gathered", "docs") for s in ("none", "job"))
+    assert sorted(plain) == sorted(sharded) and len(plain) == 5
+    for doc in plain:
+        assert plain[doc].keys() == sharded[doc].keys()
+        torch.testing.assert_close(sharded[doc][kind], plain[doc][kind], rtol=1e-5, atol=1e-5)
+    for rank in (0, 2):  # each ring's lead: the probe ran, and it holds a quarter
+        log = (tmp_path / "job" / "logs" / f"rank-{rank}.out").read_text()
+        assert "probe:" in log
+        held = re.search(r"sharded over 4 ranks; this rank holds ([\d.]+) of ([\d.]+) MiB", log)
+        assert held, log
+        assert float(held[1]) <= float(held[2]) / 4 * 1.05
+
+
 @pytest.mark.parametrize(
     "overrides, why",
     [
         (["model.shard=ring", "ring.size=auto", "ring.max_tokens_per_rank=100"], "ring.size=auto"),
-        (["model.shard=job", "ring.size=2"], "job with several rings"),
         (["model.shard=job", "task.mode=grad"], "job cannot run mode=grad"),
         (["model.shard=half"], "expected one of none, ring, job"),
     ],

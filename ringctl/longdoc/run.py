@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,6 +179,10 @@ def _load_agreed_model(
     )
     if ring.lead and probe.message:
         ring.log(probe.message)
+    if ring.lead and shard != "none":
+        from .sharding import shard_summary
+
+        ring.log(shard_summary(model))
     agree(probe.error if ring.lead else "", ring.group)
     return tokenizer, model, probe.message
 
@@ -366,7 +371,8 @@ def run_longdoc(
     schedule_path: where rank 0 writes the schedule (schedule.json in the job directory).
     ring_progress: optional ``ring_progress(label, record)``, called by each ring's lead.
     shard: ``model.shard`` (none, ring, job): FSDP2 shards of the model over each ring (or the
-    job); needs one ring size (the model is sharded over this rank's one ring).
+    job, the rings then in lockstep: ``_Lockstep``); needs one ring size (the model is loaded
+    once, for this rank's one ring).
     """
     started = time.monotonic()
     params = LongDocParams.from_any(cfg)
@@ -410,7 +416,8 @@ def run_longdoc(
         shown = _ring_reporter(ring, mine, progress, ring_progress, len(docs), summary, single)
         before = (summary.done, summary.tokens)
         stopped = _run_ring(mine, ring, model, tokenizer, params, store, summary, should_stop,
-                            shown, (rings or RingOptions()).max_tokens_per_rank)  # fmt: skip
+                            shown, (rings or RingOptions()).max_tokens_per_rank,
+                            _Lockstep.of(shard, schedule, job))  # fmt: skip
         if ring.lead:  # each document counted once, by its ring's lead
             led[0] += summary.done - before[0]
             led[1] += summary.tokens - before[1]
@@ -462,13 +469,14 @@ def _ring_reporter(ring: _Ring, mine, progress, ring_progress, total: int, summa
 
 
 def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, should_stop, shown,
-              budget: int | None = None):  # fmt: skip
+              budget: int | None = None, lockstep: _Lockstep | None = None):  # fmt: skip
     """This ring's documents, in its order: per document consensus, then the model (short
-    documents batched under the per-rank token budget, where the model allows it). Returns
-    whether a stop was requested (the ring's documents done so far are written)."""
+    documents batched under the per-rank token budget, where the model allows it; never in
+    lockstep, see _Lockstep). Returns whether a stop was requested (the ring's documents done
+    so far are written)."""
     from .batching import MAX_ROWS, can_batch
 
-    batching = budget is not None and can_batch(model, params.mode)
+    batching = budget is not None and lockstep is None and can_batch(model, params.mode)
     pending: list = []
     done = [0]
 
@@ -485,23 +493,24 @@ def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, shoul
             finish(pending, _score_batch(pending, model, params, store, ring))
             pending.clear()
 
-    for doc in docs:
+    for doc in docs if lockstep is None else lockstep.padded(docs):
         stop = bool(should_stop and should_stop())
+        stop = stop if lockstep is None else lockstep.agree_stop(stop)
+        if doc is None:  # lockstep: this ring has no document left this round
+            if stop:
+                return _stopped(ring)
+            lockstep.idle(model)
+            continue
         ids, crc = _read_ids(doc, tokenizer)
         n = None if ids is None else int(ids.numel())
         verdict = document_verdict(doc.id, stop, n, crc, ring.group, ring.device)
         if verdict.action == "stop":
             flush()
-            if ring.lead:
-                ring.log(f"{ring.label}: stop requested; the rest is left for a resume")
-            return True
+            return _stopped(ring)
         if verdict.action == "missing":
-            msg = f"{doc.id}: input {doc.source} vanished or changed since it was listed "
-            msg += f"(ranks {verdict.unreadable_ranks} of {ring.label} cannot read it)"
-            if params.on_missing == "stop":
-                raise RuntimeError(msg)
-            ring.log(f"missing input: {msg}; going on with the others")
-            summary.missing.append(doc.source)
+            _skip_missing(doc, verdict, params, summary, ring)
+            if lockstep is not None:
+                lockstep.idle(model)
             continue
         if batching and n:
             longest = max([n] + [int(i.numel()) for _, i in pending])
@@ -515,6 +524,54 @@ def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, shoul
         finish([(doc, ids)], [_score_document(doc, ids, model, params, store, ring)])
     flush()
     return False
+
+
+def _stopped(ring: _Ring) -> bool:
+    if ring.lead:
+        ring.log(f"{ring.label}: stop requested; the rest is left for a resume")
+    return True
+
+
+def _skip_missing(doc, verdict, params: LongDocParams, summary, ring: _Ring) -> None:
+    """A document some rank of the ring cannot read any more: stop the job, or note it."""
+    msg = f"{doc.id}: input {doc.source} vanished or changed since it was listed "
+    msg += f"(ranks {verdict.unreadable_ranks} of {ring.label} cannot read it)"
+    if params.on_missing == "stop":
+        raise RuntimeError(msg)
+    ring.log(f"missing input: {msg}; going on with the others")
+    summary.missing.append(doc.source)
+
+
+@dataclass
+class _Lockstep:
+    """``model.shard=job`` with several rings: the weights are sharded over the whole job, so
+    every rank must all-gather the same layers in the same order. Every ring therefore runs
+    ``rounds`` steps - one document each (batching would merge steps), or an idle step that
+    only takes part in the gathers when the ring has no document left or its input vanished
+    (an empty document idles inside ``run_task_sharded``) - and a stop is agreed by the whole
+    job each step, so that no ring leaves while others still gather."""
+
+    job: _Ring
+    rounds: int
+
+    @classmethod
+    def of(cls, shard: str, schedule, job: _Ring) -> _Lockstep | None:
+        sizes = {p["ring_size"] for p in schedule.phases}
+        if shard != "job" or not sizes or sizes == {job.world_size}:
+            return None  # rings of the whole job: the ring's own consensus keeps it in step
+        counts = Counter((e.ring_size, e.ring) for e in schedule.entries)
+        return cls(job, max(counts.values(), default=0))
+
+    def padded(self, docs: list) -> list:
+        return list(docs) + [None] * (self.rounds - len(docs))
+
+    def agree_stop(self, wanted: bool) -> bool:
+        return any_has([wanted], self.job.group, self.job.device)[0]
+
+    def idle(self, model) -> None:
+        from .sharding import idle_step
+
+        idle_step(model)
 
 
 def _summarise(summary: LongDocSummary, led: list[int], started: float, job: _Ring, log) -> None:

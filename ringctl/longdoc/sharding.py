@@ -18,8 +18,8 @@
     run at once. "Over the whole job" needs the shard dim to span all W ranks: a 1-D mesh of W.
     Consequences, refused or required by name: every rank of the job must gather the same
     layers in the same order (one document per ring per round; a ring without one runs
-    ``idle_step``); ``grad`` is refused (a reduce-scatter over the job would sum the gradients
-    of W/N different documents).
+    ``idle_step``: run.py's ``_Lockstep``); ``grad`` is refused (a reduce-scatter over the
+    job would sum the gradients of W/N different documents).
 
 How the model is cut (``shard_model``): ``fully_shard`` on every decoder layer (gathered before
 the layer runs, freed after it: ``reshard_after_forward``), then one group for the output head
@@ -237,6 +237,19 @@ def local_parameter_bytes(model) -> int:
         t = p.to_local() if isinstance(p, DTensor) else p
         total += t.numel() * t.element_size()
     return total
+
+
+def shard_summary(model) -> str:
+    """One line for the log: what this rank holds of a sharded model ("" unsharded)."""
+    info = shard_info(model)
+    if info is None:
+        return ""
+    whole = sum(p.numel() * p.element_size() for p in model.parameters())  # global shapes
+    mine = local_parameter_bytes(model)
+    return (
+        f"model.shard={info.mode}: weights sharded over {info.size} ranks; this rank holds "
+        f"{mine / 2**20:.2f} of {whole / 2**20:.2f} MiB"
+    )
 
 
 def idle_step(model) -> None:

@@ -94,7 +94,8 @@ def check(cfg, bad) -> None:
 
 
 def _check_shard(cfg, p: LongDocParams, bad) -> None:
-    """model.shard needs one ring per rank for the whole job (FSDP gathers over that ring)."""
+    """model.shard needs one ring size (the model is loaded once, sharded over the ring or the
+    job); with several rings, model.shard=job runs them in lockstep (longdoc/run.py)."""
     from ..longdoc.sharding import SHARD_MODES
 
     shard = str(cfg.model.shard)
@@ -105,13 +106,7 @@ def _check_shard(cfg, p: LongDocParams, bad) -> None:
     if cfg.ring.size == "auto":
         why = "size would need its own sharded copy of the model); give ring.size=N"
         raise bad("model.shard", f"{shard} cannot be combined with ring.size=auto (each ring {why}")
-    several = cfg.ring.size is not None and int(cfg.ring.size) < int(cfg.nodes) * int(
-        cfg.tasks_per_node
-    )
-    if shard == "job" and several:
-        raise bad("model.shard", "job with several rings is not supported yet (every ring "
-                  "would have to run its documents in step); use model.shard=ring")  # fmt: skip
-    if shard == "job" and p.mode == "grad":
+    if shard == "job" and p.mode == "grad":  # FSDP would sum the rings' different documents
         raise bad("model.shard", "job cannot run mode=grad; use model.shard=ring")
 
 
