@@ -7,7 +7,8 @@ rank 1 die, so the job's reason named rank 0. The scenario below is that run's, 
 
 from __future__ import annotations
 
-from ringctl.backends.local import RankFailure, first_failure, is_peer_loss
+from ringctl.backends.joblogs import is_peer_loss
+from ringctl.backends.local import RankFailure, first_failure
 
 RESET = (
     "RuntimeError: Read error [127.0.0.1]:39661: Connection reset by peer. This is typically "

@@ -99,6 +99,24 @@ def error_summary(stderr_text: str, limit: int = 300) -> str:
     return lines[-1].strip()[:limit] if lines else ""
 
 
+# What a rank says when a peer went away: the effect of another rank's failure, never its cause.
+PEER_LOSS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "socket closed",
+    "remote process exited",
+    "communicator was aborted",
+)
+
+
+def is_peer_loss(error: str) -> bool:
+    """Does this error only say that another rank left (gloo's resets, NCCL's aborts)?"""
+    text = error.lower()
+    return any(marker in text for marker in PEER_LOSS)
+
+
 def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
     """Why rank (launch index) `rank` failed, in one line: its result file's error, else the
     worker's `ringctl.worker: ` line, else the last error-looking line of its stderr."""

@@ -31,6 +31,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..jobdir import JobDir
 from .base import Backend, JobState, JobStatus
+from .joblogs import is_peer_loss
 
 KILL_GRACE_S = 5.0
 _CLEARED_VARS = (
@@ -386,23 +387,6 @@ class RankFailure:
     at: float  # when it recorded its failure, or when the supervisor saw it die
     error: str  # its one-line error; "" when it died without writing one (a signal, _exit)
     order: int  # the order the supervisor saw the exits
-
-
-# What a rank says when a peer went away: the effect of another rank's failure, never its cause.
-PEER_LOSS = (
-    "connection reset by peer",
-    "connection closed by peer",
-    "broken pipe",
-    "connection refused",
-    "socket closed",
-    "remote process exited",
-    "communicator was aborted",
-)
-
-
-def is_peer_loss(error: str) -> bool:
-    text = error.lower()
-    return any(marker in text for marker in PEER_LOSS)
 
 
 def first_failure(failures: list[RankFailure]) -> int:

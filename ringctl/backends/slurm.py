@@ -30,6 +30,9 @@ from .shell import LocalShell, Shell
 __all__ = ["LocalShell", "Shell", "SlurmBackend", "create"]
 
 _TAIL_BYTES = 64 * 1024
+# How many failed tasks are read back (over SSH, one file each) to find one whose error is
+# not a peer loss; beyond it the first is blamed.
+BLAME_READS = 8
 
 
 def _one_line(text: str) -> str:
@@ -266,14 +269,30 @@ class SlurmBackend(Backend):
             ranks={r: what for r, what in sorted(ranks.items())},
         )
 
+    def _blamed_task(self, where: str, batch_log: str) -> tuple[int, str, str] | None:
+        """(rank, srun's words, its error) of the task that caused the failure: srun's likeliest
+        (ss.failed_tasks), unless its own error only says a peer left ("Connection reset by
+        peer"), in which case the next of the first BLAME_READS whose error does not."""
+        tasks = ss.failed_tasks(batch_log)
+        if not tasks:
+            return None
+        first = (*tasks[0], joblogs.rank_error(self.shell, where, tasks[0][0]))
+        if not joblogs.is_peer_loss(first[2]):
+            return first
+        for rank, what in tasks[1:BLAME_READS]:
+            err = joblogs.rank_error(self.shell, where, rank)
+            if not joblogs.is_peer_loss(err):
+                return rank, what, err
+        return first
+
     def _failure_reason(
         self, where: str, batch_log: str, step: ss.AcctRecord | None, exit_code: int | None
     ) -> str:
-        first = ss.first_failed_task(batch_log)
-        if first is not None:
-            rank, what = first
-            err = joblogs.rank_error(self.shell, where, rank)
-            what = what[0].lower() + what[1:]
+        blamed = self._blamed_task(where, batch_log)
+        if blamed is not None:
+            rank, what, err = blamed
+            words, node = what.rsplit(" (", 1) if " (" in what else (what, "")
+            what = words.lower() + (f" ({node}" if node else "")  # srun's "Out Of Memory (n2)"
             return f"rank {rank} {what}" + (f": {err}" if err else "")
         if step is not None and step.step != "batch":
             sig = f", signal {step.signal}" if step.signal else ""

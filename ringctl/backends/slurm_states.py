@@ -229,13 +229,18 @@ def parse_srun_errors(batch_log: str) -> dict[int, str]:
 
 
 def first_failed_task(batch_log: str) -> tuple[int, str] | None:
-    """The rank that failed first, judged from srun's lines: an exit code beats a kill/signal
-    (the killed ones are usually victims of srun's --kill-on-bad-exit)."""
-    tasks = parse_srun_errors(batch_log)
-    if not tasks:
-        return None
-    for rank, what in tasks.items():
-        if "exit code" in what:
-            return rank, what
-    rank = next(iter(tasks))
-    return rank, tasks[rank]
+    """The rank that failed first, judged from srun's lines alone (see failed_tasks)."""
+    tasks = failed_tasks(batch_log)
+    return tasks[0] if tasks else None
+
+
+def failed_tasks(batch_log: str) -> list[tuple[int, str]]:
+    """srun's failed tasks, most likely cause first: out of memory (always a cause), then an
+    exit code, in srun's order (the killed ones are usually victims of --kill-on-bad-exit),
+    then the rest (killed, cancelled)."""
+
+    def rank(item: tuple[int, str]) -> int:
+        what = item[1].lower()
+        return 0 if "out of memory" in what else 1 if "exit code" in what else 2
+
+    return sorted(parse_srun_errors(batch_log).items(), key=rank)
