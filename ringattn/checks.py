@@ -55,6 +55,17 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
         raise ValueError(f"sinks are on {sinks.device}, q on {q.device}")
 
 
+def check_window(window, causal: bool) -> int | None:
+    """A sliding window is a positive whole number of keys, and only under the causal mask."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"ring_attention: window must be a positive int or None, got {window!r}")
+    if not causal:
+        raise ValueError("ring_attention: a sliding window needs causal=True")
+    return window
+
+
 def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -76,6 +87,7 @@ def check_ranks_agree(
     group: dist.ProcessGroup | None,
     *,
     has_sinks: bool = False,
+    window: int | None = None,
 ) -> None:
     """All ranks must pass the same shapes: otherwise the ring's transfers mismatch or hang."""
     world = dist.get_world_size(group)
@@ -90,6 +102,7 @@ def check_ranks_agree(
             int(causal),
             LAYOUTS.index(layout),
             int(has_sinks),
+            -1 if window is None else int(window),
         ],
         dtype=torch.int64,
         device=device,
@@ -102,7 +115,8 @@ def check_ranks_agree(
         def describe(r: tuple[int, ...]) -> str:
             return (
                 f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
-                f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])}"
+                f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])} "
+                f"window={None if r[9] < 0 else r[9]}"
             )
 
         detail = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))

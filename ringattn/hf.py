@@ -26,14 +26,13 @@ What cannot be honoured is refused with a ValueError instead of being dropped si
 
 * a 2D padding ``attention_mask`` with a zero in it (an all-ones mask is accepted),
 * a 4D mask, logit soft-capping, and attention dropout,
-* sliding-window attention over a document longer than the window (full causal attention
-  equals windowed attention for a document of at most ``window`` tokens: a token then never
-  looks further back than the window allows),
+* sliding-window attention over a document longer than the window in a hybrid (Ulysses x
+  ring) layout (the ring's own layouts take the window: ``ring_attention(window=...)``),
 * attention sinks (gpt-oss's ``s_aux``) when ``ring_attention`` has no ``sinks=`` parameter.
 
-``count_calls()`` counts the attention calls (and distinct layers) of a forward: a model that
-computes attention some other way never calls this function, and a caller that counts can
-refuse it instead of scoring with per-shard attention.
+``count_calls()`` counts the attention calls (and distinct layers, and those that passed a
+sliding window) of a forward: a model that computes attention some other way never calls this
+function, and a caller that counts can refuse it instead of scoring with per-shard attention.
 
 ``transformers`` is imported here only, and only when ``register`` is called: ``import
 ringattn`` never pulls it in.
@@ -78,6 +77,7 @@ class CallCount:
 
     calls: int = 0
     layers: set[int] = field(default_factory=set)  # id() of each attention module called
+    windowed: set[int] = field(default_factory=set)  # those that passed a sliding window
 
 
 _COUNTERS: list[CallCount] = []
@@ -110,15 +110,34 @@ def _world(group) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
-def _check_window(module: torch.nn.Module, window: int, seq_len: int | None) -> None:
+def _check_hybrid_window(module: torch.nn.Module, window: int, seq_len: int | None) -> None:
+    """Hybrid attention has no window: full causal attention is the same only for documents
+    of at most ``window`` tokens (a token then never looks further back than it allows)."""
     if seq_len is None or seq_len > int(window):
         length = "of unknown length" if seq_len is None else f"of {seq_len} tokens"
         raise ValueError(
             f"ringattn: {type(module).__name__} uses sliding-window attention (window "
-            f"{window}) and the document is {length}; ring attention computes full causal "
-            f"attention, which is the same only for documents of at most {window} tokens "
-            "(give ring_seq_len / ring_settings(seq_len=...) when the ring has several ranks)"
+            f"{window}) and the document is {length}; hybrid (Ulysses x ring) attention "
+            f"computes full causal attention, which is the same only for documents of at most "
+            f"{window} tokens (use a ring layout, contiguous or zigzag, which applies the "
+            "window; give ring_seq_len / ring_settings(seq_len=...) on several ranks)"
         )
+
+
+def _window(module, kwargs: dict, layout: str, world: int, query: torch.Tensor) -> int | None:
+    """The layer's sliding window for ring_attention (None: none, or it cuts nothing)."""
+    window = kwargs.get("sliding_window")
+    if window is None:
+        return None
+    seq_len = _setting(kwargs, "seq_len")
+    if seq_len is None and world == 1:
+        seq_len = query.shape[2]
+    if layout in HYBRID_LAYOUTS:
+        _check_hybrid_window(module, window, seq_len)
+        return None
+    for counter in _COUNTERS:
+        counter.windowed.add(id(module))
+    return int(window)
 
 
 def _sinks(module: torch.nn.Module, kwargs: dict) -> torch.Tensor | None:
@@ -185,11 +204,7 @@ def ring_attention_forward(
                 "'contiguous' (the layout the input was sharded with) to model(...)"
             )
         layout = "contiguous"
-    if kwargs.get("sliding_window") is not None:
-        seq_len = _setting(kwargs, "seq_len")
-        if seq_len is None and world == 1:
-            seq_len = query.shape[2]
-        _check_window(module, kwargs["sliding_window"], seq_len)
+    window = _window(module, kwargs, layout, world, query)
     sinks = _sinks(module, kwargs)
     extra = {} if sinks is None else {"sinks": sinks}
     for counter in _COUNTERS:
@@ -204,8 +219,9 @@ def ring_attention_forward(
             f"not {layout!r}"
         )
     out = ring_attention(
-        q, k, v, causal=True, softmax_scale=scaling, group=group, layout=layout, **extra
-    )
+        q, k, v, causal=True, softmax_scale=scaling, group=group, layout=layout, window=window,
+        **extra,
+    )  # fmt: skip
     return out, None
 
 

@@ -10,9 +10,11 @@ that one small interface, so the ring loop is the same code on every device:
                         backends, called as the aten ops that return the lse)
 * ``TorchCPUKernel``    torch's fused CPU flash kernel (a private aten op that returns the lse)
 * ``ChunkedKernel``     plain matmuls over query chunks; any device and dtype, the fallback
+* ``BandedKernel``      a sliding window's boundary blocks over the visible band (fused on CPU)
 
 Shapes: q (B, Sq, H, D); k, v (B, Sk, Hkv, D) with H a multiple of Hkv (GQA/MQA, heads are
-never repeated in memory); out (B, Sq, H, D) in q's dtype; lse (B, H, Sq) in float32.
+never repeated in memory); out (B, Sq, H, D) in q's dtype; lse (B, H, Sq) in float32 (float64
+for float64 inputs).
 ``causal`` means the top-left aligned mask of a diagonal block (Sq == Sk).
 The environment variable ``RINGATTN_KERNEL`` (flash, torch-cuda, torch = torch-cpu, chunked)
 forces a choice.
@@ -210,7 +212,7 @@ class ChunkedKernel:
         vg = v.permute(0, 2, 1, 3).unsqueeze(2).to(acc)
         qg = self._grouped(q, hkv)
         out = torch.empty(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
-        lse = torch.empty(b, hkv, h // hkv, sq, dtype=torch.float32, device=q.device)
+        lse = torch.empty(b, hkv, h // hkv, sq, dtype=acc, device=q.device)  # float64 for float64
         for r0 in range(0, sq, self.chunk):
             qc = qg[..., r0 : r0 + self.chunk, :].to(acc)
             s = self._mask(torch.matmul(qc, kg.transpose(-1, -2)) * scale, r0, causal)
@@ -246,6 +248,155 @@ class ChunkedKernel:
         dk = dk.squeeze(2).permute(0, 2, 1, 3).to(k.dtype)
         dv = dv.squeeze(2).permute(0, 2, 1, 3).to(v.dtype)
         return dq, dk, dv
+
+
+class BandedKernel:
+    """Attention under a sliding window, over the visible band only.
+
+    The boundary blocks of a windowed ring (``blocks.Block`` with ``window``): key row b is
+    visible to query row a iff ``a + offset - window < b <= a + offset``. Query rows go in
+    chunks of about the window; each chunk attends to the keys its rows can see and no others,
+    so a block of S rows costs about S x 2W scores however long S is. On the CPU each chunk is
+    torch's fused flash kernel with the window as an additive mask over the band; elsewhere
+    (or ``fused=False``, or ``RINGATTN_KERNEL=chunked``) matmuls in float32 (float64 for
+    float64). Rows that see no key of the block get out 0 and lse -inf (the merge then ignores
+    them). The interface of the other kernels, with ``offset`` and ``window`` for ``causal``.
+    """
+
+    name = "banded"
+
+    def __init__(self, max_scores: int = 2**26, fused: bool | None = None) -> None:
+        self.max_scores = max_scores  # scores held at once, all heads of the batch (matmuls)
+        self.fused = fused  # None: the CPU fused kernel where it exists
+
+    def _fused(self, q: Tensor) -> bool:
+        if self.fused is not None:
+            return self.fused
+        if os.environ.get("RINGATTN_KERNEL", "").strip().lower() == "chunked":
+            return False
+        return q.device.type == "cpu" and hasattr(
+            torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
+        )
+
+    def _rows(self, q: Tensor, window: int) -> int:
+        """Query rows per chunk: about the window (a chunk of R rows computes R x (R + W - 1)
+        scores for R x W visible ones), at most 1024, within ``max_scores``."""
+        rows = max(64, min(1024, window))
+        per_row = q.shape[0] * q.shape[2] * (rows + window)
+        return max(16, min(rows, self.max_scores // max(1, per_row)))
+
+    def _chunks(self, q: Tensor, sk: int, offset: int, window: int):
+        """(r0, r1, k0, k1) per chunk of query rows that sees some key: rows [r0, r1) against
+        the key band [k0, k1)."""
+        step = self._rows(q, window)
+        for r0 in range(0, q.shape[1], step):
+            r1 = min(q.shape[1], r0 + step)
+            k0, k1 = max(0, r0 + offset - window + 1), min(sk, r1 + offset)
+            if k0 < k1:
+                yield r0, r1, k0, k1
+
+    @staticmethod
+    def _visible(r0: int, r1: int, k0: int, k1: int, offset: int, window: int, device):
+        a = torch.arange(r0, r1, device=device)[:, None] + offset
+        b = torch.arange(k0, k1, device=device)[None, :]
+        return (b <= a) & (b > a - window)
+
+    def forward(self, q, k, v, *, scale, offset, window):
+        if self._fused(q):
+            return self._fused_forward(q, k, v, scale, offset, window)
+        b, sq, h, d = q.shape
+        hkv = k.shape[2]
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        kg = k.permute(0, 2, 1, 3).unsqueeze(2)  # (B, Hkv, 1, Sk, D)
+        vg = v.permute(0, 2, 1, 3).unsqueeze(2)
+        qg = ChunkedKernel._grouped(q, hkv)
+        out = torch.zeros(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
+        lse = torch.full((b, hkv, h // hkv, sq), float("-inf"), dtype=acc, device=q.device)
+        for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
+            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
+            s = torch.matmul(qg[..., r0:r1, :].to(acc), kg[..., k0:k1, :].to(acc).transpose(-1, -2))
+            s = (s * scale).masked_fill(~seen, float("-inf"))
+            m = torch.logsumexp(s, dim=-1, keepdim=True)
+            p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+            out[..., r0:r1, :] = torch.matmul(p, vg[..., k0:k1, :].to(acc))
+            lse[..., r0:r1] = m.squeeze(-1)
+        out = out.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
+        return out, lse.reshape(b, h, sq)
+
+    def _fused_forward(self, q, k, v, scale, offset, window):
+        fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        b, sq, h, d = q.shape
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        out = torch.zeros(b, sq, h, d, dtype=q.dtype, device=q.device)
+        lse = torch.full((b, h, sq), float("-inf"), dtype=acc, device=q.device)
+        for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
+            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
+            bias = torch.zeros(seen.shape, dtype=q.dtype).masked_fill(~seen, float("-inf"))
+            o, m = fwd(
+                q[:, r0:r1].transpose(1, 2),
+                k[:, k0:k1].transpose(1, 2),
+                v[:, k0:k1].transpose(1, 2),
+                0.0,
+                False,
+                attn_mask=bias,
+                scale=scale,
+            )
+            # A row that sees no key: the kernel says out 0, lse 0; the merge needs -inf.
+            m = m.to(acc).masked_fill(~seen.any(-1), float("-inf"))  # fmt: skip
+            out[:, r0:r1] = o.transpose(1, 2)
+            lse[..., r0:r1] = m
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, *, scale, offset, window):
+        if self._fused(q):
+            return self._fused_backward(dout, q, k, v, out, lse, scale, offset, window)
+        b, sq, h, d = q.shape
+        hkv, sk = k.shape[2], k.shape[1]
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        kg = k.permute(0, 2, 1, 3).unsqueeze(2)
+        vg = v.permute(0, 2, 1, 3).unsqueeze(2)
+        qg, og, dog = (ChunkedKernel._grouped(t, hkv) for t in (q, out, dout))
+        # A row that sees no key at all (lse -inf; never in a ring, where a row sees itself)
+        # gets +inf, so that its probabilities are exp(-inf) = 0 rather than nan.
+        lg = lse.masked_fill(lse == float("-inf"), float("inf")).reshape(b, hkv, h // hkv, sq)
+        dq = torch.zeros(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
+        dk = torch.zeros(b, hkv, 1, sk, d, dtype=acc, device=q.device)
+        dv = torch.zeros_like(dk)
+        for r0, r1, k0, k1 in self._chunks(q, sk, offset, window):
+            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
+            qc, doc = qg[..., r0:r1, :].to(acc), dog[..., r0:r1, :].to(acc)
+            kc, vc = kg[..., k0:k1, :].to(acc), vg[..., k0:k1, :].to(acc)
+            s = (torch.matmul(qc, kc.transpose(-1, -2)) * scale).masked_fill(~seen, float("-inf"))
+            p = torch.exp(s - lg[..., r0:r1].unsqueeze(-1).to(acc))
+            dv[..., k0:k1, :] += torch.matmul(p.transpose(-1, -2), doc).sum(2, keepdim=True)
+            dp = torch.matmul(doc, vc.transpose(-1, -2))
+            delta = (doc * og[..., r0:r1, :].to(acc)).sum(-1, keepdim=True)
+            ds = p * (dp - delta) * scale
+            dq[..., r0:r1, :] = torch.matmul(ds, kc)
+            dk[..., k0:k1, :] += torch.matmul(ds.transpose(-1, -2), qc).sum(2, keepdim=True)
+        dq = dq.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
+        dk = dk.squeeze(2).permute(0, 2, 1, 3).to(k.dtype)
+        dv = dv.squeeze(2).permute(0, 2, 1, 3).to(v.dtype)
+        return dq, dk, dv
+
+    def _fused_backward(self, dout, q, k, v, out, lse, scale, offset, window):
+        bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+        lse = lse.masked_fill(torch.isinf(lse), 0.0)  # a row seeing nothing: p = exp(-inf)
+        t = lambda x: x.transpose(1, 2)  # noqa: E731 - (B, S, H, D) <-> (B, H, S, D)
+        for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
+            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
+            bias = torch.zeros(seen.shape, dtype=q.dtype).masked_fill(~seen, float("-inf"))
+            g = bwd(t(dout[:, r0:r1]), t(q[:, r0:r1]), t(k[:, k0:k1]), t(v[:, k0:k1]),
+                    t(out[:, r0:r1]), lse[..., r0:r1].to(acc).contiguous(), 0.0, False,
+                    attn_mask=bias, scale=scale)  # fmt: skip
+            dq[:, r0:r1] += t(g[0])
+            dk[:, k0:k1] += t(g[1])
+            dv[:, k0:k1] += t(g[2])
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 # Plain attention in flash-attn's terms: no dropout, no sliding window, no softcap, no ALiBi.

@@ -11,9 +11,11 @@ Backward recomputes each block from the saved q, k, v, out and lse (FlashAttenti
 at home and sends each block's dK/dV accumulator along the ring together with its K/V block;
 after P steps every accumulator has visited every rank and arrives back at its owner.
 
-Under a causal mask, ``block_plan`` says which part of a block is needed: blocks entirely in the
-future are skipped, so their FLOPs are never spent; in the zigzag layout every step after the
-first costs every rank exactly half a block.
+Under a causal mask, ``block_plan`` (blocks.py) says which part of a block is needed: blocks
+entirely in the future are skipped, so their FLOPs are never spent; in the zigzag layout every
+step after the first costs every rank exactly half a block. Under a sliding window, blocks
+entirely behind the window are skipped too and the boundary pieces go to ``BandedKernel``; the
+merge then starts from (0, -inf), since the first piece computed may not cover every row.
 
 Both loops are generators that yield each pending exchange they must wait for; the transport
 (``comm``) runs them: one rank of a ``torch.distributed`` group (``RingComm``) or P virtual
@@ -31,45 +33,17 @@ the sink column, whose dP is zero).
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .checks import check_inputs, check_ranks_agree, check_sinks, resolve_group
+from .blocks import Block, block_plan
+from .checks import check_inputs, check_ranks_agree, check_sinks, check_window, resolve_group
 from .comm import Endpoint, RingComm, Transport
-from .kernels import BlockKernel, default_scale, select_kernel
+from .kernels import BandedKernel, BlockKernel, default_scale, select_kernel
 from .layouts import check_divisible
-
-ALL = slice(None)
-
-
-@dataclass(frozen=True)
-class Block:
-    """The part of one ring step to compute: query rows x key rows, and whether it is diagonal."""
-
-    q: slice
-    kv: slice
-    causal: bool
-
-
-def block_plan(
-    *, step: int, rank: int, world_size: int, seq_local: int, causal: bool, layout: str
-) -> list[Block]:
-    src = (rank - step) % world_size
-    if not causal:
-        return [Block(ALL, ALL, False)]
-    if src == rank:
-        return [Block(ALL, ALL, True)]
-    if layout == "contiguous":
-        return [Block(ALL, ALL, False)] if src < rank else []
-    # zigzag: this rank holds chunks (rank, 2P-1-rank); the block holds (src, 2P-1-src).
-    half = seq_local // 2
-    if src < rank:  # both query chunks see the block's early chunk, neither its late one
-        return [Block(ALL, slice(0, half), False)]
-    return [Block(slice(half, None), ALL, False)]  # only the late query chunk sees it, whole
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor):
@@ -77,6 +51,14 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_
     weight = torch.sigmoid(block_lse - lse).transpose(1, 2).unsqueeze(-1)  # (B, S, H, 1)
     out.lerp_(block_out.to(out.dtype), weight)
     lse.sub_(F.logsigmoid(lse - block_lse))
+
+
+def _merge_any(out: torch.Tensor, lse: torch.Tensor, block_out, block_lse) -> None:
+    """``_merge`` where either side may hold rows with nothing yet (lse -inf: windows)."""
+    new = torch.logaddexp(lse, block_lse)
+    weight = torch.exp(block_lse - new).nan_to_num(0.0)  # -inf on both sides: weight 0
+    out.lerp_(block_out.to(out.dtype), weight.transpose(1, 2).unsqueeze(-1).to(out.dtype))
+    lse.copy_(new)
 
 
 def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -108,11 +90,33 @@ class _Rotation:
         self._arrived += 1
 
 
-def _plan(step: int, comm: Endpoint, seq_local: int, causal: bool, layout: str) -> list[Block]:
+def _plan(step: int, comm: Endpoint, seq_local: int, causal: bool, layout: str,
+          window: int | None) -> list[Block]:  # fmt: skip
     return block_plan(
         step=step, rank=comm.rank, world_size=comm.world_size, seq_local=seq_local,
-        causal=causal, layout=layout,
+        causal=causal, layout=layout, window=window,
     )  # fmt: skip
+
+
+def _windowed(causal: bool, window: int | None, seq_local: int, world: int) -> bool:
+    """Does the window cut anything (else the plan and merge are the plain causal ones)?"""
+    return causal and window is not None and window < seq_local * world
+
+
+def _block_forward(kernel, q, k, v, blk: Block, scale: float):
+    if blk.window is not None:
+        return _BANDED.forward(q, k, v, scale=scale, offset=blk.offset, window=blk.window)
+    return kernel.forward(q, k, v, scale=scale, causal=blk.causal)
+
+
+def _block_backward(kernel, dout, q, k, v, out, lse, blk: Block, scale: float):
+    if blk.window is not None:
+        return _BANDED.backward(dout, q, k, v, out, lse, scale=scale, offset=blk.offset,
+                                window=blk.window)  # fmt: skip
+    return kernel.backward(dout, q, k, v, out, lse, scale=scale, causal=blk.causal)
+
+
+_BANDED = BandedKernel()
 
 
 def ring_forward(
@@ -125,25 +129,32 @@ def ring_forward(
     layout: str,
     comm: Endpoint,
     kernel: BlockKernel,
+    window: int | None = None,
 ) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor]]:
     """One rank's forward loop; returns (out in the accumulation dtype, lse)."""
     world = comm.world_size
     kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1, owned=False)
     out = lse = None
+    merge = _merge
+    if _windowed(causal, window, q.shape[1], world):  # rows may start with nothing
+        out = torch.zeros(q.shape, dtype=_accum_dtype(q.dtype), device=q.device)
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device,
+                         dtype=_accum_dtype(q.dtype))  # fmt: skip
+        merge = _merge_any
     for step in range(world):
         k_blk, v_blk = kv.held
         pending = None
         if step + 1 < world:  # the next block travels while this one is computed
             pending = comm.exchange(kv.held, kv.landing())
-        for blk in _plan(step, comm, q.shape[1], causal, layout):
-            block_out, block_lse = kernel.forward(
-                q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], scale=scale, causal=blk.causal
+        for blk in _plan(step, comm, q.shape[1], causal, layout, window):
+            block_out, block_lse = _block_forward(
+                kernel, q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], blk, scale
             )
-            if out is None:  # step 0 always covers every query row
+            if out is None:  # without a window, step 0 always covers every query row
                 out = block_out.to(_accum_dtype(q.dtype))
                 lse = block_lse.clone()
             else:
-                _merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
+                merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
             del block_out, block_lse
         if pending is not None:
             yield pending
@@ -165,6 +176,7 @@ def ring_backward(
     layout: str,
     comm: Endpoint,
     kernel: BlockKernel,
+    window: int | None = None,
 ) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One rank's backward loop given the global out and lse; returns (dq, dk, dv)."""
     world = comm.world_size
@@ -181,10 +193,10 @@ def ring_backward(
         if step + 1 < world:
             kv_pending = comm.exchange(kv.held, kv.landing(), tag=0)
         grads = []
-        for blk in _plan(step, comm, q.shape[1], causal, layout):
-            dq_b, dk_b, dv_b = kernel.backward(
-                dout[:, blk.q], q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv],
-                out[:, blk.q], lse[:, :, blk.q], scale=scale, causal=blk.causal,
+        for blk in _plan(step, comm, q.shape[1], causal, layout, window):
+            dq_b, dk_b, dv_b = _block_backward(
+                kernel, dout[:, blk.q], q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv],
+                out[:, blk.q], lse[:, :, blk.q], blk, scale,
             )  # fmt: skip
             dq[:, blk.q] += dq_b
             grads.append((blk.kv, dk_b, dv_b))
@@ -241,13 +253,13 @@ def sink_grad(
     return grad.to(sinks.dtype)
 
 
-def _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel):
+def _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel, window):
     """Every local rank's forward; the output (q's dtype) and lse of all of them, joined."""
     ranks = transport.endpoints()
     parts = [_shards(t, len(ranks)) for t in (q, k, v)]
     loops = [
         ring_forward(qr, kr, vr, scale=scale, causal=causal, layout=layout, comm=rank,
-                     kernel=kernel)
+                     kernel=kernel, window=window)
         for rank, qr, kr, vr in zip(ranks, *parts, strict=True)
     ]  # fmt: skip
     results = transport.drive(loops, device=q.device)
@@ -261,13 +273,13 @@ def _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel):
     return _join(outs, 1), _join(lses, 2)
 
 
-def _backward_all(dout, q, k, v, out, lse, scale, causal, layout, transport, kernel):
+def _backward_all(dout, q, k, v, out, lse, scale, causal, layout, transport, kernel, window):
     ranks = transport.endpoints()
     parts = [_shards(t, len(ranks)) for t in (dout, q, k, v, out)]
     lse_parts = list(lse.chunk(len(ranks), dim=2)) if len(ranks) > 1 else [lse]
     loops = [
         ring_backward(d, qr, kr, vr, o, lr, scale=scale, causal=causal, layout=layout,
-                      comm=rank, kernel=kernel)
+                      comm=rank, kernel=kernel, window=window)
         for rank, d, qr, kr, vr, o, lr in zip(ranks, *parts, lse_parts, strict=True)
     ]  # fmt: skip
     results = transport.drive(loops, device=q.device)
@@ -276,11 +288,12 @@ def _backward_all(dout, q, k, v, out, lse, scale, causal, layout, transport, ker
 
 class RingAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, scale, causal, layout, transport):
+    def forward(ctx, q, k, v, sinks, scale, causal, layout, transport, window):
         kernel = select_kernel(q)
-        out, lse = _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel)
+        out, lse = _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel, window)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.scale, ctx.causal, ctx.layout, ctx.transport = scale, causal, layout, transport
+        ctx.window = window
         return out
 
     @staticmethod
@@ -289,24 +302,25 @@ class RingAttentionFunction(torch.autograd.Function):
         dout = dout.contiguous()
         dq, dk, dv = _backward_all(
             dout, q, k, v, out, lse, ctx.scale, ctx.causal, ctx.layout, ctx.transport,
-            select_kernel(q),
+            select_kernel(q), ctx.window,
         )  # fmt: skip
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             dsinks = sink_grad(dout, out, lse, sinks, rows=max(1, 2**24 // out[0, 0].numel()))
-        return dq, dk, dv, dsinks, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None
 
 
-def _transport(q, k, causal, layout, sinks, group, comm) -> Transport:
+def _transport(q, k, causal, layout, sinks, group, comm, window) -> Transport:
     """The transport to run on: the process group's ring (checked), or the one given."""
+    agreed = dict(has_sinks=sinks is not None, window=window)
     if comm is None:
         group = resolve_group(group)
-        check_ranks_agree(q, k, causal, layout, group, has_sinks=sinks is not None)
+        check_ranks_agree(q, k, causal, layout, group, **agreed)
         return RingComm(group)
     if group is not None:
         raise ValueError("ring_attention: pass either group= or comm=, not both")
     if isinstance(comm, RingComm):
-        check_ranks_agree(q, k, causal, layout, comm.group, has_sinks=sinks is not None)
+        check_ranks_agree(q, k, causal, layout, comm.group, **agreed)
         return comm
     local = len(comm.endpoints())
     if local > 1:  # the shards of several ranks, one after another
@@ -325,6 +339,7 @@ def ring_attention(
     layout: str = "contiguous",
     sinks: torch.Tensor | None = None,
     comm: Transport | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
@@ -336,12 +351,17 @@ def ring_attention(
     softmax denominator, with a zero value vector (gpt-oss). Its gradient is this rank's share
     (the sum over its own rows); sum it over the ranks as for any replicated parameter.
 
+    ``window``: a sliding window (causal only): the query at global position i sees the keys
+    at positions i - window < j <= i (transformers' ``sliding_window``); None: no window.
+    Blocks behind the window are never computed.
+
     ``comm``: the transport, default the ring of ``group``'s processes. With
     ``ringattn.local_ring.LocalRing(P)`` one process runs all P ranks: q, k, v (and the result)
     then hold the P shards one after another along the sequence dimension.
     """
     check_inputs(q, k, v, layout)
     check_sinks(sinks, q)
-    transport = _transport(q, k, causal, layout, sinks, group, comm)
+    window = check_window(window, causal)
+    transport = _transport(q, k, causal, layout, sinks, group, comm, window)
     scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    return RingAttentionFunction.apply(q, k, v, sinks, scale, causal, layout, transport)
+    return RingAttentionFunction.apply(q, k, v, sinks, scale, causal, layout, transport, window)

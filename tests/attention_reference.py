@@ -26,6 +26,7 @@ class Case:
     layout: str
     seed: int = 0
     sinks: bool = False  # one learned sink logit per query head
+    window: int | None = None  # sliding window: query i sees keys i - window < j <= i
 
     @property
     def id(self) -> str:
@@ -33,6 +34,7 @@ class Case:
             f"b{self.batch}-n{self.seq}-h{self.heads}kv{self.kv_heads}-d{self.head_dim}-"
             f"{self.dtype}-{'causal' if self.causal else 'full'}-{self.layout}"
             + ("-sinks" if self.sinks else "")
+            + (f"-w{self.window}" if self.window is not None else "")
         )
 
     @property
@@ -58,7 +60,9 @@ def make_inputs(case: Case) -> dict[str, torch.Tensor]:
     return inputs
 
 
-def reference(inputs: dict[str, torch.Tensor], causal: bool) -> dict[str, torch.Tensor]:
+def reference(
+    inputs: dict[str, torch.Tensor], causal: bool, window: int | None = None
+) -> dict[str, torch.Tensor]:
     q, k, v = (inputs[n].double().requires_grad_() for n in ("q", "k", "v"))
     groups = q.shape[2] // k.shape[2]
     kr, vr = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
@@ -67,6 +71,10 @@ def reference(inputs: dict[str, torch.Tensor], causal: bool) -> dict[str, torch.
         n = q.shape[1]
         future = torch.ones(n, n, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
+    if window is not None:  # keys at or before i - window are out of reach
+        n = q.shape[1]
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        scores = scores.masked_fill(j <= i - window, float("-inf"))
     sinks = None
     if "sinks" in inputs:
         sinks = inputs["sinks"].double().requires_grad_()
@@ -117,7 +125,9 @@ def ring_outputs(
         }
         q, k, v = (shard[n].requires_grad_() for n in ("q", "k", "v"))
         kw = {} if sinks is None else {"sinks": sinks.requires_grad_()}
-        out = ringattn.ring_attention(q, k, v, causal=case.causal, layout=case.layout, **kw)
+        out = ringattn.ring_attention(
+            q, k, v, causal=case.causal, layout=case.layout, window=case.window, **kw
+        )
         out.backward(shard["dout"])
         results[case.id] = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
         if sinks is not None:  # this rank's share of the gradient
@@ -143,8 +153,9 @@ def local_ring_outputs(case: Case, world: int, device: str = "cpu") -> dict[str,
     q, k, v = (stacked[n].requires_grad_() for n in ("q", "k", "v"))
     kw = {} if sinks is None else {"sinks": sinks.to(device).requires_grad_()}
     out = ringattn.ring_attention(
-        q, k, v, causal=case.causal, layout=case.layout, comm=LocalRing(world), **kw
-    )
+        q, k, v, causal=case.causal, layout=case.layout, comm=LocalRing(world),
+        window=case.window, **kw,
+    )  # fmt: skip
     out.backward(stacked["dout"])
     got = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
     result = {

@@ -33,6 +33,8 @@ TINY = dict(
 MODEL_CONFIGS = {
     "llama": dict(model_type="llama", rope_theta=10000.0, **TINY),
     "qwen2": dict(model_type="qwen2", rope_theta=10000.0, use_sliding_window=False, **TINY),
+    # A sliding window shorter than every ring's blocks at N=301: the ring windows it.
+    "mistral-window16": dict(model_type="mistral", rope_theta=10000.0, sliding_window=16, **TINY),
 }
 
 

@@ -10,8 +10,10 @@ and each accepted family also through the job's probe. Reference: the model's ow
 Cases beyond the plain families: length-dependent RoPE (Llama ``dynamic``, Phi-3 ``longrope``)
 with documents longer than the RoPE threshold (64), then a shorter one (the cached frequencies
 must not leak from one document to the next), then N=80, where one zigzag rank's highest
-position (59) is below the threshold and the document is above it; sliding windows (a document exactly as long as
-the window is exact, one token more is refused, naming the window); logit-scaled heads (Cohere
+position (59) is below the threshold and the document is above it; sliding windows, applied in the
+ring (documents as long as the window, one token longer, and several windows long: 301 tokens, so
+zigzag shards of 151 hold more than two windows); Llama 4's chunked attention and temperature
+tuning (a document at the limit is exact, one token more is refused, naming the limit); logit-scaled heads (Cohere
 ``logit_scale``, Granite ``logits_scaling``, Gemma 2 final soft-capping); attention sinks
 (gpt-oss) when ``ring_attention`` has ``sinks=``.
 
@@ -57,10 +59,12 @@ class Family:
     lengths: tuple[int, ...] = (301,)
     refused: str | None = None  # a phrase the refusal must contain; None: exact
     window: int | None = None  # documents longer than this must be refused
+    sliding: int | None = None  # the sliding window the ring applies (for the table)
     layout: str = "zigzag"
 
 
 W = 64  # the sliding windows below
+SLIDING = (W, W + 1, 301)  # at the window, one past it, several windows long
 FAMILIES = [
     Family("llama", "llama"),
     Family("llama (contiguous shards)", "llama", layout="contiguous"),
@@ -70,30 +74,32 @@ FAMILIES = [
            dict(max_position_embeddings=512, original_max_position_embeddings=64,
                 rope_parameters=LONGROPE), (301, 40, 80)),
     Family("mistral", "mistral", dict(sliding_window=None)),
-    Family(f"mistral, sliding window {W}", "mistral", dict(sliding_window=W), (W, W + 1), window=W),
+    Family(f"mistral, sliding window {W}", "mistral", dict(sliding_window=W), SLIDING, sliding=W),
+    Family(f"mistral, sliding window {W} (contiguous shards)", "mistral", dict(sliding_window=W),
+           SLIDING, sliding=W, layout="contiguous"),
     Family(f"qwen2, sliding window {W}", "qwen2",
-           dict(use_sliding_window=True, sliding_window=W, max_window_layers=0), (W, W + 1),
-           window=W),
+           dict(use_sliding_window=True, sliding_window=W, max_window_layers=0), SLIDING,
+           sliding=W),
     Family("qwen2", "qwen2", dict(use_sliding_window=False)),
     Family("qwen3", "qwen3"),
     Family("qwen2_moe", "qwen2_moe"),
     Family("qwen3_moe", "qwen3_moe"),
     Family("mixtral", "mixtral"),
     Family("gemma", "gemma", dict(head_dim=16)),
-    Family("gemma2, final softcap 2, no attention softcap", "gemma2",
+    Family(f"gemma2, final softcap 2, no attention softcap, sliding window {W}", "gemma2",
            dict(head_dim=16, attn_logit_softcapping=None, final_logit_softcapping=2.0,
-                sliding_window=4096)),
+                sliding_window=W), SLIDING, sliding=W),
     Family(f"gemma3_text, sliding window {W}", "gemma3_text",
-           dict(head_dim=16, sliding_window=W), (W, W + 1), window=W),
+           dict(head_dim=16, sliding_window=W), SLIDING, sliding=W),
     Family("cohere, logit_scale 0.5", "cohere", dict(logit_scale=0.5)),
     Family(f"cohere2, logit_scale 0.5, sliding window {W}", "cohere2",
-           dict(logit_scale=0.5, sliding_window=W), (W, W + 1), window=W),
+           dict(logit_scale=0.5, sliding_window=W), SLIDING, sliding=W),
     Family("granite, logits_scaling 8", "granite", dict(logits_scaling=8.0)),
     Family("granitemoe, logits_scaling 8", "granitemoe", dict(logits_scaling=8.0)),
     Family("phi", "phi"),
     Family("phimoe", "phimoe"),
     Family("olmo2", "olmo2"),
-    Family(f"olmo3, sliding window {W}", "olmo3", dict(sliding_window=W), (W, W + 1), window=W),
+    Family(f"olmo3, sliding window {W}", "olmo3", dict(sliding_window=W), SLIDING, sliding=W),
     Family("starcoder2", "starcoder2", dict(sliding_window=None)),
     Family("gpt2", "gpt2"),
     Family("gpt_neox", "gpt_neox"),
@@ -106,7 +112,8 @@ FAMILIES = [
     Family("llama4_text, NoPE layer, temperature tuning (floor 32)", "llama4_text",
            dict(attention_chunk_size=W, floor_scale=32, no_rope_layers=[1, 0]), (31, 32),
            window=31),
-    Family("gpt_oss (sinks), sliding window 512", "gpt_oss", dict(sliding_window=512)),
+    Family(f"gpt_oss (sinks), sliding window {W}", "gpt_oss", dict(sliding_window=W), SLIDING,
+           sliding=W),
     # refused: the phrase each refusal must contain
     Family("bloom (ALiBi)", "bloom", refused="'bloom'"),
     Family("mpt (ALiBi)", "mpt", refused="'mpt'"),
@@ -273,7 +280,7 @@ def _judge(fam: Family, per_rank: list[dict]) -> Row:
     for n in fam.lengths:
         if fam.window is not None and n > fam.window:
             for r in per_rank:
-                assert isinstance(r[n], str) and f"window {fam.window}" in r[n], (fam.label, r[n])
+                assert isinstance(r[n], str) and f"limit {fam.window}" in r[n], (fam.label, r[n])
             continue
         got = [r[n] for r in per_rank]
         assert not any(isinstance(g, str) for g in got), f"{fam.label} N={n}: {got}"
@@ -286,7 +293,9 @@ def _judge(fam: Family, per_rank: list[dict]) -> Row:
     assert probe_error == "" and probe_measured <= 1e-4, (fam.label, probe_error)
     note = "N=" + ", ".join(str(n) for n in fam.lengths if fam.window is None or n <= fam.window)
     if fam.window is not None:
-        note += f"; N > {fam.window} refused, naming the window"
+        note += f"; N > {fam.window} refused, naming the limit"
+    if fam.sliding is not None:
+        note += f"; sliding window {fam.sliding} applied in the ring"
     if fam.model_type == "gpt_oss":
         note += "; sinks through ring_attention(sinks=)"
     return Row(fam.label, "exact", worst, note)
@@ -369,7 +378,6 @@ def test_sinks_are_exact(ring_results: list[dict]) -> None:
         pytest.skip(
             "ring_attention has no sinks= parameter yet: gpt-oss is refused (checked above)"
         )
-    row = _judge(BY_LABEL["gpt_oss (sinks), sliding window 512"], [
-        r["gpt_oss (sinks), sliding window 512"] for r in ring_results
-    ])  # fmt: skip
+    label = f"gpt_oss (sinks), sliding window {W}"
+    row = _judge(BY_LABEL[label], [r[label] for r in ring_results])
     assert row.verdict == "exact"

@@ -1,7 +1,7 @@
 """P = 1, 2, 4 ranks with ring attention give what the unsharded model gives in one process.
 
-Models: tiny random Llama and Qwen2 (2 layers, hidden 64, 4 heads, 2 KV heads: GQA; Qwen2 adds
-q/k/v biases) built from a config with a fixed seed. Reference: the stock ``eager`` and
+Models: tiny random Llama, Qwen2 and Mistral with a sliding window of 16 (2 layers, hidden 64,
+4 heads, 2 KV heads: GQA; Qwen2 adds q/k/v biases) built from a config with a fixed seed. Reference: the stock ``eager`` and
 ``sdpa`` attention on the whole document in one process (tests/longdoc_reference.py).
 Documents: N = 0, 1, 5, 37 (not multiples of 2P: padded at the end) and 301 tokens.
 
@@ -28,7 +28,7 @@ from tests.distributed import run_distributed
 from tests.longdoc_reference import build, document, reference, rel_err
 
 LENGTHS = (0, 1, 5, 37, 301)
-KINDS = ("llama", "qwen2")
+KINDS = ("llama", "qwen2", "mistral-window16")
 TOL = 1e-5
 GRAD_TOL = 1e-4
 

@@ -2,8 +2,9 @@
 refused on every rank with one clear line; a scorer that gets a model wrong (here: one that
 forgets Cohere's logit scale) is stopped by the probe before any document is scored; the model
 directory's tokenizer is used by default (and gives the model's own numbers); documents longer
-than a sliding window are refused, naming it, after the shorter ones are scored; model
-overrides reach the model; a bad record is skipped and named."""
+than Llama 4's attention chunk are refused, naming the limit, after the shorter ones are scored,
+while a sliding-window model scores them all (the ring applies its window); model overrides
+reach the model; a bad record is skipped and named."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _ranks(rank: int, world: int, base: str) -> dict:
 
     root = Path(base)
     out: dict = {}
-    for name in ("bloom", "falcon", "windowed"):
+    for name in ("bloom", "falcon", "chunked", "windowed"):
         lines: list[str] = []
         params = {"inputs": [str(root / "docs")], "model_path": str(root / f"{name}.json")}
         try:
@@ -58,13 +59,13 @@ def _ranks(rank: int, world: int, base: str) -> dict:
         except RuntimeError as err:
             out[name] = (str(err), lines)
     out["scorer bug"] = _with_plain_head(run_longdoc, rank, world, root)
-    lines = []  # the same windowed model, its window turned off knowingly: all documents run
-    unwindowed = {
+    lines = []  # the same chunked model, its chunk made longer knowingly: all documents run
+    longer = {
         "inputs": [str(root / "docs")],
-        "model_path": str(root / "windowed.json"),
-        "model_overrides": {"sliding_window": None},
+        "model_path": str(root / "chunked.json"),
+        "model_overrides": {"attention_chunk_size": 4096},
     }
-    out["unwindowed"] = run_longdoc(unwindowed, rank, world, None, root / "out-nowin", print).done
+    out["overridden"] = run_longdoc(longer, rank, world, None, root / "out-longer", print).done
     words = {"inputs": [str(root / "words.jsonl")], "model_path": str(root / "wordllama")}
     summary = run_longdoc(words, rank, world, None, root / "out-words", lines.append)
     out["words"] = (summary.done, lines)
@@ -106,6 +107,8 @@ def results(tmp_path_factory) -> tuple[Path, list[dict]]:
     (root / "cohere.json").write_text(json.dumps(dict(base, model_type="cohere", logit_scale=0.5)))
     windowed = dict(base, model_type="mistral", sliding_window=64)
     (root / "windowed.json").write_text(json.dumps(windowed))
+    chunked = dict(base, model_type="llama4_text", attention_chunk_size=64)
+    (root / "chunked.json").write_text(json.dumps(chunked))
     _model_with_tokenizer(root)
     text = " ".join(WORDS * 20)
     records = [json.dumps({"text": text}), "{not json", json.dumps({"text": "ranks travel"})]
@@ -122,16 +125,28 @@ def test_unsupported_model_is_refused_on_every_rank(results) -> None:
             assert "\n" not in msg and "KeyError" not in msg
 
 
-def test_window_refuses_only_longer_documents(results) -> None:
+def test_a_length_limit_refuses_only_longer_documents(results) -> None:
     root, per_rank = results
     for rank, r in enumerate(per_rank):
-        msg, lines = r["windowed"]
-        assert msg.startswith("b-long.txt: 100 tokens is longer than the attention window"), msg
-        assert "'mistral' (window 64)" in msg
-        entry = root / f"out-windowed-{rank}" / "longdoc" / "shards"
+        msg, lines = r["chunked"]
+        assert msg.startswith("b-long.txt: 100 tokens is longer than model type 'llama4_text'"), msg
+        assert "limit 64" in msg
+        entry = root / f"out-chunked-{rank}" / "longdoc" / "shards"
         assert len(list(entry.iterdir())) == 1  # a-short.txt was scored and written
+    lead = per_rank[0]["chunked"][1]
+    assert any(line.startswith("probe: model type 'llama4_text', 64 probe tokens") for line in lead)
+
+
+def test_a_sliding_window_scores_every_document(results) -> None:
+    """The window is applied in the ring: the 100-token document (window 64) is scored, and
+    the probe (251 tokens, four windows long) checked the ring against the model's own
+    windowed forward pass first."""
+    _, per_rank = results
+    for r in per_rank:
+        msg, lines = r["windowed"]
+        assert msg == "completed", msg
     lead = per_rank[0]["windowed"][1]
-    assert any(line.startswith("probe: model type 'mistral', 64 probe tokens") for line in lead)
+    assert any(line.startswith("probe: model type 'mistral', 251 probe tokens") for line in lead)
 
 
 def test_the_probe_refuses_the_job_when_the_scorer_is_wrong(results) -> None:
@@ -144,7 +159,7 @@ def test_the_probe_refuses_the_job_when_the_scorer_is_wrong(results) -> None:
 
 def test_model_overrides_reach_the_model(results) -> None:
     _, per_rank = results
-    assert [r["unwindowed"] for r in per_rank] == [2, 2]
+    assert [r["overridden"] for r in per_rank] == [2, 2]
 
 
 def test_model_directory_tokenizer_is_the_default_and_exact(results) -> None:

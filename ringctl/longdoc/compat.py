@@ -12,10 +12,14 @@ replaces it). What does not is refused here, by name, before any rank scores any
 * value heads of another size than query/key heads (DeepSeek-V2/V3's latent attention);
 * attention sinks (gpt-oss) while ``ring_attention`` has no ``sinks=`` parameter.
 
-Windowed attention (sliding windows, Llama 4's chunked attention) is exact under full causal
-attention only for a document that fits in the window: ``window(config)`` gives the limit and
-the job refuses longer documents, naming it. (Llama 4's attention temperature tuning counts
-positions per rank; it is exact up to ``floor_scale - 1`` tokens, so that is a limit too.)
+Sliding windows (Mistral, Qwen2 with windows, Gemma 2/3, Cohere 2, OLMo 3, gpt-oss) run in the
+ring itself: each layer passes its ``sliding_window`` to ``ringattn``, whose plan skips the
+blocks behind the window and masks the boundary ones (``ringattn.blocks``); ``sliding_layers``
+says how many layers must pass one, and ``scoring.forward_hidden`` refuses a forward in which
+fewer did. Llama 4's chunked attention is exact under full causal attention only for a
+document that fits in one chunk, and its attention temperature tuning counts positions per
+rank (exact up to ``floor_scale - 1`` tokens): ``length_limit(config)`` gives that limit and
+the job refuses longer documents, naming it.
 
 ``config_refusal`` reads a plain dict (a ``config.json``), so ``ringctl submit`` can call it
 without torch or transformers; ``model_refusal`` adds what only the built model shows. Anything
@@ -116,20 +120,45 @@ def config_refusal(config: Any) -> str | None:
     return None
 
 
-def window(config: Any) -> int | None:
-    """The shortest attention window of any layer (sliding or chunked), or None (no window)."""
+def sliding_window(config: Any) -> int | None:
+    """The sliding window of the model's windowed layers, or None (no layer has one)."""
+    cfg = text_config(config)
+    sliding, types = _get(cfg, "sliding_window"), _get(cfg, "layer_types")
+    if not sliding:
+        return None
+    if types is not None:
+        return int(sliding) if "sliding_attention" in types else None
+    return int(sliding) if _get(cfg, "use_sliding_window") is not False else None
+
+
+def sliding_layers(config: Any) -> int:
+    """How many attention layers use the sliding window (0: none)."""
+    if sliding_window(config) is None:
+        return 0
+    cfg = text_config(config)
+    types = _get(cfg, "layer_types")
+    if types is not None:
+        return sum(t == "sliding_attention" for t in types)
+    return int(_get(cfg, "num_hidden_layers") or 0)
+
+
+def length_limit(config: Any) -> int | None:
+    """The longest document ring attention gives exactly (chunked attention, Llama 4's
+    temperature tuning), or None: no limit."""
     cfg = text_config(config)
     limits = _temperature_limit(cfg)
     types = _get(cfg, "layer_types")
-    sliding, chunk = _get(cfg, "sliding_window"), _get(cfg, "attention_chunk_size")
-    if types is not None:
-        if "sliding_attention" in types and sliding:
-            limits.append(int(sliding))
-        if "chunked_attention" in types and chunk:
-            limits.append(int(chunk))
-    elif _get(cfg, "use_sliding_window") is not False:
-        limits += [int(v) for v in (sliding, chunk) if v]
+    chunk = _get(cfg, "attention_chunk_size")
+    if chunk and (types is None or "chunked_attention" in types):
+        limits.append(int(chunk))
     return min(limits) if limits else None
+
+
+def window(config: Any) -> int | None:
+    """The shortest attention window of any layer (sliding or chunked), or None (no window):
+    what makes a model's numbers depend on how far back a token may look."""
+    found = [w for w in (sliding_window(config), length_limit(config)) if w is not None]
+    return min(found) if found else None
 
 
 def _temperature_limit(cfg: Any) -> list[int]:
@@ -144,13 +173,14 @@ def _temperature_limit(cfg: Any) -> list[int]:
 
 
 def window_refusal(config: Any, n_tokens: int) -> str | None:
-    limit = window(config)
+    """Why a document of n_tokens cannot be scored exactly (length_limit), or None."""
+    limit = length_limit(config)
     if limit is None or n_tokens <= limit:
         return None
     return (
-        f"{n_tokens} tokens is longer than the attention window of model type "
-        f"{model_type(config)!r} (window {limit}); ring attention computes full causal "
-        f"attention, which equals the model's windowed attention only for documents of at "
+        f"{n_tokens} tokens is longer than model type {model_type(config)!r} allows "
+        f"(chunked attention or attention temperature tuning, limit {limit}); ring attention "
+        f"computes full causal attention, which equals the model's only for documents of at "
         f"most {limit} tokens"
     )
 

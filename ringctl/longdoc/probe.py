@@ -2,8 +2,9 @@
 
 Every family can hide something the scorer does not know about (a new logit scaling, a layer
 that mixes tokens without attention, a mask that ring attention does not see). So every job
-first runs a probe: ``PROBE_TOKENS`` seeded random tokens (fewer when the model's attention
-window is shorter), sharded across all ranks in the job's layout (so positions cross every
+first runs a probe: ``PROBE_TOKENS`` seeded random tokens (more, to cross a sliding window of
+up to ``PROBE_WINDOW_MAX``, so the ring's window is checked too; fewer when the model has a
+length limit), sharded across all ranks in the job's layout (so positions cross every
 shard boundary, and the length is not a multiple of the shard count: padding is exercised),
 scored exactly as a document is. Rank 0 then runs the unmodified model (its own forward pass,
 stock ``sdpa`` attention, ``eager`` if the model has no sdpa) on the whole probe in one
@@ -27,10 +28,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .compat import model_type, window
+from .compat import length_limit, model_type, sliding_window
 from .scoring import BypassError
 
 PROBE_TOKENS = 251  # prime: never a multiple of the number of shards
+# A sliding window up to this long is crossed by the probe (window + WINDOW_EXTRA tokens), so
+# the ring's windowed blocks are checked against the model itself before any document.
+PROBE_WINDOW_MAX = 8192
+WINDOW_EXTRA = 67
 PROBE_SEED = 20240229
 FLOOR = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
 NOISE_FACTOR = 4.0
@@ -51,8 +56,14 @@ def probe_ids(vocab_size: int, n: int) -> torch.Tensor:
 
 
 def probe_length(model) -> int:
-    limit = window(model.config)
-    return max(2, min(PROBE_TOKENS, limit)) if limit else PROBE_TOKENS
+    """PROBE_TOKENS; longer to cross a sliding window of at most PROBE_WINDOW_MAX; shorter
+    where the model has a length limit (compat.length_limit)."""
+    n = PROBE_TOKENS
+    slide = sliding_window(model.config)
+    if slide is not None and slide <= PROBE_WINDOW_MAX:
+        n = max(n, slide + WINDOW_EXTRA)
+    limit = length_limit(model.config)
+    return max(2, min(n, limit)) if limit else n
 
 
 def _metric(dtype_name: str, got: torch.Tensor, want: torch.Tensor) -> float:

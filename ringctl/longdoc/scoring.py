@@ -58,7 +58,7 @@ from torch.utils.checkpoint import checkpoint
 from ringattn import padded_length, sequence_positions, shard_sequence
 from ringattn.hf import count_calls, ring_settings
 
-from .compat import window_refusal
+from .compat import sliding_layers, sliding_window, window_refusal
 from .head import output_head
 from .model import attention_layers, decoder
 
@@ -188,7 +188,23 @@ def forward_hidden(model, shard: Shard, *, group, layout: str) -> torch.Tensor:
             f"{len(counted.layers)} of the model's {want} layers; the others attend (or recur) "
             "over each rank's shard alone, which gives wrong numbers: this model is not supported"
         )
+    _check_windowed_layers(model, len(counted.windowed), shard.n_tokens)
     return out.last_hidden_state[0]
+
+
+def _check_windowed_layers(model, passed: int, n_tokens: int) -> None:
+    """A config with a sliding window whose layers did not pass it to the attention call would
+    be scored with full attention: refused once the document is longer than the window."""
+    window = sliding_window(model.config)
+    want = sliding_layers(model.config)
+    if window is None or n_tokens <= window or passed == want:
+        return
+    raise BypassError(
+        f"model type {model.config.model_type!r}: its config gives {want} layers a sliding "
+        f"window of {window}, but {passed} passed it to the attention call, so ring attention "
+        f"cannot tell which to window over this {n_tokens}-token document: refused (if the "
+        "model ignores the field, set task.model_overrides.sliding_window=null)"
+    )
 
 
 def _all_sum(values: list[float], group) -> list[float]:

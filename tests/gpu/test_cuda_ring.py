@@ -30,7 +30,7 @@ BF16_ULP = 2.0**-8
 
 def _failures(case: Case, got: dict, world: int) -> list[str]:
     inputs = make_inputs(case)
-    ref = reference(inputs, case.causal)
+    ref = reference(inputs, case.causal, case.window)
     tol = {n: FP32_TOL for n in ref}
     if case.dtype == "bfloat16":
         plain = {n: t for n, t in inputs.items() if n != "sinks"}
@@ -43,6 +43,22 @@ def _failures(case: Case, got: dict, world: int) -> list[str]:
             out.append(f"P={world} {case.id} {name}: error {err:.2e} > {tol[name]:.2e}")
     return out
 
+
+
+@pytest.mark.parametrize("world", [2, 4], ids=lambda p: f"P{p}")
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_windowed_local_ring_on_cuda_matches_float64(world, layout):
+    """Sliding windows on the GPU: the banded kernel's boundary blocks beside the fused kernel's
+    plain and diagonal ones (windows inside a half-chunk, across blocks, and in bf16)."""
+    n = 2 * world * 75
+    cases = [
+        Case(1, n, 4, 1, 64, "float32", True, layout, seed=44, window=w)
+        for w in (2, 37, 200, n - 1)
+    ] + [Case(1, n, 8, 2, 128, "bfloat16", True, layout, seed=45, window=100)]
+    failures = []
+    for case in cases:
+        failures += _failures(case, local_ring_outputs(case, world, device="cuda"), world)
+    assert not failures, "\n".join(failures)
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8], ids=lambda p: f"P{p}")
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])

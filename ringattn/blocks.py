@@ -1,0 +1,116 @@
+"""Which part of a key/value block one ring step computes: the causal mask and sliding windows.
+
+At step s, rank r holds the K/V block of rank ``src = r - s`` (mod P). ``block_plan`` lists the
+(query rows x key rows) pieces of that block to compute; anything not listed is never computed.
+
+Causal, no window: blocks entirely in the future are skipped; the diagonal block is causal
+(top-left aligned); in the zigzag layout every step after the first costs every rank exactly
+half a block.
+
+Sliding window ``W`` (transformers' convention, ``masking_utils.sliding_window_overlay``): the
+query at global position i sees the keys j with ``i - W < j <= i``, W keys counting itself.
+A rank's shard is one run of consecutive positions (contiguous) or two (zigzag); each pair of a
+query run and a key run is then one of: nothing visible (skipped, like a future block), all of
+it visible (a plain block), the causal diagonal with the window wider than it (a causal block),
+or a boundary: a ``Block`` with ``offset`` (query start - key start, global) and ``window``,
+computed by the banded kernel (``kernels.BandedKernel``) over the visible band only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALL = slice(None)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Query rows x key rows of one ring step, and the mask on them.
+
+    ``causal``: the top-left aligned causal mask (a diagonal block). With ``window`` set the
+    mask is the window's: key row b is visible to query row a iff
+    ``a + offset - window < b <= a + offset``.
+    """
+
+    q: slice
+    kv: slice
+    causal: bool
+    offset: int = 0
+    window: int | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive global positions in a rank's shard: local rows [local, local + length)."""
+
+    local: int
+    start: int
+    length: int
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.local, self.local + self.length)
+
+
+def shard_runs(rank: int, world_size: int, seq_local: int, layout: str) -> list[Run]:
+    """The runs of global positions a rank holds (``layouts.sequence_positions``, as runs)."""
+    if layout == "contiguous":
+        return [Run(0, rank * seq_local, seq_local)]
+    half = seq_local // 2
+    late = 2 * world_size - 1 - rank
+    return [Run(0, rank * half, half), Run(half, late * half, half)]
+
+
+def block_plan(
+    *,
+    step: int,
+    rank: int,
+    world_size: int,
+    seq_local: int,
+    causal: bool,
+    layout: str,
+    window: int | None = None,
+) -> list[Block]:
+    """The pieces of the block held at ``step`` to compute (see the module docstring)."""
+    src = (rank - step) % world_size
+    if not causal:
+        return [Block(ALL, ALL, False)]
+    if window is not None and window < world_size * seq_local:
+        return _window_plan(rank, src, world_size, seq_local, layout, window)
+    if src == rank:
+        return [Block(ALL, ALL, True)]
+    if layout == "contiguous":
+        return [Block(ALL, ALL, False)] if src < rank else []
+    # zigzag: this rank holds chunks (rank, 2P-1-rank); the block holds (src, 2P-1-src).
+    half = seq_local // 2
+    if src < rank:  # both query chunks see the block's early chunk, neither its late one
+        return [Block(ALL, slice(0, half), False)]
+    return [Block(slice(half, None), ALL, False)]  # only the late query chunk sees it, whole
+
+
+def _window_plan(rank, src, world_size, seq_local, layout, window) -> list[Block]:
+    blocks = []
+    for q in shard_runs(rank, world_size, seq_local, layout):
+        for k in shard_runs(src, world_size, seq_local, layout):
+            blk = _window_piece(q, k, window)
+            if blk is not None:
+                blocks.append(blk)
+    return blocks
+
+
+def _window_piece(q: Run, k: Run, window: int) -> Block | None:
+    """One query run against one key run under the causal window, or None (nothing visible).
+
+    With delta = q.start - k.start, query row a sees key row b iff
+    ``a + delta - window < b <= a + delta``; a ranges over [0, q.length), b over [0, k.length).
+    """
+    delta = q.start - k.start
+    newest = q.length - 1 + delta  # the latest key row any query row may see
+    oldest = delta - window + 1  # the earliest key row any query row may see
+    if newest < 0 or oldest > k.length - 1:
+        return None
+    if k.length - 1 <= delta and newest < window:  # every key before every query, in reach
+        return Block(q.rows, k.rows, False)
+    if delta == 0 and q.length == k.length and q.length <= window:
+        return Block(q.rows, k.rows, True)
+    return Block(q.rows, k.rows, True, offset=delta, window=window)

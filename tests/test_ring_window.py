@@ -1,0 +1,207 @@
+"""Sliding-window attention in the ring against float64 windowed attention on the whole
+sequence (tests/attention_reference.py: an explicit mask, nothing shared with the engine).
+
+Windows are chosen against the block geometry: 1 (each token sees itself only), shorter than a
+zigzag half-chunk, equal to it, between a chunk and a block, crossing several blocks, one less
+than the sequence and the whole sequence (then nothing is cut). Tolerances: float64 1e-10 (the
+ring reorders sums, nothing more); float32 2e-5 of the largest reference value, as the plain
+ring (tests/test_local_ring.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from ringattn import block_plan
+from ringattn.blocks import shard_runs
+from ringattn.kernels import BandedKernel, ChunkedKernel
+from tests.attention_reference import (
+    Case,
+    local_ring_outputs,
+    make_inputs,
+    reference,
+    relative_error,
+    ring_outputs,
+)
+from tests.distributed import run_distributed
+
+TOL = {"float64": 1e-10, "float32": 2e-5}
+
+
+def _windows(n: int, world: int) -> list[int]:
+    local = n // world
+    half = local // 2
+    picks = {1, 3, half, half + 1, local, local + 3, 2 * local + 1, n - 1, n}
+    return sorted(w for w in picks if w >= 1)
+
+
+def _failures(case: Case, got: dict, world: int) -> list[str]:
+    ref = reference(make_inputs(case), case.causal, case.window)
+    bad = []
+    for name, want in ref.items():
+        # window 1: each row's softmax has one term, so dq and dk are exactly zero and the
+        # reference holds only rounding noise; the error is then absolute.
+        exact_zero = want.abs().max() < 1e-8
+        err = got[name].abs().max().item() if exact_zero else relative_error(got[name], want)
+        if not err <= TOL[case.dtype]:
+            bad.append(f"P={world} {case.id} {name}: {err:.2e} > {TOL[case.dtype]:.0e}")
+    return bad
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4], ids=lambda p: f"P{p}")
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_windowed_local_ring_matches_float64(world, layout):
+    n = 2 * world * 6
+    failures = []
+    for window in _windows(n, world):
+        for dtype in ("float64", "float32"):
+            case = Case(2, n, 4, 2, 16, dtype, True, layout, seed=window, window=window)
+            failures += _failures(case, local_ring_outputs(case, world), world)
+    assert not failures, "\n".join(failures)
+
+
+def test_windowed_ring_on_the_matmul_kernels(monkeypatch):
+    """RINGATTN_KERNEL=chunked: the plain blocks on ChunkedKernel and the boundary ones on the
+    banded matmuls (the path of devices without a fused CPU kernel), P=3 zigzag."""
+    monkeypatch.setenv("RINGATTN_KERNEL", "chunked")
+    world, n = 3, 36
+    failures = []
+    for window in (1, 5, 13, 35):
+        case = Case(1, n, 4, 2, 16, "float64", True, "zigzag", seed=window, window=window)
+        failures += _failures(case, local_ring_outputs(case, world), world)
+    assert not failures, "\n".join(failures)
+
+
+def _gloo_cases(world: int) -> list[Case]:
+    n = 2 * world * 8
+    return [
+        Case(1, n, 4, 1, 16, "float64", True, layout, seed=w, window=w)
+        for layout in ("contiguous", "zigzag")
+        for w in (5, n // world + 2, n - 3)
+    ]
+
+
+def _gloo_ranks(rank: int, world: int) -> dict:
+    return ring_outputs(rank, world, _gloo_cases(world))
+
+
+def test_windowed_gloo_ring_matches_float64():
+    """Real processes: 3 gloo ranks, the shards sent by point-to-point as in production."""
+    import ringattn
+
+    world = 3
+    per_rank = run_distributed(_gloo_ranks, world)
+    failures = []
+    for case in _gloo_cases(world):
+        got = {
+            name: ringattn.unshard_sequence([r[case.id][name] for r in per_rank],
+                                            layout=case.layout)
+            for name in ("out", "dq", "dk", "dv")
+        }  # fmt: skip
+        failures += _failures(case, got, world)
+    assert not failures, "\n".join(failures)
+
+
+def _visible(world: int, seq_local: int, layout: str, window: int | None) -> torch.Tensor:
+    """The causal window mask over global positions, built point by point."""
+    n = world * seq_local
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    seen = j <= i
+    return seen & (j > i - window) if window is not None else seen
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_the_plan_covers_exactly_the_window(world, layout):
+    """Every visible (query, key) pair is in exactly one planned piece, and no piece is wholly
+    invisible: the plan skips only what the window hides and computes nothing twice."""
+    seq_local = 8
+    for window in [None, *_windows(world * seq_local, world)]:
+        want = _visible(world, seq_local, layout, window)
+        covered = torch.zeros_like(want, dtype=torch.int64)
+        for rank, step in itertools.product(range(world), range(world)):
+            src = (rank - step) % world
+            q_pos = torch.cat(
+                [
+                    torch.arange(r.start, r.start + r.length)
+                    for r in shard_runs(rank, world, seq_local, layout)
+                ]
+            )
+            k_pos = torch.cat([torch.arange(r.start, r.start + r.length)
+                               for r in shard_runs(src, world, seq_local, layout)])  # fmt: skip
+            for blk in block_plan(step=step, rank=rank, world_size=world, seq_local=seq_local,
+                                  causal=True, layout=layout, window=window):  # fmt: skip
+                qi, kj = q_pos[blk.q][:, None], k_pos[blk.kv][None, :]
+                piece = want[qi, kj]
+                if not blk.causal:
+                    assert piece.all(), (rank, step, blk)  # a plain block: all visible
+                assert piece.any(), (rank, step, blk)
+                covered[qi, kj] += piece.long()
+        assert torch.equal(covered, want.long()), (world, layout, window)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["cpu-fused", "matmul"])
+@pytest.mark.parametrize("offset, window", [(0, 1), (0, 7), (-5, 9), (12, 4), (40, 300), (3, 2)])
+def test_banded_kernel_matches_masked_matmul(offset, window, fused):
+    """The banded kernel (both paths) against the same mask applied to full scores (float64),
+    with rows that see no key of the block (their lse is -inf, output 0, gradients 0)."""
+    g = torch.Generator().manual_seed(offset + window)
+    q = torch.randn(2, 37, 4, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 29, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    kern = BandedKernel(max_scores=2**9, fused=fused)  # several row chunks
+    out, lse = kern.forward(q, k, v, scale=0.3, offset=offset, window=window)
+    a = torch.arange(37)[:, None] + offset
+    b = torch.arange(29)[None, :]
+    mask = (b <= a) & (b > a - window)
+    qe = q.detach().requires_grad_()
+    ke, ve = k.detach().requires_grad_(), v.detach().requires_grad_()
+    s = torch.einsum("bqhd,bkhd->bhqk", qe, ke.repeat_interleave(2, 2)) * 0.3
+    lse_ref = torch.logsumexp(s.detach().masked_fill(~mask, float("-inf")), -1)
+    # Rows that see nothing: scores of 0 there, so the softmax (and its gradient) stays finite,
+    # then the row is zeroed.
+    some = mask.any(-1)[:, None]
+    s = s.masked_fill(~mask & some, float("-inf")).masked_fill(~some, 0.0)
+    p = s.softmax(-1) * some
+    ref = torch.einsum("bhqk,bkhd->bqhd", p, ve.repeat_interleave(2, 2))
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert torch.equal(torch.isinf(lse), torch.isinf(lse_ref))
+    fin = torch.isfinite(lse_ref)
+    assert torch.allclose(lse[fin], lse_ref[fin], atol=1e-12)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    ref.backward(dout)
+    dq, dk, dv = kern.backward(dout, q, k, v, out, lse, scale=0.3, offset=offset,
+                               window=window)  # fmt: skip
+    for got, want in ((dq, qe.grad), (dk, ke.grad), (dv, ve.grad)):
+        assert torch.allclose(got, want, atol=1e-10)
+
+
+def test_a_window_that_cuts_nothing_is_the_plain_causal_ring():
+    """window >= N: the same plan (and so the same numbers) as no window at all."""
+    for rank, step in itertools.product(range(3), range(3)):
+        kw = dict(step=step, rank=rank, world_size=3, seq_local=8, causal=True, layout="zigzag")
+        assert block_plan(**kw, window=24) == block_plan(**kw)
+
+
+def test_bad_windows_are_refused():
+    import ringattn
+    from ringattn.local_ring import LocalRing
+
+    q = torch.zeros(1, 8, 2, 4)
+    for window, causal, why in [(0, True, "positive int"), (2.5, True, "positive int"),
+                                (4, False, "needs causal=True")]:  # fmt: skip
+        with pytest.raises(ValueError, match=why):
+            ringattn.ring_attention(q, q, q, causal=causal, window=window, comm=LocalRing(2))
+
+
+def test_chunked_kernel_is_unchanged_by_the_banded_one():
+    """The banded kernel is only for windowed pieces; a plain causal block stays the chunked
+    kernel's (a guard that the two agree where both apply: offset 0, window >= the block)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 16, 2, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    a = ChunkedKernel().forward(q, k, v, scale=0.5, causal=True)
+    b = BandedKernel().forward(q, k, v, scale=0.5, offset=0, window=16)
+    assert torch.allclose(a[0], b[0], atol=1e-12)
+    assert torch.allclose(a[1].double(), b[1].double(), atol=1e-6)
