@@ -196,7 +196,10 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
     job_dir = make_job_dir("#!/bin/bash\ntrue\n", name="hostile-remote")
     (job_dir / "config.yaml").write_text("name: mine\n")
     with SSHBackend(settings, poll_s=0.3) as b:
-        b.submit(job_dir)
+        job_id = b.submit(job_dir)
+        # The job's own files first (Slurm writes its batch log when the job starts): then the
+        # hostile changes below are the only others, and what is fetched is exactly known.
+        assert b.wait(job_dir, timeout=120).state.finished
         remote = tmp_path / "remote-base" / "hostile-remote"
         (remote / "config.yaml").write_text("name: theirs\nssh:\n  trust_unknown_host: true\n")
         (remote / "job.json").write_text('{"backend": "local"}')
@@ -213,7 +216,7 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
         os.makedirs(os.fsencode(remote / "out") + b"/bad-\xff-name", exist_ok=True)
         (remote / "out" / ("n" * 240)).write_text("too long for a temporary suffix")
         fetched = b.fetch(job_dir)
-    assert fetched == ["out/ok.txt"] or sorted(fetched) == ["out/ok.txt"], fetched
+    assert sorted(fetched) == [f"logs/batch-{job_id}.out", "out/ok.txt"], fetched
     assert (job_dir / "config.yaml").read_text() == "name: mine\n"
     assert json.loads((job_dir / "job.json").read_text())["backend"] == "ssh"
     assert not (job_dir / "state.json").exists()
