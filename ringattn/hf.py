@@ -26,8 +26,6 @@ What cannot be honoured is refused with a ValueError instead of being dropped si
 
 * a 2D padding ``attention_mask`` with a zero in it (an all-ones mask is accepted),
 * a 4D mask, logit soft-capping, and attention dropout,
-* sliding-window attention over a document longer than the window in a hybrid (Ulysses x
-  ring) layout (the ring's own layouts take the window: ``ring_attention(window=...)``),
 * attention sinks (gpt-oss's ``s_aux``) when ``ring_attention`` has no ``sinks=`` parameter.
 
 ``count_calls()`` counts the attention calls (and distinct layers, and those that passed a
@@ -110,30 +108,10 @@ def _world(group) -> int:
     return dist.get_world_size(group) if dist.is_initialized() else 1
 
 
-def _check_hybrid_window(module: torch.nn.Module, window: int, seq_len: int | None) -> None:
-    """Hybrid attention has no window: full causal attention is the same only for documents
-    of at most ``window`` tokens (a token then never looks further back than it allows)."""
-    if seq_len is None or seq_len > int(window):
-        length = "of unknown length" if seq_len is None else f"of {seq_len} tokens"
-        raise ValueError(
-            f"ringattn: {type(module).__name__} uses sliding-window attention (window "
-            f"{window}) and the document is {length}; hybrid (Ulysses x ring) attention "
-            f"computes full causal attention, which is the same only for documents of at most "
-            f"{window} tokens (use a ring layout, contiguous or zigzag, which applies the "
-            "window; give ring_seq_len / ring_settings(seq_len=...) on several ranks)"
-        )
-
-
-def _window(module, kwargs: dict, layout: str, world: int, query: torch.Tensor) -> int | None:
-    """The layer's sliding window for ring_attention (None: none, or it cuts nothing)."""
+def _window(module, kwargs: dict) -> int | None:
+    """The layer's sliding window for ring (or hybrid) attention, counted; None: none."""
     window = kwargs.get("sliding_window")
     if window is None:
-        return None
-    seq_len = _setting(kwargs, "seq_len")
-    if seq_len is None and world == 1:
-        seq_len = query.shape[2]
-    if layout in HYBRID_LAYOUTS:
-        _check_hybrid_window(module, window, seq_len)
         return None
     for counter in _COUNTERS:
         counter.windowed.add(id(module))
@@ -204,7 +182,7 @@ def ring_attention_forward(
                 "'contiguous' (the layout the input was sharded with) to model(...)"
             )
         layout = "contiguous"
-    window = _window(module, kwargs, layout, world, query)
+    window = _window(module, kwargs)
     sinks = _sinks(module, kwargs)
     extra = {} if sinks is None else {"sinks": sinks}
     for counter in _COUNTERS:
@@ -212,7 +190,7 @@ def ring_attention_forward(
         counter.layers.add(id(module))
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if layout in HYBRID_LAYOUTS:
-        return _hybrid(module, q, k, v, scaling, layout, ulysses, group, sinks), None
+        return _hybrid(module, q, k, v, scaling, layout, ulysses, group, sinks, window), None
     if ulysses is not None:
         raise ValueError(
             f"ringattn: a Ulysses group needs a hybrid layout ({', '.join(HYBRID_LAYOUTS)}), "
@@ -225,7 +203,7 @@ def ring_attention_forward(
     return out, None
 
 
-def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks) -> torch.Tensor:
+def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window) -> torch.Tensor:
     from .hybrid import hybrid_attention
 
     if ulysses is None:
@@ -240,7 +218,7 @@ def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks) -> torch.Ten
         )
     return hybrid_attention(
         q, k, v, causal=True, softmax_scale=scaling, layout=layout, ulysses_group=ulysses,
-        ring_group=ring,
+        ring_group=ring, window=window,
     )  # fmt: skip
 
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .checks import check_window
 from .layouts import HYBRID_LAYOUTS, hybrid_grid, ring_layout_of
 from .ring import ring_attention
 from .ulysses import HeadsToSeq, SeqToHeads
@@ -316,6 +317,7 @@ def hybrid_attention(
     ulysses_group: dist.ProcessGroup | None,
     ring_group: dist.ProcessGroup | None,
     softmax_scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Exact attention over a sequence sharded across a U x R grid of ranks.
 
@@ -323,8 +325,11 @@ def hybrid_attention(
     each rank holding its shard in the hybrid ``layout`` (``shard_sequence(..., layout=layout,
     rank=hybrid_rank, ulysses_degree=U)``). Returns this rank's shard of the output, same
     layout; differentiable with respect to q, k and v. ``None`` for a group is the default one.
+    ``window``: a sliding window, as ``ring_attention``'s: after the all-to-all each ring member
+    holds the ring layout's positions, so the ring applies it unchanged.
     """
     _require_groups(ulysses_group, ring_group)
+    window = check_window(window, causal)
     check_grid_agree(
         q, k, v, causal=causal, layout=layout, ulysses_group=ulysses_group, ring_group=ring_group
     )
@@ -333,13 +338,13 @@ def hybrid_attention(
     if degree == 1:
         return ring_attention(
             q, k, v, causal=causal, softmax_scale=softmax_scale, group=ring_group,
-            layout=ring_layout,
+            layout=ring_layout, window=window,
         )  # fmt: skip
     k, v = _replicate_kv(k, v, degree)
     q_h, k_h, v_h = SeqToHeads.apply(ulysses_group, q, k, v)
     out_h = ring_attention(
         q_h, k_h, v_h, causal=causal, softmax_scale=softmax_scale, group=ring_group,
-        layout=ring_layout,
+        layout=ring_layout, window=window,
     )  # fmt: skip
     (out,) = HeadsToSeq.apply(ulysses_group, out_h)
     return out

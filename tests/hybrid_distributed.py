@@ -38,7 +38,7 @@ def hybrid_outputs(
             A2A_STATS.reset(enabled=True)
             out = hybrid.hybrid_attention(
                 q, k, v, causal=case.causal, layout=case.layout,
-                ulysses_group=groups.ulysses, ring_group=groups.ring,
+                ulysses_group=groups.ulysses, ring_group=groups.ring, window=case.window,
             )  # fmt: skip
             sent = {"ring_bytes": RING_STATS.bytes_sent, "a2a_bytes": A2A_STATS.bytes_sent}
             RING_STATS.reset(enabled=False)

@@ -6,7 +6,8 @@ of that size (process start is what costs time here). Tolerances are the ring's
 (tests/test_ring.py): 2e-5 relative for float32, since the all-to-alls only move data and the
 ring is then what is measured; for bfloat16, twice PyTorch's own one-process bf16 SDPA error
 on the same inputs plus one bf16 ulp. The GQA cases cover both kv-head paths: 8 heads / 2 kv
-heads is split over U = 2 and replicated over U = 4; MQA always replicates.
+heads is split over U = 2 and replicated over U = 4; MQA always replicates. Sliding windows
+(``window=``) are applied by the ring after the all-to-all, on both hybrid layouts.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def _cases(world: int, degree: int) -> list[Case]:
             Case(1, n, *gqa, 16, "bfloat16", causal, "hybrid-zigzag", seed=3),
         ]
     cases.append(Case(1, n, *gqa, 16, "float32", False, "hybrid-contiguous", seed=4))
+    # Sliding windows: shorter than a ring member's zigzag half-chunk, and across members.
+    half = n // (2 * ring)
+    cases += [
+        Case(1, n, *gqa, 16, "float32", True, "hybrid-zigzag", seed=5, window=max(2, half - 1)),
+        Case(1, n, *gqa, 16, "float32", True, "hybrid-contiguous", seed=6, window=2 * half + 1),
+    ]
     return cases
 
 
@@ -65,7 +72,7 @@ def test_hybrid_matches_float64_reference(hybrid_results):
     for degree, cases in grids:
         for case in cases:
             inputs = make_inputs(case)
-            ref = reference(inputs, case.causal)
+            ref = reference(inputs, case.causal, case.window)
             tol = {n: FP32_TOL for n in ref}
             if case.dtype == "bfloat16":
                 sdpa = _sdpa_bf16_error(case, inputs, ref)

@@ -2,7 +2,8 @@
 ranks as 2x2 (kv heads split over the Ulysses group) and 4x1 (kv heads replicated) equals the
 stock model (sdpa) in one unsharded process: last hidden states, and the gradient of every
 parameter for the same loss (summed over ranks). float32 within 1e-5 relative, as the ring's
-Hugging Face tests."""
+Hugging Face tests. A Mistral with a sliding window of 16 over 48 tokens checks that the window
+reaches the ring through the hybrid path."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _loss(hidden: torch.Tensor) -> torch.Tensor:
     return (hidden * w).sum()
 
 
-def _hybrid_run(rank: int, world: int, ids: torch.Tensor):
+def _hybrid_run(rank: int, world: int, ids: torch.Tensor, kind: str):
     import torch.distributed as dist
 
     from ringattn.hf import ring_settings
@@ -44,7 +45,7 @@ def _hybrid_run(rank: int, world: int, ids: torch.Tensor):
     from ringattn.layouts import sequence_positions, shard_sequence
     from tests.longdoc_reference import build
 
-    model = build("llama", "ringattn")
+    model = build(kind, "ringattn")
     results = {}
     for degree in DEGREES:
         groups = hybrid_groups(degree)
@@ -67,16 +68,17 @@ def _hybrid_run(rank: int, world: int, ids: torch.Tensor):
     return results
 
 
-def test_tiny_llama_hybrid_equals_one_process():
+@pytest.mark.parametrize("kind, blocks", [("llama", 4), ("mistral-window16", 12)])
+def test_tiny_model_hybrid_equals_one_process(kind, blocks):
     from tests.longdoc_reference import build, document
 
-    n = 4 * math.lcm(4, 2 * 2)  # a length every grid of 4 splits without padding
+    n = blocks * math.lcm(4, 2 * 2)  # a length every grid of 4 splits without padding
     ids = document(n)
-    model = build("llama", "sdpa")
+    model = build(kind, "sdpa")
     hidden = model.model(input_ids=ids[None], use_cache=False).last_hidden_state[0]
     _loss(hidden).backward()
     want = {name: p.grad for name, p in model.model.named_parameters()}
-    per_rank = run_distributed(_hybrid_run, 4, ids)
+    per_rank = run_distributed(_hybrid_run, 4, ids, kind)
     failures = []
     for degree in DEGREES:
         got = torch.empty_like(hidden)
