@@ -8,7 +8,8 @@ inputs, and torch's own SDPA on the whole sequence with the window as an explici
 (what one process can do with stock torch). Reported per window: median forward+backward time
 of both over ``--repeats``, the ring's time relative to the ring without a window (full
 causal), and the largest difference of the ring's output from SDPA's (relative to its largest
-value): a row whose output disagrees beyond float32 rounding is flagged, not timed as right.
+value): a row whose output disagrees beyond float32 rounding is flagged, not timed as right;
+and the K/V transfers each rank makes in the forward (a short window stops the ring early).
 A LocalRing measures compute, merge and bookkeeping (its ranks run one after another), not
 the overlap of transfers: the saving shown is the FLOPs the plan skips.
 """
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.results_file import write_results
+from ringattn.blocks import ring_reach
 
 DEFAULT_OUT = Path("benchmarks/results/window.json")
 AGREE_TOL = 1e-4
@@ -41,6 +43,7 @@ class Row:
     vs_full_ring: float
     max_rel_diff: float
     agrees: bool
+    hops: int  # K/V transfers per rank in the forward (ringattn.blocks.ring_reach)
 
 
 def _inputs(seq: int, heads: int, kv_heads: int, dim: int):
@@ -96,8 +99,9 @@ def measure(args) -> list[Row]:
         diff = ((ring_out - sdpa_out).abs().max() / sdpa_out.abs().max()).item()
         ring_s = statistics.median(ring_t)
         full = ring_s if window is None else full
+        hops = sum(ring_reach(args.ranks, args.seq // args.ranks, True, "zigzag", window))
         rows.append(Row(args.seq, args.ranks, window, ring_s, statistics.median(sdpa_t),
-                        ring_s / full, diff, diff <= AGREE_TOL))  # fmt: skip
+                        ring_s / full, diff, diff <= AGREE_TOL, hops))  # fmt: skip
         print(_line(rows[-1]), flush=True)
     return rows
 
@@ -105,13 +109,13 @@ def measure(args) -> list[Row]:
 def _line(r: Row) -> str:
     w = "none" if r.window is None else str(r.window)
     flag = "" if r.agrees else "  DISAGREES"
-    return (f"| {r.seq} | {r.ranks} | {w} | {r.ring_fwd_bwd_s:.2f} | {r.sdpa_fwd_bwd_s:.2f} | "
-            f"{r.vs_full_ring:.2f}x | {r.max_rel_diff:.1e}{flag} |")  # fmt: skip
+    times = f"{r.ring_fwd_bwd_s:.2f} | {r.sdpa_fwd_bwd_s:.2f} | {r.vs_full_ring:.2f}x"
+    return f"| {r.seq} | {r.ranks} | {w} | {r.hops} | {times} | {r.max_rel_diff:.1e}{flag} |"
 
 
 HEADER = (
-    "| N | P | window | ring fwd+bwd s | SDPA (masked) fwd+bwd s | ring vs full causal ring "
-    "| max rel diff |\n|---|---|---|---|---|---|---|"
+    "| N | P | window | K/V hops | ring fwd+bwd s | SDPA (masked) fwd+bwd s | ring vs full "
+    "causal ring | max rel diff |\n|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -14,10 +14,15 @@ query run and a key run is then one of: nothing visible (skipped, like a future 
 it visible (a plain block), the causal diagonal with the window wider than it (a causal block),
 or a boundary: a ``Block`` with ``offset`` (query start - key start, global) and ``window``,
 computed by the banded kernel (``kernels.BandedKernel``) over the visible band only.
+
+``ring_reach`` says how far a windowed ring must go: when W is much shorter than the sequence,
+a rank needs only the blocks of a few ranks before it (and, in zigzag, after it), so the ring
+stops there instead of making all P - 1 transfers of blocks nobody computes on.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 ALL = slice(None)
@@ -114,3 +119,50 @@ def _window_piece(q: Run, k: Run, window: int) -> Block | None:
     if delta == 0 and q.length == k.length and q.length <= window:
         return Block(q.rows, k.rows, True)
     return Block(q.rows, k.rows, True, offset=delta, window=window)
+
+
+# ring_reach walks each rank's window over the chunks it covers; beyond this many chunk visits
+# it answers the plain ring (always correct, just not shortened).
+REACH_WORK_LIMIT = 4_000_000
+
+
+@functools.lru_cache(maxsize=1024)
+def ring_reach(
+    world_size: int, seq_local: int, causal: bool, layout: str, window: int | None
+) -> tuple[int, int]:
+    """(forward hops, backward hops) a windowed ring needs: every rank's plan is empty at every
+    step but 0, 1..forward (the blocks of ranks r-1 .. r-forward) and P-backward..P-1 (those
+    of ranks r+1 .. r+backward). (P - 1, 0) is the plain ring, all P steps; it is also the
+    answer whenever the window leaves no step empty on every rank. Cached: every layer of a
+    model asks it for the same shape."""
+    plain = (world_size - 1, 0)
+    if not causal or window is None or window >= world_size * seq_local or world_size < 3:
+        return plain
+    chunk = seq_local if layout == "contiguous" else seq_local // 2
+    if (window // max(1, chunk) + 3) * world_size * 2 > REACH_WORK_LIMIT:
+        return plain
+    needed = _needed_steps(world_size, seq_local, layout, window, chunk)
+    forward = next((f for f in range(world_size) if f + 1 not in needed), world_size - 1)
+    backward = next((b for b in range(world_size) if world_size - b - 1 not in needed), 0)
+    covered = set(range(1, forward + 1)) | set(range(world_size - backward, world_size))
+    if forward + backward >= world_size - 1 or not needed <= covered:
+        return plain
+    return forward, backward
+
+
+def _needed_steps(world: int, seq_local: int, layout: str, window: int, chunk: int) -> set[int]:
+    """The steps > 0 at which some rank sees some key. A run of queries [start, start + n)
+    sees exactly the keys [start - window + 1, start + n - 1] (each query its own window, and
+    consecutive windows overlap), so the ranks owning any chunk of that interval are needed."""
+
+    def owner(c: int) -> int:  # the rank holding chunk c
+        return c if layout == "contiguous" or c < world else 2 * world - 1 - c
+
+    steps = set()
+    for rank in range(world):
+        for run in shard_runs(rank, world, seq_local, layout):
+            first = max(0, run.start - window + 1) // chunk
+            last = (run.start + run.length - 1) // chunk
+            steps.update((rank - owner(c)) % world for c in range(first, last + 1))
+    steps.discard(0)
+    return steps

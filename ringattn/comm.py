@@ -64,7 +64,12 @@ class Endpoint(Protocol):
     world_size: int
 
     def exchange(
-        self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor], *, tag: int = 0
+        self,
+        send: Sequence[torch.Tensor],
+        recv: Sequence[torch.Tensor],
+        *,
+        tag: int = 0,
+        shift: int = 1,
     ) -> Any: ...
 
 
@@ -94,10 +99,16 @@ class RingComm:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-        self.next_rank = to_global((self.rank + 1) % self.world_size)
-        self.prev_rank = to_global((self.rank - 1) % self.world_size)
+        self._global = (
+            (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        )
+        self.next_rank = self._peer(1)
+        self.prev_rank = self._peer(-1)
         self._batched = dist.get_backend(group) == "nccl"
+
+    def _peer(self, shift: int) -> int:
+        """The global rank ``shift`` places along the ring (negative: backwards)."""
+        return self._global((self.rank + shift) % self.world_size)
 
     def endpoints(self) -> list[RingComm]:
         return [self]
@@ -111,20 +122,28 @@ class RingComm:
         recv: Sequence[torch.Tensor],
         *,
         tag: int = 0,
+        shift: int = 1,
     ) -> PendingExchange:
         """Send the tensors ``send`` to the next rank and receive the previous rank's into
-        ``recv`` (same shapes), all at once; no tensor is copied or packed.
+        ``recv`` (same shapes), all at once; no tensor is copied or packed. ``shift`` other
+        than 1: to rank + shift, from rank - shift (a windowed ring's backward leg, and the
+        accumulators' trip home).
 
         ``tag`` keeps the K/V stream and the dK/dV stream of the backward pass apart on
         backends that match messages by tag (gloo); NCCL orders them by posting order.
         """
+        to, source = (
+            (self.next_rank, self.prev_rank)
+            if shift == 1
+            else (self._peer(shift), self._peer(-shift))
+        )
         if STATS.enabled:
             STATS.bytes_sent += sum(t.numel() * t.element_size() for t in send)
             STATS.exchanges += 1
         if self._batched:
-            ops = [dist.P2POp(dist.isend, t, self.next_rank, self.group) for t in send]
-            ops += [dist.P2POp(dist.irecv, t, self.prev_rank, self.group) for t in recv]
+            ops = [dist.P2POp(dist.isend, t, to, self.group) for t in send]
+            ops += [dist.P2POp(dist.irecv, t, source, self.group) for t in recv]
             return PendingExchange(dist.batch_isend_irecv(ops))
-        requests = [dist.isend(t, self.next_rank, group=self.group, tag=tag) for t in send]
-        requests += [dist.irecv(t, self.prev_rank, group=self.group, tag=tag) for t in recv]
+        requests = [dist.isend(t, to, group=self.group, tag=tag) for t in send]
+        requests += [dist.irecv(t, source, group=self.group, tag=tag) for t in recv]
         return PendingExchange(requests)

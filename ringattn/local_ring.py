@@ -30,10 +30,10 @@ import torch
 class _Posted:
     """An exchange a virtual rank posted: delivered when every rank has posted its own."""
 
-    __slots__ = ("send", "recv")
+    __slots__ = ("send", "recv", "shift")
 
-    def __init__(self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor]) -> None:
-        self.send, self.recv = tuple(send), tuple(recv)
+    def __init__(self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor], shift: int):
+        self.send, self.recv, self.shift = tuple(send), tuple(recv), shift
 
     def wait(self) -> None:  # a LocalRing delivers before it resumes any rank
         return None
@@ -47,11 +47,16 @@ class VirtualRank:
         self.posted: list[_Posted] = []
 
     def exchange(
-        self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor], *, tag: int = 0
+        self,
+        send: Sequence[torch.Tensor],
+        recv: Sequence[torch.Tensor],
+        *,
+        tag: int = 0,
+        shift: int = 1,
     ) -> _Posted:
         if len(send) != len(recv):
             raise ValueError(f"exchange: {len(send)} tensors sent, {len(recv)} received")
-        posted = _Posted(send, recv)
+        posted = _Posted(send, recv, shift)
         self.posted.append(posted)
         return posted
 
@@ -71,13 +76,16 @@ class LocalRing:
         return self._ranks
 
     def _deliver(self) -> None:
-        """Every rank r's i-th posted send lands in rank r+1's i-th posted receive."""
+        """Every rank r's i-th posted send lands in rank r+shift's i-th posted receive."""
         counts = {len(r.posted) for r in self._ranks}
         if len(counts) != 1:
             raise RuntimeError(f"LocalRing: virtual ranks posted unequal exchanges {counts}")
         for src in self._ranks:
-            dst = self._ranks[(src.rank + 1) % self.world_size]
-            for mine, theirs in zip(src.posted, dst.posted, strict=True):
+            for i, mine in enumerate(src.posted):
+                dst = self._ranks[(src.rank + mine.shift) % self.world_size]
+                theirs = dst.posted[i]
+                if theirs.shift != mine.shift:
+                    raise RuntimeError("LocalRing: virtual ranks posted different shifts")
                 for s, r in zip(mine.send, theirs.recv, strict=True):
                     if s.shape != r.shape:
                         raise RuntimeError(

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .blocks import Block, block_plan
+from .blocks import Block, block_plan, ring_reach
 from .checks import check_inputs, check_ranks_agree, check_sinks, check_window, resolve_group
 from .comm import Endpoint, RingComm, Transport
 from .kernels import BandedKernel, BlockKernel, default_scale, select_kernel
@@ -119,6 +119,18 @@ def _block_backward(kernel, dout, q, k, v, out, lse, blk: Block, scale: float):
 _BANDED = BandedKernel()
 
 
+def _legs(comm: Endpoint, seq_local: int, causal: bool, layout: str, window: int | None):
+    """(shift, hops) of each leg of the ring: forward (+1) to the ranks before, then, for a
+    windowed zigzag ring, backward (-1) to those after (``blocks.ring_reach``)."""
+    forward, backward = ring_reach(comm.world_size, seq_local, causal, layout, window)
+    return [(1, forward)] + ([(-1, backward)] if backward else [])
+
+
+def _leg_steps(shift: int, hops: int, world: int) -> list[int]:
+    """The ring step (``block_plan``'s: the block of rank r - step) held after each hop."""
+    return [(shift * hop) % world for hop in range(hops + 1)]
+
+
 def ring_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,7 +145,7 @@ def ring_forward(
 ) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor]]:
     """One rank's forward loop; returns (out in the accumulation dtype, lse)."""
     world = comm.world_size
-    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1, owned=False)
+    own = (k.contiguous(), v.contiguous())
     out = lse = None
     merge = _merge
     if _windowed(causal, window, q.shape[1], world):  # rows may start with nothing
@@ -141,24 +153,27 @@ def ring_forward(
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device,
                          dtype=_accum_dtype(q.dtype))  # fmt: skip
         merge = _merge_any
-    for step in range(world):
-        k_blk, v_blk = kv.held
-        pending = None
-        if step + 1 < world:  # the next block travels while this one is computed
-            pending = comm.exchange(kv.held, kv.landing())
-        for blk in _plan(step, comm, q.shape[1], causal, layout, window):
-            block_out, block_lse = _block_forward(
-                kernel, q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], blk, scale
-            )
-            if out is None:  # without a window, step 0 always covers every query row
-                out = block_out.to(_accum_dtype(q.dtype))
-                lse = block_lse.clone()
-            else:
-                merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
-            del block_out, block_lse
-        if pending is not None:
-            yield pending
-            kv.advance()
+    for leg, (shift, hops) in enumerate(_legs(comm, q.shape[1], causal, layout, window)):
+        kv = _Rotation(own, transfers=hops, owned=False)
+        for hop, step in enumerate(_leg_steps(shift, hops, world)):
+            k_blk, v_blk = kv.held
+            pending = None
+            if hop < hops:  # the next block travels while this one is computed
+                pending = comm.exchange(kv.held, kv.landing(), shift=shift)
+            blocks = _plan(step, comm, q.shape[1], causal, layout, window)
+            for blk in blocks if leg == 0 or hop else ():  # the own block: once, in leg 0
+                block_out, block_lse = _block_forward(
+                    kernel, q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], blk, scale
+                )
+                if out is None:  # without a window, step 0 always covers every query row
+                    out = block_out.to(_accum_dtype(q.dtype))
+                    lse = block_lse.clone()
+                else:
+                    merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
+                del block_out, block_lse
+            if pending is not None:
+                yield pending
+                kv.advance()
     assert out is not None and lse is not None
     return out, lse
 
@@ -178,22 +193,43 @@ def ring_backward(
     kernel: BlockKernel,
     window: int | None = None,
 ) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """One rank's backward loop given the global out and lse; returns (dq, dk, dv)."""
-    world = comm.world_size
+    """One rank's backward loop given the global out and lse; returns (dq, dk, dv).
+
+    Each leg sends K/V ``hops`` ranks along, each block's dK/dV accumulator travelling with it,
+    then sends every accumulator home in one exchange (``shift = -shift * hops``; for the plain
+    ring that is one more step round). The legs' accumulators of this rank's block are summed.
+    """
     acc = _accum_dtype(q.dtype)
-    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=world - 1, owned=False)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk_own = dv_own = None
+    for leg, (shift, hops) in enumerate(_legs(comm, q.shape[1], causal, layout, window)):
+        dk_leg, dv_leg = yield from _backward_leg(
+            dout, q, k, v, out, lse, dq, scale=scale, causal=causal, layout=layout, comm=comm,
+            kernel=kernel, window=window, shift=shift, hops=hops, own_block=leg == 0,
+        )  # fmt: skip
+        dk_own = dk_leg if dk_own is None else dk_own.add_(dk_leg)
+        dv_own = dv_leg if dv_own is None else dv_own.add_(dv_leg)
+    return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
+
+
+def _backward_leg(dout, q, k, v, out, lse, dq, *, scale, causal, layout, comm, kernel, window,
+                  shift: int, hops: int, own_block: bool):  # fmt: skip
+    """One leg of the backward loop (see ring_backward); dq accumulates in place; returns
+    this rank's block's dK/dV accumulator of the leg."""
+    acc = dq.dtype
+    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=hops, owned=False)
     zeros = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros_like(k, dtype=acc))
-    # P transfers of each accumulator: the last one delivers it to the block's owner.
-    dkv = _Rotation(zeros, transfers=world if world > 1 else 0, owned=True)
+    # hops + 1 transfers of each accumulator: the last one delivers it to the block's owner.
+    dkv = _Rotation(zeros, transfers=hops + 1 if hops else 0, owned=True)
     dkv_pending = None
-    for step in range(world):
+    for hop, step in enumerate(_leg_steps(shift, hops, comm.world_size)):
         k_blk, v_blk = kv.held
         kv_pending = None
-        if step + 1 < world:
-            kv_pending = comm.exchange(kv.held, kv.landing(), tag=0)
+        if hop < hops:
+            kv_pending = comm.exchange(kv.held, kv.landing(), tag=0, shift=shift)
         grads = []
-        for blk in _plan(step, comm, q.shape[1], causal, layout, window):
+        blocks = _plan(step, comm, q.shape[1], causal, layout, window)
+        for blk in blocks if own_block or hop else ():
             dq_b, dk_b, dv_b = _block_backward(
                 kernel, dout[:, blk.q], q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv],
                 out[:, blk.q], lse[:, :, blk.q], blk, scale,
@@ -201,7 +237,7 @@ def ring_backward(
             dq[:, blk.q] += dq_b
             grads.append((blk.kv, dk_b, dv_b))
             del dq_b
-        # The accumulator of the block held now arrived during this step's compute.
+        # The accumulator of the block held now arrived during this hop's compute.
         if dkv_pending is not None:
             yield dkv_pending
             dkv.advance()
@@ -210,16 +246,17 @@ def ring_backward(
             dk_acc[:, kv_rows] += dk_b
             dv_acc[:, kv_rows] += dv_b
         del grads
-        if world > 1:  # pass it on; after the last step it reaches the block's owner
-            dkv_pending = comm.exchange(dkv.held, dkv.landing(), tag=1)
+        if hops:  # pass it on; after the last hop, home to the block's owner
+            home = hop == hops
+            dkv_pending = comm.exchange(dkv.held, dkv.landing(), tag=1,
+                                        shift=-shift * hops if home else shift)  # fmt: skip
         if kv_pending is not None:
             yield kv_pending
             kv.advance()
     if dkv_pending is not None:
         yield dkv_pending
         dkv.advance()
-    dk_own, dv_own = dkv.held
-    return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
+    return dkv.held
 
 
 def _shards(t: torch.Tensor, parts: int) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ import pytest
 import torch.nn.functional as F
 
 import ringattn.layouts as layouts
+from ringattn.blocks import ring_reach
 from ringattn.hybrid import kv_heads_per_member
 from tests.attention_reference import Case, make_inputs, reference, relative_error
 from tests.distributed import run_distributed
@@ -94,7 +95,8 @@ def test_hybrid_matches_float64_reference(hybrid_results):
 
 def test_only_the_members_kv_heads_travel_the_ring(hybrid_results):
     """Forward bytes per rank, exactly: the ring carries K and V of kv_heads/U heads (or one,
-    replicated) for the group's U x seq_local tokens; the all-to-alls carry (U-1)/U of q, the
+    replicated) for the group's U x seq_local tokens, over R - 1 hops (fewer for a short
+    window); the all-to-alls carry (U-1)/U of q, the
     (replicated) k and v, and the output."""
     world, grids, per_rank = hybrid_results
     for degree, cases in grids:
@@ -105,7 +107,10 @@ def test_only_the_members_kv_heads_travel_the_ring(hybrid_results):
             kv_member = kv_heads_per_member(case.kv_heads, degree)
             kv_sent = max(case.kv_heads, degree)  # replicated up to U when fewer
             per_head = case.batch * local * case.head_dim * item
-            ring_bytes = (ring - 1) * 2 * degree * kv_member * per_head
+            # A windowed ring makes only the hops its window needs (ringattn.blocks.ring_reach).
+            hops = sum(ring_reach(ring, degree * local, True, layouts.ring_layout_of(case.layout),
+                                  case.window))  # fmt: skip
+            ring_bytes = hops * 2 * degree * kv_member * per_head
             a2a_bytes = (degree - 1) * (2 * case.heads + 2 * kv_sent) * per_head // degree
             for rank, r in enumerate(per_rank):
                 got = r[(degree, case.id)]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ringattn import block_plan
-from ringattn.blocks import shard_runs
+from ringattn.blocks import ring_reach, shard_runs
 from ringattn.kernels import BandedKernel, ChunkedKernel
 from tests.attention_reference import (
     Case,
@@ -89,10 +89,12 @@ def _gloo_ranks(rank: int, world: int) -> dict:
 
 
 def test_windowed_gloo_ring_matches_float64():
-    """Real processes: 3 gloo ranks, the shards sent by point-to-point as in production."""
+    """Real processes: 4 gloo ranks, the shards sent by point-to-point as in production; the
+    window of 5 makes the zigzag ring one hop each way (ring_reach (1, 1)), the others the
+    whole ring or one leg."""
     import ringattn
 
-    world = 3
+    world = 4
     per_rank = run_distributed(_gloo_ranks, world)
     failures = []
     for case in _gloo_cases(world):
@@ -205,3 +207,61 @@ def test_chunked_kernel_is_unchanged_by_the_banded_one():
     b = BandedKernel().forward(q, k, v, scale=0.5, offset=0, window=16)
     assert torch.allclose(a[0], b[0], atol=1e-12)
     assert torch.allclose(a[1].double(), b[1].double(), atol=1e-6)
+
+
+def _needed_steps(world: int, seq_local: int, layout: str, window: int) -> set[int]:
+    return {
+        step
+        for rank in range(world)
+        for step in range(world)
+        if block_plan(step=step, rank=rank, world_size=world, seq_local=seq_local, causal=True,
+                      layout=layout, window=window)
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_the_ring_stops_where_the_window_ends(layout):
+    """ring_reach's legs hold every step any rank computes on, and for a short window far
+    fewer than the plain ring's P - 1 transfers (checked by brute force over the plans)."""
+    truncated = 0
+    for world in (3, 4, 5, 8):
+        for window in (1, 3, 8, 9, 17, 40, 16 * world - 1):
+            forward, backward = ring_reach(world, 16, True, layout, window)
+            held = set(range(forward + 1)) | {world - b for b in range(1, backward + 1)}
+            assert _needed_steps(world, 16, layout, window) <= held, (world, window)
+            truncated += forward + backward < world - 1
+    assert truncated >= 8  # the short windows really cut the ring
+    assert ring_reach(64, 16384, True, "zigzag", 4096) == (1, 1)  # Mistral's W, 1M tokens
+    assert ring_reach(64, 16384, True, "contiguous", 4096) == (1, 0)
+    assert ring_reach(8, 16, True, layout, None) == (7, 0)
+
+
+def _bytes_sent(rank: int, world: int, window) -> tuple[int, int]:
+    """Bytes this rank sent in a windowed forward, and in forward + backward."""
+    import ringattn
+    from ringattn.comm import STATS
+
+    case = Case(1, 2 * world * 16, 4, 2, 16, "float32", True, "zigzag", window=window)
+    inputs = make_inputs(case)
+    q, k, v = (ringattn.shard_sequence(inputs[n], world_size=world, rank=rank,
+                                       layout="zigzag").requires_grad_()
+               for n in ("q", "k", "v"))  # fmt: skip
+    STATS.reset(enabled=True)
+    out = ringattn.ring_attention(q, k, v, causal=True, layout="zigzag", window=window)
+    forward = STATS.bytes_sent
+    out.sum().backward()
+    both = STATS.bytes_sent
+    STATS.reset(enabled=False)
+    return forward, both
+
+
+def test_a_short_window_sends_only_the_blocks_it_needs():
+    """P = 8 zigzag, 32 tokens per rank, window 8: one hop each way instead of 7 round the ring.
+    Forward: 2 K/V blocks instead of 7. Backward: 2 K/V blocks, and each leg's accumulators
+    one hop out and one home (4 dK/dV blocks), instead of 7 K/V and 8 dK/dV."""
+    world = 8
+    block = 1 * 32 * 2 * 16 * 4 * 2  # B x S_local x kv_heads x D x float32 bytes, K and V
+    windowed, plain = run_distributed(_bytes_sent, world, 8)[0], run_distributed(
+        _bytes_sent, world, None)[0]  # fmt: skip
+    assert plain == (7 * block, 7 * block + 7 * block + 8 * block)
+    assert windowed == (2 * block, 2 * block + 2 * block + 4 * block)
