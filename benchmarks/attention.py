@@ -184,7 +184,7 @@ def _no_transfer_comm(group):
             super().__init__(group)
             self._filled: set[int] = set()
 
-        def exchange(self, send, recv, *, tag: int = 0):
+        def exchange(self, send, recv, *, tag: int = 0, shift: int = 1):
             for s, r in zip(send, recv, strict=True):
                 if r.data_ptr() not in self._filled:
                     r.copy_(s)
