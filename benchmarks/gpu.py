@@ -13,6 +13,8 @@ Three parts, each side by side with PyTorch's SDPA in the same process:
   head_dim 128, at N = 128k and 1M, against SDPA on the whole sequence: time, TFLOP/s, peak
   memory (target at 128k: >= 85% of SDPA's throughput; the ranks run one after another, so
   this is the ring's compute, merge and bookkeeping, not overlap);
+* the same ring at 128k with a sliding window of 4096 (Mistral's): its time against the
+  causal ring's and the K/V hops it makes;
 * scoring one 1M-token document with the bundled tiny Llama through ``ringattn.hf`` on a
   one-rank NCCL group.
 
@@ -39,10 +41,12 @@ import torch
 import torch.nn.functional as F
 
 GPU = dict(heads=32, kv_heads=8, head_dim=128, block=16384, ring_seqs=(131072, 1048576),
-           doc_tokens=1 << 20, dtype="bfloat16", ranks=8, repeats=3, targets=True)  # fmt: skip
+           doc_tokens=1 << 20, dtype="bfloat16", ranks=8, repeats=3, targets=True,
+           window=4096)  # fmt: skip
 # Tiny sizes on a CPU: proves every part runs; its timings are overhead and judge nothing.
 SMOKE = dict(heads=4, kv_heads=2, head_dim=32, block=128, ring_seqs=(256, 1024),
-             doc_tokens=4096, dtype="float32", ranks=8, repeats=1, targets=False)  # fmt: skip
+             doc_tokens=4096, dtype="float32", ranks=8, repeats=1, targets=False,
+             window=64)  # fmt: skip
 KERNEL_TARGET, RING_TARGET = 0.90, 0.85
 
 
@@ -179,12 +183,13 @@ def _ring_inputs(cfg, n, device):
     return q, k, torch.randn_like(k), torch.randn_like(q)
 
 
-def _ring_step(q, k, v, dout, ranks):
+def _ring_step(q, k, v, dout, ranks, window=None):
     from ringattn import ring_attention
     from ringattn.local_ring import LocalRing
 
     qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-    out = ring_attention(qq, kk, vv, causal=True, layout="zigzag", comm=LocalRing(ranks))
+    out = ring_attention(qq, kk, vv, causal=True, layout="zigzag", comm=LocalRing(ranks),
+                         window=window)  # fmt: skip
     out.backward(dout)
 
 
@@ -210,7 +215,30 @@ def ring_rows(cfg, device, timer: Timer, deadline: float) -> list[Row]:
         per_token2 = (rows[-1].ours_s + rows[-1].sdpa_s) / (n * n)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if len(rows) == 1:
+            rows.append(_windowed_row(cfg, n, device, timer, rows[0]))
     return rows
+
+
+def _windowed_row(cfg, n, device, timer: Timer, causal: Row) -> Row:
+    """The same ring with a sliding window (Mistral's 4096 on the GPU): banded boundary blocks,
+    blocks behind the window skipped, the ring cut short (ringattn.blocks.ring_reach). No
+    SDPA column: SDPA would need the N x N window as a mask. FLOPs: the visible pairs."""
+    from ringattn.blocks import ring_reach
+
+    w, ranks = cfg["window"], cfg["ranks"]
+    shape = (f"{cfg['dtype']} N={n} P={ranks} causal zigzag window {w} "
+             f"h{cfg['heads']}/{cfg['kv_heads']} d{cfg['head_dim']}")  # fmt: skip
+    pairs = n * w - w * (w - 1) / 2
+    flops = 3.5 * 4.0 * cfg["heads"] * pairs * cfg["head_dim"]
+    row = Row("ring", "LocalRing fwd+bwd, windowed", shape, flops=flops)
+    q, k, v, dout = _ring_inputs(cfg, n, device)
+    row.ours_s = timer.median(lambda: _ring_step(q, k, v, dout, ranks, w), cfg["repeats"], 1)
+    row.ours_peak_gib = _peak_gib(device, lambda: _ring_step(q, k, v, dout, ranks, w))
+    hops = sum(ring_reach(ranks, n // ranks, True, "zigzag", w))
+    ratio = row.ours_s / causal.ours_s if causal.ours_s else float("nan")
+    row.note = f"{ratio:.2f}x the causal ring's time; K/V hops {hops} of {ranks - 1}"
+    return row
 
 
 def _ring_row(cfg, n, shape, device, timer: Timer, first: bool) -> Row:
