@@ -331,7 +331,8 @@ class BandedKernel:
         lse = torch.full((b, h, sq), float("-inf"), dtype=acc, device=q.device)
         for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
             seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
-            bias = torch.zeros(seen.shape, dtype=q.dtype).masked_fill(~seen, float("-inf"))
+            bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
+            bias = bias.masked_fill(~seen, float("-inf"))
             o, m = fwd(
                 q[:, r0:r1].transpose(1, 2),
                 k[:, k0:k1].transpose(1, 2),
@@ -389,7 +390,8 @@ class BandedKernel:
         t = lambda x: x.transpose(1, 2)  # noqa: E731 - (B, S, H, D) <-> (B, H, S, D)
         for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
             seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
-            bias = torch.zeros(seen.shape, dtype=q.dtype).masked_fill(~seen, float("-inf"))
+            bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
+            bias = bias.masked_fill(~seen, float("-inf"))
             g = bwd(t(dout[:, r0:r1]), t(q[:, r0:r1]), t(k[:, k0:k1]), t(v[:, k0:k1]),
                     t(out[:, r0:r1]), lse[..., r0:r1].to(acc).contiguous(), 0.0, False,
                     attn_mask=bias, scale=scale)  # fmt: skip

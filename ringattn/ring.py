@@ -1,6 +1,7 @@
 """Ring attention as an autograd Function: the forward loop and the backward loop.
 
-Forward, on every rank, for step s = 0 .. P-1: the rank holds the K/V block of rank
+Forward, on every rank, for step s = 0 .. P-1 (fewer under a short sliding window: see below):
+the rank holds the K/V block of rank
 ``src = rank - s`` (mod P), posts the transfer of that block to the next rank (and the receipt
 of the following one) *before* computing, computes attention of its queries against the block,
 and merges the partial result into a running (out, lse) with the online-softmax rule:
@@ -9,7 +10,9 @@ and merges the partial result into a running (out, lse) with the online-softmax 
 
 Backward recomputes each block from the saved q, k, v, out and lse (FlashAttention-2), keeps dQ
 at home and sends each block's dK/dV accumulator along the ring together with its K/V block;
-after P steps every accumulator has visited every rank and arrives back at its owner.
+after P steps every accumulator has visited every rank and arrives back at its owner. (A
+windowed ring runs legs of ``hops`` steps instead, ``ring_reach``; each leg's accumulators then
+go home in one exchange.)
 
 Under a causal mask, ``block_plan`` (blocks.py) says which part of a block is needed: blocks
 entirely in the future are skipped, so their FLOPs are never spent; in the zigzag layout every

@@ -377,7 +377,10 @@ class Supervisor:
                 when = float(rec["failed_at"])
             except (KeyError, TypeError, ValueError):
                 when = self.exited_at.get(rank, float("inf"))  # died without a word
-            failures.append(RankFailure(rank, when, str(rec.get("error", "")), order))
+            # What the rank said, as the reason reads it: its result, else its stderr (a rank
+            # that aborted may have written only that).
+            error = LocalBackend().rank_error(self.job.path, rank)
+            failures.append(RankFailure(rank, when, error, order))
         return first_failure(failures)
 
 

@@ -23,6 +23,7 @@ largest is dominated by rounding), floor 2e-2 / 5e-3.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -61,9 +62,15 @@ def probe_length(model) -> int:
     n = PROBE_TOKENS
     slide = sliding_window(model.config)
     if slide is not None and slide <= PROBE_WINDOW_MAX:
-        n = max(n, slide + WINDOW_EXTRA)
+        n = max(n, _next_prime(slide + WINDOW_EXTRA))  # prime, as 251: padding is exercised
     limit = length_limit(model.config)
     return max(2, min(n, limit)) if limit else n
+
+
+def _next_prime(n: int) -> int:
+    while n < 2 or any(n % d == 0 for d in range(2, math.isqrt(n) + 1)):
+        n += 1
+    return n
 
 
 def _metric(dtype_name: str, got: torch.Tensor, want: torch.Tensor) -> float:
