@@ -195,59 +195,87 @@ class ChunkedKernel:
         b, s, h, d = q.shape
         return q.reshape(b, s, kv_heads, h // kv_heads, d).permute(0, 2, 3, 1, 4)
 
-    @staticmethod
-    def _mask(scores: Tensor, row0: int, causal: bool) -> Tensor:
-        if not causal:
-            return scores
-        rows, cols = scores.shape[-2:]
-        r = torch.arange(row0, row0 + rows, device=scores.device)[:, None]
-        c = torch.arange(cols, device=scores.device)[None, :]
-        return scores.masked_fill(c > r, float("-inf"))
-
     def forward(self, q, k, v, *, scale, causal):
-        b, sq, h, d = q.shape
-        hkv = k.shape[2]
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        kg = k.permute(0, 2, 1, 3).unsqueeze(2).to(acc)  # (B, Hkv, 1, Sk, D)
-        vg = v.permute(0, 2, 1, 3).unsqueeze(2).to(acc)
-        qg = self._grouped(q, hkv)
-        out = torch.empty(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
-        lse = torch.empty(b, hkv, h // hkv, sq, dtype=acc, device=q.device)  # float64 for float64
-        for r0 in range(0, sq, self.chunk):
-            qc = qg[..., r0 : r0 + self.chunk, :].to(acc)
-            s = self._mask(torch.matmul(qc, kg.transpose(-1, -2)) * scale, r0, causal)
-            m = torch.logsumexp(s, dim=-1, keepdim=True)
-            out[..., r0 : r0 + self.chunk, :] = torch.matmul(torch.exp(s - m), vg)
-            lse[..., r0 : r0 + self.chunk] = m.squeeze(-1)
-        out = out.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
-        return out, lse.reshape(b, h, sq)
+        # causal: key row b visible to query row a iff b <= a; else every key (offset Sk)
+        offset = 0 if causal else k.shape[1]
+        return _matmul_forward(q, k, v, scale, offset, None, self.chunk)
 
     def backward(self, dout, q, k, v, out, lse, *, scale, causal):
-        b, sq, h, d = q.shape
-        hkv = k.shape[2]
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        kg = k.permute(0, 2, 1, 3).unsqueeze(2).to(acc)
-        vg = v.permute(0, 2, 1, 3).unsqueeze(2).to(acc)
-        qg, og, dog = (self._grouped(t, hkv) for t in (q, out, dout))
-        lg = lse.reshape(b, hkv, h // hkv, sq)
-        dq = torch.empty(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
-        dk = torch.zeros(b, hkv, 1, k.shape[1], d, dtype=acc, device=q.device)
-        dv = torch.zeros_like(dk)
-        for r0 in range(0, sq, self.chunk):
-            rows = slice(r0, r0 + self.chunk)
-            qc, doc = qg[..., rows, :].to(acc), dog[..., rows, :].to(acc)
-            s = self._mask(torch.matmul(qc, kg.transpose(-1, -2)) * scale, r0, causal)
-            p = torch.exp(s - lg[..., rows].unsqueeze(-1).to(acc))
-            dv += torch.matmul(p.transpose(-1, -2), doc).sum(2, keepdim=True)
-            dp = torch.matmul(doc, vg.transpose(-1, -2))
-            delta = (doc * og[..., rows, :].to(acc)).sum(-1, keepdim=True)
-            ds = p * (dp - delta) * scale
-            dq[..., rows, :] = torch.matmul(ds, kg)
-            dk += torch.matmul(ds.transpose(-1, -2), qc).sum(2, keepdim=True)
-        dq = dq.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
-        dk = dk.squeeze(2).permute(0, 2, 1, 3).to(k.dtype)
-        dv = dv.squeeze(2).permute(0, 2, 1, 3).to(v.dtype)
-        return dq, dk, dv
+        offset = 0 if causal else k.shape[1]
+        return _matmul_backward(dout, q, k, v, out, lse, scale, offset, None, self.chunk)
+
+
+def _matmul_chunks(sq: int, sk: int, offset: int, window: int | None, rows: int):
+    """(r0, r1, k0, k1) per chunk of ``rows`` query rows that sees some key: rows [r0, r1)
+    against the keys [k0, k1) they can see (key b visible to query a iff
+    ``a + offset - window < b <= a + offset``; no lower bound when ``window`` is None)."""
+    for r0 in range(0, sq, rows):
+        r1 = min(sq, r0 + rows)
+        k0 = 0 if window is None else max(0, r0 + offset - window + 1)
+        k1 = min(sk, r1 + offset)
+        if k0 < k1:
+            yield r0, r1, k0, k1
+
+
+def _visible(r0: int, r1: int, k0: int, k1: int, offset: int, window: int | None, device):
+    a = torch.arange(r0, r1, device=device)[:, None] + offset
+    b = torch.arange(k0, k1, device=device)[None, :]
+    return (b <= a) if window is None else (b <= a) & (b > a - window)
+
+
+def _matmul_forward(q, k, v, scale, offset, window, rows):
+    """Matmul attention over query chunks, each against the keys it can see only; float32
+    accumulation (float64 for float64). Rows that see no key: out 0, lse -inf."""
+    b, sq, h, d = q.shape
+    hkv = k.shape[2]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kg = k.permute(0, 2, 1, 3).unsqueeze(2)  # (B, Hkv, 1, Sk, D)
+    vg = v.permute(0, 2, 1, 3).unsqueeze(2)
+    qg = ChunkedKernel._grouped(q, hkv)
+    out = torch.zeros(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
+    lse = torch.full((b, hkv, h // hkv, sq), float("-inf"), dtype=acc, device=q.device)
+    for r0, r1, k0, k1 in _matmul_chunks(sq, k.shape[1], offset, window, rows):
+        seen = _visible(r0, r1, k0, k1, offset, window, q.device)
+        s = torch.matmul(qg[..., r0:r1, :].to(acc), kg[..., k0:k1, :].to(acc).transpose(-1, -2))
+        s = (s * scale).masked_fill(~seen, float("-inf"))
+        m = torch.logsumexp(s, dim=-1, keepdim=True)
+        p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+        out[..., r0:r1, :] = torch.matmul(p, vg[..., k0:k1, :].to(acc))
+        lse[..., r0:r1] = m.squeeze(-1)
+    out = out.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
+    return out, lse.reshape(b, h, sq)
+
+
+def _matmul_backward(dout, q, k, v, out, lse, scale, offset, window, rows):
+    """The gradients of _matmul_forward's attention given the global out and lse."""
+    b, sq, h, d = q.shape
+    hkv, sk = k.shape[2], k.shape[1]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kg = k.permute(0, 2, 1, 3).unsqueeze(2)
+    vg = v.permute(0, 2, 1, 3).unsqueeze(2)
+    qg, og, dog = (ChunkedKernel._grouped(t, hkv) for t in (q, out, dout))
+    # A row that sees no key at all (lse -inf; never in a ring, where a row sees itself)
+    # gets +inf, so that its probabilities are exp(-inf) = 0 rather than nan.
+    lg = lse.masked_fill(lse == float("-inf"), float("inf")).reshape(b, hkv, h // hkv, sq)
+    dq = torch.zeros(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
+    dk = torch.zeros(b, hkv, 1, sk, d, dtype=acc, device=q.device)
+    dv = torch.zeros_like(dk)
+    for r0, r1, k0, k1 in _matmul_chunks(sq, sk, offset, window, rows):
+        seen = _visible(r0, r1, k0, k1, offset, window, q.device)
+        qc, doc = qg[..., r0:r1, :].to(acc), dog[..., r0:r1, :].to(acc)
+        kc, vc = kg[..., k0:k1, :].to(acc), vg[..., k0:k1, :].to(acc)
+        s = (torch.matmul(qc, kc.transpose(-1, -2)) * scale).masked_fill(~seen, float("-inf"))
+        p = torch.exp(s - lg[..., r0:r1].unsqueeze(-1).to(acc))
+        dv[..., k0:k1, :] += torch.matmul(p.transpose(-1, -2), doc).sum(2, keepdim=True)
+        dp = torch.matmul(doc, vc.transpose(-1, -2))
+        delta = (doc * og[..., r0:r1, :].to(acc)).sum(-1, keepdim=True)
+        ds = p * (dp - delta) * scale
+        dq[..., r0:r1, :] = torch.matmul(ds, kc)
+        dk[..., k0:k1, :] += torch.matmul(ds.transpose(-1, -2), qc).sum(2, keepdim=True)
+    dq = dq.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
+    dk = dk.squeeze(2).permute(0, 2, 1, 3).to(k.dtype)
+    dv = dv.squeeze(2).permute(0, 2, 1, 3).to(v.dtype)
+    return dq, dk, dv
 
 
 class BandedKernel:
@@ -286,42 +314,12 @@ class BandedKernel:
         return max(16, min(rows, self.max_scores // max(1, per_row)))
 
     def _chunks(self, q: Tensor, sk: int, offset: int, window: int):
-        """(r0, r1, k0, k1) per chunk of query rows that sees some key: rows [r0, r1) against
-        the key band [k0, k1)."""
-        step = self._rows(q, window)
-        for r0 in range(0, q.shape[1], step):
-            r1 = min(q.shape[1], r0 + step)
-            k0, k1 = max(0, r0 + offset - window + 1), min(sk, r1 + offset)
-            if k0 < k1:
-                yield r0, r1, k0, k1
-
-    @staticmethod
-    def _visible(r0: int, r1: int, k0: int, k1: int, offset: int, window: int, device):
-        a = torch.arange(r0, r1, device=device)[:, None] + offset
-        b = torch.arange(k0, k1, device=device)[None, :]
-        return (b <= a) & (b > a - window)
+        return _matmul_chunks(q.shape[1], sk, offset, window, self._rows(q, window))
 
     def forward(self, q, k, v, *, scale, offset, window):
         if self._fused(q):
             return self._fused_forward(q, k, v, scale, offset, window)
-        b, sq, h, d = q.shape
-        hkv = k.shape[2]
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        kg = k.permute(0, 2, 1, 3).unsqueeze(2)  # (B, Hkv, 1, Sk, D)
-        vg = v.permute(0, 2, 1, 3).unsqueeze(2)
-        qg = ChunkedKernel._grouped(q, hkv)
-        out = torch.zeros(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
-        lse = torch.full((b, hkv, h // hkv, sq), float("-inf"), dtype=acc, device=q.device)
-        for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
-            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
-            s = torch.matmul(qg[..., r0:r1, :].to(acc), kg[..., k0:k1, :].to(acc).transpose(-1, -2))
-            s = (s * scale).masked_fill(~seen, float("-inf"))
-            m = torch.logsumexp(s, dim=-1, keepdim=True)
-            p = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
-            out[..., r0:r1, :] = torch.matmul(p, vg[..., k0:k1, :].to(acc))
-            lse[..., r0:r1] = m.squeeze(-1)
-        out = out.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
-        return out, lse.reshape(b, h, sq)
+        return _matmul_forward(q, k, v, scale, offset, window, self._rows(q, window))
 
     def _fused_forward(self, q, k, v, scale, offset, window):
         fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -330,7 +328,7 @@ class BandedKernel:
         out = torch.zeros(b, sq, h, d, dtype=q.dtype, device=q.device)
         lse = torch.full((b, h, sq), float("-inf"), dtype=acc, device=q.device)
         for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
-            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
+            seen = _visible(r0, r1, k0, k1, offset, window, q.device)
             bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
             bias = bias.masked_fill(~seen, float("-inf"))
             o, m = fwd(
@@ -351,34 +349,8 @@ class BandedKernel:
     def backward(self, dout, q, k, v, out, lse, *, scale, offset, window):
         if self._fused(q):
             return self._fused_backward(dout, q, k, v, out, lse, scale, offset, window)
-        b, sq, h, d = q.shape
-        hkv, sk = k.shape[2], k.shape[1]
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        kg = k.permute(0, 2, 1, 3).unsqueeze(2)
-        vg = v.permute(0, 2, 1, 3).unsqueeze(2)
-        qg, og, dog = (ChunkedKernel._grouped(t, hkv) for t in (q, out, dout))
-        # A row that sees no key at all (lse -inf; never in a ring, where a row sees itself)
-        # gets +inf, so that its probabilities are exp(-inf) = 0 rather than nan.
-        lg = lse.masked_fill(lse == float("-inf"), float("inf")).reshape(b, hkv, h // hkv, sq)
-        dq = torch.zeros(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
-        dk = torch.zeros(b, hkv, 1, sk, d, dtype=acc, device=q.device)
-        dv = torch.zeros_like(dk)
-        for r0, r1, k0, k1 in self._chunks(q, sk, offset, window):
-            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
-            qc, doc = qg[..., r0:r1, :].to(acc), dog[..., r0:r1, :].to(acc)
-            kc, vc = kg[..., k0:k1, :].to(acc), vg[..., k0:k1, :].to(acc)
-            s = (torch.matmul(qc, kc.transpose(-1, -2)) * scale).masked_fill(~seen, float("-inf"))
-            p = torch.exp(s - lg[..., r0:r1].unsqueeze(-1).to(acc))
-            dv[..., k0:k1, :] += torch.matmul(p.transpose(-1, -2), doc).sum(2, keepdim=True)
-            dp = torch.matmul(doc, vc.transpose(-1, -2))
-            delta = (doc * og[..., r0:r1, :].to(acc)).sum(-1, keepdim=True)
-            ds = p * (dp - delta) * scale
-            dq[..., r0:r1, :] = torch.matmul(ds, kc)
-            dk[..., k0:k1, :] += torch.matmul(ds.transpose(-1, -2), qc).sum(2, keepdim=True)
-        dq = dq.permute(0, 3, 1, 2, 4).reshape(b, sq, h, d).to(q.dtype)
-        dk = dk.squeeze(2).permute(0, 2, 1, 3).to(k.dtype)
-        dv = dv.squeeze(2).permute(0, 2, 1, 3).to(v.dtype)
-        return dq, dk, dv
+        rows = self._rows(q, window)
+        return _matmul_backward(dout, q, k, v, out, lse, scale, offset, window, rows)
 
     def _fused_backward(self, dout, q, k, v, out, lse, scale, offset, window):
         bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -389,7 +361,7 @@ class BandedKernel:
         lse = lse.masked_fill(torch.isinf(lse), 0.0)  # a row seeing nothing: p = exp(-inf)
         t = lambda x: x.transpose(1, 2)  # noqa: E731 - (B, S, H, D) <-> (B, H, S, D)
         for r0, r1, k0, k1 in self._chunks(q, k.shape[1], offset, window):
-            seen = self._visible(r0, r1, k0, k1, offset, window, q.device)
+            seen = _visible(r0, r1, k0, k1, offset, window, q.device)
             bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
             bias = bias.masked_fill(~seen, float("-inf"))
             g = bwd(t(dout[:, r0:r1]), t(q[:, r0:r1]), t(k[:, k0:k1]), t(v[:, k0:k1]),
