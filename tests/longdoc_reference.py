@@ -80,3 +80,16 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     if ref.numel() == 0:
         return 0.0 if x.numel() == 0 else float("inf")
     return ((x.double() - ref.double()).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def unshard(per_rank: list[dict], name: str, n: int) -> torch.Tensor:
+    """The whole document's ``name`` from every rank's shard (by its ``positions``), each
+    position covered exactly once (asserted)."""
+    first = per_rank[0][name]
+    full = torch.full((n, *first.shape[1:]), float("nan"), dtype=torch.float32)
+    seen = torch.zeros(n, dtype=torch.int64)
+    for t in per_rank:
+        full[t["positions"]] = t[name].float()
+        seen[t["positions"]] += 1
+    assert torch.equal(seen, torch.ones(n, dtype=torch.int64)), f"coverage {seen.tolist()}"
+    return full

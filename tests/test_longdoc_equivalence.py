@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from tests.distributed import run_distributed
-from tests.longdoc_reference import build, document, reference, rel_err
+from tests.longdoc_reference import build, document, reference, rel_err, unshard
 
 LENGTHS = (0, 1, 5, 37, 301)
 KINDS = ("llama", "qwen2", "mistral-window16")
@@ -71,17 +71,6 @@ def _refusals(model) -> list[str]:
     return msgs
 
 
-def _unshard(per_rank: list[dict], name: str, n: int) -> torch.Tensor:
-    first = per_rank[0][name]
-    full = torch.full((n, *first.shape[1:]), float("nan"), dtype=torch.float32)
-    seen = torch.zeros(n, dtype=torch.int64)
-    for t in per_rank:
-        full[t["positions"]] = t[name].float()
-        seen[t["positions"]] += 1
-    assert torch.equal(seen, torch.ones(n, dtype=torch.int64)), f"coverage {seen.tolist()}"
-    return full
-
-
 @pytest.fixture(scope="module")
 def references() -> dict:
     refs = {}
@@ -113,15 +102,15 @@ def test_sharded_equals_unsharded(world_size: int, references: dict) -> None:
                     assert grad[1]["loss"] is None and grad[1]["grad_norm"] == 0.0
                     continue
                 ref = references[kind, impl, n]
-                lp = _unshard(score, "token_logprob", n)
+                lp = unshard(score, "token_logprob", n)
                 assert lp[-1].isnan()  # the last token has no next token
                 assert rel_err(lp[:-1], ref["token_logprob"]) < TOL, where
                 ll = ref["token_logprob"].double().sum().item()
                 assert stats["log_likelihood"] == pytest.approx(ll, rel=TOL, abs=TOL), where
-                ids = _unshard(score, "input_ids", n)
+                ids = unshard(score, "input_ids", n)
                 assert torch.equal(ids.long(), document(n)), where
 
-                hidden = _unshard([r[kind, n, "embed"][0] for r in results], "hidden", n)
+                hidden = unshard([r[kind, n, "embed"][0] for r in results], "hidden", n)
                 assert rel_err(hidden, ref["hidden"]) < TOL, where
                 pooled = results[0][kind, n, "embed"][0]["pooled"]
                 assert rel_err(pooled, ref["hidden"].mean(0)) < TOL, where
@@ -144,7 +133,7 @@ def test_sharded_equals_unsharded(world_size: int, references: dict) -> None:
                     }  # fmt: skip
         if world_size == 2:
             ref = references[kind, "eager", 37]
-            lp = _unshard([r[kind, 37, "contiguous"][0] for r in results], "token_logprob", 37)
+            lp = unshard([r[kind, 37, "contiguous"][0] for r in results], "token_logprob", 37)
             assert rel_err(lp[:-1], ref["token_logprob"]) < TOL
         if world_size == 1:
             padding, four_d = results[0][kind, "refusals"]

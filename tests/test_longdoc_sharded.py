@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from tests.distributed import run_distributed
-from tests.longdoc_reference import document, reference, rel_err
+from tests.longdoc_reference import document, reference, rel_err, unshard
 from tests.sharded_ranks import KINDS, LENGTHS, build_model
 
 TOL = 1e-5
@@ -71,17 +71,6 @@ def references() -> dict:
     return refs
 
 
-def _unshard(per_rank: list[dict], name: str, n: int) -> torch.Tensor:
-    first = per_rank[0][name]
-    full = torch.full((n, *first.shape[1:]), float("nan"), dtype=torch.float32)
-    seen = torch.zeros(n, dtype=torch.int64)
-    for t in per_rank:
-        full[t["positions"]] = t[name].float()
-        seen[t["positions"]] += 1
-    assert torch.equal(seen, torch.ones(n, dtype=torch.int64)), f"coverage {seen.tolist()}"
-    return full
-
-
 def _same(sharded: dict, unsharded: dict, where: str) -> None:
     """(a): one rank's sharded outputs against its unsharded run over the same ring."""
     for name, want in unsharded["tensors"].items():
@@ -105,10 +94,10 @@ def _same(sharded: dict, unsharded: dict, where: str) -> None:
 def _against_reference(ring: list[dict], ref: dict, n: int, task: str, where: str) -> None:
     """(b): a ring's sharded outputs, put together, against the one-process stock model."""
     if task in ("score", "grad"):
-        lp = _unshard([r["tensors"] for r in ring], "token_logprob", n)
+        lp = unshard([r["tensors"] for r in ring], "token_logprob", n)
         assert lp[-1].isnan() and rel_err(lp[:-1], ref["token_logprob"]) < TOL, where
     if task == "embed":
-        hidden = _unshard([r["tensors"] for r in ring], "hidden", n)
+        hidden = unshard([r["tensors"] for r in ring], "hidden", n)
         assert rel_err(hidden, ref["hidden"]) < TOL, where
         assert rel_err(ring[0]["tensors"]["pooled"], ref["hidden"].mean(0)) < TOL, where
     if task == "grad" and n >= 2:
