@@ -135,6 +135,20 @@ def test_unknown_link_token_names_line_and_column():
     assert message.startswith("topo.txt:4: unknown link token 'NVL' in row GPU2, column GPU1")
 
 
+@pytest.mark.parametrize("count", ["99999999999999999999", "65", "0", "٣"])
+def test_an_impossible_nvlink_count_names_the_cell(count):
+    """NV<n> is a link count: NV99999999999999999999 would be read as 2e22 Gbit/s and decide
+    the placement; NV0 is no link, and a non-ASCII digit is no nvidia-smi output."""
+    text = LEONARDO.read_text().replace("GPU2    NV4     NV4 ", f"GPU2    NV4     NV{count} ", 1)
+    message = _error(text)
+    assert message.startswith("topo.txt:4: ")
+    assert "row GPU2, column GPU1" in message and f"NV{count}" in message
+    if count.isascii():
+        assert "(NV1..NV64)" in message
+    ok = LEONARDO.read_text().replace("GPU2    NV4     NV4 ", "GPU2    NV4     NV64 ", 1)
+    assert parse_nvidia_smi(ok).gpu_links[2][1] == "NV64"  # the stated maximum is accepted
+
+
 def test_non_square_matrix_is_refused():
     lines = CONSUMER.read_text().splitlines()
     lines[0] = "        GPU0    GPU1    GPU2    CPU Affinity    NUMA Affinity"

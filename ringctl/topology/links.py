@@ -34,12 +34,15 @@ from collections.abc import Mapping
 
 __all__ = [
     "DEFAULT_BANDWIDTHS",
+    "MAX_NVLINKS",
     "NIC_PATH_ORDER",
     "is_link_token",
     "link_gbps",
     "merge_bandwidths",
     "nic_path_rank",
     "normalise_token",
+    "nvlink_count",
+    "nvlink_problem",
 ]
 
 DEFAULT_BANDWIDTHS: dict[str, float] = {
@@ -58,7 +61,11 @@ DEFAULT_BANDWIDTHS: dict[str, float] = {
 # PCIe path kinds from a GPU to a NIC, nearest first.
 NIC_PATH_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
-_NV = re.compile(r"^NV(\d+)$")
+_NV = re.compile(r"^NV([0-9]+)$")  # ASCII digits only (\d would take "NV١٢" too)
+# The most NVLinks one pair of GPUs can have: 18 on H100/B200 (through NVSwitch), 12 on A100;
+# 64 leaves room for later parts while refusing what no machine prints (NV99999999999999999999
+# would otherwise be read as 2e22 Gbit/s and win every placement).
+MAX_NVLINKS = 64
 # Drivers before ~384 printed SOC for what is now SYS.
 _ALIASES = {"SOC": "SYS"}
 _PCIE = set(NIC_PATH_ORDER)
@@ -73,6 +80,20 @@ def is_link_token(token: str) -> bool:
     """Whether `token` is a cell nvidia-smi can print in its matrix (`X`, `NV<n>`, PCIe kinds)."""
     token = normalise_token(token)
     return token == "X" or token in _PCIE or bool(_NV.match(token))
+
+
+def nvlink_count(token: str) -> int | None:
+    """n of an `NV<n>` token (None for other tokens), whatever its size: see nvlink_problem."""
+    m = _NV.match(normalise_token(token))
+    return int(m.group(1)) if m else None
+
+
+def nvlink_problem(token: str) -> str:
+    """Why an `NV<n>` token cannot be a real link count ("" when it can, or is no NV token)."""
+    count = nvlink_count(token)
+    if count is None or 1 <= count <= MAX_NVLINKS:
+        return ""
+    return f"{token[:24]!r} is not a count of NVLinks between two GPUs (NV1..NV{MAX_NVLINKS})"
 
 
 def merge_bandwidths(overrides: Mapping[str, float] | None) -> dict[str, float]:
@@ -91,9 +112,11 @@ def merge_bandwidths(overrides: Mapping[str, float] | None) -> dict[str, float]:
 def link_gbps(token: str, table: Mapping[str, float]) -> float:
     """Nominal Gbit/s of a matrix token: `NV<n>` scales with n, the rest are table entries."""
     token = normalise_token(token)
-    m = _NV.match(token)
-    if m:
-        return table["NV"] * int(m.group(1))
+    count = nvlink_count(token)
+    if count is not None:
+        if nvlink_problem(token):
+            raise ValueError(nvlink_problem(token))
+        return table["NV"] * count
     if token in table:
         return table[token]
     raise ValueError(f"no bandwidth for link kind {token!r}")

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import UserError
-from .links import is_link_token, normalise_token
+from .links import is_link_token, normalise_token, nvlink_problem
 from .model import Gpu
 
 __all__ = ["SmiTopology", "parse_nvidia_smi"]
@@ -115,6 +115,8 @@ def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> SmiTopology:
                     f"{where}: unknown link token {token!r} in row {label}, column {col} "
                     "(expected X, NV<n>, PIX, PXB, PHB, NODE or SYS)"
                 )
+            if nvlink_problem(token):
+                raise UserError(f"{where}: row {label}, column {col}: {nvlink_problem(token)}")
         if links[devices.index(label)] != "X":
             raise UserError(f"{where}: expected X on the diagonal of row {label}")
         rows[label] = [normalise_token(t) for t in links]
