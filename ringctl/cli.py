@@ -1,16 +1,19 @@
 """The `ringctl` command: verbs only.
 
 Each verb lives in its own module, which registers its argparse sub-parser and the function it
-calls; this file wires them and maps errors to exit codes."""
+calls; this file wires them and maps errors to exit codes: 2 for a user error (`UserError`),
+1 for a write the machine refused (disk full, quota, read-only: `errors.write_failure`), 130
+for ^C, 141 when stdout's reader went away (`| head`); each with one line on stderr at most."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
-from .errors import UserError
+from .errors import WRITE_FAILED_EXIT, UserError, write_failure
 
 # Each module has `register(subparsers)`; the order here is the order of `ringctl --help`.
 VERB_MODULES = [
@@ -39,6 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb; its exit status. Output goes through sys.stdout, which is flushed here so
+    that a reader gone away (`ringctl ... | head`) is noticed inside the handler below."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -52,7 +67,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"ringctl {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:
+        line = write_failure(err)  # disk full, quota, read-only: one line naming the file
+        if line is None:
+            raise
+        print(f"ringctl {args.verb}: error: {line}", file=sys.stderr)
+        return WRITE_FAILED_EXIT
     return int(code or 0)
+
+
+# 128 + SIGPIPE: what the shell reports for any program stopped by a closed pipe (`yes | head`).
+# Not 0: the output was cut short, so `ringctl run JOB | head` cannot claim the job was followed
+# to its end, and a `set -o pipefail` script sees what it sees from other tools.
+READER_GONE_EXIT = 141
+
+
+def _reader_gone() -> int:
+    """stdout's reader left: say nothing more (Python ignores SIGPIPE, so the write raised
+    instead of ending the process), and point stdout at /dev/null so that the interpreter's
+    own flush at exit does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return READER_GONE_EXIT
 
 
 if __name__ == "__main__":

@@ -1,4 +1,14 @@
-"""The one exception type the command line turns into a one-line message and exit status 2."""
+"""The exceptions the command line turns into one line instead of a traceback.
+
+`UserError`: bad input from the user, exit status 2. An `OSError` of `WRITE_ERRNOS` (disk full,
+quota, file too large, read-only file system, no permission): the file system refused, exit
+status 1; writers name the file (`with_filename`), since a failed write() names none.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -9,3 +19,24 @@ class UserError(Exception):
 
 # A worker's last stderr line when it fails starts with this; backends read the error from it.
 WORKER_ERROR_PREFIX = "ringctl.worker: "
+
+WRITE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+)
+WRITE_FAILED_EXIT = 1
+
+
+def with_filename(err: OSError, path: str | Path) -> OSError:
+    """err, naming path when it names no file (a failed write() or close() does not)."""
+    if err.filename is not None or not err.errno:
+        return err
+    return type(err)(err.errno, err.strerror, str(path))
+
+
+def write_failure(err: BaseException) -> str | None:
+    """The one line for what the file system refused ("PATH: No space left on device"), or None
+    when err is something else (a bug keeps its traceback)."""
+    if not isinstance(err, OSError) or err.errno not in WRITE_ERRNOS:
+        return None
+    where = f"{err.filename}: " if err.filename is not None else ""
+    return f"{where}{err.strerror or err}"

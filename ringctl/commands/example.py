@@ -10,6 +10,8 @@ Bundled jobs also run by name without copying: `ringctl run smoke`.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 from pathlib import Path
 
 from ..errors import UserError
@@ -28,12 +30,31 @@ def cmd_example(args) -> int:
     if stem not in jobs:
         raise UserError(f"no bundled job {args.name!r} (bundled: {', '.join(jobs) or 'none'})")
     target = Path(args.dir).expanduser() / f"{stem}.yaml"
-    if target.exists() and not args.force:
-        raise UserError(f"{target} exists; pass --force to overwrite it")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(jobs[stem].read_text())
+    write_new(target, jobs[stem].read_text(), replace=args.force)
     print(f"wrote {target}: edit it, then `ringctl run {target}`")
     return 0
+
+
+def write_new(target: Path, text: str, *, replace: bool) -> None:
+    """Create target (replace: or truncate a regular file there) without following a symlink:
+    a link, even a dangling one, would send the write wherever it points. The checks are the
+    open's own flags (O_EXCL, O_NOFOLLOW), so nothing can change between check and write."""
+    if target.is_symlink():
+        raise UserError(f"{target} is a symbolic link; refused (remove it, or choose another DIR)")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if replace else os.O_EXCL)
+    try:
+        fd = os.open(target, flags, 0o666)
+    except FileExistsError:
+        raise UserError(f"{target} exists; pass --force to overwrite it") from None
+    except IsADirectoryError:
+        raise UserError(f"{target} is a directory; refused") from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"{target} is a symbolic link; refused") from None
+        raise
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def register(subparsers) -> None:

@@ -15,7 +15,8 @@ job (still running, or ended without them); a later gather replaces a partial ou
 values (see ringctl.longdoc.export).
 
 Exit status: 0 when every document verified (with --partial: every complete one) and OUT was
-written; 2 for a usage error (no such
+written; 1 when writing OUT failed (disk full, quota, read-only: one line naming OUT, and
+nothing is left there); 2 for a usage error (no such
 job directory, a task without a gather step, OUT exists without --force, or is not an earlier
 gather output); 3 when outputs are missing, corrupt or malformed (each problem is named on
 stderr, and nothing is written).
@@ -168,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.text import Text
 
+    from ..terminal import visible
+
     console = Console()
     path = _existing_dir(args.job_dir)
     job_path = _job_of(path)
@@ -194,5 +197,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         console.print(Text(f"wrote {result.out}"))
     if args.partial:
-        console.print(Text(_state_line(status, job_path, result)))
+        console.print(Text(visible(_state_line(status, job_path, result))))
     return 0

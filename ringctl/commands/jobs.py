@@ -31,7 +31,9 @@ from ..backends.base import Backend
 from ..config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from ..errors import UserError
 from ..jobdir import JobDir
+from ..jsonsafe import finite_json
 from ..tasks import get_spec
+from ..terminal import for_terminal, visible
 
 # --- helpers shared by the verbs ----------------------------------------------------------------
 
@@ -179,8 +181,8 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
         base=Path(str(cfg.output_dir)).expanduser(),
         stem=stem,
     )
-    job.update_meta(local_dir=str(job.path))
     try:
+        job.update_meta(local_dir=str(job.path))
         job_id = backend.submit(job.path)
     except BaseException:
         shutil.rmtree(job.path, ignore_errors=True)
@@ -219,9 +221,10 @@ def cmd_run(args) -> int:
 
 def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> int:
     """Print the job's log as it grows, then its final state; 0 only if COMPLETED."""
+    shown = for_terminal()
     try:
         for line in backend.logs(job_dir, rank=rank, follow=True):
-            print(line, flush=True)
+            print(shown(line), flush=True)
         status = backend.status(job_dir)
         while not status.state.finished:  # logs ended first: wait for the final word
             time.sleep(0.5)
@@ -330,24 +333,80 @@ def _status_targets(args) -> list[Path]:
     return dirs[-1:] if args.latest else dirs
 
 
-def read_progress(job_dir: Path) -> dict | None:
-    try:
-        p = json.loads(JobDir(job_dir).progress.read_text())
-    except (OSError, ValueError):
+# What a progress record (logs/progress.json, logs/rings/<ring>.json) holds. The job writes
+# them, and an ssh job's copies are fetched from the login node: each field is checked before
+# `status` passes it on, and what is wrong becomes null with a note, never a crash.
+_COUNT_FIELDS = ("done", "total", "before")
+_NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _field_problem(key: str, value) -> str:
+    """Why a known field's value cannot be shown ("" when it can)."""
+    if value is None:
+        return ""
+    if key in _COUNT_FIELDS and not _is_count(value):
+        return "not a count"
+    if key in _NUMBER_FIELDS and not _is_number(value):
+        return "not a number"
+    if key == "unit" and not isinstance(value, str):
+        return "not a string"
+    if key == "members" and not (isinstance(value, list) and all(map(_is_count, value))):
+        return "not a list of ranks"
+    return ""
+
+
+def checked_progress(record, where: str, notes: list[str]) -> dict | None:
+    """A progress record whose known fields have their types (a wrong or non-finite value
+    becomes None, and notes says so); None, with a note, without counts to show."""
+    if not isinstance(record, dict):
+        notes.append(f"{where}: not a JSON object; ignored")
         return None
-    return p if isinstance(p, dict) and "done" in p and "total" in p else None
+    clean, replaced = finite_json(record)
+    notes += [f"{where}: {key}: not a finite number; shown as null" for key in replaced]
+    for key, value in clean.items():
+        problem = _field_problem(key, value)
+        if problem:
+            notes.append(f"{where}: {key}={value!r:.40}: {problem}; shown as null")
+            clean[key] = None
+    if clean.get("done") is None or clean.get("total") is None:
+        notes.append(f"{where}: no done/total counts; progress not shown")
+        return None
+    return clean
 
 
-def read_rings(job_dir: Path) -> list[dict]:
+def _read_record(path: Path, notes: list[str]) -> dict | None:
+    """A progress file, checked (None when absent: a job that has not reported yet)."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        notes.append(f"{path}: not readable JSON ({str(err)[:80]}); ignored")
+        return None
+    return checked_progress(record, str(path), notes)
+
+
+def read_progress(job_dir: Path, notes: list[str] | None = None) -> dict | None:
+    """The job's logs/progress.json (rank 0's counts), checked; problems go to notes."""
+    return _read_record(JobDir(job_dir).progress, [] if notes is None else notes)
+
+
+def read_rings(job_dir: Path, notes: list[str] | None = None) -> list[dict]:
     """Each ring's progress record (logs/rings/*.json, written by its lead), by label."""
+    notes = [] if notes is None else notes
     rings = []
     for path in sorted((JobDir(job_dir).logs / "rings").glob("*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and "done" in record and "total" in record:
-            rings.append({"ring": path.stem, **record})
+        record = _read_record(path, notes)
+        if record is not None:
+            rings.append({**record, "ring": path.stem})
     return rings
 
 
@@ -369,7 +428,7 @@ def ring_summary(rings: list[dict]) -> dict | None:
 def _progress_text(p: dict | None, state: str) -> str:
     if not p:
         return ""
-    text = f"{p['done']}/{p['total']} {p.get('unit', '')}".strip()
+    text = f"{p['done']}/{p['total']} {p.get('unit') or ''}".strip()
     if p.get("rings"):
         text += f" on {p['rings']} rings ({p['rings_done']} done)"
     if state == "RUNNING" and p.get("eta_s") is not None:
@@ -399,8 +458,11 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
         if single:
             raise
         row["reason"] = str(err)
-    row["rings"] = read_rings(job_dir)
-    row["progress"] = ring_summary(row["rings"]) or read_progress(job_dir)
+    notes: list[str] = []
+    row["rings"] = read_rings(job_dir, notes)
+    row["progress"] = ring_summary(row["rings"]) or read_progress(job_dir, notes)
+    row, replaced = finite_json(row)  # the backend's figures too: `status --json` is strict
+    row["notes"] = notes + [f"{key}: not a finite number; shown as null" for key in replaced]
     return row
 
 
@@ -421,7 +483,8 @@ def _status_table(rows: list[dict]):
         elapsed = f"{r['elapsed_s']:.1f}s" if r["elapsed_s"] is not None else ""
         cells = [r["job_dir"], r["name"], r["backend"], str(r["job_id"]), r["state"], elapsed,
                  _progress_text(r["progress"], r["state"]), r["reason"]]  # fmt: skip
-        row = [Text(str(c)) for c in cells]  # plain text: no rich markup from logs or names
+        # plain text (no rich markup from logs or names), control characters escaped
+        row = [Text(visible(str(c))) for c in cells]
         row[4].stylize(_COLOURS.get(r["state"], "white"))
         table.add_row(*row)
     return table
@@ -437,7 +500,7 @@ def cmd_status(args) -> int:
         return 0 if dirs else 1
     rows = [job_row(d, single=len(dirs) == 1) for d in dirs]
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(rows, indent=2, default=str, allow_nan=False))
     elif not rows:
         print(f"no jobs under {args.root}/ (give a job directory: ringctl status JOBDIR)")
     else:
@@ -445,6 +508,8 @@ def cmd_status(args) -> int:
         console.print(_status_table(rows))
         if len(rows) == 1 and len(rows[0]["rings"]) > 1:
             console.print(_rings_table(rows[0]["rings"], rows[0]["state"]))
+        for note in (n for r in rows for n in r["notes"]):
+            print(f"note: {visible(note)}", file=sys.stderr)
     return 1 if any(r["state"] == "UNKNOWN" for r in rows) else 0
 
 
@@ -461,17 +526,19 @@ def _rings_table(rings: list[dict], state: str):
         ends = members[:1] + members[-1:] if len(members) > 1 else members
         ranks = "-".join(str(m) for m in ends)
         eta = r.get("eta_s") if state == "RUNNING" and r["done"] < r["total"] else None
-        cells = [r["ring"], ranks, f"{r['done']}/{r['total']}", str(r.get("tokens_per_s", "")),
+        rate = r.get("tokens_per_s")
+        cells = [r["ring"], ranks, f"{r['done']}/{r['total']}", "" if rate is None else str(rate),
                  f"{float(eta):.0f}s" if eta is not None else ""]  # fmt: skip
-        table.add_row(*(Text(str(c)) for c in cells))
+        table.add_row(*(Text(visible(str(c))) for c in cells))
     return table
 
 
 def cmd_logs(args) -> int:
     job_dir, _, backend = open_job_dir(args.job_dir)
+    shown = for_terminal()  # a rank's log may hold escape sequences: shown, not obeyed
     try:
         for line in backend.logs(job_dir, rank=args.rank, follow=args.follow):
-            print(line, flush=args.follow)
+            print(shown(line), flush=args.follow)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -15,10 +15,18 @@ parquet`` or ``csv`` adds one table for the whole corpus:
 
 CSV is written a slice of rows at a time (a document of a million tokens never becomes one
 string) and floats are written with Python's shortest round-trip repr, so reading a value back
-as float32 gives exactly the stored one. Parquet needs pyarrow, imported only when asked for;
-without it the request is refused before anything is verified or written. The picture needs
-matplotlib (Agg backend, imported only here); without it the PNG is skipped with a note and the
-numbers are still in loss-by-position.json.
+as float32 gives exactly the stored one. A *text* cell (a document id, a status) that begins
+with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return would be run as a formula by a
+spreadsheet that opens the file (OWASP's "CSV injection"): such a cell, and one that begins with
+``'``, is written with one ``'`` in front (``csv_text``). A spreadsheet shows the text as it
+was; a program drops one leading ``'`` from a text cell that has one. Numbers are never changed
+(``-3.25`` stays a number), and Parquet tables hold the ids unchanged. Lines end in CRLF (RFC
+4180), so that a cell holding a carriage return is quoted and stays one cell.
+
+Parquet needs pyarrow, imported only when asked for; without it the request is refused before
+anything is verified or written. The picture needs matplotlib (Agg backend, imported only
+here); without it the PNG is skipped with a note and the numbers are still in
+loss-by-position.json.
 """
 
 from __future__ import annotations
@@ -38,6 +46,21 @@ CURVE_PNG = "loss-by-position.png"
 PARQUET_INSTALL = "pip install pyarrow (or pip install 'ringctl[parquet]')"
 MATPLOTLIB_INSTALL = "pip install matplotlib (or pip install 'ringctl[bench]')"
 _SLICE = 65536  # rows formatted at a time for CSV
+
+
+# RFC 4180's line end (also Excel's and the csv module's default): with it the writer quotes a
+# cell holding a carriage return, which with "\n" alone it writes bare, and every reader then
+# splits the row there (and a spreadsheet runs a formula that follows it).
+CSV_OPTIONS = {"lineterminator": "\r\n"}
+# What makes a spreadsheet read a cell as a formula (OWASP), and the quote that marks text.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_TEXT_MARK = "'"
+
+
+def csv_text(value: str) -> str:
+    """A text cell for a CSV file: with a ``'`` in front when it begins like a formula (or with
+    ``'`` itself, so that dropping one leading ``'`` always gives the value back)."""
+    return _TEXT_MARK + value if value.startswith((*_FORMULA_START, _TEXT_MARK)) else value
 
 
 def check_format(fmt: str) -> None:
@@ -96,12 +119,13 @@ def _token_slices(doc: Any) -> Iterable[tuple[int, list[int], list[float | None]
 
 def _tokens_csv(path: Path, docs: Sequence[Any]) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
+        writer = csv.writer(f, **CSV_OPTIONS)
         writer.writerow(["doc_id", "position", "token_id", "token_logprob"])
         for doc in docs:
+            doc_id = csv_text(doc.doc_id)
             for start, ids, values in _token_slices(doc):
                 writer.writerows(
-                    (doc.doc_id, start + j, t, "" if v is None else repr(v))
+                    (doc_id, start + j, t, "" if v is None else repr(v))
                     for j, (t, v) in enumerate(zip(ids, values, strict=True))
                 )
 
@@ -141,11 +165,11 @@ def _pooled(doc: Any) -> list[float]:
 def _pooled_csv(path: Path, docs: Sequence[Any]) -> None:
     width = docs[0].tensors["pooled"].numel() if docs else 0
     with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
+        writer = csv.writer(f, **CSV_OPTIONS)
         writer.writerow(["doc_id", "tokens", *(f"pooled_{j}" for j in range(width))])
         for doc in docs:
             row = [repr(v) for v in _pooled(doc)]
-            writer.writerow([doc.doc_id, doc.tensors["input_ids"].numel(), *row])
+            writer.writerow([csv_text(doc.doc_id), doc.tensors["input_ids"].numel(), *row])
 
 
 def _pooled_parquet(path: Path, docs: Sequence[Any]) -> None:

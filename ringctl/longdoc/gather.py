@@ -16,7 +16,8 @@ temporary directory renamed to ``out`` only when everything verified:
   (N, hidden) and ``pooled`` (hidden,); metadata: doc_id, source, task;
 * ``grads/<doc key>.safetensors`` (task grad with write_grads), checksum verified;
 * ``summary.json`` and ``summary.csv``: one row per document (tokens, log-likelihood,
-  perplexity, seconds, ...), plus the inputs that were missing when the job ran;
+  perplexity, seconds, ...), plus the inputs that were missing when the job ran (CSV text
+  cells that begin like a spreadsheet formula get a leading ``'``: ``export.csv_text``);
 * ``tokens.parquet|csv`` (``pooled.*`` for embed) with ``--format parquet|csv``, and, for
   score/grad, ``loss-by-position.json`` / ``.png`` (see ``export.py`` and ``curve.py``);
 * ``.ringctl-gather``: the marker that makes it a gather output. ``--force`` replaces only a
@@ -50,7 +51,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..atomic import current_umask
+from ..errors import UserError, with_filename
+from ..terminal import visible
 from . import export
 from .completeness import RankShard, confined, document_shards
 from .expected import expected_problems
@@ -248,13 +251,21 @@ def verify(job_dir: str | Path) -> tuple[dict, list[GatheredDoc], list[str]]:
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
+    """summary.csv's text; text cells that a spreadsheet would run as formulas get a leading
+    ' (export.csv_text), numbers are written as they are."""
     buf = io.StringIO()
     cols = list(dict.fromkeys(k for row in rows for k in row)) or ["document", "tokens", "seconds"]
-    writer = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=cols, restval="", **export.CSV_OPTIONS)
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+        writer.writerow({k: _csv_cell(v) for k, v in row.items()})
     return buf.getvalue()
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    return export.csv_text(value) if isinstance(value, str) else value
 
 
 def _marker_of(path: Path) -> dict | None:
@@ -306,9 +317,7 @@ def _new_output_dir(target: Path) -> Path:
     """A temporary directory beside target, with the permissions the umask gives."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
+    tmp.chmod(0o777 & ~current_umask())
     return tmp
 
 
@@ -368,7 +377,7 @@ def _write_outputs(tmp: Path, got: Verified, job: Path, fmt: str, job_state: str
     if job_state is not None:
         summary["job_state"] = job_state  # the backend's word when this gather ran
     (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (tmp / "summary.csv").write_text(_csv(_csv_rows(rows, got.incomplete)))
+    (tmp / "summary.csv").write_text(_csv(_csv_rows(rows, got.incomplete)), newline="")
     marker = {"format": MARKER_FORMAT, "job_dir": str(job), "task": task, "partial": partial}
     (tmp / MARKER).write_text(json.dumps(marker) + "\n")
     return rows, files, notes
@@ -425,8 +434,10 @@ def gather(
         rows, files, notes = _write_outputs(tmp, got, job, fmt, job_state)
         check_target(target, job, force=force)  # again: it may have changed while verifying
         _put_in_place(tmp, target)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):  # disk full under out: name it (a write() names nothing)
+            raise with_filename(err, target) from None
         raise
     return GatherResult(
         target,
@@ -445,7 +456,8 @@ def gather(
 
 
 def summary_table(result: GatherResult):
-    """A rich Table of the gathered documents (ids and paths shown literally, never markup)."""
+    """A rich Table of the gathered documents (ids and paths shown literally, never markup;
+    a control character in an id, such as a newline from a file name, as an escape)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -456,7 +468,7 @@ def summary_table(result: GatherResult):
     if result.partial:
         what = f"{len(result.rows)} of {len(result.rows) + len(result.incomplete)} documents "
         what += f"({result.task}, partial)"
-    table = Table(title=Text(f"{what} -> {result.out}"))
+    table = Table(title=Text(visible(f"{what} -> {result.out}")))
     table.add_column("document")
     table.add_column("tokens", justify="right")
     scored = result.task in ("score", "grad")
@@ -474,7 +486,7 @@ def summary_table(result: GatherResult):
         if result.task == "grad":
             cells += [num(row.get("loss"), ".4f"), num(row.get("grad_norm"), ".4g")]
         cells.append(num(row.get("seconds"), ".2f"))
-        table.add_row(Text(str(row["document"])), *(Text(c) for c in cells))
+        table.add_row(Text(visible(str(row["document"]))), *(Text(c) for c in cells))
     return table
 
 
@@ -489,7 +501,7 @@ def _incomplete_lines(result: GatherResult) -> list[str]:
         f"partial: {len(result.rows)} of {total} documents complete; "
         f"{len(result.incomplete)} not (yet), left out:"
     ]
-    lines += [f"  {i['document']}: {i['reason']}" for i in result.incomplete]
+    lines += [visible(f"  {i['document']}: {i['reason']}") for i in result.incomplete]
     return lines
 
 
@@ -503,7 +515,7 @@ def show(result: GatherResult, console) -> None:
         warning = Text("warning: ", style="yellow")
         warning.append(
             f"{len(result.missing_inputs)} input(s) were missing when the job ran and are not "
-            f"in the results: {', '.join(result.missing_inputs)}"
+            f"in the results: {visible(', '.join(result.missing_inputs))}"
         )
         console.print(warning)
     for line in _incomplete_lines(result):
@@ -511,4 +523,4 @@ def show(result: GatherResult, console) -> None:
     for note in result.notes:
         console.print(Text(f"note: {note}"))
     files = ", ".join([*(result.files or ["summary.json", "summary.csv"]), "docs/"])
-    console.print(Text(f"wrote {result.out} ({files})"))
+    console.print(Text(visible(f"wrote {result.out} ({files})")))

@@ -34,6 +34,7 @@ import torch
 
 from ..atomic import atomic_write  # noqa: F401  (re-exported: shards are written with it)
 from ..atomic import atomic_write_json as _atomic_write_json
+from ..jsonsafe import finite_json
 
 FORMAT = "ringctl.longdoc/1"
 SUBDIR = "longdoc"
@@ -75,17 +76,6 @@ def expand_ranges(ranges: list[list[int]]) -> torch.Tensor:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _json_safe(obj: Any) -> Any:
-    """NaN/inf -> None: the manifest stays strict JSON."""
-    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 class ShardStore:
@@ -171,7 +161,7 @@ class ShardStore:
             atomic_write(gpath, gdata)
             entry["grads_file"] = str(gpath.relative_to(self.root))
             entry["grads_sha256"] = sha256_bytes(gdata)
-        atomic_write_json(self.entry_path(key, rank), _json_safe(entry))
+        atomic_write_json(self.entry_path(key, rank), finite_json(entry)[0])  # strict JSON
         return entry
 
     # reading
