@@ -244,6 +244,40 @@ def test_known_hosts_markers_are_honoured_not_fatal(settings, tmp_path, capsys):
         assert "\n" not in str(err.value)
 
 
+def test_revoked_key_refused_where_also_listed_plainly(settings, tmp_path, monkeypatch):
+    """OpenSSH refuses a key marked @revoked even where another line (or file) lists it
+    plainly ("REVOKED HOST KEY DETECTED"): an admin revokes it in the system file while the
+    user's known_hosts still has it. Before the fix the plain line won and ssh connected."""
+    import ringctl.backends.ssh as ssh_module
+
+    real = Path(settings.known_hosts).read_text().strip().splitlines()[0]
+    host, keytype, key = real.split()[:3]
+    system = tmp_path / "ssh_known_hosts"  # stands for /etc/ssh/ssh_known_hosts
+    monkeypatch.setattr(ssh_module, "SYSTEM_KNOWN_HOSTS", str(system))
+    both = tmp_path / "both_known_hosts"  # the same file lists and revokes it
+    both.write_text(f"{real}\n@revoked * {keytype} {key}\n")
+    user = tmp_path / "user_known_hosts"
+    user.write_text(f"{real}\n")
+    home = tmp_path / "home"  # ssh.known_hosts unset: ~/.ssh/known_hosts and the system file
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(f"{real}\n")
+    monkeypatch.setenv("HOME", str(home))
+    cases = [(both, ""), (user, f"@revoked {host} {keytype} {key}\n")]
+    cases.append((None, f"{host} {keytype} {key}\n@revoked * {keytype} {key}\n"))
+    for known, system_text in cases:
+        system.write_text(system_text)
+        for trust in (False, True):
+            cfg = replace(settings, known_hosts=known and str(known), trust_unknown_host=trust)
+            with pytest.raises(UserError, match="marked @revoked in") as err:
+                connect(cfg)
+            where = str(both) if known == both else str(system)
+            assert where in str(err.value) and "\n" not in str(err.value)
+    system.write_text("")  # the same files without the revocation connect
+    for known in (both.with_name("user_known_hosts"), None):
+        connect(replace(settings, known_hosts=known and str(known))).close()
+    assert "@revoked" not in (home / ".ssh" / "known_hosts").read_text()  # nothing recorded
+
+
 def test_private_key_readable_by_others_is_refused(settings, tmp_path):
     loose = tmp_path / "loose_key"
     loose.write_bytes(Path(settings.key).read_bytes())
