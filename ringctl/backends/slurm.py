@@ -40,8 +40,15 @@ def _one_line(text: str) -> str:
 
 
 def create(cfg=None) -> SlurmBackend:
-    """The backend for a resolved job config (nothing in it concerns this backend yet)."""
-    return SlurmBackend()
+    """The backend for a resolved job config: it expects a result from each of its ranks."""
+    return SlurmBackend(expected_ranks=expected_ranks(cfg))
+
+
+def expected_ranks(cfg) -> int | None:
+    """How many ranks the job launches (each must leave a result), None without a config."""
+    from ..tasks.base import world_size
+
+    return world_size(cfg) if cfg is not None else None
 
 
 class SlurmBackend(Backend):
@@ -49,7 +56,9 @@ class SlurmBackend(Backend):
 
     `sbatch_args` are added to every sbatch call (before the script, so they override its
     `#SBATCH` lines). `sacct_wait_s` bounds how long `status` waits for sacct to catch up with
-    a job squeue already calls finished (accounting lags by a few seconds)."""
+    a job squeue already calls finished (accounting lags by a few seconds). With
+    `expected_ranks`, a job is COMPLETED only when each of its ranks left its result
+    (`joblogs.ranks_without_result`); a job directory of no ringctl job has none to expect."""
 
     name = "slurm"
 
@@ -61,8 +70,10 @@ class SlurmBackend(Backend):
         sacct_wait_s: float = 30.0,
         poll_s: float = 1.0,
         command_timeout_s: float = 60.0,
+        expected_ranks: int | None = None,
     ) -> None:
         self._shell_obj = shell
+        self.expected_ranks = expected_ranks
         self.sbatch_args = list(sbatch_args)
         self.sacct_wait_s = sacct_wait_s
         self.poll_s = poll_s
@@ -249,7 +260,12 @@ class SlurmBackend(Backend):
         if state is JobState.COMPLETED and (step is not None or ranks):
             # The script ended well but a step (a rank) did not: that is a failed job.
             state = JobState.FAILED
-        if state is JobState.FAILED:
+        if state is JobState.COMPLETED and self.expected_ranks:
+            missing = joblogs.ranks_without_result(self.shell, where, self.expected_ranks)
+            if missing:
+                state = JobState.FAILED
+                reason = joblogs.no_result_reason(missing, self.expected_ranks)
+        if state is JobState.FAILED and not reason:
             reason = self._failure_reason(where, batch_log, step, exit_code)
             if step is not None and step.exit_code:
                 exit_code = step.exit_code

@@ -41,7 +41,7 @@ from paramiko.sftp_attr import SFTPAttributes
 from ..config import DEFAULT_KNOWN_HOSTS, SshConfig
 from ..errors import UserError
 from ..jobdir import PLACEMENT, JobDir
-from .slurm import SlurmBackend, _one_line
+from .slurm import SlurmBackend, _one_line, expected_ranks
 
 # One schema for SSH settings: the `ssh` section of a job config (ringctl.config.SshConfig).
 SSHSettings = SshConfig
@@ -51,7 +51,7 @@ def create(cfg) -> SSHBackend:
     """The backend for a resolved job config: its `ssh` section."""
     if not cfg.ssh.host:
         raise UserError("ssh.host: is required with backend=ssh")
-    return SSHBackend(OmegaConf.to_object(cfg.ssh))
+    return SSHBackend(OmegaConf.to_object(cfg.ssh), expected_ranks=expected_ranks(cfg))
 
 
 # -- host keys -------------------------------------------------------------------------------------
