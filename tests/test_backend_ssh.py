@@ -145,8 +145,13 @@ def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
         # status and logs read the remote files; they copy nothing back
         assert not (job_dir / "out" / "part-1.txt").exists()
         assert "fetched_at" not in json.loads((job_dir / "job.json").read_text())
+        kept = remote / "attempts" / f"requeue-{job_id}-1" / "logs"  # as a Slurm requeue keeps
+        kept.mkdir(parents=True)
+        (kept / "rank-0.out").write_text("the first run\n")
         fetched = b.fetch(job_dir)
     assert "out/part-1.txt" in fetched and "job.sh" not in fetched
+    kept_here = job_dir / "attempts" / f"requeue-{job_id}-1" / "logs" / "rank-0.out"
+    assert kept_here.read_text() == "the first run\n"  # an earlier run's logs come back too
     assert "[rank 0] rank 0 on n1" in lines and "[rank 1] rank 1 on n2" in lines
     # results and logs came back into the local job directory
     assert (job_dir / "out" / "part-1.txt").read_text() == "result of rank 1\n"

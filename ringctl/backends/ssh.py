@@ -4,11 +4,12 @@
   (a relative `remote_dir` is under the remote home), then `sbatch` runs there.
 - status, logs, cancel: `squeue`/`sacct`/`scancel` and reads of the remote files, over the same
   connection; nothing is copied back by them.
-- fetch (`ringctl gather`): the task's outputs (`out/`), the logs, the probes and the placement
-  come back into their own places. The remote directory is not trusted: control files
-  (config.yaml, job.json, state.json, the script, keys, known_hosts) are never replaced, every
-  name is checked (one path component, UTF-8, no dot files, short enough) and every local path
-  must resolve inside the local job directory; a name that fails is skipped with a warning.
+- fetch (`ringctl gather`): the task's outputs (`out/`), the logs, the probes, the placement
+  and earlier attempts' logs (`attempts/`) come back into their own places. The remote
+  directory is not trusted: control files (config.yaml, job.json, state.json, the script,
+  keys, known_hosts) are never replaced, every name is checked (one path component, UTF-8, no
+  dot files, short enough) and every local path must resolve inside the local job directory;
+  a name that fails is skipped with a warning.
 - Every remote command is an argv joined with `shlex.join`: no user value reaches the remote
   shell unquoted.
 - Authentication by key file or ssh-agent only, never a password. Host keys are checked against
@@ -554,8 +555,9 @@ class SSHBackend(SlurmBackend):
             yield posixpath.join(remote, PLACEMENT), PLACEMENT
 
 
-# What `fetch` brings back: the task's outputs, the logs and the probes (placement.json too).
-FETCHED_DIRS = ("out", "logs", "probes")
+# What `fetch` brings back: the task's outputs, the logs and the probes (placement.json too),
+# and the logs of earlier attempts (those a Slurm requeue kept exist only on the login node).
+FETCHED_DIRS = ("out", "logs", "probes", "attempts")
 _MAX_NAME = 200  # bytes: room for a temporary suffix within the usual 255-byte limit
 _MAX_DEPTH = 8
 
