@@ -13,6 +13,8 @@ names by hand:
     logs/            rank-<R>.out|err|result.json, batch-<id>.out, progress.json
     out/             the task's output shards and manifest
     attempts/<n>/    an earlier attempt's logs and placement (`ringctl resume`)
+    attempts/requeue-<id>-<k>/   the same for a run of job <id> that Slurm requeued (its k-th
+                     rerun moved them there: templates/slurm.sh.j2)
 
 Control files are written atomically (temporary file, fsync, rename: `ringctl.atomic`). A new
 directory is built under a temporary name and renamed into place, so a failed submit leaves
@@ -51,6 +53,12 @@ BATCH_LOG = "logs/batch-{job_id}.out"
 CONTROL_FILES = frozenset({CONFIG, SCRIPT, META, STATE, SUPERVISOR, LOCK})
 # What a directory keeps across attempts; everything else belongs to one attempt.
 KEPT_ACROSS_ATTEMPTS = frozenset({CONFIG, SCRIPT, META, LOCK, OUT, PROBES, ATTEMPTS})
+
+
+def requeued_attempt(job_id: str, restart: int) -> str:
+    """Where the batch script keeps the run of job `job_id` that Slurm's `restart`-th requeue
+    replaced, relative to the job directory (the script writes the same name in bash)."""
+    return f"{ATTEMPTS}/requeue-{job_id}-{restart}"
 
 
 @dataclass(frozen=True)

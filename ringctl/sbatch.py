@@ -216,7 +216,7 @@ RULES: dict[str, Rule] = {
 # Options an extra_sbatch line may carry: with a value (checked by its rule) or bare switches.
 EXTRA_OPTIONS = (
     "comment reservation wckey mail-type mail-user begin deadline dependency nice exclude "
-    "nodelist hint open-mode kill-on-invalid-dep time-min gres licenses gpus-per-task "
+    "nodelist hint kill-on-invalid-dep time-min gres licenses gpus-per-task "
     "cpus-per-gpu mem-per-cpu mem-per-gpu tmp"
 ).split()
 EXTRA_SWITCHES = ("contiguous", "spread-job", "use-min-nodes", "oversubscribe")
@@ -231,6 +231,7 @@ RESERVED: dict[str, str] = {
     "exclusive": "set `slurm.exclusive` instead",
     "requeue": "set `slurm.requeue` instead",
     "no-requeue": "set `slurm.requeue` instead",
+    "open-mode": "ringctl appends to the logs, which keeps a requeued attempt's",
     **{
         opt: f"set `slurm.{opt.replace('-', '_')}` instead"
         for opt in "partition account qos time constraint switches signal cpus-per-task mem".split()
@@ -447,8 +448,11 @@ def header_lines(cfg, job_dir: str | None = None) -> list[str]:
             words.append(header_word(option, str(value)))
     if cfg.slurm.exclusive:
         words.append(header_word("exclusive"))
-    if cfg.slurm.requeue:
-        words.append(header_word("requeue"))
+    # Always said, never left to the cluster's JobRequeue default (1: requeue after a node
+    # failure); append, so that a requeued attempt's batch log is still there for the script
+    # to keep (templates/slurm.sh.j2: "a rerun by Slurm"), where truncate would erase it.
+    words.append(header_word("requeue" if cfg.slurm.requeue else "no-requeue"))
+    words.append(header_word("open-mode", "append"))
     if job_dir:
         job_dir = str(job_dir)
         why = path_problem(job_dir)

@@ -75,3 +75,60 @@ def test_error_summary():
     assert error_summary(err) == "ValueError: bad shape"
     assert error_summary("just words\nlast line\n") == "last line"
     assert error_summary("") == ""
+
+
+def test_parse_squeue_restart_count():
+    # squeue --Format=JobID:|,State:|,Reason:|,TimeUsed:|,RestartCnt:| (each field ends in |)
+    out = "22|PENDING|BeginTime|0:00|1|\n23|RUNNING|None|0:05|0|\n"
+    assert ss.parse_squeue(out, "22").restarts == 1
+    assert ss.parse_squeue(out, "23").restarts == 0
+    assert ss.parse_squeue("24|RUNNING|None|0:05\n", "24").restarts == 0  # the older format
+
+
+# sacct --duplicates of job 22 on the test cluster: its node failed (requeued), then it reran
+RUNS = """\
+22|j.sh|NODE_FAIL|0:0|4|None|n4|2026-12-02T02:15:03|2026-12-02T02:15:07
+22.batch|batch|CANCELLED||4||n4|2026-12-02T02:15:03|2026-12-02T02:15:07
+22.0|bash|CANCELLED||4||n4|2026-12-02T02:15:03|2026-12-02T02:15:07
+22|j.sh|CANCELLED by 0|0:0|4|BeginTime|n4|2026-12-02T02:15:26|2026-12-02T02:15:30
+22.batch|batch|CANCELLED|0:15|4||n4|2026-12-02T02:15:26|2026-12-02T02:15:30
+"""
+
+
+def test_parse_sacct_runs_keeps_each_run():
+    runs = ss.parse_sacct_runs(RUNS, "22")
+    assert [[r.step for r in run] for run in runs] == [[None, "0", "batch"], [None, "batch"]]
+    assert ss.is_node_failure(runs[0][0]) and not ss.is_node_failure(runs[1][0])
+    assert (runs[0][0].start, runs[0][0].end) == ("2026-12-02T02:15:03", "2026-12-02T02:15:07")
+    assert ss.parse_sacct(RUNS, "22") == runs[1]  # the last run, as before --duplicates
+
+
+def test_node_failure_names_the_node_from_its_events_or_the_run():
+    from ringctl.backends import slurm_reruns
+
+    first = ss.parse_sacct_runs(RUNS, "22")[0][0]
+    argv = ss.node_events_argv(first.nodes, first.start, first.end)
+    assert argv[-3:-1] == ["start=2026-12-02T02:15:03", "end=2026-12-02T02:16:07"]
+    events = (
+        "n4|2026-12-02T02:15:05|DRAIN|maintenance|x\nn4|2026-12-02T02:15:07|DOWN|Not responding\n"
+    )
+    answers = {"sacctmgr": (0, events, "")}
+
+    def run(argv):
+        return answers[argv[0]]
+
+    assert ss.parse_node_events(events)[0].reason == "maintenance|x"
+    assert slurm_reruns.node_failure(run, first) == (
+        "node failure (NODE_FAIL) on n4: DOWN (Not responding)"
+    )
+    summary = slurm_reruns.rerun_summary(run, "22", [ss.parse_sacct_runs(RUNS, "22")[0]], 1)
+    assert summary == (
+        "requeued by Slurm 1x: run 1 of job 22 ended NODE_FAIL on n4: DOWN (Not responding); "
+        "its logs are in attempts/requeue-22-1"
+    )
+    answers["sacctmgr"] = (1, "", "sacctmgr: error: access denied")  # no events: the run's nodes
+    wide = ss.AcctRecord("9", None, "j", "NODE_FAIL", 0, 0, 1.0, "", "n[1-2]", "x", "y")
+    assert slurm_reruns.node_failure(run, wide) == "node failure (NODE_FAIL) on one of n[1-2]"
+    assert slurm_reruns.rerun_summary(run, "9", [], 2).startswith(
+        "requeued by Slurm 2x: run 1 of job 9 was requeued; its logs are in attempts/requeue-9-1"
+    )

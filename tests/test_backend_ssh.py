@@ -145,8 +145,13 @@ def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
         # status and logs read the remote files; they copy nothing back
         assert not (job_dir / "out" / "part-1.txt").exists()
         assert "fetched_at" not in json.loads((job_dir / "job.json").read_text())
+        kept = remote / "attempts" / f"requeue-{job_id}-1" / "logs"  # as a Slurm requeue keeps
+        kept.mkdir(parents=True)
+        (kept / "rank-0.out").write_text("the first run\n")
         fetched = b.fetch(job_dir)
     assert "out/part-1.txt" in fetched and "job.sh" not in fetched
+    kept_here = job_dir / "attempts" / f"requeue-{job_id}-1" / "logs" / "rank-0.out"
+    assert kept_here.read_text() == "the first run\n"  # an earlier run's logs come back too
     assert "[rank 0] rank 0 on n1" in lines and "[rank 1] rank 1 on n2" in lines
     # results and logs came back into the local job directory
     assert (job_dir / "out" / "part-1.txt").read_text() == "result of rank 1\n"
@@ -242,6 +247,40 @@ def test_known_hosts_markers_are_honoured_not_fatal(settings, tmp_path, capsys):
         with pytest.raises(UserError, match="marked @revoked") as err:
             connect(replace(settings, known_hosts=str(revoked), trust_unknown_host=trust))
         assert "\n" not in str(err.value)
+
+
+def test_revoked_key_refused_where_also_listed_plainly(settings, tmp_path, monkeypatch):
+    """OpenSSH refuses a key marked @revoked even where another line (or file) lists it
+    plainly ("REVOKED HOST KEY DETECTED"): an admin revokes it in the system file while the
+    user's known_hosts still has it. Before the fix the plain line won and ssh connected."""
+    import ringctl.backends.ssh as ssh_module
+
+    real = Path(settings.known_hosts).read_text().strip().splitlines()[0]
+    host, keytype, key = real.split()[:3]
+    system = tmp_path / "ssh_known_hosts"  # stands for /etc/ssh/ssh_known_hosts
+    monkeypatch.setattr(ssh_module, "SYSTEM_KNOWN_HOSTS", str(system))
+    both = tmp_path / "both_known_hosts"  # the same file lists and revokes it
+    both.write_text(f"{real}\n@revoked * {keytype} {key}\n")
+    user = tmp_path / "user_known_hosts"
+    user.write_text(f"{real}\n")
+    home = tmp_path / "home"  # ssh.known_hosts unset: ~/.ssh/known_hosts and the system file
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "known_hosts").write_text(f"{real}\n")
+    monkeypatch.setenv("HOME", str(home))
+    cases = [(both, ""), (user, f"@revoked {host} {keytype} {key}\n")]
+    cases.append((None, f"{host} {keytype} {key}\n@revoked * {keytype} {key}\n"))
+    for known, system_text in cases:
+        system.write_text(system_text)
+        for trust in (False, True):
+            cfg = replace(settings, known_hosts=known and str(known), trust_unknown_host=trust)
+            with pytest.raises(UserError, match="marked @revoked in") as err:
+                connect(cfg)
+            where = str(both) if known == both else str(system)
+            assert where in str(err.value) and "\n" not in str(err.value)
+    system.write_text("")  # the same files without the revocation connect
+    for known in (both.with_name("user_known_hosts"), None):
+        connect(replace(settings, known_hosts=known and str(known))).close()
+    assert "@revoked" not in (home / ".ssh" / "known_hosts").read_text()  # nothing recorded
 
 
 def test_private_key_readable_by_others_is_refused(settings, tmp_path):

@@ -74,6 +74,28 @@ def test_resume_over_ssh(slurm_cluster, ssh_login, tmp_path, capsys):
     assert (remote / "attempts" / "1" / "logs").is_dir() and (remote / "logs").is_dir()
 
 
+@pytest.mark.parametrize("backend", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_ranks_that_leave_no_result_fail_the_job(backend, request, tmp_path, capsys):
+    """`resume env.python=/bin/true`: every rank exits 0 having run nothing. Before the fix the
+    job read COMPLETED (local and Slurm alike); a rank without its result is a failed job."""
+    if backend == "slurm":
+        request.getfixturevalue("slurm_cluster")
+    job_dir = _submit(
+        capsys, SMOKE, f"backend={backend}", f"output_dir={tmp_path}", "nodes=2", *ONCE
+    )
+    assert _final(job_dir).state is JobState.FAILED
+    capsys.readouterr()
+    assert main(["resume", str(job_dir), "env.python=/bin/true"]) == 0, capsys.readouterr().err
+    second = _final(job_dir)
+    assert second.state is JobState.FAILED, second
+    assert second.reason.startswith("ranks 0, 1 (of 2) ended without a result"), second.reason
+    assert "\n" not in second.reason
+    assert not list((job_dir / "logs").glob("rank-*.result.json"))  # the independent truth
+    if backend == "slurm":  # the placement step "succeeded" too, writing nothing
+        batch = (job_dir / "logs" / f"batch-{second.job_id}.out").read_text()
+        assert "wrote no placement.json" in batch and "placement written" not in batch, batch
+
+
 def test_resume_locally_and_concurrent_resumes(tmp_path, capsys):
     job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
     assert _final(job_dir).state is JobState.FAILED

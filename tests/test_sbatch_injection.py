@@ -160,6 +160,8 @@ def expected_options(case: Case, job_dir: Path, partition: str, marker: Path) ->
         "hold": "set",
         "parsable": "set",
         "verbose": "1",
+        "no-requeue": "no-requeue",  # said always: the cluster's default requeues
+        "open-mode": "a",
     }
     want.update(with_marker(case.meant or {}, marker))
     return want
@@ -410,6 +412,8 @@ def test_header_lines_are_read_back_as_configured(tmp_path):
         "--constraint=[a*2&b]|(c,d)!e",
         "--switches=1@00:10:00",
         "--signal=USR1@30",
+        "--no-requeue",
+        "--open-mode=append",
         "--chdir=/scratch/it's a dir%j",
         "--output=/scratch/it's a dir%%j/logs/batch-%j.out",
         "--comment=a # b $(c) `d` %j",

@@ -134,3 +134,25 @@ def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
         if line.startswith(WORKER_ERROR_PREFIX):
             return line[len(WORKER_ERROR_PREFIX) :].strip()[:limit]
     return error_summary(stderr, limit)
+
+
+def ranks_without_result(shell: Shell, job_dir: str, world_size: int) -> list[int]:
+    """Launch indices 0..world_size-1 that left no logs/rank-<R>.result.json.
+
+    Every rank that runs the worker to its end writes one (worker.py), also when it fails; a
+    rank that exits 0 without one never ran the job (`env.python=/bin/true`, a wrapper that
+    swallowed it), so a job with such a rank cannot be called COMPLETED. One listing, not one
+    read per rank: over SSH each read is a round trip."""
+    names = set(shell.listdir(f"{job_dir}/logs"))
+    return [r for r in range(world_size) if f"rank-{r}.result.json" not in names]
+
+
+def no_result_reason(missing: list[int], world_size: int, shown: int = 8) -> str:
+    """The one-line reason of a job whose ranks `missing` ended without a result."""
+    names = ", ".join(str(r) for r in missing[:shown])
+    more = f" and {len(missing) - shown} more" if len(missing) > shown else ""
+    which = f"rank {names}" if len(missing) == 1 else f"ranks {names}{more}"
+    return (
+        f"{which} (of {world_size}) ended without a result (logs/rank-<R>.result.json): the "
+        "worker did not run to its end; check env.python and the rank logs"
+    )

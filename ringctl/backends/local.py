@@ -31,7 +31,8 @@ from pathlib import Path
 from ..errors import UserError
 from ..jobdir import JobDir
 from .base import Backend, JobState, JobStatus
-from .joblogs import is_peer_loss
+from .joblogs import is_peer_loss, no_result_reason, ranks_without_result
+from .shell import LocalShell
 
 KILL_GRACE_S = 5.0
 _CLEARED_VARS = (
@@ -358,6 +359,9 @@ class Supervisor:
             error = LocalBackend().rank_error(self.job.path, first)
             reason = f"rank {first} {how}" + (f": {error}" if error else "")
             self.state.update(state="FAILED", exit_code=code, reason=reason)
+        elif missing := ranks_without_result(LocalShell(), str(self.job.path), self.world):
+            reason = no_result_reason(missing, self.world)
+            self.state.update(state="FAILED", exit_code=0, reason=reason)
         else:
             self.state.update(state="COMPLETED", exit_code=0, reason="")
         self.job.write_state(self.state)

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..jobdir import BATCH_LOG, JobDir
 from ..sbatch import batch_log_arguments
-from . import joblogs
+from . import joblogs, slurm_reruns
 from . import slurm_states as ss
 from .base import Backend, JobState, JobStatus
 from .shell import LocalShell, Shell
@@ -40,8 +40,15 @@ def _one_line(text: str) -> str:
 
 
 def create(cfg=None) -> SlurmBackend:
-    """The backend for a resolved job config (nothing in it concerns this backend yet)."""
-    return SlurmBackend()
+    """The backend for a resolved job config: it expects a result from each of its ranks."""
+    return SlurmBackend(expected_ranks=expected_ranks(cfg))
+
+
+def expected_ranks(cfg) -> int | None:
+    """How many ranks the job launches (each must leave a result), None without a config."""
+    from ..tasks.base import world_size
+
+    return world_size(cfg) if cfg is not None else None
 
 
 class SlurmBackend(Backend):
@@ -49,7 +56,9 @@ class SlurmBackend(Backend):
 
     `sbatch_args` are added to every sbatch call (before the script, so they override its
     `#SBATCH` lines). `sacct_wait_s` bounds how long `status` waits for sacct to catch up with
-    a job squeue already calls finished (accounting lags by a few seconds)."""
+    a job squeue already calls finished (accounting lags by a few seconds). With
+    `expected_ranks`, a job is COMPLETED only when each of its ranks left its result
+    (`joblogs.ranks_without_result`); a job directory of no ringctl job has none to expect."""
 
     name = "slurm"
 
@@ -61,8 +70,10 @@ class SlurmBackend(Backend):
         sacct_wait_s: float = 30.0,
         poll_s: float = 1.0,
         command_timeout_s: float = 60.0,
+        expected_ranks: int | None = None,
     ) -> None:
         self._shell_obj = shell
+        self.expected_ranks = expected_ranks
         self.sbatch_args = list(sbatch_args)
         self.sacct_wait_s = sacct_wait_s
         self.poll_s = poll_s
@@ -168,6 +179,25 @@ class SlurmBackend(Backend):
         since = JobDir(job_dir).read_meta().get("sacct_since")
         return self._is_finished(self._job_id(job_dir), since)
 
+    def logs(self, job_dir: Path, *, rank: int | None = None, follow: bool = False):
+        """The logs (`Backend.logs`); with every log shown, then what Slurm did to the job that
+        the logs cannot say, as `[slurm] ` lines: the runs it requeued (where their logs went)
+        and a node failure that ended the job."""
+        yield from super().logs(job_dir, rank=rank, follow=follow)
+        if rank is None:
+            yield from (f"[slurm] {line}" for line in self._slurm_lines(job_dir))
+
+    def _slurm_lines(self, job_dir: Path) -> list[str]:
+        job_id = self._job_id(job_dir)
+        runs = self._sacct_runs(job_id, JobDir(job_dir).read_meta().get("sacct_since"))
+        if not runs:
+            return []
+        lines = slurm_reruns.rerun_lines(self._run, job_id, runs[:-1], 0)
+        last = runs[-1][0]
+        if last.step is None and ss.is_node_failure(last):
+            lines.append(f"job {job_id} ended: {slurm_reruns.node_failure(self._run, last)}")
+        return lines
+
     def cancel(self, job_dir: Path) -> None:
         job_id = self._job_id(Path(job_dir))
         rc, out, err = self._run(["scancel", job_id])
@@ -185,11 +215,19 @@ class SlurmBackend(Backend):
         return ss.parse_squeue(out, job_id)
 
     def _sacct(self, job_id: str, since: str | None = None) -> list[ss.AcctRecord] | None:
-        """sacct's records of the job; None when sacct cannot answer (no accounting)."""
+        """sacct's records of the job's last run; None when sacct cannot answer."""
+        runs = self._sacct_runs(job_id, since)
+        return None if runs is None else (runs[-1] if runs else [])
+
+    def _sacct_runs(
+        self, job_id: str, since: str | None = None
+    ) -> list[list[ss.AcctRecord]] | None:
+        """sacct's records of each run of the job (several when Slurm requeued it), earliest
+        first; None when sacct cannot answer (no accounting)."""
         rc, out, err = self._run(ss.sacct_argv(job_id, since))
         if rc != 0:
             return None
-        return ss.parse_sacct(out, job_id)
+        return ss.parse_sacct_runs(out, job_id)
 
     def _is_finished(self, job_id: str, since: str | None = None) -> bool:
         """Cheap check for `logs --follow`: squeue's word only (no waiting for sacct)."""
@@ -199,32 +237,44 @@ class SlurmBackend(Backend):
         records = self._sacct(job_id, since)
         return not records or records[0].state.finished
 
+    def _reruns(
+        self, job_id: str, runs: list[list[ss.AcctRecord]] | None, restarts: int = 0
+    ) -> str:
+        """What Slurm's requeues did before the last run ("" when it never requeued)."""
+        earlier = (runs or [])[:-1]
+        return slurm_reruns.rerun_summary(self._run, job_id, earlier, restarts)
+
     def _status(self, job_id: str, where: str, since: str | None = None) -> JobStatus:
         q = self._squeue(job_id)
         if q is not None and not q.state.finished and q.state is not JobState.UNKNOWN:
             reason = q.reason if q.state is JobState.PENDING else ""
+            if q.restarts:  # a rerun: say what happened to the runs before (one more sacct)
+                note = self._reruns(job_id, self._sacct_runs(job_id, since), q.restarts)
+                reason = "; ".join(r for r in (reason, note) if r)
             return JobStatus(job_id, q.state, reason=reason, elapsed_s=q.elapsed_s)
 
         # Finished, or forgotten by squeue: sacct has the details (steps, exit codes) but lags
         # squeue by a few seconds, so when squeue already calls the job finished, wait for it.
-        records = self._sacct(job_id, since)
+        runs = self._sacct_runs(job_id, since)
         if q is not None:
             deadline = time.monotonic() + self.sacct_wait_s
-            while records is not None and time.monotonic() < deadline:
-                if records and records[0].step is None and records[0].state.finished:
+            while runs is not None and time.monotonic() < deadline:
+                if runs and runs[-1][0].step is None and runs[-1][0].state.finished:
                     break
                 time.sleep(min(1.0, self.poll_s))
-                records = self._sacct(job_id, since)
+                runs = self._sacct_runs(job_id, since)
+        records = None if runs is None else (runs[-1] if runs else [])
+        note = self._reruns(job_id, runs, q.restarts if q is not None else 0)
 
         job = records[0] if records and records[0].step is None else None
         if job is not None and job.state.finished:
-            return self._final_status(job_id, where, job.state, job, records or [])
+            return self._final_status(job_id, where, job.state, job, records or [], note)
         if q is not None:
             # No (timely) accounting: squeue's final state, with what the logs say.
-            return self._final_status(job_id, where, q.state, None, [])
+            return self._final_status(job_id, where, q.state, None, [], note)
         if job is not None:
             # squeue forgot it, sacct has no end yet (a cluster whose accounting is behind)
-            return JobStatus(job_id, job.state, elapsed_s=job.elapsed_s)
+            return JobStatus(job_id, job.state, reason=note, elapsed_s=job.elapsed_s)
         if records is None:
             return JobStatus(
                 job_id, JobState.UNKNOWN, reason="unknown to squeue, and sacct is not available"
@@ -238,18 +288,27 @@ class SlurmBackend(Backend):
         state: JobState,
         job: ss.AcctRecord | None,
         records: list[ss.AcctRecord],
+        reruns: str = "",
     ) -> JobStatus:
+        """The end of the job in full: its state corrected by what the steps, srun and the
+        ranks' results say, the reason, and what Slurm's requeues did before (`reruns`)."""
         batch_log = self._read_text(f"{where}/{BATCH_LOG.format(job_id=job_id)}")
         ranks = ss.parse_srun_errors(batch_log)
         step = ss.failing_step(records)
         exit_code = job.exit_code if job is not None else None
-        elapsed = job.elapsed_s if job is not None else None
         reason = ""
 
         if state is JobState.COMPLETED and (step is not None or ranks):
             # The script ended well but a step (a rank) did not: that is a failed job.
             state = JobState.FAILED
-        if state is JobState.FAILED:
+        if state is JobState.COMPLETED and self.expected_ranks:
+            missing = joblogs.ranks_without_result(self.shell, where, self.expected_ranks)
+            if missing:
+                state = JobState.FAILED
+                reason = joblogs.no_result_reason(missing, self.expected_ranks)
+        if job is not None and ss.is_node_failure(job):
+            reason = slurm_reruns.node_failure(self._run, job)  # not the ranks it took down
+        elif state is JobState.FAILED and not reason:
             reason = self._failure_reason(where, batch_log, step, exit_code)
             if step is not None and step.exit_code:
                 exit_code = step.exit_code
@@ -263,9 +322,9 @@ class SlurmBackend(Backend):
         return JobStatus(
             job_id,
             state,
-            reason=reason,
+            reason="; ".join(r for r in (reason, reruns) if r),
             exit_code=exit_code,
-            elapsed_s=elapsed,
+            elapsed_s=job.elapsed_s if job is not None else None,
             ranks={r: what for r, what in sorted(ranks.items())},
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from .base import JobState
 
@@ -45,10 +46,14 @@ _STATE_MAP: dict[str, JobState] = {
 }
 
 
+def state_word(raw: str) -> str:
+    """Slurm's state name alone: `CANCELLED by 0` -> CANCELLED, `OUT_OF_MEMORY+` -> ..."""
+    return raw.strip().split(" ")[0].rstrip("+").upper() if raw.strip() else ""
+
+
 def map_state(raw: str) -> JobState:
     """`CANCELLED by 0`, `RUNNING`, `OUT_OF_MEMORY+` -> JobState (UNKNOWN if unrecognised)."""
-    word = raw.strip().split(" ")[0].rstrip("+").upper() if raw.strip() else ""
-    return _STATE_MAP.get(word, JobState.UNKNOWN)
+    return _STATE_MAP.get(state_word(raw), JobState.UNKNOWN)
 
 
 def parse_duration(text: str) -> float | None:
@@ -82,12 +87,15 @@ def parse_exit_code(text: str) -> tuple[int | None, int | None]:
 # ---------------------------------------------------------------------------------------------
 # squeue
 
-SQUEUE_FORMAT = "%i|%T|%r|%M"
+# --Format (not --format: its letters have no restart count), each field ended by `|`; the
+# columns of `--format=%i|%T|%r|%M`, then how often Slurm requeued the job.
+SQUEUE_FIELDS = ("JobID", "State", "Reason", "TimeUsed", "RestartCnt")
 
 
 def squeue_argv(job_id: str) -> list[str]:
     # `-t all` so that a job finished less than MinJobAge ago is still shown with its end state.
-    return ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={SQUEUE_FORMAT}"]
+    fields = ",".join(f"{name}:|" for name in SQUEUE_FIELDS)
+    return ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--Format={fields}"]
 
 
 @dataclass
@@ -96,6 +104,7 @@ class QueueEntry:
     raw_state: str
     reason: str
     elapsed_s: float | None
+    restarts: int = 0  # how often Slurm reran the job (requeued it) under this id
 
     @property
     def state(self) -> JobState:
@@ -111,7 +120,14 @@ def parse_squeue(out: str, job_id: str) -> QueueEntry | None:
         reason = fields[2].strip()
         if reason in ("None", "(null)"):
             reason = ""
-        return QueueEntry(fields[0], fields[1].strip(), reason, parse_duration(fields[3]))
+        restarts = fields[4].strip() if len(fields) > 4 else ""
+        return QueueEntry(
+            fields[0],
+            fields[1].strip(),
+            reason,
+            parse_duration(fields[3]),
+            int(restarts) if restarts.isdigit() else 0,
+        )
     return None
 
 
@@ -123,16 +139,30 @@ def squeue_says_unknown(err: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 # sacct
 
-SACCT_FIELDS = ["JobIDRaw", "JobName", "State", "ExitCode", "ElapsedRaw", "Reason", "NodeList"]
+SACCT_FIELDS = [
+    "JobIDRaw",
+    "JobName",
+    "State",
+    "ExitCode",
+    "ElapsedRaw",
+    "Reason",
+    "NodeList",
+    "Start",
+    "End",
+]
+_SACCT_REQUIRED = 7  # lines of an older ringctl's format (no Start, End) still parse
 
 
 def sacct_argv(job_id: str, since: str | None = None) -> list[str]:
     """sacct for one job; ``since`` (the cluster's local time shortly before submission) keeps
-    out an older job that had the same id (ids restart when a controller's state is lost)."""
+    out an older job that had the same id (ids restart when a controller's state is lost).
+    `--duplicates`: a job Slurm requeued has one record per run, earliest first; without it
+    sacct shows the last run only, and the node failure that caused the rerun is lost."""
     return [
         "sacct",
         "--noheader",
         "--parsable2",
+        "--duplicates",
         f"--jobs={job_id}",
         *([f"--starttime={since}"] if since else []),
         "--format=" + ",".join(SACCT_FIELDS),
@@ -152,6 +182,8 @@ class AcctRecord:
     elapsed_s: float | None
     reason: str
     nodes: str
+    start: str = ""  # the cluster's local time, as sacct prints it ("Unknown" before it ran)
+    end: str = ""
 
     @property
     def state(self) -> JobState:
@@ -159,32 +191,51 @@ class AcctRecord:
 
 
 def parse_sacct(out: str, job_id: str) -> list[AcctRecord]:
-    """Output of `sacct_argv` -> the records of `job_id` (job line first, then its steps)."""
-    records: list[AcctRecord] = []
+    """Output of `sacct_argv` -> the records of `job_id`'s last run (job line first, then its
+    steps); `parse_sacct_runs` has the earlier runs of a requeued job too."""
+    runs = parse_sacct_runs(out, job_id)
+    return runs[-1] if runs else []
+
+
+def parse_sacct_runs(out: str, job_id: str) -> list[list[AcctRecord]]:
+    """Output of `sacct_argv` -> one list of records per run of `job_id`, in sacct's order
+    (earliest first): each job line starts a run, the step lines after it are that run's."""
+    runs: list[list[AcctRecord]] = []
     for line in out.splitlines():
-        fields = line.split("|")
-        if len(fields) < len(SACCT_FIELDS):
+        record = _acct_record(line.split("|"), job_id)
+        if record is None:
             continue
-        raw_id, name, state, exit_code, elapsed, reason, nodes = fields[: len(SACCT_FIELDS)]
-        base, _, step = raw_id.partition(".")
-        if base != job_id:
-            continue
-        code, sig = parse_exit_code(exit_code)
-        records.append(
-            AcctRecord(
-                job_id=base,
-                step=step or None,
-                name=name,
-                raw_state=state.strip(),
-                exit_code=code,
-                signal=sig,
-                elapsed_s=float(elapsed) if elapsed.strip().isdigit() else None,
-                reason="" if reason.strip() in ("None", "") else reason.strip(),
-                nodes=nodes.strip(),
-            )
-        )
-    records.sort(key=lambda r: (r.step is not None, r.step or ""))
-    return records
+        if record.step is None or not runs:
+            runs.append([])
+        runs[-1].append(record)
+    for run in runs:
+        run.sort(key=lambda r: (r.step is not None, r.step or ""))
+    return runs
+
+
+def _acct_record(fields: list[str], job_id: str) -> AcctRecord | None:
+    """One sacct line of `job_id` as a record; None for another job's or a short line."""
+    if len(fields) < _SACCT_REQUIRED:
+        return None
+    raw_id, name, state, exit_code, elapsed, reason, nodes = fields[:_SACCT_REQUIRED]
+    start, end = (fields[7:9] + ["", ""])[:2]
+    base, _, step = raw_id.partition(".")
+    if base != job_id:
+        return None
+    code, sig = parse_exit_code(exit_code)
+    return AcctRecord(
+        job_id=base,
+        step=step or None,
+        name=name,
+        raw_state=state.strip(),
+        exit_code=code,
+        signal=sig,
+        elapsed_s=float(elapsed) if elapsed.strip().isdigit() else None,
+        reason="" if reason.strip() in ("None", "") else reason.strip(),
+        nodes=nodes.strip(),
+        start=start.strip(),
+        end=end.strip(),
+    )
 
 
 def failing_step(records: list[AcctRecord]) -> AcctRecord | None:
@@ -196,6 +247,61 @@ def failing_step(records: list[AcctRecord]) -> AcctRecord | None:
         if r.state in bad or (r.state is JobState.COMPLETED and (r.exit_code or 0) != 0):
             return r
     return None
+
+
+def is_node_failure(record: AcctRecord) -> bool:
+    """Did this run end because a node of it failed (Slurm's NODE_FAIL)?"""
+    return state_word(record.raw_state) == "NODE_FAIL"
+
+
+# ---------------------------------------------------------------------------------------------
+# which node failed: the accounting's node events (`sacctmgr show event`)
+
+_SLURM_TIME = "%Y-%m-%dT%H:%M:%S"
+# A node's DOWN event is stamped when slurmctld acts on it, which is also when the run ends:
+# the window reaches a little past the end.
+EVENT_GRACE_S = 60
+
+
+def node_events_argv(nodes: str, start: str, end: str) -> list[str] | None:
+    """sacctmgr for the node events (DOWN, DRAIN, ...) of `nodes` (a hostlist) between a run's
+    start and a little past its end (sacct's local times); None when the times are unknown."""
+    try:
+        since = datetime.strptime(start, _SLURM_TIME)
+        until = datetime.strptime(end, _SLURM_TIME) + timedelta(seconds=EVENT_GRACE_S)
+    except ValueError:
+        return None
+    return [
+        "sacctmgr",
+        "--noheader",
+        "--parsable2",
+        "show",
+        "event",
+        "event=node",
+        f"nodes={nodes}",
+        f"start={since.strftime(_SLURM_TIME)}",
+        f"end={until.strftime(_SLURM_TIME)}",
+        "format=NodeName,TimeStart,State,Reason",
+    ]
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    node: str
+    at: str  # the cluster's local time
+    state: str  # DOWN, DRAIN, FAIL, ...
+    reason: str  # the admin's or slurmctld's words ("Not responding", "Kill task failed")
+
+
+def parse_node_events(out: str) -> list[NodeEvent]:
+    """Output of `node_events_argv` -> its events, in sacctmgr's order."""
+    events = []
+    for line in out.splitlines():
+        fields = line.split("|")
+        if len(fields) >= 4 and fields[0].strip():
+            node, at, state, reason = (f.strip() for f in fields[:3] + ["|".join(fields[3:])])
+            events.append(NodeEvent(node, at, state, " ".join(reason.split())))
+    return events
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,11 +4,12 @@
   (a relative `remote_dir` is under the remote home), then `sbatch` runs there.
 - status, logs, cancel: `squeue`/`sacct`/`scancel` and reads of the remote files, over the same
   connection; nothing is copied back by them.
-- fetch (`ringctl gather`): the task's outputs (`out/`), the logs, the probes and the placement
-  come back into their own places. The remote directory is not trusted: control files
-  (config.yaml, job.json, state.json, the script, keys, known_hosts) are never replaced, every
-  name is checked (one path component, UTF-8, no dot files, short enough) and every local path
-  must resolve inside the local job directory; a name that fails is skipped with a warning.
+- fetch (`ringctl gather`): the task's outputs (`out/`), the logs, the probes, the placement
+  and earlier attempts' logs (`attempts/`) come back into their own places. The remote
+  directory is not trusted: control files (config.yaml, job.json, state.json, the script,
+  keys, known_hosts) are never replaced, every name is checked (one path component, UTF-8, no
+  dot files, short enough) and every local path must resolve inside the local job directory;
+  a name that fails is skipped with a warning.
 - Every remote command is an argv joined with `shlex.join`: no user value reaches the remote
   shell unquoted.
 - Authentication by key file or ssh-agent only, never a password. Host keys are checked against
@@ -41,7 +42,7 @@ from paramiko.sftp_attr import SFTPAttributes
 from ..config import DEFAULT_KNOWN_HOSTS, SshConfig
 from ..errors import UserError
 from ..jobdir import PLACEMENT, JobDir
-from .slurm import SlurmBackend, _one_line
+from .slurm import SlurmBackend, _one_line, expected_ranks
 
 # One schema for SSH settings: the `ssh` section of a job config (ringctl.config.SshConfig).
 SSHSettings = SshConfig
@@ -51,7 +52,7 @@ def create(cfg) -> SSHBackend:
     """The backend for a resolved job config: its `ssh` section."""
     if not cfg.ssh.host:
         raise UserError("ssh.host: is required with backend=ssh")
-    return SSHBackend(OmegaConf.to_object(cfg.ssh))
+    return SSHBackend(OmegaConf.to_object(cfg.ssh), expected_ranks=expected_ranks(cfg))
 
 
 # -- host keys -------------------------------------------------------------------------------------
@@ -102,30 +103,65 @@ class _RevokedHost(_UnknownHost):
     pass
 
 
-class _RefuseRevoked(paramiko.MissingHostKeyPolicy):
-    """A key marked @revoked in known_hosts is refused, whatever the other policy says (revoked
-    keys are never loaded as known, so paramiko asks this policy about them)."""
+# The system-wide known_hosts (OpenSSH's GlobalKnownHostsFile): its `@revoked` keys always
+# apply, its plain keys only when ssh.known_hosts is left at its default.
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
-    def __init__(self, revoked: set[tuple[str, str]], then: paramiko.MissingHostKeyPolicy):
+
+class _RefuseRevoked(paramiko.MissingHostKeyPolicy):
+    """A key marked @revoked in any known_hosts file read is refused, whatever the other policy
+    says. Revoked keys are kept out of the client's known keys (`KnownHosts.install`), so
+    paramiko asks this policy about them even where a file also lists them plainly."""
+
+    def __init__(self, revoked: dict[tuple[str, str], str], then: paramiko.MissingHostKeyPolicy):
         self.revoked, self.then = revoked, then
 
     def missing_host_key(self, client, hostname, key) -> None:
-        if (key.get_name(), key.get_base64()) in self.revoked:
+        where = self.revoked.get((key.get_name(), key.get_base64()))
+        if where is not None:
             raise _RevokedHost(
                 f"ssh {hostname}: its host key {_fingerprint(key)} is marked @revoked in "
-                "known_hosts: refusing to connect"
+                f"{where}: refusing to connect (REVOKED HOST KEY)"
             )
         self.then.missing_host_key(client, hostname, key)
 
 
-def load_known_hosts(keys: paramiko.HostKeys, path: str) -> set[tuple[str, str]]:
-    """Add a known_hosts file's plain entries to `keys`; return its @revoked keys.
+class KnownHosts:
+    """Plain entries and @revoked keys of the known_hosts files read, kept apart so that a
+    revoked key is refused wherever else it is listed (as OpenSSH does: "REVOKED HOST KEY
+    DETECTED"): an admin revokes in the system file while ~/.ssh/known_hosts still lists it."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[list[str], paramiko.PKey]] = []
+        self.revoked: dict[tuple[str, str], str] = {}  # (type, base64) -> the file revoking it
+
+    def read(self, path: str, *, plain: bool = True) -> None:
+        """Add a file's @revoked keys, and its plain entries unless `plain` is False."""
+        entries, revoked = read_known_hosts(path)
+        for key in revoked:
+            self.revoked.setdefault(key, path)
+        if plain:
+            self.entries += entries
+
+    def install(self, keys: paramiko.HostKeys) -> None:
+        """Put the plain entries whose key is not revoked into paramiko's known keys."""
+        for names, key in self.entries:
+            if (key.get_name(), key.get_base64()) in self.revoked:
+                continue
+            for name in names:
+                keys.add(name, key.get_name(), key)
+
+
+def read_known_hosts(path: str) -> tuple[list[tuple[list[str], paramiko.PKey]], set]:
+    """A known_hosts file's plain entries (host patterns, key) and its @revoked keys.
 
     paramiko's own loader fails on marker lines, which sites with host certificates have
-    (OpenSSH's sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"). `@revoked` keys are returned so they
-    are refused; `@cert-authority` lines are skipped with a note (certificates are not
-    checked here: such hosts need their plain key listed too)."""
+    (OpenSSH's sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"). `@revoked` keys are returned (as
+    (type, base64), whatever host pattern the line names) so they are refused;
+    `@cert-authority` lines are skipped with a note (certificates are not checked here: such
+    hosts need their plain key listed too)."""
     revoked: set[tuple[str, str]] = set()
+    entries: list[tuple[list[str], paramiko.PKey]] = []
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError as err:
@@ -141,9 +177,11 @@ def load_known_hosts(keys: paramiko.HostKeys, path: str) -> set[tuple[str, str]]
             if marker == "@revoked" and len(fields) >= 3:
                 revoked.add((fields[1], fields[2]))
             elif not noted:
-                print(f"ringctl: note: {path}:{number}: {marker} lines are not used by ringctl "
-                      "(host certificates are not checked; list the host's key itself)",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"ringctl: note: {path}:{number}: {marker} lines are not used by ringctl "
+                    "(host certificates are not checked; list the host's key itself)",
+                    file=sys.stderr,
+                )
                 noted = True
             continue
         try:
@@ -152,9 +190,8 @@ def load_known_hosts(keys: paramiko.HostKeys, path: str) -> set[tuple[str, str]]
             entry = None
         if entry is None or entry.key is None:
             continue  # an unreadable line is skipped, as OpenSSH does
-        for name in entry.hostnames:
-            keys.add(name, entry.key.get_name(), entry.key)
-    return revoked
+        entries.append((list(entry.hostnames), entry.key))
+    return entries, revoked
 
 
 def check_private_key(path: str, configured: str) -> None:
@@ -269,13 +306,14 @@ def connect(settings: SSHSettings) -> paramiko.SSHClient:
     s = settings
     client = paramiko.SSHClient()
     known = s.known_hosts_path
-    files = [known] + (["/etc/ssh/ssh_known_hosts"] if s.known_hosts is None else [])
-    revoked: set[tuple[str, str]] = set()
-    for path in files:
-        if os.path.exists(path):
-            revoked |= load_known_hosts(client.get_host_keys(), path)
+    hosts = KnownHosts()
+    if os.path.exists(known):
+        hosts.read(known)
+    if os.path.exists(SYSTEM_KNOWN_HOSTS):
+        hosts.read(SYSTEM_KNOWN_HOSTS, plain=s.known_hosts is None)
+    hosts.install(client.get_host_keys())
     policy = _TrustAndRecord(s) if s.trust_unknown_host else _RefuseUnknown(s)
-    client.set_missing_host_key_policy(_RefuseRevoked(revoked, policy))
+    client.set_missing_host_key_policy(_RefuseRevoked(hosts.revoked, policy))
     key = os.path.expanduser(s.key) if s.key else None
     if key:
         check_private_key(key, s.key)
@@ -517,8 +555,9 @@ class SSHBackend(SlurmBackend):
             yield posixpath.join(remote, PLACEMENT), PLACEMENT
 
 
-# What `fetch` brings back: the task's outputs, the logs and the probes (placement.json too).
-FETCHED_DIRS = ("out", "logs", "probes")
+# What `fetch` brings back: the task's outputs, the logs and the probes (placement.json too),
+# and the logs of earlier attempts (those a Slurm requeue kept exist only on the login node).
+FETCHED_DIRS = ("out", "logs", "probes", "attempts")
 _MAX_NAME = 200  # bytes: room for a temporary suffix within the usual 255-byte limit
 _MAX_DEPTH = 8
 
