@@ -242,3 +242,28 @@ def test_a_mistral_config_is_priced_with_its_window(tmp_path):
 def test_a_window_must_be_a_token_count():
     with pytest.raises(ValueError, match="Workload.window"):
         Workload(seq_len=64, heads=4, kv_heads=2, head_dim=16, window=0)
+
+
+def test_the_banded_kernels_chunk_is_held_beside_the_ring_whatever_n(tmp_path):
+    """One chunk of R = 1024 query rows x R + W - 1 = 5119 keys (4 heads, W = 4096): on host
+    CPUs the fused kernel's float32 mask (the zeros and the filled copy) and four boolean masks,
+    12 bytes per score (the tiny Mistral's windowed rows of benchmarks/longdoc_scaling grew
+    ~55 MiB more than its full causal rows at the same N/P); on GPUs (float32 matmuls) s, the
+    masked s and p of every head, 48 bytes, and the mask."""
+    cpu = get_device("cpu-test", _cpu_device_file(tmp_path / "devices.json"))
+    for seq in (1 << 16, 1 << 20):
+        w = _tiny(window=4096)
+        w = replace(w, seq_len=seq, mode="score", backward=False, dtype="float32")
+        part = "ring attention: banded kernel workspace (window 4096)"
+        assert estimate(w, 4, cpu, Link("x", 10.0)).memory_bytes[part] == 1024 * 5119 * 12
+        assert estimate(w, 4, H100, Link("x", 10.0)).memory_bytes[part] == 1024 * 5119 * 49
+    full = replace(_tiny(), seq_len=1 << 20, mode="score", backward=False)
+    assert not any("banded" in k for k in estimate(full, 4, H100, Link("x", 10.0)).memory_bytes)
+
+
+def _cpu_device_file(path):
+    """A calibrated host entry (as `ringctl plan --calibrate` writes one): block seconds."""
+    blocks = {k: {"1024": [0.01, 0.02], "4096": [0.16, 0.32]} for k in ("full", "diag", "half")}
+    entry = {"mem_gib": 64, "block_seconds": blocks, "cores": 4, "calib_shape": [1, 8, 64]}
+    path.write_text(json.dumps({"cpu-test": entry}))
+    return path

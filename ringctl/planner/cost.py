@@ -28,6 +28,7 @@ from .memory import (
     SHARDS,
     activation_parts,
     backward_working_set,
+    banded_workspace,
     logits_bytes,
     output_bytes,
     precision,
@@ -149,8 +150,9 @@ def attention_view(w: Workload, ranks: int) -> tuple[Workload, int]:
     return replace(w, heads=w.heads // u, kv_heads=max(1, w.kv_heads // u), ulysses=1), ranks // u
 
 
-def _attention_parts(w: Workload, ranks: int) -> dict[str, float]:
-    """The ring's own buffers for one attention call (the layer being computed)."""
+def _attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, float]:
+    """The ring's own buffers for one attention call (the layer being computed); ``cpu``:
+    ranks on host CPUs (the banded kernel's fused path, for a sliding window)."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
     q = w.batch * n * w.heads * w.head_dim * b
     kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
@@ -163,6 +165,10 @@ def _attention_parts(w: Workload, ranks: int) -> dict[str, float]:
         "K/V blocks in flight": in_flight * kv,
         "block kernel workspace": q * 4 / b,  # one block's output in float32, merged in place
     }
+    window = layer_windows(w)[0][0]
+    if window is not None:
+        workspace = banded_workspace(w, ranks, window, cpu)
+        parts[f"banded kernel workspace (window {window})"] = workspace
     if w.trains:
         parts.update({
             "dout + dQ (float32 accumulator)": q + q * 4 / b,
@@ -172,14 +178,17 @@ def _attention_parts(w: Workload, ranks: int) -> dict[str, float]:
     return parts
 
 
-def memory_phases(w: Workload, ranks: int) -> tuple[dict[str, float], dict[str, dict]]:
-    """(always held, {phase: transient parts}) of one rank, in bytes.
+def memory_phases(
+    w: Workload, ranks: int, cpu: bool = False
+) -> tuple[dict[str, float], dict[str, dict]]:
+    """(always held, {phase: transient parts}) of one rank, in bytes (``cpu``: ranks on host
+    CPUs, see ``_attention_parts``).
 
     A layer's attention and its MLP do not run at the same time, nor does the lm_head run
     beside a layer: the ring's buffers, the MLP's gradients and the logits are transients of
     different phases, so the peak is what is always held plus the largest phase."""
     attn, ring = attention_view(w, ranks)
-    buffers = _attention_parts(attn, ring)
+    buffers = _attention_parts(attn, ring, cpu)
     if w.model is None:
         return buffers, {}
     for counted in ("q, k, v shards", "output shard", "log-sum-exp"):
@@ -203,10 +212,10 @@ def peak_phase(phases: dict[str, dict]) -> str | None:
     return max(phases, key=lambda p: sum(phases[p].values())) if phases else None
 
 
-def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
+def memory_per_rank(w: Workload, ranks: int, cpu: bool = False) -> dict[str, float]:
     """Bytes one rank holds at its peak, by what holds them (the largest phase's transients
     beside what is always held; see ``memory_phases``)."""
-    held, phases = memory_phases(w, ranks)
+    held, phases = memory_phases(w, ranks, cpu)
     peak = peak_phase(phases)
     return held | (phases[peak] if peak else {})
 
@@ -391,7 +400,8 @@ def estimate(
         )
     attn, ring = attention_view(w, ranks)
     n = w.seq_len // ranks
-    mem = memory_per_rank(w, ranks)
+    cpu = device.cores is not None
+    mem = memory_per_rank(w, ranks, cpu)
     total = sum(mem.values())
     capacity = usable_gib(device, ranks_on_host)
     est = Estimate(
@@ -400,7 +410,7 @@ def estimate(
         precision=precision(w), ulysses=w.ulysses,
         shard_degree=(w.shard_degree or ranks) if w.shard != "none" else 1,
     )  # fmt: skip
-    _, phases = memory_phases(w, ranks)
+    _, phases = memory_phases(w, ranks, cpu)
     est.memory_phases_gib = {name: sum(p.values()) / GIB for name, p in phases.items()}
     _ring_times(est, attn, ring, device, link, ranks_on_host, overlap_threshold)
     from .timing import all_to_all_s, model_time
@@ -491,7 +501,8 @@ def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int
     unit = layout_multiple(w, ranks)
 
     def fits(seq: int) -> bool:
-        return sum(memory_per_rank(replace(w, seq_len=seq), ranks).values()) <= capacity
+        held = memory_per_rank(replace(w, seq_len=seq), ranks, device.cores is not None)
+        return sum(held.values()) <= capacity
 
     if not fits(unit):
         return 0
@@ -519,7 +530,7 @@ def fewest_ranks(
     capacity = usable_gib(device, ranks_on_host) * GIB
 
     def fits(p: int) -> bool:
-        return sum(memory_per_rank(w, p).values()) <= capacity
+        return sum(memory_per_rank(w, p, device.cores is not None).values()) <= capacity
 
     if not fits(limit):
         return None

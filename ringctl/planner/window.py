@@ -226,3 +226,17 @@ def ring_stages(world: int, seq_local: int, layout: str, window: int, rows: int)
             stages.append(step_pieces(rank, src, world, seq_local, layout, window, rows))
         legs.append((shift, stages))
     return legs
+
+
+def largest_chunk(world: int, seq_local: int, layout: str, window: int, rows: int) -> int:
+    """Scores of the largest banded chunk the busiest rank computes (0: none)."""
+    return max(
+        (
+            r * keys
+            for _, stages in ring_stages(world, seq_local, layout, window, rows)
+            for pieces in stages
+            for (kind, r, keys), _ in pieces
+            if kind == "banded"
+        ),
+        default=0,
+    )
