@@ -57,3 +57,25 @@ def test_preflight_of_an_attention_job_is_the_plan_of_its_ranks():
     assert verdict.device == "H100-SXM" and verdict.estimate.ranks == 8
     assert verdict.estimate.tokens_per_rank == 1048576 // 8
     assert preflight(load_job("jobs/longdoc.yaml")) is None  # lengths unknown up front
+
+
+def test_plan_of_a_windowed_job_prices_its_window_unless_the_job_overrides_it(tmp_path, capsys):
+    """A Mistral-type model's sliding window reaches the plan of its job (priced as a window:
+    far below full causal attention at 1M tokens), and `task.model_overrides.sliding_window=
+    null`, which makes the job run full causal attention, makes the plan price it so."""
+    config = dict(LLAMA_8B, model_type="mistral", vocab_size=256, sliding_window=4096)
+    (tmp_path / "mistral.json").write_text(json.dumps(config))
+    model = f"task.model_path={tmp_path / 'mistral.json'}"
+    job = ["plan", "jobs/longdoc.yaml", model, "task.dtype=bfloat16", "device=H100-SXM"]
+    flags = ["--seq", "1048576", "--ranks", "8", "--json"]
+
+    def forward_s(*overrides: str) -> float:
+        assert main([*job, *overrides, *flags]) == 0
+        return json.loads(capsys.readouterr().out)["total_s"]["forward"]
+
+    windowed = forward_s()
+    full = forward_s("task.model_overrides.sliding_window=null")
+    assert windowed < full / 20
+    plain = dict(config, sliding_window=None)
+    (tmp_path / "mistral.json").write_text(json.dumps(plain))
+    assert forward_s() == pytest.approx(full, rel=1e-9)

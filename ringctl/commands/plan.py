@@ -400,9 +400,11 @@ def _longdoc_model(task) -> ModelShape:
 
     from ..planner.model import read_hf_config
 
+    overrides = dict(task.get("model_overrides") or {})  # the job builds its model with them
     if task.get("model_path"):
-        return read_hf_config(str(task.model_path))
-    return read_hf_config(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
+        return read_hf_config(str(task.model_path), overrides)
+    bundled = resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"
+    return read_hf_config(str(bundled), overrides)
 
 
 def _job_workload(cfg, ring: int | None) -> Workload | None:

@@ -28,12 +28,14 @@ from .memory import (
     SHARDS,
     activation_parts,
     backward_working_set,
+    banded_workspace,
     logits_bytes,
     output_bytes,
     precision,
     state_parts,
 )
 from .model import ModelShape
+from .window import banded_rows, layer_windows, ring_stages
 
 GIB = 1024**3
 
@@ -69,6 +71,9 @@ class Workload:
     lm_head_chunk: int = 4096  # tokens per lm_head + log-softmax chunk; 0: all at once
     ulysses: int = 1
     mlp_chunk: int = 0  # tokens per MLP chunk (blockwise feedforward); 0: all at once
+    # A sliding window on every layer (attention alone, or to override the model's); None:
+    # the model's own (ModelShape.window on its window_layers), if any. Causal only.
+    window: int | None = None
 
     def __post_init__(self):
         checks = [
@@ -81,6 +86,8 @@ class Workload:
             if value not in allowed:
                 shown = ", ".join(str(a) for a in allowed if a is not None)
                 raise ValueError(f"Workload.{name}: {value!r} is not one of {shown}")
+        if self.window is not None and (isinstance(self.window, bool) or self.window < 1):
+            raise ValueError(f"Workload.window: {self.window!r} is not a window of >= 1 tokens")
 
     @property
     def run_mode(self) -> str:
@@ -143,8 +150,9 @@ def attention_view(w: Workload, ranks: int) -> tuple[Workload, int]:
     return replace(w, heads=w.heads // u, kv_heads=max(1, w.kv_heads // u), ulysses=1), ranks // u
 
 
-def _attention_parts(w: Workload, ranks: int) -> dict[str, float]:
-    """The ring's own buffers for one attention call (the layer being computed)."""
+def _attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, float]:
+    """The ring's own buffers for one attention call (the layer being computed); ``cpu``:
+    ranks on host CPUs (the banded kernel's fused path, for a sliding window)."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
     q = w.batch * n * w.heads * w.head_dim * b
     kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
@@ -157,6 +165,10 @@ def _attention_parts(w: Workload, ranks: int) -> dict[str, float]:
         "K/V blocks in flight": in_flight * kv,
         "block kernel workspace": q * 4 / b,  # one block's output in float32, merged in place
     }
+    window = layer_windows(w)[0][0]
+    if window is not None:
+        workspace = banded_workspace(w, ranks, window, cpu)
+        parts[f"banded kernel workspace (window {window})"] = workspace
     if w.trains:
         parts.update({
             "dout + dQ (float32 accumulator)": q + q * 4 / b,
@@ -166,14 +178,17 @@ def _attention_parts(w: Workload, ranks: int) -> dict[str, float]:
     return parts
 
 
-def memory_phases(w: Workload, ranks: int) -> tuple[dict[str, float], dict[str, dict]]:
-    """(always held, {phase: transient parts}) of one rank, in bytes.
+def memory_phases(
+    w: Workload, ranks: int, cpu: bool = False
+) -> tuple[dict[str, float], dict[str, dict]]:
+    """(always held, {phase: transient parts}) of one rank, in bytes (``cpu``: ranks on host
+    CPUs, see ``_attention_parts``).
 
     A layer's attention and its MLP do not run at the same time, nor does the lm_head run
     beside a layer: the ring's buffers, the MLP's gradients and the logits are transients of
     different phases, so the peak is what is always held plus the largest phase."""
     attn, ring = attention_view(w, ranks)
-    buffers = _attention_parts(attn, ring)
+    buffers = _attention_parts(attn, ring, cpu)
     if w.model is None:
         return buffers, {}
     for counted in ("q, k, v shards", "output shard", "log-sum-exp"):
@@ -197,10 +212,10 @@ def peak_phase(phases: dict[str, dict]) -> str | None:
     return max(phases, key=lambda p: sum(phases[p].values())) if phases else None
 
 
-def memory_per_rank(w: Workload, ranks: int) -> dict[str, float]:
+def memory_per_rank(w: Workload, ranks: int, cpu: bool = False) -> dict[str, float]:
     """Bytes one rank holds at its peak, by what holds them (the largest phase's transients
     beside what is always held; see ``memory_phases``)."""
-    held, phases = memory_phases(w, ranks)
+    held, phases = memory_phases(w, ranks, cpu)
     peak = peak_phase(phases)
     return held | (phases[peak] if peak else {})
 
@@ -243,32 +258,76 @@ def step_kinds(w: Workload, ranks: int) -> list[str]:
     return ["diag"] + ["full"] * (ranks - 1)  # the last rank: its diagonal, then whole blocks
 
 
-def _step_seconds(w: Workload, ranks: int, device: Device, ranks_on_host: int):
-    """[(forward, backward) seconds] per ring step on the slowest rank, summed over layers."""
+def _block_shape(w: Workload, ranks_on_host: int) -> dict:
+    return dict(
+        dtype=w.dtype,
+        batch=w.batch,
+        heads=w.heads,
+        head_dim=w.head_dim,
+        ranks_on_host=ranks_on_host,
+    )
+
+
+def _full_ring(w: Workload, ranks: int, device: Device, ranks_on_host: int) -> list[list]:
+    """One layer's ring without a window: one leg, a (forward, backward) per step."""
     n = w.seq_len / ranks
-    layers = w.model.layers if w.model else 1
-    times = {}
-    for kind in set(step_kinds(w, ranks)):
-        fwd, bwd = device.block_time(
-            kind, n, dtype=w.dtype, batch=w.batch, heads=w.heads, head_dim=w.head_dim,
-            ranks_on_host=ranks_on_host,
-        )  # fmt: skip
-        times[kind] = (layers * fwd, layers * bwd)
-    if ranks > 1:
-        over_f, over_b = device.step_overhead(ranks_on_host)
-        times = {k: (f + layers * over_f, b + layers * over_b) for k, (f, b) in times.items()}
-    return [times[kind] for kind in step_kinds(w, ranks)]
+    shape = _block_shape(w, ranks_on_host)
+    times = {kind: device.block_time(kind, n, **shape) for kind in set(step_kinds(w, ranks))}
+    return [[times[kind] for kind in step_kinds(w, ranks)]]
+
+
+def _piece_seconds(pieces, w: Workload, device: Device, ranks_on_host: int):
+    """(forward, backward) seconds of one ring stage's pieces (window.step_pieces)."""
+    shape = _block_shape(w, ranks_on_host)
+    fwd = bwd = 0.0
+    for (kind, rows, keys), count in pieces:
+        if kind == "causal":
+            f, b = device.block_time("diag", rows, **shape)
+        else:
+            f, b = device.rect_time(rows, keys, **shape)
+        fwd, bwd = fwd + count * f, bwd + count * b
+    return fwd, bwd
+
+
+def _window_ring(w: Workload, ranks: int, window: int, device: Device, ranks_on_host: int):
+    """One windowed layer's ring on its busiest rank: each leg's stages (window.ring_stages),
+    the banded chunks as the kernel computes them."""
+    n = w.seq_len // ranks
+    rows = banded_rows(w.batch, w.heads, window)
+    return [
+        [_piece_seconds(pieces, w, device, ranks_on_host) for pieces in stages]
+        for _, stages in ring_stages(ranks, n, w.layout, window, rows)
+    ]
 
 
 def _transfer_seconds(w: Workload, ranks: int, link: Link):
-    """Seconds per step over the bottleneck hop: (K/V block, float32 dK/dV accumulator)."""
+    """Seconds of one layer's hop over the bottleneck: (K/V block, float32 dK/dV accumulator)."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
     kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
-    layers = w.model.layers if w.model else 1
-    return (
-        layers * (kv / link.bytes_per_s + link.latency_s),
-        layers * (kv * 4 / b / link.bytes_per_s + link.latency_s),
-    )
+    return kv / link.bytes_per_s + link.latency_s, kv * 4 / b / link.bytes_per_s + link.latency_s
+
+
+def _legs_total(legs, t_kv: float, t_dkv: float, on_cores: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's ring, leg after leg.
+
+    A transfer follows every stage of a leg but its last and hides behind that stage's compute
+    (a step takes the longer of the two); backward, each block's dK/dV accumulator travels with
+    it and, after the leg's last hop, goes home in one more exchange with nothing left to hide
+    behind. On host cores (``on_cores``) a transfer also costs the cores its copy."""
+    fwd_total = bwd_total = 0.0
+    for stages in legs:
+        hops = len(stages) - 1
+        for i, (f, b) in enumerate(stages):
+            moving = i < hops
+            if on_cores and moving:
+                f, b = f + t_kv, b + t_kv + t_dkv
+            elif on_cores and hops:
+                b += t_dkv
+            fwd_total += max(f, t_kv) if moving else f
+            bwd_total += max(b, t_kv + t_dkv) if moving else b
+        if hops:
+            bwd_total += t_dkv
+    return fwd_total, bwd_total
 
 
 def _ring_times(
@@ -280,34 +339,40 @@ def _ring_times(
     ranks_on_host: int,
     overlap_threshold: bool,
 ) -> None:
-    """Fill the ring attention's per-step and total times (w: the attention view)."""
-    steps = _step_seconds(w, ranks, device, ranks_on_host)
-    typical_fwd, typical_bwd = steps[-1]  # an off-diagonal step's compute
+    """Fill the ring attention's per-step and total times (w: the attention view), layers
+    with a sliding window on their own shorter ring, the others on the full one."""
+    layers = w.model.layers if w.model else 1
     t_kv, t_dkv = _transfer_seconds(w, ranks, link) if ranks > 1 else (0.0, 0.0)
-    if device.cores is not None and ranks > 1:
-        # Ranks on host CPUs move blocks with those CPUs (gloo over loopback copies through
-        # the kernel): a transfer hides its wait behind compute but still costs core time.
-        steps = [(f + t_kv, b + t_kv + t_dkv) for f, b in steps[:-1]] + [
-            (steps[-1][0], steps[-1][1] + t_dkv)
-        ]
-    # Forward: steps 0..P-2 overlap the next block's transfer; the last step has none.
-    est.step_compute_s = {"forward": typical_fwd}
-    est.step_transfer_s = {"forward": t_kv}
-    est.total_s = {"forward": sum(max(f, t_kv) for f, _ in steps[:-1]) + steps[-1][0]}
+    over = device.step_overhead(ranks_on_host) if ranks > 1 else (0.0, 0.0)
+    on_cores = device.cores is not None and ranks > 1
+    total_f = total_b = 0.0
+    typical = {}  # the step a transfer hides behind, by kind of ring
+    for window, count in layer_windows(w):
+        if window is None:
+            legs = _full_ring(w, ranks, device, ranks_on_host)
+        else:
+            legs = _window_ring(w, ranks, window, device, ranks_on_host)
+        legs = [[(f + over[0], b + over[1]) for f, b in stages] for stages in legs]
+        fwd, bwd = _legs_total(legs, t_kv, t_dkv, on_cores)
+        total_f, total_b = total_f + count * fwd, total_b + count * bwd
+        # full ring: an off-diagonal step; windowed: its first step (the own block)
+        typical["full" if window is None else "window"] = legs[0][-1 if window is None else 0]
+    typical = typical.get("full", typical.get("window"))
+    est.total_s = {"forward": total_f}
     if w.trains:
-        # Backward: K/V and the travelling dK/dV overlap compute; the last dK/dV hop (home)
-        # has nothing left to hide behind.
-        est.step_compute_s["backward"] = typical_bwd
-        est.step_transfer_s["backward"] = t_kv + t_dkv
-        est.total_s["backward"] = (
-            sum(max(b, t_kv + t_dkv) for _, b in steps[:-1]) + steps[-1][1] + t_dkv
-        )
-        est.total_s["forward+backward"] = est.total_s["forward"] + est.total_s["backward"]
+        est.total_s.update({"backward": total_b, "forward+backward": total_f + total_b})
+    est.step_compute_s = {"forward": layers * typical[0]}
+    est.step_transfer_s = {"forward": layers * t_kv}
+    if w.trains:
+        est.step_compute_s["backward"] = layers * typical[1]
+        est.step_transfer_s["backward"] = layers * (t_kv + t_dkv)
+    full = any(window is None for window, _ in layer_windows(w))
     for phase in est.step_compute_s:
         est.overlapped[phase] = (
             ranks == 1 or est.step_compute_s[phase] >= est.step_transfer_s[phase]
         )
-        if overlap_threshold:
+        # A windowed ring's compute and transfers both grow as n: W decides, no threshold.
+        if overlap_threshold and full:
             est.min_tokens_per_rank_for_overlap[phase] = min_tokens_for_overlap(
                 w, device, link, phase, ranks_on_host
             )
@@ -335,7 +400,8 @@ def estimate(
         )
     attn, ring = attention_view(w, ranks)
     n = w.seq_len // ranks
-    mem = memory_per_rank(w, ranks)
+    cpu = device.cores is not None
+    mem = memory_per_rank(w, ranks, cpu)
     total = sum(mem.values())
     capacity = usable_gib(device, ranks_on_host)
     est = Estimate(
@@ -344,7 +410,7 @@ def estimate(
         precision=precision(w), ulysses=w.ulysses,
         shard_degree=(w.shard_degree or ranks) if w.shard != "none" else 1,
     )  # fmt: skip
-    _, phases = memory_phases(w, ranks)
+    _, phases = memory_phases(w, ranks, cpu)
     est.memory_phases_gib = {name: sum(p.values()) / GIB for name, p in phases.items()}
     _ring_times(est, attn, ring, device, link, ranks_on_host, overlap_threshold)
     from .timing import all_to_all_s, model_time
@@ -435,7 +501,8 @@ def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int
     unit = layout_multiple(w, ranks)
 
     def fits(seq: int) -> bool:
-        return sum(memory_per_rank(replace(w, seq_len=seq), ranks).values()) <= capacity
+        held = memory_per_rank(replace(w, seq_len=seq), ranks, device.cores is not None)
+        return sum(held.values()) <= capacity
 
     if not fits(unit):
         return 0
@@ -463,7 +530,7 @@ def fewest_ranks(
     capacity = usable_gib(device, ranks_on_host) * GIB
 
     def fits(p: int) -> bool:
-        return sum(memory_per_rank(w, p).values()) <= capacity
+        return sum(memory_per_rank(w, p, device.cores is not None).values()) <= capacity
 
     if not fits(limit):
         return None

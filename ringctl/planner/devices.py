@@ -98,6 +98,24 @@ class Device:
             scale *= max(1.0, ranks_on_host * self.threads_per_rank / self.cores)
         return fwd * scale, bwd * scale
 
+    def rect_time(
+        self,
+        rows: float,
+        keys: float,
+        *,
+        dtype: str,
+        batch: int,
+        heads: int,
+        head_dim: int,
+        ranks_on_host: int = 1,
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds of a rows x keys block with no mask: the whole block
+        of the square side with as many scores (the FLOPs are the same; a calibrated table
+        is read at that side)."""
+        side = (rows * keys) ** 0.5
+        shape = dict(batch=batch, heads=heads, head_dim=head_dim, ranks_on_host=ranks_on_host)
+        return self.block_time("full", side, dtype=dtype, **shape)
+
     def to_json(self) -> dict:
         entry = {
             "source": self.source,

@@ -27,6 +27,8 @@ layer live at a time.
 
 from __future__ import annotations
 
+from .window import banded_rows, largest_chunk
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 MODES = ("score", "embed", "train")
 CHECKPOINTS = ("none", "full", "selective")
@@ -150,6 +152,22 @@ def state_parts(w, degree: int) -> dict[str, float]:
         unit = max(layer_params(m, w.heads, w.kv_heads, w.head_dim), embedding_params(m) // 2)
         parts["weight casts (autocast, one unit)"] = unit * b
     return parts
+
+
+def banded_workspace(w, ranks: int, window: int, cpu: bool) -> float:
+    """Bytes the banded kernel holds for one chunk of a windowed layer's boundary blocks
+    (ringattn.kernels.BandedKernel): at most R query rows against the R + W - 1 keys they
+    reach, the largest chunk the busiest rank computes (``window.largest_chunk``), whatever
+    the sequence length beyond. On host CPUs (the fused path) the band's additive mask in the
+    compute dtype (two alive: the zeros and the filled copy) and four boolean masks per score;
+    elsewhere (matmuls in float32) every head's scores: s, the masked s and p forward, also dP
+    and dS backward, and the boolean mask."""
+    rows = banded_rows(w.batch, w.heads, window)
+    scores = largest_chunk(ranks, int(w.seq_len // ranks), w.layout, window, rows)
+    if cpu:
+        return scores * (2 * DTYPE_BYTES[w.dtype] + 4)
+    acc = 8 if w.dtype == "float64" else 4
+    return scores * (w.batch * w.heads * (4 if w.trains else 3) * acc + 1)
 
 
 def output_bytes(w, tokens: float) -> dict[str, float]:

@@ -34,6 +34,8 @@ class ModelShape:
     head_dim: int | None = None
     tied_embeddings: bool = False
     name: str = ""
+    window: int | None = None  # the sliding window of the windowed layers (None: no window)
+    window_layers: int | None = None  # how many layers have it; None: all of them
 
     @property
     def inter(self) -> int:
@@ -101,11 +103,46 @@ def from_hf_config(data: dict, where: str) -> ModelShape:
         vocab=_int(data, "vocab_size", where), heads=heads, kv_heads=kv, head_dim=head_dim,
         tied_embeddings=bool(data.get("tie_word_embeddings", False)),
         name=str(data.get("_name_or_path") or data.get("model_type") or ""),
+        **sliding_window(data, where),
     )  # fmt: skip
 
 
-def read_hf_config(path: str | Path) -> ModelShape:
-    """A model directory (its config.json) or a config JSON file."""
+# Families whose every layer has the config's sliding_window when it names no layer_types.
+ALL_LAYERS_WINDOWED = ("mistral", "mixtral", "phi3", "starcoder2")
+
+
+def sliding_window(data: dict, where: str) -> dict:
+    """{window, window_layers} of a config, as ringctl.longdoc.compat reads a built one:
+    ``layer_types`` names the windowed layers ("sliding_attention"); without it Qwen2's
+    layers from ``max_window_layers`` on are windowed (``use_sliding_window``), the families of
+    ALL_LAYERS_WINDOWED window every layer, and any other family's window is priced as full
+    attention (an over-estimate of time: the planner cannot tell which layers have it)."""
+    window = data.get("sliding_window")
+    if not window or data.get("use_sliding_window") is False:
+        return {}
+    size = _int(data, "sliding_window", where)
+    layers = _int(data, "num_hidden_layers", where)
+    types = data.get("layer_types")
+    if isinstance(types, list):
+        count = sum(t == "sliding_attention" for t in types)
+    elif data.get("use_sliding_window") and "max_window_layers" in data:
+        first = data["max_window_layers"]
+        if not isinstance(first, int) or first < 0:
+            raise UserError(f"{where}: key 'max_window_layers' must be a count, got {first!r}")
+        count = layers - min(layers, first)
+    elif data.get("model_type") in ALL_LAYERS_WINDOWED:
+        count = layers
+    else:
+        count = 0
+    if not count:
+        return {}
+    return {"window": size, "window_layers": None if count == layers else count}
+
+
+def read_hf_config(path: str | Path, overrides: dict | None = None) -> ModelShape:
+    """A model directory (its config.json) or a config JSON file, with ``overrides`` (a
+    long-document job's ``task.model_overrides``, e.g. ``sliding_window: null``) set over its
+    top-level keys as the job sets them before building the model."""
     path = Path(path).expanduser()
     file = path / "config.json" if path.is_dir() else path
     try:
@@ -114,6 +151,8 @@ def read_hf_config(path: str | Path) -> ModelShape:
         raise UserError(f"{file}: no such model config") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{file}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if overrides and isinstance(data, dict):
+        data = {**data, **overrides}
     return from_hf_config(data, str(file))
 
 

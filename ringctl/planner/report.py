@@ -4,6 +4,7 @@ fit, in what dtype, how long, what to change)."""
 from __future__ import annotations
 
 from .cost import GIB
+from .window import layer_windows
 
 
 def _console():
@@ -100,6 +101,9 @@ def _layout_table(layouts):
 def print_plan(work, est, device, link, longest, fewest, layouts=()) -> None:
     console = _console()
     mask = "causal" if work.causal else "full"
+    windows = layer_windows(work)
+    if windows[0][0] is not None:
+        mask = f"causal, sliding window {windows[0][0]:,} on {windows[0][1]} layer(s),"
     model = f", {work.model.name or 'model'} x{work.model.layers} layers" if work.model else ""
     shard = f", shard {work.shard} over {est.shard_degree}" if work.shard != "none" else ""
     console.print(

@@ -46,7 +46,7 @@ def max_tokens_per_rank(w: Workload, device: Device, ring_size: int, ranks_on_ho
 
     def fits(units: int) -> bool:
         probe = replace(w, seq_len=units * unit)
-        return sum(memory_per_rank(probe, ring_size).values()) <= capacity
+        return sum(memory_per_rank(probe, ring_size, device.cores is not None).values()) <= capacity
 
     if not fits(1):
         return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from .memory import DTYPE_BYTES
 from .model import layer_params, linear_flops_per_token, lm_head_flops_per_token
+from .window import layer_windows, window_scores
 
 
 def collective_s(nbytes: float, degree: int, link) -> float:
@@ -49,9 +50,18 @@ def all_to_all_s(w, ranks: int, link) -> tuple[float, float]:
 
 
 def attention_flops(w, ranks: int) -> float:
-    """Forward attention FLOPs per rank over all layers (causal: half the full score matrix)."""
-    full = 4.0 * w.batch * w.seq_len**2 / ranks * w.heads * w.head_dim
-    return w.model.layers * (full / 2 if w.causal else full)
+    """Forward attention FLOPs per rank over all layers, 4 per score and head dimension:
+    N^2 scores without a mask, half of them causal, and under a sliding window W the
+    sum_i min(i + 1, W) scores each query i sees (``window.window_scores``)."""
+    per_score = 4.0 * w.batch * w.heads * w.head_dim / ranks
+    total = 0.0
+    for window, layers in layer_windows(w):
+        if window is not None:
+            scores = window_scores(w.seq_len, window)
+        else:
+            scores = w.seq_len**2 / 2 if w.causal else w.seq_len**2
+        total += layers * per_score * scores
+    return total
 
 
 def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict | None:

@@ -1,0 +1,269 @@
+"""The planner prices sliding-window attention: scores per query min(i + 1, W) (a hand count),
+the ring cut short where the window ends, and the banded kernel's chunks, each twin checked
+against the engine's own (ringattn.blocks, ringattn.kernels) on many shapes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+
+from ringattn import blocks, kernels
+from ringctl.planner import window as pw
+from ringctl.planner.cost import Link, Workload, estimate
+from ringctl.planner.devices import get_device
+from ringctl.planner.model import ModelShape, read_hf_config
+from ringctl.planner.timing import attention_flops
+
+H100 = get_device("H100-SXM")
+
+
+def _hand_scores(n: int, w: int) -> int:
+    return sum(min(i + 1, w) for i in range(n))
+
+
+@pytest.mark.parametrize(("n", "w"), [(1, 1), (5, 1), (7, 3), (64, 4), (100, 100), (300, 17)])
+def test_window_scores_are_min_i_plus_1_w_per_query(n, w):
+    assert pw.window_scores(n, w) == _hand_scores(n, w)
+    assert pw.window_scores(n, None) == n * (n + 1) // 2
+
+
+def test_visible_pairs_of_any_two_ranges_match_a_double_loop():
+    rng = random.Random(0)
+    for _ in range(300):
+        w = rng.randint(1, 20)
+        qs, ks = rng.randint(0, 40), rng.randint(0, 40)
+        ql, kl = rng.randint(0, 25), rng.randint(0, 25)
+        want = sum(1 for i in range(qs, qs + ql) for j in range(ks, ks + kl) if i - w < j <= i)
+        assert pw.visible_pairs(qs, ql, ks, kl, w) == want, (qs, ql, ks, kl, w)
+
+
+SHAPES = [
+    (world, seq_local, layout, window)
+    for world in (1, 2, 3, 4, 5, 8)
+    for seq_local in (4, 8, 16, 30)
+    for layout in ("zigzag", "contiguous")
+    for window in (1, 3, 4, 7, 16, 40)
+    if window < world * seq_local
+]
+
+
+def test_ring_reach_is_the_engines():
+    for world, seq_local, layout, window in SHAPES:
+        got = pw.ring_reach(world, seq_local, True, layout, window)
+        assert got == blocks.ring_reach(world, seq_local, True, layout, window), (
+            world,
+            seq_local,
+            layout,
+            window,
+        )
+
+
+def _engine_pieces(rank, src, world, seq_local, layout, window, rows) -> Counter:
+    """What the engine computes at that step: block_plan, the banded blocks as the kernel
+    chunks them."""
+    step = (rank - src) % world
+    found: Counter = Counter()
+    plan = blocks.block_plan(
+        step=step,
+        rank=rank,
+        world_size=world,
+        seq_local=seq_local,
+        causal=True,
+        layout=layout,
+        window=window,
+    )
+    for blk in plan:
+        sq = len(range(seq_local)[blk.q])
+        sk = len(range(seq_local)[blk.kv])
+        if blk.window is not None:
+            for r0, r1, k0, k1 in kernels._matmul_chunks(sq, sk, blk.offset, blk.window, rows):
+                found[("banded", r1 - r0, k1 - k0)] += 1
+        else:
+            found[("causal" if blk.causal else "plain", sq, sk)] += 1
+    return found
+
+
+@pytest.mark.parametrize("rows", [2, 64])
+def test_step_pieces_are_what_the_engine_computes(rows):
+    for world, seq_local, layout, window in SHAPES:
+        for rank, src in itertools.product(range(world), repeat=2):
+            shape = (rank, src, world, seq_local, layout, window, rows)
+            assert Counter(dict(pw.step_pieces(*shape))) == _engine_pieces(*shape), shape
+
+
+def test_banded_chunks_count_long_pieces_without_walking_them():
+    rng = random.Random(1)
+    for _ in range(400):
+        rows, window = rng.choice([3, 16, 64]), rng.randint(1, 200)
+        sq, sk = rng.randint(1, 2000), rng.randint(1, 2000)
+        offset = rng.randint(-sk, sq + window)
+        want = Counter(
+            (r1 - r0, k1 - k0)
+            for r0, r1, k0, k1 in kernels._matmul_chunks(sq, sk, offset, window, rows)
+        )
+        got = Counter(dict(pw.banded_chunks(sq, sk, offset, window, rows)))
+        assert got == want, (sq, sk, offset, window, rows)
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "window"),
+    [(1, 4, 4096), (1, 32, 4096), (2, 64, 4096), (1, 8, 16), (4, 128, 131072)],
+)
+def test_banded_rows_are_the_kernels(batch, heads, window):
+    q = torch.empty(batch, 1, heads, 1)
+    assert pw.banded_rows(batch, heads, window) == kernels.BandedKernel()._rows(q, window)
+
+
+def _tiny(**kw) -> Workload:
+    model = ModelShape(
+        layers=2, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=2, head_dim=16, **kw
+    )
+    return Workload(
+        seq_len=64, heads=4, kv_heads=2, head_dim=16, dtype="bfloat16", model=model, mode="train"
+    )
+
+
+def test_a_windowed_ring_is_priced_stage_by_stage_by_hand():
+    """N = 64 on 4 zigzag ranks, W = 4: chunks of 8, rank r holding chunks r and 7 - r.
+    The ring reaches one rank back (chunk r - 1) and one forward (chunk 6 - r is held by rank
+    r + 1): legs of 1 hop each. The busiest rank (3: chunks [24, 32) and [32, 40), every query
+    sees 4 keys) computes, with banded chunks of 64 rows: at step 0 its two diagonals (8 x 8
+    scores each) and chunk 4 against chunk 3 (8 x 3: keys 29..31), at step 1 chunk 3 against
+    rank 2's chunk 2 (8 x 3); the backward leg has nothing for it, and its first hop computes
+    nothing at all: that transfer is exposed."""
+    w = _tiny(window=4)
+    link = Link("slow", 0.05, 1e-6)
+    peak = H100.tflops["bfloat16"] * 1e12
+    per_score = 4 * 1 * 4 * 16
+    s_f = per_score / (peak * H100.attention_efficiency[0])
+    s_b = 2.5 * per_score / (peak * H100.attention_efficiency[1])
+    kv = 2 * 16 * 2 * 16 * 2  # K and V of 16 tokens, 2 heads of 16, 2 bytes
+    t = kv * 8 / 0.05e9 + 1e-6
+    t_d = kv * 2 * 8 / 0.05e9 + 1e-6  # float32 accumulators: twice the bf16 bytes
+    fwd = max(152 * s_f, t) + 24 * s_f + t
+    bwd = max(152 * s_b, t + t_d) + 24 * s_b + t_d + (t + t_d) + t_d
+    est = estimate(w, 4, H100, link, overlap_threshold=False)
+    assert est.total_s["forward"] == pytest.approx(2 * fwd, rel=1e-12)
+    assert est.total_s["backward"] == pytest.approx(2 * bwd, rel=1e-12)
+
+
+def test_attention_flops_count_min_i_plus_1_w_keys_per_query():
+    w = _tiny(window=5)
+    want = 2 * 4 * 4 * 16 * _hand_scores(64, 5) / 4  # layers x 4 B H D x scores / ranks
+    assert attention_flops(w, 4) == pytest.approx(want, rel=1e-12)
+    mixed = _tiny(window=5, window_layers=1)  # one windowed layer, one full causal
+    full = 4 * 4 * 16 * 64**2 / 2 / 4
+    assert attention_flops(mixed, 4) == pytest.approx(want / 2 + full, rel=1e-12)
+
+
+def _llama_like(seq: int, window: int | None) -> Workload:
+    model = ModelShape(
+        layers=32,
+        hidden=4096,
+        intermediate=14336,
+        vocab=32000,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        window=window,
+    )
+    return Workload(
+        seq_len=seq, heads=32, kv_heads=8, head_dim=128, model=model, mode="score", backward=False
+    )
+
+
+def test_windowed_time_grows_as_n_and_full_causal_as_n_squared():
+    link = Link("nvlink", 3600.0, 3e-6)
+    times = {}
+    for window in (4096, None):
+        for seq in (1 << 19, 1 << 20):
+            est = estimate(_llama_like(seq, window), 8, H100, link, ranks_on_host=8)
+            times[window, seq] = est.total_s["forward"]
+    assert times[4096, 1 << 20] / times[4096, 1 << 19] == pytest.approx(2, rel=0.02)
+    assert times[None, 1 << 20] / times[None, 1 << 19] == pytest.approx(4, rel=0.02)
+    assert times[4096, 1 << 20] < times[None, 1 << 20] / 50
+
+
+def _config(tmp_path, **kw):
+    base = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        num_hidden_layers=6,
+        intermediate_size=128,
+    )
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(base | kw))
+    return read_hf_config(path)
+
+
+def test_the_window_and_its_layers_come_from_the_config(tmp_path):
+    m = _config(tmp_path, model_type="mistral", sliding_window=4096)
+    assert (m.window, m.window_layers) == (4096, None)  # every layer
+    m = _config(tmp_path, model_type="mistral", sliding_window=None)
+    assert m.window is None
+    m = _config(
+        tmp_path,
+        model_type="qwen2",
+        sliding_window=4096,
+        use_sliding_window=True,
+        max_window_layers=2,
+    )
+    assert (m.window, m.window_layers) == (4096, 4)  # layers 2..5
+    m = _config(tmp_path, model_type="qwen2", sliding_window=4096, use_sliding_window=False)
+    assert m.window is None
+    types = ["sliding_attention", "full_attention"] * 3
+    m = _config(tmp_path, model_type="gemma2", sliding_window=4096, layer_types=types)
+    assert (m.window, m.window_layers) == (4096, 3)
+    # A family whose windowed layers the config does not name: priced as full attention.
+    m = _config(tmp_path, model_type="gemma2", sliding_window=4096)
+    assert m.window is None
+
+
+def test_a_mistral_config_is_priced_with_its_window(tmp_path):
+    """Before: `ringctl plan --model` read no window and priced Mistral as full causal."""
+    m = _config(tmp_path, model_type="mistral", sliding_window=4096)
+    w = Workload(
+        seq_len=1 << 20, heads=4, kv_heads=2, head_dim=16, model=m, mode="score", backward=False
+    )
+    link = Link("nvlink", 3600.0, 3e-6)
+    windowed = estimate(w, 4, H100, link).total_s["forward"]
+    full = estimate(replace(w, window=1 << 20), 4, H100, link).total_s["forward"]
+    assert windowed < full / 50
+
+
+def test_a_window_must_be_a_token_count():
+    with pytest.raises(ValueError, match="Workload.window"):
+        Workload(seq_len=64, heads=4, kv_heads=2, head_dim=16, window=0)
+
+
+def test_the_banded_kernels_chunk_is_held_beside_the_ring_whatever_n(tmp_path):
+    """One chunk of R = 1024 query rows x R + W - 1 = 5119 keys (4 heads, W = 4096): on host
+    CPUs the fused kernel's float32 mask (the zeros and the filled copy) and four boolean masks,
+    12 bytes per score (the tiny Mistral's windowed rows of benchmarks/longdoc_scaling grew
+    ~55 MiB more than its full causal rows at the same N/P); on GPUs (float32 matmuls) s, the
+    masked s and p of every head, 48 bytes, and the mask."""
+    cpu = get_device("cpu-test", _cpu_device_file(tmp_path / "devices.json"))
+    for seq in (1 << 16, 1 << 20):
+        w = _tiny(window=4096)
+        w = replace(w, seq_len=seq, mode="score", backward=False, dtype="float32")
+        part = "ring attention: banded kernel workspace (window 4096)"
+        assert estimate(w, 4, cpu, Link("x", 10.0)).memory_bytes[part] == 1024 * 5119 * 12
+        assert estimate(w, 4, H100, Link("x", 10.0)).memory_bytes[part] == 1024 * 5119 * 49
+    full = replace(_tiny(), seq_len=1 << 20, mode="score", backward=False)
+    assert not any("banded" in k for k in estimate(full, 4, H100, Link("x", 10.0)).memory_bytes)
+
+
+def _cpu_device_file(path):
+    """A calibrated host entry (as `ringctl plan --calibrate` writes one): block seconds."""
+    blocks = {k: {"1024": [0.01, 0.02], "4096": [0.16, 0.32]} for k in ("full", "diag", "half")}
+    entry = {"mem_gib": 64, "block_seconds": blocks, "cores": 4, "calib_shape": [1, 8, 64]}
+    path.write_text(json.dumps({"cpu-test": entry}))
+    return path
