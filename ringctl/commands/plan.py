@@ -474,9 +474,11 @@ def _doc_lengths(cfg) -> list[int]:
         inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
     else:
         inputs = [str(x) for x in t.inputs]
-    listing = list_documents(inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"))
+    listing = list_documents(
+        inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"), split=t.get("split")
+    )
     per_token = 4 if t.get("tokenizer_path") else 1
-    return [max(1, len(d.read_bytes()) // per_token) for d in listing.documents]
+    return [max(1, d.nbytes // per_token) for d in listing.documents]  # sizes, as listed
 
 
 def _print_budget(args, work: Workload, device: Device) -> int:
