@@ -37,7 +37,8 @@ def _inputs(tmp_path: Path) -> tuple[Path, Path]:
         with pa.ipc.new_stream(sink, rows.schema) as writer:
             writer.write_table(rows)
     (saved / "dataset_info.json").write_text(json.dumps({"features": {"text": {}}}))
-    (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": "x"}]}))
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+    (saved / "state.json").write_text(json.dumps(state))
     return table, saved
 
 

@@ -104,27 +104,33 @@ def with_ring_budget(cfg, source: str):
 
 
 def check_documents(cfg, *, force: bool = False) -> None:
-    """A long-document job whose documents its device cannot hold is refused (--force to
-    insist); one predicted to outlast slurm.time is warned about, and refused under
-    ring.placement=required. Lengths are the inputs' sizes in bytes (a byte-tokenizer's count;
-    a model's tokenizer gives fewer tokens, so this errs on the safe side)."""
-    if str(cfg.task.name) != "longdoc" or cfg.task.inputs is None or not cfg.device:
-        return  # the planner sizes only a device it knows
+    """A long-document job whose documents its device (or its own ring.max_tokens_per_rank)
+    cannot hold is refused (--force to insist); one predicted to outlast slurm.time is warned
+    about, and refused under ring.placement=required. With neither, what the longest document
+    needs is said. Lengths are the inputs' sizes in bytes (a byte-tokenizer's count; a
+    model's tokenizer gives fewer tokens, so this errs on the safe side)."""
+    if str(cfg.task.name) != "longdoc" or cfg.task.inputs is None:
+        return
     from ..longdoc.scheduling import document_bytes
     from ..tasks.longdoc import params_of
-    from .plan import document_verdict
+    from .plan import document_verdict, unchecked_document
 
     listing = params_of(cfg).list_inputs(on_missing="report", on_bad_record="skip")
-    problems, warnings = document_verdict(
-        cfg, [(d.id, document_bytes(d)) for d in listing.documents]
-    )
+    lengths = [(d.id, document_bytes(d)) for d in listing.documents]
+    verdict = document_verdict(cfg, lengths)
+    if verdict is None:
+        said = unchecked_document(cfg, lengths)
+        if said:
+            print(f"warning: {said}", file=sys.stderr)
+        return
+    problems, warnings = verdict
+    who = f"ringctl plan ({cfg.device})" if cfg.device else "ring.max_tokens_per_rank"
     strict = cfg.ring.placement.value == "required"
     for why in problems + (warnings if strict else []):
         if not force:
-            raise UserError(f"ringctl plan ({cfg.device}): {why}. Nothing was submitted; "
-                            "--force to submit anyway")  # fmt: skip
+            raise UserError(f"{who}: {why}. Nothing was submitted; --force to submit anyway")
     for why in problems + warnings:
-        print(f"warning: ringctl plan ({cfg.device}): {why}", file=sys.stderr)
+        print(f"warning: {who}: {why}", file=sys.stderr)
 
 
 def check_packages(cfg) -> None:

@@ -1,7 +1,10 @@
 """Long documents in batch: score / embed / grad with a causal LM whose attention is ringattn.
 
     params.py     ``LongDocParams``: the job's ``task:`` section and run_longdoc's input
-    documents.py  which documents (text, JSONL, .jsonl.gz, JSON arrays), ids, bad records
+    documents.py  which documents (text, JSONL, .jsonl.gz, JSON arrays, tables), ids, bad records
+    records.py    each file's records, one at a time in bounded memory, read back by span
+    inflate.py    a .gz file's inflated bytes by offset (checkpoints), bombs read in pieces
+    saved.py      Hugging Face save_to_disk folders: state.json's files, a DatasetDict's split
     tokenize.py   the model directory's tokenizer, a local HF tokenizer, or bytes
     model.py      a local HF causal LM or the bundled tiny random Llama
     compat.py     which models the ring runs exactly; the others refused by name

@@ -8,6 +8,7 @@ Importing it imports neither torch nor transformers: ``ringctl submit`` validate
       name: longdoc
       mode: score            # score | embed | grad
       inputs: [docs/]        # a path or a list of paths; null = the bundled samples
+      split: null            # the split of a DatasetDict (save_to_disk) folder among inputs
       text_field: text       # the field holding the text in JSON records
       id_field: null         # a field holding each record's id (default: file#line)
       model_path: null       # a local HF model directory or a .json config; null = tiny Llama
@@ -48,6 +49,7 @@ class LongDocParams(TaskParams):
     name: str = "longdoc"
     mode: str = "score"
     inputs: Any = None
+    split: str | None = None
     text_field: str = "text"
     id_field: str | None = None
     model_path: str | None = None
@@ -88,7 +90,7 @@ class LongDocParams(TaskParams):
             self.inputs = [str(self.inputs)]
         elif self.inputs is not None:
             self.inputs = [str(p) for p in self.inputs]
-        for name in ("model_path", "tokenizer_path", "id_field"):
+        for name in ("model_path", "tokenizer_path", "id_field", "split"):
             value = getattr(self, name)
             setattr(self, name, None if value in (None, "") else str(value))
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
@@ -141,6 +143,7 @@ class LongDocParams(TaskParams):
             on_missing=on_missing or self.on_missing,
             on_bad_record=on_bad_record or self.on_bad_record,
             max_docs=self.max_docs,
+            split=self.split,
         )
 
     def signature(self) -> dict:

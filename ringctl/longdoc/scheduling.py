@@ -49,7 +49,7 @@ class RingOptions:
 
 def document_bytes(doc: Document) -> int:
     try:
-        return doc._length if doc.line is not None else Path(doc.source).stat().st_size
+        return doc.nbytes
     except OSError:
         return 0
 
