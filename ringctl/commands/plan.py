@@ -396,13 +396,22 @@ def _job_shard(cfg, ring: int | None, world: int, trains: bool) -> tuple[str, in
 
 
 def _longdoc_model(task) -> ModelShape:
-    from importlib import resources
+    """The shape of the model the job runs: its config.json with task.model_overrides checked
+    and set, read by the job's own reader (``longdoc.compat.read_model_config``)."""
+    from omegaconf import OmegaConf
 
-    from ..planner.model import read_hf_config
+    from ..longdoc.compat import read_model_config
+    from ..planner.model import from_hf_config
 
-    if task.get("model_path"):
-        return read_hf_config(str(task.model_path))
-    return read_hf_config(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
+    path = task.get("model_path")
+    overrides = task.get("model_overrides")
+    if OmegaConf.is_config(overrides):
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    try:
+        data = read_model_config(str(path) if path else None, overrides)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return from_hf_config(data, str(path or "the bundled tiny Llama"))
 
 
 def _job_workload(cfg, ring: int | None) -> Workload | None:
