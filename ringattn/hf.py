@@ -133,9 +133,14 @@ def _sinks(module: torch.nn.Module, kwargs: dict) -> torch.Tensor | None:
     return sinks
 
 
+class AttentionMaskError(ValueError):
+    """A mask reached the attention call: ring attention applies only its own causal mask.
+    Typed, so that a caller that passed none can say the model built it (ringctl's probe)."""
+
+
 def _refuse_unsupported(module, attention_mask, dropout, kwargs) -> None:
     if attention_mask is not None:
-        raise ValueError(
+        raise AttentionMaskError(
             "ringattn: an attention mask reached the attention layer "
             f"(shape {tuple(attention_mask.shape)}); ring attention applies the causal mask "
             "itself over one unpadded document per row and cannot honour a custom or padding "
@@ -328,6 +333,7 @@ def register(name: str = DEFAULT_NAME) -> str:
 
 __all__ = [
     "DEFAULT_NAME",
+    "AttentionMaskError",
     "CallCount",
     "RingSettings",
     "count_calls",

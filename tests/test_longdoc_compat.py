@@ -212,7 +212,36 @@ def _broken_probe() -> dict:
     half = build(llama, "ringattn").to(torch.bfloat16)
     out["bfloat16"] = run_probe(half, group=None, layout="zigzag", dtype_name="bfloat16",
                                 chunk_size=64).__dict__  # fmt: skip
+    for label, fam in PROBE_FAILURES.items():
+        model = build(fam, "ringattn")
+        probe = run_probe(model, group=None, layout="zigzag", dtype_name="float32", chunk_size=64)
+        out[label] = probe.__dict__
+    broken = build(llama, "ringattn")  # a fault only under ring attention: ringattn's, not its
+    broken.model.layers[1].self_attn.register_forward_pre_hook(_fail_under_ringattn)
+    probe = run_probe(broken, group=None, layout="zigzag", dtype_name="float32", chunk_size=64)
+    out["ring error"] = probe.__dict__
     return out
+
+
+# What a new user trips on in the probe (issue 21): tiny configs of each case.
+MLA_EQUAL_HEADS = dict(
+    qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16, kv_lora_rank=16, q_lora_rank=None
+)
+PROBE_FAILURES = {
+    # transformers' eager path fails (q/k/v shapes with 2 KV heads), sdpa runs it
+    "deepseek_v2, eager fails": Family(
+        "deepseek_v2", "deepseek_v2", dict(MLA_EQUAL_HEADS, first_k_dense_replace=2)
+    ),
+    # plain transformers refuses the config: its sliding-window mask needs a window
+    "cohere2, no window": Family("cohere2", "cohere2", dict(sliding_window=None)),
+    # its layers build their own (dynamic) attention mask
+    "doge": Family("doge", "doge"),
+}
+
+
+def _fail_under_ringattn(module, args):
+    if module.config._attn_implementation == "ringattn":
+        raise RuntimeError("injected fault under ring attention")
 
 
 def _scale_logits(output, factor: float):
@@ -364,6 +393,30 @@ def test_probe_refuses_a_model_that_disagrees_with_itself(ring_results: list[dic
     assert measured > 0.1, measured  # a real disagreement, far above the tolerance
     bypass = ring_results[0]["probe checks"]["bypass"]["error"]
     assert "'bloom'" in bypass and "ring attention ran in 0 of the model's 2 layers" in bypass
+
+
+def test_probe_failures_say_whose_they_are(ring_results: list[dict]) -> None:
+    """One line each, naming whose failure it is; the same verdict on every rank."""
+    for r in ring_results:
+        eager = r["probe checks"]["deepseek_v2, eager fails"]["error"]
+        assert eager == "", eager  # the reference is sdpa's; eager's failure is not the model's
+        own = r["probe checks"]["cohere2, no window"]["error"]
+        assert own.startswith(
+            "model type 'cohere2': the model itself cannot run: transformers' "
+            "own forward pass fails without ringattn (sdpa: ValueError: "
+        ), own
+        assert "not ring attention, is at fault" in own and "\n" not in own
+        doge = r["probe checks"]["doge"]["error"]
+        assert "its layers build an attention mask of their own" in doge, doge
+        assert "attention_mask=None" not in doge
+        ring = r["probe checks"]["ring error"]["error"]
+        assert ring == (
+            "model type 'llama': ring attention failed on the probe where transformers' own "
+            "forward pass runs (RuntimeError: injected fault under ring attention): a ringattn "
+            "error, not the model's"
+        ), ring
+    message = ring_results[0]["probe checks"]["deepseek_v2, eager fails"]["message"]
+    assert "tolerance 0.0001; its noise unmeasured: only one stock attention runs" in message
 
 
 def test_probe_accepts_bfloat16_within_its_tolerance(ring_results: list[dict]) -> None:

@@ -65,7 +65,9 @@ def _ranks(rank: int, world: int, base: str) -> dict:
         "model_path": str(root / "chunked.json"),
         "model_overrides": {"attention_chunk_size": 4096},
     }
-    out["overridden"] = run_longdoc(longer, rank, world, None, root / "out-longer", print).done
+    lines = []
+    done = run_longdoc(longer, rank, world, None, root / "out-longer", lines.append).done
+    out["overridden"] = (done, lines)
     words = {"inputs": [str(root / "words.jsonl")], "model_path": str(root / "wordllama")}
     summary = run_longdoc(words, rank, world, None, root / "out-words", lines.append)
     out["words"] = (summary.done, lines)
@@ -158,8 +160,11 @@ def test_the_probe_refuses_the_job_when_the_scorer_is_wrong(results) -> None:
 
 
 def test_model_overrides_reach_the_model(results) -> None:
+    """Set on the loaded config (not given to a loader), and said in the job's log."""
     _, per_rank = results
-    assert [r["overridden"] for r in per_rank] == [2, 2]
+    assert [r["overridden"][0] for r in per_rank] == [2, 2]
+    said = "model overrides set on the loaded config: attention_chunk_size=4096"
+    assert said in per_rank[0]["overridden"][1]
 
 
 def test_model_directory_tokenizer_is_the_default_and_exact(results) -> None:

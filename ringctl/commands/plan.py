@@ -396,15 +396,22 @@ def _job_shard(cfg, ring: int | None, world: int, trains: bool) -> tuple[str, in
 
 
 def _longdoc_model(task) -> ModelShape:
-    from importlib import resources
+    """The shape of the model the job runs: its config.json with task.model_overrides checked
+    and set, read by the job's own reader (``longdoc.compat.read_model_config``)."""
+    from omegaconf import OmegaConf
 
-    from ..planner.model import read_hf_config
+    from ..longdoc.compat import read_model_config
+    from ..planner.model import from_hf_config
 
-    overrides = dict(task.get("model_overrides") or {})  # the job builds its model with them
-    if task.get("model_path"):
-        return read_hf_config(str(task.model_path), overrides)
-    bundled = resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"
-    return read_hf_config(str(bundled), overrides)
+    path = task.get("model_path")
+    overrides = task.get("model_overrides")
+    if OmegaConf.is_config(overrides):
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    try:
+        data = read_model_config(str(path) if path else None, overrides)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return from_hf_config(data, str(path or "the bundled tiny Llama"))
 
 
 def _job_workload(cfg, ring: int | None) -> Workload | None:
@@ -476,11 +483,9 @@ def _doc_lengths(cfg) -> list[int]:
         inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
     else:
         inputs = [str(x) for x in t.inputs]
-    listing = list_documents(
-        inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"), split=t.get("split")
-    )
+    listing = list_documents(inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"))
     per_token = 4 if t.get("tokenizer_path") else 1
-    return [max(1, d.nbytes // per_token) for d in listing.documents]  # sizes, as listed
+    return [max(1, len(d.read_bytes()) // per_token) for d in listing.documents]
 
 
 def _print_budget(args, work: Workload, device: Device) -> int:
@@ -654,91 +659,43 @@ def ring_budget(cfg) -> tuple[int, str] | None:
     return budget, str(name)
 
 
-def document_verdict(cfg, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]] | None:
-    """(problems, warnings) of a long-document job's documents: a document no ring of the job
-    can hold (a problem) on its device, or under its own ring.max_tokens_per_rank; a predicted
-    time over slurm.time (a warning, with a device). None: neither a device entry nor a budget
-    says what a rank holds (``unchecked_document`` says what the longest one needs)."""
+def document_verdict(cfg, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of a long-document job's documents on its device: a document no
+    ring of the job can hold (a problem), and a predicted time over slurm.time (a warning).
+    Nothing without a device entry: the planner cannot size an unknown device."""
+    from ..config import slurm_time_seconds, world_size
     from ..planner.devices import load_devices
-    from ..planner.schedule import max_tokens_per_rank
+    from ..planner.schedule import document_cost, max_tokens_per_rank
+    from ..rings import ring_sizes
 
     name, devices = cfg.get("device"), load_devices()
-    device = devices.get(name) if name else None
-    if device is None and not cfg.ring.max_tokens_per_rank:
-        return None
-    work = _job_workload(cfg, ring=_ring_size(cfg)) if lengths else None
+    if not name or name not in devices or not lengths:
+        return [], []
+    device, world = devices[name], world_size(cfg)
+    work = _job_workload(cfg, ring=_ring_size(cfg))
     if work is None:
         return [], []
-    biggest = _largest_ring(cfg)
+    size = cfg.ring.size if cfg.ring.size is not None else world
+    biggest = max(ring_sizes(world, size))
     per_host = min(biggest, int(cfg.tasks_per_node))
     budget = cfg.ring.max_tokens_per_rank or max_tokens_per_rank(work, device, biggest, per_host)
-    of = f" of {name}" if device is not None else ""
     problems = [
-        f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks{of} at "
+        f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks of {name} at "
         f"{budget:,} tokens per rank; the job's largest ring has {biggest}"
         for doc, n in lengths if n > budget * biggest
     ]  # fmt: skip
-    if device is None or problems:
-        return problems, []
-    return problems, _time_warnings(cfg, lengths, work, device, biggest)
-
-
-def _largest_ring(cfg) -> int:
-    from ..config import world_size
-    from ..rings import ring_sizes
-
-    world = world_size(cfg)
-    return max(ring_sizes(world, cfg.ring.size if cfg.ring.size is not None else world))
-
-
-def _time_warnings(cfg, lengths, work: Workload, device: Device, biggest: int) -> list[str]:
-    """A predicted time over slurm.time, for the job's documents on its rings."""
-    from ..config import slurm_time_seconds, world_size
-    from ..planner.schedule import document_cost
-
+    warnings = []
     limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None
-    if not limit:
-        return []
-    world = world_size(cfg)
-    nodes = max(1, -(-biggest // int(cfg.tasks_per_node)))
-    seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
-    seconds /= max(1, world // biggest)  # the rings of the job share the documents
-    if seconds <= limit:
-        return []
-    return [
-        f"the documents need about {seconds:,.0f} s on {world} x {device.name} "
-        f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
-    ]
+    if limit and not problems:
+        nodes = max(1, -(-biggest // int(cfg.tasks_per_node)))
+        seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
+        seconds /= max(1, world // biggest)  # the rings of the job share the documents
+        if seconds > limit:
+            warnings.append(
+                f"the documents need about {seconds:,.0f} s on {world} x {name} "
+                f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
+            )
+    return problems, warnings
 
 
-def unchecked_document(cfg, lengths: list[tuple[str, int]]) -> str | None:
-    """What the longest document needs per rank of the job's largest ring (the planner's
-    memory model needs no device), for a job whose ranks' memory nothing states."""
-    from ..planner.cost import memory_per_rank
-    from ..planner.schedule import padded_length
-
-    try:
-        work = _job_workload(cfg, ring=_ring_size(cfg)) if lengths else None
-    except UserError:
-        work = None
-    if work is None:
-        return None
-    ring = _largest_ring(cfg)
-    doc, n = max(lengths, key=lambda item: item[1])
-    need = sum(memory_per_rank(replace(work, seq_len=padded_length(n, work, ring)), ring).values())
-    return (
-        f"the longest document, {doc!r} ({n:,} tokens at most: its bytes), needs about "
-        f"{need / GIB:,.1f} GiB per rank on a ring of {ring}; nothing checks that it fits (set "
-        "device=NAME, a `ringctl plan` device, or ring.max_tokens_per_rank)"
-    )
-
-
-__all__ = [
-    "GIB",
-    "document_verdict",
-    "preflight",
-    "register",
-    "ring_budget",
-    "run",
-    "unchecked_document",
-]
+__all__ = ["GIB", "document_verdict", "preflight", "register", "ring_budget", "run"]

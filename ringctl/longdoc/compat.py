@@ -205,8 +205,23 @@ def sequence_mixing_refusal(model) -> str | None:
     return None
 
 
-def read_model_config(model_path: str | Path | None) -> dict:
-    """The config.json of a model path (a directory, a .json config, None: the bundled one)."""
+def read_model_config(model_path: str | Path | None, overrides: Mapping | None = None) -> dict:
+    """The config.json of a model path (a directory, a .json config, None: the bundled one)
+    with ``task.model_overrides`` checked and set (``overrides.py``): what the job builds, for
+    the submit checks, the ranks' checks and the planner alike. A ValueError names what is
+    wrong (an unreadable file, an override that is not a field of the model's config)."""
+    data = _read_config_file(model_path)
+    if not overrides:
+        return data
+    from .overrides import merge, refusal
+
+    why = refusal(data, overrides)
+    if why:
+        raise ValueError(why)
+    return merge(data, overrides)
+
+
+def _read_config_file(model_path: str | Path | None) -> dict:
     if model_path is None:
         path = Path(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
     else:

@@ -7,6 +7,11 @@
 * a ``.json`` file: a transformers config (with ``model_type``), random-initialised;
 * a directory: ``from_pretrained`` (safetensors, offline: ``HF_HUB_OFFLINE=1``).
 
+``overrides`` (``task.model_overrides``) are checked against the model's config class and set
+on the loaded config (``overrides.py``), never given to a loader; nothing is loaded with
+``trust_remote_code``: a directory's own code (``auto_map``) is never run, transformers' built-in
+class for its ``model_type`` builds the model (``custom_code.py`` says so at submit).
+
 Random initialisation is seeded (``_ringctl_seed`` in the JSON, default 0) right before the
 model is built, so every rank builds identical weights; ``check_same_weights`` verifies that
 (and that ranks loading from disk loaded the same files) with one small all_gather.
@@ -46,16 +51,46 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def config_from_json(path: str | Path, overrides: dict | None = None):
-    """(transformers config, seed) from a JSON file; keys starting with "_" are ours."""
+    """(transformers config, seed) from a JSON file; keys starting with "_" are ours.
+
+    ``overrides``: set on the built config (``overrides.apply``), once checked by the caller."""
     from transformers import AutoConfig
+
+    from .overrides import apply
 
     data = json.loads(Path(path).read_text())
     if "model_type" not in data:
         raise ValueError(f"{path}: a model config needs a 'model_type' (e.g. 'llama')")
     seed = int(data.get("_ringctl_seed", 0))
-    fields = {k: v for k, v in data.items() if not k.startswith("_")}
-    fields.update(overrides or {})
-    return AutoConfig.for_model(**fields), seed
+    config = AutoConfig.for_model(**{k: v for k, v in data.items() if not k.startswith("_")})
+    apply(config, overrides)
+    return config, seed
+
+
+def load_config(model_path: str | Path | None, overrides: dict | None = None):
+    """(config, seed or None) of a model path, ``overrides`` checked and set on it.
+
+    A directory's config is read by transformers' own class for its ``model_type``, with
+    ``trust_remote_code=False``: its ``auto_map`` code is never imported. A ValueError names an
+    override that is not a field of the model's config (``overrides.refusal``)."""
+    from .compat import read_model_config
+    from .overrides import apply
+
+    read_model_config(model_path, overrides)  # the check: one line naming the key
+    if model_path is None or str(model_path).endswith(".json"):
+        return config_from_json(model_path or bundled_config_path(), overrides)
+    path = Path(model_path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model_path {str(model_path)!r} is not a local directory or .json config (no "
+            "download is done)"
+        )
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    apply(config, overrides)
+    return config, None
 
 
 def build_random(config, *, seed: int, dtype: torch.dtype, attn_implementation: str):
@@ -79,29 +114,26 @@ def load_model(
 ):
     """The model in eval mode, its attention implementation set (registering ringattn).
 
-    ``overrides``: config fields set before the model is built (``task.model_overrides``).
+    ``overrides``: config fields set on the loaded config before the model is built
+    (``task.model_overrides``, checked: ``load_config``).
     """
     if attn_implementation == "ringattn":
         from ringattn.hf import register
 
         register()
     want = torch_dtype(dtype)
-    if model_path is None or str(model_path).endswith(".json"):
-        config, seed = config_from_json(model_path or bundled_config_path(), overrides)
+    config, seed = load_config(model_path, overrides)
+    if seed is not None:
         model = build_random(config, seed=seed, dtype=want, attn_implementation=attn_implementation)
     else:
-        path = Path(model_path)
-        if not path.is_dir():
-            raise FileNotFoundError(
-                f"model_path {str(model_path)!r} is not a local directory or .json config (no "
-                "download is done)"
-            )
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM
 
-        config = AutoConfig.from_pretrained(path, **(overrides or {}))
         model = AutoModelForCausalLM.from_pretrained(
-            path, config=config, dtype=want, attn_implementation=attn_implementation
+            Path(model_path),
+            config=config,
+            dtype=want,
+            attn_implementation=attn_implementation,
+            trust_remote_code=False,
         )
     if device is not None:
         model.to(device)

@@ -13,7 +13,9 @@ Importing it imports neither torch nor transformers: ``ringctl submit`` validate
       id_field: null         # a field holding each record's id (default: file#line)
       model_path: null       # a local HF model directory or a .json config; null = tiny Llama
       tokenizer_path: null   # null: the model directory's tokenizer, else UTF-8 bytes
-      model_overrides: {}    # config fields set before the model is built
+      model_overrides: {}    # fields of the model's config class, set on the loaded config
+                             # (checked at submit: loader options such as trust_remote_code
+                             # and keys that are no field are refused, by name)
       dtype: float32         # float32 | bfloat16 | float16 | float64
       layout: null           # zigzag | contiguous; null = ring.layout
       max_docs: null         # only the first N documents

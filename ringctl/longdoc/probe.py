@@ -9,16 +9,19 @@ shard boundary, and the length is not a multiple of the shard count: padding is 
 scored exactly as a document is. Rank 0 then runs the unmodified model (its own forward pass,
 stock ``sdpa`` attention, ``eager`` if the model has no sdpa) on the whole probe in one
 process, and compares per-token log-probabilities. A difference above the tolerance refuses the
-job on every rank, naming the model type and the size of the error.
+job on every rank, naming the model type and the size of the error. A probe that fails is
+said in one line that names whose failure it is: where the model's own forward pass (no
+ringattn) fails as well, the model cannot run (its config, or transformers); else it is ring
+attention's; a model whose layers build their own attention mask is refused as such.
 
 Tolerance, fit to the dtype and to the model: the larger of a floor and 4 times the model's own
 rounding noise in that dtype, measured as the same difference between its stock sdpa and eager
 forward passes on the probe (two correct implementations of the same model: a deep model's
-noise is larger than a tiny one's). float32 / float64 compare the largest per-token difference,
-floor 1e-4 / 1e-9 (the ring merges softmax partials in another order than one softmax:
-~1e-6 after a tiny model; the faults this catches move log-probabilities by 3e-4 to 1, see
-tests/test_longdoc_compat.py). bfloat16 / float16 compare the mean per-token difference (the
-largest is dominated by rounding), floor 2e-2 / 5e-3.
+noise is larger than a tiny one's; where only one of them runs, the floor). float32 / float64
+compare the largest per-token difference, floor 1e-4 / 1e-9 (the ring merges softmax partials
+in another order than one softmax: ~1e-6 after a tiny model; the faults this catches move
+log-probabilities by 3e-4 to 1, see tests/test_longdoc_compat.py). bfloat16 / float16 compare
+the mean per-token difference (the largest is dominated by rounding), floor 2e-2 / 5e-3.
 """
 
 from __future__ import annotations
@@ -92,17 +95,30 @@ def stock_logprobs(model, ids: torch.Tensor, implementation: str) -> torch.Tenso
     return logits.log_softmax(-1)[:-1].gather(-1, ids[1:, None].to(device))[:, 0].cpu()
 
 
-def _reference(model, ids: torch.Tensor, dtype_name: str) -> tuple[torch.Tensor, float]:
-    """(stock log-probs, the model's own sdpa-vs-eager noise in this dtype, or 0)."""
-    try:
-        sdpa = stock_logprobs(model, ids, "sdpa")
-    except (ValueError, ImportError):
-        return stock_logprobs(model, ids, "eager"), 0.0
-    try:
-        eager = stock_logprobs(model, ids, "eager")
-    except (ValueError, ImportError):
-        return sdpa, 0.0
-    return sdpa, _metric(dtype_name, eager, sdpa)
+class OwnForwardError(RuntimeError):
+    """The model's own forward pass (transformers, stock attention, no ringattn) fails."""
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+
+def _reference(model, ids: torch.Tensor, dtype_name: str) -> tuple[torch.Tensor, float | None]:
+    """(stock log-probs, the model's own sdpa-vs-eager noise in this dtype, or None when only
+    one of them runs: gpt-oss has no sdpa; transformers' eager path fails on some configs that
+    sdpa runs, e.g. DeepSeek-V2 with 2 KV heads). OwnForwardError when neither runs: then the
+    model itself cannot run, whatever ring attention does."""
+    runs, failed = {}, []
+    for implementation in ("sdpa", "eager"):
+        try:
+            runs[implementation] = stock_logprobs(model, ids, implementation)
+        except Exception as err:  # noqa: BLE001 - the model's own code: any failure is its own
+            failed.append(f"{implementation}: {_one_line(err)}")
+    if not runs:
+        raise OwnForwardError("; ".join(failed))
+    if len(runs) == 1:
+        return next(iter(runs.values())), None
+    return runs["sdpa"], _metric(dtype_name, runs["eager"], runs["sdpa"])
 
 
 def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
@@ -110,46 +126,104 @@ def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
     got = torch.full((n,), float("nan"), dtype=torch.float64)
     for positions, logprob in pieces:
         got[positions] = logprob.double()
-    want, noise = _reference(model, ids, dtype_name)
+    try:
+        want, noise = _reference(model, ids, dtype_name)
+    except OwnForwardError as err:
+        why = _own_failure(model, str(err))
+        return ProbeResult(why, why)
     measured = _metric(dtype_name, got[:-1], want)
-    tol = max(FLOOR[dtype_name], NOISE_FACTOR * noise)
+    tol = max(FLOOR[dtype_name], NOISE_FACTOR * (noise or 0.0))
     kind = "max" if dtype_name in ("float32", "float64") else "mean"
+    unmeasured = "; its noise unmeasured: only one stock attention runs" if noise is None else ""
     what = (
         f"model type {model_type(model.config)!r}, {n} probe tokens on {world} ranks, "
         f"{dtype_name}: {kind} |log p(ring) - log p(model's own forward)| = {measured:.3g} "
-        f"(tolerance {tol:.3g})"
+        f"(tolerance {tol:.3g}{unmeasured})"
     )
     error = "" if measured <= tol else f"the model does not agree with itself on the ring: {what}"
     return ProbeResult(error, f"probe: {what}", n, measured, tol)
 
 
+def _own_failure(model, detail: str) -> str:
+    return (
+        f"model type {model_type(model.config)!r}: the model itself cannot run: transformers' "
+        f"own forward pass fails without ringattn ({detail}); its config or transformers, not "
+        "ring attention, is at fault: not supported"
+    )
+
+
+def _ring_failure(model, ids, kind: str, detail: str, dtype_name: str) -> str:
+    """The probe's ring run failed with ``detail``: whose error it is, in one line.
+
+    ``kind``: "bypass" (the scorer's own refusal: attention calls counted), "mask" (the model
+    built an attention mask: the job gives none), "refusal" (a ValueError), "error" (any other).
+    The model's own forward pass on the probe tells the model's errors from ringattn's.
+    """
+    if kind == "bypass":
+        return f"refused on the probe: {detail}"
+    if kind == "mask":
+        return (
+            f"model type {model_type(model.config)!r}: its layers build an attention mask of "
+            "their own and pass it to the attention call (the job gives none); ring attention "
+            "applies only the causal mask of one whole document and cannot honour it: not "
+            "supported"
+        )
+    try:
+        _reference(model, ids, dtype_name)
+    except OwnForwardError as err:
+        return _own_failure(model, str(err))
+    if kind == "refusal":
+        return f"refused on the probe: {detail}"
+    return (
+        f"model type {model_type(model.config)!r}: ring attention failed on the probe where "
+        f"transformers' own forward pass runs ({detail}): a ringattn error, not the model's"
+    )
+
+
+def _score_probe(model, ids, group, layout: str, chunk_size: int):
+    """(positions, log-probs) of this rank's shard, and ("", "") or (kind, one line)."""
+    from ringattn.hf import AttentionMaskError
+
+    from .sharding import run_task_sharded
+
+    try:
+        with torch.no_grad():
+            r = run_task_sharded(
+                "score", model, ids, group=group, layout=layout, chunk_size=chunk_size
+            )
+        return (r.tensors["positions"], r.tensors["token_logprob"]), ("", "")
+    except BypassError as err:
+        return None, ("bypass", str(err))
+    except AttentionMaskError as err:
+        return None, ("mask", str(err))
+    except ValueError as err:
+        return None, ("refusal", str(err))
+    except Exception as err:  # noqa: BLE001 - said in one line, whose it is (_ring_failure)
+        return None, ("error", _one_line(err))
+
+
 def run_probe(model, *, group, layout: str, dtype_name: str, chunk_size: int) -> ProbeResult:
     """Score the probe on every rank, compare on rank 0 (collective: every rank calls it).
 
-    Every rank returns the same ``error`` (the verdict is all-gathered); ``message`` and the
-    figures are rank 0's.
+    Every rank returns the same ``error`` (the verdict is broadcast); ``message`` and the
+    figures are rank 0's. A failure on the ring is said in one line that names whose it is.
     """
+    from .sharding import is_sharded, release
+
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     ids = probe_ids(model.config.get_text_config().vocab_size, probe_length(model))
-    mine, failure = None, ""
-    from .sharding import is_sharded, release, run_task_sharded
-
     sharded = is_sharded(model)
-    try:
-        with torch.no_grad():
-            r = run_task_sharded("score", model, ids, group=group, layout=layout,
-                                 chunk_size=chunk_size)  # fmt: skip
-        mine = (r.tensors["positions"], r.tensors["token_logprob"])
-    except (BypassError, ValueError) as err:
-        failure = f"refused on the probe: {err}"
+    mine, failure = _score_probe(model, ids, group, layout, chunk_size)
     every: list = [None] * world
     dist.all_gather_object(every, (mine, failure), group=group)
-    failures = [f for _, f in every if f]
-    if failures:
-        return ProbeResult(failures[0], failures[0])
+    failures = [f for _, f in every if f[0]]
     result = ProbeResult("", "")
     if rank == 0 or sharded:  # a sharded model's own forward needs every rank's shard
-        result = _compare(model, ids, [m for m, _ in every], dtype_name, world)
+        if failures:
+            error = _ring_failure(model, ids, *failures[0], dtype_name)
+            result = ProbeResult(error, error)
+        else:
+            result = _compare(model, ids, [m for m, _ in every], dtype_name, world)
         if sharded:
             release(model)
     verdict = [result.error]

@@ -40,6 +40,7 @@ from .consensus import agree, any_has, document_verdict
 from .documents import Document, DocumentError, Listing
 from .expected import check_expected, write_expected
 from .model import check_same_weights, load_model, samples_dir
+from .overrides import describe as describe_overrides
 from .params import LongDocParams
 from .probe import run_probe
 from .scheduling import RingOptions, document_bytes, plan_schedule, write_schedule
@@ -154,7 +155,7 @@ def _load_agreed_model(
     """
     error, model, tokenizer = "", None, None
     try:
-        config = {**read_model_config(params.model_path), **(params.model_overrides or {})}
+        config = read_model_config(params.model_path, params.model_overrides)  # checked
         refused = config_refusal(config)  # before building: some refused families cannot be
         if refused:  # built with ringattn at all (a KeyError or AttributeError otherwise)
             raise ValueError(refused)
@@ -177,6 +178,8 @@ def _load_agreed_model(
         dtype_name=params.dtype,
         chunk_size=int(params.chunk_size),
     )
+    if ring.lead and params.model_overrides:
+        ring.log(describe_overrides(params.model_overrides))
     if ring.lead and probe.message:
         ring.log(probe.message)
     if ring.lead and shard != "none":

@@ -57,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -572,14 +571,15 @@ def load_sharded_model(
 
 
 def _meta_model(path: Path, dtype: torch.dtype, attn_implementation: str, overrides):
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    from .model import load_config
 
     if attn_implementation == "ringattn":
         from ringattn.hf import register
 
         register()
-    config = AutoConfig.from_pretrained(path, **(overrides or {}))
+    config, _ = load_config(path, overrides)  # overrides checked, set on the loaded config
     with _parameters_on_meta():
         model = AutoModelForCausalLM.from_config(
             config, attn_implementation=attn_implementation, dtype=dtype

@@ -49,7 +49,7 @@ class HFTokenizer:
         from transformers import AutoTokenizer
 
         self.path = str(path)
-        self.tok = AutoTokenizer.from_pretrained(self.path)
+        self.tok = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
         self.vocab_size = len(self.tok)
         self.name = f"hf:{self.path}"
 

@@ -19,6 +19,7 @@ the job directory (or on another node with the same filesystem) find them.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,15 +42,20 @@ __all__ = ["MODES", "Params", "check", "params_of", "prepare", "run"]
 
 
 def _check_model(p: LongDocParams, bad) -> None:
-    """The model and tokenizer, from config.json only (no torch, no transformers)."""
+    """The model and tokenizer, from config.json (transformers only for overrides and for a
+    directory with its own code: their fields and classes are transformers')."""
     from ..longdoc.compat import config_refusal, read_model_config
+    from ..longdoc.overrides import merge, problem
     from ..longdoc.tokenize import TOKENIZER_FILES, resolve_tokenizer_path
 
     try:
-        config = read_model_config(p.model_path)
+        raw = read_model_config(p.model_path)
     except ValueError as err:
         raise bad("task.model_path", str(err)) from None
-    config = {**config, **(p.model_overrides or {})}
+    found = problem(raw, p.model_overrides)
+    if found:
+        raise bad(*found)
+    config = merge(raw, p.model_overrides)
     why = config_refusal(config)
     if why:
         raise bad("task.model_path", why)
@@ -63,6 +69,36 @@ def _check_model(p: LongDocParams, bad) -> None:
             f"({', '.join(TOKENIZER_FILES)}): UTF-8 bytes (256 ids) would score garbage; "
             "give the tokenizer's directory",
         )
+    _check_custom_code(p, config, tokenizer, bad)
+
+
+def _check_custom_code(p: LongDocParams, config: dict, tokenizer: str | None, bad) -> None:
+    """A directory's own code (auto_map) is never run: say which built-in class runs instead,
+    or refuse what transformers cannot load without it (custom_code.py)."""
+    from ..longdoc.custom_code import model_note, tokenizer_note
+
+    where = Path(p.model_path or "config.json")
+    where = where / "config.json" if where.is_dir() else where
+    try:
+        notes = [model_note(config, str(where))]
+    except ValueError as err:
+        raise bad("task.model_path", str(err)) from None
+    try:
+        notes.append(tokenizer_note(tokenizer) if tokenizer else "")
+    except ValueError as err:
+        raise bad("task.tokenizer_path", str(err)) from None
+    for line in filter(None, notes):
+        _warn_once(line)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(line: str) -> None:
+    """A warning on stderr, once per process (a submit loads and checks its config twice)."""
+    if line not in _WARNED:
+        _WARNED.add(line)
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def _check_inputs(p: LongDocParams, bad) -> None:
