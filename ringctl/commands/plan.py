@@ -483,9 +483,11 @@ def _doc_lengths(cfg) -> list[int]:
         inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
     else:
         inputs = [str(x) for x in t.inputs]
-    listing = list_documents(inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"))
+    listing = list_documents(
+        inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"), split=t.get("split")
+    )
     per_token = 4 if t.get("tokenizer_path") else 1
-    return [max(1, len(d.read_bytes()) // per_token) for d in listing.documents]
+    return [max(1, d.nbytes // per_token) for d in listing.documents]  # sizes, as listed
 
 
 def _print_budget(args, work: Workload, device: Device) -> int:
@@ -659,43 +661,91 @@ def ring_budget(cfg) -> tuple[int, str] | None:
     return budget, str(name)
 
 
-def document_verdict(cfg, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of a long-document job's documents on its device: a document no
-    ring of the job can hold (a problem), and a predicted time over slurm.time (a warning).
-    Nothing without a device entry: the planner cannot size an unknown device."""
-    from ..config import slurm_time_seconds, world_size
+def document_verdict(cfg, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]] | None:
+    """(problems, warnings) of a long-document job's documents: a document no ring of the job
+    can hold (a problem) on its device, or under its own ring.max_tokens_per_rank; a predicted
+    time over slurm.time (a warning, with a device). None: neither a device entry nor a budget
+    says what a rank holds (``unchecked_document`` says what the longest one needs)."""
     from ..planner.devices import load_devices
-    from ..planner.schedule import document_cost, max_tokens_per_rank
-    from ..rings import ring_sizes
+    from ..planner.schedule import max_tokens_per_rank
 
     name, devices = cfg.get("device"), load_devices()
-    if not name or name not in devices or not lengths:
-        return [], []
-    device, world = devices[name], world_size(cfg)
-    work = _job_workload(cfg, ring=_ring_size(cfg))
+    device = devices.get(name) if name else None
+    if device is None and not cfg.ring.max_tokens_per_rank:
+        return None
+    work = _job_workload(cfg, ring=_ring_size(cfg)) if lengths else None
     if work is None:
         return [], []
-    size = cfg.ring.size if cfg.ring.size is not None else world
-    biggest = max(ring_sizes(world, size))
+    biggest = _largest_ring(cfg)
     per_host = min(biggest, int(cfg.tasks_per_node))
     budget = cfg.ring.max_tokens_per_rank or max_tokens_per_rank(work, device, biggest, per_host)
+    of = f" of {name}" if device is not None else ""
     problems = [
-        f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks of {name} at "
+        f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks{of} at "
         f"{budget:,} tokens per rank; the job's largest ring has {biggest}"
         for doc, n in lengths if n > budget * biggest
     ]  # fmt: skip
-    warnings = []
+    if device is None or problems:
+        return problems, []
+    return problems, _time_warnings(cfg, lengths, work, device, biggest)
+
+
+def _largest_ring(cfg) -> int:
+    from ..config import world_size
+    from ..rings import ring_sizes
+
+    world = world_size(cfg)
+    return max(ring_sizes(world, cfg.ring.size if cfg.ring.size is not None else world))
+
+
+def _time_warnings(cfg, lengths, work: Workload, device: Device, biggest: int) -> list[str]:
+    """A predicted time over slurm.time, for the job's documents on its rings."""
+    from ..config import slurm_time_seconds, world_size
+    from ..planner.schedule import document_cost
+
     limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None
-    if limit and not problems:
-        nodes = max(1, -(-biggest // int(cfg.tasks_per_node)))
-        seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
-        seconds /= max(1, world // biggest)  # the rings of the job share the documents
-        if seconds > limit:
-            warnings.append(
-                f"the documents need about {seconds:,.0f} s on {world} x {name} "
-                f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
-            )
-    return problems, warnings
+    if not limit:
+        return []
+    world = world_size(cfg)
+    nodes = max(1, -(-biggest // int(cfg.tasks_per_node)))
+    seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
+    seconds /= max(1, world // biggest)  # the rings of the job share the documents
+    if seconds <= limit:
+        return []
+    return [
+        f"the documents need about {seconds:,.0f} s on {world} x {device.name} "
+        f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
+    ]
 
 
-__all__ = ["GIB", "document_verdict", "preflight", "register", "ring_budget", "run"]
+def unchecked_document(cfg, lengths: list[tuple[str, int]]) -> str | None:
+    """What the longest document needs per rank of the job's largest ring (the planner's
+    memory model needs no device), for a job whose ranks' memory nothing states."""
+    from ..planner.cost import memory_per_rank
+    from ..planner.schedule import padded_length
+
+    try:
+        work = _job_workload(cfg, ring=_ring_size(cfg)) if lengths else None
+    except UserError:
+        work = None
+    if work is None:
+        return None
+    ring = _largest_ring(cfg)
+    doc, n = max(lengths, key=lambda item: item[1])
+    need = sum(memory_per_rank(replace(work, seq_len=padded_length(n, work, ring)), ring).values())
+    return (
+        f"the longest document, {doc!r} ({n:,} tokens at most: its bytes), needs about "
+        f"{need / GIB:,.1f} GiB per rank on a ring of {ring}; nothing checks that it fits (set "
+        "device=NAME, a `ringctl plan` device, or ring.max_tokens_per_rank)"
+    )
+
+
+__all__ = [
+    "GIB",
+    "document_verdict",
+    "preflight",
+    "register",
+    "ring_budget",
+    "run",
+    "unchecked_document",
+]
