@@ -17,11 +17,30 @@ from functools import cached_property
 
 from .config import world_size
 from .errors import UserError
-from .planner.cost import GIB, Workload, estimate, memory_per_rank, nominal_link
+from .planner.cost import GIB, ModelShape, Workload, estimate, memory_per_rank, nominal_link
 from .planner.devices import Device, load_devices
 from .planner.preflight import Preflight
 
-__all__ = ["Sizing", "config_section", "job_shard", "job_workload", "ring_size"]
+__all__ = ["Sizing", "config_section", "job_shard", "job_workload", "resolve_model", "ring_size"]
+
+
+def resolve_model(spec: str) -> ModelShape:
+    """``spec``: a preset name (see planner/data/models.json) or a model directory / config
+    file, read by the job's own reader (``longdoc.compat.model_shape``)."""
+    from pathlib import Path
+
+    from .longdoc.compat import model_shape
+    from .planner.model import presets
+
+    table = presets()
+    if spec in table:
+        return table[spec]
+    if Path(spec).expanduser().exists():
+        return model_shape(str(Path(spec).expanduser()))
+    raise UserError(
+        f"--model {spec!r}: neither a preset ({', '.join(sorted(table))}) nor a model "
+        "directory or config.json"
+    )
 
 
 def config_section(cfg, name: str) -> dict:
@@ -217,14 +236,14 @@ class Sizing:
     def unchecked(self, lengths: list[tuple[str, int]]) -> str | None:
         """What the longest document needs per rank of the job's largest ring (the planner's
         memory model needs no device), for a job whose ranks' memory nothing states."""
-        from .planner.schedule import padded_length
+        from .planner.layout import padded_length
 
         work, err = self._work
         if err is not None or work is None or not lengths:
             return None
         ring = self.largest_ring
         doc, n = max(lengths, key=lambda item: item[1])
-        padded = replace(work, seq_len=padded_length(n, work, ring))
+        padded = replace(work, seq_len=padded_length(n, work.layout, ring))
         need = sum(memory_per_rank(padded, ring).values())
         return (
             f"the longest document, {doc!r} ({n:,} tokens at most: its bytes), needs about "

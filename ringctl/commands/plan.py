@@ -20,14 +20,13 @@ from ..planner.cost import (
     estimate,
     fewest_ranks,
     intra_link,
-    layout_multiple,
     longest_sequence,
     net_link,
     nominal_link,
 )
 from ..planner.devices import Device, get_device, save_user_device
-from ..planner.model import resolve_model
-from ..sizing import config_section, job_workload, ring_size
+from ..planner.layout import layout_multiple
+from ..sizing import config_section, job_workload, resolve_model, ring_size
 
 DEFAULT_DEVICE = "H100-SXM"
 
@@ -261,7 +260,7 @@ def _device(args) -> Device:
 
 
 def _check_split(work: Workload, ranks: int) -> None:
-    multiple = layout_multiple(work, ranks)
+    multiple = layout_multiple(work.layout, ranks)
     if work.seq_len % multiple:
         raise UserError(
             f"--seq {work.seq_len} cannot be split over {ranks} ranks in the {work.layout} "

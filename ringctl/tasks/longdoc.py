@@ -181,19 +181,13 @@ def model_shape(task):
     """The shape of the model the job runs (a planner ``ModelShape``): its config.json with
     task.model_overrides checked and set, read by the job's own reader
     (``longdoc.compat.read_model_config``)."""
-    from ..errors import UserError
-    from ..longdoc.compat import read_model_config
-    from ..planner.model import from_hf_config
+    from ..longdoc.compat import model_shape as read_shape
 
     path = task.get("model_path")
     overrides = task.get("model_overrides")
     if OmegaConf.is_config(overrides):
         overrides = OmegaConf.to_container(overrides, resolve=True)
-    try:
-        data = read_model_config(str(path) if path else None, overrides)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    return from_hf_config(data, str(path or "the bundled tiny Llama"))
+    return read_shape(str(path) if path else None, overrides)
 
 
 def workload(cfg):
