@@ -225,11 +225,11 @@ def planner_device(name: str | None, devices: Path | None, scratch: Path):
 
 def predict(config: Path, tokens: int, ranks: int, device) -> tuple[float, float]:
     """The planner's ring attention seconds and memory per rank (MiB) for this job's ring."""
+    from ringctl.longdoc.compat import model_shape
     from ringctl.planner.cost import GIB, Workload, estimate, nominal_link
-    from ringctl.planner.model import read_hf_config
-    from ringctl.planner.schedule import padded_length
+    from ringctl.planner.layout import padded_length
 
-    m = read_hf_config(config)
+    m = model_shape(config)
     w = Workload(
         seq_len=tokens,
         heads=m.heads,
@@ -241,7 +241,7 @@ def predict(config: Path, tokens: int, ranks: int, device) -> tuple[float, float
         backward=False,
         lm_head_chunk=4096,
     )
-    w = replace(w, seq_len=padded_length(tokens, w, ranks))  # as the job pads it
+    w = replace(w, seq_len=padded_length(tokens, w.layout, ranks))  # as the job pads it
     est = estimate(
         w, ranks, device, nominal_link(device), ranks_on_host=ranks, overlap_threshold=False
     )

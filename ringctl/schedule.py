@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from .errors import UserError
+from .planner.layout import layout_multiple, padded_length
 from .rings import Ring
 
 SCHEDULE_VERSION = 1
@@ -93,15 +94,11 @@ class Schedule:
         }
 
 
-def padded(tokens: int, size: int, multiple: int) -> int:
-    """Tokens after padding to a multiple of `multiple` (the layout's unit on this ring)."""
-    return -(-max(tokens, 1) // multiple) * multiple
-
-
-def ring_for(tokens: int, sizes: Sequence[int], budget: int, multiple: Callable[[int], int]):
-    """The smallest ring size that holds `tokens` under the budget, or None."""
+def ring_for(tokens: int, sizes: Sequence[int], budget: int, layout: str):
+    """The smallest ring size that holds `tokens` (padded as `layout` pads them) under the
+    budget, or None."""
     for size in sorted(sizes):
-        if padded(tokens, size, multiple(size)) // size <= budget:
+        if padded_length(tokens, layout, size) // size <= budget:
             return size
     return None
 
@@ -119,15 +116,15 @@ def build_schedule(
     world: int,
     sizes: Sequence[int],
     budget: int,
-    multiple: Callable[[int], int],
+    layout: str,
     cost: Cost = default_cost,
 ) -> Schedule:
     """The schedule of `docs` on a job of `world` ranks (see the module docstring)."""
     chosen: dict[int, list[DocLength]] = {}
     for doc in docs:
-        size = ring_for(doc.tokens, sizes, budget, multiple)
+        size = ring_for(doc.tokens, sizes, budget, layout)
         if size is None:
-            raise DocumentTooLong(_too_long(doc, world, sizes, budget, multiple))
+            raise DocumentTooLong(_too_long(doc, world, sizes, budget, layout))
         chosen.setdefault(size, []).append(doc)
     entries: list[Assignment] = []
     phases = []
@@ -156,12 +153,13 @@ def _place_phase(docs: list[DocLength], size: int, world: int, cost: Cost):
     return placed, max((load for load, _ in loads), default=0.0)
 
 
-def _too_long(doc: DocLength, world, sizes, budget, multiple) -> str:
+def _too_long(doc: DocLength, world, sizes, budget, layout: str) -> str:
     need = -(-doc.tokens // max(budget, 1))
     biggest = max(sizes)
+    holds = budget * biggest - (layout_multiple(layout, biggest) - 1) if budget else 0
     return (
         f"document {doc.doc_id!r} has {doc.tokens} tokens: no ring of this job holds it "
         f"(max_tokens_per_rank {budget}; the largest ring, {biggest} ranks, holds "
-        f"{budget * biggest - (multiple(biggest) - 1) if budget else 0}); it needs a ring of at "
+        f"{holds}); it needs a ring of at "
         f"least {need} ranks, or a larger ring.max_tokens_per_rank"
     )

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
-from ringctl.commands.jobs import open_job_dir
 from ringctl.config import load_resolved
+from ringctl.submission import open_job_dir
 
 pytestmark = pytest.mark.slurm
 

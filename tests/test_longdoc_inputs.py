@@ -323,16 +323,16 @@ def test_a_long_document_nothing_sizes_is_said_at_submit(tmp_path, capsys):
     memory for it per rank; with a budget (and no device) a document over it is refused."""
     from dataclasses import replace
 
-    from ringctl.commands.jobs import check_documents
-    from ringctl.commands.plan import _job_workload
     from ringctl.planner.cost import GIB, memory_per_rank
+    from ringctl.sizing import Sizing, job_workload
+    from ringctl.submission import check_documents
 
     (tmp_path / "short.txt").write_text("short")
     (tmp_path / "long.txt").write_bytes(b"x" * 3_000_000)
     cfg = _load(f"task.inputs=[{tmp_path}]", "nodes=1", "tasks_per_node=2")
-    check_documents(cfg)
+    check_documents(Sizing(cfg))
     err = capsys.readouterr().err
-    work = replace(_job_workload(cfg, 2), seq_len=3_000_000)  # zigzag on 2: a multiple of 4
+    work = replace(job_workload(cfg, 2), seq_len=3_000_000)  # zigzag on 2: a multiple of 4
     need = sum(memory_per_rank(work, 2).values()) / GIB
     assert err.startswith("warning: the longest document, 'long.txt' (3,000,000 tokens")
     assert f"needs about {need:,.1f} GiB per rank on a ring of 2" in err and need > 1
@@ -340,6 +340,6 @@ def test_a_long_document_nothing_sizes_is_said_at_submit(tmp_path, capsys):
     budget = _load(f"task.inputs=[{tmp_path}]", "nodes=1", "tasks_per_node=2",
                    "ring.max_tokens_per_rank=1000000")  # fmt: skip
     with pytest.raises(UserError, match=r"'long.txt' \(3,000,000 tokens\) needs 3 ranks at "):
-        check_documents(budget)
-    check_documents(budget, force=True)
+        check_documents(Sizing(budget))
+    check_documents(Sizing(budget), force=True)
     assert "warning: ring.max_tokens_per_rank: document 'long.txt'" in capsys.readouterr().err

@@ -213,9 +213,9 @@ def test_overrides_are_set_on_the_loaded_config(tmp_path) -> None:
     sub-configs included; the planner sizes the overridden model."""
     from transformers import AutoConfig
 
-    from ringctl.commands.plan import _longdoc_model
     from ringctl.longdoc.model import load_config
     from ringctl.longdoc.overrides import apply
+    from ringctl.tasks.longdoc import model_shape
 
     cfg = _mistral(tmp_path)
     config, seed = load_config(cfg, {"sliding_window": None, "num_hidden_layers": 3})
@@ -229,4 +229,4 @@ def test_overrides_are_set_on_the_loaded_config(tmp_path) -> None:
         "TextConfig"
     )
     job = _load(f"task.model_path={cfg}", "task.model_overrides={num_hidden_layers: 5}")
-    assert _longdoc_model(job.task).layers == 5
+    assert model_shape(job.task).layers == 5

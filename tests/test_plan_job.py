@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from ringctl.cli import main
-from ringctl.commands.plan import _job_shard, _ring_size, preflight
 from ringctl.config import load_job
 from ringctl.errors import UserError
+from ringctl.sizing import Sizing, job_shard, ring_size
 
 LLAMA_8B = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
@@ -20,17 +20,17 @@ LLAMA_8B = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 1
 
 def test_ring_size_and_model_shard_are_read_with_defaults():
     today = OmegaConf.create({"ring": {"layout": "zigzag"}})
-    assert _ring_size(today) is None and _job_shard(today, None, 8, False) == ("none", None)
+    assert ring_size(today) is None and job_shard(today, None, 8, False) == ("none", None)
     cfg = OmegaConf.create({"ring": {"size": 4}, "model": {"shard": "ring"}})
-    assert _ring_size(cfg) == 4
-    assert _job_shard(cfg, 4, 16, trains=False) == ("weights", 4)
-    assert _job_shard(cfg, 4, 16, trains=True) == ("full", 4)
+    assert ring_size(cfg) == 4
+    assert job_shard(cfg, 4, 16, trains=False) == ("weights", 4)
+    assert job_shard(cfg, 4, 16, trains=True) == ("full", 4)
     job = OmegaConf.create({"ring": {"size": "auto"}, "model": {"shard": "job"}})
-    assert _ring_size(job) is None and _job_shard(job, None, 16, False) == ("weights", 16)
+    assert ring_size(job) is None and job_shard(job, None, 16, False) == ("weights", 16)
     with pytest.raises(UserError, match="model.shard: expected none, ring or job"):
-        _job_shard(OmegaConf.create({"model": {"shard": "all"}}), 4, 16, False)
+        job_shard(OmegaConf.create({"model": {"shard": "all"}}), 4, 16, False)
     with pytest.raises(UserError, match="ring.size: expected auto or a number"):
-        _ring_size(OmegaConf.create({"ring": {"size": "big"}}))
+        ring_size(OmegaConf.create({"ring": {"size": "big"}}))
 
 
 def test_plan_of_a_long_document_job_reads_the_model_directory(tmp_path, capsys):
@@ -53,10 +53,10 @@ def test_plan_of_a_long_document_job_reads_the_model_directory(tmp_path, capsys)
 def test_preflight_of_an_attention_job_is_the_plan_of_its_ranks():
     cfg = load_job("jobs/attention.yaml", ["nodes=2", "tasks_per_node=4", "device=H100-SXM",
                                            "task.seq_len=1048576", "task.dtype=bfloat16"])
-    verdict = preflight(cfg)
+    verdict = Sizing(cfg).preflight()
     assert verdict.device == "H100-SXM" and verdict.estimate.ranks == 8
     assert verdict.estimate.tokens_per_rank == 1048576 // 8
-    assert preflight(load_job("jobs/longdoc.yaml")) is None  # lengths unknown up front
+    assert Sizing(load_job("jobs/longdoc.yaml")).preflight() is None  # lengths unknown up front
 
 
 def test_plan_of_a_windowed_job_prices_its_window_unless_the_job_overrides_it(tmp_path, capsys):

@@ -10,6 +10,7 @@ import pytest
 
 from ringctl.cli import main
 from ringctl.errors import UserError
+from ringctl.longdoc.compat import model_shape
 from ringctl.planner.cost import (
     GIB,
     Link,
@@ -25,7 +26,6 @@ from ringctl.planner.model import (
     linear_flops_per_token,
     lm_head_flops_per_token,
     presets,
-    read_hf_config,
     total_params,
 )
 from ringctl.planner.timing import all_to_all_s
@@ -152,7 +152,7 @@ def test_model_shape_from_a_model_directory(tmp_path, capsys):
               "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
               "model_type": "llama"}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert read_hf_config(tmp_path) == replace(L70, name="llama")
+    assert model_shape(tmp_path) == replace(L70, name="llama")
     argv = ["plan", "--model", str(tmp_path), "--seq", "1048576", "--ranks", "64", "--nodes",
             "8", "--mode", "score", "--shard", "weights", "--json"]  # fmt: skip
     assert main(argv) == 0
@@ -164,7 +164,7 @@ def test_model_shape_from_a_model_directory(tmp_path, capsys):
 def test_a_bad_model_config_names_file_and_key(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
     with pytest.raises(UserError, match=r"config\.json: missing key 'num_attention_heads'"):
-        read_hf_config(tmp_path)
+        model_shape(tmp_path)
 
 
 def test_sharding_makes_70b_fit_at_1m_tokens_on_64_h100(capsys):

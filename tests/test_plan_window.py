@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from ringattn import blocks, kernels
+from ringctl.longdoc.compat import model_shape
 from ringctl.planner import window as pw
 from ringctl.planner.cost import Link, Workload, estimate
 from ringctl.planner.devices import get_device
-from ringctl.planner.model import ModelShape, read_hf_config
+from ringctl.planner.model import ModelShape
 from ringctl.planner.timing import attention_flops
 
 H100 = get_device("H100-SXM")
@@ -201,7 +202,7 @@ def _config(tmp_path, **kw):
     )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(base | kw))
-    return read_hf_config(path)
+    return model_shape(path)
 
 
 def test_the_window_and_its_layers_come_from_the_config(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
-from ringctl.commands.jobs import open_job_dir
+from ringctl.submission import open_job_dir
 from tests.local_jobs import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

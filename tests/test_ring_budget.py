@@ -17,7 +17,7 @@ def test_without_budget_or_device_auto_is_refused_at_submit(tmp_path, capsys):
 
 
 def test_the_planner_derives_the_budget_from_the_device(tmp_path, capsys):
-    from ringctl.commands.plan import _job_workload
+    from ringctl.sizing import job_workload
 
     job = tmp_path / "job"
     argv = ["submit", "longdoc", "ring.size=auto", "device=H100-SXM", "nodes=1",
@@ -29,16 +29,17 @@ def test_the_planner_derives_the_budget_from_the_device(tmp_path, capsys):
     )
     # the budget is what one rank of the smallest ring (the whole model on it) can hold
     cfg = load_job("longdoc", ["device=H100-SXM", "nodes=1", "tasks_per_node=2"])
-    one = max_tokens_per_rank(_job_workload(cfg, None), load_devices()["H100-SXM"], 1)
+    one = max_tokens_per_rank(job_workload(cfg, None), load_devices()["H100-SXM"], 1)
     assert 0 < budget <= one
     main(["cancel", str(job)])
 
 
 def test_an_explicit_budget_is_kept(tmp_path, capsys):
-    from ringctl.commands.jobs import with_ring_budget
+    from ringctl.sizing import Sizing
+    from ringctl.submission import with_ring_budget
 
     cfg = load_job("longdoc", ["ring.size=auto", "ring.max_tokens_per_rank=512"])
-    assert with_ring_budget(cfg, "x") is cfg
+    assert with_ring_budget(Sizing(cfg), "x").cfg is cfg
 
 
 def test_a_document_the_device_cannot_hold_is_refused_and_a_long_one_warned(tmp_path, capsys):

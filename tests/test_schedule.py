@@ -7,12 +7,9 @@ import random
 
 import pytest
 
+from ringctl.planner.layout import padded_length
 from ringctl.rings import Ring, ring_sizes
-from ringctl.schedule import DocLength, DocumentTooLong, build_schedule, padded
-
-
-def zigzag(size: int) -> int:
-    return 2 * size
+from ringctl.schedule import DocLength, DocumentTooLong, build_schedule
 
 
 def _docs(lengths):
@@ -32,19 +29,19 @@ def test_smallest_ring_that_holds_each_document():
     # budget 100 tokens per rank, zigzag: size 1 holds <= 100 (padded to 2), size 2 <= 200 ...
     sched = build_schedule(
         _docs([0, 1, 100, 101, 200, 390, 400]), world=4, sizes=[1, 2, 4], budget=100,
-        multiple=zigzag,
+        layout="zigzag",
     )  # fmt: skip
     by_id = {e.doc_id: e.ring_size for e in sched.entries}
     assert by_id == {"d0": 1, "d1": 1, "d2": 1, "d3": 2, "d4": 2, "d5": 4, "d6": 4}
     assert [p["ring_size"] for p in sched.phases] == [4, 2, 1]  # largest rings first
     for e in sched.entries:
-        assert padded(e.tokens, e.ring_size, zigzag(e.ring_size)) // e.ring_size <= 100
+        assert padded_length(e.tokens, "zigzag", e.ring_size) // e.ring_size <= 100
 
 
 def test_every_document_exactly_once_and_deterministic():
     rng = random.Random(3)
     lengths = [min(int(rng.lognormvariate(6, 1.5)), 30000) for _ in range(5000)]
-    kwargs = dict(world=8, sizes=ring_sizes(8, "auto"), budget=4096, multiple=zigzag)
+    kwargs = dict(world=8, sizes=ring_sizes(8, "auto"), budget=4096, layout="zigzag")
     a = build_schedule(_docs(lengths), **kwargs)
     b = build_schedule(_docs(lengths), **kwargs)
     assert a.to_dict() == b.to_dict()
@@ -64,7 +61,7 @@ def test_every_document_exactly_once_and_deterministic():
 def test_longest_first_to_the_least_loaded_ring():
     cost = lambda n, size: float(n)  # noqa: E731
     sched = build_schedule(
-        _docs([5, 9, 7, 3, 8]), world=2, sizes=[1], budget=100, multiple=zigzag, cost=cost
+        _docs([5, 9, 7, 3, 8]), world=2, sizes=[1], budget=100, layout="zigzag", cost=cost
     )
     rings = {0: [], 1: []}
     for e in sorted(sched.entries, key=lambda e: e.order):
@@ -75,7 +72,7 @@ def test_longest_first_to_the_least_loaded_ring():
 
 def test_a_document_too_long_for_the_job_is_refused_by_name():
     with pytest.raises(DocumentTooLong, match=r"'d1' has 900 tokens.*needs a ring of at least 9"):
-        build_schedule(_docs([10, 900]), world=4, sizes=[1, 2, 4], budget=100, multiple=zigzag)
+        build_schedule(_docs([10, 900]), world=4, sizes=[1, 2, 4], budget=100, layout="zigzag")
 
 
 def test_a_hundred_thousand_documents_schedule_in_seconds():
@@ -84,6 +81,18 @@ def test_a_hundred_thousand_documents_schedule_in_seconds():
     lengths = [(i * 7919) % 50000 for i in range(100_000)]
     start = time.process_time()
     sched = build_schedule(_docs(lengths), world=64, sizes=ring_sizes(64, "auto"), budget=4096,
-                           multiple=zigzag)  # fmt: skip
+                           layout="zigzag")  # fmt: skip
     assert len(sched.entries) == 100_000
     assert time.process_time() - start < 30  # generous: measured ~1 s (the benchmark says)
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_the_padding_rule_is_the_engines(layout):
+    """ringctl's torch-free padding rule (planner and scheduler) pads as ringattn does."""
+    from ringattn import padded_length as engine_padded_length
+
+    for ranks in (1, 2, 3, 4, 8):
+        for n in (1, 2, 5, 7, 16, 101, 4096):
+            want = engine_padded_length(n, world_size=ranks, layout=layout)
+            assert padded_length(n, layout, ranks) == want, (n, ranks)
+        assert padded_length(0, layout, ranks) == (2 if layout == "zigzag" else 1) * ranks

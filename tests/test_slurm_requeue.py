@@ -22,7 +22,7 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
-from ringctl.commands.jobs import open_job_dir
+from ringctl.submission import open_job_dir
 from tests.local_jobs import wait_for
 
 pytestmark = pytest.mark.slurm

@@ -14,8 +14,8 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
-from ringctl.commands.jobs import open_job_dir
 from ringctl.config import load_resolved
+from ringctl.submission import open_job_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "jobs" / "smoke.yaml")

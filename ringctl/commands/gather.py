@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         gatherer = _recognising_gatherer(path)
         result = gatherer.gather(path, args.out, **options)
     else:
-        from .jobs import open_job_dir
+        from ..submission import open_job_dir
 
         job, cfg, backend = open_job_dir(job_path)
         gatherer = _task_gatherer(cfg, job)

@@ -11,191 +11,24 @@
     ringctl resume JOBDIR [-f] [--force]   submit an ended job again; finished work is kept
     ringctl fetch JOBDIR                   copy an ssh job's outputs and logs back
 
-Backends are modules `ringctl.backends.<name>` with `create(cfg) -> Backend`, imported only
-when used.
+Submitting and resuming (the checks, the sizing, the job directory) live in
+``ringctl.submission``; this module parses arguments and prints. Backends are modules
+`ringctl.backends.<name>` with `create(cfg) -> Backend`, imported only when used.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import shutil
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import __version__
-from ..atomic import atomic_write
-from ..backends.base import Backend
-from ..config import load_job, load_job_from_dict, safe_dir_name, to_yaml
+from ..config import load_job, to_yaml
 from ..errors import UserError
 from ..jobdir import JobDir
 from ..jsonsafe import finite_json
-from ..tasks import get_spec
+from ..submission import open_job_dir, resume_job, submit_job
 from ..terminal import for_terminal, visible
-
-# --- helpers shared by the verbs ----------------------------------------------------------------
-
-
-def get_backend(cfg, name: str | None = None) -> Backend:
-    name = name or cfg.backend.value
-    try:
-        module = importlib.import_module(f"ringctl.backends.{name}")
-    except ModuleNotFoundError as err:
-        if err.name == f"ringctl.backends.{name}":
-            raise UserError(f"backend {name!r} is not available in this installation") from None
-        raise
-    return module.create(cfg)
-
-
-def open_job_dir(path: str | Path) -> tuple[JobDir, object, Backend]:
-    """(job, cfg, backend) for an existing job directory (a one-line error if it is not)."""
-    from ..config import load_resolved
-
-    job = JobDir.open(path)
-    cfg = load_resolved(job.config)
-    name = job.read_meta().get("backend") or cfg.backend.value
-    return job, cfg, get_backend(cfg, name)
-
-
-def check_plan(cfg, *, force: bool = False) -> None:
-    """Refuse, with the plan's reason, a job whose ranks cannot hold their share."""
-    from .plan import preflight
-
-    verdict = preflight(cfg)
-    if verdict is None:
-        return
-    est = verdict.estimate
-    if not est.fits:
-        if not force:
-            raise UserError(
-                f"ringctl plan ({verdict.device}): {verdict.reason}. Nothing was submitted; "
-                "give more ranks, a shorter sequence, or --force to submit anyway"
-            )
-        print(f"warning: submitting despite the plan (--force): {verdict.reason}", file=sys.stderr)
-    elif est.warnings:
-        print(f"plan ({verdict.device}): {verdict.reason}", file=sys.stderr)
-
-
-def with_ring_budget(cfg, source: str):
-    """ring.size=auto needs a per-rank token budget: the job's own, else the planner's for its
-    `device` (written into the submitted config, and said), else a one-line refusal."""
-    from omegaconf import OmegaConf
-
-    from .plan import ring_budget
-
-    ring = cfg.ring
-    if ring.size != "auto" or ring.max_tokens_per_rank is not None:
-        return cfg
-    derived = ring_budget(cfg)
-    if derived is None:
-        raise UserError(
-            f"{source}: ring.max_tokens_per_rank: ring.size=auto needs a per-rank token budget: "
-            "set it, or set device=... (a `ringctl plan` device) for the planner to derive one"
-        )
-    budget, device = derived
-    if budget < 1:
-        raise UserError(f"{source}: ring.size=auto: the model alone does not fit one {device}")
-    print(f"ring.max_tokens_per_rank={budget} (from the planner: {device})", file=sys.stderr)
-    data = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    data["ring"]["max_tokens_per_rank"] = budget
-    return load_job_from_dict(data, source=source)
-
-
-def check_documents(cfg, *, force: bool = False) -> None:
-    """A long-document job whose documents its device (or its own ring.max_tokens_per_rank)
-    cannot hold is refused (--force to insist); one predicted to outlast slurm.time is warned
-    about, and refused under ring.placement=required. With neither, what the longest document
-    needs is said. Lengths are the inputs' sizes in bytes (a byte-tokenizer's count; a
-    model's tokenizer gives fewer tokens, so this errs on the safe side)."""
-    if str(cfg.task.name) != "longdoc" or cfg.task.inputs is None:
-        return
-    from ..longdoc.scheduling import document_bytes
-    from ..tasks.longdoc import params_of
-    from .plan import document_verdict, unchecked_document
-
-    listing = params_of(cfg).list_inputs(on_missing="report", on_bad_record="skip")
-    lengths = [(d.id, document_bytes(d)) for d in listing.documents]
-    verdict = document_verdict(cfg, lengths)
-    if verdict is None:
-        said = unchecked_document(cfg, lengths)
-        if said:
-            print(f"warning: {said}", file=sys.stderr)
-        return
-    problems, warnings = verdict
-    who = f"ringctl plan ({cfg.device})" if cfg.device else "ring.max_tokens_per_rank"
-    strict = cfg.ring.placement.value == "required"
-    for why in problems + (warnings if strict else []):
-        if not force:
-            raise UserError(f"{who}: {why}. Nothing was submitted; --force to submit anyway")
-    for why in problems + warnings:
-        print(f"warning: {who}: {why}", file=sys.stderr)
-
-
-def check_packages(cfg) -> None:
-    """Refuse a job whose task needs a package this Python cannot import, before anything is
-    created. Only where the job runs this interpreter (local, or slurm with no other env)."""
-    env = cfg.env
-    if cfg.backend.value == "ssh" or env.python or env.venv or env.conda or env.container_image:
-        return
-    missing = get_spec(str(cfg.task.name)).missing_packages(cfg)
-    if missing:
-        module, install = missing[0]
-        raise UserError(
-            f"task {cfg.task.name} needs {module}, which {sys.executable} cannot import: "
-            f"{install}. Nothing was submitted"
-        )
-
-
-def _job_files(cfg, script: str, job_file: str, overrides: list[str], backend: Backend) -> dict:
-    meta = {
-        "backend": backend.name,
-        "name": str(cfg.name),
-        "source": str(job_file),
-        "overrides": list(overrides),
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "ringctl_version": __version__,
-    }
-    return {
-        "config.yaml": to_yaml(cfg),
-        "job.sh": script,
-        "job.json": json.dumps(meta, indent=2, sort_keys=True) + "\n",
-    }
-
-
-def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
-    """Load, check, render, create the job directory, submit. Returns (job, job_id, backend).
-    A submission that fails leaves no job directory behind."""
-    from ..render import render_script
-
-    cfg = load_job(job_file, overrides)
-    prepared = get_spec(str(cfg.task.name)).prepare(cfg)
-    if prepared is not cfg:  # re-validated: what is written is what was checked
-        cfg = load_job_from_dict(prepared, source=str(job_file))
-    check_packages(cfg)
-    cfg = with_ring_budget(cfg, str(job_file))
-    check_plan(cfg, force=force)
-    check_documents(cfg, force=force)
-    script = render_script(cfg)  # before anything is written: a template error stops here
-    backend = get_backend(cfg)
-    target = Path(str(cfg.job_dir)).expanduser() if cfg.job_dir else None
-    stem = f"{safe_dir_name(str(cfg.name))}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    job = JobDir.create(
-        _job_files(cfg, script, job_file, overrides, backend),
-        target=target,
-        base=Path(str(cfg.output_dir)).expanduser(),
-        stem=stem,
-    )
-    try:
-        job.update_meta(local_dir=str(job.path))
-        job_id = backend.submit(job.path)
-    except BaseException:
-        shutil.rmtree(job.path, ignore_errors=True)
-        raise
-    job.update_meta(job_id=str(job_id))
-    return job.path, str(job_id), backend
-
 
 # --- verbs ----------------------------------------------------------------------------------------
 
@@ -249,65 +82,6 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
     print(line, file=sys.stdout if status.state.value == "COMPLETED" else sys.stderr)
     print(f"job directory: {job_dir}")
     return 0 if status.state.value == "COMPLETED" else 1
-
-
-# What a resume may change: how the job runs, never what it computes or where it lives.
-RESUME_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "device", "timeout",
-               "rendezvous_timeout", "ring.", "slurm.", "env.")  # fmt: skip
-
-
-def _resumed_config(job: JobDir, overrides: list[str]):
-    """The job's config with resume's overrides, checked like a new job; None without any."""
-    from ..render import render_script
-
-    if not overrides:
-        return None
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if not key.startswith(RESUME_KEYS) and key not in RESUME_KEYS:
-            raise UserError(
-                f"override {item!r}: a resume may change how the job runs "
-                f"({', '.join(k.rstrip('.') for k in RESUME_KEYS)}), not {key}; the outputs "
-                "must stay those of the same run"
-            )
-    cfg = load_job(job.config, overrides)  # every check of a new job, the task's included
-    return cfg, render_script(cfg)
-
-
-def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[str, ...] = ()):
-    """Submit an ended job (failed, cancelled, timed out) again into its own directory.
-
-    Its outputs stay; tasks skip work already complete (the long-document task skips
-    documents whose shards are all written and verified). The previous attempt's logs and
-    placement move to attempts/<n>/. Under the directory's lock; a refusal changes nothing.
-    """
-    job, cfg, backend = open_job_dir(path)
-    changed = _resumed_config(job, list(overrides))  # before anything moves: a refusal
-    with job.lock("resume"):
-        before = backend.status(job.path)
-        if not before.state.finished and before.state.value != "UNKNOWN":
-            raise UserError(
-                f"{job.path}: job {before.job_id} is {before.state.value}; cancel it first "
-                f"(`ringctl cancel {job.path}`) or wait for it to end"
-            )
-        if before.state.value == "COMPLETED" and not force:
-            raise UserError(
-                f"{job.path}: job {before.job_id} already COMPLETED; pass --force to run it "
-                "again (finished work is still kept)"
-            )
-        previous = job.archive_attempt()
-        job.remove_stale_temporaries()
-        if changed is not None:
-            atomic_write(job.config, to_yaml(changed[0]))
-            atomic_write(job.script, changed[1])
-            job.script.chmod(0o755)
-        history = job.read_meta().get("attempts", [])
-        history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
-        job.update_meta(attempts=history)
-        backend.prepare_resume(job)
-        job_id = backend.submit(job.path)
-        job.update_meta(job_id=str(job_id))
-    return job.path, str(job_id), backend
 
 
 def cmd_resume(args) -> int:

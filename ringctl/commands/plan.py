@@ -1,9 +1,8 @@
 """`ringctl plan`: memory, whole-model time and overlap of a ring job before the queue wait.
 
-This module is where job configs meet the planner: it reads a job (its task, ranks, device,
-``ring.size``, ``model.shard`` and, for long documents, the model's config.json and the
-documents' lengths) and hands the planner plain ``Workload`` values. The planner itself
-(ringctl/planner) imports neither the tasks nor the config.
+The flags become the planner's plain ``Workload``, ``Device`` and ``Link`` here; a job config
+(`ringctl plan JOB`) is read by ``ringctl.sizing``, the same reading `ringctl submit` checks.
+The planner itself (ringctl/planner) imports neither the tasks nor the config.
 """
 
 from __future__ import annotations
@@ -15,20 +14,19 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..planner.cost import (
-    GIB,
     Link,
     ModelShape,
     Workload,
     estimate,
     fewest_ranks,
     intra_link,
-    layout_multiple,
     longest_sequence,
     net_link,
     nominal_link,
 )
 from ..planner.devices import Device, get_device, save_user_device
-from ..planner.model import resolve_model
+from ..planner.layout import layout_multiple
+from ..sizing import config_section, job_workload, resolve_model, ring_size
 
 DEFAULT_DEVICE = "H100-SXM"
 
@@ -262,7 +260,7 @@ def _device(args) -> Device:
 
 
 def _check_split(work: Workload, ranks: int) -> None:
-    multiple = layout_multiple(work, ranks)
+    multiple = layout_multiple(work.layout, ranks)
     if work.seq_len % multiple:
         raise UserError(
             f"--seq {work.seq_len} cannot be split over {ranks} ranks in the {work.layout} "
@@ -361,92 +359,13 @@ def _report(work, est, device, link, longest, fewest, layouts) -> dict:
 # --- job configs -------------------------------------------------------------------------
 
 
-def _section(cfg, name: str) -> dict:
-    """A config section as plain data, {} when the job has none (keys others are adding)."""
-    from omegaconf import OmegaConf
-
-    value = cfg.get(name)
-    if value is None:
-        return {}
-    data = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-    return data if isinstance(data, dict) else {}
-
-
-def _ring_size(cfg) -> int | None:
-    """``ring.size``: an int ring size, or None (absent, or ``auto``: rings per document)."""
-    size = _section(cfg, "ring").get("size")
-    if size is None or str(getattr(size, "value", size)) == "auto":
-        return None
-    try:
-        return int(size)
-    except (TypeError, ValueError):
-        raise UserError(f"ring.size: expected auto or a number of ranks, got {size!r}") from None
-
-
-def _job_shard(cfg, ring: int | None, world: int, trains: bool) -> tuple[str, int | None]:
-    """``model.shard``: none | ring | job -> the planner's (shard, degree). Inference shards
-    the weights; training (grad) also reduces gradients into shards."""
-    value = str(_section(cfg, "model").get("shard", "none"))
-    if value == "none":
-        return "none", None
-    if value not in ("ring", "job"):
-        raise UserError(f"model.shard: expected none, ring or job, got {value!r}")
-    kind = "full" if trains else "weights"
-    return kind, (ring or world) if value == "ring" else world
-
-
-def _longdoc_model(task) -> ModelShape:
-    """The shape of the model the job runs: its config.json with task.model_overrides checked
-    and set, read by the job's own reader (``longdoc.compat.read_model_config``)."""
-    from omegaconf import OmegaConf
-
-    from ..longdoc.compat import read_model_config
-    from ..planner.model import from_hf_config
-
-    path = task.get("model_path")
-    overrides = task.get("model_overrides")
-    if OmegaConf.is_config(overrides):
-        overrides = OmegaConf.to_container(overrides, resolve=True)
-    try:
-        data = read_model_config(str(path) if path else None, overrides)
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    return from_hf_config(data, str(path or "the bundled tiny Llama"))
-
-
-def _job_workload(cfg, ring: int | None) -> Workload | None:
-    """The planner's workload for a job: the task's own ``workload(cfg)`` when it has one,
-    else a long-document job's model (``task.model_path``: its config.json) and mode, with
-    ``seq_len`` 0 (documents differ; see the budget)."""
-    from ..config import world_size
-    from ..tasks import get_spec
-
-    module = get_spec(str(cfg.task.name)).module
-    make = getattr(module, "workload", None)
-    if make is not None:
-        work = make(cfg)
-    elif str(cfg.task.name) == "longdoc":
-        m = _longdoc_model(cfg.task)
-        mode = {"score": "score", "embed": "embed", "grad": "train"}[str(cfg.task.mode)]
-        work = Workload(
-            seq_len=0, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim, model=m,
-            dtype=str(cfg.task.dtype), mode=mode, backward=mode == "train",
-            layout=str(cfg.task.layout or cfg.ring.layout.value),
-            lm_head_chunk=int(cfg.task.chunk_size),
-        )  # fmt: skip
-    else:
-        return None
-    shard, degree = _job_shard(cfg, ring, world_size(cfg), work.trains)
-    return replace(work, shard=shard, shard_degree=degree) if shard != "none" else work
-
-
 def _from_job(args) -> Workload:
     """The workload of a job config; its ranks, nodes and device fill the flags not given."""
     from ..config import load_job, world_size
 
     cfg = load_job(args.job, args.overrides)
-    ring = _ring_size(cfg)
-    work = _job_workload(cfg, ring)
+    ring = ring_size(cfg)
+    work = job_workload(cfg, ring)
     if work is None:
         raise UserError(
             f"{args.job}: the {cfg.task.name} task does not describe its work up front; "
@@ -461,7 +380,7 @@ def _from_job(args) -> Workload:
         args.device = str(cfg.device)
     if args.seq and not work.seq_len:
         work = replace(work, seq_len=args.seq)
-    ulysses = _section(cfg, "ring").get("ulysses")
+    ulysses = config_section(cfg, "ring").get("ulysses")
     if ulysses not in (None, "auto") and args.ulysses == 1:
         try:
             work = replace(work, ulysses=int(ulysses))
@@ -469,25 +388,6 @@ def _from_job(args) -> Workload:
             raise UserError(f"ring.ulysses: expected auto or a degree, got {ulysses!r}") from None
     args.job_cfg = cfg
     return work
-
-
-def _doc_lengths(cfg) -> list[int]:
-    """Tokens per document of a long-document job, without tokenising: UTF-8 bytes (exact for
-    the byte-level tokenizer; with a tokenizer, bytes / 4, an estimate)."""
-    from ..longdoc.documents import list_documents
-
-    t = cfg.task
-    if not t.get("inputs"):
-        from importlib import resources
-
-        inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
-    else:
-        inputs = [str(x) for x in t.inputs]
-    listing = list_documents(
-        inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"), split=t.get("split")
-    )
-    per_token = 4 if t.get("tokenizer_path") else 1
-    return [max(1, d.nbytes // per_token) for d in listing.documents]  # sizes, as listed
 
 
 def _print_budget(args, work: Workload, device: Device) -> int:
@@ -499,11 +399,12 @@ def _print_budget(args, work: Workload, device: Device) -> int:
         predicted_makespan,
         single_ring_schedule,
     )
+    from ..tasks import get_spec
 
     ring = args.ranks
     per_host = max(1, min(ring, ring // max(1, args.nodes)))
     budget = max_tokens_per_rank(work, device, ring, per_host)
-    lengths = _doc_lengths(args.job_cfg) if str(args.job_cfg.task.name) == "longdoc" else []
+    lengths = get_spec(str(args.job_cfg.task.name)).document_lengths(args.job_cfg)
     schedules = {}
     if lengths:
         nodes = args.nodes
@@ -608,144 +509,3 @@ def calibrate_and_store() -> Device:
     path = save_user_device(device)
     print(f"stored device {device.name!r} in {path}")
     return device
-
-
-def preflight(cfg):
-    """What `ringctl submit` checks: the job's plan, or None when it cannot be sized (no
-    device entry, or a task that does not describe its work up front)."""
-    import socket
-
-    from ..config import world_size
-    from ..planner.devices import load_devices
-    from ..planner.preflight import Preflight
-
-    try:
-        work = _job_workload(cfg, ring=_ring_size(cfg))
-    except UserError:
-        return None
-    if work is None or not work.seq_len:
-        return None
-    devices = load_devices()
-    name = cfg.get("device")
-    if not name and int(cfg.gpus_per_node) == 0:
-        name = f"cpu-{socket.gethostname().split('.')[0]}"
-    if not name or name not in devices:
-        return None
-    device = devices[name]
-    ranks = _ring_size(cfg) or world_size(cfg)
-    link = nominal_link(device, max(1, -(-ranks // int(cfg.tasks_per_node))))
-    per_host = min(ranks, int(cfg.tasks_per_node))
-    return Preflight(name, estimate(work, ranks, device, link, ranks_on_host=per_host))
-
-
-def ring_budget(cfg) -> tuple[int, str] | None:
-    """(tokens per rank, which device said so) for a job with ring.size=auto and no budget of
-    its own: the planner's largest per-rank share for the job's device, model, dtype, mode
-    and sharding, the smallest over the ring sizes the job may use. None: not sizable (no
-    device entry, or a task that does not describe its model)."""
-    from ..config import world_size
-    from ..planner.devices import load_devices
-    from ..planner.schedule import max_tokens_per_rank
-    from ..rings import divisors
-
-    name = cfg.get("device")
-    devices = load_devices()
-    if not name or name not in devices:
-        return None
-    work = _job_workload(cfg, ring=None)
-    if work is None:
-        return None
-    world, per_host = world_size(cfg), int(cfg.tasks_per_node)
-    sizes = divisors(world)
-    budget = min(max_tokens_per_rank(work, devices[name], n, min(n, per_host)) for n in sizes)
-    return budget, str(name)
-
-
-def document_verdict(cfg, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]] | None:
-    """(problems, warnings) of a long-document job's documents: a document no ring of the job
-    can hold (a problem) on its device, or under its own ring.max_tokens_per_rank; a predicted
-    time over slurm.time (a warning, with a device). None: neither a device entry nor a budget
-    says what a rank holds (``unchecked_document`` says what the longest one needs)."""
-    from ..planner.devices import load_devices
-    from ..planner.schedule import max_tokens_per_rank
-
-    name, devices = cfg.get("device"), load_devices()
-    device = devices.get(name) if name else None
-    if device is None and not cfg.ring.max_tokens_per_rank:
-        return None
-    work = _job_workload(cfg, ring=_ring_size(cfg)) if lengths else None
-    if work is None:
-        return [], []
-    biggest = _largest_ring(cfg)
-    per_host = min(biggest, int(cfg.tasks_per_node))
-    budget = cfg.ring.max_tokens_per_rank or max_tokens_per_rank(work, device, biggest, per_host)
-    of = f" of {name}" if device is not None else ""
-    problems = [
-        f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks{of} at "
-        f"{budget:,} tokens per rank; the job's largest ring has {biggest}"
-        for doc, n in lengths if n > budget * biggest
-    ]  # fmt: skip
-    if device is None or problems:
-        return problems, []
-    return problems, _time_warnings(cfg, lengths, work, device, biggest)
-
-
-def _largest_ring(cfg) -> int:
-    from ..config import world_size
-    from ..rings import ring_sizes
-
-    world = world_size(cfg)
-    return max(ring_sizes(world, cfg.ring.size if cfg.ring.size is not None else world))
-
-
-def _time_warnings(cfg, lengths, work: Workload, device: Device, biggest: int) -> list[str]:
-    """A predicted time over slurm.time, for the job's documents on its rings."""
-    from ..config import slurm_time_seconds, world_size
-    from ..planner.schedule import document_cost
-
-    limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None
-    if not limit:
-        return []
-    world = world_size(cfg)
-    nodes = max(1, -(-biggest // int(cfg.tasks_per_node)))
-    seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
-    seconds /= max(1, world // biggest)  # the rings of the job share the documents
-    if seconds <= limit:
-        return []
-    return [
-        f"the documents need about {seconds:,.0f} s on {world} x {device.name} "
-        f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
-    ]
-
-
-def unchecked_document(cfg, lengths: list[tuple[str, int]]) -> str | None:
-    """What the longest document needs per rank of the job's largest ring (the planner's
-    memory model needs no device), for a job whose ranks' memory nothing states."""
-    from ..planner.cost import memory_per_rank
-    from ..planner.schedule import padded_length
-
-    try:
-        work = _job_workload(cfg, ring=_ring_size(cfg)) if lengths else None
-    except UserError:
-        work = None
-    if work is None:
-        return None
-    ring = _largest_ring(cfg)
-    doc, n = max(lengths, key=lambda item: item[1])
-    need = sum(memory_per_rank(replace(work, seq_len=padded_length(n, work, ring)), ring).values())
-    return (
-        f"the longest document, {doc!r} ({n:,} tokens at most: its bytes), needs about "
-        f"{need / GIB:,.1f} GiB per rank on a ring of {ring}; nothing checks that it fits (set "
-        "device=NAME, a `ringctl plan` device, or ring.max_tokens_per_rank)"
-    )
-
-
-__all__ = [
-    "GIB",
-    "document_verdict",
-    "preflight",
-    "register",
-    "ring_budget",
-    "run",
-    "unchecked_document",
-]

@@ -221,6 +221,23 @@ def read_model_config(model_path: str | Path | None, overrides: Mapping | None =
     return merge(data, overrides)
 
 
+def model_shape(model_path: str | Path | None, overrides: Mapping | None = None):
+    """The planner's ``ModelShape`` of a model path, read by ``read_model_config`` (the one
+    config reader: the planner's, `ringctl plan --model DIR`'s and the job's): what the job
+    builds is what is priced. A UserError names the file and what is wrong."""
+    from ..errors import UserError
+    from ..planner.model import from_hf_config
+
+    try:
+        data = read_model_config(model_path, overrides)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if model_path is None:
+        return from_hf_config(data, "the bundled tiny Llama")
+    path = Path(model_path)
+    return from_hf_config(data, str(path / "config.json" if path.is_dir() else path))
+
+
 def _read_config_file(model_path: str | Path | None) -> dict:
     if model_path is None:
         path = Path(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))

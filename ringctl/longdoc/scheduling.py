@@ -79,10 +79,6 @@ def estimate_lengths(docs: list[Document], tokenizer) -> list[DocLength]:
     ]
 
 
-def layout_multiple(layout: str):
-    return (lambda size: 2 * size) if layout == "zigzag" else (lambda size: size)
-
-
 def plan_schedule(
     docs: list[Document], options: RingOptions, *, world: int, layout: str, tokenizer
 ) -> Schedule:
@@ -95,7 +91,7 @@ def plan_schedule(
             "(`ringctl plan JOB` suggests one for the job's device and model)"
         )
     lengths = estimate_lengths(docs, tokenizer)
-    kwargs = {"world": world, "sizes": sizes, "multiple": layout_multiple(layout)}
+    kwargs = {"world": world, "sizes": sizes, "layout": layout}
     if sizes == [world] and budget is None:  # the single ring of 0.1: input order
         return build_schedule(lengths, budget=UNLIMITED, cost=_same_cost, **kwargs)
     return build_schedule(lengths, budget=int(budget or UNLIMITED), **kwargs)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from .devices import Device
+from .layout import layout_multiple
 from .memory import (
     CHECKPOINTS,
     DTYPE_BYTES,
@@ -484,21 +485,14 @@ def usable_gib(device: Device, ranks_on_host: int = 1) -> float:
     return device.mem_gib - device.reserve_gib
 
 
-def layout_multiple(w: Workload, ranks: int) -> int:
-    """What the sequence length must be a multiple of to split over ``ranks`` in w's layout
-    (zigzag: two chunks per rank). A hybrid layout splits over ranks as well (N / ring over
-    the ring, then 1/U of that per rank of a Ulysses group)."""
-    return ranks * (2 if w.layout == "zigzag" else 1)
-
-
 def splits(w: Workload, ranks: int) -> bool:
-    return w.seq_len % layout_multiple(w, ranks) == 0 and ranks % w.ulysses == 0
+    return w.seq_len % layout_multiple(w.layout, ranks) == 0 and ranks % w.ulysses == 0
 
 
 def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int = 1) -> int:
     """The largest total N (a multiple of the layout's unit) whose per-rank memory fits."""
     capacity = usable_gib(device, ranks_on_host) * GIB
-    unit = layout_multiple(w, ranks)
+    unit = layout_multiple(w.layout, ranks)
 
     def fits(seq: int) -> bool:
         held = memory_per_rank(replace(w, seq_len=seq), ranks, device.cores is not None)

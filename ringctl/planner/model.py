@@ -1,9 +1,9 @@
 """A decoder-only LM's shape, and the counts the planner derives from it.
 
 The shape comes from flags, from a preset (``data/models.json``) or from a Hugging Face
-``config.json``; the planner needs only sizes, never the weights, so reading the config is a
-plain JSON read (no transformers import, which keeps ``ringctl plan`` fast and the planner a
-leaf of the package).
+config dict (``from_hf_config``); the planner needs only sizes, never the weights. Reading a
+``config.json`` is ``ringctl.longdoc.compat.read_model_config``'s, the one reader of planner
+and job (with the job's checked ``task.model_overrides``), through ``compat.model_shape``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 
 from ..errors import UserError
 
@@ -139,23 +138,6 @@ def sliding_window(data: dict, where: str) -> dict:
     return {"window": size, "window_layers": None if count == layers else count}
 
 
-def read_hf_config(path: str | Path, overrides: dict | None = None) -> ModelShape:
-    """A model directory (its config.json) or a config JSON file, with ``overrides`` (a
-    long-document job's ``task.model_overrides``, e.g. ``sliding_window: null``) set over its
-    top-level keys as the job sets them before building the model."""
-    path = Path(path).expanduser()
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{file}: no such model config") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{file}:{err.lineno}: not valid JSON ({err.msg})") from None
-    if overrides and isinstance(data, dict):
-        data = {**data, **overrides}
-    return from_hf_config(data, str(file))
-
-
 def presets() -> dict[str, ModelShape]:
     text = resources.files(__package__).joinpath("data/models.json").read_text()
     table = json.loads(text)
@@ -165,16 +147,3 @@ def presets() -> dict[str, ModelShape]:
         for name, entry in table.items()
         if not name.startswith("_")
     }
-
-
-def resolve_model(spec: str) -> ModelShape:
-    """``spec``: a preset name (see data/models.json) or a model directory / config file."""
-    table = presets()
-    if spec in table:
-        return table[spec]
-    if Path(spec).expanduser().exists():
-        return read_hf_config(spec)
-    raise UserError(
-        f"--model {spec!r}: neither a preset ({', '.join(sorted(table))}) nor a model "
-        "directory or config.json"
-    )

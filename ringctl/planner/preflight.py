@@ -2,7 +2,7 @@
 
 ``Preflight`` is the verdict. Reading a job config into a workload is not the planner's
 business (the planner is a leaf: it imports neither the tasks nor the config); it lives in
-``ringctl.commands.plan.preflight``, which also honours ``ring.size`` and ``model.shard``.
+``ringctl.sizing.Sizing.preflight``, which also honours ``ring.size`` and ``model.shard``.
 
 """
 

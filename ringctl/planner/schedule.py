@@ -28,12 +28,12 @@ from .cost import (
     GIB,
     Workload,
     estimate,
-    layout_multiple,
     memory_per_rank,
     nominal_link,
     usable_gib,
 )
 from .devices import Device
+from .layout import layout_multiple, padded_length
 
 
 def max_tokens_per_rank(w: Workload, device: Device, ring_size: int, ranks_on_host: int = 1) -> int:
@@ -42,7 +42,7 @@ def max_tokens_per_rank(w: Workload, device: Device, ring_size: int, ranks_on_ho
     Sharding follows ``w.shard`` / ``w.shard_degree`` (default: the ring), so a bigger ring
     also leaves each rank more room for tokens."""
     capacity = usable_gib(device, ranks_on_host) * GIB
-    unit = layout_multiple(w, ring_size)
+    unit = layout_multiple(w.layout, ring_size)
 
     def fits(units: int) -> bool:
         probe = replace(w, seq_len=units * unit)
@@ -59,11 +59,6 @@ def max_tokens_per_rank(w: Workload, device: Device, ring_size: int, ranks_on_ho
     return lo * unit // ring_size
 
 
-def padded_length(n_tokens: int, w: Workload, ring_size: int) -> int:
-    unit = layout_multiple(w, ring_size)
-    return max(unit, -(-n_tokens // unit) * unit)
-
-
 def document_cost(
     n_tokens: int,
     ring_size: int,
@@ -77,7 +72,7 @@ def document_cost(
     (padded to the layout's multiple, as the worker pads it)."""
     per_host = ranks_on_host or min(ring_size, device.gpus_per_node)
     ring_nodes = max(1, math.ceil(ring_size / per_host)) if nodes > 1 else 1
-    seq = padded_length(n_tokens, w, ring_size)
+    seq = padded_length(n_tokens, w.layout, ring_size)
     est = estimate(
         replace(w, seq_len=seq),
         ring_size,
@@ -144,7 +139,7 @@ def auto_schedule(
     budget = {s: max_tokens_per_rank(w, device, s, min(s, device.gpus_per_node)) for s in sizes}
     choice = []
     for doc, n in enumerate(lengths):
-        size = next((s for s in sizes if padded_length(n, w, s) // s <= budget[s]), None)
+        size = next((s for s in sizes if padded_length(n, w.layout, s) // s <= budget[s]), None)
         if size is None:
             raise ValueError(
                 f"document {doc}: {n:,} tokens; no ring of this {world}-rank job holds it "

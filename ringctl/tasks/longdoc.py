@@ -38,7 +38,17 @@ class ModelSection:
 
 
 SECTIONS = {"model": ModelSection}
-__all__ = ["MODES", "Params", "check", "params_of", "prepare", "run"]
+__all__ = [
+    "MODES",
+    "Params",
+    "check",
+    "document_lengths",
+    "model_shape",
+    "params_of",
+    "prepare",
+    "run",
+    "workload",
+]
 
 
 def _check_model(p: LongDocParams, bad) -> None:
@@ -165,6 +175,59 @@ def params_of(cfg) -> LongDocParams:
     params.layout = str(cfg.task.layout or cfg.ring.layout.value)
     params.validate()
     return params
+
+
+def model_shape(task):
+    """The shape of the model the job runs (a planner ``ModelShape``): its config.json with
+    task.model_overrides checked and set, read by the job's own reader
+    (``longdoc.compat.read_model_config``)."""
+    from ..longdoc.compat import model_shape as read_shape
+
+    path = task.get("model_path")
+    overrides = task.get("model_overrides")
+    if OmegaConf.is_config(overrides):
+        overrides = OmegaConf.to_container(overrides, resolve=True)
+    return read_shape(str(path) if path else None, overrides)
+
+
+def workload(cfg):
+    """What the planner sizes for this job: its model (``task.model_path``: its config.json)
+    and mode, with ``seq_len`` 0 (documents differ; see ringctl.sizing's budget)."""
+    from ..planner.cost import Workload
+
+    m = model_shape(cfg.task)
+    mode = {"score": "score", "embed": "embed", "grad": "train"}[str(cfg.task.mode)]
+    return Workload(
+        seq_len=0,
+        heads=m.heads,
+        kv_heads=m.kv_heads,
+        head_dim=m.head_dim,
+        model=m,
+        dtype=str(cfg.task.dtype),
+        mode=mode,
+        backward=mode == "train",
+        layout=str(cfg.task.layout or cfg.ring.layout.value),
+        lm_head_chunk=int(cfg.task.chunk_size),
+    )
+
+
+def document_lengths(cfg) -> list[int]:
+    """Tokens per document of a long-document job, without tokenising: UTF-8 bytes (exact for
+    the byte-level tokenizer; with a tokenizer, bytes / 4, an estimate)."""
+    from ..longdoc.documents import list_documents
+
+    t = cfg.task
+    if not t.get("inputs"):
+        from importlib import resources
+
+        inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
+    else:
+        inputs = [str(x) for x in t.inputs]
+    listing = list_documents(
+        inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"), split=t.get("split")
+    )
+    per_token = 4 if t.get("tokenizer_path") else 1
+    return [max(1, d.nbytes // per_token) for d in listing.documents]  # sizes, as listed
 
 
 def run(cfg, ctx) -> dict:

@@ -1,0 +1,252 @@
+"""Sizing a job: where job configs meet the planner.
+
+A job config (its task, ranks, device, ``ring.size``, ``model.shard``) becomes the planner's
+plain ``Workload``, ``Device`` and ring sizes here, once per submission: ``Sizing(cfg)`` reads
+the devices table and builds the workload (the task's ``workload(cfg)`` hook) a single time,
+and answers the three questions `ringctl submit` asks of the planner: the per-rank budget
+``ring.size=auto`` needs (``budget``), whether the ranks hold the job (``preflight``), and
+whether they hold its documents (``documents``, ``unchecked``). `ringctl plan JOB` reads the
+job the same way (``ring_size``, ``job_workload``). The planner itself (ringctl/planner)
+imports neither the tasks nor the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cached_property
+
+from .config import world_size
+from .errors import UserError
+from .planner.cost import GIB, ModelShape, Workload, estimate, memory_per_rank, nominal_link
+from .planner.devices import Device, load_devices
+from .planner.preflight import Preflight
+
+__all__ = ["Sizing", "config_section", "job_shard", "job_workload", "resolve_model", "ring_size"]
+
+
+def resolve_model(spec: str) -> ModelShape:
+    """``spec``: a preset name (see planner/data/models.json) or a model directory / config
+    file, read by the job's own reader (``longdoc.compat.model_shape``)."""
+    from pathlib import Path
+
+    from .longdoc.compat import model_shape
+    from .planner.model import presets
+
+    table = presets()
+    if spec in table:
+        return table[spec]
+    if Path(spec).expanduser().exists():
+        return model_shape(str(Path(spec).expanduser()))
+    raise UserError(
+        f"--model {spec!r}: neither a preset ({', '.join(sorted(table))}) nor a model "
+        "directory or config.json"
+    )
+
+
+def config_section(cfg, name: str) -> dict:
+    """A config section as plain data, {} when the job has none (keys others are adding)."""
+    from omegaconf import OmegaConf
+
+    value = cfg.get(name)
+    if value is None:
+        return {}
+    data = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return data if isinstance(data, dict) else {}
+
+
+def ring_size(cfg) -> int | None:
+    """``ring.size``: an int ring size, or None (absent, or ``auto``: rings per document)."""
+    size = config_section(cfg, "ring").get("size")
+    if size is None or str(getattr(size, "value", size)) == "auto":
+        return None
+    try:
+        return int(size)
+    except (TypeError, ValueError):
+        raise UserError(f"ring.size: expected auto or a number of ranks, got {size!r}") from None
+
+
+def job_shard(cfg, ring: int | None, world: int, trains: bool) -> tuple[str, int | None]:
+    """``model.shard``: none | ring | job -> the planner's (shard, degree). Inference shards
+    the weights; training (grad) also reduces gradients into shards."""
+    value = str(config_section(cfg, "model").get("shard", "none"))
+    if value == "none":
+        return "none", None
+    if value not in ("ring", "job"):
+        raise UserError(f"model.shard: expected none, ring or job, got {value!r}")
+    kind = "full" if trains else "weights"
+    return kind, (ring or world) if value == "ring" else world
+
+
+def job_workload(cfg, ring: int | None) -> Workload | None:
+    """The planner's workload for a job: its task's ``workload(cfg)`` (a long-document job's
+    has ``seq_len`` 0: documents differ; see the budget), sharded as ``model.shard`` says.
+    None: the task does not describe its work up front."""
+    from .tasks import get_spec
+
+    work = get_spec(str(cfg.task.name)).workload(cfg)
+    if work is None:
+        return None
+    shard, degree = job_shard(cfg, ring, world_size(cfg), work.trains)
+    return replace(work, shard=shard, shard_degree=degree) if shard != "none" else work
+
+
+class Sizing:
+    """One job's sizing: its workload, device entry and rings, each computed once.
+
+    The workload is built on first use; a config the planner cannot read (a UserError) is
+    kept and raised again by the questions that refuse on it (``budget``, ``documents``),
+    while ``preflight`` and ``unchecked`` answer None, as each did on its own before.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.world = world_size(cfg)
+        self.per_node = int(cfg.tasks_per_node)
+
+    def with_config(self, cfg) -> Sizing:
+        """The same sizing for ``cfg``, a copy of this job's config with its budget written in
+        (``ring.max_tokens_per_rank`` is no input of the workload)."""
+        other = Sizing.__new__(Sizing)
+        other.__dict__.update(self.__dict__, cfg=cfg)
+        return other
+
+    @cached_property
+    def devices(self) -> dict[str, Device]:
+        return load_devices()
+
+    @cached_property
+    def _work(self) -> tuple[Workload | None, UserError | None]:
+        try:
+            return job_workload(self.cfg, ring=ring_size(self.cfg)), None
+        except UserError as err:
+            return None, err
+
+    @property
+    def work(self) -> Workload | None:
+        """The job's workload (None: its task does not describe it); a UserError if unreadable."""
+        work, err = self._work
+        if err is not None:
+            raise err
+        return work
+
+    @property
+    def device_name(self) -> str | None:
+        name = self.cfg.get("device")
+        return str(name) if name else None
+
+    @property
+    def device(self) -> Device | None:
+        """The job's ``device`` entry in the table (None: no device, or one not in it)."""
+        return self.devices.get(self.device_name) if self.device_name else None
+
+    @cached_property
+    def largest_ring(self) -> int:
+        from .rings import ring_sizes
+
+        size = self.cfg.ring.size if self.cfg.ring.size is not None else self.world
+        return max(ring_sizes(self.world, size))
+
+    def preflight(self) -> Preflight | None:
+        """What `ringctl submit` checks: the job's plan, or None when it cannot be sized (no
+        device entry, or a task that does not describe its work up front)."""
+        import socket
+
+        work, err = self._work
+        if err is not None or work is None or not work.seq_len:
+            return None
+        name = self.device_name
+        if not name and int(self.cfg.gpus_per_node) == 0:
+            name = f"cpu-{socket.gethostname().split('.')[0]}"
+        if not name or name not in self.devices:
+            return None
+        device = self.devices[name]
+        ranks = ring_size(self.cfg) or self.world
+        link = nominal_link(device, max(1, -(-ranks // self.per_node)))
+        per_host = min(ranks, self.per_node)
+        return Preflight(name, estimate(work, ranks, device, link, ranks_on_host=per_host))
+
+    def budget(self) -> tuple[int, str] | None:
+        """(tokens per rank, which device said so) for a job with ring.size=auto and no budget
+        of its own: the planner's largest per-rank share for the job's device, model, dtype,
+        mode and sharding, the smallest over the ring sizes the job may use. None: not sizable
+        (no device entry, or a task that does not describe its model)."""
+        from .planner.schedule import max_tokens_per_rank
+        from .rings import divisors
+
+        device = self.device
+        if device is None:
+            return None
+        work = self.work
+        if work is None:
+            return None
+        per_host = self.per_node
+        sizes = divisors(self.world)
+        budget = min(max_tokens_per_rank(work, device, n, min(n, per_host)) for n in sizes)
+        return budget, str(self.device_name)
+
+    def documents(self, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]] | None:
+        """(problems, warnings) of a long-document job's documents: a document no ring of the
+        job can hold (a problem) on its device, or under its own ring.max_tokens_per_rank; a
+        predicted time over slurm.time (a warning, with a device). None: neither a device
+        entry nor a budget says what a rank holds (``unchecked`` says what the longest one
+        needs)."""
+        from .planner.schedule import max_tokens_per_rank
+
+        cfg, device, name = self.cfg, self.device, self.device_name
+        if device is None and not cfg.ring.max_tokens_per_rank:
+            return None
+        work = self.work if lengths else None
+        if work is None:
+            return [], []
+        biggest = self.largest_ring
+        per_host = min(biggest, self.per_node)
+        budget = cfg.ring.max_tokens_per_rank or max_tokens_per_rank(
+            work, device, biggest, per_host
+        )
+        of = f" of {name}" if device is not None else ""
+        problems = [
+            f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks{of} at "
+            f"{budget:,} tokens per rank; the job's largest ring has {biggest}"
+            for doc, n in lengths
+            if n > budget * biggest
+        ]
+        if device is None or problems:
+            return problems, []
+        return problems, self._time_warnings(lengths, work, device, biggest)
+
+    def _time_warnings(self, lengths, work: Workload, device: Device, biggest: int) -> list[str]:
+        """A predicted time over slurm.time, for the job's documents on its rings."""
+        from .config import slurm_time_seconds
+        from .planner.schedule import document_cost
+
+        cfg = self.cfg
+        limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None
+        if not limit:
+            return []
+        nodes = max(1, -(-biggest // self.per_node))
+        seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
+        seconds /= max(1, self.world // biggest)  # the rings of the job share the documents
+        if seconds <= limit:
+            return []
+        return [
+            f"the documents need about {seconds:,.0f} s on {self.world} x {device.name} "
+            f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
+        ]
+
+    def unchecked(self, lengths: list[tuple[str, int]]) -> str | None:
+        """What the longest document needs per rank of the job's largest ring (the planner's
+        memory model needs no device), for a job whose ranks' memory nothing states."""
+        from .planner.layout import padded_length
+
+        work, err = self._work
+        if err is not None or work is None or not lengths:
+            return None
+        ring = self.largest_ring
+        doc, n = max(lengths, key=lambda item: item[1])
+        padded = replace(work, seq_len=padded_length(n, work.layout, ring))
+        need = sum(memory_per_rank(padded, ring).values())
+        return (
+            f"the longest document, {doc!r} ({n:,} tokens at most: its bytes), needs about "
+            f"{need / GIB:,.1f} GiB per rank on a ring of {ring}; nothing checks that it fits "
+            "(set device=NAME, a `ringctl plan` device, or ring.max_tokens_per_rank)"
+        )
