@@ -175,8 +175,9 @@ def _ring_failure(model, ids, kind: str, detail: str, dtype_name: str) -> str:
     if kind == "refusal":
         return f"refused on the probe: {detail}"
     return (
-        f"model type {model_type(model.config)!r}: ring attention failed on the probe where "
-        f"transformers' own forward pass runs ({detail}): a ringattn error, not the model's"
+        f"model type {model_type(model.config)!r}: scoring on the ring failed on the probe where "
+        f"transformers' own forward pass runs ({detail}): an error of ringctl's scorer or "
+        "ringattn, not the model's"
     )
 
 
