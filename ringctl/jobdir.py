@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_write, atomic_write_json
+from .atomic import atomic_write, atomic_write_json, default_dir_mode
 from .errors import UserError
 
 CONFIG = "config.yaml"
@@ -229,9 +229,9 @@ class JobDir:
                 (tmp / sub).mkdir()
             for name, content in files.items():
                 atomic_write(tmp / name, content)
-            if SCRIPT in files:
-                (tmp / SCRIPT).chmod(0o755)
-            tmp.chmod(0o755)
+            if SCRIPT in files:  # executable, as private as the umask says (env.vars: tokens)
+                (tmp / SCRIPT).chmod(default_dir_mode())
+            tmp.chmod(default_dir_mode())  # mkdtemp made it 0700
             return cls(_rename_into_place(tmp, target, base, stem).resolve())
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -24,6 +24,7 @@ import torch
 
 from ringctl.atomic import atomic_write_json
 from ringctl.cli import main
+from ringctl.commands.jobs import open_job_dir
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
 from ringctl.longdoc.documents import doc_key
@@ -41,10 +42,12 @@ def _ringctl(*args: str, **kw) -> subprocess.CompletedProcess:
 
 def _local_job(base: Path, log: str = "") -> Path:
     """A finished local job's directory, as `ringctl submit` leaves it, with rank 0's log."""
-    job = JobDir.create(
-        {"config.yaml": to_yaml(load_job(SMOKE, [])), "job.json": '{"backend": "local"}'},
-        target=base / "job", base=base, stem="job",
-    )  # fmt: skip
+    files = {
+        "config.yaml": to_yaml(load_job(SMOKE, [])),
+        "job.sh": "#!/bin/bash\nexport HF_TOKEN=hf_secret\n",  # env.vars land here
+        "job.json": '{"backend": "local"}',
+    }
+    job = JobDir.create(files, target=base / "job", base=base, stem="job")
     atomic_write_json(job.state_file, {"state": "COMPLETED", "started_at": 1.0, "ended_at": 3.5})
     (job.logs / "rank-0.out").write_text(log)
     return job.path
@@ -312,6 +315,28 @@ def test_shards_and_gather_outputs_follow_the_umask(tmp_path, capsys, umask):
         assert len(files) >= 6 and set(files.values()) == {0o666 & ~umask}, files
         assert set(dirs.values()) == {0o777 & ~umask}, dirs
     assert (local / "config.yaml").stat().st_mode & 0o777 == 0o666 & ~umask
+    # the job directory and its folders as mkdir would make them; job.sh (env.vars: tokens)
+    # executable but no more readable than the umask allows (it was 0755 whatever the umask)
+    for path in (local, local / "logs", local / "probes", local / "out", local / "job.sh"):
+        assert path.stat().st_mode & 0o777 == 0o777 & ~umask, path
+
+
+def test_resumed_job_script_follows_the_umask(tmp_path, capsys):
+    """A resume with overrides rewrites job.sh: it was chmod 0755 whatever the umask."""
+    previous = os.umask(0o077)
+    try:
+        quick = ["nodes=1", "env.python=/bin/true"]  # ranks that exit at once
+        assert main(["submit", SMOKE, f"output_dir={tmp_path}", *quick]) == 0
+        job = Path(capsys.readouterr().out.strip().rsplit(" in ", 1)[1])
+        _, _, backend = open_job_dir(job)
+        assert backend.wait(job, timeout=60, poll_s=0.2).state.finished
+        assert main(["resume", str(job), "timeout=61"]) == 0, capsys.readouterr().err
+        assert backend.wait(job, timeout=60, poll_s=0.2).state.finished
+    finally:
+        os.umask(previous)
+    assert "timeout: 61" in (job / "config.yaml").read_text()  # rewritten by the resume
+    assert (job / "job.sh").stat().st_mode & 0o777 == 0o700
+    assert job.stat().st_mode & 0o777 == 0o700
 
 
 # ---- 8. a closed pipe ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .. import __version__
-from ..atomic import atomic_write
+from ..atomic import atomic_write, default_dir_mode
 from ..backends.base import Backend
 from ..config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from ..errors import UserError
@@ -294,7 +294,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         if changed is not None:
             atomic_write(job.config, to_yaml(changed[0]))
             atomic_write(job.script, changed[1])
-            job.script.chmod(0o755)
+            job.script.chmod(default_dir_mode())  # as JobDir.create: the umask's say
         history = job.read_meta().get("attempts", [])
         history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
         job.update_meta(attempts=history)
