@@ -24,7 +24,7 @@ import torch
 
 from ringctl.atomic import atomic_write_json
 from ringctl.cli import main
-from ringctl.commands.jobs import open_job_dir
+from ringctl.commands.jobs import follow_to_end, open_job_dir
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
 from ringctl.longdoc.documents import doc_key
@@ -269,6 +269,20 @@ def test_status_table_shows_control_characters_as_escapes(tmp_path, capsys):
     assert main(["status", str(job)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "boom\\x1b[2J\\nsecond" in out
+
+
+def test_run_and_resume_print_the_final_reason_escaped(tmp_path, capsys):
+    """`ringctl run`/`resume -f` end with the job's reason, which carries a rank's error line
+    (remote-writable on a cluster): it was printed raw to stderr, escapes and all."""
+    job = _local_job(tmp_path)
+    reason = "rank 0 exited 1: boom\x1b]0;owned\x07\x1b[2J\nsecond \u202eevil"
+    atomic_write_json(job / "state.json", {"state": "FAILED", "reason": reason})
+    _, _, backend = open_job_dir(job)
+    assert follow_to_end(job, "local-1", backend, rank=0) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\u202e" not in err and err.count("\n") == 1, err
+    assert "job local-1 FAILED: rank 0 exited 1: boom\\x1b]0;owned\\x07\\x1b[2J\\nsecond" in err
+    assert "\\u202eevil" in err
 
 
 # ---- 6. example: never through a symlink -------------------------------------------------------

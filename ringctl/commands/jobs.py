@@ -238,8 +238,8 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
         return 130
     elapsed = f" in {status.elapsed_s:.1f}s" if status.elapsed_s is not None else ""
     line = f"job {job_id} {status.state.value}{elapsed}"
-    if status.reason:
-        line += f": {status.reason}"
+    if status.reason:  # the job's own words (a rank's error line): shown, never obeyed
+        line += f": {visible(status.reason)}"
     print(line, file=sys.stdout if status.state.value == "COMPLETED" else sys.stderr)
     print(f"job directory: {job_dir}")
     return 0 if status.state.value == "COMPLETED" else 1
