@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import atomic_write, atomic_write_json, default_dir_mode
-from .errors import UserError
+from .errors import SubmittedNotRecorded, UserError
 
 CONFIG = "config.yaml"
 SCRIPT = "job.sh"
@@ -138,6 +138,18 @@ class JobDir:
         data.update(fields)
         atomic_write_json(self.meta_file, data)
         return data
+
+    def record_submission(self, job_id: str, cancel_with: str, **fields) -> dict:
+        """job.json takes the id (and fields) of a job the backend has just queued. A write that
+        fails now (a disk that filled meanwhile) leaves a queued job no job.json names: one
+        line says which job and how to cancel it (`cancel_with`), and the directory stays."""
+        try:
+            return self.update_meta(job_id=job_id, **fields)
+        except OSError as err:
+            raise SubmittedNotRecorded(
+                f"submitted job {job_id}, but could not record it in {self.meta_file}: "
+                f"{err.strerror or err}; cancel it with `{cancel_with}` if unwanted"
+            ) from None
 
     def read_state(self) -> dict | None:
         try:

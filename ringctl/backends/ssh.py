@@ -493,6 +493,12 @@ class SSHBackend(SlurmBackend):
         self._resume_attempt = None
         return remote
 
+    def cancel_command(self, job_dir: Path, job_id: str) -> str:
+        s = self.settings
+        port = ["-p", str(s.port)] if s.port != 22 else []
+        login = f"{s.user}@{s.host}" if s.user else s.host
+        return shlex.join(["ssh", *port, login, "scancel", job_id])
+
     def _submitted_fields(self, job_dir: Path, cluster_dir: str) -> dict:
         s = self.settings
         return {"remote": {"host": s.host, "port": s.port, "user": s.user, "dir": cluster_dir}}

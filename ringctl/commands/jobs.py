@@ -29,7 +29,7 @@ from .. import __version__
 from ..atomic import atomic_write, default_dir_mode
 from ..backends.base import Backend
 from ..config import load_job, load_job_from_dict, safe_dir_name, to_yaml
-from ..errors import UserError
+from ..errors import SubmittedNotRecorded, UserError
 from ..jobdir import JobDir
 from ..jsonsafe import finite_json
 from ..tasks import get_spec
@@ -184,10 +184,12 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     try:
         job.update_meta(local_dir=str(job.path))
         job_id = backend.submit(job.path)
+    except SubmittedNotRecorded:
+        raise  # queued: the job needs its directory
     except BaseException:
         shutil.rmtree(job.path, ignore_errors=True)
         raise
-    job.update_meta(job_id=str(job_id))
+    job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
     return job.path, str(job_id), backend
 
 
@@ -300,7 +302,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         job.update_meta(attempts=history)
         backend.prepare_resume(job)
         job_id = backend.submit(job.path)
-        job.update_meta(job_id=str(job_id))
+        job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
     return job.path, str(job_id), backend
 
 
