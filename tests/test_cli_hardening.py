@@ -53,7 +53,7 @@ def _local_job(base: Path, log: str = "") -> Path:
     return job.path
 
 
-def _scored_output(base: Path, ids: list[str], n: int = 5) -> Path:
+def _scored_output(base: Path, ids: list[str], n: int = 5, lp=None) -> Path:
     """A long-document score output of these documents (one rank), as a job writes it."""
     store = ShardStore(base)
     atomic_write_json(
@@ -61,7 +61,8 @@ def _scored_output(base: Path, ids: list[str], n: int = 5) -> Path:
     )
     docs = [{"id": i, "key": doc_key(i), "source": "in.txt"} for i in ids]
     atomic_write_json(store.documents_file, {"documents": docs, "missing_inputs": []})
-    lp = -(torch.arange(n) % 4).float() / 3  # -0.333...: numbers that begin with "-"
+    if lp is None:
+        lp = -(torch.arange(n) % 4).float() / 3  # -0.333...: numbers that begin with "-"
     for doc in docs:
         store.write_shard(
             doc=doc, rank=0, world_size=1, layout="contiguous", task="score", n_tokens=n,
@@ -106,6 +107,19 @@ def test_submit_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys
         assert main([verb, SMOKE, f"output_dir={disk}/runs"]) == 1
         _one_line(capsys.readouterr().err, disk / "runs", "No space left on device")
         assert list((disk / "runs").iterdir()) == []  # no half job directory
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_example_onto_a_full_disk_names_the_file(tmp_path, capsys, force):
+    """The write of `ringctl example` failed on close, which names no file: the line said only
+    "No space left on device"."""
+    with _tmpfs(tmp_path / "disk", "size=64k") as disk:
+        _fill(disk)
+        if force:
+            (disk / "smoke.yaml").write_text("")  # an empty file fits
+        assert main(["example", "smoke", str(disk), *(["--force"] if force else [])]) == 1
+        _one_line(capsys.readouterr().err, disk / "smoke.yaml", "No space left on device")
+        assert (disk / "smoke.yaml").exists() is force  # no half copy of a new file
 
 
 @pytest.mark.parametrize(("options", "reason"),
@@ -191,6 +205,23 @@ def test_status_json_is_strict_and_names_what_it_dropped(tmp_path, capsys):
     (row,) = _strict(capsys.readouterr().out)
     assert row["progress"]["done"] == 3 and row["progress"]["eta_s"] is None
     assert row["progress"]["rate"] is None and len(row["notes"]) == 2
+
+
+def test_summary_json_is_strict_with_an_impossible_token(tmp_path, capsys):
+    """A token the model gave probability 0 (log-probability -inf) made the document's
+    log_likelihood -Infinity and its perplexity Infinity: bare words summary.json's readers
+    (jq, JSON.parse) refuse. Now null, and the file's notes say where."""
+    lp = torch.tensor([-0.5, float("-inf"), -1.0, 0.0, -2.0])
+    job = _scored_output(tmp_path / "job", ["zero.txt"], lp=lp)
+    assert main(["gather", str(job), "-o", str(tmp_path / "g")]) == 0
+    assert "summary.json: 2 non-finite value(s) written as null" in capsys.readouterr().out
+    summary = _strict((tmp_path / "g" / "summary.json").read_text())
+    (doc,) = summary["documents"]
+    assert doc["log_likelihood"] is None and doc["perplexity"] is None and doc["tokens"] == 5
+    assert summary["notes"] == [
+        "documents[0].log_likelihood: not a finite number; written as null",
+        "documents[0].perplexity: not a finite number; written as null",
+    ]
 
 
 @pytest.mark.parametrize("as_json", [True, False])

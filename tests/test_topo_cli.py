@@ -187,6 +187,11 @@ def test_malformed_probe_and_topology_name_file_and_line(tmp_path, capsys):
         (["topo"], "nothing to place"),
         (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS"], "expected KIND=GBPS"),
         (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "WARP=9"], "unknown link kind"),
+        # inf won every placement and printed "inf Gbit/s" (before: accepted, exit 0)
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "NV=inf"], "NV must be a positive"),
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "NET=-inf"], "must be a positive"),
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS=nan"], "must be a positive"),
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS=0"], "must be a positive"),
         (["topo", "--nvidia-smi", "/nonexistent/topo.txt"], "/nonexistent/topo.txt: cannot"),
         (["topo", "--node", "n1=/nonexistent"], "/nonexistent: no such file"),
         (["topo", "--nvidia-smi", str(DGX), "--ranks-per-node", "9"], "fewer than"),
