@@ -65,11 +65,21 @@ def _scored_output(base: Path, ids: list[str], n: int = 5, lp=None) -> Path:
         lp = -(torch.arange(n) % 4).float() / 3  # -0.333...: numbers that begin with "-"
     for doc in docs:
         store.write_shard(
-            doc=doc, rank=0, world_size=1, layout="contiguous", task="score", n_tokens=n,
-            padded_tokens=n, stats={}, seconds=0.25,
-            tensors={"positions": torch.arange(n), "input_ids": torch.arange(n) + 7,
-                     "token_logprob": lp},
-        )  # fmt: skip
+            doc=doc,
+            rank=0,
+            world_size=1,
+            layout="contiguous",
+            task="score",
+            n_tokens=n,
+            padded_tokens=n,
+            stats={},
+            seconds=0.25,
+            tensors={
+                "positions": torch.arange(n),
+                "input_ids": torch.arange(n) + 7,
+                "token_logprob": lp,
+            },
+        )
     return base
 
 
@@ -79,8 +89,9 @@ def _scored_output(base: Path, ids: list[str], n: int = 5, lp=None) -> Path:
 @contextlib.contextmanager
 def _tmpfs(path: Path, options: str):
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                             capture_output=True, text=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
@@ -122,8 +133,10 @@ def test_example_onto_a_full_disk_names_the_file(tmp_path, capsys, force):
         assert (disk / "smoke.yaml").exists() is force  # no half copy of a new file
 
 
-@pytest.mark.parametrize(("options", "reason"),
-                         [("size=64k", "No space left on device"), ("ro", "Read-only file system")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [("size=64k", "No space left on device"), ("ro", "Read-only file system")],
+)
 def test_gather_onto_a_full_or_read_only_disk_is_one_line(tmp_path, capsys, options, reason):
     job = _scored_output(tmp_path / "job", ["big.txt"], n=20000)  # 160 kB of token ids
     with _tmpfs(tmp_path / "disk", options) as disk:
@@ -170,8 +183,9 @@ def test_pooled_csv_quotes_ids_not_vectors(tmp_path):
 
     from ringctl.longdoc import export
 
-    doc = SimpleNamespace(doc_id="-x", tensors={"input_ids": torch.arange(3),
-                                                "pooled": torch.tensor([-1.5, 2.0])})  # fmt: skip
+    doc = SimpleNamespace(
+        doc_id="-x", tensors={"input_ids": torch.arange(3), "pooled": torch.tensor([-1.5, 2.0])}
+    )
     export.write_table(tmp_path, "csv", "embed", [doc])
     rows = (tmp_path / "pooled.csv").read_text().splitlines()
     assert rows[1] == "'-x,3,-1.5,2.0"
@@ -196,8 +210,14 @@ def test_status_json_is_strict_and_names_what_it_dropped(tmp_path, capsys):
     (logs / "rings" / "b.json").write_text('{"done": 2, "total": 3, "members": [0, 1]}')
     assert main(["status", str(job), "--json"]) == 0
     (row,) = _strict(capsys.readouterr().out)
-    assert row["progress"] == {"done": 3, "total": 7, "unit": "documents", "rings": 2,
-                               "rings_done": 0, "eta_s": None}  # fmt: skip
+    assert row["progress"] == {
+        "done": 3,
+        "total": 7,
+        "unit": "documents",
+        "rings": 2,
+        "rings_done": 0,
+        "eta_s": None,
+    }
     assert row["rings"][0]["eta_s"] is None and row["rings"][1]["members"] == [0, 1]
     assert row["notes"] == [f"{logs}/rings/a.json: eta_s: not a finite number; shown as null"]
     shutil.rmtree(logs / "rings")
@@ -260,8 +280,13 @@ def _on_a_terminal(*args: str) -> bytes:
     """What `ringctl ARGS` writes to a real terminal (a pty)."""
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "ringctl", *args], env=ENV, cwd=ROOT,
-                                stdout=slave, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ringctl", *args],
+            env=ENV,
+            cwd=ROOT,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+        )
         os.close(slave)
         chunks = []
         with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
@@ -389,8 +414,13 @@ def test_resumed_job_script_follows_the_umask(tmp_path, capsys):
 
 def test_a_reader_that_leaves_ends_the_verb_quietly_with_141(tmp_path):
     job = _local_job(tmp_path, log="".join(f"line {i:06d} {'x' * 60}\n" for i in range(40000)))
-    writer = subprocess.Popen([sys.executable, "-m", "ringctl", "logs", str(job)], env=ENV,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "ringctl", "logs", str(job)],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     head = subprocess.run(["head", "-1"], stdin=writer.stdout, capture_output=True, check=True)
     writer.stdout.close()
     assert head.stdout == b"[rank 0] line 000000 " + b"x" * 60 + b"\n"

@@ -483,8 +483,16 @@ def _status_table(rows: list[dict]):
     table.add_column("reason", overflow="fold", min_width=20)
     for r in rows:
         elapsed = f"{r['elapsed_s']:.1f}s" if r["elapsed_s"] is not None else ""
-        cells = [r["job_dir"], r["name"], r["backend"], str(r["job_id"]), r["state"], elapsed,
-                 _progress_text(r["progress"], r["state"]), r["reason"]]  # fmt: skip
+        cells = [
+            r["job_dir"],
+            r["name"],
+            r["backend"],
+            str(r["job_id"]),
+            r["state"],
+            elapsed,
+            _progress_text(r["progress"], r["state"]),
+            r["reason"],
+        ]
         # plain text (no rich markup from logs or names), control characters escaped
         row = [Text(visible(str(c))) for c in cells]
         row[4].stylize(_COLOURS.get(r["state"], "white"))
@@ -529,8 +537,13 @@ def _rings_table(rings: list[dict], state: str):
         ranks = "-".join(str(m) for m in ends)
         eta = r.get("eta_s") if state == "RUNNING" and r["done"] < r["total"] else None
         rate = r.get("tokens_per_s")
-        cells = [r["ring"], ranks, f"{r['done']}/{r['total']}", "" if rate is None else str(rate),
-                 f"{float(eta):.0f}s" if eta is not None else ""]  # fmt: skip
+        cells = [
+            r["ring"],
+            ranks,
+            f"{r['done']}/{r['total']}",
+            "" if rate is None else str(rate),
+            f"{float(eta):.0f}s" if eta is not None else "",
+        ]
         table.add_row(*(Text(visible(str(c))) for c in cells))
     return table
 
