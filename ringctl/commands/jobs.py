@@ -580,7 +580,10 @@ def cmd_fetch(args) -> int:
     if not job.read_meta().get("remote"):  # only an ssh job's files live elsewhere
         print(f"{job.path}: the job's files are already here ({backend.name} backend)")
     else:
-        print(f"fetched {len(fetched)} file(s) into {job.path} (out/, logs/, probes/, placement)")
+        print(
+            f"fetched {len(fetched)} file(s) into {job.path} "
+            "(out/, logs/, probes/, attempts/, placement)"
+        )
     return 0
 
 
@@ -666,9 +669,10 @@ def register(subparsers) -> None:
         "fetch",
         help="Copy a remote (ssh) job's outputs and logs into its local directory.",
         description=(
-            "Copy a job's outputs (out/), logs, probes and placement from the login node into "
-            "the local job directory. Control files (config.yaml, job.json, ...) are never "
-            "replaced from the remote copy. Local and slurm jobs need no fetch."
+            "Copy a job's outputs (out/), logs, probes, placement and earlier attempts' logs "
+            "(attempts/) from the login node into the local job directory. Control files "
+            "(config.yaml, job.json, ...) are never replaced from the remote copy, and no "
+            "symbolic link is followed. Local and slurm jobs need no fetch."
         ),
     )
     p.add_argument("job_dir", metavar="JOBDIR")
