@@ -20,7 +20,13 @@ from typing import Any
 
 from .errors import with_filename
 
-__all__ = ["atomic_write", "atomic_write_json", "current_umask", "default_file_mode"]
+__all__ = [
+    "atomic_write",
+    "atomic_write_json",
+    "current_umask",
+    "default_dir_mode",
+    "default_file_mode",
+]
 
 
 def current_umask() -> int:
@@ -41,6 +47,12 @@ def current_umask() -> int:
 def default_file_mode() -> int:
     """The mode `open(path, "w")` gives a new file: 0666 less the umask."""
     return 0o666 & ~current_umask()
+
+
+def default_dir_mode() -> int:
+    """The mode `mkdir` gives a new directory (0777 less the umask); also that of an executable
+    such as job.sh, which holds env.vars (tokens): private under umask 077."""
+    return 0o777 & ~current_umask()
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

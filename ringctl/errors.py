@@ -1,8 +1,9 @@
 """The exceptions the command line turns into one line instead of a traceback.
 
-`UserError`: bad input from the user, exit status 2. An `OSError` of `WRITE_ERRNOS` (disk full,
-quota, file too large, read-only file system, no permission): the file system refused, exit
-status 1; writers name the file (`with_filename`), since a failed write() names none.
+`UserError`: bad input from the user, exit status 2 (`SubmittedNotRecorded`: 1). An `OSError`
+of `WRITE_ERRNOS` (disk full, quota, file too large, read-only file system, no permission): the
+file system refused, exit status 1; writers name the file (`with_filename`), since a failed
+write() names none.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ WRITE_ERRNOS = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 )
 WRITE_FAILED_EXIT = 1
+
+
+class SubmittedNotRecorded(UserError):
+    """The backend queued the job, then job.json could not take its id (the disk filled
+    meanwhile): the job runs and no job directory names it, so the line says which job and how
+    to cancel it. Exit status 1, as for the write it comes from."""
+
+    exit_code = WRITE_FAILED_EXIT
 
 
 def with_filename(err: OSError, path: str | Path) -> OSError:

@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_write, atomic_write_json
-from .errors import UserError
+from .atomic import atomic_write, atomic_write_json, default_dir_mode
+from .errors import SubmittedNotRecorded, UserError
 
 CONFIG = "config.yaml"
 SCRIPT = "job.sh"
@@ -139,6 +139,18 @@ class JobDir:
         atomic_write_json(self.meta_file, data)
         return data
 
+    def record_submission(self, job_id: str, cancel_with: str, **fields) -> dict:
+        """job.json takes the id (and fields) of a job the backend has just queued. A write that
+        fails now (a disk that filled meanwhile) leaves a queued job no job.json names: one
+        line says which job and how to cancel it (`cancel_with`), and the directory stays."""
+        try:
+            return self.update_meta(job_id=job_id, **fields)
+        except OSError as err:
+            raise SubmittedNotRecorded(
+                f"submitted job {job_id}, but could not record it in {self.meta_file}: "
+                f"{err.strerror or err}; cancel it with `{cancel_with}` if unwanted"
+            ) from None
+
     def read_state(self) -> dict | None:
         try:
             return _read_json_object(self.state_file, missing=None)
@@ -229,9 +241,9 @@ class JobDir:
                 (tmp / sub).mkdir()
             for name, content in files.items():
                 atomic_write(tmp / name, content)
-            if SCRIPT in files:
-                (tmp / SCRIPT).chmod(0o755)
-            tmp.chmod(0o755)
+            if SCRIPT in files:  # executable, as private as the umask says (env.vars: tokens)
+                (tmp / SCRIPT).chmod(default_dir_mode())
+            tmp.chmod(default_dir_mode())  # mkdtemp made it 0700
             return cls(_rename_into_place(tmp, target, base, stem).resolve())
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

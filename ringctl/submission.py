@@ -19,10 +19,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import __version__
-from .atomic import atomic_write
+from .atomic import atomic_write, default_dir_mode
 from .backends.base import Backend
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
-from .errors import UserError
+from .errors import SubmittedNotRecorded, UserError
 from .jobdir import JobDir
 from .sizing import Sizing
 from .tasks import get_spec
@@ -191,10 +191,12 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     try:
         job.update_meta(local_dir=str(job.path))
         job_id = backend.submit(job.path)
+    except SubmittedNotRecorded:
+        raise  # queued: the job needs its directory
     except BaseException:
         shutil.rmtree(job.path, ignore_errors=True)
         raise
-    job.update_meta(job_id=str(job_id))
+    job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
     return job.path, str(job_id), backend
 
 
@@ -247,11 +249,11 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         if changed is not None:
             atomic_write(job.config, to_yaml(changed[0]))
             atomic_write(job.script, changed[1])
-            job.script.chmod(0o755)
+            job.script.chmod(default_dir_mode())  # as JobDir.create: the umask's say
         history = job.read_meta().get("attempts", [])
         history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
         job.update_meta(attempts=history)
         backend.prepare_resume(job)
         job_id = backend.submit(job.path)
-        job.update_meta(job_id=str(job_id))
+        job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
     return job.path, str(job_id), backend

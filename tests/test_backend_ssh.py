@@ -258,7 +258,7 @@ def test_revoked_key_refused_where_also_listed_plainly(settings, tmp_path, monke
     real = Path(settings.known_hosts).read_text().strip().splitlines()[0]
     host, keytype, key = real.split()[:3]
     system = tmp_path / "ssh_known_hosts"  # stands for /etc/ssh/ssh_known_hosts
-    monkeypatch.setattr(ssh_module, "SYSTEM_KNOWN_HOSTS", str(system))
+    monkeypatch.setattr(ssh_module, "SYSTEM_KNOWN_HOSTS", (str(system),))
     both = tmp_path / "both_known_hosts"  # the same file lists and revokes it
     both.write_text(f"{real}\n@revoked * {keytype} {key}\n")
     user = tmp_path / "user_known_hosts"
@@ -289,3 +289,136 @@ def test_private_key_readable_by_others_is_refused(settings, tmp_path):
     loose.chmod(0o644)
     with pytest.raises(UserError, match="accessible by others.*chmod 600"):
         connect(replace(settings, key=str(loose)))
+
+
+def _remote_job(settings, make_job_dir, tmp_path, name: str) -> tuple[Path, Path]:
+    """(local job dir, its remote copy) without a submission: fetch finds the remote copy
+    under remote_dir by the local directory's name, as after `submit`."""
+    job_dir = make_job_dir("#!/bin/bash\ntrue\n", name=name)
+    remote = Path(settings.remote_dir) / name
+    (remote / "out").mkdir(parents=True)
+    (remote / "out" / "ok.txt").write_text("fine\n")
+    return job_dir, remote
+
+
+def test_fetch_follows_no_symlink_at_the_top_of_a_folder(settings, make_job_dir, tmp_path, capsys):
+    """`attempts`, `logs`, `probes` or placement.json made a symlink on the login node brought
+    back files from wherever it pointed (the folder was opened as a directory). Before the
+    fix: attempts/secret.txt and logs/key.txt came back from outside the remote job."""
+    job_dir, remote = _remote_job(settings, make_job_dir, tmp_path, "linked-tops")
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "deeper").mkdir(parents=True)
+    (elsewhere / "secret.txt").write_text("not the job's\n")
+    (elsewhere / "deeper" / "key.txt").write_text("not the job's either\n")
+    (remote / "attempts").symlink_to(elsewhere)
+    (remote / "logs").symlink_to(elsewhere / "deeper")
+    (remote / "probes").symlink_to(elsewhere / "missing")  # dangling
+    (remote / "placement.json").symlink_to(elsewhere / "secret.txt")
+    with SSHBackend(settings) as b:
+        fetched = b.fetch(job_dir)
+    assert fetched == ["out/ok.txt"]
+    err = capsys.readouterr().err
+    for top in ("attempts/", "logs/", "probes/", "placement.json"):
+        assert f"did not fetch {top}: on the login node it is not a" in err, err
+    assert err.count("(a symbolic link)") == 4
+    assert not (job_dir / "attempts").exists() and not (job_dir / "placement.json").exists()
+    assert list((job_dir / "logs").iterdir()) == []
+
+
+def test_fetch_skips_a_file_that_went_away_while_fetching(
+    settings, make_job_dir, tmp_path, capsys, monkeypatch
+):
+    """A requeued run's script moves the earlier logs while a fetch runs: a listed file is gone
+    by the time it is read. Before the fix the FileNotFoundError ended the whole fetch and
+    left logs/.rank-0.out.fetch.tmp behind."""
+    job_dir, remote = _remote_job(settings, make_job_dir, tmp_path, "racing-requeue")
+    (remote / "logs").mkdir()
+    for name in ("rank-0.out", "rank-1.out"):
+        (remote / "logs" / name).write_text(f"{name}\n")
+    listed = SSHBackend._fetchable
+
+    def moved_meanwhile(self, rdir):
+        for rpath, rel in listed(self, rdir):
+            if rel == "logs/rank-0.out":
+                os.unlink(rpath)  # after the listing, before the read
+            yield rpath, rel
+
+    monkeypatch.setattr(SSHBackend, "_fetchable", moved_meanwhile)
+    with SSHBackend(settings) as b:
+        fetched = b.fetch(job_dir)
+    assert sorted(fetched) == ["logs/rank-1.out", "out/ok.txt"]
+    assert "did not fetch logs/rank-0.out: it was removed or moved" in capsys.readouterr().err
+    assert sorted(p.name for p in (job_dir / "logs").iterdir()) == ["rank-1.out"]  # no .tmp
+
+
+def test_listing_a_remote_folder_is_empty_only_when_it_is_missing(settings, tmp_path):
+    """SSHShell.listdir answered [] to every SFTP error: a logs/ that cannot be read looked
+    like a job without logs. Now only a missing folder is [] (OpenSSH's sftp-server says "no
+    such file" for a file or a link loop too); the rest is a one-line error. As root the test
+    cannot be refused permission: a name too long for the file system stands in for it."""
+    (tmp_path / "remote-file").write_text("not a folder\n")
+    too_long = f"{tmp_path}/{'x' * 300}"
+    with SSHBackend(settings) as b:
+        assert b.shell.listdir(str(tmp_path / "absent")) == []
+        assert b.shell.listdir(str(tmp_path / "remote-file")) == []
+        with pytest.raises(UserError, match=f"listing {too_long}: ") as err:
+            b.shell.listdir(too_long)
+    assert "\n" not in str(err.value)
+
+
+def test_revocations_in_known_hosts2_files_apply(settings, tmp_path, monkeypatch):
+    """OpenSSH reads ~/.ssh/known_hosts2 and /etc/ssh/ssh_known_hosts2 by default too: a key
+    revoked there is refused (before: only the first system file's revocations applied)."""
+    import ringctl.backends.ssh as ssh_module
+
+    real = Path(settings.known_hosts).read_text().strip().splitlines()[0]
+    host, keytype, key = real.split()[:3]
+    system = (tmp_path / "ssh_known_hosts", tmp_path / "ssh_known_hosts2")
+    monkeypatch.setattr(ssh_module, "SYSTEM_KNOWN_HOSTS", tuple(map(str, system)))
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    revoked = f"@revoked * {keytype} {key}\n"
+    for where in (home / ".ssh" / "known_hosts2", system[1]):
+        where.write_text(revoked)
+        for known in (settings.known_hosts, None):  # a configured file, or the default
+            if known is None:
+                (home / ".ssh" / "known_hosts").write_text(f"{real}\n")
+            with pytest.raises(UserError, match=f"marked @revoked in {where}"):
+                connect(replace(settings, known_hosts=known))
+        where.write_text(f"{host} {keytype} {key}\n")  # listed plainly: no objection
+        connect(settings).close()
+
+
+def test_remote_copy_keeps_the_umask_of_the_job_directory(settings, tmp_path):
+    """Under umask 077 the job directory and job.sh (env.vars: tokens) are private; their copy
+    on the login node was made 0755 (and job.sh chmod 0755 again on resume)."""
+    from ringctl.jobdir import JobDir
+
+    previous = os.umask(0o077)
+    try:
+        job = JobDir.create(
+            {"config.yaml": "name: x\n", "job.sh": "#!/bin/bash\nexport TOKEN=t\n"},
+            target=tmp_path / "private-job",
+            base=tmp_path,
+            stem="private-job",
+        )
+    finally:
+        os.umask(previous)
+    remote = tmp_path / "remote-base" / "private-job"
+    with SSHBackend(settings) as b:
+        b._mkdirs(str(remote.parent))
+        b._upload(job.path, str(remote))
+        modes = {p.name: p.stat().st_mode & 0o777 for p in [remote, *remote.rglob("*")]}
+        assert modes == {
+            "private-job": 0o700,
+            "logs": 0o700,
+            "probes": 0o700,
+            "out": 0o700,
+            "config.yaml": 0o600,
+            "job.sh": 0o700,
+        }, modes
+        b._resume_attempt = "1"
+        b._prepare_resumed(job)
+    assert (remote / "job.sh").stat().st_mode & 0o777 == 0o700
+    assert (remote / "logs").stat().st_mode & 0o777 == 0o700

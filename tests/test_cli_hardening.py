@@ -24,6 +24,7 @@ import torch
 
 from ringctl.atomic import atomic_write_json
 from ringctl.cli import main
+from ringctl.commands.jobs import follow_to_end, open_job_dir
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
 from ringctl.longdoc.documents import doc_key
@@ -41,16 +42,18 @@ def _ringctl(*args: str, **kw) -> subprocess.CompletedProcess:
 
 def _local_job(base: Path, log: str = "") -> Path:
     """A finished local job's directory, as `ringctl submit` leaves it, with rank 0's log."""
-    job = JobDir.create(
-        {"config.yaml": to_yaml(load_job(SMOKE, [])), "job.json": '{"backend": "local"}'},
-        target=base / "job", base=base, stem="job",
-    )  # fmt: skip
+    files = {
+        "config.yaml": to_yaml(load_job(SMOKE, [])),
+        "job.sh": "#!/bin/bash\nexport HF_TOKEN=hf_secret\n",  # env.vars land here
+        "job.json": '{"backend": "local"}',
+    }
+    job = JobDir.create(files, target=base / "job", base=base, stem="job")
     atomic_write_json(job.state_file, {"state": "COMPLETED", "started_at": 1.0, "ended_at": 3.5})
     (job.logs / "rank-0.out").write_text(log)
     return job.path
 
 
-def _scored_output(base: Path, ids: list[str], n: int = 5) -> Path:
+def _scored_output(base: Path, ids: list[str], n: int = 5, lp=None) -> Path:
     """A long-document score output of these documents (one rank), as a job writes it."""
     store = ShardStore(base)
     atomic_write_json(
@@ -58,14 +61,25 @@ def _scored_output(base: Path, ids: list[str], n: int = 5) -> Path:
     )
     docs = [{"id": i, "key": doc_key(i), "source": "in.txt"} for i in ids]
     atomic_write_json(store.documents_file, {"documents": docs, "missing_inputs": []})
-    lp = -(torch.arange(n) % 4).float() / 3  # -0.333...: numbers that begin with "-"
+    if lp is None:
+        lp = -(torch.arange(n) % 4).float() / 3  # -0.333...: numbers that begin with "-"
     for doc in docs:
         store.write_shard(
-            doc=doc, rank=0, world_size=1, layout="contiguous", task="score", n_tokens=n,
-            padded_tokens=n, stats={}, seconds=0.25,
-            tensors={"positions": torch.arange(n), "input_ids": torch.arange(n) + 7,
-                     "token_logprob": lp},
-        )  # fmt: skip
+            doc=doc,
+            rank=0,
+            world_size=1,
+            layout="contiguous",
+            task="score",
+            n_tokens=n,
+            padded_tokens=n,
+            stats={},
+            seconds=0.25,
+            tensors={
+                "positions": torch.arange(n),
+                "input_ids": torch.arange(n) + 7,
+                "token_logprob": lp,
+            },
+        )
     return base
 
 
@@ -75,8 +89,9 @@ def _scored_output(base: Path, ids: list[str], n: int = 5) -> Path:
 @contextlib.contextmanager
 def _tmpfs(path: Path, options: str):
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                             capture_output=True, text=True)  # fmt: skip
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
     try:
@@ -105,8 +120,23 @@ def test_submit_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys
         assert list((disk / "runs").iterdir()) == []  # no half job directory
 
 
-@pytest.mark.parametrize(("options", "reason"),
-                         [("size=64k", "No space left on device"), ("ro", "Read-only file system")])  # fmt: skip
+@pytest.mark.parametrize("force", [False, True])
+def test_example_onto_a_full_disk_names_the_file(tmp_path, capsys, force):
+    """The write of `ringctl example` failed on close, which names no file: the line said only
+    "No space left on device"."""
+    with _tmpfs(tmp_path / "disk", "size=64k") as disk:
+        _fill(disk)
+        if force:
+            (disk / "smoke.yaml").write_text("")  # an empty file fits
+        assert main(["example", "smoke", str(disk), *(["--force"] if force else [])]) == 1
+        _one_line(capsys.readouterr().err, disk / "smoke.yaml", "No space left on device")
+        assert (disk / "smoke.yaml").exists() is force  # no half copy of a new file
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [("size=64k", "No space left on device"), ("ro", "Read-only file system")],
+)
 def test_gather_onto_a_full_or_read_only_disk_is_one_line(tmp_path, capsys, options, reason):
     job = _scored_output(tmp_path / "job", ["big.txt"], n=20000)  # 160 kB of token ids
     with _tmpfs(tmp_path / "disk", options) as disk:
@@ -153,8 +183,9 @@ def test_pooled_csv_quotes_ids_not_vectors(tmp_path):
 
     from ringctl.longdoc import export
 
-    doc = SimpleNamespace(doc_id="-x", tensors={"input_ids": torch.arange(3),
-                                                "pooled": torch.tensor([-1.5, 2.0])})  # fmt: skip
+    doc = SimpleNamespace(
+        doc_id="-x", tensors={"input_ids": torch.arange(3), "pooled": torch.tensor([-1.5, 2.0])}
+    )
     export.write_table(tmp_path, "csv", "embed", [doc])
     rows = (tmp_path / "pooled.csv").read_text().splitlines()
     assert rows[1] == "'-x,3,-1.5,2.0"
@@ -179,8 +210,14 @@ def test_status_json_is_strict_and_names_what_it_dropped(tmp_path, capsys):
     (logs / "rings" / "b.json").write_text('{"done": 2, "total": 3, "members": [0, 1]}')
     assert main(["status", str(job), "--json"]) == 0
     (row,) = _strict(capsys.readouterr().out)
-    assert row["progress"] == {"done": 3, "total": 7, "unit": "documents", "rings": 2,
-                               "rings_done": 0, "eta_s": None}  # fmt: skip
+    assert row["progress"] == {
+        "done": 3,
+        "total": 7,
+        "unit": "documents",
+        "rings": 2,
+        "rings_done": 0,
+        "eta_s": None,
+    }
     assert row["rings"][0]["eta_s"] is None and row["rings"][1]["members"] == [0, 1]
     assert row["notes"] == [f"{logs}/rings/a.json: eta_s: not a finite number; shown as null"]
     shutil.rmtree(logs / "rings")
@@ -188,6 +225,23 @@ def test_status_json_is_strict_and_names_what_it_dropped(tmp_path, capsys):
     (row,) = _strict(capsys.readouterr().out)
     assert row["progress"]["done"] == 3 and row["progress"]["eta_s"] is None
     assert row["progress"]["rate"] is None and len(row["notes"]) == 2
+
+
+def test_summary_json_is_strict_with_an_impossible_token(tmp_path, capsys):
+    """A token the model gave probability 0 (log-probability -inf) made the document's
+    log_likelihood -Infinity and its perplexity Infinity: bare words summary.json's readers
+    (jq, JSON.parse) refuse. Now null, and the file's notes say where."""
+    lp = torch.tensor([-0.5, float("-inf"), -1.0, 0.0, -2.0])
+    job = _scored_output(tmp_path / "job", ["zero.txt"], lp=lp)
+    assert main(["gather", str(job), "-o", str(tmp_path / "g")]) == 0
+    assert "summary.json: 2 non-finite value(s) written as null" in capsys.readouterr().out
+    summary = _strict((tmp_path / "g" / "summary.json").read_text())
+    (doc,) = summary["documents"]
+    assert doc["log_likelihood"] is None and doc["perplexity"] is None and doc["tokens"] == 5
+    assert summary["notes"] == [
+        "documents[0].log_likelihood: not a finite number; written as null",
+        "documents[0].perplexity: not a finite number; written as null",
+    ]
 
 
 @pytest.mark.parametrize("as_json", [True, False])
@@ -226,8 +280,13 @@ def _on_a_terminal(*args: str) -> bytes:
     """What `ringctl ARGS` writes to a real terminal (a pty)."""
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "ringctl", *args], env=ENV, cwd=ROOT,
-                                stdout=slave, stderr=subprocess.PIPE)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ringctl", *args],
+            env=ENV,
+            cwd=ROOT,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+        )
         os.close(slave)
         chunks = []
         with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
@@ -266,6 +325,20 @@ def test_status_table_shows_control_characters_as_escapes(tmp_path, capsys):
     assert main(["status", str(job)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "boom\\x1b[2J\\nsecond" in out
+
+
+def test_run_and_resume_print_the_final_reason_escaped(tmp_path, capsys):
+    """`ringctl run`/`resume -f` end with the job's reason, which carries a rank's error line
+    (remote-writable on a cluster): it was printed raw to stderr, escapes and all."""
+    job = _local_job(tmp_path)
+    reason = "rank 0 exited 1: boom\x1b]0;owned\x07\x1b[2J\nsecond \u202eevil"
+    atomic_write_json(job / "state.json", {"state": "FAILED", "reason": reason})
+    _, _, backend = open_job_dir(job)
+    assert follow_to_end(job, "local-1", backend, rank=0) == 1
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\u202e" not in err and err.count("\n") == 1, err
+    assert "job local-1 FAILED: rank 0 exited 1: boom\\x1b]0;owned\\x07\\x1b[2J\\nsecond" in err
+    assert "\\u202eevil" in err
 
 
 # ---- 6. example: never through a symlink -------------------------------------------------------
@@ -312,6 +385,28 @@ def test_shards_and_gather_outputs_follow_the_umask(tmp_path, capsys, umask):
         assert len(files) >= 6 and set(files.values()) == {0o666 & ~umask}, files
         assert set(dirs.values()) == {0o777 & ~umask}, dirs
     assert (local / "config.yaml").stat().st_mode & 0o777 == 0o666 & ~umask
+    # the job directory and its folders as mkdir would make them; job.sh (env.vars: tokens)
+    # executable but no more readable than the umask allows (it was 0755 whatever the umask)
+    for path in (local, local / "logs", local / "probes", local / "out", local / "job.sh"):
+        assert path.stat().st_mode & 0o777 == 0o777 & ~umask, path
+
+
+def test_resumed_job_script_follows_the_umask(tmp_path, capsys):
+    """A resume with overrides rewrites job.sh: it was chmod 0755 whatever the umask."""
+    previous = os.umask(0o077)
+    try:
+        quick = ["nodes=1", "env.python=/bin/true"]  # ranks that exit at once
+        assert main(["submit", SMOKE, f"output_dir={tmp_path}", *quick]) == 0
+        job = Path(capsys.readouterr().out.strip().rsplit(" in ", 1)[1])
+        _, _, backend = open_job_dir(job)
+        assert backend.wait(job, timeout=60, poll_s=0.2).state.finished
+        assert main(["resume", str(job), "timeout=61"]) == 0, capsys.readouterr().err
+        assert backend.wait(job, timeout=60, poll_s=0.2).state.finished
+    finally:
+        os.umask(previous)
+    assert "timeout: 61" in (job / "config.yaml").read_text()  # rewritten by the resume
+    assert (job / "job.sh").stat().st_mode & 0o777 == 0o700
+    assert job.stat().st_mode & 0o777 == 0o700
 
 
 # ---- 8. a closed pipe ------------------------------------------------------------------------
@@ -319,8 +414,13 @@ def test_shards_and_gather_outputs_follow_the_umask(tmp_path, capsys, umask):
 
 def test_a_reader_that_leaves_ends_the_verb_quietly_with_141(tmp_path):
     job = _local_job(tmp_path, log="".join(f"line {i:06d} {'x' * 60}\n" for i in range(40000)))
-    writer = subprocess.Popen([sys.executable, "-m", "ringctl", "logs", str(job)], env=ENV,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "ringctl", "logs", str(job)],
+        env=ENV,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     head = subprocess.run(["head", "-1"], stdin=writer.stdout, capture_output=True, check=True)
     writer.stdout.close()
     assert head.stdout == b"[rank 0] line 000000 " + b"x" * 60 + b"\n"

@@ -149,10 +149,17 @@ def start_now(job_id: str, *, avoid: str | None = None) -> None:
 def test_node_failure_ends_or_requeues_as_configured(slurm_cluster, tmp_path, capsys):
     node = quietest_node(slurm_cluster.nodes)
     common = [
-        SMOKE, "backend=slurm", f"output_dir={tmp_path}", "nodes=1", "tasks_per_node=2",
-        "task.fault_rank=0", "task.fault=hang", "timeout=600", "slurm.time=00:10:00",
+        SMOKE,
+        "backend=slurm",
+        f"output_dir={tmp_path}",
+        "nodes=1",
+        "tasks_per_node=2",
+        "task.fault_rank=0",
+        "task.fault=hang",
+        "timeout=600",
+        "slurm.time=00:10:00",
         f"slurm.extra_sbatch=[--nodelist={node}]",
-    ]  # fmt: skip
+    ]
     ended = _submit(capsys, *common, "name=no-requeue", "slurm.requeue=false")
     rerun = _submit(capsys, *common, "name=requeue", "slurm.requeue=true")
     ended_id, rerun_id = _job_id(ended), _job_id(rerun)

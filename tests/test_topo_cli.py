@@ -187,6 +187,11 @@ def test_malformed_probe_and_topology_name_file_and_line(tmp_path, capsys):
         (["topo"], "nothing to place"),
         (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS"], "expected KIND=GBPS"),
         (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "WARP=9"], "unknown link kind"),
+        # inf won every placement and printed "inf Gbit/s" (before: accepted, exit 0)
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "NV=inf"], "NV must be a positive"),
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "NET=-inf"], "must be a positive"),
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS=nan"], "must be a positive"),
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS=0"], "must be a positive"),
         (["topo", "--nvidia-smi", "/nonexistent/topo.txt"], "/nonexistent/topo.txt: cannot"),
         (["topo", "--node", "n1=/nonexistent"], "/nonexistent: no such file"),
         (["topo", "--nvidia-smi", str(DGX), "--ranks-per-node", "9"], "fewer than"),
@@ -333,3 +338,33 @@ def test_topo_verb_lives_in_commands():
 
     assert "ringctl.commands.topo" in cli.VERB_MODULES and callable(topo.register)
     assert importlib.util.find_spec("ringctl.topology.cli") is None  # the topology is a library
+
+
+@pytest.mark.parametrize("name", ["n1\x1b]0;owned\x07", "[bold]n1", "n1 n2", "-n1", "n\u202e1", ""])
+def test_probe_node_name_must_be_a_host_name(tmp_path, capsys, name):
+    """A probe is written on a compute node and may come back from a remote job directory; its
+    node name went into the report's rich markup and the terminal as it was."""
+    probe = _probe(tmp_path / "p.json", name)
+    if not name:  # no name in the probe: the file's stem is the name
+        probe = probe.rename(tmp_path / "[red]p.json")
+    code, out, err = run(["topo", "--node", str(probe)], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{probe}: node name " in err and "is not a host name" in err
+    assert "\x1b" not in err and "\u202e" not in err
+
+
+def test_names_in_the_report_are_shown_not_obeyed(tmp_path, capsys):
+    """NIC names (a probe's nvidia-smi legend) and switch names (Slurm's topology) are printed
+    as plain text: rich markup shown as written, control characters escaped. Before: `[/]`
+    in a NIC name crashed the report (MarkupError), `[red]` coloured it, ESC reached stdout."""
+    nic = "mlx5_[bold]0[/]\x1b[31m"
+    smi = TWO_NIC.read_text().replace("mlx5_0", nic)
+    probe = _probe(tmp_path / "p.json", "n1", smi=smi)
+    topo = tmp_path / "t.conf"
+    topo.write_text("SwitchName=[red]leaf Nodes=n1\n")
+    code, out, err = run(["topo", "--node", str(probe), "--slurm-topology", str(topo)], capsys)
+    assert code == 0, err
+    assert "\x1b" not in out and "n1 under [red]leaf: GPU0 mlx5_[bold]0[/]\\x1b[31m ->" in out
+    assert "(n1:GPU0 mlx5_[bold]0[/]\\x1b[31m -> n1:GPU1 mlx5_[bold]0[/]\\x1b[31m)" in out
+    hop_rows = [line for line in out.splitlines() if "NV12" in line and "->" in line[:8]]
+    assert len(hop_rows) == 8 and all("\\x1b[31m" in r or "mlx5_1 " in r for r in hop_rows)

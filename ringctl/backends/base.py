@@ -10,6 +10,7 @@ the files are local) and `close` (nothing to close).
 from __future__ import annotations
 
 import enum
+import shlex
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -71,6 +72,11 @@ class Backend(ABC):
     def cluster_dir(self, job_dir: Path) -> str:
         """The job directory where its files are written (as the shell sees it)."""
         return str(Path(job_dir).resolve())
+
+    def cancel_command(self, job_dir: Path, job_id: str) -> str:
+        """The command that cancels this job by hand, for a message (needed where job.json
+        could not record the job: `JobDir.record_submission`)."""
+        return f"ringctl cancel {shlex.quote(str(job_dir))}"
 
     def batch_log_name(self, job_dir: Path) -> str | None:
         """The batch script's own log, relative to the job directory (None: there is none)."""

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, with_filename
 from ..jobdir import JobDir
 from .base import Backend, JobState, JobStatus
 from .joblogs import is_peer_loss, no_result_reason, ranks_without_result
@@ -179,7 +179,12 @@ class LocalBackend(Backend):
                 close_fds=True,
             )
         record = ProcessRecord.of(proc.pid, f"supervise {job.path}")
-        job.supervisor_file.write_text(json.dumps(asdict(record)) + "\n")
+        try:
+            job.supervisor_file.write_text(json.dumps(asdict(record)) + "\n")
+        except OSError as err:  # a full disk: nothing could cancel it, so nothing runs
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise with_filename(err, job.supervisor_file) from None
         return f"local-{proc.pid}"
 
     def status(self, job_dir: Path) -> JobStatus:

@@ -13,6 +13,7 @@ is also where `srun` reports a task that failed). The ranks write `logs/rank-<R>
 from __future__ import annotations
 
 import re
+import shlex
 import socket
 import time
 from collections.abc import Sequence
@@ -145,9 +146,10 @@ class SlurmBackend(Backend):
         if not job_id.isdigit():
             raise UserError(f"sbatch printed no job id: {_one_line(out + ' ' + err)}")
         since = self._cluster_clock()
-        job.update_meta(
+        job.record_submission(
+            job_id,
+            self.cancel_command(job_dir, job_id),
             backend=self.name,
-            job_id=job_id,
             submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             cluster_dir=where,
             batch_log=BATCH_LOG.format(job_id=job_id),
@@ -197,6 +199,9 @@ class SlurmBackend(Backend):
         if last.step is None and ss.is_node_failure(last):
             lines.append(f"job {job_id} ended: {slurm_reruns.node_failure(self._run, last)}")
         return lines
+
+    def cancel_command(self, job_dir: Path, job_id: str) -> str:
+        return shlex.join(["scancel", job_id])
 
     def cancel(self, job_dir: Path) -> None:
         job_id = self._job_id(Path(job_dir))

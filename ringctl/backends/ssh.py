@@ -9,12 +9,14 @@
   directory is not trusted: control files (config.yaml, job.json, state.json, the script,
   keys, known_hosts) are never replaced, every name is checked (one path component, UTF-8, no
   dot files, short enough) and every local path must resolve inside the local job directory;
-  a name that fails is skipped with a warning.
+  no symlink is followed (a fetched folder or placement.json that is one is skipped too); a
+  name that fails, or a file that went away meanwhile, is skipped with a warning.
 - Every remote command is an argv joined with `shlex.join`: no user value reaches the remote
   shell unquoted.
 - Authentication by key file or ssh-agent only, never a password. Host keys are checked against
-  known_hosts; an unknown host is refused, with the command that trusts it, unless the config
-  says `trust_unknown_host` (its key is then added to known_hosts). Connection failures and
+  known_hosts (a key marked @revoked in any file OpenSSH reads by default is refused); an
+  unknown host is refused, with the command that trusts it, unless the config says
+  `trust_unknown_host` (its key is then added to known_hosts). Connection failures and
   timeouts are one-line `UserError`s.
 """
 
@@ -103,9 +105,11 @@ class _RevokedHost(_UnknownHost):
     pass
 
 
-# The system-wide known_hosts (OpenSSH's GlobalKnownHostsFile): its `@revoked` keys always
-# apply, its plain keys only when ssh.known_hosts is left at its default.
-SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+# The other known_hosts files OpenSSH reads by default: the user's second file (the second
+# UserKnownHostsFile) and the system-wide ones (GlobalKnownHostsFile). Their `@revoked` keys
+# always apply, their plain keys only when ssh.known_hosts is left at its default.
+USER_KNOWN_HOSTS2 = "~/.ssh/known_hosts2"
+SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 
 
 class _RefuseRevoked(paramiko.MissingHostKeyPolicy):
@@ -287,11 +291,15 @@ class SSHShell:
             raise UserError(f"ssh {self.where}: reading {path}: {_one_line(str(err))}") from None
 
     def listdir(self, path: str) -> list[str]:
-        """Names that decode as UTF-8 (others cannot be a log of ours)."""
+        """Names that decode as UTF-8 (others cannot be a log of ours); [] when the directory
+        does not exist. Any other refusal (permission, not a directory) is a UserError: an
+        empty listing would read as "no logs yet" and hide it."""
         try:
             raw = listdir_raw(self.sftp, path)
-        except OSError:
+        except FileNotFoundError:
             return []
+        except OSError as err:
+            raise UserError(f"ssh {self.where}: listing {path}: {_one_line(str(err))}") from None
         return [n.decode() for n, _ in raw if n not in (b".", b"..") and _utf8(n)]
 
     def close(self) -> None:
@@ -309,8 +317,9 @@ def connect(settings: SSHSettings) -> paramiko.SSHClient:
     hosts = KnownHosts()
     if os.path.exists(known):
         hosts.read(known)
-    if os.path.exists(SYSTEM_KNOWN_HOSTS):
-        hosts.read(SYSTEM_KNOWN_HOSTS, plain=s.known_hosts is None)
+    for other in (os.path.expanduser(USER_KNOWN_HOSTS2), *SYSTEM_KNOWN_HOSTS):
+        if os.path.exists(other) and other != known:
+            hosts.read(other, plain=s.known_hosts is None)
     hosts.install(client.get_host_keys())
     policy = _TrustAndRecord(s) if s.trust_unknown_host else _RefuseUnknown(s)
     client.set_missing_host_key_policy(_RefuseRevoked(hosts.revoked, policy))
@@ -472,10 +481,10 @@ class SSHBackend(SlurmBackend):
                     sftp.rename(posixpath.join(remote, name), posixpath.join(archive, name))
                 except FileNotFoundError:
                     pass
-            sftp.mkdir(posixpath.join(remote, "logs"), mode=0o755)
+            sftp.mkdir(posixpath.join(remote, "logs"), mode=_mode(job.logs))
             for name in ("config.yaml", "job.sh"):
                 sftp.put(str(job.path / name), posixpath.join(remote, name))
-            sftp.chmod(posixpath.join(remote, "job.sh"), 0o755)
+                sftp.chmod(posixpath.join(remote, name), _mode(job.path / name))
         except OSError as err:
             raise UserError(
                 f"ssh {self.settings.target}: preparing {remote} for the resumed job failed: "
@@ -483,6 +492,12 @@ class SSHBackend(SlurmBackend):
             ) from None
         self._resume_attempt = None
         return remote
+
+    def cancel_command(self, job_dir: Path, job_id: str) -> str:
+        s = self.settings
+        port = ["-p", str(s.port)] if s.port != 22 else []
+        login = f"{s.user}@{s.host}" if s.user else s.host
+        return shlex.join(["ssh", *port, login, "scancel", job_id])
 
     def _submitted_fields(self, job_dir: Path, cluster_dir: str) -> dict:
         s = self.settings
@@ -506,19 +521,19 @@ class SSHBackend(SlurmBackend):
     def _upload(self, local: Path, remote: str) -> None:
         sftp = self.shell.sftp
         try:
-            sftp.mkdir(remote, mode=0o755)
+            sftp.mkdir(remote, mode=_mode(local))
             for root, dirs, files in os.walk(local):
                 rel = os.path.relpath(root, local)
                 rdir = remote if rel == "." else posixpath.join(remote, *Path(rel).parts)
                 for d in sorted(dirs):
-                    sftp.mkdir(posixpath.join(rdir, d), mode=0o755)
+                    sftp.mkdir(posixpath.join(rdir, d), mode=_mode(Path(root, d)))
                 for f in sorted(files):
                     src = os.path.join(root, f)
                     dst = posixpath.join(rdir, f)
                     sftp.put(src, dst)
-                    sftp.chmod(dst, stat.S_IMODE(os.stat(src).st_mode))
+                    sftp.chmod(dst, _mode(src))
             if not (local / "logs").is_dir():
-                sftp.mkdir(posixpath.join(remote, "logs"), mode=0o755)
+                sftp.mkdir(posixpath.join(remote, "logs"), mode=_mode(local))
         except OSError as err:
             raise UserError(
                 f"ssh {self.settings.target}: uploading the job directory to {remote} failed: "
@@ -546,13 +561,19 @@ class SSHBackend(SlurmBackend):
         """(remote path, relative local path) of the regular files that may come back."""
         sftp = self.shell.sftp
         for top in FETCHED_DIRS:
-            yield from _walk_remote(sftp, posixpath.join(remote, top), top)
-        try:
-            entry = sftp.stat(posixpath.join(remote, PLACEMENT))
-        except FileNotFoundError:
-            return
-        if stat.S_ISREG(entry.st_mode or 0):
-            yield posixpath.join(remote, PLACEMENT), PLACEMENT
+            rdir = posixpath.join(remote, top)
+            if _top_entry_is(sftp, rdir, stat.S_ISDIR, f"{top}/", "a directory"):
+                yield from _walk_remote(sftp, rdir, top)
+        rpath = posixpath.join(remote, PLACEMENT)
+        if _top_entry_is(sftp, rpath, stat.S_ISREG, PLACEMENT, "a regular file"):
+            yield rpath, PLACEMENT
+
+
+def _mode(local: str | Path) -> int:
+    """The permission bits of a local file or directory, for its remote copy: the job directory
+    follows the umask it was made under (job.sh holds env.vars, tokens among them), and so does
+    its copy on the login node."""
+    return stat.S_IMODE(os.stat(local).st_mode)
 
 
 # What `fetch` brings back: the task's outputs, the logs and the probes (placement.json too),
@@ -626,6 +647,21 @@ def listdir_raw(sftp: paramiko.SFTPClient, path: str) -> list[tuple[bytes, SFTPA
     return entries
 
 
+def _top_entry_is(sftp, rpath: str, kind, rel: str, what: str) -> bool:
+    """Whether the remote entry (not what a symlink there points to) exists and is of `kind`
+    (stat.S_ISDIR, S_ISREG); anything else is skipped with a warning. Opening `attempts/` as a
+    directory would follow a link to anywhere on the login node."""
+    try:
+        mode = sftp.lstat(rpath).st_mode or 0
+    except FileNotFoundError:
+        return False
+    if kind(mode):
+        return True
+    link = " (a symbolic link)" if stat.S_ISLNK(mode) else ""
+    _warn(f"did not fetch {rel}: on the login node it is not {what}{link}")
+    return False
+
+
 def _walk_remote(sftp, rdir: str, rel: str, depth: int = 0) -> Iterator[tuple[str, str]]:
     try:
         entries = listdir_raw(sftp, rdir)
@@ -662,6 +698,15 @@ def fetch_one(sftp, rpath: str, job_dir: Path, rel: str) -> bool:
         _warn(f"did not fetch {rel}: its local path leaves {job_dir}")
         return False
     tmp = parent / f".{target.name}.fetch.tmp"
-    sftp.get(rpath, str(tmp))
+    try:
+        sftp.get(rpath, str(tmp))
+    except FileNotFoundError:
+        # listed, then gone: a requeued run's script moves its earlier logs to attempts/
+        tmp.unlink(missing_ok=True)
+        _warn(f"did not fetch {rel}: it was removed or moved on the login node meanwhile")
+        return False
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, target)
     return True

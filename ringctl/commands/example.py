@@ -14,7 +14,7 @@ import errno
 import os
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, with_filename
 from ..resources import bundled_jobs, describe_job
 
 
@@ -53,8 +53,13 @@ def write_new(target: Path, text: str, *, replace: bool) -> None:
         if err.errno == errno.ELOOP:
             raise UserError(f"{target} is a symbolic link; refused") from None
         raise
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as err:  # a full disk: the line names the file, no half copy is left
+        if not replace:
+            target.unlink(missing_ok=True)  # created above (O_EXCL): ours to remove
+        raise with_filename(err, target) from None
 
 
 def register(subparsers) -> None:

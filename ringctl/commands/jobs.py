@@ -77,8 +77,8 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
         return 130
     elapsed = f" in {status.elapsed_s:.1f}s" if status.elapsed_s is not None else ""
     line = f"job {job_id} {status.state.value}{elapsed}"
-    if status.reason:
-        line += f": {status.reason}"
+    if status.reason:  # the job's own words (a rank's error line): shown, never obeyed
+        line += f": {visible(status.reason)}"
     print(line, file=sys.stdout if status.state.value == "COMPLETED" else sys.stderr)
     print(f"job directory: {job_dir}")
     return 0 if status.state.value == "COMPLETED" else 1
@@ -261,8 +261,16 @@ def _status_table(rows: list[dict]):
     table.add_column("reason", overflow="fold", min_width=20)
     for r in rows:
         elapsed = f"{r['elapsed_s']:.1f}s" if r["elapsed_s"] is not None else ""
-        cells = [r["job_dir"], r["name"], r["backend"], str(r["job_id"]), r["state"], elapsed,
-                 _progress_text(r["progress"], r["state"]), r["reason"]]  # fmt: skip
+        cells = [
+            r["job_dir"],
+            r["name"],
+            r["backend"],
+            str(r["job_id"]),
+            r["state"],
+            elapsed,
+            _progress_text(r["progress"], r["state"]),
+            r["reason"],
+        ]
         # plain text (no rich markup from logs or names), control characters escaped
         row = [Text(visible(str(c))) for c in cells]
         row[4].stylize(_COLOURS.get(r["state"], "white"))
@@ -307,8 +315,13 @@ def _rings_table(rings: list[dict], state: str):
         ranks = "-".join(str(m) for m in ends)
         eta = r.get("eta_s") if state == "RUNNING" and r["done"] < r["total"] else None
         rate = r.get("tokens_per_s")
-        cells = [r["ring"], ranks, f"{r['done']}/{r['total']}", "" if rate is None else str(rate),
-                 f"{float(eta):.0f}s" if eta is not None else ""]  # fmt: skip
+        cells = [
+            r["ring"],
+            ranks,
+            f"{r['done']}/{r['total']}",
+            "" if rate is None else str(rate),
+            f"{float(eta):.0f}s" if eta is not None else "",
+        ]
         table.add_row(*(Text(visible(str(c))) for c in cells))
     return table
 
@@ -345,7 +358,10 @@ def cmd_fetch(args) -> int:
     if not job.read_meta().get("remote"):  # only an ssh job's files live elsewhere
         print(f"{job.path}: the job's files are already here ({backend.name} backend)")
     else:
-        print(f"fetched {len(fetched)} file(s) into {job.path} (out/, logs/, probes/, placement)")
+        print(
+            f"fetched {len(fetched)} file(s) into {job.path} "
+            "(out/, logs/, probes/, attempts/, placement)"
+        )
     return 0
 
 
@@ -431,9 +447,10 @@ def register(subparsers) -> None:
         "fetch",
         help="Copy a remote (ssh) job's outputs and logs into its local directory.",
         description=(
-            "Copy a job's outputs (out/), logs, probes and placement from the login node into "
-            "the local job directory. Control files (config.yaml, job.json, ...) are never "
-            "replaced from the remote copy. Local and slurm jobs need no fetch."
+            "Copy a job's outputs (out/), logs, probes, placement and earlier attempts' logs "
+            "(attempts/) from the login node into the local job directory. Control files "
+            "(config.yaml, job.json, ...) are never replaced from the remote copy, and no "
+            "symbolic link is followed. Local and slurm jobs need no fetch."
         ),
     )
     p.add_argument("job_dir", metavar="JOBDIR")

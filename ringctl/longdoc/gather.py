@@ -53,6 +53,7 @@ from typing import Any
 
 from ..atomic import current_umask
 from ..errors import UserError, with_filename
+from ..jsonsafe import finite_json
 from ..terminal import visible
 from . import export
 from .completeness import RankShard, confined, document_shards
@@ -376,7 +377,11 @@ def _write_outputs(tmp: Path, got: Verified, job: Path, fmt: str, job_state: str
     }
     if job_state is not None:
         summary["job_state"] = job_state  # the backend's word when this gather ran
-    (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary, replaced = finite_json(summary)  # strict JSON: a -inf log-probability's sums
+    if replaced:
+        summary["notes"] = [f"{key}: not a finite number; written as null" for key in replaced]
+        notes.append(f"summary.json: {len(replaced)} non-finite value(s) written as null")
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     (tmp / "summary.csv").write_text(_csv(_csv_rows(rows, got.incomplete)), newline="")
     marker = {"format": MARKER_FORMAT, "job_dir": str(job), "task": task, "partial": partial}
     (tmp / MARKER).write_text(json.dumps(marker) + "\n")

@@ -29,6 +29,7 @@ shows no NVLink to scale from; otherwise such a hop runs at the GPUs' own NVLink
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -103,8 +104,8 @@ def merge_bandwidths(overrides: Mapping[str, float] | None) -> dict[str, float]:
         key = kind.upper()
         if key not in table:
             raise ValueError(f"unknown link kind {kind!r}; known: {', '.join(table)}")
-        if not value > 0:
-            raise ValueError(f"bandwidth of {kind} must be positive, got {value}")
+        if not (math.isfinite(value) and value > 0):  # inf would win every placement
+            raise ValueError(f"bandwidth of {kind} must be a positive number, got {value}")
         table[key] = float(value)
     return table
 

@@ -8,6 +8,7 @@ ibstat says which ports are up and how fast.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from ..errors import UserError
@@ -21,6 +22,10 @@ SMI_FILE = "nvidia-smi-topo.txt"
 HCA_FILES = ("ibstat.txt", "ibv_devinfo.txt")
 # Where a NIC known only from ibstat sits relative to the GPUs: unknown, so assume the worst.
 UNKNOWN_PATH = "SYS"
+# A node's name as hosts and Slurm spell it (letters, digits, '.', '_', '-'; at most 253). A
+# probe file is written on a compute node and may come back from a remote job directory: a
+# name with markup or control characters would be printed into the user's terminal.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 def _nic_from_hca(name: str, label: str | None, hca: Hca | None, known: bool) -> Nic:
@@ -118,6 +123,11 @@ def _load_probe(path: Path, name: str | None) -> NodeTopology:
         if data.get(key) is not None and not isinstance(data[key], str):
             raise UserError(f"{path}: key {key} must be a string or null")
     node_name = name or data.get("node") or path.stem
+    if not NODE_NAME.fullmatch(node_name):
+        raise UserError(
+            f"{path}: node name {node_name[:80]!r} is not a host name (letters, digits, "
+            "'.', '_' and '-')"
+        )
     smi_text = data.get("nvidia_smi_topo")
     smi = parse_nvidia_smi(smi_text, f"{path}[nvidia_smi_topo]") if smi_text else None
     hcas = None

@@ -1,18 +1,34 @@
 """The readable form of a plan: the ring hop by hop, with link kinds, GPUDirect marks and the
 bottleneck; with rings of rings, a line per ring with its bottleneck and the worst ring; for a
 hybrid plan, the Ulysses groups (where each sits, its slowest pair) and the ring across them,
-a row per step from one group to the next (the slowest of the sends that cross there)."""
+a row per step from one group to the next (the slowest of the sends that cross there).
+
+Node, NIC and switch names come from probe files written on the compute nodes and from Slurm's
+topology: every line and cell is printed as plain text (`_say`, `_row`), so rich markup in a
+name is shown, not applied, and control characters are escaped (`ringctl.terminal.visible`)."""
 
 from __future__ import annotations
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from ..terminal import visible
 from .hostlist import HostlistError, compress
 from .plan import Hop, RankEntry, RingPlan
 
 __all__ = ["print_plan", "rank_label"]
+
+
+def _say(console: Console, line: str) -> None:
+    """Print one line of the report as plain text, control characters escaped."""
+    console.print(Text(visible(line)), soft_wrap=True)
+
+
+def _row(table: Table, *cells: str, style: str | None = None) -> None:
+    """Add a table row of plain-text cells, control characters escaped."""
+    table.add_row(*(Text(visible(cell)) for cell in cells), style=style)
 
 
 def rank_label(entry: RankEntry) -> str:
@@ -86,9 +102,9 @@ def _print_nodes(plan: RingPlan, console: Console) -> None:
         down = [n["name"] for n in node["nics"] if not n["usable"]]
         extra = f"; unusable NICs: {', '.join(down)}" if down else ""
         order = " -> ".join(labels.get(node["name"], []))
-        console.print(f"  {node['name']}{switch}: {order}{extra}", soft_wrap=True)
+        _say(console, f"  {node['name']}{switch}: {order}{extra}")
     if len(plan.nodes) > MAX_NODE_LINES:
-        console.print(f"  ... and {len(plan.nodes) - MAX_NODE_LINES} more nodes")
+        _say(console, f"  ... and {len(plan.nodes) - MAX_NODE_LINES} more nodes")
 
 
 def print_plan(plan: RingPlan, console: Console | None = None) -> None:
@@ -100,7 +116,7 @@ def print_plan(plan: RingPlan, console: Console | None = None) -> None:
     if plan.ulysses is not None:
         print_hybrid(plan, console)
         return
-    console.print(_title(plan), soft_wrap=True)
+    _say(console, _title(plan))
     _print_nodes(plan, console)
     if not plan.hops:
         console.print("Every ring is one rank: nothing to send, no bottleneck.")
@@ -116,7 +132,8 @@ def print_plan(plan: RingPlan, console: Console | None = None) -> None:
     shown = _hops_shown(plan)
     for hop in shown:
         is_low = low is not None and (hop.src, hop.dst) == (low.src, low.dst)
-        table.add_row(
+        _row(
+            table,
             f"{hop.src}->{hop.dst}",
             rank_label(plan.ring[hop.src]),
             rank_label(plan.ring[hop.dst]),
@@ -135,12 +152,12 @@ def print_plan(plan: RingPlan, console: Console | None = None) -> None:
     if len(plan.groups) > 1:
         _print_groups(plan, console)
     same = sum(1 for h in plan.hops if h.gbps == low.gbps)
-    console.print(
+    _say(
+        console,
         ("Worst ring's bottleneck" if len(plan.groups) > 1 else "Bottleneck")
         + f": {low.link} at {_gbps(low.gbps)} Gbit/s, hop {low.src}->{low.dst} "
         f"({rank_label(plan.ring[low.src])} -> {rank_label(plan.ring[low.dst])})"
         + (f"; {same} hops at that speed" if same > 1 else ""),
-        soft_wrap=True,
     )
     _print_assumptions(plan, console)
 
@@ -162,7 +179,8 @@ def _print_groups(plan: RingPlan, console: Console) -> None:
         table.caption = f"the {MAX_ROWS} slowest of {len(plan.groups)} rings"
     for g in groups:
         low = g.bottleneck
-        table.add_row(
+        _row(
+            table,
             str(g.index),
             f"{g.ranks[0]}-{g.ranks[-1]}" if len(g.ranks) > 1 else str(g.ranks[0]),
             _nodes_text(g.nodes),
@@ -178,14 +196,14 @@ def _print_assumptions(plan: RingPlan, console: Console) -> None:
     gdr = plan.gdr
     unpinned = any("NCCL_IB_HCA" in e.env and "NCCL_NET_GDR_LEVEL" not in e.env for e in plan.ring)
     if gdr and any(h.link == "NET" for h in plan.hops):
-        console.print(
+        _say(
+            console,
             f"GPUDirect RDMA modelled with NCCL_NET_GDR_LEVEL={gdr.get('level')}, "
             f"NCCL_NET_GDR_READ {gdr.get('read')}; pinned in each rank's env"
             + (" (the level left to NCCL on C2C nodes)" if unpinned else ""),
-            soft_wrap=True,
         )
     for line in plan.assumptions:
-        console.print(f"Assumed: {line}", soft_wrap=True)
+        _say(console, f"Assumed: {line}")
 
 
 def _hybrid_title(plan: RingPlan) -> str:
@@ -204,16 +222,16 @@ def _hybrid_title(plan: RingPlan) -> str:
 def print_hybrid(plan: RingPlan, console: Console) -> None:
     """Both groups of a hybrid plan: the Ulysses groups, then the ring across them."""
     u, rog = plan.ulysses, plan.ring_of_groups
-    console.print(_hybrid_title(plan), soft_wrap=True)
+    _say(console, _hybrid_title(plan))
     _print_nodes(plan, console)
-    console.print(f"Ulysses degree {u.degree}: {u.reason}", soft_wrap=True)
+    _say(console, f"Ulysses degree {u.degree}: {u.reason}")
     _print_ulysses_groups(plan, console)
     slow = [x for x in u.inside if x["link"] and not _is_nvlink(x["link"])]
     if slow:
-        console.print(
+        _say(
+            console,
             f"Warning: the all-to-all of {len(slow)} group(s) crosses {slow[0]['link']} "
             f"({_gbps(slow[0]['gbps'])} Gbit/s), not NVLink, on every layer",
-            soft_wrap=True,
         )
     if not rog.hops:
         console.print("One Ulysses group: no ring across groups (Ulysses alone).")
@@ -223,18 +241,18 @@ def print_hybrid(plan: RingPlan, console: Console) -> None:
         a, b = plan.ring[low.src], plan.ring[low.dst]
         same = sum(1 for h in rog.hops if h.gbps == low.gbps)
         src, dst = _group_where(plan, low.src // u.degree), _group_where(plan, low.dst // u.degree)
-        console.print(
+        _say(
+            console,
             f"Ring-of-groups bottleneck: {low.link} at {_gbps(low.gbps)} Gbit/s, hop "
             f"{low.src}->{low.dst} ({rank_label(a)} -> {rank_label(b)}), from group {src} to {dst}"
             + (f"; {same} sends at that speed" if same > 1 else ""),
-            soft_wrap=True,
         )
     if plan.bottleneck is not None:
         flat = plan.bottleneck
-        console.print(
+        _say(
+            console,
             f"Flat ring over the same ranks (a worker without Ulysses): bottleneck {flat.link} "
             f"at {_gbps(flat.gbps)} Gbit/s, hop {flat.src}->{flat.dst}",
-            soft_wrap=True,
         )
     _print_assumptions(plan, console)
 
@@ -258,7 +276,8 @@ def _print_ulysses_groups(plan: RingPlan, console: Console) -> None:
         rows = sorted(rows, key=lambda r: (r[2]["gbps"] or 0.0, r[0]))[:MAX_ROWS]
         table.caption = f"the {MAX_ROWS} slowest of {len(u.groups)} groups"
     for g, ranks, inside in rows:
-        table.add_row(
+        _row(
+            table,
             str(g),
             f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]),
             inside["domain"],
@@ -292,7 +311,8 @@ def _print_ring_of_groups(plan: RingPlan, console: Console) -> None:
         worst = min(hops, key=lambda h: h.gbps)
         links = "+".join(dict.fromkeys(h.link for h in hops))
         is_low = worst.gbps == low.gbps
-        table.add_row(
+        _row(
+            table,
             f"{g}->{worst.dst // u.degree}",
             _group_where(plan, g),
             _group_where(plan, worst.dst // u.degree),
