@@ -404,7 +404,8 @@ def _print_budget(args, work: Workload, device: Device) -> int:
     ring = args.ranks
     per_host = max(1, min(ring, ring // max(1, args.nodes)))
     budget = max_tokens_per_rank(work, device, ring, per_host)
-    lengths = get_spec(str(args.job_cfg.task.name)).document_lengths(args.job_cfg)
+    listed = get_spec(str(args.job_cfg.task.name)).document_lengths(args.job_cfg)
+    lengths = [n for _, n in listed]
     schedules = {}
     if lengths:
         nodes = args.nodes

@@ -2,12 +2,9 @@
 
 Every rank computes the same schedule from the same inputs, with no coordinator:
 
-* **Lengths** are estimated without tokenising the corpus: a document's size in bytes (a text
-  file's size, a JSON record's encoded length). With the byte tokenizer that is its token
-  count (exact for text files); with a model's tokenizer every rank tokenises the same small
-  sample (the first documents, up to 256 KiB) and divides by its bytes per token. The ring
-  that runs a document tokenises it for real, and a document whose real length no longer fits
-  its ring's budget fails the job by name rather than running out of memory.
+* **Lengths** are estimated without tokenising the corpus (`longdoc.lengths`, the estimator
+  submit and plan use too): a document's size in bytes, divided by the bytes per token every
+  rank measures on the same small sample with the job's tokenizer (1 for bytes).
 * **Ring sizes** come from `ring.size`: null (one ring of the whole job, in input order: the
   behaviour of 0.1), N (W/N rings of N ranks) or auto (every divisor of W, each document on
   the smallest ring that holds it under `ring.max_tokens_per_rank`).
@@ -26,9 +23,8 @@ from ..atomic import atomic_write_json
 from ..rings import ring_sizes
 from ..schedule import DocLength, Schedule, build_schedule
 from .documents import Document
-from .tokenize import ByteTokenizer
+from .lengths import estimated_tokens, sampled_bytes_per_token
 
-SAMPLE_BYTES = 256 * 1024
 UNLIMITED = 1 << 62
 
 
@@ -47,38 +43,6 @@ class RingOptions:
         return cls(ring.get("size"), ring.get("max_tokens_per_rank"))
 
 
-def document_bytes(doc: Document) -> int:
-    try:
-        return doc.nbytes
-    except OSError:
-        return 0
-
-
-def bytes_per_token(docs: list[Document], tokenizer) -> float:
-    """1 for the byte tokenizer; else measured on the same sample on every rank."""
-    if isinstance(tokenizer, ByteTokenizer):
-        return 1.0
-    raw_bytes = tokens = 0
-    for doc in docs:
-        if raw_bytes >= SAMPLE_BYTES:
-            break
-        try:
-            raw = doc.read_bytes()[:SAMPLE_BYTES]
-        except (OSError, ValueError):
-            continue
-        raw_bytes += len(raw)
-        tokens += int(tokenizer.encode(raw).numel())
-    return raw_bytes / tokens if tokens else 4.0
-
-
-def estimate_lengths(docs: list[Document], tokenizer) -> list[DocLength]:
-    ratio = bytes_per_token(docs, tokenizer)
-    return [
-        DocLength(i, doc.id, int(-(-document_bytes(doc) // ratio)))
-        for i, doc in enumerate(docs)
-    ]
-
-
 def plan_schedule(
     docs: list[Document], options: RingOptions, *, world: int, layout: str, tokenizer
 ) -> Schedule:
@@ -90,7 +54,9 @@ def plan_schedule(
             "ring.size=auto needs a per-rank token budget: set ring.max_tokens_per_rank "
             "(`ringctl plan JOB` suggests one for the job's device and model)"
         )
-    lengths = estimate_lengths(docs, tokenizer)
+    ratio = sampled_bytes_per_token(docs, tokenizer)
+    tokens = estimated_tokens(docs, ratio)
+    lengths = [DocLength(i, doc.id, n) for i, (doc, n) in enumerate(zip(docs, tokens, strict=True))]
     kwargs = {"world": world, "sizes": sizes, "layout": layout}
     if sizes == [world] and budget is None:  # the single ring of 0.1: input order
         return build_schedule(lengths, budget=UNLIMITED, cost=_same_cost, **kwargs)
