@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ringctl.config import load_job
 from ringctl.longdoc.documents import list_documents
+from ringctl.longdoc.job_schedule import RingOptions, plan_schedule
 from ringctl.longdoc.lengths import estimated_tokens, sampled_bytes_per_token
-from ringctl.longdoc.scheduling import RingOptions, plan_schedule
 from ringctl.tasks import get_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +58,6 @@ def test_the_estimator_and_the_scheduler_import_without_torch():
     """Submit and plan size documents with no torch in the process."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import ringctl.longdoc.lengths, ringctl.longdoc.scheduling, ringctl.tasks.longdoc\n"
+        "import ringctl.longdoc.lengths, ringctl.longdoc.job_schedule, ringctl.tasks.longdoc\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

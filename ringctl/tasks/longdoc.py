@@ -234,8 +234,8 @@ def document_lengths(cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
 def run(cfg, ctx) -> dict:
     from ..atomic import atomic_write_json
     from ..jobdir import JobDir
+    from ..longdoc.job_schedule import RingOptions
     from ..longdoc.run import run_longdoc
-    from ..longdoc.scheduling import RingOptions
 
     job = JobDir(ctx.job_dir)
 

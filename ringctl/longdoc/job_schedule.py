@@ -1,4 +1,5 @@
-"""Which ring of the job scores which document: the long-document side of `ringctl.schedule`.
+"""The long-document job's schedule: its documents' lengths into `ringctl.scheduler`, and
+schedule.json.
 
 Every rank computes the same schedule from the same inputs, with no coordinator:
 
@@ -7,7 +8,8 @@ Every rank computes the same schedule from the same inputs, with no coordinator:
   rank measures on the same small sample with the job's tokenizer (1 for bytes).
 * **Ring sizes** come from `ring.size`: null (one ring of the whole job, in input order: the
   behaviour of 0.1), N (W/N rings of N ranks) or auto (every divisor of W, each document on
-  the smallest ring that holds it under `ring.max_tokens_per_rank`).
+  the smallest ring that holds it under `ring.max_tokens_per_rank`); the policy is the
+  scheduler's (`ringctl/scheduler.py`), which `ringctl plan` prices.
 
 `schedule.json` in the job directory records, per document, its ring size, members, order
 and predicted cost; `ringctl status` reads the rings' progress files beside it.
@@ -20,12 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_write_json
-from ..rings import ring_sizes
-from ..schedule import DocLength, Schedule, build_schedule
+from ..scheduler import DocLength, Schedule, schedule_documents
 from .documents import Document
 from .lengths import estimated_tokens, sampled_bytes_per_token
-
-UNLIMITED = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -46,26 +45,13 @@ class RingOptions:
 def plan_schedule(
     docs: list[Document], options: RingOptions, *, world: int, layout: str, tokenizer
 ) -> Schedule:
-    """The schedule of `docs` (the ones still to do) on this job's rings."""
-    sizes = ring_sizes(world, options.size if options.size is not None else world)
-    budget = options.max_tokens_per_rank
-    if budget is None and len(sizes) > 1:
-        raise ValueError(
-            "ring.size=auto needs a per-rank token budget: set ring.max_tokens_per_rank "
-            "(`ringctl plan JOB` suggests one for the job's device and model)"
-        )
-    ratio = sampled_bytes_per_token(docs, tokenizer)
-    tokens = estimated_tokens(docs, ratio)
+    """The schedule of `docs` (the ones still to do) on this job's rings: the scheduler's
+    (``ringctl.scheduler.schedule_documents``) on the lengths refined by the tokenizer."""
+    tokens = estimated_tokens(docs, sampled_bytes_per_token(docs, tokenizer))
     lengths = [DocLength(i, doc.id, n) for i, (doc, n) in enumerate(zip(docs, tokens, strict=True))]
-    kwargs = {"world": world, "sizes": sizes, "layout": layout}
-    if sizes == [world] and budget is None:  # the single ring of 0.1: input order
-        return build_schedule(lengths, budget=UNLIMITED, cost=_same_cost, **kwargs)
-    return build_schedule(lengths, budget=int(budget or UNLIMITED), **kwargs)
-
-
-def _same_cost(tokens: int, size: int) -> float:
-    """Every document the same: on one ring, the schedule keeps the input order."""
-    return 1.0
+    return schedule_documents(
+        lengths, world=world, size=options.size, budget=options.max_tokens_per_rank, layout=layout
+    )
 
 
 def schedule_record(schedule: Schedule, docs: list[Document]) -> dict:
