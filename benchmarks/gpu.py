@@ -338,9 +338,10 @@ def table(rows: list[Row]) -> list[str]:
 
 
 def environment(device: torch.device) -> dict:
-    from ringattn.kernels import _flash_attn_available
+    import importlib.util
 
-    env = {"torch": torch.__version__, "device": str(device), "flash_attn": _flash_attn_available()}
+    flash = importlib.util.find_spec("flash_attn") is not None  # not imported: CUDA-only
+    env = {"torch": torch.__version__, "device": str(device), "flash_attn": flash}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda

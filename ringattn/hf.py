@@ -227,7 +227,7 @@ def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window) -> t
     )  # fmt: skip
 
 
-def _rope_types(module: torch.nn.Module) -> dict[str, str]:
+def rope_types(module: torch.nn.Module) -> dict[str, str]:
     """{attribute prefix: rope type} of a rotary-embedding module ({} for anything else)."""
     kind = getattr(module, "rope_type", None)
     if isinstance(kind, str) and hasattr(module, "inv_freq"):
@@ -258,7 +258,7 @@ def _global_rope_hooks(model: torch.nn.Module, seq_len: int) -> list:
     last = max(int(seq_len), 1) - 1
     hooks = []
     for module in model.modules():
-        types = _rope_types(module)
+        types = rope_types(module)
         if not any(t in LENGTH_DEPENDENT_ROPE or "dynamic" in t for t in types.values()):
             continue
 

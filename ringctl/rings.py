@@ -7,7 +7,8 @@ partition of the ranks, and one torch process group per ring; `ringattn` runs un
 each. `ring.size=W` is the single ring of 0.1.
 
 Sizes: `ring.size: N` (a divisor of W) gives one partition; `auto` gives every divisor of W, and
-each document goes to the smallest ring that holds it (`ringctl.schedule`).
+each document goes to the smallest ring that holds it (`ringctl.scheduler`). ``ring_sizes`` is
+the one meaning of "the ring sizes of a job": the planner prices these, no other set.
 """
 
 from __future__ import annotations

@@ -170,8 +170,7 @@ class Sizing:
         of its own: the planner's largest per-rank share for the job's device, model, dtype,
         mode and sharding, the smallest over the ring sizes the job may use. None: not sizable
         (no device entry, or a task that does not describe its model)."""
-        from .planner.schedule import max_tokens_per_rank
-        from .rings import divisors
+        from .makespan import auto_budget
 
         device = self.device
         if device is None:
@@ -179,10 +178,7 @@ class Sizing:
         work = self.work
         if work is None:
             return None
-        per_host = self.per_node
-        sizes = divisors(self.world)
-        budget = min(max_tokens_per_rank(work, device, n, min(n, per_host)) for n in sizes)
-        return budget, str(self.device_name)
+        return auto_budget(work, device, self.world, self.per_node), str(self.device_name)
 
     def documents(self, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]] | None:
         """(problems, warnings) of a long-document job's documents: a document no ring of the
@@ -190,7 +186,7 @@ class Sizing:
         predicted time over slurm.time (a warning, with a device). None: neither a device
         entry nor a budget says what a rank holds (``unchecked`` says what the longest one
         needs)."""
-        from .planner.schedule import max_tokens_per_rank
+        from .planner.pricing import max_tokens_per_rank
 
         cfg, device, name = self.cfg, self.device, self.device_name
         if device is None and not cfg.ring.max_tokens_per_rank:
@@ -217,7 +213,7 @@ class Sizing:
     def _time_warnings(self, lengths, work: Workload, device: Device, biggest: int) -> list[str]:
         """A predicted time over slurm.time, for the job's documents on its rings."""
         from .config import slurm_time_seconds
-        from .planner.schedule import document_cost
+        from .planner.pricing import document_cost
 
         cfg = self.cfg
         limit = slurm_time_seconds(cfg.slurm.time) if cfg.slurm.time else None

@@ -107,16 +107,15 @@ def check_documents(sizing: Sizing, *, force: bool = False) -> None:
     """A long-document job whose documents its device (or its own ring.max_tokens_per_rank)
     cannot hold is refused (--force to insist); one predicted to outlast slurm.time is warned
     about, and refused under ring.placement=required. With neither, what the longest document
-    needs is said. Lengths are the inputs' sizes in bytes (a byte-tokenizer's count; a
-    model's tokenizer gives fewer tokens, so this errs on the safe side)."""
+    needs is said. Lengths are the task's ``document_lengths`` (``longdoc.lengths``: bytes, a
+    byte-tokenizer's count; a model's tokenizer gives fewer tokens, so this errs on the safe
+    side); the bundled samples are not checked."""
     cfg = sizing.cfg
-    if str(cfg.task.name) != "longdoc" or cfg.task.inputs is None:
+    if str(cfg.task.name) != "longdoc":
         return
-    from .longdoc.scheduling import document_bytes
-    from .tasks.longdoc import params_of
-
-    listing = params_of(cfg).list_inputs(on_missing="report", on_bad_record="skip")
-    lengths = [(d.id, document_bytes(d)) for d in listing.documents]
+    lengths = get_spec(str(cfg.task.name)).document_lengths(cfg, bundled=False)
+    if not lengths:
+        return
     verdict = sizing.documents(lengths)
     if verdict is None:
         said = sizing.unchecked(lengths)

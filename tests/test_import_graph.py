@@ -118,3 +118,62 @@ def test_planner_is_a_leaf():
 def test_the_checker_sees_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# --- no private name crosses a module boundary ---------------------------------------------------
+
+CONSUMERS = ("benchmarks",)  # they use the packages as a user would: public names only
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """`from M import _x` and `M._x` (M a module imported from the project), in every module of
+    the packages and the consumers: a helper another module needs is public where it lives."""
+    modules = _modules()
+    found = []
+    for package in PACKAGES + CONSUMERS:
+        for path in sorted((root / package).rglob("*.py")):
+            name = _module_name(path) if package in PACKAGES else ""
+            tree = ast.parse(path.read_text(), str(path))
+            found += _private_uses(tree, name, path.name == "__init__.py", modules, path)
+    return found
+
+
+def _private_uses(tree, name: str, is_package: bool, modules, path: Path) -> list[str]:
+    found, aliases = [], set()
+    where = path.relative_to(ROOT)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve(name, is_package, node) if node.level else node.module or ""
+            if not base.startswith(PACKAGES):
+                continue
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:  # a module: its attributes are checked
+                    aliases.add(alias.asname or alias.name)
+                elif _is_private(alias.name):
+                    found.append(f"{where}:{node.lineno}: from {base} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name in modules}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            if isinstance(node.value, ast.Name) and node.value.id in aliases:
+                found.append(f"{where}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_imported_across_modules():
+    found = private_imports()
+    assert not found, "private names used across modules:\n" + "\n".join(found)
+
+
+def test_the_checker_sees_a_private_import(tmp_path):
+    tree = ast.parse("from .placement import _hop, plan_ring\nfrom . import slurm\nslurm._x()\n")
+    path = ROOT / "ringctl" / "topology" / "example.py"
+    found = _private_uses(tree, "ringctl.topology.example", False, _modules(), path)
+    assert found == [
+        "ringctl/topology/example.py:1: from ringctl.topology.placement import _hop",
+        "ringctl/topology/example.py:3: slurm._x",
+    ]

@@ -20,8 +20,8 @@ TEXTS = {"a.txt": b"short", "b.txt": b"x", "c.txt": b"", "d.txt": b"a little lon
 
 
 def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
+    from ringctl.longdoc.job_schedule import RingOptions
     from ringctl.longdoc.run import run_longdoc
-    from ringctl.longdoc.scheduling import RingOptions
 
     out = {}
     for name, mode, budget in (("one", "score", None), ("batched", "score", 400),

@@ -1,5 +1,6 @@
 """The planner's side of many rings per job: per-rank budgets, a document's cost, the makespan
-of a schedule, and the reference auto schedule of the scale-out issue."""
+of a schedule, and the job's own scheduler priced by it (`ringctl.makespan`; the planner's
+separate power-of-two "reference" schedule is gone: plan prices what the job runs)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ from dataclasses import replace
 import pytest
 
 from ringctl.cli import main
+from ringctl.errors import UserError
+from ringctl.makespan import auto_budget, corpus_comparison, price_job
 from ringctl.planner.cost import GIB, Workload, memory_per_rank, usable_gib
 from ringctl.planner.devices import get_device
 from ringctl.planner.model import presets
-from ringctl.planner.schedule import (
+from ringctl.planner.pricing import (
     Entry,
-    auto_schedule,
-    corpus_comparison,
     document_cost,
     lognormal_lengths,
     max_tokens_per_rank,
     predicted_makespan,
-    ring_sizes,
 )
+from ringctl.rings import divisors
+from ringctl.scheduler import DocLength, ring_for, schedule_documents
 
 L8 = presets()["llama3-8b"]
 H100 = get_device("H100-SXM")
@@ -66,29 +68,42 @@ def test_makespan_is_the_sum_over_phases_of_the_busiest_ring():
     assert predicted_makespan(as_json) == 18  # phases from the ring sizes, largest first
 
 
-def test_auto_schedule_places_each_document_once_on_the_smallest_ring_that_holds_it():
+def _listed(lengths):
+    return [(f"#{i}", n) for i, n in enumerate(lengths)]
+
+
+def test_plan_prices_the_schedule_the_job_runs():
+    """The same assignments as the job's scheduler (relative costs decide), each priced in
+    seconds by the planner; a phase lasts as long as its busiest ring."""
     lengths = lognormal_lengths(200, 4096, 1 << 21, seed=3)
-    schedule = auto_schedule(lengths, 16, SCORE, H100, nodes=2, balance=False)
-    assert sorted(e.doc for e in schedule) == list(range(200))
-    assert schedule == auto_schedule(lengths, 16, SCORE, H100, nodes=2, balance=False)
-    budgets = {s: max_tokens_per_rank(SCORE, H100, s, min(s, 8)) for s in ring_sizes(16)}
-    for e in schedule:
-        smaller = [s for s in ring_sizes(16) if s < e.ring_size]
-        assert all(-(-e.tokens // (2 * s)) * 2 > budgets[s] for s in smaller)
+    budget = auto_budget(SCORE, H100, 16, 8)
+    assert budget == min(max_tokens_per_rank(SCORE, H100, s, min(s, 8)) for s in divisors(16))
+    where = {"work": SCORE, "device": H100, "nodes": 2}
+    priced = price_job(_listed(lengths), world=16, size="auto", budget=budget, **where)
+    docs = [DocLength(i, f"#{i}", n) for i, n in enumerate(lengths)]
+    job = schedule_documents(docs, world=16, size="auto", budget=budget, layout="zigzag")
+    decided = lambda s: [(e.index, e.ring_size, e.ring, e.order) for e in s.entries]  # noqa: E731
+    assert decided(priced) == decided(job) and job.cost_unit == "relative"
+    assert priced.cost_unit == "seconds" and sorted(e.index for e in priced.entries) == list(
+        range(200)
+    )
+    for e in priced.entries:
+        assert e.predicted_s == document_cost(e.tokens, e.ring_size, SCORE, H100, nodes=2)
+        assert e.ring_size >= ring_for(e.tokens, divisors(16), budget, "zigzag")  # only grows
         assert 0 <= e.ring < 16 // e.ring_size
-    phases = [e.phase for e in schedule]
-    assert phases == sorted(phases)  # large rings first
-    balanced = auto_schedule(lengths, 16, SCORE, H100, nodes=2)
-    assert sorted(e.doc for e in balanced) == list(range(200))
-    before = {e.doc: e.ring_size for e in schedule}
-    assert all(e.ring_size >= before[e.doc] for e in balanced)  # balancing only grows rings
-    assert predicted_makespan(balanced) <= predicted_makespan(schedule)
+    loads = {}
+    for e in priced.entries:
+        loads[e.ring_size, e.ring] = loads.get((e.ring_size, e.ring), 0.0) + e.predicted_s
+    phases = {size: max(v for (s, _), v in loads.items() if s == size) for size, _ in loads}
+    assert priced.makespan == pytest.approx(sum(phases.values()))
 
 
 def test_a_document_no_ring_can_hold_is_refused_by_name():
-    big = 16 * max_tokens_per_rank(SCORE, H100, 16, 8) + 4096
-    with pytest.raises(ValueError, match=rf"document 1: {big:,} tokens; no ring"):
-        auto_schedule([4096, big], 16, SCORE, H100, nodes=2)
+    budget = auto_budget(SCORE, H100, 16, 8)
+    big = 16 * budget + 4096
+    with pytest.raises(UserError, match=rf"'#1' has {big} tokens: no ring of this job holds it"):
+        where = {"work": SCORE, "device": H100, "nodes": 2}
+        price_job(_listed([4096, big]), world=16, size="auto", budget=budget, **where)
 
 
 def test_auto_beats_one_ring_on_a_heavy_tailed_corpus():
@@ -96,8 +111,7 @@ def test_auto_beats_one_ring_on_a_heavy_tailed_corpus():
     assert result["auto_makespan_s"] < result["one_ring_makespan_s"]
     assert result["gpu_seconds"]["auto"] < result["gpu_seconds"]["one ring"]
     assert sum(result["auto_documents_per_ring_size"].values()) == 300
-    # without balancing, the smallest ring that holds a long document outlasts the job
-    assert result["smallest_ring_makespan_s"] > result["one_ring_makespan_s"]
+    assert result["budget_tokens_per_rank"] == auto_budget(SCORE, H100, 64, 8)
 
 
 def test_plan_corpus_cli(capsys):

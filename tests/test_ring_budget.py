@@ -6,7 +6,7 @@ from __future__ import annotations
 from ringctl.cli import main
 from ringctl.config import load_job, load_resolved
 from ringctl.planner.devices import load_devices
-from ringctl.planner.schedule import max_tokens_per_rank
+from ringctl.planner.pricing import max_tokens_per_rank
 
 
 def test_without_budget_or_device_auto_is_refused_at_submit(tmp_path, capsys):

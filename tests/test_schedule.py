@@ -9,7 +9,7 @@ import pytest
 
 from ringctl.planner.layout import padded_length
 from ringctl.rings import Ring, ring_sizes
-from ringctl.schedule import DocLength, DocumentTooLong, build_schedule
+from ringctl.scheduler import DocLength, DocumentTooLong, build_schedule, default_cost, ring_for
 
 
 def _docs(lengths):
@@ -27,15 +27,33 @@ def test_ring_sizes():
 
 def test_smallest_ring_that_holds_each_document():
     # budget 100 tokens per rank, zigzag: size 1 holds <= 100 (padded to 2), size 2 <= 200 ...
-    sched = build_schedule(
-        _docs([0, 1, 100, 101, 200, 390, 400]), world=4, sizes=[1, 2, 4], budget=100,
-        layout="zigzag",
-    )  # fmt: skip
-    by_id = {e.doc_id: e.ring_size for e in sched.entries}
-    assert by_id == {"d0": 1, "d1": 1, "d2": 1, "d3": 2, "d4": 2, "d5": 4, "d6": 4}
+    lengths = [0, 1, 100, 101, 200, 390, 400]
+    holds = [ring_for(n, [1, 2, 4], 100, "zigzag") for n in lengths]
+    assert holds == [1, 1, 1, 2, 2, 4, 4]
+    # many short documents: no phase has one that outlasts its rings, so none moves up
+    many = [*lengths[:2] * 20, *lengths[3:5] * 20, *lengths[5:]]
+    sched = build_schedule(_docs(many), world=4, sizes=[1, 2, 4], budget=100, layout="zigzag")
+    by_index = {e.index: e.ring_size for e in sched.entries}
+    assert [by_index[i] for i in range(len(many))] == [
+        ring_for(n, [1, 2, 4], 100, "zigzag") for n in many
+    ]
     assert [p["ring_size"] for p in sched.phases] == [4, 2, 1]  # largest rings first
     for e in sched.entries:
         assert padded_length(e.tokens, "zigzag", e.ring_size) // e.ring_size <= 100
+
+
+def test_a_document_that_outlasts_its_phase_moves_up_a_ring_size():
+    """The balance step (formerly only in the planner's reference schedule, so `ringctl plan
+    --corpus` priced a policy the job did not run): a few documents on a 4-rank job. The one
+    that alone outlasts its phase's average ring load, and runs faster on a bigger ring,
+    moves up; the short ones, whose cost there is the ring's per-step overhead, stay."""
+    lengths = [100, 2, 2, 2, 2]
+    sched = build_schedule(_docs(lengths), world=4, sizes=[1, 2, 4], budget=100, layout="zigzag")
+    by_index = {e.index: e.ring_size for e in sched.entries}
+    assert by_index == {0: 4, 1: 1, 2: 1, 3: 1, 4: 1}
+    assert default_cost(100, 4) < default_cost(100, 1) and default_cost(2, 2) > default_cost(2, 1)
+    alone = default_cost(100, 1)  # what the phase of rings of 1 would have lasted
+    assert sched.makespan < alone
 
 
 def test_every_document_exactly_once_and_deterministic():

@@ -36,7 +36,7 @@ _TAIL_BYTES = 64 * 1024
 BLAME_READS = 8
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
@@ -140,11 +140,11 @@ class SlurmBackend(Backend):
         ]
         rc, out, err = self._run(argv)
         if rc != 0:
-            raise UserError(f"sbatch refused the job: {_one_line(err or out) or f'exit {rc}'}")
+            raise UserError(f"sbatch refused the job: {one_line(err or out) or f'exit {rc}'}")
         lines = [ln for ln in out.strip().splitlines() if ln.strip()]
         job_id = lines[-1].split(";")[0].strip() if lines else ""
         if not job_id.isdigit():
-            raise UserError(f"sbatch printed no job id: {_one_line(out + ' ' + err)}")
+            raise UserError(f"sbatch printed no job id: {one_line(out + ' ' + err)}")
         since = self._cluster_clock()
         job.record_submission(
             job_id,
@@ -207,7 +207,7 @@ class SlurmBackend(Backend):
         job_id = self._job_id(Path(job_dir))
         rc, out, err = self._run(["scancel", job_id])
         if rc != 0 and "already completing or completed" not in err:
-            raise UserError(f"scancel {job_id} failed: {_one_line(err or out)}")
+            raise UserError(f"scancel {job_id} failed: {one_line(err or out)}")
 
     # -- status ------------------------------------------------------------------------------------
 
@@ -216,7 +216,7 @@ class SlurmBackend(Backend):
         if rc != 0:
             if ss.squeue_says_unknown(err):
                 return None
-            raise UserError(f"squeue failed: {_one_line(err or out)}")
+            raise UserError(f"squeue failed: {one_line(err or out)}")
         return ss.parse_squeue(out, job_id)
 
     def _sacct(self, job_id: str, since: str | None = None) -> list[ss.AcctRecord] | None:

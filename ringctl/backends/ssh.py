@@ -44,7 +44,7 @@ from paramiko.sftp_attr import SFTPAttributes
 from ..config import DEFAULT_KNOWN_HOSTS, SshConfig
 from ..errors import UserError
 from ..jobdir import PLACEMENT, JobDir
-from .slurm import SlurmBackend, _one_line, expected_ranks
+from .slurm import SlurmBackend, expected_ranks, one_line
 
 # One schema for SSH settings: the `ssh` section of a job config (ringctl.config.SshConfig).
 SSHSettings = SshConfig
@@ -231,7 +231,7 @@ class SSHShell:
             try:
                 self._sftp = self.client.open_sftp()
             except (paramiko.SSHException, OSError) as err:
-                raise UserError(f"ssh {self.where}: SFTP failed: {_one_line(str(err))}") from None
+                raise UserError(f"ssh {self.where}: SFTP failed: {one_line(str(err))}") from None
             self._sftp.get_channel().settimeout(self.settings.command_timeout)
         return self._sftp
 
@@ -272,7 +272,7 @@ class SSHShell:
             ) from None
         except (paramiko.SSHException, OSError) as err:
             raise UserError(
-                f"ssh {self.where}: running `{argv[0]}` failed: {_one_line(str(err))}"
+                f"ssh {self.where}: running `{argv[0]}` failed: {one_line(str(err))}"
             ) from None
         return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
@@ -288,7 +288,7 @@ class SSHShell:
         except OSError as err:
             if getattr(err, "errno", None) == 2:
                 return None
-            raise UserError(f"ssh {self.where}: reading {path}: {_one_line(str(err))}") from None
+            raise UserError(f"ssh {self.where}: reading {path}: {one_line(str(err))}") from None
 
     def listdir(self, path: str) -> list[str]:
         """Names that decode as UTF-8 (others cannot be a log of ours); [] when the directory
@@ -356,7 +356,7 @@ def connect(settings: SSHSettings) -> paramiko.SSHClient:
         client.close()
         how = f"key {s.key}" if s.key else "the ssh-agent and ~/.ssh keys"
         raise UserError(
-            f"ssh {s.target}: authentication failed with {how} ({_one_line(str(err))}); "
+            f"ssh {s.target}: authentication failed with {how} ({one_line(str(err))}); "
             "passwords are not used: set ssh.key or load the key into ssh-agent"
         ) from None
     except TimeoutError:
@@ -371,7 +371,7 @@ def connect(settings: SSHSettings) -> paramiko.SSHClient:
         raise UserError(f"ssh {s.target}: cannot connect: {'; '.join(sorted(reasons))}") from None
     except paramiko.SSHException as err:
         client.close()
-        text = _one_line(str(err))
+        text = one_line(str(err))
         if time.monotonic() - t0 >= 0.9 * t or "banner" in text or "No existing session" in text:
             # paramiko ends a timed-out handshake quietly, then fails on the missing session
             raise UserError(
@@ -488,7 +488,7 @@ class SSHBackend(SlurmBackend):
         except OSError as err:
             raise UserError(
                 f"ssh {self.settings.target}: preparing {remote} for the resumed job failed: "
-                f"{_one_line(str(err))}"
+                f"{one_line(str(err))}"
             ) from None
         self._resume_attempt = None
         return remote
@@ -537,7 +537,7 @@ class SSHBackend(SlurmBackend):
         except OSError as err:
             raise UserError(
                 f"ssh {self.settings.target}: uploading the job directory to {remote} failed: "
-                f"{_one_line(str(err))}"
+                f"{one_line(str(err))}"
             ) from None
 
     def fetch(self, job_dir: Path) -> list[str]:
@@ -552,7 +552,7 @@ class SSHBackend(SlurmBackend):
                     fetched.append(rel)
         except OSError as err:
             raise UserError(
-                f"ssh {self.settings.target}: fetching {remote} failed: {_one_line(str(err))}"
+                f"ssh {self.settings.target}: fetching {remote} failed: {one_line(str(err))}"
             ) from None
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
@@ -43,7 +44,7 @@ examples:
   ringctl plan --model /models/Llama-3.1-70B --seq 1048576 --ranks 64 --nodes 8 --shard weights
   # size a job config (its task, ranks, nodes, device, ring.size, model.shard)
   ringctl plan jobs/attention.yaml nodes=8 tasks_per_node=8 device=H100-SXM task.seq_len=1048576
-  # a corpus on paper: one ring of the whole job versus rings sized per document
+  # a corpus on paper: one ring of the whole job versus ring.size=auto, the job's scheduler
   ringctl plan --model llama3-8b --ranks 64 --nodes 8 --corpus lognormal:10000:4096:1048576
   # measure this machine (block kernel + rank-to-rank exchange) and store it as a device
   ringctl plan --calibrate
@@ -77,7 +78,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--corpus",
         metavar="lognormal:COUNT:LOW:HIGH[:SEED]",
-        help="predicted makespan of a generated corpus: one ring vs auto ring sizes",
+        help="predicted makespan of a generated corpus: one ring vs ring.size=auto",
     )
     p.add_argument(
         "--schedule",
@@ -391,56 +392,57 @@ def _from_job(args) -> Workload:
 
 
 def _print_budget(args, work: Workload, device: Device) -> int:
-    """A job whose sequence lengths vary: the per-rank budget and the corpus's makespan."""
+    """A job whose sequence lengths vary: the per-rank budget, and the predicted makespan of
+    the schedule the job will run (its ring.size and budget), beside one ring of the job."""
+    from ..planner.pricing import max_tokens_per_rank
     from ..planner.report import print_schedule
-    from ..planner.schedule import (
-        auto_schedule,
-        max_tokens_per_rank,
-        predicted_makespan,
-        single_ring_schedule,
-    )
     from ..tasks import get_spec
 
-    ring = args.ranks
+    cfg, ring = args.job_cfg, args.ranks
     per_host = max(1, min(ring, ring // max(1, args.nodes)))
     budget = max_tokens_per_rank(work, device, ring, per_host)
-    lengths = get_spec(str(args.job_cfg.task.name)).document_lengths(args.job_cfg)
-    schedules = {}
-    if lengths:
-        nodes = args.nodes
-        schedules[f"one ring of {ring}"] = single_ring_schedule(
-            lengths, ring, work, device, nodes=nodes
-        )
-        if ring == args.world:
-            try:
-                schedules["auto ring sizes"] = auto_schedule(
-                    lengths, args.world, work, device, nodes=nodes
-                )
-            except ValueError as err:
-                raise UserError(f"{args.job}: {err}") from None
-    spans = {name: predicted_makespan(s) for name, s in schedules.items()}
+    listed = get_spec(str(cfg.task.name)).document_lengths(cfg)
+    spans = _job_makespans(args, work, device, listed) if listed else {}
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "device": device.name,
-                    "ring_size": ring,
-                    "max_tokens_per_rank": budget,
-                    "documents": len(lengths),
-                    "makespan_s": spans,
-                },
-                indent=2,
-            )
-        )
+        report = {
+            "device": device.name,
+            "ring_size": ring,
+            "max_tokens_per_rank": budget,
+            "documents": len(listed),
+            "makespan_s": spans,
+        }
+        print(json.dumps(report, indent=2))
     else:
-        print_schedule(work, device, ring, budget, lengths, spans)
+        print_schedule(work, device, ring, budget, [n for _, n in listed], spans)
     return 0
+
+
+def _job_makespans(args, work: Workload, device: Device, listed) -> dict[str, float]:
+    """{schedule: seconds}: the job's own (``ringctl.makespan.price_job``), and one ring of
+    the whole job when that is not what the job runs."""
+    from ..makespan import auto_budget, price_job
+
+    cfg, world = args.job_cfg, args.world
+    ring = config_section(cfg, "ring")
+    size, budget = ring.get("size"), ring.get("max_tokens_per_rank")
+    if str(size) == "auto" and budget is None:  # what submit writes in
+        budget = auto_budget(work, device, world, int(cfg.tasks_per_node))
+        if budget < 1:
+            raise UserError(
+                f"{args.job}: ring.size=auto: the model alone does not fit one {device.name}"
+            )
+    job = partial(price_job, listed, world=world, work=work, device=device, nodes=int(cfg.nodes))
+    label = f"the job's (ring.size={'null' if size is None else size})"
+    spans = {label: job(size=size, budget=budget).makespan}
+    if size is not None and str(size) != str(world):
+        spans[f"one ring of {world}"] = job(size=None, budget=None).makespan
+    return spans
 
 
 def _print_makespan(path: Path, as_json: bool) -> int:
     """A schedule.json (a list of per-document entries, or {"documents": [...]}) with each
     entry's ``ring_size``, ``ring`` and predicted ``seconds``: its makespan."""
-    from ..planner.schedule import predicted_makespan
+    from ..planner.pricing import predicted_makespan
 
     try:
         data = json.loads(path.read_text())
@@ -466,8 +468,8 @@ def _print_makespan(path: Path, as_json: bool) -> int:
 
 def _print_corpus(args, work: Workload, device: Device) -> int:
     """``--corpus lognormal:COUNT:LOW:HIGH[:SEED]`` on ``--ranks`` (the job's W)."""
+    from ..makespan import corpus_comparison
     from ..planner.report import print_corpus
-    from ..planner.schedule import corpus_comparison
 
     try:
         kind, *numbers = args.corpus.split(":")

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ringattn import padded_length, sequence_positions, shard_sequence
-from ringattn.hf import LENGTH_DEPENDENT_ROPE, _rope_types, count_calls, ring_settings
+from ringattn.hf import LENGTH_DEPENDENT_ROPE, count_calls, ring_settings, rope_types
 
 from .compat import window
 from .model import attention_layers, decoder
@@ -32,10 +32,10 @@ from .scoring import (
     BypassError,
     Shard,
     ShardResult,
-    _score_stats,
     chunked_logprobs,
     comm_device,
     next_token_labels,
+    score_stats,
 )
 
 MAX_ROWS = 64
@@ -46,7 +46,7 @@ def can_batch(model, mode: str) -> bool:
     if mode not in ("score", "embed") or window(model.config) is not None:
         return False
     for module in model.modules():
-        kinds = _rope_types(module).values()
+        kinds = rope_types(module).values()
         if any(k in LENGTH_DEPENDENT_ROPE or "dynamic" in k for k in kinds):
             return False
     return True
@@ -141,7 +141,7 @@ def _score_rows(model, hidden, shards: list[Shard], group, chunk_size: int) -> l
         dist.all_reduce(sums, group=group)
     results = []
     for (tensors, _), ll, shard in zip(per_row, sums.cpu().tolist(), shards, strict=True):
-        stats = {"n_tokens": shard.n_tokens, **_score_stats(ll, max(shard.n_tokens - 1, 0))}
+        stats = {"n_tokens": shard.n_tokens, **score_stats(ll, max(shard.n_tokens - 1, 0))}
         results.append(ShardResult(tensors, stats))
     return results
 

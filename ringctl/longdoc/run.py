@@ -39,11 +39,12 @@ from .completeness import document_status
 from .consensus import agree, any_has, document_verdict
 from .documents import Document, DocumentError, Listing
 from .expected import check_expected, write_expected
+from .job_schedule import RingOptions, plan_schedule, write_schedule
+from .lengths import document_bytes
 from .model import check_same_weights, load_model, samples_dir
 from .overrides import describe as describe_overrides
 from .params import LongDocParams
 from .probe import run_probe
-from .scheduling import RingOptions, document_bytes, plan_schedule, write_schedule
 from .scoring import ShardResult, comm_device, run_task
 from .shards import FORMAT, ShardStore, atomic_write_json
 from .tokenize import load_tokenizer, resolve_tokenizer_path, vocabulary_mismatch

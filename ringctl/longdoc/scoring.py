@@ -207,14 +207,14 @@ def _check_windowed_layers(model, passed: int, n_tokens: int) -> None:
     )
 
 
-def _all_sum(values: list[float], group) -> list[float]:
+def all_sum(values: list[float], group) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=comm_device(group))
     if dist.get_world_size(group) > 1:
         dist.all_reduce(t, group=group)
     return t.cpu().tolist()
 
 
-def _score_stats(log_likelihood: float, n_scored: int) -> dict[str, Any]:
+def score_stats(log_likelihood: float, n_scored: int) -> dict[str, Any]:
     ppl = math.exp(-log_likelihood / n_scored) if n_scored > 0 else None
     return {"n_scored": n_scored, "log_likelihood": log_likelihood, "perplexity": ppl}
 
@@ -252,7 +252,7 @@ def _embed(model, shard: Shard, tensors: dict, *, group, layout: str) -> None:
         tensors["pooled"] = pooled
 
 
-def _score(model, shard: Shard, *, group, layout: str, chunk_size: int, grad: bool):
+def score_shard(model, shard: Shard, *, group, layout: str, chunk_size: int, grad: bool):
     """(token_logprob of this rank's real positions, this rank's log-likelihood sum)."""
     device = next(model.parameters()).device
     with torch.set_grad_enabled(grad):
@@ -312,13 +312,13 @@ def run_task(
     if task == "embed":
         _embed(model, shard, tensors, group=group, layout=layout)
     else:
-        lp, ll_local = _score(
+        lp, ll_local = score_shard(
             model, shard, group=group, layout=layout, chunk_size=chunk_size, grad=task == "grad"
         )
-        (ll,) = _all_sum([float(ll_local.detach())], group)
+        (ll,) = all_sum([float(ll_local.detach())], group)
         tensors["token_logprob"] = lp.detach().float().contiguous()
         n_scored = max(n - 1, 0)
-        stats.update(_score_stats(ll, n_scored))
+        stats.update(score_stats(ll, n_scored))
         if task == "grad":
             more, grads = _grad_stats(model, ll_local, ll, n_scored, group, keep_grads)
             stats.update(more)

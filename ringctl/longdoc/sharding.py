@@ -378,10 +378,10 @@ def run_task_sharded(task: str, model, ids: torch.Tensor, *, group, layout: str,
 def _grad_task(model, ids, *, group, layout: str, chunk_size: int, gather: bool):
     from .scoring import (
         ShardResult,
-        _all_sum,
-        _score,
-        _score_stats,
+        all_sum,
         make_shard,
+        score_shard,
+        score_stats,
         window_refusal,
     )
 
@@ -397,12 +397,12 @@ def _grad_task(model, ids, *, group, layout: str, chunk_size: int, gather: bool)
         "positions": shard.positions[shard.real].clone(),
         "input_ids": shard.ids[shard.real].clone(),
     }
-    lp, ll_local = _score(model, shard, group=group, layout=layout,
+    lp, ll_local = score_shard(model, shard, group=group, layout=layout,
                                   chunk_size=chunk_size, grad=True)  # fmt: skip
-    (ll,) = _all_sum([float(ll_local.detach())], group)
+    (ll,) = all_sum([float(ll_local.detach())], group)
     tensors["token_logprob"] = lp.detach().float().contiguous()
     n_scored = max(n - 1, 0)
-    stats: dict[str, Any] = {"n_tokens": n, **_score_stats(ll, n_scored)}
+    stats: dict[str, Any] = {"n_tokens": n, **score_stats(ll, n_scored)}
     model.zero_grad(set_to_none=True)
     if n_scored > 0:
         (-ll_local / n_scored).backward()

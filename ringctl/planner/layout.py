@@ -4,8 +4,8 @@ A ring of ``ranks`` ranks splits a sequence into ``ranks`` chunks (contiguous) o
 (zigzag: two per rank), so a document is padded up to a multiple of that unit. The engine's own
 rule is ``ringattn.padded_length`` (it imports torch; the planner must not); this is the same
 rule for the ring layouts, and tests/test_schedule.py checks the two agree. The planner
-(``planner.cost``, ``planner.schedule``) and the job's scheduler (``ringctl.schedule``,
-``ringctl.longdoc.scheduling``) all pad with it.
+(``planner.cost``, ``planner.pricing``) and the job's scheduler (``ringctl.scheduler``,
+``ringctl.longdoc.job_schedule``) all pad with it.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def print_schedule(work, device, ring, budget, lengths, spans) -> None:
     if lengths:
         console.print(
             f"{len(lengths):,} documents, {sum(lengths):,} tokens, longest "
-            f"{max(lengths):,} (UTF-8 bytes; / 4 with a tokenizer)"
+            f"{max(lengths):,} (UTF-8 bytes: a bound with a tokenizer)"
         )
     for name, seconds in spans.items():
         console.print(f"predicted makespan, {name}: {seconds:.4g} s")

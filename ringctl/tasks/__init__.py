@@ -9,7 +9,7 @@ A task module defines:
     def check(cfg, bad) -> None:   # optional: raise bad("task.x", "why") for impossible values
     def prepare(cfg) -> dict:      # optional: the config as submitted (e.g. absolute paths)
     def workload(cfg) -> Workload: # optional: what `ringctl plan` sizes before submission
-    def document_lengths(cfg) -> list[int]:  # optional: tokens per document, for `ringctl plan`
+    def document_lengths(cfg) -> list[tuple[str, int]]:  # optional: (id, tokens) per document
     def run(cfg, ctx) -> None:     # what every rank does (ctx: `TaskContext` in ringctl.worker)
 
 The module is imported whenever a config is loaded (for its schema), so it must import torch,
@@ -87,10 +87,10 @@ class TaskSpec:
         make = getattr(self.module, "workload", None)
         return None if make is None else make(cfg)
 
-    def document_lengths(self, cfg) -> list[int]:
-        """Tokens per document of a job whose sequences vary, for `ringctl plan` ([]: none)."""
+    def document_lengths(self, cfg, **kwargs) -> list[tuple[str, int]]:
+        """(id, tokens) of each document of a job whose sequences vary ([]: none)."""
         lengths = getattr(self.module, "document_lengths", None)
-        return [] if lengths is None else lengths(cfg)
+        return [] if lengths is None else lengths(cfg, **kwargs)
 
     def run(self, cfg, ctx) -> Any:
         return self.module.run(cfg, ctx)

@@ -211,30 +211,31 @@ def workload(cfg):
     )
 
 
-def document_lengths(cfg) -> list[int]:
-    """Tokens per document of a long-document job, without tokenising: UTF-8 bytes (exact for
-    the byte-level tokenizer; with a tokenizer, bytes / 4, an estimate)."""
-    from ..longdoc.documents import list_documents
+def document_lengths(cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
+    """(id, tokens) of each document of the job, as listed (missing inputs and bad records
+    left out, as the job leaves them), without tokenising: ``longdoc.lengths``' estimate in
+    bytes, exact for the byte-level tokenizer and an upper bound for a model's. ``bundled``:
+    with no ``task.inputs``, the bundled samples the job reads (False: none; they fit)."""
+    from ..longdoc.lengths import estimated_tokens
 
-    t = cfg.task
-    if not t.get("inputs"):
+    params = LongDocParams.from_any(OmegaConf.to_container(cfg.task, resolve=True), validate=False)
+    inputs = params.inputs
+    if inputs is None:
+        if not bundled:
+            return []
         from importlib import resources
 
         inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
-    else:
-        inputs = [str(x) for x in t.inputs]
-    listing = list_documents(
-        inputs, text_field=str(t.text_field), max_docs=t.get("max_docs"), split=t.get("split")
-    )
-    per_token = 4 if t.get("tokenizer_path") else 1
-    return [max(1, d.nbytes // per_token) for d in listing.documents]  # sizes, as listed
+    listing = params.list_inputs(inputs, on_missing="report", on_bad_record="skip")
+    docs = listing.documents
+    return list(zip((d.id for d in docs), estimated_tokens(docs), strict=True))
 
 
 def run(cfg, ctx) -> dict:
     from ..atomic import atomic_write_json
     from ..jobdir import JobDir
+    from ..longdoc.job_schedule import RingOptions
     from ..longdoc.run import run_longdoc
-    from ..longdoc.scheduling import RingOptions
 
     job = JobDir(ctx.job_dir)
 

@@ -28,19 +28,19 @@ from .groups import Layout, choose_layout
 from .links import link_gbps, nic_path_rank
 from .model import NodeTopology
 from .placement import (
-    _assumptions,
-    _c2c_note,
-    _gpu_weights,
-    _hop,
-    _node_dict,
-    _NodeCache,
-    _Placed,
-    _rank_entries,
-    _share_nics,
-    _span,
+    NodeCache,
+    PlacedNode,
     assign_nics,
+    assumption_notes,
+    c2c_note,
+    gpu_weights,
+    node_dict,
     nvlink_gbps,
     prepare_nodes,
+    rank_entries,
+    ring_hop,
+    ring_span,
+    share_nics,
 )
 from .plan import Hop, RingGroup, RingOfGroups, RingPlan, UlyssesGroups
 from .slurm import SwitchTopology
@@ -76,14 +76,14 @@ def plan_hybrid(
     placed = _place_nodes(ordered, base, degree, table, policy)
     world = sum(counts)
     layout = Layout(list(range(len(ordered))), flat.roles, world, "ulysses")
-    ring, where = _rank_entries(ordered, layout, placed, policy)
+    ring, where = rank_entries(ordered, layout, placed, policy)
     context = (ring, where, ordered, placed, paths, blocks, table, policy)
     given_net = any(k.upper() == "NET" for k in (bandwidths or {}))
     flat_hops = _ring_hops([list(range(world))], context, given_net)
     rings = [list(range(u, world, degree)) for u in range(degree)]
     rog_hops = _ring_hops(rings, context, given_net)
     bottleneck = _slowest(flat_hops)
-    span = _span(names, paths, dict(zip(names, blocks, strict=True)))
+    span = ring_span(names, paths, dict(zip(names, blocks, strict=True)))
     groups = [RingGroup(0, list(range(world)), bottleneck, names, span)]
     ulysses_groups = UlyssesGroups(
         degree,
@@ -98,7 +98,7 @@ def plan_hybrid(
         ring=ring,
         hops=flat_hops,
         bottleneck=bottleneck,
-        nodes=[_node_dict(n, paths[n.name], chosen.get(n.name, {})) for n in ordered],
+        nodes=[node_dict(n, paths[n.name], chosen.get(n.name, {})) for n in ordered],
         bandwidths=table,
         groups=groups,
         ring_size=world,
@@ -119,8 +119,8 @@ def _chosen_nics(ring, where, placed) -> dict[str, dict[int, int | None]]:
 
 
 def _notes(hops, ordered, table, policy, given_net: bool, heads: int | None) -> list[str]:
-    notes = _assumptions(hops, table, given_net)
-    notes += _c2c_note(ordered, policy, any(h.link == "NET" for h in hops))
+    notes = assumption_notes(hops, table, given_net)
+    notes += c2c_note(ordered, policy, any(h.link == "NET" for h in hops))
     if heads is None:
         notes.append("heads not given: the Ulysses degree was not checked against the model "
                      "(--heads, --kv-heads)")  # fmt: skip
@@ -139,12 +139,12 @@ def _ring_hops(rings: list[list[int]], context, given_net: bool) -> list[Hop]:
         if len(members) < 2:
             continue
         for a, b in zip(members, members[1:] + members[:1], strict=True):
-            hop = _hop(a, b, *context)
+            hop = ring_hop(a, b, *context)
             hop.group = index
             if hop.rate_source == "assumed" and given_net:
                 hop.rate_source = "given"
             hops.append(hop)
-    _share_nics(hops, context[1])
+    share_nics(hops, context[1])
     return hops
 
 
@@ -157,9 +157,9 @@ def _layout_key(node: NodeTopology, *extra) -> tuple:
     )
 
 
-def _flat_nodes(ordered, counts, roles, table, policy) -> dict[int, _Placed]:
+def _flat_nodes(ordered, counts, roles, table, policy) -> dict[int, PlacedNode]:
     """Each node's flat-ring placement (its GPUs in path order); identical nodes once."""
-    cache = _NodeCache(table, policy, sum(counts))
+    cache = NodeCache(table, policy, sum(counts))
     return {i: cache.place(node, counts[i], roles[i]) for i, node in enumerate(ordered)}
 
 
@@ -169,7 +169,7 @@ def _splits_node(count: int, degree: int) -> bool:
     return degree < count and count % degree == 0
 
 
-def _not_nvlink(ordered, base: dict[int, _Placed], degree: int) -> str | None:
+def _not_nvlink(ordered, base: dict[int, PlacedNode], degree: int) -> str | None:
     """Why groups of `degree` would have a pair inside a node that is not NVLink, or None."""
     seen: set[tuple] = set()
     for i, node in enumerate(ordered):
@@ -195,10 +195,10 @@ def _not_nvlink(ordered, base: dict[int, _Placed], degree: int) -> str | None:
     return None
 
 
-def _place_nodes(ordered, base, degree, table, policy) -> dict[int, _Placed]:
+def _place_nodes(ordered, base, degree, table, policy) -> dict[int, PlacedNode]:
     """Each node's ranks: the flat path, regrouped when the node holds several groups; NICs
     spread over the ranks that cross the network at once. Identical nodes are placed once."""
-    memo: dict[tuple, _Placed] = {}
+    memo: dict[tuple, PlacedNode] = {}
     out = {}
     for i, node in enumerate(ordered):
         key = _layout_key(node, tuple(base[i].positions))
@@ -208,19 +208,19 @@ def _place_nodes(ordered, base, degree, table, policy) -> dict[int, _Placed]:
     return out
 
 
-def _place_node(node, base: _Placed, degree: int, table, policy) -> _Placed:
+def _place_node(node, base: PlacedNode, degree: int, table, policy) -> PlacedNode:
     if not node.gpus:
         return base
     positions, count = list(base.positions), len(base.positions)
     if not _splits_node(count, degree):  # every rank sends and receives
-        return _Placed(positions, _balanced_nics(node, positions, None, policy, table), {}, {})
+        return PlacedNode(positions, _balanced_nics(node, positions, None, policy, table), {}, {})
     positions = _groups_in_node(node, positions, degree, table, policy)
     nearest = assign_nics(node)
     nics = [nearest[p] for p in positions]
     first, last = slice(0, degree), slice(count - degree, count)
     nics[first] = _balanced_nics(node, positions[first], False, policy, table)
     nics[last] = _balanced_nics(node, positions[last], True, policy, table)
-    return _Placed(positions, nics, {}, {})
+    return PlacedNode(positions, nics, {}, {})
 
 
 def _balanced_nics(node, gpus: list[int], send: bool | None, policy, table) -> list[int | None]:
@@ -260,7 +260,7 @@ def _groups_in_node(node, positions: list[int], degree: int, table, policy) -> l
     """The node's GPUs as groups of `degree` with the best worst pair, in flat-path order,
     the best receiving group first and the best sending group last."""
     along = {p: i for i, p in enumerate(positions)}
-    groups = partition_cliques(_gpu_weights(node, table), positions, degree)
+    groups = partition_cliques(gpu_weights(node, table), positions, degree)
     groups = sorted((sorted(g, key=along.get) for g in groups), key=lambda g: along[g[0]])
     nearest = assign_nics(node)
 

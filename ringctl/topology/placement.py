@@ -16,7 +16,7 @@ so a ring runs at the pace of its slowest hop. Hence, in this order:
   other GPU uses its nearest usable NIC (down or unlisted NICs are skipped);
 * ranks that send (or receive) through one NIC at once share its rate (`Hop.shared`).
 
-Nodes with identical layouts are ordered once (`_NodeCache`), which is what keeps 4,096 nodes
+Nodes with identical layouts are ordered once (`NodeCache`), which is what keeps 4,096 nodes
 in seconds.
 """
 
@@ -66,7 +66,7 @@ def nic_for_gpu(node: NodeTopology, gpu_pos: int) -> int | None:
     return assign_nics(node)[gpu_pos]
 
 
-def _gpu_weights(node: NodeTopology, table: Mapping[str, float]) -> list[list[float]]:
+def gpu_weights(node: NodeTopology, table: Mapping[str, float]) -> list[list[float]]:
     n = len(node.gpus)
     return [
         [0.0 if i == j else link_gbps(node.gpu_links[i][j], table) for j in range(n)]
@@ -104,7 +104,7 @@ def order_gpus(
     the network ("net", scored by GPUDirect reach to a NIC) or NVLink ("nvlink").
     """
     table = merge_bandwidths(bandwidths)
-    w = _gpu_weights(node, table)
+    w = gpu_weights(node, table)
     if cycle:
         return best_order(w, count, cycle=True)
     policy = gdr or GdrPolicy()
@@ -124,7 +124,7 @@ def order_nodes(
 
 
 @dataclass
-class _Placed:
+class PlacedNode:
     """One node's share of the placement: GPU positions in ring order and each rank's NIC."""
 
     positions: list[int | None]  # GPU positions, or None per CPU rank
@@ -133,14 +133,14 @@ class _Placed:
     recv: dict[int, NicEnd]  # local rank -> its receive end (ranks that enter it)
 
 
-class _NodeCache:
+class NodeCache:
     """Placement of a node, shared by every node with the same layout and role."""
 
     def __init__(self, table: Mapping[str, float], policy: GdrPolicy, size: int) -> None:
         self.table, self.policy, self.size = table, policy, size
-        self.memo: dict[tuple, _Placed] = {}
+        self.memo: dict[tuple, PlacedNode] = {}
 
-    def place(self, node: NodeTopology, count: int, role: NodeRole) -> _Placed:
+    def place(self, node: NodeTopology, count: int, role: NodeRole) -> PlacedNode:
         key = (
             tuple(map(tuple, node.gpu_links)),
             tuple(map(tuple, node.gpu_nic_links)),
@@ -152,7 +152,7 @@ class _NodeCache:
             self.memo[key] = self._place(node, count, role)
         return self.memo[key]
 
-    def _place(self, node: NodeTopology, count: int, role: NodeRole) -> _Placed:
+    def _place(self, node: NodeTopology, count: int, role: NodeRole) -> PlacedNode:
         if not node.gpus:
             return self._cpu(node, count)
         nearest = assign_nics(node)
@@ -169,15 +169,15 @@ class _NodeCache:
         else:
             pos = order_gpus(node, count, cycle=True, bandwidths=self.table)
             if role.mode == "cycles":
-                cycles = partition_cycles(_gpu_weights(node, self.table), pos, self.size)
+                cycles = partition_cycles(gpu_weights(node, self.table), pos, self.size)
                 pos = [p for c in cycles for p in c]
         nics = [nearest[p] for p in pos]
-        placed = _Placed(list(pos), nics, {}, {})
+        placed = PlacedNode(list(pos), nics, {}, {})
         if role.mode == "path":
             self._ends(node, role, placed)
         return placed
 
-    def _ends(self, node: NodeTopology, role: NodeRole, placed: _Placed) -> None:
+    def _ends(self, node: NodeTopology, role: NodeRole, placed: PlacedNode) -> None:
         """NICs of the entry (first) and exit (last) rank of a path, GDR-aware."""
         first, last = 0, len(placed.positions) - 1
         p_in, p_out = placed.positions[first], placed.positions[last]
@@ -196,13 +196,13 @@ class _NodeCache:
             if recv.nic is not None:
                 placed.nics[first] = recv.nic
 
-    def _cpu(self, node: NodeTopology, count: int) -> _Placed:
+    def _cpu(self, node: NodeTopology, count: int) -> PlacedNode:
         usable = [j for j, n in enumerate(node.nics) if n.usable]
         j = max(usable, key=lambda k: node.nics[k].rate_gbps or 0.0) if usable else None
         rate = node.nics[j].rate_gbps if j is not None else None
         end = NicEnd(j, "host", rate or self.table["NET"], rate is None)  # a CPU rank
         ends = {r: end for r in range(count)}
-        return _Placed([None] * count, [j] * count, ends, dict(ends))
+        return PlacedNode([None] * count, [j] * count, ends, dict(ends))
 
 
 def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[str, str]:
@@ -220,7 +220,7 @@ def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[st
     return env
 
 
-def _node_dict(node: NodeTopology, path: list[str], chosen: dict[int, int | None]) -> dict:
+def node_dict(node: NodeTopology, path: list[str], chosen: dict[int, int | None]) -> dict:
     nearest = assign_nics(node)
     gpus = []
     for i, g in enumerate(node.gpus):
@@ -326,9 +326,9 @@ def plan_ring(
         nodes, ranks_per_node, switch_topology, bandwidths, gdr, nvlink_blocks
     )
     layout = choose_layout(counts, [n.name for n in ordered], paths, ring_size, domains)
-    cache = _NodeCache(table, policy, layout.ring_size)
+    cache = NodeCache(table, policy, layout.ring_size)
     placed = {i: cache.place(ordered[i], counts[i], layout.roles[i]) for i in layout.sequence}
-    ring, where = _rank_entries(ordered, layout, placed, policy)
+    ring, where = rank_entries(ordered, layout, placed, policy)
     given_net = any(k.upper() == "NET" for k in (bandwidths or {}))
     hops, groups = _rings(ring, where, ordered, layout, placed, paths, domains, table, policy)
     for h in hops:
@@ -341,7 +341,7 @@ def plan_ring(
         if pos is not None:
             chosen.setdefault(e.node, {})[pos] = placed[i].nics[local]
     node_dicts = [
-        _node_dict(ordered[i], paths[ordered[i].name], chosen.get(ordered[i].name, {}))
+        node_dict(ordered[i], paths[ordered[i].name], chosen.get(ordered[i].name, {}))
         for i in layout.sequence
     ]
     return RingPlan(
@@ -353,12 +353,12 @@ def plan_ring(
         groups=groups,
         ring_size=layout.ring_size,
         gdr={"level": policy.modelled_level, "read": policy.read},
-        assumptions=_assumptions(hops, table, given_net)
-        + _c2c_note(ordered, policy, any(h.link == "NET" for h in hops)),
+        assumptions=assumption_notes(hops, table, given_net)
+        + c2c_note(ordered, policy, any(h.link == "NET" for h in hops)),
     )
 
 
-def _rank_entries(ordered, layout: Layout, placed, policy) -> tuple[list[RankEntry], list]:
+def rank_entries(ordered, layout: Layout, placed, policy) -> tuple[list[RankEntry], list]:
     ring: list[RankEntry] = []
     where: list[tuple[int, int]] = []  # (node index, local rank) per rank
     for i in layout.sequence:
@@ -394,8 +394,8 @@ def _rings(ring, where, ordered, layout, placed, paths, domains, table, policy):
         members = list(range(start, start + size))
         pairs += zip(members, members[1:] + members[:1], strict=True)
     context = (ring, where, ordered, placed, paths, domains, table, policy)
-    hops = [_hop(a, b, *context) for a, b in pairs]
-    _share_nics(hops, where)
+    hops = [ring_hop(a, b, *context) for a, b in pairs]
+    share_nics(hops, where)
     by_group: dict[int, list[Hop]] = {}
     for h in hops:
         by_group.setdefault(h.group, []).append(h)
@@ -410,13 +410,13 @@ def _rings(ring, where, ordered, layout, placed, paths, domains, table, policy):
                 ranks=list(range(start, start + size)),
                 bottleneck=min(mine, key=lambda h: h.gbps) if mine else None,
                 nodes=names,
-                span=_span(names, paths, domain_of),
+                span=ring_span(names, paths, domain_of),
             )
         )
     return hops, groups
 
 
-def _hop(a, b, ring, where, ordered, placed, paths, domains, table, policy) -> Hop:
+def ring_hop(a, b, ring, where, ordered, placed, paths, domains, table, policy) -> Hop:
     (ia, la), (ib, lb) = where[a], where[b]
     na, nb = ordered[ia], ordered[ib]
     pa, pb = placed[ia].positions[la], placed[ib].positions[lb]
@@ -469,7 +469,7 @@ def _other_end(node, pos, nic, send: bool, table, policy) -> NicEnd:
     return end_gbps(node, pos, nic, send, policy, table)
 
 
-def _share_nics(hops: list[Hop], where) -> None:
+def share_nics(hops: list[Hop], where) -> None:
     """Ranks that send (receive) through one NIC at the same time split its rate."""
     users: dict[tuple, int] = {}
     keys = []
@@ -491,7 +491,7 @@ def _share_nics(hops: list[Hop], where) -> None:
             h.shared, h.gbps = shared, h.gbps / shared
 
 
-def _span(names, paths, domain_of) -> str:
+def ring_span(names, paths, domain_of) -> str:
     if len(names) == 1:
         return "node"
     doms = {domain_of[n] for n in names}
@@ -503,7 +503,7 @@ def _span(names, paths, domain_of) -> str:
     return "crosses switches" if any(paths[n] for n in names) else "network"
 
 
-def _c2c_note(ordered, policy: GdrPolicy, has_net: bool) -> list[str]:
+def c2c_note(ordered, policy: GdrPolicy, has_net: bool) -> list[str]:
     c2c = [n.name for n in ordered if is_c2c(n)]
     if not c2c or not has_net or policy.level is not None:
         return []
@@ -514,7 +514,7 @@ def _c2c_note(ordered, policy: GdrPolicy, has_net: bool) -> list[str]:
     ]
 
 
-def _assumptions(hops: list[Hop], table, given_net: bool) -> list[str]:
+def assumption_notes(hops: list[Hop], table, given_net: bool) -> list[str]:
     out = []
     if any(h.rate_source == "assumed" for h in hops):
         out.append(

@@ -1,4 +1,9 @@
-"""Which ring runs which document, and in what order: a schedule every rank computes alike.
+"""The scheduler: which ring runs which document, and in what order. The job's one policy.
+
+The job runs it (``longdoc/job_schedule.py`` feeds it the documents' estimated lengths), and
+`ringctl plan JOB` / `ringctl plan --corpus` run the same function on the same lengths and have
+the planner price what it decided (``priced``, with ``planner/pricing.document_cost``), so the
+makespan plan prints is that of the schedule the job will run. Torch-free.
 
 No coordinator: every rank builds the same schedule from the same inputs (each document's
 length estimate, the job's size, the ring sizes, the per-rank token budget, a cost model), so
@@ -7,27 +12,36 @@ they agree without talking. The policy:
 1. Each document goes to the smallest ring size whose ranks hold it: padded length / size
    <= the budget (padding to the layout's multiple included). None holds it: refused by name
    before anything runs (`DocumentTooLong`), with the ring size it would need.
-2. Work runs in phases, from the largest ring size to the smallest (a phase of size N has
+2. Balance: phases run one after another and each lasts at least its longest document, so a
+   document that alone outlasts its phase's average ring load, and runs faster on the next
+   larger ring size, moves there, until none does (the smallest ring that *holds* a long
+   document can take longer than the rest of the job: docs/planner-validation.md measures it).
+3. Work runs in phases, from the largest ring size to the smallest (a phase of size N has
    W/N rings running at once); a phase ends when its slowest ring ends.
-3. Within a phase, documents in decreasing predicted cost (attention ~ n^2, the rest ~ n; ties
+4. Within a phase, documents in decreasing predicted cost (attention ~ n^2, the rest ~ n; ties
    by input order) each go to the least-loaded ring (ties: lowest ring index): longest
    processing time first, within 4/3 of the best makespan of a phase.
 
+The ring sizes and the budget come from the job's `ring` section (``schedule_documents``):
+``ring.size`` null is one ring of the whole job in input order (no budget needed), N is W/N
+rings of N ranks, ``auto`` every divisor of W (``rings.ring_sizes``), which needs a budget.
+
 `schedule.json` in the job directory is this schedule; `ringctl status` reads it for progress
-per ring, `ringctl plan JOB` prints its predicted makespan.
+per ring, `ringctl plan JOBDIR` prints its predicted makespan.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .errors import UserError
 from .planner.layout import layout_multiple, padded_length
-from .rings import Ring
+from .rings import Ring, ring_sizes
 
 SCHEDULE_VERSION = 1
+UNLIMITED = 1 << 62
 
 Cost = Callable[[int, int], float]  # (tokens, ring size) -> predicted seconds (or relative)
 
@@ -40,7 +54,7 @@ class DocumentTooLong(UserError):
 class DocLength:
     index: int  # position in the job's input order
     doc_id: str
-    tokens: int  # an estimate is fine (see `estimate_tokens`)
+    tokens: int  # an estimate is fine (see `longdoc.lengths`)
 
 
 @dataclass
@@ -120,20 +134,50 @@ def build_schedule(
     cost: Cost = default_cost,
 ) -> Schedule:
     """The schedule of `docs` on a job of `world` ranks (see the module docstring)."""
-    chosen: dict[int, list[DocLength]] = {}
+    choice: dict[int, int] = {}
     for doc in docs:
         size = ring_for(doc.tokens, sizes, budget, layout)
         if size is None:
             raise DocumentTooLong(_too_long(doc, world, sizes, budget, layout))
-        chosen.setdefault(size, []).append(doc)
+        choice[doc.index] = size
+    while _promote(docs, choice, sorted(sizes), world, cost):
+        pass
     entries: list[Assignment] = []
     phases = []
-    for size in sorted(chosen, reverse=True):
-        placed, longest = _place_phase(chosen[size], size, world, cost)
+    for size in sorted(set(choice.values()), reverse=True):
+        placed, longest = _place_phase(
+            [d for d in docs if choice[d.index] == size], size, world, cost
+        )
         entries += placed
-        phases.append({"ring_size": size, "rings": world // size, "documents": len(placed),
-                       "predicted_s": longest})  # fmt: skip
+        phases.append(
+            {
+                "ring_size": size,
+                "rings": world // size,
+                "documents": len(placed),
+                "predicted_s": longest,
+            }
+        )
     return Schedule(world, sorted(sizes), budget, entries, phases)
+
+
+def _promote(docs: Sequence[DocLength], choice: dict[int, int], sizes, world: int, cost) -> bool:
+    """Move to the next larger ring size every document that alone outlasts its phase's
+    average ring load (the phase's rank-seconds / W) and runs faster there (a short one, whose
+    cost is the ring's per-step overhead, stays); True when any moved. Sizes only grow,
+    so the loop that calls this ends."""
+    phase: dict[int, float] = {}
+    for doc in docs:
+        size = choice[doc.index]
+        phase[size] = phase.get(size, 0.0) + cost(doc.tokens, size) * size / world
+    moved = False
+    for doc in docs:
+        size = choice[doc.index]
+        if size == sizes[-1] or cost(doc.tokens, size) <= phase[size]:
+            continue
+        bigger = sizes[sizes.index(size) + 1]
+        if cost(doc.tokens, bigger) < cost(doc.tokens, size):  # it does run faster there
+            choice[doc.index], moved = bigger, True
+    return moved
 
 
 def _place_phase(docs: list[DocLength], size: int, world: int, cost: Cost):
@@ -163,3 +207,44 @@ def _too_long(doc: DocLength, world, sizes, budget, layout: str) -> str:
         f"{holds}); it needs a ring of at "
         f"least {need} ranks, or a larger ring.max_tokens_per_rank"
     )
+
+
+def schedule_documents(
+    docs: Sequence[DocLength],
+    *,
+    world: int,
+    size: int | str | None,
+    budget: int | None,
+    layout: str,
+) -> Schedule:
+    """The schedule of a job's ``ring.size`` and ``ring.max_tokens_per_rank``: null size and
+    no budget is the single ring of 0.1 (input order); ``auto`` needs a budget (ValueError)."""
+    sizes = ring_sizes(world, size if size is not None else world)
+    if budget is None and len(sizes) > 1:
+        raise ValueError(
+            "ring.size=auto needs a per-rank token budget: set ring.max_tokens_per_rank "
+            "(`ringctl plan JOB` suggests one for the job's device and model)"
+        )
+    kwargs = {"world": world, "sizes": sizes, "layout": layout}
+    if sizes == [world] and budget is None:  # the single ring of 0.1: input order
+        return build_schedule(docs, budget=UNLIMITED, cost=same_cost, **kwargs)
+    return build_schedule(docs, budget=int(budget or UNLIMITED), **kwargs)
+
+
+def same_cost(tokens: int, size: int) -> float:
+    """Every document the same: on one ring, the schedule keeps the input order."""
+    return 1.0
+
+
+def priced(schedule: Schedule, cost: Cost) -> Schedule:
+    """The same assignments and order, each priced by ``cost`` (the planner's seconds): a
+    phase lasts as long as its busiest ring. What the scheduler decided is left as it is."""
+    entries = [replace(e, predicted_s=cost(e.tokens, e.ring_size)) for e in schedule.entries]
+    phases = []
+    for phase in schedule.phases:
+        loads: dict[int, float] = {}
+        for e in entries:
+            if e.ring_size == phase["ring_size"]:
+                loads[e.ring] = loads.get(e.ring, 0.0) + e.predicted_s
+        phases.append({**phase, "predicted_s": max(loads.values(), default=0.0)})
+    return replace(schedule, entries=entries, phases=phases, cost_unit="seconds")

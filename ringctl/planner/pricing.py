@@ -1,0 +1,132 @@
+"""Pricing: the planner's side of many rings per job: per-rank token budgets, the cost of one
+document on a ring, and the makespan of a schedule. It prices; it does not schedule.
+
+A job of W ranks runs documents on rings of several sizes, placed by the job's one scheduler
+(``ringctl/scheduler.py``, outside the planner). Four things come from here:
+
+* ``max_tokens_per_rank``: the most tokens one rank can hold for this model, device, dtype,
+  mode and sharding (the budget ``ring.max_tokens_per_rank`` defaults to);
+* ``document_cost``: predicted seconds of one document of n tokens on a ring of a given size:
+  the whole-model time when the device has matmul figures (attention ~ n^2 / ring, the rest
+  ~ n / ring), else ring attention alone;
+* ``predicted_makespan``: the wall time of a schedule.json's entries, phases in order (the
+  rings of a phase run concurrently, a phase ends with its slowest ring);
+* ``lognormal_lengths``: a seeded corpus for `ringctl plan --corpus`.
+
+`ringctl plan JOB` and `--corpus` price the scheduler's own schedule with ``document_cost``
+(``ringctl/makespan.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+
+from .cost import (
+    GIB,
+    Workload,
+    estimate,
+    memory_per_rank,
+    nominal_link,
+    usable_gib,
+)
+from .devices import Device
+from .layout import layout_multiple, padded_length
+
+
+def max_tokens_per_rank(w: Workload, device: Device, ring_size: int, ranks_on_host: int = 1) -> int:
+    """The largest tokens per rank (N / ring_size, in whole layout units) that fit memory.
+
+    Sharding follows ``w.shard`` / ``w.shard_degree`` (default: the ring), so a bigger ring
+    also leaves each rank more room for tokens."""
+    capacity = usable_gib(device, ranks_on_host) * GIB
+    unit = layout_multiple(w.layout, ring_size)
+
+    def fits(units: int) -> bool:
+        probe = replace(w, seq_len=units * unit)
+        return sum(memory_per_rank(probe, ring_size, device.cores is not None).values()) <= capacity
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi) and hi < 1 << 40:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * unit // ring_size
+
+
+def smallest_budget(w: Workload, device: Device, sizes, ranks_per_host: int) -> int:
+    """The per-rank budget every ring size in ``sizes`` holds: the smallest of
+    ``max_tokens_per_rank`` over them (one budget for the job, as ``ring.max_tokens_per_rank``
+    is one number)."""
+    return min(max_tokens_per_rank(w, device, n, min(n, ranks_per_host)) for n in sizes)
+
+
+def document_cost(
+    n_tokens: int,
+    ring_size: int,
+    w: Workload,
+    device: Device,
+    *,
+    nodes: int = 1,
+    ranks_on_host: int | None = None,
+) -> float:
+    """Predicted seconds of one document of ``n_tokens`` on a ring of ``ring_size`` ranks
+    (padded to the layout's multiple, as the worker pads it)."""
+    per_host = ranks_on_host or min(ring_size, device.gpus_per_node)
+    ring_nodes = max(1, math.ceil(ring_size / per_host)) if nodes > 1 else 1
+    seq = padded_length(n_tokens, w.layout, ring_size)
+    est = estimate(
+        replace(w, seq_len=seq),
+        ring_size,
+        device,
+        nominal_link(device, ring_nodes),
+        ranks_on_host=per_host,
+        overlap_threshold=False,
+    )
+    if est.model_total_s is not None:
+        return est.model_total_s
+    return est.total_s.get("forward+backward", est.total_s["forward"])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One document's place in a schedule (what schedule.json records per document)."""
+
+    doc: int
+    tokens: int
+    ring_size: int
+    ring: int  # index of the ring among the rings of its size
+    phase: int
+    seconds: float
+
+
+def predicted_makespan(schedule) -> float:
+    """Wall seconds of a schedule: for each phase, the most loaded ring's sum of seconds;
+    phases run one after the other. Entries are ``Entry`` or dicts with ``seconds``,
+    ``ring_size``, ``ring`` (an index among the rings of that size, or the ring's member
+    ranks) and optionally ``phase`` (default: one phase per ring size, the largest first)."""
+    load: dict[tuple, float] = {}
+    for e in schedule:
+        get = e.get if isinstance(e, dict) else lambda k, d=None, e=e: getattr(e, k, d)
+        size = int(get("ring_size"))
+        phase = get("phase")
+        ring = get("ring")
+        ring = tuple(ring) if isinstance(ring, (list, tuple)) else int(ring)  # index or members
+        key = (int(phase) if phase is not None else -size, size, ring)
+        load[key] = load.get(key, 0.0) + float(get("seconds"))
+    by_phase: dict[int, float] = {}
+    for (phase, _, _), seconds in load.items():
+        by_phase[phase] = max(by_phase.get(phase, 0.0), seconds)
+    return sum(by_phase.values())
+
+
+def lognormal_lengths(count: int, low: int, high: int, seed: int = 0) -> list[int]:
+    """``count`` lengths, log-normal with [low, high] at -/+ 3 sigma, clipped to it."""
+    rng = random.Random(seed)
+    mu = (math.log(low) + math.log(high)) / 2
+    sigma = (math.log(high) - math.log(low)) / 6
+    return [int(min(high, max(low, round(rng.lognormvariate(mu, sigma))))) for _ in range(count)]

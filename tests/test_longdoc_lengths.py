@@ -1,0 +1,63 @@
+"""One length estimator (issue 20): submit's check, `ringctl plan JOB` and the job's schedule
+size a document with the same function, ``longdoc.lengths.estimated_tokens``. Before, plan
+divided the bytes by 4 whenever a tokenizer was set while submit took the bytes, so plan
+priced a corpus four times shorter than the one submit had just let through."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ringctl.config import load_job
+from ringctl.longdoc.documents import list_documents
+from ringctl.longdoc.job_schedule import RingOptions, plan_schedule
+from ringctl.longdoc.lengths import estimated_tokens, sampled_bytes_per_token
+from ringctl.tasks import get_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "jobs" / "longdoc.yaml"
+
+
+def _corpus(tmp_path: Path) -> Path:
+    (tmp_path / "a.txt").write_text("short one")
+    (tmp_path / "b.txt").write_bytes("é".encode() * 5000)  # 2 bytes per character
+    (tmp_path / "c.jsonl").write_text('{"text": "one"}\n{"text": "two records"}\n')
+    return tmp_path
+
+
+class _Halves:
+    """A tokenizer of two bytes per token (what a real one's sample measures)."""
+
+    name = "halves"
+
+    def encode(self, raw: bytes) -> list[int]:
+        return list(range(-(-len(raw) // 2)))
+
+
+def test_submit_plan_and_job_size_documents_alike(tmp_path):
+    corpus = _corpus(tmp_path)
+    docs = list_documents([str(corpus)]).documents
+    nbytes = [len(d.read_bytes()) for d in docs]
+    assert estimated_tokens(docs) == nbytes  # bytes: the byte tokenizer's exact count
+    # a tokenizer set: plan and submit still size by bytes (an upper bound), not bytes / 4
+    cfg = load_job(JOB, [f"task.inputs=[{corpus}]", f"task.tokenizer_path={tmp_path}"])
+    listed = get_spec("longdoc").document_lengths(cfg)
+    assert listed == [(d.id, n) for d, n in zip(docs, nbytes, strict=True)]
+    # the job: the same function, refined by the sampled bytes per token
+    assert sampled_bytes_per_token(docs, _Halves()) == sum(nbytes) / sum(-(-n // 2) for n in nbytes)
+    for tokenizer, ratio in ((type("B", (), {"name": "bytes"})(), 1.0), (_Halves(), None)):
+        ratio = ratio or sampled_bytes_per_token(docs, tokenizer)
+        schedule = plan_schedule(docs, RingOptions(), world=2, layout="zigzag", tokenizer=tokenizer)
+        tokens = [e.tokens for e in sorted(schedule.entries, key=lambda e: e.index)]
+        assert tokens == estimated_tokens(docs, ratio)
+        assert tokens == [int(-(-n // ratio)) for n in nbytes]
+
+
+def test_the_estimator_and_the_scheduler_import_without_torch():
+    """Submit and plan size documents with no torch in the process."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import ringctl.longdoc.lengths, ringctl.longdoc.job_schedule, ringctl.tasks.longdoc\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
