@@ -299,7 +299,7 @@ class SSHShell:
         except FileNotFoundError:
             return []
         except OSError as err:
-            raise UserError(f"ssh {self.where}: listing {path}: {_one_line(str(err))}") from None
+            raise UserError(f"ssh {self.where}: listing {path}: {one_line(str(err))}") from None
         return [n.decode() for n, _ in raw if n not in (b".", b"..") and _utf8(n)]
 
     def close(self) -> None:
