@@ -202,9 +202,16 @@ def ring_attention_forward(
             f"not {layout!r}"
         )
     out = ring_attention(
-        q, k, v, causal=True, softmax_scale=scaling, group=group, layout=layout, window=window,
+        q,
+        k,
+        v,
+        causal=True,
+        softmax_scale=scaling,
+        group=group,
+        layout=layout,
+        window=window,
         **extra,
-    )  # fmt: skip
+    )
     return out, None
 
 
@@ -222,9 +229,16 @@ def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window) -> t
             "does not merge: refused rather than ignored"
         )
     return hybrid_attention(
-        q, k, v, causal=True, softmax_scale=scaling, layout=layout, ulysses_group=ulysses,
-        ring_group=ring, window=window,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        causal=True,
+        softmax_scale=scaling,
+        layout=layout,
+        ulysses_group=ulysses,
+        ring_group=ring,
+        window=window,
+    )
 
 
 def rope_types(module: torch.nn.Module) -> dict[str, str]:

@@ -127,18 +127,46 @@ class _Desc:
 
     def shared(self) -> tuple:
         """Fields every rank of the grid must agree on."""
-        return (self.dims, self.q, self.k, self.v, self.dtypes, self.same_device, self.causal,
-                self.layout, self.ulysses_degree, self.ring_size)  # fmt: skip
+        return (
+            self.dims,
+            self.q,
+            self.k,
+            self.v,
+            self.dtypes,
+            self.same_device,
+            self.causal,
+            self.layout,
+            self.ulysses_degree,
+            self.ring_size,
+        )
 
     def as_list(self) -> list[int]:
-        return [*self.dims, *self.q, *self.k, *self.v, *self.dtypes, self.same_device,
-                self.causal, self.layout, self.ulysses_degree, self.ring_size,
-                self.ulysses_rank, self.ring_rank, self.rank]  # fmt: skip
+        return [
+            *self.dims,
+            *self.q,
+            *self.k,
+            *self.v,
+            *self.dtypes,
+            self.same_device,
+            self.causal,
+            self.layout,
+            self.ulysses_degree,
+            self.ring_size,
+            self.ulysses_rank,
+            self.ring_rank,
+            self.rank,
+        ]
 
     @classmethod
     def from_list(cls, x: list[int]) -> _Desc:
-        return cls(tuple(x[0:3]), tuple(x[3:7]), tuple(x[7:11]), tuple(x[11:15]),
-                   tuple(x[15:18]), *x[18:])  # type: ignore[arg-type]  # fmt: skip
+        return cls(
+            tuple(x[0:3]),  # type: ignore[arg-type]
+            tuple(x[3:7]),
+            tuple(x[7:11]),
+            tuple(x[11:15]),
+            tuple(x[15:18]),  # type: ignore[arg-type]
+            *x[18:],
+        )
 
 
 def _describe(q, k, v, causal, layout, ulysses_group, ring_group) -> _Desc:
@@ -149,12 +177,20 @@ def _describe(q, k, v, causal, layout, ulysses_group, ring_group) -> _Desc:
         return _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1
 
     return _Desc(
-        (q.dim(), k.dim(), v.dim()), shape(q), shape(k), shape(v),
-        (dtype(q), dtype(k), dtype(v)), int(q.device == k.device == v.device), int(bool(causal)),
+        (q.dim(), k.dim(), v.dim()),
+        shape(q),
+        shape(k),
+        shape(v),
+        (dtype(q), dtype(k), dtype(v)),
+        int(q.device == k.device == v.device),
+        int(bool(causal)),
         HYBRID_LAYOUTS.index(layout) if layout in HYBRID_LAYOUTS else -1,
-        dist.get_world_size(ulysses_group), dist.get_world_size(ring_group),
-        dist.get_rank(ulysses_group), dist.get_rank(ring_group), dist.get_rank(),
-    )  # fmt: skip
+        dist.get_world_size(ulysses_group),
+        dist.get_world_size(ring_group),
+        dist.get_rank(ulysses_group),
+        dist.get_rank(ring_group),
+        dist.get_rank(),
+    )
 
 
 def _local_problem(d: _Desc) -> str | None:
@@ -179,11 +215,15 @@ def _local_problem(d: _Desc) -> str | None:
     if h % u:
         return f"heads ({h}) must be divisible by the Ulysses degree U={u}"
     if hk % u and u % hk:
-        return (f"kv_heads ({hk}) and the Ulysses degree U={u} must divide one another "
-                "(kv heads split over the group, or replicated across it)")  # fmt: skip
+        return (
+            f"kv_heads ({hk}) and the Ulysses degree U={u} must divide one another "
+            "(kv heads split over the group, or replicated across it)"
+        )
     if HYBRID_LAYOUTS[d.layout] == "hybrid-zigzag" and (u * s) % 2:
-        return (f"the hybrid-zigzag layout gives each group two equal chunks, but the group "
-                f"holds U x seq_local = {u} x {s} tokens, an odd number")  # fmt: skip
+        return (
+            f"the hybrid-zigzag layout gives each group two equal chunks, but the group "
+            f"holds U x seq_local = {u} x {s} tokens, an odd number"
+        )
     return None
 
 
@@ -199,8 +239,10 @@ def _gather(desc_rows: list[int], group, device) -> list[list[int]]:
 def _variant(r: _Desc) -> str:
     dtypes = ",".join(str(_DTYPES[i]).removeprefix("torch.") if i >= 0 else "?" for i in r.dtypes)
     layout = HYBRID_LAYOUTS[r.layout] if r.layout >= 0 else "?"
-    return (f"q={r.q} k={r.k} v={r.v} dtypes={dtypes} causal={bool(r.causal)} "
-            f"layout={layout} U={r.ulysses_degree} R={r.ring_size}")  # fmt: skip
+    return (
+        f"q={r.q} k={r.k} v={r.v} dtypes={dtypes} causal={bool(r.causal)} "
+        f"layout={layout} U={r.ulysses_degree} R={r.ring_size}"
+    )
 
 
 def _disagreement(rows: list[_Desc], what: str) -> str | None:
@@ -277,8 +319,10 @@ def check_grid_agree(q, k, v, *, causal, layout, ulysses_group, ring_group) -> N
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=ulysses_group)
     first_bad = int(verdict.item())
     if problem is None and first_bad != _NO_RANK:
-        problem = (f"rank {first_bad} found bad input in the hybrid grid (its error names "
-                   "the problem); no rank ran the attention")  # fmt: skip
+        problem = (
+            f"rank {first_bad} found bad input in the hybrid grid (its error names "
+            "the problem); no rank ran the attention"
+        )
     if problem is not None:
         if layout not in HYBRID_LAYOUTS:
             problem += f" (this rank passed layout={layout!r}; ring layouts go to ring_attention)"
@@ -337,15 +381,27 @@ def hybrid_attention(
     degree = dist.get_world_size(ulysses_group)
     if degree == 1:
         return ring_attention(
-            q, k, v, causal=causal, softmax_scale=softmax_scale, group=ring_group,
-            layout=ring_layout, window=window,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            causal=causal,
+            softmax_scale=softmax_scale,
+            group=ring_group,
+            layout=ring_layout,
+            window=window,
+        )
     k, v = _replicate_kv(k, v, degree)
     q_h, k_h, v_h = SeqToHeads.apply(ulysses_group, q, k, v)
     out_h = ring_attention(
-        q_h, k_h, v_h, causal=causal, softmax_scale=softmax_scale, group=ring_group,
-        layout=ring_layout, window=window,
-    )  # fmt: skip
+        q_h,
+        k_h,
+        v_h,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        group=ring_group,
+        layout=ring_layout,
+        window=window,
+    )
     (out,) = HeadsToSeq.apply(ulysses_group, out_h)
     return out
 

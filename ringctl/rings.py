@@ -97,8 +97,15 @@ class RingGroups:
         return self._groups[size]
 
 
-def ulysses_degree(requested, *, placement=None, ranks_per_node: int, world: int,
-                   heads: int | None = None, kv_heads: int | None = None) -> int:  # fmt: skip
+def ulysses_degree(
+    requested,
+    *,
+    placement=None,
+    ranks_per_node: int,
+    world: int,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+) -> int:
     """The Ulysses degree a job runs with: the placement's (it saw the NVLink domains), else
     the number asked for, else for `auto` the largest count of one node's ranks that divides
     the job and that the heads allow (U | heads, and kv_heads % U == 0 or U % kv_heads == 0).

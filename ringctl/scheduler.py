@@ -190,8 +190,11 @@ def _place_phase(docs: list[DocLength], size: int, world: int, cost: Cost):
         load, ring = heapq.heappop(loads)
         seconds = cost(doc.tokens, size)
         members = Ring(size, ring).members
-        placed.append(Assignment(doc.index, doc.doc_id, doc.tokens, size, ring, members,
-                                 queue_len[ring], seconds))  # fmt: skip
+        placed.append(
+            Assignment(
+                doc.index, doc.doc_id, doc.tokens, size, ring, members, queue_len[ring], seconds
+            )
+        )
         queue_len[ring] += 1
         heapq.heappush(loads, (load + seconds, ring))
     return placed, max((load for load, _ in loads), default=0.0)

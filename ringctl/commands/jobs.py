@@ -223,17 +223,28 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
     except UserError:
         meta = {}
     row = {
-        "job_dir": str(job_dir), "name": meta.get("name", ""), "backend": meta.get("backend", ""),
-        "job_id": meta.get("job_id", ""), "state": "UNKNOWN", "elapsed_s": None, "reason": "",
-    }  # fmt: skip
+        "job_dir": str(job_dir),
+        "name": meta.get("name", ""),
+        "backend": meta.get("backend", ""),
+        "job_id": meta.get("job_id", ""),
+        "state": "UNKNOWN",
+        "elapsed_s": None,
+        "reason": "",
+    }
     try:
         _, cfg, backend = open_job_dir(job_dir)
         try:
             st = backend.status(job_dir)
         finally:
             backend.close()
-        row.update(name=str(cfg.name), backend=backend.name, job_id=st.job_id,
-                   state=st.state.value, elapsed_s=st.elapsed_s, reason=st.reason)  # fmt: skip
+        row.update(
+            name=str(cfg.name),
+            backend=backend.name,
+            job_id=st.job_id,
+            state=st.state.value,
+            elapsed_s=st.elapsed_s,
+            reason=st.reason,
+        )
     except UserError as err:
         if single:
             raise
@@ -246,8 +257,14 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
     return row
 
 
-_COLOURS = {"COMPLETED": "green", "FAILED": "red", "TIMEOUT": "red", "CANCELLED": "yellow",
-            "RUNNING": "cyan", "PENDING": "blue"}  # fmt: skip
+_COLOURS = {
+    "COMPLETED": "green",
+    "FAILED": "red",
+    "TIMEOUT": "red",
+    "CANCELLED": "yellow",
+    "RUNNING": "cyan",
+    "PENDING": "blue",
+}
 
 
 def _status_table(rows: list[dict]):
@@ -366,6 +383,16 @@ def cmd_fetch(args) -> int:
 
 
 def register(subparsers) -> None:
+    """Add the job verbs to ringctl's sub-parsers (in the order `ringctl --help` lists them)."""
+    _register_job_file_verbs(subparsers)
+    _register_status(subparsers)
+    _register_resume(subparsers)
+    _register_job_dir_verbs(subparsers)
+
+
+def _register_job_file_verbs(subparsers) -> None:
+    """config, render, submit, run: a job file and its KEY=VALUE overrides."""
+
     def job_parser(name: str, help_: str, func):
         p = subparsers.add_parser(name, help=help_, description=help_)
         p.add_argument("job", metavar="JOB", help="a job file, e.g. jobs/smoke.yaml")
@@ -395,6 +422,8 @@ def register(subparsers) -> None:
     p.add_argument("--rank", type=int, default=0, help="whose log to follow (default: 0)")
     p.add_argument("--all-ranks", action="store_true", help="follow every rank's log")
 
+
+def _register_status(subparsers) -> None:
     p = subparsers.add_parser(
         "status", help="Show the state of jobs.", description="Show the state of jobs (a table)."
     )
@@ -412,6 +441,8 @@ def register(subparsers) -> None:
     )
     p.set_defaults(func=cmd_status)
 
+
+def _register_resume(subparsers) -> None:
     p = subparsers.add_parser(
         "resume",
         help="Submit an ended job again into its directory; finished work is kept.",
@@ -437,6 +468,9 @@ def register(subparsers) -> None:
     )
     p.set_defaults(func=cmd_resume)
 
+
+def _register_job_dir_verbs(subparsers) -> None:
+    """logs, fetch, cancel: one job directory each."""
     p = subparsers.add_parser("logs", help="Print a job's logs.", description="Print a job's logs.")
     p.add_argument("job_dir", metavar="JOBDIR")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")

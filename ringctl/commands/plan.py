@@ -235,12 +235,25 @@ def _workload(args, seq_required: bool = True) -> Workload:
     if heads % kv:
         raise UserError(f"--heads ({heads}) must be a multiple of --kv-heads ({kv})")
     return Workload(
-        seq_len=args.seq or 0, heads=heads, kv_heads=kv, head_dim=head_dim, batch=args.batch,
-        dtype=args.dtype, causal=not args.no_causal, layout=args.layout, model=model,
-        backward=_mode(args) == "train", mode=_mode(args), checkpoint=args.checkpoint,
-        shard=args.shard, shard_degree=args.shard_degree, optimizer=args.optimizer,
-        lm_head_chunk=args.lm_head_chunk, mlp_chunk=args.mlp_chunk, ulysses=args.ulysses,
-    )  # fmt: skip
+        seq_len=args.seq or 0,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        batch=args.batch,
+        dtype=args.dtype,
+        causal=not args.no_causal,
+        layout=args.layout,
+        model=model,
+        backward=_mode(args) == "train",
+        mode=_mode(args),
+        checkpoint=args.checkpoint,
+        shard=args.shard,
+        shard_degree=args.shard_degree,
+        optimizer=args.optimizer,
+        lm_head_chunk=args.lm_head_chunk,
+        mlp_chunk=args.mlp_chunk,
+        ulysses=args.ulysses,
+    )
 
 
 def _device(args) -> Device:
@@ -305,9 +318,14 @@ def run(args) -> int:
     ranks_on_host = max(1, args.ranks // max(1, args.nodes))
     latency = _latency(args)
     est = estimate(
-        work, args.ranks, device, link, ranks_on_host=ranks_on_host,
-        intra=intra_link(device, latency), net=net_link(device, latency),
-    )  # fmt: skip
+        work,
+        args.ranks,
+        device,
+        link,
+        ranks_on_host=ranks_on_host,
+        intra=intra_link(device, latency),
+        net=net_link(device, latency),
+    )
     longest = longest_sequence(work, args.ranks, device, ranks_on_host)
     fewest = (
         fewest_ranks(work, device, ranks_on_host=ranks_on_host) if device.cores is None else None
@@ -340,18 +358,25 @@ def _report(work, est, device, link, longest, fewest, layouts) -> dict:
     from ..planner.hybrid import recommend
 
     report = est.to_json() | {
-        "device": device.name, "link": {"name": link.name, "gbit_s": link.gbit_s,
-                                        "latency_s": link.latency_s},
+        "device": device.name,
+        "link": {"name": link.name, "gbit_s": link.gbit_s, "latency_s": link.latency_s},
         "workload": {k: v for k, v in vars(work).items() if k != "model"},
         "model": vars(work.model) if work.model else None,
-        "longest_sequence": longest, "fewest_ranks": fewest,
-    }  # fmt: skip
+        "longest_sequence": longest,
+        "fewest_ranks": fewest,
+    }
     if layouts:
         report["layouts"] = [
-            {"name": o.name, "ulysses": o.ulysses, "ring": o.ring, "seconds": o.seconds,
-             "fits": o.estimate.fits, "overlapped": o.estimate.overlapped}
+            {
+                "name": o.name,
+                "ulysses": o.ulysses,
+                "ring": o.ring,
+                "seconds": o.seconds,
+                "fits": o.estimate.fits,
+                "overlapped": o.estimate.overlapped,
+            }
             for o in layouts
-        ]  # fmt: skip
+        ]
         best = recommend(layouts)
         report["recommended_layout"] = best.name if best else None
     return report

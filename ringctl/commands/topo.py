@@ -160,6 +160,17 @@ def register(subparsers) -> None:
         epilog=EPILOG.format(table=table),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    many = _add_node_inputs(p)
+    _add_hybrid(p, many)
+    _add_network(p)
+    _add_output(p)
+    p.set_defaults(func=run_topo)
+    _add_probe(p)
+
+
+def _add_node_inputs(p):
+    """One node's files, or several nodes and the switches between them; returns the
+    several-nodes group (``_add_hybrid`` adds --nvlink-blocks to it)."""
     one = p.add_argument_group("one node")
     one.add_argument("--nvidia-smi", metavar="FILE", help="output of `nvidia-smi topo -m`")
     one.add_argument("--ibstat", metavar="FILE", help="output of `ibstat` or `ibv_devinfo`")
@@ -191,6 +202,12 @@ def register(subparsers) -> None:
         help="rings of N consecutive ranks (a divisor of the ranks), placed inside nodes, "
         "NVLink domains and leaf switches where the sizes allow (default: one ring)",
     )
+    return many
+
+
+def _add_hybrid(p, many) -> None:
+    """Ulysses groups inside NVLink domains, and --nvlink-blocks (NVLink domains across nodes)
+    in the several-nodes group, added after them as before (the usage line keeps its order)."""
     hybrid = p.add_argument_group("hybrid Ulysses x ring (ringattn.hybrid_attention)")
     hybrid.add_argument(
         "--ulysses",
@@ -208,6 +225,9 @@ def register(subparsers) -> None:
         help="the topology's blocks are multi-node NVLink domains (GB200/GB300 NVL72): hops "
         "between nodes of one block use NVLink",
     )
+
+
+def _add_network(p) -> None:
     net = p.add_argument_group("GPUDirect RDMA (what NCCL will do; pinned in each rank's env)")
     net.add_argument(
         "--gdr-level",
@@ -222,6 +242,9 @@ def register(subparsers) -> None:
         help="GPUDirect for sends; auto: on where the node's GPUs have NVLink (NCCL's "
         "documented default)",
     )
+
+
+def _add_output(p) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan as JSON, not a table")
     out.add_argument(
@@ -234,7 +257,10 @@ def register(subparsers) -> None:
         metavar="KIND=GBPS",
         help="override a nominal bandwidth (repeatable)",
     )
-    p.set_defaults(func=run_topo)
+
+
+def _add_probe(p) -> None:
+    """`topo probe`: record this node for planning elsewhere."""
     sub = p.add_subparsers(dest="topo_command", metavar="{probe}")
     probe = sub.add_parser(
         "probe",

@@ -13,7 +13,7 @@
     probe.py      before scoring: the model on the ring vs its own forward pass
     consensus.py  decisions every rank takes alike
     shards.py     each rank's outputs + manifest entries, written atomically
-    run.py        the loop over documents: ``run_longdoc``
+    run.py        the loop over documents: ``run_longdoc`` (a ``LongDocRun``)
     manifest.py   run.json / documents.json checked as hostile input
     expected.py   the document list fixed at start (expected.json), checked by gather
     completeness.py  when a document is complete: one definition for gather and resume

@@ -73,13 +73,16 @@ def batches(lengths: list[int], *, ring_size: int, layout: str, budget: int) -> 
     return out + ([run] if run else [])
 
 
-def _forward_rows(model, ids: torch.Tensor, positions: torch.Tensor, *, group, layout: str,
-                  seq_len: int) -> torch.Tensor:  # fmt: skip
+def _forward_rows(
+    model, ids: torch.Tensor, positions: torch.Tensor, *, group, layout: str, seq_len: int
+) -> torch.Tensor:
     """Last hidden states (B, S_local, H) of the rows, ring attention counted in every layer."""
     device = next(model.parameters()).device
     rows = ids.shape[0]
-    with ring_settings(group=group, layout=layout, seq_len=seq_len, model=model), \
-            count_calls() as counted:  # fmt: skip
+    with (
+        ring_settings(group=group, layout=layout, seq_len=seq_len, model=model),
+        count_calls() as counted,
+    ):
         out = decoder(model)(
             input_ids=ids.to(device),
             position_ids=positions[None].expand(rows, -1).to(device),
@@ -93,8 +96,9 @@ def _forward_rows(model, ids: torch.Tensor, positions: torch.Tensor, *, group, l
     return out.last_hidden_state
 
 
-def run_batch(mode: str, model, docs: list[torch.Tensor], *, group, layout: str,
-              chunk_size: int = 4096) -> list[ShardResult]:  # fmt: skip
+def run_batch(
+    mode: str, model, docs: list[torch.Tensor], *, group, layout: str, chunk_size: int = 4096
+) -> list[ShardResult]:
     """``scoring.run_task`` for several non-empty documents at once: one result per row, as
     run_task gives for that document alone (up to float rounding)."""
     start = time.perf_counter()
@@ -108,8 +112,9 @@ def run_batch(mode: str, model, docs: list[torch.Tensor], *, group, layout: str,
     local, positions = shard_sequence(rows, dim=1, **kw), sequence_positions(width, **kw)
     shards = [Shard(local[b], positions, n, width) for b, n in enumerate(lengths)]
     with torch.no_grad():
-        hidden = _forward_rows(model, local, positions, group=group, layout=layout,
-                               seq_len=max(lengths))  # fmt: skip
+        hidden = _forward_rows(
+            model, local, positions, group=group, layout=layout, seq_len=max(lengths)
+        )
         if mode == "embed":
             results = _embed_rows(model, hidden, shards, group)
         else:
@@ -121,8 +126,10 @@ def run_batch(mode: str, model, docs: list[torch.Tensor], *, group, layout: str,
 
 
 def _base_tensors(shard: Shard) -> dict[str, torch.Tensor]:
-    return {"positions": shard.positions[shard.real].clone(),
-            "input_ids": shard.ids[shard.real].clone()}  # fmt: skip
+    return {
+        "positions": shard.positions[shard.real].clone(),
+        "input_ids": shard.ids[shard.real].clone(),
+    }
 
 
 def _score_rows(model, hidden, shards: list[Shard], group, chunk_size: int) -> list[ShardResult]:

@@ -141,8 +141,10 @@ class Document:
             record = parse_record(read_span(self.source, self._offset, self._length), where)
         text = record_text(record, where, self.text_field)
         if len(text) != self.size:
-            raise DocumentError(f"{where}: changed since it was listed "
-                                f"({self.size:,} bytes then, {len(text):,} now)")  # fmt: skip
+            raise DocumentError(
+                f"{where}: changed since it was listed "
+                f"({self.size:,} bytes then, {len(text):,} now)"
+            )
         return text
 
     def read_text(self) -> str:
@@ -175,8 +177,11 @@ class Records:
             found = self.check(raw, str(path), file_id)
             if found is not None:
                 doc_id, size = found
-                docs.append(Document(doc_id, str(path), raw.number, self.text_field, size,
-                                     raw.offset, raw.length))  # fmt: skip
+                docs.append(
+                    Document(
+                        doc_id, str(path), raw.number, self.text_field, size, raw.offset, raw.length
+                    )
+                )
         return docs
 
     def _raw(self, path: Path) -> Iterator[Raw]:
@@ -288,8 +293,9 @@ def list_documents(
     if missing and on_missing == "stop":
         raise MissingInputError(missing)
     if split is not None and not dicts:
-        raise DocumentError(f"split {split!r} is set, but no input is a DatasetDict folder "
-                            f"({DATASET_DICT})")  # fmt: skip
+        raise DocumentError(
+            f"split {split!r} is set, but no input is a DatasetDict folder ({DATASET_DICT})"
+        )
     if not docs:
         raise DocumentError(_nothing_to_read(missing, records.skipped))
     _check_unique(docs)
@@ -320,8 +326,9 @@ def _nothing_to_read(missing: list[str], skipped: list[str]) -> str:
     if missing:
         why.append(f"{len(missing)} missing (on_missing=report): {', '.join(missing)}")
     if skipped:
-        why.append(f"{len(skipped)} bad record(s) skipped (on_bad_record=skip), the first: "
-                   f"{skipped[0]}")  # fmt: skip
+        why.append(
+            f"{len(skipped)} bad record(s) skipped (on_bad_record=skip), the first: {skipped[0]}"
+        )
     return "no document to read: " + ("; ".join(why) if why else "the inputs hold none")
 
 

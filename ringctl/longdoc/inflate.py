@@ -148,8 +148,9 @@ class GzipReader:
                 else:
                     data = inflater.unconsumed_tail
                     if ended and not data and not piece:
-                        raise GzipError(f"truncated: the file ends inside its data, at "
-                                        f"inflated byte {out:,}")  # fmt: skip
+                        raise GzipError(
+                            f"truncated: the file ends inside its data, at inflated byte {out:,}"
+                        )
                 if piece:
                     yield out, piece
                     out += len(piece)

@@ -132,8 +132,9 @@ class LongDocParams(TaskParams):
         for key, why in self.problems():
             raise ValueError(f"task.{key}: {why}")
 
-    def list_inputs(self, inputs=None, *, on_missing: str | None = None,
-                    on_bad_record: str | None = None):  # fmt: skip
+    def list_inputs(
+        self, inputs=None, *, on_missing: str | None = None, on_bad_record: str | None = None
+    ):
         """The documents of `inputs` (default: the job's own) read with this job's fields and
         limits; `on_missing` / `on_bad_record` override the job's policies."""
         from .documents import list_documents

@@ -94,8 +94,10 @@ def record_text(record, where: str, text_field: str) -> bytes:
 
 
 def too_long(where: str, limit: int) -> str:
-    return (f"{where}: a record longer than {limit:,} bytes (the most one record may hold); "
-            "put a longer document in a .txt file of its own")  # fmt: skip
+    return (
+        f"{where}: a record longer than {limit:,} bytes (the most one record may hold); "
+        "put a longer document in a .txt file of its own"
+    )
 
 
 # --- the bytes of a file ------------------------------------------------------------------------

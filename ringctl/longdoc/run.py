@@ -1,4 +1,4 @@
-"""The long-document loop: every rank runs ``run_longdoc`` with the same parameters.
+"""The long-document loop: every rank runs ``run_longdoc`` (a ``LongDocRun``) alike.
 
 One document at a time, each sharded in the given layout (zigzag by default) across the ring
 of ``group``; each rank writes its shard of the outputs (``shards.py``). Documents already
@@ -6,9 +6,17 @@ complete in ``out_dir`` (every rank's entry there, checksums valid) are skipped,
 after a failure or preemption only computes what is missing. Rank 0 logs one line per
 document with the progress (documents done / total, tokens/s, ETA).
 
-Before any document, every rank loads the model, checks that the ranks hold the same weights,
-refuses what ``compat.py`` knows cannot be exact, and runs the probe (``probe.py``): the model
-on the ring must reproduce the model's own forward pass, or nothing is scored.
+How a run proceeds (``LongDocRun.run``):
+
+1. ``list_inputs``: the documents, agreed on every rank; rank 0 records the run and the list.
+2. ``load_model``: every rank loads the model, checks that the ranks hold the same weights,
+   refuses what ``compat.py`` knows cannot be exact, and runs the probe (``probe.py``): the
+   model on the ring must reproduce the model's own forward pass, or nothing is scored.
+   With ``model.shard`` the model is loaded in step 4b, once its ring exists.
+3. ``_to_do``: the documents not complete yet (resume).
+4. ``plan`` the rings (``job_schedule.py``), then ``run_phases``: each ring this rank belongs
+   to runs its documents (``_RingPass``), short ones batched where the model allows it.
+5. ``_summarise``: the job's totals, the same on every rank.
 
 Decisions that must be the same on every rank (skip a document, stop, fail) are taken together:
 every rank contributes its view through a small collective, so a rank never waits on a peer
@@ -49,7 +57,7 @@ from .scoring import ShardResult, comm_device, run_task
 from .shards import FORMAT, ShardStore, atomic_write_json
 from .tokenize import load_tokenizer, resolve_tokenizer_path, vocabulary_mismatch
 
-__all__ = ["LongDocParams", "LongDocSummary", "run_longdoc"]
+__all__ = ["LongDocOptions", "LongDocParams", "LongDocRun", "LongDocSummary", "run_longdoc"]
 
 
 @dataclass
@@ -111,86 +119,6 @@ def _eta(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _list_inputs(params: LongDocParams, store: ShardStore, ring: _Ring) -> Listing:
-    """Step 1, listing: the documents, agreed on every rank; rank 0 records run and list."""
-    inputs = params.inputs if params.inputs is not None else [str(samples_dir())]
-    error, listing = "", None
-    try:
-        listing = params.list_inputs(inputs)
-    except ValueError as err:
-        error = str(err)
-    if not error:
-        assert listing is not None
-        error = _check_run_file(store, params, ring.world_size)
-        error = error or check_expected(store.root, listing.documents)
-    agree(error, ring.group)
-    assert listing is not None
-    for path in listing.missing:
-        ring.log(f"missing input: {path} (on_missing=report: going on with the others)")
-    for problem in listing.skipped:
-        ring.log(f"bad record skipped: {problem} (on_bad_record=skip)")
-    if ring.lead:
-        run = {"format": FORMAT, "world_size": ring.world_size, **params.signature()}
-        atomic_write_json(store.run_file, run)
-        write_expected(store.root, listing.documents)
-        index = {
-            "format": FORMAT,
-            "inputs": inputs,
-            "documents": [d.describe() for d in listing.documents],
-            "missing_inputs": list(listing.missing),
-        }
-        if listing.skipped:
-            index["skipped_records"] = list(listing.skipped)
-        atomic_write_json(store.documents_file, index)
-    return listing
-
-
-def _load_agreed_model(
-    params: LongDocParams, ring: _Ring, device, shard: str = "none", job_group=None
-) -> tuple[Any, Any, str]:
-    """Step 2, model agreement: (tokenizer, model, probe line), refused on every rank alike.
-
-    Every rank loads the model (``shard``: whole, or its FSDP2 shard over the ring's ranks or
-    the job's); the ranks must hold the same weights, the model must not be one that
-    ``compat`` refuses, and the probe must reproduce the model's own forward pass.
-    """
-    error, model, tokenizer = "", None, None
-    try:
-        config = read_model_config(params.model_path, params.model_overrides)  # checked
-        refused = config_refusal(config)  # before building: some refused families cannot be
-        if refused:  # built with ringattn at all (a KeyError or AttributeError otherwise)
-            raise ValueError(refused)
-        tokenizer = load_tokenizer(params.tokenizer_path)
-        model = _load(params, shard, device or ring.device, ring.group, job_group)
-        vocab = int(model.config.get_text_config().vocab_size)
-        is_bytes = params.tokenizer_path is None
-        error = vocabulary_mismatch(tokenizer.vocab_size, vocab, is_bytes=is_bytes)
-        error = error or model_refusal(model) or ""
-    except ValueError as err:
-        error = str(err)
-    except (OSError, KeyError, AttributeError, TypeError) as err:
-        error = f"the model could not be loaded for ring attention: {type(err).__name__}: {err}"
-    agree(error, ring.group)
-    check_same_weights(model, ring.group, fingerprint=_fingerprint_of(model))
-    probe = run_probe(
-        model,
-        group=ring.group,
-        layout=params.layout,
-        dtype_name=params.dtype,
-        chunk_size=int(params.chunk_size),
-    )
-    if ring.lead and params.model_overrides:
-        ring.log(describe_overrides(params.model_overrides))
-    if ring.lead and probe.message:
-        ring.log(probe.message)
-    if ring.lead and shard != "none":
-        from .sharding import shard_summary
-
-        ring.log(shard_summary(model))
-    agree(probe.error if ring.lead else "", ring.group)
-    return tokenizer, model, probe.message
-
-
 def _fingerprint_of(model):
     """How to fingerprint the model's weights: from its shards when FSDP holds them."""
     from .model import weights_fingerprint
@@ -200,18 +128,6 @@ def _fingerprint_of(model):
     if model is None or not is_sharded(model):
         return weights_fingerprint
     return lambda m: sharded(m).to(next(m.parameters()).device)
-
-
-def _load(params: LongDocParams, shard: str, device, ring_group, job_group):
-    if shard == "none":
-        return load_model(params.model_path, dtype=params.dtype, device=device,
-                          overrides=params.model_overrides)  # fmt: skip
-    from .sharding import load_sharded_model
-
-    return load_sharded_model(
-        params.model_path, mode=shard, mesh_or_group=ring_group if shard == "ring" else job_group,
-        dtype=params.dtype, device=device, overrides=params.model_overrides,
-    )  # fmt: skip
 
 
 def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: _Ring):
@@ -234,58 +150,6 @@ def _read_ids(doc: Document, tokenizer) -> tuple[torch.Tensor | None, int]:
         return None, -1
     ids = tokenizer.encode(raw)
     return ids, zlib.crc32(ids.numpy().tobytes())
-
-
-def _score_document(doc, ids, model, params: LongDocParams, store, ring: _Ring) -> ShardResult:
-    """Step 4b: one agreed document through the model on the ring, its shard written."""
-    n = int(ids.numel())
-    too_long = window_refusal(model.config, n)
-    if too_long:  # n is the same on every rank (agreed): every rank raises alike
-        raise RuntimeError(f"{doc.id}: {too_long}; nothing more was scored")
-    from .sharding import is_sharded, run_task_sharded
-
-    if is_sharded(model):  # every rank asks for the whole gradients: gathering is collective
-        result = run_task_sharded(params.mode, model, ids, group=ring.group,
-                                  layout=params.layout, chunk_size=int(params.chunk_size),
-                                  gather_grads=params.write_grads)  # fmt: skip
-    else:
-        result = run_task(params.mode, model, ids, group=ring.group, layout=params.layout,
-                          chunk_size=int(params.chunk_size),
-                          keep_grads=params.write_grads and ring.lead)  # fmt: skip
-    padded = padded_length(n, world_size=ring.world_size, layout=params.layout) if n else 0
-    _write(doc, n, padded, result, params, store, ring)
-    return result
-
-
-def _write(doc, n: int, padded: int, result: ShardResult, params, store, ring: _Ring) -> None:
-    store.write_shard(
-        doc=doc.describe(),
-        rank=ring.rank,
-        world_size=ring.world_size,
-        layout=params.layout,
-        task=params.mode,
-        n_tokens=n,
-        padded_tokens=padded,
-        tensors=result.tensors,
-        stats=result.stats,
-        seconds=result.seconds,
-        grads=result.grads if ring.lead else None,
-    )
-
-
-def _score_batch(pending, model, params: LongDocParams, store, ring: _Ring) -> list:
-    """Step 4b for several short documents at once (batching.py): one forward, each
-    document's shards written as if alone (their entries record the batch's padding)."""
-    from .batching import run_batch
-
-    ids = [i for _, i in pending]
-    results = run_batch(params.mode, model, ids, group=ring.group, layout=params.layout,
-                        chunk_size=int(params.chunk_size))  # fmt: skip
-    width = padded_length(max(int(i.numel()) for i in ids), world_size=ring.world_size,
-                          layout=params.layout)  # fmt: skip
-    for (doc, i), result in zip(pending, results, strict=True):
-        _write(doc, int(i.numel()), width, result, params, store, ring)
-    return results
 
 
 def _stats_text(st: dict) -> str:
@@ -331,8 +195,8 @@ class _Progress:
         )
         if self.progress is not None:
             eta_s = None if eta != eta else round(eta, 1)
-            self.progress(done_all, self.total, unit="documents", tokens_per_s=round(tok_s),
-                          eta_s=eta_s)  # fmt: skip
+            extra = {"tokens_per_s": round(tok_s), "eta_s": eta_s}
+            self.progress(done_all, self.total, unit="documents", **extra)
 
 
 def _check_group(rank: int, world_size: int, group) -> None:
@@ -345,103 +209,6 @@ def _check_group(rank: int, world_size: int, group) -> None:
         )
 
 
-def run_longdoc(
-    cfg: Any,
-    rank: int,
-    world_size: int,
-    group: dist.ProcessGroup | None,
-    out_dir: str | Path,
-    log: Callable[[str], None] = print,
-    *,
-    progress: Callable[..., None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    device: torch.device | str | None = None,
-    rings: RingOptions | None = None,
-    schedule_path: str | Path | None = None,
-    ring_progress: Callable[[str, dict], None] | None = None,
-    shard: str = "none",
-) -> LongDocSummary:
-    """Run the long-document task on this rank; every rank of ``group`` calls it alike.
-
-    cfg: ``LongDocParams``, a dict of its fields, or an object with those attributes.
-    group: an initialised process group of ``world_size`` ranks (None: the default group).
-    out_dir: the job's output directory (shared by all ranks).
-    log: one line of text per call (the worker's ``ctx.log``).
-    progress: optional ``progress(done, total, unit="documents", **extra)`` (rank 0 only).
-    should_stop: optional, polled before each document; when any rank of a ring says True,
-    its ranks stop after the current document (its outputs written), the job after the phase.
-    device: where the model runs; default: the current GPU under NCCL, else the CPU.
-    rings: ``ring.size`` / ``ring.max_tokens_per_rank`` (default: one ring of the whole job).
-    schedule_path: where rank 0 writes the schedule (schedule.json in the job directory).
-    ring_progress: optional ``ring_progress(label, record)``, called by each ring's lead.
-    shard: ``model.shard`` (none, ring, job): FSDP2 shards of the model over each ring (or the
-    job, the rings then in lockstep: ``_Lockstep``); needs one ring size (the model is loaded
-    once, for this rank's one ring).
-    """
-    started = time.monotonic()
-    params = LongDocParams.from_any(cfg)
-    params.tokenizer_path = resolve_tokenizer_path(params.tokenizer_path, params.model_path)
-    _check_group(rank, world_size, group)
-    if shard != "none" and (rings or RingOptions()).size == "auto":
-        raise ValueError("model.shard needs one ring size, not ring.size=auto")
-    job = _Ring(rank, world_size, group, comm_device(group), log, list(range(world_size)))
-    store = ShardStore(out_dir)
-    listing = _list_inputs(params, store, job)
-    docs = listing.documents
-    summary = LongDocSummary(total=len(docs), missing=list(listing.missing))
-    model = None
-    if shard == "none":
-        tokenizer, model, summary.probe = _load_agreed_model(params, job, device)
-    else:
-        tokenizer = load_tokenizer(params.tokenizer_path)  # the model: once its ring exists
-    todo = _to_do(docs, store, params, job)
-    summary.skipped = len(docs) - len(todo)
-    schedule = _agreed_schedule(todo, params, rings or RingOptions(), job, tokenizer)
-    if job.lead:
-        if schedule_path is not None:
-            write_schedule(Path(schedule_path), schedule, todo)
-        sizes = ", ".join(f"{p['documents']} on {p['rings']} ring(s) of {p['ring_size']}"
-                          for p in schedule.phases)  # fmt: skip
-        log(
-            f"longdoc: mode={params.mode} layout={params.layout} ranks={world_size} "
-            f"documents={len(docs)} (complete already: {summary.skipped}, to do: {len(todo)}"
-            f"{': ' + sizes if sizes else ''}; missing inputs: {len(listing.missing)})"
-        )
-    groups = _ring_groups(schedule, job)
-    led = [0, 0]  # documents and tokens of the rings this rank led
-    for size, spec, entries in schedule.for_rank(rank):
-        ring = _Ring(spec.rank_in_ring(rank), size, groups[size], job.device, log, spec.members,
-                     f"ring {size}x{spec.index}")  # fmt: skip
-        mine = [todo[e.index] for e in entries]
-        if model is None:  # sharded over this ring (one ring size: loaded once)
-            tokenizer, model, summary.probe = _load_agreed_model(params, ring, device, shard,
-                                                                 job.group)  # fmt: skip
-        single = len(schedule.phases) == 1 and schedule.phases[0]["rings"] == 1
-        shown = _ring_reporter(ring, mine, progress, ring_progress, len(docs), summary, single)
-        before = (summary.done, summary.tokens)
-        stopped = _run_ring(mine, ring, model, tokenizer, params, store, summary, should_stop,
-                            shown, (rings or RingOptions()).max_tokens_per_rank,
-                            _Lockstep.of(shard, schedule, job))  # fmt: skip
-        if ring.lead:  # each document counted once, by its ring's lead
-            led[0] += summary.done - before[0]
-            led[1] += summary.tokens - before[1]
-        if any_has([stopped], job.group, job.device)[0]:  # every rank ends the phase here
-            summary.stopped = True
-            break
-    _summarise(summary, led, started, job, log)
-    return summary
-
-
-def _agreed_schedule(todo, params, rings: RingOptions, job: _Ring, tokenizer):
-    """The same schedule on every rank (deterministic); a document no ring can hold, or an
-    impossible ring setting, fails every rank alike before any document runs."""
-    try:
-        return plan_schedule(todo, rings, world=job.world_size, layout=params.layout,
-                             tokenizer=tokenizer)  # fmt: skip
-    except (ValueError, UserError) as err:
-        raise RuntimeError(f"the schedule: {err}") from None
-
-
 def _ring_groups(schedule, job: _Ring) -> dict[int, Any]:
     """One process group per ring size the schedule uses (the job's own for the whole job);
     every rank creates every group, in the same order (torch's rule)."""
@@ -452,98 +219,10 @@ def _ring_groups(schedule, job: _Ring) -> dict[int, Any]:
     return {size: made.group(size) for size in sizes}
 
 
-def _ring_reporter(ring: _Ring, mine, progress, ring_progress, total: int, summary, single):
-    """A ring lead's progress lines (None on other ranks). When the job is one ring (`single`)
-    its lines and the job's progress file count the job's documents, as before; each ring's
-    own record (`ringctl status` adds them up) counts the ring's documents."""
-    if not ring.lead:
-        return None
-    base = summary.skipped if single else 0
-
-    def report(done: int, of: int, **extra) -> None:
-        extra.pop("unit", None)
-        if progress is not None and single:
-            progress(done, of, unit="documents", before=base, **extra)
-        if ring_progress is not None:
-            ring_progress(ring.label, {"done": done - base, "total": len(mine),
-                                       "members": ring.members, "updated_at": time.time(),
-                                       **extra})  # fmt: skip
-
-    return _Progress(mine, total if single else len(mine), base, report)
-
-
-def _run_ring(docs, ring: _Ring, model, tokenizer, params, store, summary, should_stop, shown,
-              budget: int | None = None, lockstep: _Lockstep | None = None):  # fmt: skip
-    """This ring's documents, in its order: per document consensus, then the model (short
-    documents batched under the per-rank token budget, where the model allows it; never in
-    lockstep, see _Lockstep). Returns whether a stop was requested (the ring's documents done
-    so far are written)."""
-    from .batching import MAX_ROWS, can_batch
-
-    batching = budget is not None and lockstep is None and can_batch(model, params.mode)
-    pending: list = []
-    done = [0]
-
-    def finish(items, results) -> None:
-        for (doc, ids), result in zip(items, results, strict=True):
-            summary.done += 1
-            summary.tokens += int(ids.numel())
-            done[0] += 1
-            if shown is not None:
-                shown.document(doc, int(ids.numel()), result, done[0], ring.log)
-
-    def flush() -> None:
-        if pending:
-            finish(pending, _score_batch(pending, model, params, store, ring))
-            pending.clear()
-
-    for doc in docs if lockstep is None else lockstep.padded(docs):
-        stop = bool(should_stop and should_stop())
-        stop = stop if lockstep is None else lockstep.agree_stop(stop)
-        if doc is None:  # lockstep: this ring has no document left this round
-            if stop:
-                return _stopped(ring)
-            lockstep.idle(model)
-            continue
-        ids, crc = _read_ids(doc, tokenizer)
-        n = None if ids is None else int(ids.numel())
-        verdict = document_verdict(doc.id, stop, n, crc, ring.group, ring.device)
-        if verdict.action == "stop":
-            flush()
-            return _stopped(ring)
-        if verdict.action == "missing":
-            _skip_missing(doc, verdict, params, summary, ring)
-            if lockstep is not None:
-                lockstep.idle(model)
-            continue
-        if batching and n:
-            longest = max([n] + [int(i.numel()) for _, i in pending])
-            width = padded_length(longest, world_size=ring.world_size, layout=params.layout)
-            if pending and ((len(pending) + 1) * width // ring.world_size > budget
-                            or len(pending) >= MAX_ROWS):  # fmt: skip
-                flush()
-            pending.append((doc, ids))
-            continue
-        flush()
-        finish([(doc, ids)], [_score_document(doc, ids, model, params, store, ring)])
-    flush()
-    return False
-
-
 def _stopped(ring: _Ring) -> bool:
     if ring.lead:
         ring.log(f"{ring.label}: stop requested; the rest is left for a resume")
     return True
-
-
-def _skip_missing(doc, verdict, params: LongDocParams, summary, ring: _Ring) -> None:
-    """A document some rank of the ring cannot read any more: stop the job, or note it."""
-    msg = f"{doc.id}: input {doc.source} vanished or changed since it was listed "
-    msg += f"(ranks {verdict.unreadable_ranks} of {ring.label} cannot read it)"
-    if params.on_missing == "stop":
-        raise RuntimeError(msg)
-    ring.log(f"missing input: {msg}; going on with the others")
-    summary.missing.append(doc.source)
 
 
 @dataclass
@@ -591,3 +270,435 @@ def _summarise(summary: LongDocSummary, led: list[int], started: float, job: _Ri
             f"{summary.seconds:.1f}s; {summary.skipped} were complete already"
             + (f"; missing inputs: {', '.join(summary.missing)}" if summary.missing else "")
         )
+
+
+@dataclass
+class LongDocOptions:
+    """The optional parts of a run: ``run_longdoc``'s keyword arguments.
+
+    progress: optional ``progress(done, total, unit="documents", **extra)`` (rank 0 only).
+    should_stop: optional, polled before each document; when any rank of a ring says True,
+    its ranks stop after the current document (its outputs written), the job after the phase.
+    device: where the model runs; default: the current GPU under NCCL, else the CPU.
+    rings: ``ring.size`` / ``ring.max_tokens_per_rank`` (default: one ring of the whole job).
+    schedule_path: where rank 0 writes the schedule (schedule.json in the job directory).
+    ring_progress: optional ``ring_progress(label, record)``, called by each ring's lead.
+    shard: ``model.shard`` (none, ring, job): FSDP2 shards of the model over each ring (or the
+    job, the rings then in lockstep: ``_Lockstep``); needs one ring size (the model is loaded
+    once, for this rank's one ring).
+    """
+
+    progress: Callable[..., None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    device: torch.device | str | None = None
+    rings: RingOptions | None = None
+    schedule_path: str | Path | None = None
+    ring_progress: Callable[[str, dict], None] | None = None
+    shard: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.rings is None:
+            self.rings = RingOptions()
+
+
+class LongDocRun:
+    """This rank's part of one long-document run, and what its steps share.
+
+    ``params`` (checked), ``store`` (the output directory), ``job`` (this rank in the whole
+    job), ``summary`` (the counts so far), ``tokenizer`` and ``model`` (once agreed). The
+    constructor checks what needs no collective; ``run()`` takes the steps of the module
+    docstring in order.
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None,
+        out_dir: str | Path,
+        log: Callable[[str], None] = print,
+        options: LongDocOptions | None = None,
+    ) -> None:
+        self.started = time.monotonic()
+        self.options = options or LongDocOptions()
+        self.params = LongDocParams.from_any(cfg)
+        self.params.tokenizer_path = resolve_tokenizer_path(
+            self.params.tokenizer_path, self.params.model_path
+        )
+        _check_group(rank, world_size, group)
+        if self.options.shard != "none" and self.options.rings.size == "auto":
+            raise ValueError("model.shard needs one ring size, not ring.size=auto")
+        members = list(range(world_size))
+        self.job = _Ring(rank, world_size, group, comm_device(group), log, members)
+        self.store = ShardStore(out_dir)
+        self.log = log
+        self.summary = LongDocSummary()
+        self.tokenizer: Any = None
+        self.model: Any = None
+
+    def run(self) -> LongDocSummary:
+        """List, load and probe the model, find what is left, schedule the rings, score."""
+        listing = self.list_inputs()
+        docs = listing.documents
+        self.summary = LongDocSummary(total=len(docs), missing=list(listing.missing))
+        if self.options.shard == "none":
+            self.load_model(self.job)
+        else:  # the model: once its ring exists
+            self.tokenizer = load_tokenizer(self.params.tokenizer_path)
+        todo = _to_do(docs, self.store, self.params, self.job)
+        self.summary.skipped = len(docs) - len(todo)
+        schedule = self.plan(todo)
+        self.announce(schedule, todo)
+        led = self.run_phases(schedule, todo)
+        _summarise(self.summary, led, self.started, self.job, self.log)
+        return self.summary
+
+    def list_inputs(self) -> Listing:
+        """Step 1, listing: the documents, agreed on every rank; rank 0 records run and list."""
+        params, job = self.params, self.job
+        inputs = params.inputs if params.inputs is not None else [str(samples_dir())]
+        error, listing = "", None
+        try:
+            listing = params.list_inputs(inputs)
+        except ValueError as err:
+            error = str(err)
+        if not error:
+            assert listing is not None
+            error = _check_run_file(self.store, params, job.world_size)
+            error = error or check_expected(self.store.root, listing.documents)
+        agree(error, job.group)
+        assert listing is not None
+        for path in listing.missing:
+            job.log(f"missing input: {path} (on_missing=report: going on with the others)")
+        for problem in listing.skipped:
+            job.log(f"bad record skipped: {problem} (on_bad_record=skip)")
+        if job.lead:
+            self._record_listing(inputs, listing)
+        return listing
+
+    def _record_listing(self, inputs: list[str], listing: Listing) -> None:
+        """Rank 0: the run's signature, the documents expected, and the listing's index."""
+        run = {"format": FORMAT, "world_size": self.job.world_size, **self.params.signature()}
+        atomic_write_json(self.store.run_file, run)
+        write_expected(self.store.root, listing.documents)
+        index = {
+            "format": FORMAT,
+            "inputs": inputs,
+            "documents": [d.describe() for d in listing.documents],
+            "missing_inputs": list(listing.missing),
+        }
+        if listing.skipped:
+            index["skipped_records"] = list(listing.skipped)
+        atomic_write_json(self.store.documents_file, index)
+
+    def load_model(self, ring: _Ring) -> None:
+        """Step 2, model agreement: tokenizer, model and probe line, refused on every rank alike.
+
+        Every rank loads the model (``shard``: whole, or its FSDP2 shard over the ring's ranks
+        or the job's); the ranks must hold the same weights, the model must not be one that
+        ``compat`` refuses, and the probe must reproduce the model's own forward pass.
+        """
+        agree(self._try_load(ring), ring.group)
+        check_same_weights(self.model, ring.group, fingerprint=_fingerprint_of(self.model))
+        params = self.params
+        probe = run_probe(
+            self.model,
+            group=ring.group,
+            layout=params.layout,
+            dtype_name=params.dtype,
+            chunk_size=int(params.chunk_size),
+        )
+        if ring.lead and params.model_overrides:
+            ring.log(describe_overrides(params.model_overrides))
+        if ring.lead and probe.message:
+            ring.log(probe.message)
+        if ring.lead and self.options.shard != "none":
+            from .sharding import shard_summary
+
+            ring.log(shard_summary(self.model))
+        agree(probe.error if ring.lead else "", ring.group)
+        self.summary.probe = probe.message
+
+    def _try_load(self, ring: _Ring) -> str:
+        """Load the tokenizer and the model on this rank: why they cannot serve, or ""."""
+        params = self.params
+        try:
+            config = read_model_config(params.model_path, params.model_overrides)  # checked
+            refused = config_refusal(config)  # before building: some refused families cannot be
+            if refused:  # built with ringattn at all (a KeyError or AttributeError otherwise)
+                raise ValueError(refused)
+            self.tokenizer = load_tokenizer(params.tokenizer_path)
+            self.model = self._load(ring)
+            vocab = int(self.model.config.get_text_config().vocab_size)
+            is_bytes = params.tokenizer_path is None
+            error = vocabulary_mismatch(self.tokenizer.vocab_size, vocab, is_bytes=is_bytes)
+            return error or model_refusal(self.model) or ""
+        except ValueError as err:
+            return str(err)
+        except (OSError, KeyError, AttributeError, TypeError) as err:
+            return f"the model could not be loaded for ring attention: {type(err).__name__}: {err}"
+
+    def _load(self, ring: _Ring):
+        """The model, whole or as this rank's FSDP2 shard over the ring's ranks or the job's."""
+        params, shard = self.params, self.options.shard
+        device = self.options.device or ring.device
+        if shard == "none":
+            return load_model(
+                params.model_path,
+                dtype=params.dtype,
+                device=device,
+                overrides=params.model_overrides,
+            )
+        from .sharding import load_sharded_model
+
+        return load_sharded_model(
+            params.model_path,
+            mode=shard,
+            mesh_or_group=ring.group if shard == "ring" else self.job.group,
+            dtype=params.dtype,
+            device=device,
+            overrides=params.model_overrides,
+        )
+
+    def plan(self, todo: list[Document]):
+        """Step 4a: the same schedule on every rank (deterministic); a document no ring can
+        hold, or an impossible ring setting, fails every rank alike before any document runs."""
+        try:
+            return plan_schedule(
+                todo,
+                self.options.rings,
+                world=self.job.world_size,
+                layout=self.params.layout,
+                tokenizer=self.tokenizer,
+            )
+        except (ValueError, UserError) as err:
+            raise RuntimeError(f"the schedule: {err}") from None
+
+    def announce(self, schedule, todo: list[Document]) -> None:
+        """Rank 0 writes the schedule and logs the run's one opening line (benchmarks watch it)."""
+        if not self.job.lead:
+            return
+        if self.options.schedule_path is not None:
+            write_schedule(Path(self.options.schedule_path), schedule, todo)
+        sizes = ", ".join(
+            f"{p['documents']} on {p['rings']} ring(s) of {p['ring_size']}" for p in schedule.phases
+        )
+        params, s = self.params, self.summary
+        self.log(
+            f"longdoc: mode={params.mode} layout={params.layout} ranks={self.job.world_size} "
+            f"documents={s.total} (complete already: {s.skipped}, to do: {len(todo)}"
+            f"{': ' + sizes if sizes else ''}; missing inputs: {len(s.missing)})"
+        )
+
+    def run_phases(self, schedule, todo: list[Document]) -> list[int]:
+        """Step 4b, every ring this rank belongs to, phase by phase; returns the documents and
+        tokens of the rings this rank led (each document counted once, by its ring's lead)."""
+        groups = _ring_groups(schedule, self.job)
+        lockstep = _Lockstep.of(self.options.shard, schedule, self.job)
+        single = len(schedule.phases) == 1 and schedule.phases[0]["rings"] == 1
+        led = [0, 0]
+        for size, spec, entries in schedule.for_rank(self.job.rank):
+            rank = spec.rank_in_ring(self.job.rank)
+            label = f"ring {size}x{spec.index}"
+            ring = _Ring(rank, size, groups[size], self.job.device, self.log, spec.members, label)
+            if self.model is None:  # sharded over this ring (one ring size: loaded once)
+                self.load_model(ring)
+            before = (self.summary.done, self.summary.tokens)
+            mine = [todo[e.index] for e in entries]
+            stopped = _RingPass(self, ring, mine, single, lockstep).run()
+            if ring.lead:
+                led[0] += self.summary.done - before[0]
+                led[1] += self.summary.tokens - before[1]
+            if any_has([stopped], self.job.group, self.job.device)[0]:  # the phase ends here
+                self.summary.stopped = True
+                break
+        return led
+
+    def reporter(self, ring: _Ring, mine: list[Document], single: bool) -> _Progress | None:
+        """A ring lead's progress lines (None on other ranks). When the job is one ring
+        (``single``) its lines and the job's progress file count the job's documents, as
+        before; each ring's own record (``ringctl status`` adds them up) counts the ring's."""
+        if not ring.lead:
+            return None
+        base = self.summary.skipped if single else 0
+        progress, ring_progress = self.options.progress, self.options.ring_progress
+
+        def report(done: int, of: int, **extra) -> None:
+            extra.pop("unit", None)
+            if progress is not None and single:
+                progress(done, of, unit="documents", before=base, **extra)
+            if ring_progress is not None:
+                record = {"done": done - base, "total": len(mine), "members": ring.members}
+                ring_progress(ring.label, {**record, "updated_at": time.time(), **extra})
+
+        return _Progress(mine, self.summary.total if single else len(mine), base, report)
+
+    def score_document(self, doc: Document, ids, ring: _Ring) -> ShardResult:
+        """One agreed document through the model on the ring, its shard written."""
+        n = int(ids.numel())
+        too_long = window_refusal(self.model.config, n)
+        if too_long:  # n is the same on every rank (agreed): every rank raises alike
+            raise RuntimeError(f"{doc.id}: {too_long}; nothing more was scored")
+        from .sharding import is_sharded, run_task_sharded
+
+        params, chunk_size = self.params, int(self.params.chunk_size)
+        common = {"group": ring.group, "layout": params.layout, "chunk_size": chunk_size}
+        if is_sharded(self.model):  # every rank asks for the whole gradients: it is collective
+            grads = {"gather_grads": params.write_grads}
+            result = run_task_sharded(params.mode, self.model, ids, **common, **grads)
+        else:
+            grads = {"keep_grads": params.write_grads and ring.lead}
+            result = run_task(params.mode, self.model, ids, **common, **grads)
+        padded = padded_length(n, world_size=ring.world_size, layout=params.layout) if n else 0
+        self.write(doc, n, padded, result, ring)
+        return result
+
+    def score_batch(self, pending: list, ring: _Ring) -> list[ShardResult]:
+        """Several short documents at once (batching.py): one forward, each document's shards
+        written as if alone (their entries record the batch's padding)."""
+        from .batching import run_batch
+
+        params, ids = self.params, [i for _, i in pending]
+        results = run_batch(
+            params.mode,
+            self.model,
+            ids,
+            group=ring.group,
+            layout=params.layout,
+            chunk_size=int(params.chunk_size),
+        )
+        longest = max(int(i.numel()) for i in ids)
+        width = padded_length(longest, world_size=ring.world_size, layout=params.layout)
+        for (doc, i), result in zip(pending, results, strict=True):
+            self.write(doc, int(i.numel()), width, result, ring)
+        return results
+
+    def write(self, doc: Document, n: int, padded: int, result: ShardResult, ring: _Ring) -> None:
+        """This rank's shard of one document's outputs (the ring's lead adds the gradients)."""
+        self.store.write_shard(
+            doc=doc.describe(),
+            rank=ring.rank,
+            world_size=ring.world_size,
+            layout=self.params.layout,
+            task=self.params.mode,
+            n_tokens=n,
+            padded_tokens=padded,
+            tensors=result.tensors,
+            stats=result.stats,
+            seconds=result.seconds,
+            grads=result.grads if ring.lead else None,
+        )
+
+    def skip_missing(self, doc: Document, verdict, ring: _Ring) -> None:
+        """A document some rank of the ring cannot read any more: stop the job, or note it."""
+        msg = f"{doc.id}: input {doc.source} vanished or changed since it was listed "
+        msg += f"(ranks {verdict.unreadable_ranks} of {ring.label} cannot read it)"
+        if self.params.on_missing == "stop":
+            raise RuntimeError(msg)
+        ring.log(f"missing input: {msg}; going on with the others")
+        self.summary.missing.append(doc.source)
+
+
+class _RingPass:
+    """One ring's documents, in its order: per document consensus, then the model (short
+    documents batched under the per-rank token budget, where the model allows it; never in
+    lockstep, see _Lockstep). ``run()`` returns whether a stop was requested (the ring's
+    documents done so far are written)."""
+
+    def __init__(self, owner: LongDocRun, ring: _Ring, docs, single: bool, lockstep) -> None:
+        from .batching import can_batch
+
+        self.owner, self.ring, self.docs, self.lockstep = owner, ring, docs, lockstep
+        self.budget = owner.options.rings.max_tokens_per_rank
+        mode = owner.params.mode
+        self.batching = (
+            self.budget is not None and lockstep is None and can_batch(owner.model, mode)
+        )
+        self.shown = owner.reporter(ring, docs, single)
+        self.pending: list = []
+        self.done = 0
+
+    def run(self) -> bool:
+        should_stop, lockstep = self.owner.options.should_stop, self.lockstep
+        for doc in self.docs if lockstep is None else lockstep.padded(self.docs):
+            stop = bool(should_stop and should_stop())
+            stop = stop if lockstep is None else lockstep.agree_stop(stop)
+            if doc is None:  # lockstep: this ring has no document left this round
+                if stop:
+                    return _stopped(self.ring)
+                lockstep.idle(self.owner.model)
+                continue
+            if self.step(doc, stop):
+                return True
+        self.flush()
+        return False
+
+    def step(self, doc: Document, stop: bool) -> bool:
+        """One document: agreed by the ring (stop, missing or go), then queued for a batch or
+        scored alone. Returns True when the ring stops here."""
+        ids, crc = _read_ids(doc, self.owner.tokenizer)
+        n = None if ids is None else int(ids.numel())
+        verdict = document_verdict(doc.id, stop, n, crc, self.ring.group, self.ring.device)
+        if verdict.action == "stop":
+            self.flush()
+            return _stopped(self.ring)
+        if verdict.action == "missing":
+            self.owner.skip_missing(doc, verdict, self.ring)
+            if self.lockstep is not None:
+                self.lockstep.idle(self.owner.model)
+            return False
+        if self.batching and n:
+            self.queue(doc, ids, n)
+            return False
+        self.flush()
+        self.finish([(doc, ids)], [self.owner.score_document(doc, ids, self.ring)])
+        return False
+
+    def queue(self, doc: Document, ids, n: int) -> None:
+        """A short document joins the batch; the batch runs first if it would then exceed the
+        per-rank token budget or the row limit."""
+        from .batching import MAX_ROWS
+
+        longest = max([n] + [int(i.numel()) for _, i in self.pending])
+        size = self.ring.world_size
+        width = padded_length(longest, world_size=size, layout=self.owner.params.layout)
+        rows = len(self.pending)
+        if rows and ((rows + 1) * width // size > self.budget or rows >= MAX_ROWS):
+            self.flush()
+        self.pending.append((doc, ids))
+
+    def flush(self) -> None:
+        if self.pending:
+            self.finish(self.pending, self.owner.score_batch(self.pending, self.ring))
+            self.pending.clear()
+
+    def finish(self, items: list, results: list[ShardResult]) -> None:
+        summary = self.owner.summary
+        for (doc, ids), result in zip(items, results, strict=True):
+            summary.done += 1
+            summary.tokens += int(ids.numel())
+            self.done += 1
+            if self.shown is not None:
+                self.shown.document(doc, int(ids.numel()), result, self.done, self.ring.log)
+
+
+def run_longdoc(
+    cfg: Any,
+    rank: int,
+    world_size: int,
+    group: dist.ProcessGroup | None,
+    out_dir: str | Path,
+    log: Callable[[str], None] = print,
+    **options: Any,
+) -> LongDocSummary:
+    """Run the long-document task on this rank; every rank of ``group`` calls it alike.
+
+    cfg: ``LongDocParams``, a dict of its fields, or an object with those attributes.
+    group: an initialised process group of ``world_size`` ranks (None: the default group).
+    out_dir: the job's output directory (shared by all ranks).
+    log: one line of text per call (the worker's ``ctx.log``).
+    options: the fields of ``LongDocOptions`` (progress, should_stop, device, rings, ...).
+    """
+    run = LongDocRun(cfg, rank, world_size, group, out_dir, log, LongDocOptions(**options))
+    return run.run()

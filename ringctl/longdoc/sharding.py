@@ -177,8 +177,9 @@ def shard_model(model, *, mode: str, mesh_or_group=None, reshard_after_forward: 
         fully_shard([embed, head], mesh=mesh, reshard_after_forward=False)
     else:
         fully_shard(embed, mesh=mesh, reshard_after_forward=True)  # used once, at the start
-        fully_shard([m for m in (norm, head) if m is not None], mesh=mesh,
-                    reshard_after_forward=False)  # fmt: skip
+        fully_shard(
+            [m for m in (norm, head) if m is not None], mesh=mesh, reshard_after_forward=False
+        )
     fully_shard(base, mesh=mesh, reshard_after_forward=False)
     order = [(base, False), (embed, not tied)]
     order += [(layer, reshard_after_forward) for layer in layers]
@@ -342,8 +343,16 @@ def sharded_grad_norms(model) -> dict[str, float]:
 # -- one document -------------------------------------------------------------------------------
 
 
-def run_task_sharded(task: str, model, ids: torch.Tensor, *, group, layout: str,
-                     chunk_size: int = 4096, gather_grads: bool = False):  # fmt: skip
+def run_task_sharded(
+    task: str,
+    model,
+    ids: torch.Tensor,
+    *,
+    group,
+    layout: str,
+    chunk_size: int = 4096,
+    gather_grads: bool = False,
+):
     """``scoring.run_task`` for a sharded model (its result type and contract).
 
     ``score`` / ``embed``: run_task itself (FSDP gathers layer by layer inside it), then
@@ -355,8 +364,15 @@ def run_task_sharded(task: str, model, ids: torch.Tensor, *, group, layout: str,
 
     info = shard_info(model)
     if info is None:
-        return run_task(task, model, ids, group=group, layout=layout, chunk_size=chunk_size,
-                        keep_grads=gather_grads)  # fmt: skip
+        return run_task(
+            task,
+            model,
+            ids,
+            group=group,
+            layout=layout,
+            chunk_size=chunk_size,
+            keep_grads=gather_grads,
+        )
     if task == "grad" and info.mode == "job":
         raise ValueError(
             "model.shard=job cannot run mode=grad: FSDP's reduce-scatter over the whole job "
@@ -369,8 +385,9 @@ def run_task_sharded(task: str, model, ids: torch.Tensor, *, group, layout: str,
             if int(ids.numel()) == 0:
                 idle_step(model)
             return result
-        return _grad_task(model, ids, group=group, layout=layout, chunk_size=chunk_size,
-                          gather=gather_grads)  # fmt: skip
+        return _grad_task(
+            model, ids, group=group, layout=layout, chunk_size=chunk_size, gather=gather_grads
+        )
     finally:
         release(model)
 
@@ -397,8 +414,9 @@ def _grad_task(model, ids, *, group, layout: str, chunk_size: int, gather: bool)
         "positions": shard.positions[shard.real].clone(),
         "input_ids": shard.ids[shard.real].clone(),
     }
-    lp, ll_local = score_shard(model, shard, group=group, layout=layout,
-                                  chunk_size=chunk_size, grad=True)  # fmt: skip
+    lp, ll_local = score_shard(
+        model, shard, group=group, layout=layout, chunk_size=chunk_size, grad=True
+    )
     (ll,) = all_sum([float(ll_local.detach())], group)
     tensors["token_logprob"] = lp.detach().float().contiguous()
     n_scored = max(n - 1, 0)
@@ -546,10 +564,15 @@ def load_sharded_model(
     if check_mode(mode) == "none":
         raise ValueError("load_sharded_model: model.shard=none: use model.load_model")
     if model_path is None or str(model_path).endswith(".json"):
-        model = load_model(model_path, dtype=dtype, attn_implementation=attn_implementation,
-                           overrides=overrides)  # fmt: skip
-        shard_model(model, mode=mode, mesh_or_group=mesh_or_group,
-                    reshard_after_forward=reshard_after_forward)  # fmt: skip
+        model = load_model(
+            model_path, dtype=dtype, attn_implementation=attn_implementation, overrides=overrides
+        )
+        shard_model(
+            model,
+            mode=mode,
+            mesh_or_group=mesh_or_group,
+            reshard_after_forward=reshard_after_forward,
+        )
         if device is not None:
             model.to(device)
         return model
@@ -557,8 +580,9 @@ def load_sharded_model(
     if not path.is_dir():
         raise FileNotFoundError(f"model_path {str(model_path)!r} is not a local directory")
     model = _meta_model(path, torch_dtype(dtype), attn_implementation, overrides)
-    shard_model(model, mode=mode, mesh_or_group=mesh_or_group,
-                reshard_after_forward=reshard_after_forward)  # fmt: skip
+    shard_model(
+        model, mode=mode, mesh_or_group=mesh_or_group, reshard_after_forward=reshard_after_forward
+    )
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     target = device if device is not None else torch.device(_device_type(shard_info(model).group))
     model.to_empty(device=target)

@@ -158,9 +158,11 @@ def measure_p2p(nbytes: int = 32 << 20, repeats: int = 5) -> tuple[float, float]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "p2p.txt")
         mp.start_processes(
-            _p2p_rank, args=(f"file://{tmp}/store", nbytes, repeats, out), nprocs=2,
+            _p2p_rank,
+            args=(f"file://{tmp}/store", nbytes, repeats, out),
+            nprocs=2,
             start_method="spawn",
-        )  # fmt: skip
+        )
         gbytes, latency = open(out).read().split()
     return float(gbytes), float(latency)
 
@@ -203,9 +205,11 @@ def measure_step_overhead(world: int, repeats: int = 10) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "overhead.txt")
         mp.start_processes(
-            _overhead_rank, args=(world, f"file://{tmp}/store", repeats, out), nprocs=world,
+            _overhead_rank,
+            args=(world, f"file://{tmp}/store", repeats, out),
+            nprocs=world,
             start_method="spawn",
-        )  # fmt: skip
+        )
         fwd, bwd = open(out).read().split()
     return float(fwd), float(bwd)
 

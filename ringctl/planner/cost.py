@@ -171,11 +171,11 @@ def _attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, fl
         workspace = banded_workspace(w, ranks, window, cpu)
         parts[f"banded kernel workspace (window {window})"] = workspace
     if w.trains:
-        parts.update({
+        parts |= {
             "dout + dQ (float32 accumulator)": q + q * 4 / b,
             "dK/dV accumulators (float32, travelling)": (1 + min(2, ranks)) * kv_f32,
             "dQ, dK, dV results": q + kv,
-        })  # fmt: skip
+        }
     return parts
 
 
@@ -406,11 +406,17 @@ def estimate(
     total = sum(mem.values())
     capacity = usable_gib(device, ranks_on_host)
     est = Estimate(
-        ranks=ranks, tokens_per_rank=n, memory_bytes=mem, memory_total_gib=total / GIB,
-        memory_capacity_gib=capacity, fits=total / GIB <= capacity, mode=w.run_mode,
-        precision=precision(w), ulysses=w.ulysses,
+        ranks=ranks,
+        tokens_per_rank=n,
+        memory_bytes=mem,
+        memory_total_gib=total / GIB,
+        memory_capacity_gib=capacity,
+        fits=total / GIB <= capacity,
+        mode=w.run_mode,
+        precision=precision(w),
+        ulysses=w.ulysses,
         shard_degree=(w.shard_degree or ranks) if w.shard != "none" else 1,
-    )  # fmt: skip
+    )
     _, phases = memory_phases(w, ranks, cpu)
     est.memory_phases_gib = {name: sum(p.values()) / GIB for name, p in phases.items()}
     _ring_times(est, attn, ring, device, link, ranks_on_host, overlap_threshold)
@@ -419,9 +425,14 @@ def estimate(
     a2a = all_to_all_s(w, ranks, intra or intra_link(device))
     est.all_to_all_s = (w.model.layers if w.model else 1) * (a2a[0] + (a2a[1] if w.trains else 0))
     timed = model_time(
-        w, ranks, device, est.total_s, ranks_on_host=ranks_on_host,
-        intra=intra or intra_link(device), net=net or net_link(device),
-    )  # fmt: skip
+        w,
+        ranks,
+        device,
+        est.total_s,
+        ranks_on_host=ranks_on_host,
+        intra=intra or intra_link(device),
+        net=net or net_link(device),
+    )
     if timed:
         est.model_s, est.model_total_s = timed["parts"], timed["total_s"]
         est.tokens_per_s_per_gpu, est.mfu = timed["tokens_per_s_per_gpu"], timed["mfu"]
@@ -461,9 +472,14 @@ def min_tokens_for_overlap(
 
     def hidden(n: int) -> bool:
         fwd, bwd = device.block_time(
-            kind, n, dtype=w.dtype, batch=w.batch, heads=w.heads, head_dim=w.head_dim,
+            kind,
+            n,
+            dtype=w.dtype,
+            batch=w.batch,
+            heads=w.heads,
+            head_dim=w.head_dim,
             ranks_on_host=ranks_on_host,
-        )  # fmt: skip
+        )
         compute = fwd if phase == "forward" else bwd
         return compute >= n * per_token / link.bytes_per_s + hops * link.latency_s
 

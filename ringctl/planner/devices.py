@@ -167,8 +167,10 @@ def _interpolate(table: dict[int, tuple[float, float]], n: float) -> tuple[float
 
 
 def _check_shares(device: Device, where: str) -> Device:
-    shares = {"attention_efficiency": device.attention_efficiency,
-              "matmul_efficiency": (device.matmul_efficiency,)}  # fmt: skip
+    shares = {
+        "attention_efficiency": device.attention_efficiency,
+        "matmul_efficiency": (device.matmul_efficiency,),
+    }
     for key, values in shares.items():
         size = 2 if key == "attention_efficiency" else 1
         if len(values) != size or not all(0 < v <= 1 for v in values):

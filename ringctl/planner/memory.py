@@ -48,11 +48,13 @@ def precision(w) -> dict[str, str]:
         out["gradients"] = "float32" if adam else w.dtype
     if adam:
         out["Adam moments (2 per parameter)"] = "float32"
-    out.update({
-        "activations": w.dtype,
-        "K/V blocks on the ring": w.dtype,
-        "log-sum-exp, softmax statistics": "float32",
-    })  # fmt: skip
+    out.update(
+        {
+            "activations": w.dtype,
+            "K/V blocks on the ring": w.dtype,
+            "log-sum-exp, softmax statistics": "float32",
+        }
+    )
     if trains:
         out["dK/dV accumulators (travelling)"] = "float32"
     if w.model is not None:

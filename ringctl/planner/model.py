@@ -97,13 +97,17 @@ def from_hf_config(data: dict, where: str) -> ModelShape:
             f"num_key_value_heads ({kv})"
         )
     return ModelShape(
-        layers=_int(data, "num_hidden_layers", where), hidden=hidden,
+        layers=_int(data, "num_hidden_layers", where),
+        hidden=hidden,
         intermediate=_int(data, "intermediate_size", where, default=4 * hidden),
-        vocab=_int(data, "vocab_size", where), heads=heads, kv_heads=kv, head_dim=head_dim,
+        vocab=_int(data, "vocab_size", where),
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
         tied_embeddings=bool(data.get("tie_word_embeddings", False)),
         name=str(data.get("_name_or_path") or data.get("model_type") or ""),
         **sliding_window(data, where),
-    )  # fmt: skip
+    )
 
 
 # Families whose every layer has the config's sliding_window when it names no layer_types.

@@ -19,9 +19,10 @@ def _memory_table(est):
     mem = Table(title="memory per rank", show_footer=True)
     mem.add_column("held by", footer="total / usable")
     mem.add_column(
-        "GiB", justify="right",
+        "GiB",
+        justify="right",
         footer=f"{est.memory_total_gib:.2f} / {est.memory_capacity_gib:.1f}",
-    )  # fmt: skip
+    )
     for name, value in est.memory_bytes.items():
         mem.add_row(name, f"{value / GIB:.3f}")
     return mem

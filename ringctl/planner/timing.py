@@ -97,12 +97,12 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     forward = L * max(fwd_layer, gather) + gather + L * a2a_f + head_f
     total = forward
     if trains:
-        parts.update({
+        parts |= {
             "projections + MLP (backward)": lin_b,
             "ring attention (backward)": att_b,
             "lm_head (backward)": head_b,
             "recompute (checkpoint=full)": recompute,
-        })  # fmt: skip
+        }
         bwd_layer = (lin_b + att_b + recompute) / L
         backward = L * max(bwd_layer, gather + scatter) + scatter + L * a2a_b + head_b
         total += backward

@@ -243,11 +243,20 @@ def run(cfg, ctx) -> dict:
         atomic_write_json(job.logs / "rings" / f"{label.replace(' ', '-')}.json", record)
 
     summary = run_longdoc(
-        params_of(cfg), ctx.rank, ctx.world_size, ctx.group, ctx.out_dir, ctx.log,
-        progress=ctx.progress, should_stop=ctx.stop_requested, device=ctx.device,
-        rings=RingOptions.of(cfg), schedule_path=job.path / "schedule.json",
-        ring_progress=ring_progress, shard=str(cfg.model.shard),
-    )  # fmt: skip
+        params_of(cfg),
+        ctx.rank,
+        ctx.world_size,
+        ctx.group,
+        ctx.out_dir,
+        ctx.log,
+        progress=ctx.progress,
+        should_stop=ctx.stop_requested,
+        device=ctx.device,
+        rings=RingOptions.of(cfg),
+        schedule_path=job.path / "schedule.json",
+        ring_progress=ring_progress,
+        shard=str(cfg.model.shard),
+    )
     if summary.stopped:  # a preemption signal: the job is not done, and must not look done
         left = summary.total - summary.skipped - summary.done
         raise RuntimeError(

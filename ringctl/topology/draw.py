@@ -92,8 +92,10 @@ def _place_nodes(layout: list[list], top: float) -> tuple[float, float]:
 def _draw_node(plan: RingPlan, n, x, y, w, h, cols, pos: dict) -> list[str]:
     """One node's box, its GPU (or CPU rank) boxes with their ring ranks, and its NICs;
     records each rank's box centre in `pos`."""
-    out = [_rect(x, y, w, h, "#fafafa"), _text(x + 8, y + 16, n["name"], 12, "start",
-                                                 font_weight="bold")]  # fmt: skip
+    out = [
+        _rect(x, y, w, h, "#fafafa"),
+        _text(x + 8, y + 16, n["name"], 12, "start", font_weight="bold"),
+    ]
     ranks = [e for e in plan.ring if e.node == n["name"]]
     by_gpu = {e.gpu: e for e in ranks if e.gpu is not None}
     boxes = [(g["index"], by_gpu.get(g["index"])) for g in n["gpus"]]
@@ -202,8 +204,14 @@ def _markers() -> str:
     )
 
 
-LEGEND = [("NVLink", "NV"), ("PIX/PXB", "PIX"), ("PHB/NODE", "PHB"), ("SYS", "SYS"),
-          ("network", "NET"), ("shared memory", "SHM")]  # fmt: skip
+LEGEND = [
+    ("NVLink", "NV"),
+    ("PIX/PXB", "PIX"),
+    ("PHB/NODE", "PHB"),
+    ("SYS", "SYS"),
+    ("network", "NET"),
+    ("shared memory", "SHM"),
+]
 
 
 def _legend(height: float) -> list[str]:
@@ -236,8 +244,9 @@ def draw_svg(plan: RingPlan) -> str:
         out += _draw_node(plan, n, x, y, w, h, cols, pos)
     node_top = {n["name"]: (x + w / 2, y) for n, x, y, w, h, cols in layout}
     node_bottom = {n["name"]: y + h for n, x, y, w, h, cols in layout}
-    lines, boxes_svg = _draw_switches(plan, node_top, _switch_positions(plan, node_top, top,
-                                                                         levels))  # fmt: skip
+    lines, boxes_svg = _draw_switches(
+        plan, node_top, _switch_positions(plan, node_top, top, levels)
+    )
     low = plan.bottleneck
     title = f"ring of {plan.world_size} ranks"
     if low is not None:

@@ -122,8 +122,10 @@ def _notes(hops, ordered, table, policy, given_net: bool, heads: int | None) -> 
     notes = assumption_notes(hops, table, given_net)
     notes += c2c_note(ordered, policy, any(h.link == "NET" for h in hops))
     if heads is None:
-        notes.append("heads not given: the Ulysses degree was not checked against the model "
-                     "(--heads, --kv-heads)")  # fmt: skip
+        notes.append(
+            "heads not given: the Ulysses degree was not checked against the model "
+            "(--heads, --kv-heads)"
+        )
     return notes
 
 

@@ -68,6 +68,29 @@ def _check_info(value: str, column: str, where: str) -> None:
 def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> SmiTopology:
     """Parse the text of `nvidia-smi topo -m`; `source` names the file in error messages."""
     lines = text.splitlines()
+    header = _read_header(lines, source)
+    rows, row_info, end = _read_rows(lines, header, source)
+    missing = [d for d in header.devices if d not in rows]
+    if missing:
+        raise UserError(
+            f"{source}:{end + 1}: expected a row for {missing[0]} "
+            f"(found {len(rows)} of {len(header.devices)} rows: matrix not square or truncated)"
+        )
+    legend = _nic_legend(lines[end:])
+    return _topology(header, rows, row_info, legend, source)
+
+
+@dataclass
+class _Header:
+    """The matrix header: its line index, the device columns and the information columns."""
+
+    at: int
+    devices: list[str]
+    info: list[str]
+
+
+def _read_header(lines: list[str], source: str) -> _Header:
+    """The first line starting with GPU0; its leading words holding a digit are devices."""
     header_at = None
     for i, line in enumerate(lines):
         words = line.split()
@@ -81,18 +104,22 @@ def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> SmiTopology:
     while n_dev < len(words) and any(c.isdigit() for c in words[n_dev]):
         n_dev += 1
     devices = words[:n_dev]
-    info = _info_names(words[n_dev:])
     if len(set(devices)) != len(devices):
         raise UserError(f"{source}:{header_at + 1}: a device column appears twice in the header")
+    return _Header(header_at, devices, _info_names(words[n_dev:]))
 
+
+def _read_rows(lines: list[str], header: _Header, source: str):
+    """(link tokens by row label, information values by row label, the line index after the
+    matrix). Rows run until a blank line or a line that is not a device row."""
+    devices, n_dev = header.devices, len(header.devices)
     rows: dict[str, list[str]] = {}
     row_info: dict[str, dict[str, str]] = {}
-    at = header_at + 1
-    for at in range(header_at + 1, len(lines)):
+    for at in range(header.at + 1, len(lines)):
         cells = lines[at].split()
         where = f"{source}:{at + 1}"
         if not cells:
-            break
+            return rows, row_info, at
         label = cells[0]
         if label not in devices:
             if len(cells) > 1 and (is_link_token(label) or is_link_token(cells[1])):
@@ -100,55 +127,64 @@ def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> SmiTopology:
                     f"{where}: expected a row starting with one of {devices[0]}..{devices[-1]}, "
                     f"found {label!r} (header cut, or a row wrapped by a narrow terminal?)"
                 )
-            break
+            return rows, row_info, at
         if label in rows:
             raise UserError(f"{where}: row {label} appears twice")
         links = cells[1 : 1 + n_dev]
-        if len(links) < n_dev:
-            raise UserError(
-                f"{where}: expected {n_dev} link cells in row {label} "
-                f"({devices[0]}..{devices[-1]}), found {len(links)} (line cut or wrapped?)"
-            )
-        for col, token in zip(devices, links, strict=True):
-            if not is_link_token(token):
-                raise UserError(
-                    f"{where}: unknown link token {token!r} in row {label}, column {col} "
-                    "(expected X, NV<n>, PIX, PXB, PHB, NODE or SYS)"
-                )
-            if nvlink_problem(token):
-                raise UserError(f"{where}: row {label}, column {col}: {nvlink_problem(token)}")
-        if links[devices.index(label)] != "X":
-            raise UserError(f"{where}: expected X on the diagonal of row {label}")
+        _check_links(links, label, devices, where)
         rows[label] = [normalise_token(t) for t in links]
-        rest = cells[1 + n_dev :]
-        values: dict[str, str] = {}
-        for column, value in zip(info, rest, strict=False):
-            _check_info(value, column, where)
-            values[column] = value
-        row_info[label] = values
-    else:
-        at = len(lines)
+        row_info[label] = _row_values(cells[1 + n_dev :], header.info, where)
+    return rows, row_info, len(lines)
 
-    missing = [d for d in devices if d not in rows]
-    if missing:
+
+def _check_links(links: list[str], label: str, devices: list[str], where: str) -> None:
+    """One row's link cells: one per device, each a known token, X on the diagonal."""
+    if len(links) < len(devices):
         raise UserError(
-            f"{source}:{at + 1}: expected a row for {missing[0]} "
-            f"(found {len(rows)} of {n_dev} rows: matrix not square or truncated)"
+            f"{where}: expected {len(devices)} link cells in row {label} "
+            f"({devices[0]}..{devices[-1]}), found {len(links)} (line cut or wrapped?)"
         )
+    for col, token in zip(devices, links, strict=True):
+        if not is_link_token(token):
+            raise UserError(
+                f"{where}: unknown link token {token!r} in row {label}, column {col} "
+                "(expected X, NV<n>, PIX, PXB, PHB, NODE or SYS)"
+            )
+        if nvlink_problem(token):
+            raise UserError(f"{where}: row {label}, column {col}: {nvlink_problem(token)}")
+    if links[devices.index(label)] != "X":
+        raise UserError(f"{where}: expected X on the diagonal of row {label}")
 
+
+def _row_values(rest: list[str], info: list[str], where: str) -> dict[str, str]:
+    """The information cells after the links, by column name (each checked)."""
+    values: dict[str, str] = {}
+    for column, value in zip(info, rest, strict=False):
+        _check_info(value, column, where)
+        values[column] = value
+    return values
+
+
+def _nic_legend(lines: list[str]) -> dict[str, str]:
+    """`NIC0: mlx5_0` lines after the matrix: the NICs' real names."""
     legend: dict[str, str] = {}
-    for line in lines[at:]:
+    for line in lines:
         m = _NIC_LEGEND.match(line)
         if m:
             legend[m.group(1)] = m.group(2)
+    return legend
 
+
+def _topology(header: _Header, rows, row_info, legend: dict[str, str], source) -> SmiTopology:
+    """The checked matrix as GPUs in index order, NIC names and the three link blocks."""
+    devices = header.devices
     gpu_cols = [d for d in devices if _GPU_LABEL.match(d)]
     nic_cols = [d for d in devices if not _GPU_LABEL.match(d)]
     if not gpu_cols:
-        raise UserError(f"{source}:{header_at + 1}: expected at least one GPU column")
+        raise UserError(f"{source}:{header.at + 1}: expected at least one GPU column")
     gpu_cols.sort(key=lambda d: int(d[3:]))
     idx = {d: devices.index(d) for d in devices}
-    topo = SmiTopology(extra_columns=[c for c in info if c not in _KNOWN])
+    topo = SmiTopology(extra_columns=[c for c in header.info if c not in _KNOWN])
     for d in gpu_cols:
         vals = row_info[d]
         topo.gpus.append(
