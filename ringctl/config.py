@@ -148,12 +148,12 @@ def job_schema(task_name: str) -> type:
     """JobConfig with `task` typed by the named task (and that task's extra sections)."""
     from . import tasks
 
-    spec = tasks.get_spec(task_name)
-    params = spec.params
+    task = tasks.get_task(task_name)
+    params = task.params
     fields: list[tuple[str, Any, Any]] = [
         ("task", params, field(default_factory=lambda: params(name=task_name)))
     ]
-    for section, cls in spec.sections.items():
+    for section, cls in task.sections.items():
         fields.append((section, cls, field(default_factory=cls)))
     return dataclasses.make_dataclass(f"JobConfig_{task_name}", fields, bases=(JobConfig,))
 
@@ -379,7 +379,7 @@ def _check(cfg: DictConfig, source_of) -> None:
             )
     from . import tasks
 
-    tasks.get_spec(cfg.task.name).check(cfg, bad)
+    tasks.get_task(cfg.task.name).check(cfg, bad)
 
 
 def _check_ring(cfg: DictConfig, bad) -> None:

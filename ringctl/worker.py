@@ -293,7 +293,7 @@ def run(job_dir: Path) -> dict:
         _stop=stop,
     )
     started = time.time()
-    result = tasks.get_spec(cfg.task.name).run(cfg, ctx)
+    result = tasks.get_task(cfg.task.name).run(cfg, ctx)
     dist.barrier()  # nobody reports success while a peer may still fail
     dist.destroy_process_group()
     record = {
