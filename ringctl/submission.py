@@ -23,7 +23,7 @@ from .atomic import atomic_write, default_dir_mode
 from .backends.base import Backend
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from .errors import SubmittedNotRecorded, UserError
-from .jobdir import JobDir
+from .jobdir import CONFIG, META, SCRIPT, JobDir
 from .sizing import Sizing
 from .tasks import get_task
 
@@ -157,9 +157,9 @@ def _job_files(cfg, script: str, job_file: str, overrides: list[str], backend: B
         "ringctl_version": __version__,
     }
     return {
-        "config.yaml": to_yaml(cfg),
-        "job.sh": script,
-        "job.json": json.dumps(meta, indent=2, sort_keys=True) + "\n",
+        CONFIG: to_yaml(cfg),
+        SCRIPT: script,
+        META: json.dumps(meta, indent=2, sort_keys=True) + "\n",
     }
 
 

@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
+from ..jobdir import JobDir
 from ..planner.cost import (
     Link,
     ModelShape,
@@ -287,8 +288,8 @@ def run(args) -> int:
         if not args.seq:
             return 0
         args.device = device.name
-    if args.job and (Path(args.job) / "schedule.json").is_file():  # a job directory
-        args.schedule = Path(args.job) / "schedule.json"
+    if args.job and JobDir(args.job).schedule.is_file():  # a job directory
+        args.schedule = JobDir(args.job).schedule
     if args.schedule:
         return _print_makespan(args.schedule, args.json)
     job = _from_job(args) if args.job else None

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..jobdir import JobDir
 from . import atomic_write_json, load_tensors, save_tensors
 from .base import Task, TaskParams
 
@@ -201,7 +202,7 @@ def _inject_fault(cfg, ctx, step: int) -> None:
     t = cfg.task
     if t.fault_rank is None or t.fault_rank != ctx.rank or t.fault_step != step:
         return
-    if t.fault == "raise-once" and (ctx.job_dir / "attempts").is_dir():
+    if t.fault == "raise-once" and JobDir(ctx.job_dir).attempts.is_dir():
         return  # an earlier attempt failed here: this one (a resume) goes through
     ctx.log(f"injecting fault {t.fault!r} at step {step}")
     if t.fault in ("raise", "raise-once"):

@@ -247,12 +247,12 @@ def run(cfg, ctx) -> dict:
     job = JobDir(ctx.job_dir)
 
     def ring_progress(label: str, record: dict) -> None:
-        atomic_write_json(job.logs / "rings" / f"{label.replace(' ', '-')}.json", record)
+        atomic_write_json(job.ring_progress(label), record)
 
     summary = run_longdoc(
         params_of(cfg), ctx.rank, ctx.world_size, ctx.group, ctx.out_dir, ctx.log,
         progress=ctx.progress, should_stop=ctx.stop_requested, device=ctx.device,
-        rings=RingOptions.of(cfg), schedule_path=job.path / "schedule.json",
+        rings=RingOptions.of(cfg), schedule_path=job.schedule,
         ring_progress=ring_progress, shard=str(cfg.model.shard),
     )  # fmt: skip
     if summary.stopped:  # a preemption signal: the job is not done, and must not look done
