@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from . import sbatch
 from .errors import UserError
 from .sbatch import slurm_time_seconds
-from .tasks.base import TaskParams, world_size
+from .tasks.base import DEFAULT_TASK, TaskParams, world_size
 
 __all__ = ["TaskParams", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
 
@@ -177,7 +177,7 @@ def _describe(err: OmegaConfBaseException) -> str:
 
 
 def _task_name(layers: list[tuple[str, DictConfig]]) -> str:
-    name = "attention"
+    name = DEFAULT_TASK
     for _, layer in layers:
         task = layer.get("task") if isinstance(layer, DictConfig) else None
         if isinstance(task, DictConfig) and task.get("name") is not None:

@@ -25,11 +25,14 @@ from typing import Any, ClassVar
 KERNEL_PACKAGES = {"flash": ("flash_attn", "pip install 'ringctl[flash]' (CUDA only)")}
 
 
+DEFAULT_TASK = "attention"  # the task of a job file that names none
+
+
 @dataclass
 class TaskParams:
     """Base of every task's parameters: `task.name` selects the task."""
 
-    name: str = "attention"
+    name: str = DEFAULT_TASK
 
 
 def world_size(cfg) -> int:
