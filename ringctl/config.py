@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from . import sbatch
 from .errors import UserError
 from .sbatch import slurm_time_seconds
-from .tasks.base import TaskParams, world_size
+from .tasks.base import DEFAULT_TASK, TaskParams, world_size
 
 __all__ = ["TaskParams", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
 
@@ -148,12 +148,12 @@ def job_schema(task_name: str) -> type:
     """JobConfig with `task` typed by the named task (and that task's extra sections)."""
     from . import tasks
 
-    spec = tasks.get_spec(task_name)
-    params = spec.params
+    task = tasks.get_task(task_name)
+    params = task.params
     fields: list[tuple[str, Any, Any]] = [
         ("task", params, field(default_factory=lambda: params(name=task_name)))
     ]
-    for section, cls in spec.sections.items():
+    for section, cls in task.sections.items():
         fields.append((section, cls, field(default_factory=cls)))
     return dataclasses.make_dataclass(f"JobConfig_{task_name}", fields, bases=(JobConfig,))
 
@@ -177,7 +177,7 @@ def _describe(err: OmegaConfBaseException) -> str:
 
 
 def _task_name(layers: list[tuple[str, DictConfig]]) -> str:
-    name = "attention"
+    name = DEFAULT_TASK
     for _, layer in layers:
         task = layer.get("task") if isinstance(layer, DictConfig) else None
         if isinstance(task, DictConfig) and task.get("name") is not None:
@@ -379,7 +379,7 @@ def _check(cfg: DictConfig, source_of) -> None:
             )
     from . import tasks
 
-    tasks.get_spec(cfg.task.name).check(cfg, bad)
+    tasks.get_task(cfg.task.name).check(cfg, bad)
 
 
 def _check_ring(cfg: DictConfig, bad) -> None:

@@ -9,8 +9,10 @@ names by hand:
     state.json       the local supervisor's record of the ranks           control (local backend)
     supervisor.pid   the local supervisor's pid and start time            control (local backend)
     placement.json   the ring placement (written by the job once nodes are known)
+    schedule.json    a long-document job's schedule (rank 0 writes it; `plan JOB` reads it)
     probes/          one `ringctl topo probe` JSON per node
-    logs/            rank-<R>.out|err|result.json, batch-<id>.out, progress.json
+    logs/            rank-<R>.out|err|result.json, batch-<id>.out, progress.json (rank 0's
+                     counts), rings/<label>.json (each ring's progress, written by its lead)
     out/             the task's output shards and manifest
     attempts/<n>/    an earlier attempt's logs and placement (`ringctl resume`)
     attempts/requeue-<id>-<k>/   the same for a run of job <id> that Slurm requeued (its k-th
@@ -20,6 +22,12 @@ Control files are written atomically (temporary file, fsync, rename: `ringctl.at
 directory is built under a temporary name and renamed into place, so a failed submit leaves
 no half directory and never an empty config.yaml. Verbs that change a directory (resume,
 cancel, gather --force, submit into an existing directory) hold its lock (`JobDir.lock`).
+
+The writer and the reader of a file ask for it by the same method (`progress`,
+`ring_progress`/`ring_progress_files`, `rank_result`), so the two cannot drift apart. Where
+the directory is not a local path (a login node over SFTP, a shell's string path), the same
+relative names are here as functions and tuples (`rank_log_name`, `FETCHED_DIRS`,
+`ARCHIVED_ON_RESUME`, `RESENT_ON_RESUME`), joined by the backend on its side.
 """
 
 from __future__ import annotations
@@ -45,8 +53,35 @@ STATE = "state.json"
 SUPERVISOR = "supervisor.pid"
 PLACEMENT = "placement.json"
 LOCK = ".lock"
+SCHEDULE = "schedule.json"
 LOGS, OUT, PROBES, ATTEMPTS = "logs", "out", "probes", "attempts"
 BATCH_LOG = "logs/batch-{job_id}.out"
+PROGRESS = f"{LOGS}/progress.json"
+RINGS = f"{LOGS}/rings"
+RESULT = "result.json"  # logs/rank-<R>.result.json: what a rank's worker ended with
+
+# The remote side (ringctl.backends.ssh joins these on the login node, relative to the copy):
+# what `fetch` brings back (PLACEMENT too), what `resume` moves to attempts/<n> there, and
+# the control files it sends again.
+FETCHED_DIRS = (OUT, LOGS, PROBES, ATTEMPTS)
+ARCHIVED_ON_RESUME = (LOGS, PLACEMENT)
+RESENT_ON_RESUME = (CONFIG, SCRIPT)
+
+
+def script_names() -> dict[str, str]:
+    """The names the batch script (templates/slurm.sh.j2) writes and moves, as render variables
+    (`names.logs`, `names.placement`, ...): the script and this module agree by construction."""
+    return {
+        "config": CONFIG,
+        "placement": PLACEMENT,
+        "logs": LOGS,
+        "out": OUT,
+        "probes": PROBES,
+        "attempts": ATTEMPTS,
+        "progress": PROGRESS,
+        "rings": RINGS,
+    }
+
 
 # Files a job's own processes (or a remote copy of the directory) may never replace: they say
 # what was asked, where it runs and how to reach it.
@@ -55,10 +90,30 @@ CONTROL_FILES = frozenset({CONFIG, SCRIPT, META, STATE, SUPERVISOR, LOCK})
 KEPT_ACROSS_ATTEMPTS = frozenset({CONFIG, SCRIPT, META, LOCK, OUT, PROBES, ATTEMPTS})
 
 
+def rank_log_file(rank: int | str, ext: str) -> str:
+    """rank-<R>.<ext> (out, err, result.json), R the launch index: a name inside logs/."""
+    return f"rank-{rank}.{ext}"
+
+
+def rank_log_name(rank: int | str, ext: str) -> str:
+    """logs/rank-<R>.<ext>, relative to the job directory (a shell's or remote path)."""
+    return f"{LOGS}/{rank_log_file(rank, ext)}"
+
+
+def ring_progress_name(label: str) -> str:
+    """logs/rings/<label>.json: the progress record of the ring `label` (spaces as '-')."""
+    return f"{RINGS}/{label.replace(' ', '-')}.json"
+
+
+def attempt_name(name: str) -> str:
+    """attempts/<name>, relative to the job directory."""
+    return f"{ATTEMPTS}/{name}"
+
+
 def requeued_attempt(job_id: str, restart: int) -> str:
     """Where the batch script keeps the run of job `job_id` that Slurm's `restart`-th requeue
     replaced, relative to the job directory (the script writes the same name in bash)."""
-    return f"{ATTEMPTS}/requeue-{job_id}-{restart}"
+    return attempt_name(f"requeue-{job_id}-{restart}")
 
 
 @dataclass(frozen=True)
@@ -118,12 +173,29 @@ class JobDir:
         return self.path / ATTEMPTS
 
     @property
-    def progress(self) -> Path:
-        return self.logs / "progress.json"
+    def schedule(self) -> Path:
+        return self.path / SCHEDULE
 
-    def rank_log(self, rank: int, ext: str) -> Path:
+    @property
+    def progress(self) -> Path:
+        """logs/progress.json: rank 0's counts (worker.TaskContext writes, `status` reads)."""
+        return self.path / PROGRESS
+
+    def ring_progress(self, label: str) -> Path:
+        """logs/rings/<label>.json: a ring's progress (its lead writes it)."""
+        return self.path / ring_progress_name(label)
+
+    def ring_progress_files(self) -> list[Path]:
+        """Every ring's progress record, by name (what `status` reads)."""
+        return sorted((self.path / RINGS).glob("*.json"))
+
+    def rank_log(self, rank: int | str, ext: str) -> Path:
         """logs/rank-<R>.<ext> (out, err, result.json), R the launch index."""
-        return self.logs / f"rank-{rank}.{ext}"
+        return self.path / rank_log_name(rank, ext)
+
+    def rank_result(self, rank: int | str) -> Path:
+        """logs/rank-<R>.result.json: the worker writes it at its end, backends read it."""
+        return self.rank_log(rank, RESULT)
 
     def batch_log(self, job_id: str) -> Path:
         return self.path / BATCH_LOG.format(job_id=job_id)

@@ -24,6 +24,7 @@ import jinja2
 
 from .config import to_plain, world_size
 from .errors import UserError
+from .jobdir import script_names
 from .resources import template_dir as bundled_template_dir
 from .sbatch import header_lines
 
@@ -124,4 +125,5 @@ def render_script(
         python=default_python(cfg),
         world_size=world_size(cfg),
         use_gpus=cfg.gpus_per_node > 0,
+        names=script_names(),
     )

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import UserError
+from .jobdir import BATCH_LOG
 
 _SLURM_SIGNALS = (
     "HUP INT QUIT ABRT KILL ALRM TERM USR1 USR2 URG CONT STOP TSTP TTIN TTOU XCPU".split()
@@ -386,14 +387,18 @@ def _read_back(word: str, meant: str) -> str:
     return word
 
 
-def output_pattern(directory: str, name: str = "batch-%j.out") -> str:
-    """`<directory>/logs/<name>` as a Slurm filename pattern: a `%` of the directory is doubled
-    (Slurm would read `%j`, `%x`... in it), `name` keeps its own replacements. A backslash cannot
-    be written at all (Slurm removes it and then replaces nothing): UserError."""
+BATCH_LOG_PATTERN = BATCH_LOG.format(job_id="%j")  # Slurm writes the job id for %j
+
+
+def output_pattern(directory: str) -> str:
+    """`<directory>/logs/batch-%j.out` (jobdir.BATCH_LOG) as a Slurm filename pattern: a `%`
+    of the directory is doubled (Slurm would read `%j`, `%x`... in it), the name keeps its
+    `%j`. A backslash cannot be written at all (Slurm removes it and then replaces nothing):
+    UserError."""
     why = path_problem(directory)
     if why:
         raise UserError(f"job directory: {why}")
-    return f"{directory.replace('%', '%%').rstrip('/')}/logs/{name}"
+    return f"{directory.replace('%', '%%').rstrip('/')}/{BATCH_LOG_PATTERN}"
 
 
 def batch_log_arguments(directory: str) -> list[str]:
@@ -461,7 +466,7 @@ def header_lines(cfg, job_dir: str | None = None) -> list[str]:
         words.append(_path_word("chdir", job_dir))
         words.append(_path_word("output", output_pattern(job_dir)))
     else:
-        words.append("--output=logs/batch-%j.out")
+        words.append(f"--output={BATCH_LOG_PATTERN}")
     for item in cfg.slurm.extra_sbatch:
         words.append(header_word(*parse_extra(item)))
     return [f"#SBATCH {word}" for word in words]

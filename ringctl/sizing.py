@@ -81,9 +81,9 @@ def job_workload(cfg, ring: int | None) -> Workload | None:
     """The planner's workload for a job: its task's ``workload(cfg)`` (a long-document job's
     has ``seq_len`` 0: documents differ; see the budget), sharded as ``model.shard`` says.
     None: the task does not describe its work up front."""
-    from .tasks import get_spec
+    from .tasks import get_task
 
-    work = get_spec(str(cfg.task.name)).workload(cfg)
+    work = get_task(str(cfg.task.name)).workload(cfg)
     if work is None:
         return None
     shard, degree = job_shard(cfg, ring, world_size(cfg), work.trains)

@@ -23,9 +23,9 @@ from .atomic import atomic_write, default_dir_mode
 from .backends.base import Backend
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from .errors import SubmittedNotRecorded, UserError
-from .jobdir import JobDir
+from .jobdir import CONFIG, META, SCRIPT, JobDir
 from .sizing import Sizing
-from .tasks import get_spec
+from .tasks import get_task
 
 __all__ = [
     "RESUME_KEYS",
@@ -104,16 +104,16 @@ def with_ring_budget(sizing: Sizing, source: str) -> Sizing:
 
 
 def check_documents(sizing: Sizing, *, force: bool = False) -> None:
-    """A long-document job whose documents its device (or its own ring.max_tokens_per_rank)
-    cannot hold is refused (--force to insist); one predicted to outlast slurm.time is warned
-    about, and refused under ring.placement=required. With neither, what the longest document
-    needs is said. Lengths are the task's ``document_lengths`` (``longdoc.lengths``: bytes, a
-    byte-tokenizer's count; a model's tokenizer gives fewer tokens, so this errs on the safe
-    side); the bundled samples are not checked."""
+    """A job whose task lists its documents (a long-document job) with documents its device
+    (or its own ring.max_tokens_per_rank) cannot hold is refused (--force to insist); one
+    predicted to outlast slurm.time is warned about, and refused under
+    ring.placement=required. With neither, what the longest document needs is said. Lengths
+    are the task's ``document_lengths`` (``longdoc.lengths``: bytes, a byte-tokenizer's count;
+    a model's tokenizer gives fewer tokens, so this errs on the safe side); the bundled samples
+    are not checked. A task with no documents (the attention task) lists none: nothing to
+    check."""
     cfg = sizing.cfg
-    if str(cfg.task.name) != "longdoc":
-        return
-    lengths = get_spec(str(cfg.task.name)).document_lengths(cfg, bundled=False)
+    lengths = get_task(str(cfg.task.name)).document_lengths(cfg, bundled=False)
     if not lengths:
         return
     verdict = sizing.documents(lengths)
@@ -138,7 +138,7 @@ def check_packages(cfg) -> None:
     env = cfg.env
     if cfg.backend.value == "ssh" or env.python or env.venv or env.conda or env.container_image:
         return
-    missing = get_spec(str(cfg.task.name)).missing_packages(cfg)
+    missing = get_task(str(cfg.task.name)).missing_packages(cfg)
     if missing:
         module, install = missing[0]
         raise UserError(
@@ -157,9 +157,9 @@ def _job_files(cfg, script: str, job_file: str, overrides: list[str], backend: B
         "ringctl_version": __version__,
     }
     return {
-        "config.yaml": to_yaml(cfg),
-        "job.sh": script,
-        "job.json": json.dumps(meta, indent=2, sort_keys=True) + "\n",
+        CONFIG: to_yaml(cfg),
+        SCRIPT: script,
+        META: json.dumps(meta, indent=2, sort_keys=True) + "\n",
     }
 
 
@@ -169,7 +169,7 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     from .render import render_script
 
     cfg = load_job(job_file, overrides)
-    prepared = get_spec(str(cfg.task.name)).prepare(cfg)
+    prepared = get_task(str(cfg.task.name)).prepare(cfg)
     if prepared is not cfg:  # re-validated: what is written is what was checked
         cfg = load_job_from_dict(prepared, source=str(job_file))
     check_packages(cfg)

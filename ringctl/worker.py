@@ -185,7 +185,7 @@ def identify(job_dir: Path) -> Identity:
 
 def _result_path(job_dir: Path, ident: Identity | None) -> Path:
     index = ident.task_index if ident else _env_int("SLURM_PROCID", "RANK")
-    return job_dir / "logs" / f"rank-{index if index is not None else 'unknown'}.result.json"
+    return JobDir(job_dir).rank_result(index if index is not None else "unknown")
 
 
 def _write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
@@ -254,7 +254,7 @@ def _init_distributed(cfg, ident: Identity):
 def run(job_dir: Path) -> dict:
     from . import config, tasks
 
-    cfg = config.load_resolved(job_dir / "config.yaml")
+    cfg = config.load_resolved(JobDir(job_dir).config)
     ident = identify(job_dir)
     if ident.plan_entry:
         for key, value in (ident.plan_entry.get("env") or {}).items():
@@ -277,7 +277,7 @@ def run(job_dir: Path) -> dict:
     import torch.distributed as dist
 
     device, _store = _init_distributed(cfg, ident)
-    out_dir = job_dir / "out"
+    out_dir = JobDir(job_dir).out
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = TaskContext(
         rank=ident.rank,
@@ -293,7 +293,7 @@ def run(job_dir: Path) -> dict:
         _stop=stop,
     )
     started = time.time()
-    result = tasks.get_spec(cfg.task.name).run(cfg, ctx)
+    result = tasks.get_task(cfg.task.name).run(cfg, ctx)
     dist.barrier()  # nobody reports success while a peer may still fail
     dist.destroy_process_group()
     record = {

@@ -123,15 +123,20 @@ def test_a_task_brings_its_own_schema(monkeypatch):
         mode: str = "score"
         inputs: list[str] = field(default_factory=list)
 
-    def check(cfg, bad):
-        if cfg.task.mode not in ("score", "embed", "grad"):
-            raise bad("task.mode", "expected score, embed or grad")
+    class DemoTask(tasks.Task):
+        name, params, sections = "demo", Params, {"model": ModelConfig}
+
+        def check(self, cfg, bad):
+            if cfg.task.mode not in ("score", "embed", "grad"):
+                raise bad("task.mode", "expected score, embed or grad")
+
+        def run(self, cfg, ctx):
+            return None
 
     module = types.ModuleType("ringctl_test_demo_task")
-    module.Params, module.SECTIONS, module.check = Params, {"model": ModelConfig}, check
-    module.run = lambda cfg, ctx: None
+    module.DemoTask = DemoTask
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(tasks.TASKS, "demo", module.__name__)
+    monkeypatch.setitem(tasks.TASKS, "demo", f"{module.__name__}:DemoTask")
 
     # Switching the task drops the file's attention parameters; the new task's keys apply.
     cfg = load_job(SMOKE, ["task.name=demo", "model.path=/models/x", "task.mode=embed"])

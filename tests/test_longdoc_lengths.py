@@ -13,7 +13,7 @@ from ringctl.config import load_job
 from ringctl.longdoc.documents import list_documents
 from ringctl.longdoc.job_schedule import RingOptions, plan_schedule
 from ringctl.longdoc.lengths import estimated_tokens, sampled_bytes_per_token
-from ringctl.tasks import get_spec
+from ringctl.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "jobs" / "longdoc.yaml"
@@ -42,7 +42,7 @@ def test_submit_plan_and_job_size_documents_alike(tmp_path):
     assert estimated_tokens(docs) == nbytes  # bytes: the byte tokenizer's exact count
     # a tokenizer set: plan and submit still size by bytes (an upper bound), not bytes / 4
     cfg = load_job(JOB, [f"task.inputs=[{corpus}]", f"task.tokenizer_path={tmp_path}"])
-    listed = get_spec("longdoc").document_lengths(cfg)
+    listed = get_task("longdoc").document_lengths(cfg)
     assert listed == [(d.id, n) for d, n in zip(docs, nbytes, strict=True)]
     # the job: the same function, refined by the sampled bytes per token
     assert sampled_bytes_per_token(docs, _Halves()) == sum(nbytes) / sum(-(-n // 2) for n in nbytes)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import WORKER_ERROR_PREFIX
+from ..jobdir import LOGS, RESULT, rank_log_file, rank_log_name
 from .shell import Shell
 
 _RANK_LOG = re.compile(r"rank-(\d+)\.(out|err)")
@@ -34,7 +35,7 @@ class LogSource:
         """(path, line prefix) of the logs to show: the batch log first, then each rank's
         .out before its .err, ranks in order; without a prefix when one rank is asked for."""
         found = []
-        for name in self.shell.listdir(f"{self.job_dir}/logs"):
+        for name in self.shell.listdir(f"{self.job_dir}/{LOGS}"):
             m = _RANK_LOG.fullmatch(name)
             if m and (rank is None or int(m.group(1)) == rank):
                 found.append((int(m.group(1)), m.group(2) != "out", name))
@@ -43,7 +44,7 @@ class LogSource:
             files.append((f"{self.job_dir}/{self.batch_log}", "[batch] "))
         for r, _, name in sorted(found):
             prefix = "" if rank is not None else f"[rank {r}] "
-            files.append((f"{self.job_dir}/logs/{name}", prefix))
+            files.append((f"{self.job_dir}/{LOGS}/{name}", prefix))
         return files
 
 
@@ -120,7 +121,7 @@ def is_peer_loss(error: str) -> bool:
 def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
     """Why rank (launch index) `rank` failed, in one line: its result file's error, else the
     worker's `ringctl.worker: ` line, else the last error-looking line of its stderr."""
-    raw = shell.read_from(f"{job_dir}/logs/rank-{rank}.result.json", 0)
+    raw = shell.read_from(f"{job_dir}/{rank_log_name(rank, RESULT)}", 0)
     if raw:
         try:
             error = json.loads(raw.decode("utf-8", errors="replace")).get("error")
@@ -128,7 +129,7 @@ def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
             error = None
         if error:
             return " ".join(str(error).split())[:limit]
-    data = shell.read_from(f"{job_dir}/logs/rank-{rank}.err", 0) or b""
+    data = shell.read_from(f"{job_dir}/{rank_log_name(rank, 'err')}", 0) or b""
     stderr = data[-_TAIL_BYTES:].decode("utf-8", errors="replace")
     for line in reversed(stderr.splitlines()):
         if line.startswith(WORKER_ERROR_PREFIX):
@@ -143,8 +144,8 @@ def ranks_without_result(shell: Shell, job_dir: str, world_size: int) -> list[in
     rank that exits 0 without one never ran the job (`env.python=/bin/true`, a wrapper that
     swallowed it), so a job with such a rank cannot be called COMPLETED. One listing, not one
     read per rank: over SSH each read is a round trip."""
-    names = set(shell.listdir(f"{job_dir}/logs"))
-    return [r for r in range(world_size) if f"rank-{r}.result.json" not in names]
+    names = set(shell.listdir(f"{job_dir}/{LOGS}"))
+    return [r for r in range(world_size) if rank_log_file(r, RESULT) not in names]
 
 
 def no_result_reason(missing: list[int], world_size: int, shown: int = 8) -> str:

@@ -378,7 +378,7 @@ class Supervisor:
         failures = []
         for order, rank in enumerate(self.failed):
             try:
-                rec = json.loads(self.job.rank_log(rank, "result.json").read_text())
+                rec = json.loads(self.job.rank_result(rank).read_text())
                 rec = rec if isinstance(rec, dict) else {}
             except (OSError, ValueError):
                 rec = {}

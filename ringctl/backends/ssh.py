@@ -43,7 +43,15 @@ from paramiko.sftp_attr import SFTPAttributes
 
 from ..config import DEFAULT_KNOWN_HOSTS, SshConfig
 from ..errors import UserError
-from ..jobdir import PLACEMENT, JobDir
+from ..jobdir import (
+    ARCHIVED_ON_RESUME,
+    FETCHED_DIRS,
+    LOGS,
+    PLACEMENT,
+    RESENT_ON_RESUME,
+    JobDir,
+    attempt_name,
+)
 from .slurm import SlurmBackend, expected_ranks, one_line
 
 # One schema for SSH settings: the `ssh` section of a job config (ringctl.config.SshConfig).
@@ -473,16 +481,16 @@ class SSHBackend(SlurmBackend):
     def _prepare_resumed(self, job: JobDir) -> str:
         remote = self.cluster_dir(job.path)
         sftp = self.shell.sftp
-        archive = posixpath.join(remote, "attempts", self._resume_attempt)
+        archive = posixpath.join(remote, attempt_name(self._resume_attempt))
         try:
             self._mkdirs(archive)
-            for name in ("logs", PLACEMENT):
+            for name in ARCHIVED_ON_RESUME:
                 try:
                     sftp.rename(posixpath.join(remote, name), posixpath.join(archive, name))
                 except FileNotFoundError:
                     pass
-            sftp.mkdir(posixpath.join(remote, "logs"), mode=_mode(job.logs))
-            for name in ("config.yaml", "job.sh"):
+            sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(job.logs))
+            for name in RESENT_ON_RESUME:
                 sftp.put(str(job.path / name), posixpath.join(remote, name))
                 sftp.chmod(posixpath.join(remote, name), _mode(job.path / name))
         except OSError as err:
@@ -532,8 +540,8 @@ class SSHBackend(SlurmBackend):
                     dst = posixpath.join(rdir, f)
                     sftp.put(src, dst)
                     sftp.chmod(dst, _mode(src))
-            if not (local / "logs").is_dir():
-                sftp.mkdir(posixpath.join(remote, "logs"), mode=_mode(local))
+            if not JobDir(local).logs.is_dir():
+                sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(local))
         except OSError as err:
             raise UserError(
                 f"ssh {self.settings.target}: uploading the job directory to {remote} failed: "
@@ -559,7 +567,8 @@ class SSHBackend(SlurmBackend):
 
     def _fetchable(self, remote: str) -> Iterator[tuple[str, str]]:
         """(remote path, relative local path) of the regular files that may come back."""
-        sftp = self.shell.sftp
+        sftp = self.shell.sftp  # the outputs, logs, probes and earlier attempts' logs (those
+        # a Slurm requeue kept exist only on the login node), then placement.json
         for top in FETCHED_DIRS:
             rdir = posixpath.join(remote, top)
             if _top_entry_is(sftp, rdir, stat.S_ISDIR, f"{top}/", "a directory"):
@@ -576,9 +585,6 @@ def _mode(local: str | Path) -> int:
     return stat.S_IMODE(os.stat(local).st_mode)
 
 
-# What `fetch` brings back: the task's outputs, the logs and the probes (placement.json too),
-# and the logs of earlier attempts (those a Slurm requeue kept exist only on the login node).
-FETCHED_DIRS = ("out", "logs", "probes", "attempts")
 _MAX_NAME = 200  # bytes: room for a temporary suffix within the usual 255-byte limit
 _MAX_DEPTH = 8
 

@@ -1,9 +1,10 @@
 """`ringctl gather JOBDIR [-o OUT] [--force] [--partial] [--format F]`: verify, reassemble.
 
-The work is the task's (a task may provide a gather step: `TaskSpec.gatherer()`, e.g.
-`ringctl.longdoc.gather`); this verb finds the job, has its backend fetch the outputs (remote
-jobs: over SFTP; local files: nothing to do), finds the task's gather step and runs it. With
---force it holds the job directory's lock, since it may replace an earlier output.
+The work is the task's (a task may provide a gather step: `Task.gatherer()`, a
+`ringctl.tasks.base.Gatherer`; the long-document task's is `ringctl.longdoc.gather`); this
+verb finds the job, has its backend fetch the outputs (remote jobs: over SFTP; local files:
+nothing to do), finds the task's gather step and runs it. With --force it holds the job
+directory's lock, since it may replace an earlier output.
 
 JOBDIR may also be a job's out/ directory, or a bare directory of task output without a job
 around it (a copy): then the gather step that recognises it is used.
@@ -26,11 +27,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..tasks.base import Gatherer
 
 FORMATS = ("safetensors", "parquet", "csv")  # ringctl.longdoc.export.FORMATS (not imported here:
 # building the parser must not import the task's modules)
@@ -98,12 +102,12 @@ def _job_of(path: Path) -> Path | None:
     return None
 
 
-def _task_gatherer(cfg, job) -> object:
-    from ..tasks import get_spec
+def _task_gatherer(cfg, job) -> Gatherer:
+    from ..tasks import get_task
 
     name = str(cfg.task.name)
     try:
-        gatherer = get_spec(name).gatherer()
+        gatherer = get_task(name).gatherer()
     except KeyError as err:
         raise UserError(f"{job.config}: task.name: {err.args[0]}") from None
     if gatherer is None:
@@ -111,14 +115,14 @@ def _task_gatherer(cfg, job) -> object:
     return gatherer
 
 
-def _recognising_gatherer(path: Path) -> object:
+def _recognising_gatherer(path: Path) -> Gatherer:
     """For a directory that is not a job: the gather step whose output it holds."""
-    from ..tasks import TASK_GATHERERS
+    from ..tasks import TASKS, get_task
 
-    for module_name in TASK_GATHERERS.values():
-        module = importlib.import_module(module_name)
-        if getattr(module, "recognises", lambda p: False)(path):
-            return module
+    for name in TASKS:
+        gatherer = get_task(name).gatherer()
+        if gatherer is not None and gatherer.recognises(path):
+            return gatherer
     raise UserError(f"{path}: not a job directory (no config.yaml), and no task output here")
 
 
@@ -184,18 +188,14 @@ def run(args: argparse.Namespace) -> int:
 
         job, cfg, backend = open_job_dir(job_path)
         gatherer = _task_gatherer(cfg, job)
-        replaces = getattr(gatherer, "replaces_partial", lambda *a: False)(path, args.out)
+        replaces = gatherer.replaces_partial(path, args.out)
         # --force, or an earlier partial output, may be replaced: no other verb changes the
         # directory meanwhile
         with job.lock("gather") if args.force or replaces else contextlib.nullcontext():
             status = _fetch(job, backend, console, want_state=args.partial)
             state = status.state.value if status is not None else None
             result = gatherer.gather(path, args.out, job_state=state, **options)
-    show = getattr(gatherer, "show", None)
-    if show is not None:
-        show(result, console)
-    else:
-        console.print(Text(f"wrote {result.out}"))
+    gatherer.show(result, console)
     if args.partial:
         console.print(Text(visible(_state_line(status, job_path, result))))
     return 0

@@ -183,7 +183,7 @@ def read_rings(job_dir: Path, notes: list[str] | None = None) -> list[dict]:
     """Each ring's progress record (logs/rings/*.json, written by its lead), by label."""
     notes = [] if notes is None else notes
     rings = []
-    for path in sorted((JobDir(job_dir).logs / "rings").glob("*.json")):
+    for path in JobDir(job_dir).ring_progress_files():
         record = _read_record(path, notes)
         if record is not None:
             rings.append({**record, "ring": path.stem})

@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 
 from ..errors import UserError
+from ..jobdir import JobDir
 from ..planner.cost import (
     Link,
     ModelShape,
@@ -300,8 +301,8 @@ def run(args) -> int:
         if not args.seq:
             return 0
         args.device = device.name
-    if args.job and (Path(args.job) / "schedule.json").is_file():  # a job directory
-        args.schedule = Path(args.job) / "schedule.json"
+    if args.job and JobDir(args.job).schedule.is_file():  # a job directory
+        args.schedule = JobDir(args.job).schedule
     if args.schedule:
         return _print_makespan(args.schedule, args.json)
     job = _from_job(args) if args.job else None
@@ -421,12 +422,12 @@ def _print_budget(args, work: Workload, device: Device) -> int:
     the schedule the job will run (its ring.size and budget), beside one ring of the job."""
     from ..planner.pricing import max_tokens_per_rank
     from ..planner.report import print_schedule
-    from ..tasks import get_spec
+    from ..tasks import get_task
 
     cfg, ring = args.job_cfg, args.ranks
     per_host = max(1, min(ring, ring // max(1, args.nodes)))
     budget = max_tokens_per_rank(work, device, ring, per_host)
-    listed = get_spec(str(cfg.task.name)).document_lengths(cfg)
+    listed = get_task(str(cfg.task.name)).document_lengths(cfg)
     spans = _job_makespans(args, work, device, listed) if listed else {}
     if args.json:
         report = {

@@ -53,6 +53,7 @@ from typing import Any
 
 from ..atomic import current_umask
 from ..errors import UserError, with_filename
+from ..jobdir import JobDir
 from ..jsonsafe import finite_json
 from ..terminal import visible
 from . import export
@@ -116,7 +117,7 @@ def resolve_job_dir(spec: str | Path) -> Path:
 
 def find_longdoc_root(job_dir: Path) -> Path:
     """job_dir/longdoc or job_dir/out/longdoc (the one holding run.json), inside job_dir."""
-    for base in (job_dir, job_dir / "out"):
+    for base in (job_dir, JobDir(job_dir).out):
         root = base / "longdoc"
         if (root / "run.json").is_file():
             if not confined(root, job_dir):
@@ -131,7 +132,7 @@ def find_longdoc_root(job_dir: Path) -> Path:
 def recognises(path: str | Path) -> bool:
     """Whether path holds long-document output (for a directory that is not a job directory)."""
     path = Path(path)
-    return any((base / "longdoc" / "run.json").is_file() for base in (path, path / "out"))
+    return any((base / "longdoc" / "run.json").is_file() for base in (path, JobDir(path).out))
 
 
 # --- verify and reassemble ------------------------------------------------------------------------

@@ -10,6 +10,9 @@ and `load_results(out_dir)` reassembles the ranks' shards, so the two can be com
 Fault injection (for tests of failure handling): `fault_rank` set to a rank makes that rank, at
 step `fault_step` between forward and backward (mid-ring), `raise` an error, `hang` (sleep
 forever), or `exit` (die without a word).
+
+`AttentionTask` is the task (`ringctl.tasks.base.Task`): its methods are this module's
+functions.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import TaskParams, atomic_write_json, load_tensors, save_tensors
+from ..jobdir import JobDir
+from . import atomic_write_json, load_tensors, save_tensors
+from .base import Task, TaskParams
 
 if TYPE_CHECKING:
     import torch
@@ -197,7 +202,7 @@ def _inject_fault(cfg, ctx, step: int) -> None:
     t = cfg.task
     if t.fault_rank is None or t.fault_rank != ctx.rank or t.fault_step != step:
         return
-    if t.fault == "raise-once" and (ctx.job_dir / "attempts").is_dir():
+    if t.fault == "raise-once" and JobDir(ctx.job_dir).attempts.is_dir():
         return  # an earlier attempt failed here: this one (a resume) goes through
     ctx.log(f"injecting fault {t.fault!r} at step {step}")
     if t.fault in ("raise", "raise-once"):
@@ -286,3 +291,19 @@ def run(cfg, ctx) -> dict:
         save_tensors(ctx.out_dir / f"rank-{ctx.rank}.safetensors", tensors, meta)
     atomic_write_json(ctx.out_dir / f"rank-{ctx.rank}.json", result)
     return result
+
+
+class AttentionTask(Task):
+    """Ring attention on random inputs, checked against `reference` (no gather step)."""
+
+    name = "attention"
+    params = Params
+
+    def check(self, cfg, bad) -> None:
+        check(cfg, bad)
+
+    def workload(self, cfg):
+        return workload(cfg)
+
+    def run(self, cfg, ctx) -> dict:
+        return run(cfg, ctx)

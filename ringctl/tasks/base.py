@@ -1,21 +1,118 @@
-"""What every task shares with the job schema: the base of its parameters, and the job's size.
+"""What every task shares: the base of its parameters, the `Task` class, and the job's size.
 
-A leaf module: `ringctl.config` composes each task's parameters into the job schema, so the
-tasks must not import `config` back (that was an import circle); both import from here.
+A leaf module (standard library only): `ringctl.config` composes each task's parameters into
+the job schema and the long-document wing (`ringctl.longdoc.params`) derives its parameters
+from `TaskParams`, so neither may import `ringctl.tasks` back (that was an import circle); all
+of them import from here.
+
+A task is a `Task` subclass, as a backend is a `Backend` subclass: what it is (its parameter
+class, extra config sections, optional packages, gather step) are class attributes, and what it
+does (check, prepare, size, list documents, run, gather) are methods with a default that says
+"nothing of the kind". Callers ask the task; no verb tests a task's name.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+# Forcing RINGATTN_KERNEL=flash (env.vars or the submitting shell) needs flash-attn on the ranks.
+KERNEL_PACKAGES = {"flash": ("flash_attn", "pip install 'ringctl[flash]' (CUDA only)")}
+
+
+DEFAULT_TASK = "attention"  # the task of a job file that names none
 
 
 @dataclass
 class TaskParams:
     """Base of every task's parameters: `task.name` selects the task."""
 
-    name: str = "attention"
+    name: str = DEFAULT_TASK
 
 
 def world_size(cfg) -> int:
     """Ranks in the job: nodes x tasks_per_node."""
     return int(cfg.nodes) * int(cfg.tasks_per_node)
+
+
+def importable(module: str) -> bool:
+    """Whether `import module` would find it, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+        return False
+
+
+class Gatherer:
+    """A task's gather step (`ringctl gather`): verify a job's outputs and reassemble them."""
+
+    def gather(self, job_dir: Path, out, **options) -> Any:
+        raise NotImplementedError
+
+    def recognises(self, path: Path) -> bool:
+        """Whether a bare directory (no job around it) holds this task's output."""
+        return False
+
+    def replaces_partial(self, job_dir: Path, out) -> bool:
+        """Whether gathering into `out` replaces an earlier partial output (then under lock)."""
+        return False
+
+    def show(self, result, console) -> None:
+        """What the verb prints once the output is written."""
+        from rich.text import Text
+
+        console.print(Text(f"wrote {result.out}"))
+
+
+class Task(ABC):
+    """One kind of work a job runs (`task.name` in its config selects the subclass).
+
+    The task's module is imported whenever a config is loaded (for its schema), so a task
+    imports torch, transformers and the like inside `run`, not at the top of its module.
+    """
+
+    name: ClassVar[str]
+    params: ClassVar[type]  # a TaskParams dataclass: the `task:` section of a job file
+    sections: ClassVar[dict[str, type]] = {}  # extra top-level sections of its jobs
+    # Optional packages the ranks need: (module, how to install it). Checked at submit, so a
+    # missing one is a one-line refusal instead of a traceback from every started rank.
+    packages: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def check(self, cfg, bad: Callable[[str, str], Exception]) -> None:
+        """Raise bad("task.x", "why") for an impossible value (at load, before submission)."""
+        return None
+
+    def prepare(self, cfg):
+        """The config as submitted (e.g. absolute paths); by default as given."""
+        return cfg
+
+    def workload(self, cfg):
+        """What the planner sizes for this job (ringctl.sizing), or None: not known up front."""
+        return None
+
+    def document_lengths(self, cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
+        """(id, tokens) of each document of a job whose sequences vary ([]: none). `bundled`:
+        include inputs that ship with ringctl (False: those are known to fit)."""
+        return []
+
+    @abstractmethod
+    def run(self, cfg, ctx) -> Any:
+        """What every rank does (ctx: `TaskContext` in ringctl.worker)."""
+
+    def gatherer(self) -> Gatherer | None:
+        """This task's gather step, or None when it has none."""
+        return None
+
+    def missing_packages(self, cfg) -> list[tuple[str, str]]:
+        """(module, install line) of each optional package the job needs and cannot import:
+        the task's own, and flash-attn when the job forces RINGATTN_KERNEL=flash."""
+        needs = list(self.packages)
+        kernel = cfg.env.vars.get("RINGATTN_KERNEL") or os.environ.get("RINGATTN_KERNEL")
+        if kernel in KERNEL_PACKAGES:
+            needs.append(KERNEL_PACKAGES[kernel])
+        return [(module, install) for module, install in needs if not importable(module)]

@@ -15,6 +15,10 @@ a model that ring attention cannot run exactly (refused by name, from its config
 tokenizer with a model of another vocabulary, and inputs that cannot be read. Relative input and
 model paths are made absolute when the job is submitted (`prepare`), so ranks that run inside
 the job directory (or on another node with the same filesystem) find them.
+
+`LongDocTask` is the task (`ringctl.tasks.base.Task`): its methods are this module's functions,
+it needs transformers and tokenizers on the ranks, and its gather step is
+`ringctl.longdoc.gather` (through `LongDocGatherer`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..longdoc.params import MODES, LongDocParams
+from .base import Gatherer, Task
 
 Params = LongDocParams
 
@@ -37,9 +42,11 @@ class ModelSection:
     shard: str = "none"  # none | ring (FSDP2 over each ring's ranks) | job (over all ranks)
 
 
-SECTIONS = {"model": ModelSection}
+HF_INSTALL = "pip install 'ringctl[hf]'"
 __all__ = [
     "MODES",
+    "LongDocGatherer",
+    "LongDocTask",
     "Params",
     "check",
     "document_lengths",
@@ -240,7 +247,7 @@ def run(cfg, ctx) -> dict:
     job = JobDir(ctx.job_dir)
 
     def ring_progress(label: str, record: dict) -> None:
-        atomic_write_json(job.logs / "rings" / f"{label.replace(' ', '-')}.json", record)
+        atomic_write_json(job.ring_progress(label), record)
 
     summary = run_longdoc(
         params_of(cfg),
@@ -253,7 +260,7 @@ def run(cfg, ctx) -> dict:
         should_stop=ctx.stop_requested,
         device=ctx.device,
         rings=RingOptions.of(cfg),
-        schedule_path=job.path / "schedule.json",
+        schedule_path=job.schedule,
         ring_progress=ring_progress,
         shard=str(cfg.model.shard),
     )
@@ -269,3 +276,52 @@ def run(cfg, ctx) -> dict:
         f"{summary.tokens} tokens in {summary.seconds:.1f}s{missing}"
     )
     return {"documents": summary.done, "tokens": summary.tokens}
+
+
+class LongDocGatherer(Gatherer):
+    """`ringctl gather` of a long-document job: ringctl.longdoc.gather, imported when used."""
+
+    @staticmethod
+    def _module():
+        from ..longdoc import gather
+
+        return gather
+
+    def gather(self, job_dir, out, **options):
+        return self._module().gather(job_dir, out, **options)
+
+    def recognises(self, path) -> bool:
+        return self._module().recognises(path)
+
+    def replaces_partial(self, job_dir, out) -> bool:
+        return self._module().replaces_partial(job_dir, out)
+
+    def show(self, result, console) -> None:
+        self._module().show(result, console)
+
+
+class LongDocTask(Task):
+    """Score, embed or take gradients of long documents with a causal LM."""
+
+    name = "longdoc"
+    params = LongDocParams
+    sections = {"model": ModelSection}
+    packages = (("transformers", HF_INSTALL), ("tokenizers", HF_INSTALL))
+
+    def check(self, cfg, bad) -> None:
+        check(cfg, bad)
+
+    def prepare(self, cfg):
+        return prepare(cfg)
+
+    def workload(self, cfg):
+        return workload(cfg)
+
+    def document_lengths(self, cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
+        return document_lengths(cfg, bundled=bundled)
+
+    def run(self, cfg, ctx) -> dict:
+        return run(cfg, ctx)
+
+    def gatherer(self) -> Gatherer:
+        return LongDocGatherer()

@@ -1,0 +1,112 @@
+"""Every name in a job directory comes from ringctl.jobdir, and a file's writer and reader ask
+for it by the same method.
+
+Before, `schedule.json`, `logs/rings/<label>.json`, `logs/rank-<R>.result.json`, `config.yaml`,
+`out/` and the remote copy's `logs`/`attempts`/`config.yaml`/`job.sh` were joined by hand in
+the worker, the tasks, the status verb, the log reader and the SSH backend (one writer and its
+reader in different modules, each with its own literal). The scan below reads the source with
+`ast`, so a docstring or an error message naming a file is not a join; a bare name as a string
+or a folder name joined with `/` or `*.path.join` is.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from ringctl import jobdir
+from ringctl.backends import joblogs
+from ringctl.jobdir import JobDir
+
+ROOT = Path(__file__).resolve().parents[1]
+FILES = {
+    "config.yaml",
+    "job.sh",
+    "job.json",
+    "state.json",
+    "supervisor.pid",
+    "placement.json",
+    "schedule.json",
+    "progress.json",
+    "result.json",
+}
+FOLDERS = {"logs", "out", "probes", "attempts", "rings"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def _joined(node: ast.AST) -> list[ast.AST]:
+    """The operands a path is built from: `a / b`, os.path.join(...), posixpath.join(...)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return [node.left, node.right]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr == "join" and getattr(node.func.value, "id", "") != "str":
+            return list(node.args)
+    return []
+
+
+def _hand_joined(path: Path) -> list[tuple[str, str, int]]:
+    """(file, name, line) of each job-directory name built by hand in one module."""
+    tree = ast.parse(path.read_text())
+    docs, found = _docstrings(tree), []
+    for node in ast.walk(tree):
+        for part in _joined(node):
+            if isinstance(part, ast.Constant) and part.value in FOLDERS | FILES:
+                found.append((str(path.relative_to(ROOT)), part.value, node.lineno))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            text = node.value
+            if (
+                text in FILES
+                or text.startswith(("logs/", "out/", "attempts/"))
+                or (text.endswith("result.json") and text != "result.json")
+            ):
+                found.append((str(path.relative_to(ROOT)), text, node.lineno))
+    return found
+
+
+def test_no_job_directory_name_is_joined_outside_jobdir():
+    paths = sorted((ROOT / "ringctl").rglob("*.py"))
+    found = [hit for p in paths if p.name != "jobdir.py" for hit in _hand_joined(p)]
+    allowed = {
+        ("ringctl/commands/plan.py", "schedule.json"),  # the --schedule metavar, for --help
+        ("ringctl/longdoc/saved.py", "state.json"),  # a saved HF dataset's file, not the job's
+    }
+    assert [hit for hit in found if hit[:2] not in allowed] == []
+
+
+def test_the_reader_and_the_writer_of_a_file_name_it_alike(tmp_path):
+    """The relative names the remote side joins are the local paths, name for name."""
+    job = JobDir(tmp_path)
+    assert job.rank_result(3) == tmp_path / jobdir.rank_log_name(3, jobdir.RESULT)
+    assert job.rank_result(3).name == jobdir.rank_log_file(3, jobdir.RESULT)
+    assert job.ring_progress("ring 2") == tmp_path / "logs" / "rings" / "ring-2.json"
+    assert job.progress == tmp_path / "logs" / "progress.json"
+    assert job.schedule == tmp_path / "schedule.json"
+    for name in (*jobdir.FETCHED_DIRS, *jobdir.ARCHIVED_ON_RESUME, *jobdir.RESENT_ON_RESUME):
+        assert (tmp_path / name).parent == tmp_path  # one component, joined on either side
+    job.ring_progress("a").parent.mkdir(parents=True)
+    job.ring_progress("b").write_text("{}")
+    job.ring_progress("a").write_text("{}")
+    assert [p.name for p in job.ring_progress_files()] == ["a.json", "b.json"]
+
+
+def test_a_rank_without_result_is_found_by_the_worker_s_name(tmp_path, monkeypatch):
+    """joblogs lists logs/ for the file the worker writes (worker._result_path), and reads
+    the error the worker recorded there."""
+    from ringctl.backends.shell import LocalShell
+    from ringctl.worker import _result_path
+
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.setenv("RANK", "1")  # no identity: the worker takes its index from RANK
+    JobDir(tmp_path).logs.mkdir()
+    _result_path(tmp_path, None).write_text('{"error": "ValueError: bad"}')
+    assert joblogs.ranks_without_result(LocalShell(), str(tmp_path), 3) == [0, 2]
+    assert joblogs.rank_error(LocalShell(), str(tmp_path), 1) == "ValueError: bad"
