@@ -200,8 +200,17 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
 
 
 # What a resume may change: how the job runs, never what it computes or where it lives.
-RESUME_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "device", "timeout",
-               "rendezvous_timeout", "ring.", "slurm.", "env.")  # fmt: skip
+RESUME_KEYS = (
+    "nodes",
+    "tasks_per_node",
+    "gpus_per_node",
+    "device",
+    "timeout",
+    "rendezvous_timeout",
+    "ring.",
+    "slurm.",
+    "env.",
+)
 
 
 def _resumed_config(job: JobDir, overrides: list[str]):

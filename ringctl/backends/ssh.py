@@ -317,10 +317,9 @@ class SSHShell:
         self.client.close()
 
 
-def connect(settings: SSHSettings) -> paramiko.SSHClient:
-    """An SSH connection with checked host key and key/agent authentication, or a UserError."""
-    s = settings
-    client = paramiko.SSHClient()
+def _install_host_keys(client: paramiko.SSHClient, s: SSHSettings) -> None:
+    """The known hosts (the job's file; revocations from every file OpenSSH reads) and the
+    policy for a host not listed: refused, or trusted and recorded with trust_unknown_host."""
     known = s.known_hosts_path
     hosts = KnownHosts()
     if os.path.exists(known):
@@ -331,6 +330,52 @@ def connect(settings: SSHSettings) -> paramiko.SSHClient:
     hosts.install(client.get_host_keys())
     policy = _TrustAndRecord(s) if s.trust_unknown_host else _RefuseUnknown(s)
     client.set_missing_host_key_policy(_RefuseRevoked(hosts.revoked, policy))
+
+
+def _connect_failure(err: BaseException, s: SSHSettings, waited: float) -> UserError | None:
+    """The one-line reason a connection failed (None: not a connection failure, re-raised)."""
+    t = s.connect_timeout
+    if isinstance(err, _UnknownHost):
+        return UserError(str(err))
+    if isinstance(err, paramiko.BadHostKeyException):
+        known = s.known_hosts_path
+        return UserError(
+            f"ssh {s.target}: the host key ({_fingerprint(err.key)}) does not match the one in "
+            f"{known}: the host was reinstalled, or someone is in between; once sure, remove the "
+            f"old entry with: ssh-keygen -R {shlex.quote(_known_hosts_name(s))} -f {known}"
+        )
+    if isinstance(err, paramiko.AuthenticationException):
+        how = f"key {s.key}" if s.key else "the ssh-agent and ~/.ssh keys"
+        return UserError(
+            f"ssh {s.target}: authentication failed with {how} ({one_line(str(err))}); "
+            "passwords are not used: set ssh.key or load the key into ssh-agent"
+        )
+    if isinstance(err, TimeoutError):
+        return UserError(f"ssh {s.target}: timed out after {t:g}s connecting")
+    if isinstance(err, socket.gaierror):
+        return UserError(f"ssh {s.target}: unknown host name ({err.strerror})")
+    if isinstance(err, paramiko.ssh_exception.NoValidConnectionsError):
+        reasons = {e.strerror or str(e) for e in err.errors.values()}
+        return UserError(f"ssh {s.target}: cannot connect: {'; '.join(sorted(reasons))}")
+    if isinstance(err, paramiko.SSHException):
+        text = one_line(str(err))
+        if waited >= 0.9 * t or "banner" in text or "No existing session" in text:
+            # paramiko ends a timed-out handshake quietly, then fails on the missing session
+            return UserError(
+                f"ssh {s.target}: timed out after {t:g}s waiting for the SSH handshake "
+                f"(is port {s.port} an SSH server?)"
+            )
+        return UserError(f"ssh {s.target}: {text}")
+    if isinstance(err, OSError):
+        return UserError(f"ssh {s.target}: cannot connect: {err.strerror or err}")
+    return None
+
+
+def connect(settings: SSHSettings) -> paramiko.SSHClient:
+    """An SSH connection with checked host key and key/agent authentication, or a UserError."""
+    s = settings
+    client = paramiko.SSHClient()
+    _install_host_keys(client, s)
     key = os.path.expanduser(s.key) if s.key else None
     if key:
         check_private_key(key, s.key)
@@ -350,46 +395,12 @@ def connect(settings: SSHSettings) -> paramiko.SSHClient:
             auth_timeout=t,
             channel_timeout=t,
         )
-    except _UnknownHost as err:
+    except Exception as err:
         client.close()
-        raise UserError(str(err)) from None
-    except paramiko.BadHostKeyException as err:
-        client.close()
-        raise UserError(
-            f"ssh {s.target}: the host key ({_fingerprint(err.key)}) does not match the one in "
-            f"{known}: the host was reinstalled, or someone is in between; once sure, remove the "
-            f"old entry with: ssh-keygen -R {shlex.quote(_known_hosts_name(s))} -f {known}"
-        ) from None
-    except paramiko.AuthenticationException as err:
-        client.close()
-        how = f"key {s.key}" if s.key else "the ssh-agent and ~/.ssh keys"
-        raise UserError(
-            f"ssh {s.target}: authentication failed with {how} ({one_line(str(err))}); "
-            "passwords are not used: set ssh.key or load the key into ssh-agent"
-        ) from None
-    except TimeoutError:
-        client.close()
-        raise UserError(f"ssh {s.target}: timed out after {t:g}s connecting") from None
-    except socket.gaierror as err:
-        client.close()
-        raise UserError(f"ssh {s.target}: unknown host name ({err.strerror})") from None
-    except paramiko.ssh_exception.NoValidConnectionsError as err:
-        client.close()
-        reasons = {e.strerror or str(e) for e in err.errors.values()}
-        raise UserError(f"ssh {s.target}: cannot connect: {'; '.join(sorted(reasons))}") from None
-    except paramiko.SSHException as err:
-        client.close()
-        text = one_line(str(err))
-        if time.monotonic() - t0 >= 0.9 * t or "banner" in text or "No existing session" in text:
-            # paramiko ends a timed-out handshake quietly, then fails on the missing session
-            raise UserError(
-                f"ssh {s.target}: timed out after {t:g}s waiting for the SSH handshake "
-                f"(is port {s.port} an SSH server?)"
-            ) from None
-        raise UserError(f"ssh {s.target}: {text}") from None
-    except OSError as err:
-        client.close()
-        raise UserError(f"ssh {s.target}: cannot connect: {err.strerror or err}") from None
+        failure = _connect_failure(err, s, time.monotonic() - t0)
+        if failure is None:
+            raise
+        raise failure from None
     return client
 
 

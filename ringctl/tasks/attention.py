@@ -65,10 +65,16 @@ def workload(cfg):
 
     t = cfg.task
     return Workload(
-        seq_len=int(t.seq_len), heads=int(t.heads), kv_heads=int(t.kv_heads or t.heads),
-        head_dim=int(t.head_dim), batch=int(t.batch), dtype=str(t.dtype), causal=bool(t.causal),
-        layout=layout_of(cfg), backward=True,
-    )  # fmt: skip
+        seq_len=int(t.seq_len),
+        heads=int(t.heads),
+        kv_heads=int(t.kv_heads or t.heads),
+        head_dim=int(t.head_dim),
+        batch=int(t.batch),
+        dtype=str(t.dtype),
+        causal=bool(t.causal),
+        layout=layout_of(cfg),
+        backward=True,
+    )
 
 
 def check(cfg, bad) -> None:
@@ -184,16 +190,25 @@ def _attention_for(cfg, ctx, layout: str, kv_heads: int):
 
     t = cfg.task
     degree = ulysses_degree(
-        cfg.ring.ulysses, placement=ctx.placement, ranks_per_node=int(cfg.tasks_per_node),
-        world=ctx.world_size, heads=int(t.heads), kv_heads=kv_heads,
-    )  # fmt: skip
+        cfg.ring.ulysses,
+        placement=ctx.placement,
+        ranks_per_node=int(cfg.tasks_per_node),
+        world=ctx.world_size,
+        heads=int(t.heads),
+        kv_heads=kv_heads,
+    )
     common = {"causal": t.causal, "softmax_scale": t.softmax_scale}
     if degree <= 1:
         return partial(ring_attention, group=ctx.group, layout=layout, **common), layout, 1
     groups = hybrid_groups(degree)
     hybrid = f"hybrid-{layout}"
-    attend = partial(hybrid_attention, layout=hybrid, ulysses_group=groups.ulysses,
-                     ring_group=groups.ring, **common)  # fmt: skip
+    attend = partial(
+        hybrid_attention,
+        layout=hybrid,
+        ulysses_group=groups.ulysses,
+        ring_group=groups.ring,
+        **common,
+    )
     ctx.log(f"attention: Ulysses degree {degree} x ring of {ctx.world_size // degree}")
     return attend, hybrid, degree
 
@@ -213,38 +228,19 @@ def _inject_fault(cfg, ctx, step: int) -> None:
     os._exit(17)  # "exit": die mid-ring without cleaning up
 
 
-def run(cfg, ctx) -> dict:
+def _timed_steps(cfg, ctx, attend, q, k, v, dout) -> tuple[list[dict], tuple]:
+    """Forward and backward ``task.steps`` times, each timed (a CUDA device is synchronised
+    around each phase); (timings, the last step's out, dq, dk, dv)."""
     import torch
 
-    from ringattn import sequence_positions, shard_sequence
-
     t = cfg.task
-    layout = layout_of(cfg)
-    dtype = _dtype(t.dtype)
-    inputs = make_inputs(cfg)
-    attend, layout, degree = _attention_for(cfg, ctx, layout, int(inputs["k"].shape[2]))
-    where = {"world_size": ctx.world_size, "rank": ctx.rank, "layout": layout}
-    if degree > 1:
-        where["ulysses_degree"] = degree
-
-    def shard(x: torch.Tensor) -> torch.Tensor:
-        return shard_sequence(x, **where).to(dtype).to(ctx.device)
-
-    q, k, v, dout = (shard(inputs[n]) for n in ("q", "k", "v", "dout"))
-    del inputs
-    positions = sequence_positions(t.seq_len, **where)
-    ctx.log(
-        f"attention: seq_len={t.seq_len} (local {q.shape[1]}) batch={t.batch} heads={t.heads} "
-        f"kv_heads={k.shape[2]} head_dim={t.head_dim} dtype={t.dtype} causal={t.causal} "
-        f"layout={layout} steps={t.steps} device={ctx.device}"
-    )
 
     def sync() -> None:
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
 
     timings = []
-    out = dq = dk = dv = None
+    last = (None, None, None, None)
     for step in range(t.steps):
         if ctx.stop_requested():
             ctx.log(f"stop requested: ending after {step} of {t.steps} steps")
@@ -259,16 +255,20 @@ def run(cfg, ctx) -> dict:
         out.backward(dout)
         sync()
         t2 = time.perf_counter()
-        dq, dk, dv = qs.grad, ks.grad, vs.grad
+        last = (out, qs.grad, ks.grad, vs.grad)
         timings.append({"step": step, "forward_s": t1 - t0, "backward_s": t2 - t1})
         ctx.progress(step + 1, t.steps, unit="steps")
+    return timings, last
 
+
+def _result(ctx, layout: str, seq_local: int, timings: list[dict]) -> dict:
+    """This rank's result record: its steps and their median forward/backward times."""
     result = {
         "rank": ctx.rank,
         "world_size": ctx.world_size,
         "node": ctx.node,
         "layout": layout,
-        "seq_local": int(q.shape[1]),
+        "seq_local": seq_local,
         "steps_done": len(timings),
         "steps": timings,
     }
@@ -277,18 +277,53 @@ def run(cfg, ctx) -> dict:
         bwd = sorted(s["backward_s"] for s in timings)
         result["forward_median_s"] = fwd[len(fwd) // 2]
         result["backward_median_s"] = bwd[len(bwd) // 2]
+    return result
+
+
+def _save_outputs(cfg, ctx, layout: str, degree: int, steps_done: int, tensors: dict) -> None:
+    """The last step's output and gradients with this rank's positions (``save_outputs``)."""
+    t = cfg.task
+    meta = {
+        "rank": str(ctx.rank),
+        "world_size": str(ctx.world_size),
+        "layout": layout,
+        "ulysses_degree": str(degree),
+        "seq_len": str(t.seq_len),
+        "dtype": t.dtype,
+        "steps_done": str(steps_done),
+    }
+    save_tensors(ctx.out_dir / f"rank-{ctx.rank}.safetensors", tensors, meta)
+
+
+def run(cfg, ctx) -> dict:
+    """Shard the job's random inputs, time ``task.steps`` forward+backward steps of the ring
+    (or hybrid) attention, and write this rank's result (and outputs when asked)."""
+    from ringattn import sequence_positions, shard_sequence
+
+    t = cfg.task
+    dtype = _dtype(t.dtype)
+    inputs = make_inputs(cfg)
+    attend, layout, degree = _attention_for(cfg, ctx, layout_of(cfg), int(inputs["k"].shape[2]))
+    where = {"world_size": ctx.world_size, "rank": ctx.rank, "layout": layout}
+    if degree > 1:
+        where["ulysses_degree"] = degree
+
+    def shard(x):
+        return shard_sequence(x, **where).to(dtype).to(ctx.device)
+
+    q, k, v, dout = (shard(inputs[n]) for n in ("q", "k", "v", "dout"))
+    del inputs
+    positions = sequence_positions(t.seq_len, **where)
+    ctx.log(
+        f"attention: seq_len={t.seq_len} (local {q.shape[1]}) batch={t.batch} heads={t.heads} "
+        f"kv_heads={k.shape[2]} head_dim={t.head_dim} dtype={t.dtype} causal={t.causal} "
+        f"layout={layout} steps={t.steps} device={ctx.device}"
+    )
+    timings, (out, dq, dk, dv) = _timed_steps(cfg, ctx, attend, q, k, v, dout)
+    result = _result(ctx, layout, int(q.shape[1]), timings)
     if t.save_outputs and out is not None:
-        meta = {
-            "rank": str(ctx.rank),
-            "world_size": str(ctx.world_size),
-            "layout": layout,
-            "ulysses_degree": str(degree),
-            "seq_len": str(t.seq_len),
-            "dtype": t.dtype,
-            "steps_done": str(len(timings)),
-        }
         tensors = {"out": out, "dq": dq, "dk": dk, "dv": dv, "positions": positions}
-        save_tensors(ctx.out_dir / f"rank-{ctx.rank}.safetensors", tensors, meta)
+        _save_outputs(cfg, ctx, layout, degree, len(timings), tensors)
     atomic_write_json(ctx.out_dir / f"rank-{ctx.rank}.json", result)
     return result
 
