@@ -57,6 +57,7 @@ class Config:
     layout: str
     repeats: int
     impl: str = "ringattn"  # or "ring-attention-pytorch", the peer package (timing only)
+    lean: bool = False  # forward+backward steps only (``--pairings``): no extra measurements
 
 
 @dataclass
@@ -144,8 +145,17 @@ def _peak_above_now(device=None):
 
 # ----------------------------------------------------------------------------- workers
 def _ring_worker(
-    rank: int, world: int, threads: int, init: str, device_kind: str, tasks, results
+    rank: int,
+    world: int,
+    threads: int,
+    init: str,
+    device_kind: str,
+    tasks,
+    results,
+    engine: str | None = None,
 ) -> None:
+    if engine:  # another checkout's ringattn (``--engine``), imported before anything else
+        sys.path.insert(0, engine)
     import torch
     import torch.distributed as dist
 
@@ -241,9 +251,8 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
         _sync(torch, device)
         clock.start()
         if cfg.impl == "ringattn":
-            out = ringattn.ring_attention(
-                qq, kk, vv, causal=cfg.causal, layout=cfg.layout, comm=comm
-            )
+            given = {} if comm is None else {"comm": comm}  # engines before comm= take none
+            out = ringattn.ring_attention(qq, kk, vv, causal=cfg.causal, layout=cfg.layout, **given)
         else:  # the peer package, in its own contiguous layout; timed, not trusted
             from ring_attention_pytorch import ring_flash_attn
 
@@ -275,6 +284,8 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
             "peak_mib": peak.mib,
         }
     step(True)  # warm-up: allocator, thread pools, gloo pairs
+    if cfg.lean:
+        return _lean_result([step(True) for _ in range(cfg.repeats)])
     fwd = [step(False) for _ in range(cfg.repeats)]
     fwd_bwd, waits = [], []
     for _ in range(cfg.repeats):
@@ -290,7 +301,8 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
     with _peak_above_now(device) as peak:
         step(True)
 
-    # The same transfers alone: P-1 K/V hops forward and backward, P dK/dV hops backward.
+    # The same transfers alone: P-1 K/V hops forward and backward, P dK/dV hops backward (one
+    # at P = 2, where the owner keeps its own gradients: ringattn.ring._backward_leg).
     comm = ring_comm_cls(None)
     comm_alone = 0.0
     if world > 1:
@@ -305,7 +317,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
             clock.start()
             for _ in range(2 * (world - 1)):
                 comm.exchange(kv, kv_in).wait()
-            for _ in range(world):
+            for _ in range(1 if world == 2 else world):
                 comm.exchange(dkv, dkv_in, tag=1).wait()
             samples.append(clock.stop())
         comm_alone = statistics.median(samples)
@@ -316,6 +328,19 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
         "no_transfer_s": statistics.median(no_transfer) if no_transfer else None,
         "comm_alone_s": comm_alone,
         "peak_mib": peak.mib,
+    }
+
+
+def _lean_result(fwd_bwd: list[float]) -> dict:
+    """A lean measurement's result: the median forward+backward step, nothing else."""
+    nan = float("nan")
+    return {
+        "fwd_s": nan,
+        "fwd_bwd_s": statistics.median(fwd_bwd),
+        "wait_s": 0.0,
+        "no_transfer_s": None,
+        "comm_alone_s": 0.0,
+        "peak_mib": nan,
     }
 
 
@@ -358,6 +383,9 @@ def _sdpa_worker(threads: int, device_kind: str, tasks, results) -> None:
                 )
                 continue
             step(True)
+            if cfg.lean:
+                results.put(("ok", _lean_result([step(True) for _ in range(cfg.repeats)])))
+                continue
             fwd = [step(False) for _ in range(cfg.repeats)]
             fwd_bwd = [step(True) for _ in range(cfg.repeats)]
             with _peak_above_now(device) as peak:
@@ -379,15 +407,23 @@ def _sdpa_worker(threads: int, device_kind: str, tasks, results) -> None:
 class RingPool:
     """P ring ranks kept alive across configurations (spawning torch costs seconds)."""
 
-    def __init__(self, ctx, world: int, threads: int, tmpdir: str, device_kind: str) -> None:
+    def __init__(
+        self,
+        ctx,
+        world: int,
+        threads: int,
+        tmpdir: str,
+        device_kind: str,
+        engine: str | None = None,
+    ) -> None:
         self.world = world
-        init = f"file://{tmpdir}/ring-store-{world}-{os.getpid()}"
+        init = f"file://{tmpdir}/ring-store-{world}-{os.getpid()}-{id(self)}"
         self.tasks = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()
         self.procs = [
             ctx.Process(
                 target=_ring_worker,
-                args=(r, world, threads, init, device_kind, self.tasks[r], self.results),
+                args=(r, world, threads, init, device_kind, self.tasks[r], self.results, engine),
             )
             for r in range(world)
         ]
@@ -756,6 +792,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-baseline", action="store_true", help="skip the SDPA comparison")
     p.add_argument(
+        "--pairings",
+        type=int,
+        default=0,
+        metavar="K",
+        help="time SDPA and each engine's ring back to back K times, order rotating, and "
+        "report the median of the K ring/SDPA ratios (benchmarks/pairing.py); forward+backward "
+        "only",
+    )
+    p.add_argument(
+        "--engine",
+        nargs="+",
+        default=None,
+        metavar="CHECKOUT",
+        help="with --pairings: checkouts whose ringattn to run, interleaved (default: this one)",
+    )
+    p.add_argument(
         "--load-threshold", type=float, default=LOAD_THRESHOLD_CORES, metavar="CORES",
         help="a measurement during which other processes used more CPU than this (cores) is "
         f"rerun, and flagged if it stays above (default {LOAD_THRESHOLD_CORES})",
@@ -803,6 +855,8 @@ def load_results(path: Path, predict_device: str | None) -> tuple[list[Result], 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads_per_rank))
+    if args.pairings:
+        return _main_pairings(args, sys.argv[1:] if argv is None else argv)
     _print_header()
     if args.rerender:
         results, run_argv = load_results(args.rerender, args.predict)
@@ -816,6 +870,18 @@ def main(argv: list[str] | None = None) -> int:
     write_markdown(results, markdown, run_argv)
     plots = write_plots(results, args.json.with_suffix(""))
     print(f"wrote {args.json}, {markdown}" + "".join(f", {p}" for p in plots))
+    return 0
+
+
+def _main_pairings(args, run_argv: list[str]) -> int:
+    from benchmarks import pairing
+
+    if args.json == DEFAULT_OUT:
+        args.json = DEFAULT_OUT.with_name("attention-pairings.json")
+    rows = pairing.run_pairings(args)
+    write_results(args.json, "attention-pairings", run_argv, rows)
+    pairing.write_markdown(rows, args.json.with_suffix(".md"), run_argv)
+    print(f"wrote {args.json}, {args.json.with_suffix('.md')}")
     return 0
 
 

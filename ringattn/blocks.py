@@ -66,6 +66,7 @@ def shard_runs(rank: int, world_size: int, seq_local: int, layout: str) -> list[
     return [Run(0, rank * half, half), Run(half, late * half, half)]
 
 
+@functools.lru_cache(maxsize=4096)
 def block_plan(
     *,
     step: int,
@@ -75,32 +76,32 @@ def block_plan(
     causal: bool,
     layout: str,
     window: int | None = None,
-) -> list[Block]:
-    """The pieces of the block held at ``step`` to compute (see the module docstring)."""
+) -> tuple[Block, ...]:
+    """The pieces of the block held at ``step`` to compute (see the module docstring).
+    Cached: every call of the ring asks it for each step, every layer for the same shape."""
     src = (rank - step) % world_size
     if not causal:
-        return [Block(ALL, ALL, False)]
+        return (Block(ALL, ALL, False),)
     if window is not None and window < world_size * seq_local:
         return _window_plan(rank, src, world_size, seq_local, layout, window)
     if src == rank:
-        return [Block(ALL, ALL, True)]
+        return (Block(ALL, ALL, True),)
     if layout == "contiguous":
-        return [Block(ALL, ALL, False)] if src < rank else []
+        return (Block(ALL, ALL, False),) if src < rank else ()
     # zigzag: this rank holds chunks (rank, 2P-1-rank); the block holds (src, 2P-1-src).
     half = seq_local // 2
     if src < rank:  # both query chunks see the block's early chunk, neither its late one
-        return [Block(ALL, slice(0, half), False)]
-    return [Block(slice(half, None), ALL, False)]  # only the late query chunk sees it, whole
+        return (Block(ALL, slice(0, half), False),)
+    return (Block(slice(half, None), ALL, False),)  # only the late query chunk sees it, whole
 
 
-def _window_plan(rank, src, world_size, seq_local, layout, window) -> list[Block]:
-    blocks = []
-    for q in shard_runs(rank, world_size, seq_local, layout):
-        for k in shard_runs(src, world_size, seq_local, layout):
-            blk = _window_piece(q, k, window)
-            if blk is not None:
-                blocks.append(blk)
-    return blocks
+def _window_plan(rank, src, world_size, seq_local, layout, window) -> tuple[Block, ...]:
+    pieces = (
+        _window_piece(q, k, window)
+        for q in shard_runs(rank, world_size, seq_local, layout)
+        for k in shard_runs(src, world_size, seq_local, layout)
+    )
+    return tuple(blk for blk in pieces if blk is not None)
 
 
 def _window_piece(q: Run, k: Run, window: int) -> Block | None:

@@ -12,7 +12,10 @@ Backward recomputes each block from the saved q, k, v, out and lse (FlashAttenti
 at home and sends each block's dK/dV accumulator along the ring together with its K/V block;
 after P steps every accumulator has visited every rank and arrives back at its owner. (A
 windowed ring runs legs of ``hops`` steps instead, ``ring_reach``; each leg's accumulators then
-go home in one exchange.)
+go home in one exchange. A leg of one hop, P = 2 among them, keeps the owner's gradients at
+home and sends only the visitor's: one dK/dV transfer instead of two.) The first gradient of
+dQ, of a rank's own dK/dV and of an accumulator is the kernel's own output, not an add into
+zeros.
 
 Under a causal mask, ``block_plan`` (blocks.py) says which part of a block is needed: blocks
 entirely in the future are skipped, so their FLOPs are never spent; in the zigzag layout every
@@ -94,7 +97,7 @@ class _Rotation:
 
 
 def _plan(step: int, comm: Endpoint, seq_local: int, causal: bool, layout: str,
-          window: int | None) -> list[Block]:  # fmt: skip
+          window: int | None) -> tuple[Block, ...]:  # fmt: skip
     return block_plan(
         step=step, rank=comm.rank, world_size=comm.world_size, seq_local=seq_local,
         causal=causal, layout=layout, window=window,
@@ -169,8 +172,7 @@ def ring_forward(
                     kernel, q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], blk, scale
                 )
                 if out is None:  # without a window, step 0 always covers every query row
-                    out = block_out.to(_accum_dtype(q.dtype))
-                    lse = block_lse.clone()
+                    out, lse = block_out.to(_accum_dtype(q.dtype)), block_lse  # ours: fresh
                 else:
                     merge(out[:, blk.q], lse[:, :, blk.q], block_out, block_lse)
                 del block_out, block_lse
@@ -198,58 +200,59 @@ def ring_backward(
 ) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One rank's backward loop given the global out and lse; returns (dq, dk, dv).
 
-    Each leg sends K/V ``hops`` ranks along, each block's dK/dV accumulator travelling with it,
-    then sends every accumulator home in one exchange (``shift = -shift * hops``; for the plain
-    ring that is one more step round). The legs' accumulators of this rank's block are summed.
+    Each leg sends K/V ``hops`` ranks along with each block's dK/dV accumulator, which finally
+    goes home in one exchange (``shift = -shift * hops``; for the plain ring that is one more
+    step round). The legs' accumulators of this rank's block are summed. See ``_backward_leg``
+    for where an accumulator starts.
     """
     acc = _accum_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk_own = dv_own = None
+    dq = dk_own = dv_own = None
     for leg, (shift, hops) in enumerate(_legs(comm, q.shape[1], causal, layout, window)):
-        dk_leg, dv_leg = yield from _backward_leg(
+        dq, (dk_leg, dv_leg) = yield from _backward_leg(
             dout, q, k, v, out, lse, dq, scale=scale, causal=causal, layout=layout, comm=comm,
             kernel=kernel, window=window, shift=shift, hops=hops, own_block=leg == 0,
         )  # fmt: skip
         dk_own = dk_leg if dk_own is None else dk_own.add_(dk_leg)
         dv_own = dv_leg if dv_own is None else dv_own.add_(dv_leg)
+    if dq is None:  # no block at all (never in a ring: every row sees itself)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
 
 
 def _backward_leg(dout, q, k, v, out, lse, dq, *, scale, causal, layout, comm, kernel, window,
                   shift: int, hops: int, own_block: bool):  # fmt: skip
-    """One leg of the backward loop (see ring_backward); dq accumulates in place; returns
-    this rank's block's dK/dV accumulator of the leg."""
-    acc = dq.dtype
+    """One leg of the backward loop (see ring_backward); returns (dq, this rank's block's dK/dV
+    accumulator of the leg).
+
+    Where a block's accumulator starts: with ``hops`` > 1 at its owner, holding the owner's
+    gradients, then ``hops`` transfers along and one home (the owner keeps nothing meanwhile).
+    With one hop, the owner keeps its own gradients and the accumulator starts at the one
+    visitor, which sends it straight home: one transfer instead of two, at the same peak
+    memory (the visitor's gradients are the accumulator).
+    """
+    acc = _accum_dtype(q.dtype)
     kv = _Rotation((k.contiguous(), v.contiguous()), transfers=hops, owned=False)
-    zeros = (torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros_like(k, dtype=acc))
-    # hops + 1 transfers of each accumulator: the last one delivers it to the block's owner.
-    dkv = _Rotation(zeros, transfers=hops + 1 if hops else 0, owned=True)
-    dkv_pending = None
+    keep_own = hops == 1
+    own = dkv = dkv_pending = None
     for hop, step in enumerate(_leg_steps(shift, hops, comm.world_size)):
-        k_blk, v_blk = kv.held
         kv_pending = None
         if hop < hops:
             kv_pending = comm.exchange(kv.held, kv.landing(), tag=0, shift=shift)
-        grads = []
         blocks = _plan(step, comm, q.shape[1], causal, layout, window)
-        for blk in blocks if own_block or hop else ():
-            dq_b, dk_b, dv_b = _block_backward(
-                kernel, dout[:, blk.q], q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv],
-                out[:, blk.q], lse[:, :, blk.q], blk, scale,
-            )  # fmt: skip
-            dq[:, blk.q] += dq_b
-            grads.append((blk.kv, dk_b, dv_b))
-            del dq_b
-        # The accumulator of the block held now arrived during this hop's compute.
-        if dkv_pending is not None:
+        dq, grads = _block_grads(kernel, dout, q, kv.held, out, lse, dq, acc, scale,
+                                 blocks if own_block or hop else ())  # fmt: skip
+        if hop == 0 and keep_own:
+            own = _fold(None, grads, k, acc) if grads else None
+        elif dkv is None:  # this hop's block's accumulator starts here
+            # hops + 1 transfers from the owner (the last one home), one from the one visitor
+            transfers = 1 if keep_own else (hops + 1 if hops else 0)
+            dkv = _Rotation(_fold(None, grads, k, acc), transfers=transfers, owned=True)
+        else:  # the accumulator of the block held now arrived during this hop's compute
             yield dkv_pending
             dkv.advance()
-        dk_acc, dv_acc = dkv.held
-        for kv_rows, dk_b, dv_b in grads:
-            dk_acc[:, kv_rows] += dk_b
-            dv_acc[:, kv_rows] += dv_b
+            _fold(dkv.held, grads, k, acc)
         del grads
-        if hops:  # pass it on; after the last hop, home to the block's owner
+        if dkv is not None and hops:  # pass it on; after the last hop, home to its owner
             home = hop == hops
             dkv_pending = comm.exchange(dkv.held, dkv.landing(), tag=1,
                                         shift=-shift * hops if home else shift)  # fmt: skip
@@ -259,7 +262,52 @@ def _backward_leg(dout, q, k, v, out, lse, dq, *, scale, causal, layout, comm, k
     if dkv_pending is not None:
         yield dkv_pending
         dkv.advance()
-    return dkv.held
+    if own is None:
+        return dq, dkv.held
+    return dq, (own[0].add_(dkv.held[0]), own[1].add_(dkv.held[1]))
+
+
+def _block_grads(kernel, dout, q, held, out, lse, dq, acc, scale, blocks):
+    """The gradients of this hop's blocks against the K/V block ``held``: dq accumulated (a
+    new accumulator when None), and [(kv rows, dK, dV)] of each block."""
+    k_blk, v_blk = held
+    grads = []
+    for blk in blocks:
+        dq_b, dk_b, dv_b = _block_backward(
+            kernel, dout[:, blk.q], q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv],
+            out[:, blk.q], lse[:, :, blk.q], blk, scale,
+        )  # fmt: skip
+        dq = _add_rows(dq, blk.q, dq_b, q.shape, acc)
+        grads.append((blk.kv, dk_b, dv_b))
+    return dq, grads
+
+
+def _fold(pair, grads, like: torch.Tensor, dtype: torch.dtype):
+    """Add each (kv rows, dK, dV) of ``grads`` into the accumulator pair (None: a new one shaped
+    like ``like``, zeros where no gradient lands); returns the pair."""
+    dk, dv = pair if pair is not None else (None, None)
+    for rows, dk_b, dv_b in grads:
+        dk = _add_rows(dk, rows, dk_b, like.shape, dtype)
+        dv = _add_rows(dv, rows, dv_b, like.shape, dtype)
+    if dk is None:
+        dk = torch.zeros(like.shape, dtype=dtype, device=like.device)
+        dv = torch.zeros_like(dk)
+    return dk, dv
+
+
+def _add_rows(acc, rows: slice, grad: torch.Tensor, shape, dtype: torch.dtype) -> torch.Tensor:
+    """``acc[:, rows] += grad``. A missing ``acc`` starts as the gradient itself when it covers
+    every row (a kernel's fresh output: no zero fill, no add), else as zeros holding it."""
+    if acc is not None:
+        acc[:, rows].add_(grad)
+        return acc
+    start, stop, step = rows.indices(shape[1])
+    if (start, stop, step) == (0, shape[1], 1):
+        grad = grad.to(dtype)
+        return grad if grad.is_contiguous() else grad.contiguous()
+    acc = torch.zeros(shape, dtype=dtype, device=grad.device)
+    acc[:, rows] = grad
+    return acc
 
 
 def _shards(t: torch.Tensor, parts: int) -> list[torch.Tensor]:

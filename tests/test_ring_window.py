@@ -257,11 +257,21 @@ def _bytes_sent(rank: int, world: int, window) -> tuple[int, int]:
 
 def test_a_short_window_sends_only_the_blocks_it_needs():
     """P = 8 zigzag, 32 tokens per rank, window 8: one hop each way instead of 7 round the ring.
-    Forward: 2 K/V blocks instead of 7. Backward: 2 K/V blocks, and each leg's accumulators
-    one hop out and one home (4 dK/dV blocks), instead of 7 K/V and 8 dK/dV."""
+    Forward: 2 K/V blocks instead of 7. Backward: 2 K/V blocks, and each one-hop leg's
+    accumulator straight home from its one visitor (2 dK/dV blocks), instead of 7 K/V and 8
+    dK/dV."""
     world = 8
     block = 1 * 32 * 2 * 16 * 4 * 2  # B x S_local x kv_heads x D x float32 bytes, K and V
     windowed, plain = run_distributed(_bytes_sent, world, 8)[0], run_distributed(
         _bytes_sent, world, None)[0]  # fmt: skip
     assert plain == (7 * block, 7 * block + 7 * block + 8 * block)
-    assert windowed == (2 * block, 2 * block + 2 * block + 4 * block)
+    assert windowed == (2 * block, 2 * block + 2 * block + 2 * block)
+
+
+def test_a_ring_of_two_sends_one_accumulator():
+    """P = 2, 32 tokens per rank: the forward sends K/V once; the backward K/V once and one
+    dK/dV accumulator, the visitor's gradients straight home (the owner keeps its own): three
+    blocks a step, not four (a quarter of the bytes gloo copies with the computing cores)."""
+    block = 1 * 32 * 2 * 16 * 4 * 2  # B x S_local x kv_heads x D x float32 bytes, K and V
+    for rank, sent in enumerate(run_distributed(_bytes_sent, 2, None)):
+        assert sent == (block, block + block + block), rank

@@ -1,0 +1,465 @@
+"""What a ring call costs beyond its block kernels: the per-call overhead, counted and timed.
+
+    python -m benchmarks.overhead                          # P=2, N=1024 4096 8192, both masks
+    python -m benchmarks.overhead --seq 256 8192 16384 --engine /path/to/other/checkout
+
+P gloo ranks with one thread each run ``ring_attention`` forward+backward (zigzag) as the
+attention benchmark does. Every repetition times the step, then replays the step's own block
+kernel calls alone, back to back, in the same ranks at the same time: the *kernel floor*, what
+the step would cost if the ring did nothing but its kernels. Reported per call (the slowest
+rank for times, the largest for counts):
+
+* step / floor, by the wall clock (``wall x``) and by CPU time (``cpu x``: the whole
+  process's CPU time over the replay's, which other jobs on the machine disturb far less);
+* host ms: CPU time of the calling thread outside kernel calls (checks, plans, merges,
+  gradient accumulation, allocation, posting transfers); check ms: the shape agreement's
+  collective (wall clock, on the rank that reached it last: without waiting for the others);
+* comm ms: CPU time of the process's other threads (gloo's transfers: on CPU ranks they use
+  the cores the kernels compute on);
+* collectives and point-to-point messages, MiB sent, MiB of fresh tensors, page faults, and
+  aten ops (counted, not timed: the same on any machine).
+
+``--engine`` runs another checkout's ``ringattn`` (e.g. a worktree of an older commit) under
+the same harness; the instrumentation wraps only names both keep (``ring.select_kernel``,
+``ring.check_ranks_agree``, ``comm.STATS``). Times assume one thread per rank (the kernel runs
+on the calling thread). Prints a table; writes JSON and markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.results_file import write_results
+
+DEFAULT_OUT = Path("benchmarks/results/overhead.json")
+COLLECTIVES = ("all_gather", "all_reduce", "broadcast", "barrier", "all_to_all_single")
+POINT_TO_POINT = ("isend", "irecv")
+
+
+@dataclass
+class Row:
+    engine: str
+    ranks: int
+    seq: int
+    causal: bool
+    layout: str
+    step_ms: float
+    floor_ms: float
+    wall_x: float  # step / floor, wall clock
+    cpu_x: float  # step / floor, CPU time
+    host_ms: float
+    comm_ms: float
+    check_ms: float
+    collectives: int
+    p2p: int
+    mib_sent: float
+    mib_fresh: float
+    page_faults: int
+    aten_ops: int
+    plan_misses: int | None  # block_plan cache misses in the measured calls (None: no cache)
+
+
+class Probe:
+    """Counters the wrapped functions feed while ``active``; kernel calls kept for the replay."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.calls: list[tuple] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.kernel_wall = self.kernel_cpu = self.check_s = 0.0
+        self.collectives = self.p2p = 0
+        self.calls = []
+
+    def install(self, dist) -> None:
+        """Wrap the kernel choice, the shape check and torch.distributed's calls."""
+        import ringattn.ring as ring
+
+        choose, check = ring.select_kernel, ring.check_ranks_agree
+        ring.select_kernel = lambda q: TimedKernel(choose(q), self)
+
+        def timed_check(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return check(*args, **kwargs)
+            finally:
+                self.check_s += time.perf_counter() - start
+
+        ring.check_ranks_agree = timed_check
+        for name in COLLECTIVES + POINT_TO_POINT:
+            if hasattr(dist, name):
+                setattr(dist, name, self._counted(getattr(dist, name), name in COLLECTIVES))
+
+    def _counted(self, fn, collective: bool):
+        def wrapper(*args, **kwargs):
+            if self.active:
+                if collective:
+                    self.collectives += 1
+                else:
+                    self.p2p += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+
+class TimedKernel:
+    """A block kernel whose calls are timed (wall and this thread's CPU) and kept."""
+
+    def __init__(self, kernel, probe: Probe) -> None:
+        self.kernel, self.probe, self.name = kernel, probe, kernel.name
+
+    def _call(self, method: str, args, kwargs):
+        fn = getattr(self.kernel, method)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        result = fn(*args, **kwargs)
+        if self.probe.active:
+            self.probe.kernel_wall += time.perf_counter() - wall
+            self.probe.kernel_cpu += time.thread_time() - cpu
+            self.probe.calls.append((fn, args, kwargs))
+        return result
+
+    def forward(self, *args, **kwargs):
+        return self._call("forward", args, kwargs)
+
+    def backward(self, *args, **kwargs):
+        return self._call("backward", args, kwargs)
+
+
+def fresh_tensors_mode():
+    """A dispatch mode counting aten ops and the bytes of outputs that are new storage."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class FreshTensors(TorchDispatchMode):
+        ops = 0
+        fresh_bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            held = {
+                t.untyped_storage().data_ptr()
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)
+            }
+            self.ops += 1
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in held:
+                    self.fresh_bytes += t.untyped_storage().nbytes()
+            return out
+
+    return FreshTensors()
+
+
+# ----------------------------------------------------------------------------- one rank
+def _inputs(torch, cfg: dict, rank: int, world: int):
+    g = torch.Generator().manual_seed(rank)
+    shape = (1, cfg["seq"] // world, cfg["heads"], cfg["head_dim"])
+    return [torch.randn(shape, generator=g) for _ in range(4)]  # q, k, v, dout
+
+
+def _step(ringattn, tensors, cfg: dict) -> None:
+    q, k, v, dout = tensors
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    out = ringattn.ring_attention(qq, kk, vv, causal=cfg["causal"], layout=cfg["layout"])
+    out.backward(dout)
+
+
+def _plan_misses(ringattn) -> int | None:
+    plan = getattr(getattr(ringattn, "blocks", None), "block_plan", None)
+    return plan.cache_info().misses if hasattr(plan, "cache_info") else None
+
+
+def _timed_step(ringattn, tensors, cfg, probe: Probe, stats) -> dict:
+    """One measured call: its times and counts, the probe keeping its kernel calls."""
+    probe.reset()
+    stats.reset(enabled=True)
+    faults, misses = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, _plan_misses(ringattn)
+    probe.active = True
+    wall, main, proc = time.perf_counter(), time.thread_time(), time.process_time()
+    _step(ringattn, tensors, cfg)
+    wall, main = time.perf_counter() - wall, time.thread_time() - main
+    proc = time.process_time() - proc
+    probe.active = False
+    return {
+        "step_s": wall,
+        "main_cpu_s": main,
+        "proc_cpu_s": proc,
+        "kernel_cpu_s": probe.kernel_cpu,
+        "kernel_wall_s": probe.kernel_wall,
+        "check_s": probe.check_s,
+        "collectives": probe.collectives,
+        "p2p": probe.p2p,
+        "bytes_sent": stats.bytes_sent,
+        "page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+        "plan_misses": None if misses is None else _plan_misses(ringattn) - misses,
+    }
+
+
+def _replay(calls) -> tuple[float, float]:
+    """(wall, CPU) seconds of the kernel calls alone, back to back."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for fn, args, kwargs in calls:
+        fn(*args, **kwargs)
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def measure(torch, dist, ringattn, probe: Probe, cfg: dict, rank: int, world: int) -> dict:
+    """Every repetition: a measured call, then its kernel floor; last, one counted call."""
+    from ringattn.comm import STATS
+
+    tensors = _inputs(torch, cfg, rank, world)
+    for _ in range(2):  # warm-up: allocator, gloo pairs, caches
+        _step(ringattn, tensors, cfg)
+    samples = []
+    for _ in range(cfg["repeats"]):
+        dist.barrier()
+        sample = _timed_step(ringattn, tensors, cfg, probe, STATS)
+        calls, probe.calls = probe.calls, []
+        dist.barrier()
+        sample["floor_s"], sample["floor_cpu_s"] = _replay(calls)
+        samples.append(sample)
+        del calls
+    STATS.reset(enabled=False)
+    mode = fresh_tensors_mode()
+    with mode:
+        _step(ringattn, tensors, cfg)
+    return {"samples": samples, "aten_ops": mode.ops, "fresh_bytes": mode.fresh_bytes}
+
+
+def _worker(rank: int, world: int, init: str, engine: str | None, configs, results) -> None:
+    if engine:
+        sys.path.insert(0, engine)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    import ringattn
+
+    probe = Probe()
+    probe.install(dist)
+    for index, cfg in enumerate(configs):
+        try:
+            results.put((rank, index, measure(torch, dist, ringattn, probe, cfg, rank, world)))
+        except Exception:
+            results.put((rank, index, traceback.format_exc()))
+            break
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- driver
+def _run_ranks(world: int, engine: str | None, configs: list[dict]) -> list[dict]:
+    """Spawn the ranks once for every configuration; per configuration, each rank's result."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{tmp}/store"
+        procs = [
+            ctx.Process(target=_worker, args=(r, world, init, engine, configs, results))
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        got: list[dict] = [{} for _ in configs]
+        for _ in range(world * len(configs)):
+            rank, index, value = results.get()
+            if isinstance(value, str):
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"rank {rank} failed on {configs[index]}:\n{value}")
+            got[index][rank] = value
+        for p in procs:
+            p.join(timeout=60)
+    return got
+
+
+def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
+    """Per repetition the slowest rank's times, then the median over repetitions."""
+    ranks = [per_rank[r] for r in sorted(per_rank)]
+    reps = range(len(ranks[0]["samples"]))
+
+    def worst(key, i):
+        return max(r["samples"][i][key] for r in ranks)
+
+    def med(fn):
+        return statistics.median(fn(i) for i in reps)
+
+    first = [r["samples"][0] for r in ranks]
+    misses = [s["plan_misses"] for s in first]
+    return Row(
+        label,
+        world,
+        cfg["seq"],
+        cfg["causal"],
+        cfg["layout"],
+        step_ms=1e3 * med(lambda i: worst("step_s", i)),
+        floor_ms=1e3 * med(lambda i: worst("floor_s", i)),
+        wall_x=med(lambda i: worst("step_s", i) / worst("floor_s", i)),
+        cpu_x=med(
+            lambda i: max(
+                r["samples"][i]["proc_cpu_s"] / r["samples"][i]["floor_cpu_s"] for r in ranks
+            )
+        ),
+        host_ms=1e3
+        * med(
+            lambda i: max(
+                r["samples"][i]["main_cpu_s"] - r["samples"][i]["kernel_cpu_s"] for r in ranks
+            )
+        ),
+        comm_ms=1e3
+        * med(
+            lambda i: max(
+                r["samples"][i]["proc_cpu_s"] - r["samples"][i]["main_cpu_s"] for r in ranks
+            )
+        ),
+        # the rank that reached the check last waited least: the check's own latency
+        check_ms=1e3 * med(lambda i: min(r["samples"][i]["check_s"] for r in ranks)),
+        collectives=max(s["collectives"] for s in first),
+        p2p=max(s["p2p"] for s in first),
+        mib_sent=max(s["bytes_sent"] for s in first) / 2**20,
+        mib_fresh=max(r["fresh_bytes"] for r in ranks) / 2**20,
+        page_faults=int(med(lambda i: worst("page_faults", i))),
+        aten_ops=max(r["aten_ops"] for r in ranks),
+        plan_misses=None if None in misses else max(misses),
+    )
+
+
+COLUMNS = [
+    ("engine", "<14", "engine"),
+    ("N", ">6", "seq"),
+    ("mask", "<6", "causal"),
+    ("step ms", ">9", "step_ms"),
+    ("floor ms", ">9", "floor_ms"),
+    ("wall x", ">7", "wall_x"),
+    ("cpu x", ">6", "cpu_x"),
+    ("host ms", ">8", "host_ms"),
+    ("comm ms", ">8", "comm_ms"),
+    ("check ms", ">8", "check_ms"),
+    ("coll", ">4", "collectives"),
+    ("p2p", ">4", "p2p"),
+    ("MiB sent", ">8", "mib_sent"),
+    ("MiB new", ">8", "mib_fresh"),
+    ("faults", ">7", "page_faults"),
+    ("ops", ">5", "aten_ops"),
+    ("plan miss", ">9", "plan_misses"),
+]
+
+
+def _cell(row: Row, attr: str) -> str:
+    value = getattr(row, attr)
+    if attr == "causal":
+        return "causal" if value else "full"
+    if attr in ("wall_x", "cpu_x"):
+        return f"{value:.3f}"
+    if isinstance(value, float):
+        return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+    return "-" if value is None else str(value)
+
+
+def engine_label(engine: str | None) -> str:
+    """The engine checkout's short commit, '+' when its ringattn/ has uncommitted changes."""
+    import subprocess
+
+    where = engine or str(Path(__file__).resolve().parents[1])
+    try:
+        head = subprocess.run(
+            ["git", "-C", where, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", where, "status", "--porcelain", "--", "ringattn"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return Path(where).name
+    return head + ("+" if dirty else "")
+
+
+def write_markdown(rows: list[Row], path: Path, argv: list[str]) -> None:
+    lines = [
+        "# Ring attention: per-call overhead beyond the block kernels",
+        "",
+        f"`python -m benchmarks.overhead {' '.join(argv)}`",
+        "",
+        "| " + " | ".join(name for name, _, _ in COLUMNS) + " |",
+        "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt, _ in COLUMNS) + "|",
+    ]
+    lines += ["| " + " | ".join(_cell(r, attr) for _, _, attr in COLUMNS) + " |" for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.overhead",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument("--seq", type=int, nargs="+", default=[1024, 4096, 8192])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--causal", default="both", choices=["true", "false", "both"])
+    p.add_argument("--layout", default="zigzag", choices=["contiguous", "zigzag"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--engine",
+        nargs="+",
+        default=[None],
+        metavar="CHECKOUT",
+        help="checkouts whose ringattn to measure, in turn (default: this one)",
+    )
+    p.add_argument("--json", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    masks = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
+    configs = [
+        dict(
+            seq=n,
+            causal=c,
+            layout=args.layout,
+            heads=args.heads,
+            head_dim=args.head_dim,
+            repeats=args.repeats,
+        )
+        for n, c in itertools.product(args.seq, masks)
+    ]
+    print(" ".join(f"{name:{fmt}}" for name, fmt, _ in COLUMNS), flush=True)
+    rows = []
+    for engine in (e and str(Path(e).resolve()) for e in args.engine):
+        label = engine_label(engine)
+        for cfg, per_rank in zip(configs, _run_ranks(args.ranks, engine, configs), strict=True):
+            rows.append(_row(label, args.ranks, cfg, per_rank))
+            print(" ".join(f"{_cell(rows[-1], a):{fmt}}" for _, fmt, a in COLUMNS), flush=True)
+    run_argv = sys.argv[1:] if argv is None else argv
+    write_results(args.json, "overhead", run_argv, rows)
+    write_markdown(rows, args.json.with_suffix(".md"), run_argv)
+    print(f"wrote {args.json}, {args.json.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""The ring's measuring tools count what the engine does: benchmarks.overhead's per-call counts
+against the numbers the loop must produce, and the attention benchmark's interleaved pairings
+(the side-by-side command) run end to end on a tiny case."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import attention, overhead
+
+
+def test_overhead_counts_a_ring_call_exactly(tmp_path):
+    """P = 2, N = 64 (32 tokens, 8 heads x 64 per rank, float32): one collective (the shape
+    check); forward K/V one hop, backward K/V one hop and one dK/dV accumulator: 3 blocks of
+    2 x 32 x 8 x 64 x 4 bytes in 12 messages; plans from the cache; a floor of the same kernels."""
+    out = tmp_path / "overhead.json"
+    assert overhead.main(["--seq", "64", "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["seq"], r["causal"]) for r in rows] == [(64, False), (64, True)]
+    for r in rows:
+        assert (r["collectives"], r["p2p"]) == (1, 12), r
+        assert r["mib_sent"] * 2**20 == 3 * 2 * 32 * 8 * 64 * 4, r
+        assert r["plan_misses"] == 0, r
+        assert r["floor_ms"] > 0 and r["wall_x"] > 0 and r["cpu_x"] > 0, r
+        assert r["host_ms"] >= 0 and r["aten_ops"] > 0, r
+    assert (tmp_path / "overhead.md").read_text().count("| 64 |") == 2
+
+
+def test_pairings_time_ring_and_sdpa_side_by_side(tmp_path):
+    """`--pairings` with this checkout named as the engine: one row per configuration, each
+    with one ring/SDPA ratio per pairing, their median reported."""
+    out = tmp_path / "pairs.json"
+    argv = "--seq 64 --causal true --pairings 2 --repeats 1 --engine .".split()
+    argv += ["--json", str(out)]
+    assert attention.main(argv) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert (row["ranks"], row["threads"], row["seq"], row["causal"]) == (2, 1, 64, True)
+    assert len(row["ratios"]) == 2 and min(row["ratios"]) <= row["ratio"] <= max(row["ratios"])
+    assert row["ring_ms"] > 0 and row["sdpa_ms"] > 0
+    assert "ring/SDPA" in (tmp_path / "pairs.md").read_text()
