@@ -4,12 +4,14 @@ Builds the wheel from this checkout and installs it, with the local CPU torch, i
 environments without the system's site-packages: once with the `hf` extra, once plain (no
 extras: what `pip install ringctl-*.whl` gives). From an empty temporary directory it runs the
 bundled jobs by name: `ringctl run smoke` (4 local ranks) in both, `ringctl run longdoc` (the
-bundled tiny Llama) and `ringctl render smoke backend=slurm`; also `ringctl example` writes a config that then runs. Nothing here may come
+bundled trained byte-level Llama, read from the installed package) and `ringctl render smoke
+backend=slurm`; also `ringctl example` writes a config that then runs. Nothing here may come
 from the checkout.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -108,7 +110,12 @@ def test_bundled_jobs_run_by_name_outside_a_checkout(wheel_venv, tmp_path):
     longdoc = _run(["ringctl", "run", "longdoc", "job_dir=ld"], cwd=tmp_path, env=env)
     assert "COMPLETED" in longdoc.stdout
     gathered = _run(["ringctl", "gather", "ld"], cwd=tmp_path, env=env)
-    assert "perplexity" in gathered.stdout.lower()
+    assert "perplexity" in gathered.stdout.lower() and "bits/byte" in gathered.stdout
+    # The bundled job's default is the trained model, read from the installed package: a
+    # story it never saw costs less than a byte bigram's ~3.5 bits per byte (random: 8).
+    rows = json.loads((tmp_path / "ld" / "gathered" / "summary.json").read_text())["documents"]
+    story = next(r for r in rows if r["document"] == "lighthouse-keeper.txt")
+    assert story["bits_per_byte"] < 3.0, story
 
 
 def test_plain_install_runs_a_job_and_names_what_longdoc_needs(plain_venv, tmp_path):

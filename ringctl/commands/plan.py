@@ -401,7 +401,9 @@ def _longdoc_model(task) -> ModelShape:
     from ..planner.model import read_hf_config
 
     if task.get("model_path"):
-        return read_hf_config(str(task.model_path))
+        from ..longdoc.model import resolve_model_path
+
+        return read_hf_config(resolve_model_path(str(task.model_path)))
     return read_hf_config(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
 
 

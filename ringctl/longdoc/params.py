@@ -10,7 +10,8 @@ Importing it imports neither torch nor transformers: ``ringctl submit`` validate
       inputs: [docs/]        # a path or a list of paths; null = the bundled samples
       text_field: text       # the field holding the text in JSON records
       id_field: null         # a field holding each record's id (default: file#line)
-      model_path: null       # a local HF model directory or a .json config; null = tiny Llama
+      model_path: null       # a local HF model directory or a .json config; null = tiny Llama;
+                             # bundled:demo-byte-llama = the bundled trained byte-level Llama
       tokenizer_path: null   # null: the model directory's tokenizer, else UTF-8 bytes
       model_overrides: {}    # config fields set before the model is built
       dtype: float32         # float32 | bfloat16 | float16 | float64
@@ -91,6 +92,9 @@ class LongDocParams(TaskParams):
         for name in ("model_path", "tokenizer_path", "id_field"):
             value = getattr(self, name)
             setattr(self, name, None if value in (None, "") else str(value))
+        from .model import resolve_model_path  # imports torch: only when params are made
+
+        self.model_path = resolve_model_path(self.model_path)
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
             try:
                 self.model_overrides = dict(self.model_overrides.items())

@@ -112,6 +112,8 @@ def _check_shard(cfg, p: LongDocParams, bad) -> None:
 
 def prepare(cfg):
     """Absolute paths, so ranks started in the job directory find the inputs and model."""
+    from ..longdoc.model import BUNDLED_TRAINED
+
     cfg = OmegaConf.to_container(cfg, resolve=True)
     t = cfg["task"]
     if isinstance(t["inputs"], str):
@@ -119,7 +121,7 @@ def prepare(cfg):
     if t["inputs"]:
         t["inputs"] = [str(Path(p).expanduser().absolute()) for p in t["inputs"]]
     for key in ("model_path", "tokenizer_path"):
-        if t[key] and t[key] != "bytes":
+        if t[key] and t[key] not in ("bytes", BUNDLED_TRAINED):  # names, resolved where run
             t[key] = str(Path(t[key]).expanduser().absolute())
     return cfg
 
