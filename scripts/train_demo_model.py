@@ -3,11 +3,13 @@
     python3 scripts/train_demo_model.py OUT            # what scripts/train-demo-model runs
     python3 scripts/train_demo_model.py OUT --quick    # a few steps: proves the script runs
 
-Data: the English HTML of the Debian package ``debian-handbook`` (The Debian Administrator's
-Handbook, GPL-2+ or CC-BY-SA-3.0; ``apt-get install debian-handbook``), paragraphs and titles
-only (``<pre>`` blocks of commands and output are dropped), whitespace collapsed, paragraphs
-wrapped at 90 columns. Its 127 chapter/section files are sorted by name; every tenth (index
-5, 15, 25, ...) is held out and never trained on. The bundled sample documents are not read.
+Data: freely licensed English from two Debian packages (``apt-get install debian-handbook
+jargon-text``): the English HTML of The Debian Administrator's Handbook (GPL-2+ or
+CC-BY-SA-3.0), paragraphs and titles only (``<pre>`` blocks of commands and output are
+dropped), one section per HTML file; and the Jargon File (public domain), paragraphs of 40
+characters or more, in parts of about JARGON_PART bytes. Whitespace is collapsed, paragraphs
+are wrapped at 90 columns. Of each source's sections, sorted, every tenth (index 5, 15, 25,
+...) is held out and never trained on. The bundled sample documents are not read.
 
 Training: two local ranks (gloo, one thread each) hold the zigzag shards of every sequence;
 the model is transformers' LlamaForCausalLM whose attention is ``ringattn`` (the ring's
