@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -149,7 +150,8 @@ def test_gather_score_equals_single_process(jobs: dict, capsys) -> None:
     job = jobs["base"] / "score"
     assert _cli([str(job)]) == 0
     shown = capsys.readouterr().out
-    assert "perplexity" in shown and "latin1.txt" in shown and "gone.txt" in shown
+    assert "perplexity" in shown and "bits/byte" in shown and "latin1.txt" in shown
+    assert "gone.txt" in shown
     out = job / "gathered"
     summary = json.loads((out / "summary.json").read_text())
     rows = {row["document"]: row for row in summary["documents"]}
@@ -180,6 +182,8 @@ def test_gather_score_equals_single_process(jobs: dict, capsys) -> None:
         assert rows[doc_id]["perplexity"] == pytest.approx(
             torch.exp(-ref.double().mean()).item(), rel=TOL
         )
+        bits = -ref.double().mean().item() / math.log(2)  # byte tokenizer: bits per byte
+        assert rows[doc_id]["bits_per_byte"] == pytest.approx(bits, rel=TOL)
 
 
 def test_gather_grad_and_embed(jobs: dict, tmp_path: Path) -> None:

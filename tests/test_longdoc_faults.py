@@ -48,7 +48,7 @@ def _complete_on_both_ranks(job_dir: Path) -> int:
 def test_killed_rank_fails_the_job_and_resume_completes_only_what_is_missing(tmp_path, capsys):
     docs = _documents(tmp_path)
     job_dir = tmp_path / "job"
-    common = [f"task.inputs=[{docs}]", "timeout=20", "task.chunk_size=1024"]
+    common = [f"task.inputs=[{docs}]", "timeout=20", "task.chunk_size=1024", "task.model_path=null"]
     assert main(["submit", "jobs/longdoc.yaml", f"job_dir={job_dir}", *common]) == 0
 
     wait_for(lambda: _complete_on_both_ranks(job_dir) >= 2, 120, "two documents to finish")

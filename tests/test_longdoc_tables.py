@@ -61,7 +61,7 @@ def test_a_job_scores_table_rows_as_the_model_does(tmp_path, capsys):
     table, saved = _inputs(tmp_path)
     job = tmp_path / "job"
     argv = ["run", "longdoc", f"job_dir={job}", f"task.inputs=[{table},{saved}]",
-            "nodes=1", "tasks_per_node=2", "timeout=120"]  # fmt: skip
+            "task.model_path=null", "nodes=1", "tasks_per_node=2", "timeout=120"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     assert main(["gather", str(job)]) == 0
     model = load_model(None, attn_implementation="sdpa")

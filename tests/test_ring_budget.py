@@ -47,8 +47,9 @@ def test_a_document_the_device_cannot_hold_is_refused_and_a_long_one_warned(tmp_
     device, warned about when it fits but would outlast slurm.time; nothing is created."""
     huge = tmp_path / "huge.txt"
     huge.write_bytes(b"x" * 40_000_000)
+    # the random tiny Llama (model_path null): the rank counts below are its plan's
     base = ["submit", "longdoc", f"task.inputs={huge}", "nodes=1", "tasks_per_node=2",
-            f"output_dir={tmp_path / 'runs'}"]  # fmt: skip
+            "task.model_path=null", f"output_dir={tmp_path / 'runs'}"]  # fmt: skip
     assert main([*base, "device=A100-40GB"]) == 2
     err = capsys.readouterr().err
     assert "document 'huge.txt' (40,000,000 tokens) needs 3 ranks of A100-40GB" in err

@@ -16,8 +16,9 @@ temporary directory renamed to ``out`` only when everything verified:
   (N, hidden) and ``pooled`` (hidden,); metadata: doc_id, source, task;
 * ``grads/<doc key>.safetensors`` (task grad with write_grads), checksum verified;
 * ``summary.json`` and ``summary.csv``: one row per document (tokens, log-likelihood,
-  perplexity, seconds, ...), plus the inputs that were missing when the job ran (CSV text
-  cells that begin like a spreadsheet formula get a leading ``'``: ``export.csv_text``);
+  perplexity, bits per byte with the byte tokenizer, seconds, ...), plus the inputs that were
+  missing when the job ran (CSV text cells that begin like a spreadsheet formula get a leading
+  ``'``: ``export.csv_text``);
 * ``tokens.parquet|csv`` (``pooled.*`` for embed) with ``--format parquet|csv``, and, for
   score/grad, ``loss-by-position.json`` / ``.png`` (see ``export.py`` and ``curve.py``);
 * ``.ringctl-gather``: the marker that makes it a gather output. ``--force`` replaces only a
@@ -189,12 +190,24 @@ def _gathered(root: Path, doc: dict, run: dict, tokens: dict[str, int], problems
     if problem:
         problems.append(f"{where}: {problem}")
         return None, []
+    if "log_likelihood" in fields:
+        fields["bits_per_byte"] = bits_per_byte(run, fields["log_likelihood"], n)
     seconds = max(_seconds(s.entry.get("seconds")) for s in shards)
     row = {"document": doc["id"], "tokens": n, **fields, "seconds": round(seconds, 4)}
     grads = shards[0].entry.get("grads_file") if run["task"] == "grad" else None
     grads_file = root / grads if grads else None  # checked by document_shards
     got = GatheredDoc(doc["id"], doc["key"], doc.get("source"), tensors, row, grads_file)
     return got, []
+
+
+def bits_per_byte(run: dict, log_likelihood: float, n_tokens: int) -> float | None:
+    """The mean negative log-likelihood in bits of a scored document's N - 1 scored tokens,
+    when those are bytes (the byte tokenizer: run.json's ``tokenizer_path`` is null), so it
+    is per byte; None for a model's own tokenizer (a token spans several bytes, and the
+    scored bytes are not known here) or when nothing was scored."""
+    if "tokenizer_path" not in run or run["tokenizer_path"] is not None or n_tokens < 2:
+        return None
+    return -log_likelihood / (n_tokens - 1) / math.log(2)
 
 
 def _seconds(value: Any) -> float:
@@ -481,6 +494,7 @@ def summary_table(result: GatherResult):
     if scored:
         table.add_column("log-likelihood", justify="right")
         table.add_column("perplexity", justify="right")
+        table.add_column("bits/byte", justify="right")
     if result.task == "grad":
         table.add_column("loss", justify="right")
         table.add_column("grad norm", justify="right")
@@ -488,7 +502,11 @@ def summary_table(result: GatherResult):
     for row in result.rows:
         cells = [str(row["tokens"])]
         if scored:
-            cells += [num(row.get("log_likelihood"), ".2f"), num(row.get("perplexity"), ".3f")]
+            cells += [
+                num(row.get("log_likelihood"), ".2f"),
+                num(row.get("perplexity"), ".3f"),
+                num(row.get("bits_per_byte"), ".3f"),
+            ]
         if result.task == "grad":
             cells += [num(row.get("loss"), ".4f"), num(row.get("grad_norm"), ".4g")]
         cells.append(num(row.get("seconds"), ".2f"))

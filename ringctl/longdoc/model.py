@@ -4,6 +4,9 @@
 
 * ``None``: the bundled tiny Llama (``data/tiny-llama.json``: 2 layers, hidden 64, 4 heads,
   2 KV heads, vocabulary 256 to match the byte-level tokenizer), random-initialised;
+* ``"bundled:demo-byte-llama"`` (``BUNDLED_TRAINED``, a reserved name): the bundled *trained*
+  byte-level Llama (``data/demo-byte-llama/``, see its README.md), the default of
+  ``jobs/longdoc.yaml``; ``resolve_model_path`` turns the name into that directory;
 * a ``.json`` file: a transformers config (with ``model_type``), random-initialised;
 * a directory: ``from_pretrained`` (safetensors, offline: ``HF_HUB_OFFLINE=1``).
 
@@ -35,8 +38,22 @@ DTYPES = {
 }
 
 
+BUNDLED_TRAINED = "bundled:demo-byte-llama"
+
+
 def bundled_config_path() -> Path:
     return Path(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
+
+
+def resolve_model_path(model_path: str | None) -> str | None:
+    """``model_path`` as given, except the reserved name ``BUNDLED_TRAINED``: the directory of
+    the bundled trained model. A name rather than a path, so that a job file can point at a
+    file inside the installed package; ``None`` keeps meaning the random tiny Llama (tests)."""
+    if model_path == BUNDLED_TRAINED:
+        return str(resources.files("ringctl.longdoc") / "data" / "demo-byte-llama")
+    if model_path is not None and model_path.startswith("bundled:"):
+        raise ValueError(f"no bundled model {model_path!r} (there is {BUNDLED_TRAINED})")
+    return model_path
 
 
 def samples_dir() -> Path:

@@ -11,7 +11,8 @@ Importing it imports neither torch nor transformers: ``ringctl submit`` validate
       split: null            # the split of a DatasetDict (save_to_disk) folder among inputs
       text_field: text       # the field holding the text in JSON records
       id_field: null         # a field holding each record's id (default: file#line)
-      model_path: null       # a local HF model directory or a .json config; null = tiny Llama
+      model_path: null       # a local HF model directory or a .json config; null = tiny Llama;
+                             # bundled:demo-byte-llama = the bundled trained byte-level Llama
       tokenizer_path: null   # null: the model directory's tokenizer, else UTF-8 bytes
       model_overrides: {}    # fields of the model's config class, set on the loaded config
                              # (checked at submit: loader options such as trust_remote_code
@@ -95,6 +96,9 @@ class LongDocParams(TaskParams):
         for name in ("model_path", "tokenizer_path", "id_field", "split"):
             value = getattr(self, name)
             setattr(self, name, None if value in (None, "") else str(value))
+        from .model import resolve_model_path  # imports torch: only when params are made
+
+        self.model_path = resolve_model_path(self.model_path)
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
             try:
                 self.model_overrides = dict(self.model_overrides.items())

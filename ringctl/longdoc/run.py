@@ -1,7 +1,10 @@
 """The long-document loop: every rank runs ``run_longdoc`` (a ``LongDocRun``) alike.
 
-One document at a time, each sharded in the given layout (zigzag by default) across the ring
-of ``group``; each rank writes its shard of the outputs (``shards.py``). Documents already
+The job's ranks form one ring or several (``ring.size``; ``scheduling.py`` puts each document
+on a ring, the same plan on every rank); a ring runs its documents one after another, each
+sharded in the given layout (zigzag by default) across the ring's ranks, except that under a
+per-rank token budget consecutive short documents go through one forward together
+(``batching.py``). Each rank writes its shard of the outputs (``shards.py``). Documents already
 complete in ``out_dir`` (every rank's entry there, checksums valid) are skipped, so a rerun
 after a failure or preemption only computes what is missing. Rank 0 logs one line per
 document with the progress (documents done / total, tokens/s, ETA).

@@ -165,6 +165,8 @@ def _check_shard(cfg, p: LongDocParams, bad) -> None:
 
 def prepare(cfg):
     """Absolute paths, so ranks started in the job directory find the inputs and model."""
+    from ..longdoc.model import BUNDLED_TRAINED
+
     cfg = OmegaConf.to_container(cfg, resolve=True)
     t = cfg["task"]
     if isinstance(t["inputs"], str):
@@ -172,7 +174,7 @@ def prepare(cfg):
     if t["inputs"]:
         t["inputs"] = [str(Path(p).expanduser().absolute()) for p in t["inputs"]]
     for key in ("model_path", "tokenizer_path"):
-        if t[key] and t[key] != "bytes":
+        if t[key] and t[key] not in ("bytes", BUNDLED_TRAINED):  # names, resolved where run
             t[key] = str(Path(t[key]).expanduser().absolute())
     return cfg
 
@@ -189,8 +191,9 @@ def model_shape(task):
     task.model_overrides checked and set, read by the job's own reader
     (``longdoc.compat.read_model_config``)."""
     from ..longdoc.compat import model_shape as read_shape
+    from ..longdoc.model import resolve_model_path
 
-    path = task.get("model_path")
+    path = resolve_model_path(str(task.model_path) if task.get("model_path") else None)
     overrides = task.get("model_overrides")
     if OmegaConf.is_config(overrides):
         overrides = OmegaConf.to_container(overrides, resolve=True)

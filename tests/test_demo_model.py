@@ -1,0 +1,86 @@
+"""The long-document job's embedded default says something true: the bundled trained model.
+
+`jobs/longdoc.yaml` names the bundled trained byte-level Llama by its reserved name
+(`bundled:demo-byte-llama`, resolved in `ringctl.longdoc.model`); `model_path: null` keeps
+meaning the random tiny Llama that the other tests compare against. The model must know
+English: on a sample story it never saw, far below the random model's ~8 bits per byte and a
+byte bigram's 3.6 (fitted on its training text), with a loss that falls as the context
+grows. Gather reports bits per byte for byte-level runs only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from ringctl.config import load_job
+from ringctl.longdoc.gather import bits_per_byte
+from ringctl.longdoc.model import (
+    BUNDLED_TRAINED,
+    load_model,
+    resolve_model_path,
+    samples_dir,
+)
+from ringctl.longdoc.params import LongDocParams
+from ringctl.tasks.longdoc import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _nll(model, raw: bytes) -> torch.Tensor:
+    """Per-byte next-byte losses (nats), the model's own forward pass."""
+    ids = torch.tensor(list(raw), dtype=torch.int64)
+    with torch.no_grad():
+        logits = model(input_ids=ids[None], use_cache=False).logits[0].double()
+    return -logits.log_softmax(-1)[:-1].gather(-1, ids[1:, None])[:, 0]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    model_path = load_job(ROOT / "jobs" / "longdoc.yaml").task.model_path
+    assert model_path == BUNDLED_TRAINED  # the job's embedded default
+    return load_model(resolve_model_path(model_path), attn_implementation="sdpa")
+
+
+def test_the_jobs_default_model_knows_english(trained) -> None:
+    story = (samples_dir() / "lighthouse-keeper.txt").read_bytes()
+    nll = _nll(trained, story)
+    bits = float(nll.mean()) / math.log(2)
+    assert bits < 3.0, f"{bits:.3f} bits per byte on a story it never saw"
+    # more context, lower loss: the first 64 bytes cost more than the rest of the story
+    assert float(nll[:64].mean()) > float(nll[256:].mean()) + 0.5
+
+
+def test_the_shipped_weights_are_small_and_load_in_the_jobs_dtype(trained) -> None:
+    folder = Path(resolve_model_path(BUNDLED_TRAINED))
+    weights = folder / "model.safetensors"
+    assert weights.stat().st_size < 5 * 2**20
+    config = json.loads((folder / "config.json").read_text())
+    assert config["vocab_size"] == 256 and config["dtype"] == "float16"
+    assert all(p.dtype == torch.float32 for p in trained.parameters())  # upcast on load
+    assert (folder / "README.md").is_file()  # the model card ships with the weights
+
+
+def test_reserved_name_resolves_and_null_stays_the_random_model() -> None:
+    assert resolve_model_path(None) is None
+    assert resolve_model_path("/models/x") == "/models/x"
+    with pytest.raises(ValueError, match=BUNDLED_TRAINED):
+        resolve_model_path("bundled:gpt-5")
+    params = LongDocParams.from_any({"model_path": BUNDLED_TRAINED})
+    assert params.model_path == resolve_model_path(BUNDLED_TRAINED)
+    assert Path(params.model_path, "config.json").is_file()
+    # the job's saved config keeps the name: each node resolves it in its own install
+    cfg = prepare(load_job(ROOT / "jobs" / "longdoc.yaml"))
+    assert cfg["task"]["model_path"] == BUNDLED_TRAINED
+
+
+def test_bits_per_byte_only_for_byte_level_runs() -> None:
+    ll = -math.log(2) * 3.0 * 9  # 3 bits for each of 9 scored bytes (10 tokens)
+    assert bits_per_byte({"tokenizer_path": None}, ll, 10) == pytest.approx(3.0)
+    assert bits_per_byte({"tokenizer_path": "/models/tok"}, ll, 10) is None
+    assert bits_per_byte({}, ll, 10) is None  # a run.json that does not say
+    assert bits_per_byte({"tokenizer_path": None}, 0.0, 1) is None  # nothing scored
