@@ -476,7 +476,9 @@ def gather(
 
 def summary_table(result: GatherResult):
     """A rich Table of the gathered documents (ids and paths shown literally, never markup;
-    a control character in an id, such as a newline from a file name, as an escape)."""
+    a control character in an id, such as a newline from a file name, as an escape). The
+    log-likelihood stays in summary.json/csv: with bits per byte beside perplexity, an
+    80-column terminal would otherwise cut the document names."""
     from rich.table import Table
     from rich.text import Text
 
@@ -492,7 +494,6 @@ def summary_table(result: GatherResult):
     table.add_column("tokens", justify="right")
     scored = result.task in ("score", "grad")
     if scored:
-        table.add_column("log-likelihood", justify="right")
         table.add_column("perplexity", justify="right")
         table.add_column("bits/byte", justify="right")
     if result.task == "grad":
@@ -502,11 +503,7 @@ def summary_table(result: GatherResult):
     for row in result.rows:
         cells = [str(row["tokens"])]
         if scored:
-            cells += [
-                num(row.get("log_likelihood"), ".2f"),
-                num(row.get("perplexity"), ".3f"),
-                num(row.get("bits_per_byte"), ".3f"),
-            ]
+            cells += [num(row.get("perplexity"), ".3f"), num(row.get("bits_per_byte"), ".3f")]
         if result.task == "grad":
             cells += [num(row.get("loss"), ".4f"), num(row.get("grad_norm"), ".4g")]
         cells.append(num(row.get("seconds"), ".2f"))
