@@ -404,8 +404,12 @@ def _sdpa_worker(threads: int, device_kind: str, tasks, results) -> None:
             results.put(("error", traceback.format_exc()))
 
 
+_STORES = itertools.count()  # one rendezvous file per ring started, never reused
+
+
 class RingPool:
-    """P ring ranks kept alive across configurations (spawning torch costs seconds)."""
+    """P ring ranks that run configurations given to them (``fresh_run``: one each in the
+    full benchmark; ``--pairings`` keeps them across its lean, memory-free measurements)."""
 
     def __init__(
         self,
@@ -417,7 +421,7 @@ class RingPool:
         engine: str | None = None,
     ) -> None:
         self.world = world
-        init = f"file://{tmpdir}/ring-store-{world}-{os.getpid()}-{id(self)}"
+        init = f"file://{tmpdir}/ring-store-{world}-{os.getpid()}-{next(_STORES)}"
         self.tasks = [ctx.Queue() for _ in range(world)]
         self.results = ctx.Queue()
         self.procs = [
@@ -559,36 +563,43 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
             if device_kind == "cuda" and world > gpus:
                 print(f"# P={world}: skipped, {gpus} GPU(s) here", flush=True)
                 continue
-            pool = RingPool(ctx, world, args.threads_per_rank, tmpdir, device_kind)
-            sdpa = None if args.no_baseline else SdpaProcess(ctx, baseline_threads, device_kind)
-            try:
-                for seq, causal in itertools.product(args.seq, causal_values):
-                    base = Config(
-                        seq, args.heads, args.kv_heads or args.heads, args.head_dim, args.batch,
-                        args.dtype, causal, "contiguous", args.repeats,
-                    )  # fmt: skip
-                    baseline = None
-                    if sdpa is not None:  # first, so each ring row can show its ratio
-                        raw = _guarded(partial(sdpa.run, base), args, f"SDPA N={seq}")
-                        baseline = _note_load(_sdpa_result(base, baseline_threads, raw), raw)
-                        baseline.extra["for_ranks"] = world
-                        results.append(baseline)
-                        _print_row(baseline, None)
-                    runs = [replace(base, layout=layout) for layout in args.layouts]
-                    if peer and world > 1 and seq <= args.peer_max_seq:
-                        runs.append(replace(base, impl="ring-attention-pytorch"))
-                    for cfg in runs:
-                        if seq % (world * (2 if cfg.layout == "zigzag" else 1)):
-                            continue
-                        label = f"ring P={world} N={seq}"
-                        raw = _guarded(partial(pool.run, cfg), args, label)
-                        results.append(_note_load(_ring_result(cfg, world, args, raw), raw))
-                        _print_row(results[-1], baseline)
-            finally:
-                pool.close()
-                if sdpa is not None:
-                    sdpa.close()
+            ring = partial(RingPool, ctx, world, args.threads_per_rank, tmpdir, device_kind)
+            for seq, causal in itertools.product(args.seq, causal_values):
+                base = Config(
+                    seq, args.heads, args.kv_heads or args.heads, args.head_dim, args.batch,
+                    args.dtype, causal, "contiguous", args.repeats,
+                )  # fmt: skip
+                baseline = None
+                if not args.no_baseline:  # first, so each ring row can show its ratio
+                    sdpa = partial(SdpaProcess, ctx, baseline_threads, device_kind)
+                    raw = _guarded(partial(fresh_run, sdpa, base), args, f"SDPA N={seq}")
+                    baseline = _note_load(_sdpa_result(base, baseline_threads, raw), raw)
+                    baseline.extra["for_ranks"] = world
+                    results.append(baseline)
+                    _print_row(baseline, None)
+                runs = [replace(base, layout=layout) for layout in args.layouts]
+                if peer and world > 1 and seq <= args.peer_max_seq:
+                    runs.append(replace(base, impl="ring-attention-pytorch"))
+                for cfg in runs:
+                    if seq % (world * (2 if cfg.layout == "zigzag" else 1)):
+                        continue
+                    label = f"ring P={world} N={seq}"
+                    raw = _guarded(partial(fresh_run, ring, cfg), args, label)
+                    results.append(_note_load(_ring_result(cfg, world, args, raw), raw))
+                    _print_row(results[-1], baseline)
     return results
+
+
+def fresh_run(start, cfg: Config) -> dict:
+    """One measurement in processes of its own (``start()`` makes them). The peak-memory step
+    that ends a measurement fixes glibc's mmap threshold for the rest of a process's life, so
+    every later large allocation there would be a fresh mmap, page-faulted afresh: a process
+    that measured once would time the next configuration under another allocator."""
+    procs = start()
+    try:
+        return procs.run(cfg)
+    finally:
+        procs.close()
 
 
 def _ring_result(cfg: Config, world: int, args, raw: dict) -> Result:

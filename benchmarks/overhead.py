@@ -10,14 +10,29 @@ the step would cost if the ring did nothing but its kernels. Reported per call (
 rank for times, the largest for counts):
 
 * step / floor, by the wall clock (``wall x``) and by CPU time (``cpu x``: the whole
-  process's CPU time over the replay's, which other jobs on the machine disturb far less);
+  process's CPU time over the replay's, which other jobs on the machine disturb less);
+* extra %: the step's CPU time beyond its own kernel calls, in % of theirs: host + comm over
+  the kernels' CPU time in the same step, the figure least disturbed by other jobs;
 * host ms: CPU time of the calling thread outside kernel calls (checks, plans, merges,
   gradient accumulation, allocation, posting transfers); check ms: the shape agreement's
   collective (wall clock, on the rank that reached it last: without waiting for the others);
 * comm ms: CPU time of the process's other threads (gloo's transfers: on CPU ranks they use
   the cores the kernels compute on);
 * collectives and point-to-point messages, MiB sent, MiB of fresh tensors, page faults, and
-  aten ops (counted, not timed: the same on any machine).
+  aten ops (counted, not timed: the same on any machine);
+* outside: the CPU other jobs used while the engine's configurations ran (cores,
+  ``benchmarks.outside_load``): times taken beside other work say so.
+
+The budget, per forward+backward call of a windowless ring of P gloo CPU ranks:
+
+* one collective (the shape agreement, ten int64s); nothing else synchronises the ranks;
+* 8(P-1) + 4d messages per rank (sends and receives), carrying 2(P-1) + d blocks (a block:
+  K and V, the dK/dV accumulators in float32), d the dK/dV transfers: 1 at P = 2, P
+  otherwise. P = 2: 12 messages, 3 blocks;
+* no plan built after a shape's first call (``block_plan`` and ``ring_reach`` are cached);
+* CPU beyond the kernels (``extra %``) at most 2% of the kernels' own from N = 8k (P = 2)
+  on: the host's share (checks, plans, merges, accumulation) about half of one percent, the
+  rest gloo's copies, which grow with N while the kernels grow with N^2.
 
 ``--engine`` runs another checkout's ``ringattn`` (e.g. a worktree of an older commit) under
 the same harness; the instrumentation wraps only names both keep (``ring.select_kernel``,
@@ -39,6 +54,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.outside_load import OutsideLoad
 from benchmarks.results_file import write_results
 
 DEFAULT_OUT = Path("benchmarks/results/overhead.json")
@@ -57,6 +73,7 @@ class Row:
     floor_ms: float
     wall_x: float  # step / floor, wall clock
     cpu_x: float  # step / floor, CPU time
+    extra_pct: float  # CPU beyond the step's own kernel calls, % of theirs (same step)
     host_ms: float
     comm_ms: float
     check_ms: float
@@ -67,6 +84,9 @@ class Row:
     page_faults: int
     aten_ops: int
     plan_misses: int | None  # block_plan cache misses in the measured calls (None: no cache)
+    wall_x_each: list[float]  # every repetition's ratios: how far to trust the medians
+    cpu_x_each: list[float]
+    outside_cores: float | None = None  # other jobs' CPU use during the engine's run
 
 
 class Probe:
@@ -289,16 +309,19 @@ def _run_ranks(world: int, engine: str | None, configs: list[dict]) -> list[dict
 
 
 def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
-    """Per repetition the slowest rank's times, then the median over repetitions."""
+    """Per repetition the slowest rank (the largest figure over ranks), then the median over
+    repetitions; counts from the first repetition (they are the same in every one)."""
     ranks = [per_rank[r] for r in sorted(per_rank)]
     reps = range(len(ranks[0]["samples"]))
 
-    def worst(key, i):
-        return max(r["samples"][i][key] for r in ranks)
+    def largest(fn):  # fn(sample) -> number; per repetition, the largest over ranks
+        return lambda i: max(fn(r["samples"][i]) for r in ranks)
 
-    def med(fn):
-        return statistics.median(fn(i) for i in reps)
+    def med(by_rep):
+        return statistics.median(by_rep(i) for i in reps)
 
+    step, floor = largest(lambda s: s["step_s"]), largest(lambda s: s["floor_s"])
+    cpu_x = largest(lambda s: s["proc_cpu_s"] / s["floor_cpu_s"])
     first = [r["samples"][0] for r in ranks]
     misses = [s["plan_misses"] for s in first]
     return Row(
@@ -307,35 +330,24 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
         cfg["seq"],
         cfg["causal"],
         cfg["layout"],
-        step_ms=1e3 * med(lambda i: worst("step_s", i)),
-        floor_ms=1e3 * med(lambda i: worst("floor_s", i)),
-        wall_x=med(lambda i: worst("step_s", i) / worst("floor_s", i)),
-        cpu_x=med(
-            lambda i: max(
-                r["samples"][i]["proc_cpu_s"] / r["samples"][i]["floor_cpu_s"] for r in ranks
-            )
-        ),
-        host_ms=1e3
-        * med(
-            lambda i: max(
-                r["samples"][i]["main_cpu_s"] - r["samples"][i]["kernel_cpu_s"] for r in ranks
-            )
-        ),
-        comm_ms=1e3
-        * med(
-            lambda i: max(
-                r["samples"][i]["proc_cpu_s"] - r["samples"][i]["main_cpu_s"] for r in ranks
-            )
-        ),
+        step_ms=1e3 * med(step),
+        floor_ms=1e3 * med(floor),
+        wall_x=statistics.median(step(i) / floor(i) for i in reps),
+        cpu_x=med(cpu_x),
+        extra_pct=100 * med(largest(lambda s: s["proc_cpu_s"] / s["kernel_cpu_s"] - 1)),
+        host_ms=1e3 * med(largest(lambda s: s["main_cpu_s"] - s["kernel_cpu_s"])),
+        comm_ms=1e3 * med(largest(lambda s: s["proc_cpu_s"] - s["main_cpu_s"])),
         # the rank that reached the check last waited least: the check's own latency
         check_ms=1e3 * med(lambda i: min(r["samples"][i]["check_s"] for r in ranks)),
         collectives=max(s["collectives"] for s in first),
         p2p=max(s["p2p"] for s in first),
         mib_sent=max(s["bytes_sent"] for s in first) / 2**20,
         mib_fresh=max(r["fresh_bytes"] for r in ranks) / 2**20,
-        page_faults=int(med(lambda i: worst("page_faults", i))),
+        page_faults=int(med(largest(lambda s: s["page_faults"]))),
         aten_ops=max(r["aten_ops"] for r in ranks),
         plan_misses=None if None in misses else max(misses),
+        wall_x_each=[step(i) / floor(i) for i in reps],
+        cpu_x_each=[cpu_x(i) for i in reps],
     )
 
 
@@ -347,6 +359,7 @@ COLUMNS = [
     ("floor ms", ">9", "floor_ms"),
     ("wall x", ">7", "wall_x"),
     ("cpu x", ">6", "cpu_x"),
+    ("extra %", ">7", "extra_pct"),
     ("host ms", ">8", "host_ms"),
     ("comm ms", ">8", "comm_ms"),
     ("check ms", ">8", "check_ms"),
@@ -357,6 +370,7 @@ COLUMNS = [
     ("faults", ">7", "page_faults"),
     ("ops", ">5", "aten_ops"),
     ("plan miss", ">9", "plan_misses"),
+    ("outside", ">7", "outside_cores"),
 ]
 
 
@@ -451,8 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for engine in (e and str(Path(e).resolve()) for e in args.engine):
         label = engine_label(engine)
-        for cfg, per_rank in zip(configs, _run_ranks(args.ranks, engine, configs), strict=True):
+        with OutsideLoad() as load:
+            measured = _run_ranks(args.ranks, engine, configs)
+        for cfg, per_rank in zip(configs, measured, strict=True):
             rows.append(_row(label, args.ranks, cfg, per_rank))
+            rows[-1].outside_cores = load.reading.outside_cores
             print(" ".join(f"{_cell(rows[-1], a):{fmt}}" for _, fmt, a in COLUMNS), flush=True)
     run_argv = sys.argv[1:] if argv is None else argv
     write_results(args.json, "overhead", run_argv, rows)
