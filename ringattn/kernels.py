@@ -150,18 +150,42 @@ class TorchCUDAKernel:
         seed, offset, align = self._probe(flash, q.device, q.dtype)
         if flash:
             dq, dk, dv = self._flash_bwd(
-                dot, qt, kt, vt, ot, lse.contiguous(), None, None, sq, sk, 0.0, causal,
-                seed, offset, scale=scale,
-            )[:3]  # fmt: skip
+                dot,
+                qt,
+                kt,
+                vt,
+                ot,
+                lse.contiguous(),
+                None,
+                None,
+                sq,
+                sk,
+                0.0,
+                causal,
+                seed,
+                offset,
+                scale=scale,
+            )[:3]
             return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
         kt, vt = _repeat_heads(kt, heads), _repeat_heads(vt, heads)
         rows = -(-sq // align) * align
         lse_rows = lse.new_full((b, heads, rows), float("inf"))  # padding rows: p = 0
         lse_rows[..., :sq] = lse
         dq, dk, dv = self._eff_bwd(
-            dot, qt, kt, vt, None, ot, lse_rows, seed, offset, 0.0, [True, True, True, False],
-            causal, scale=scale,
-        )[:3]  # fmt: skip
+            dot,
+            qt,
+            kt,
+            vt,
+            None,
+            ot,
+            lse_rows,
+            seed,
+            offset,
+            0.0,
+            [True, True, True, False],
+            causal,
+            scale=scale,
+        )[:3]
         dk, dv = _sum_groups(dk, kv_heads), _sum_groups(dv, kv_heads)
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
@@ -341,7 +365,7 @@ class BandedKernel:
                 scale=scale,
             )
             # A row that sees no key: the kernel says out 0, lse 0; the merge needs -inf.
-            m = m.to(acc).masked_fill(~seen.any(-1), float("-inf"))  # fmt: skip
+            m = m.to(acc).masked_fill(~seen.any(-1), float("-inf"))
             out[:, r0:r1] = o.transpose(1, 2)
             lse[..., r0:r1] = m
         return out, lse
@@ -364,9 +388,18 @@ class BandedKernel:
             seen = _visible(r0, r1, k0, k1, offset, window, q.device)
             bias = torch.zeros(seen.shape, dtype=q.dtype, device=q.device)
             bias = bias.masked_fill(~seen, float("-inf"))
-            g = bwd(t(dout[:, r0:r1]), t(q[:, r0:r1]), t(k[:, k0:k1]), t(v[:, k0:k1]),
-                    t(out[:, r0:r1]), lse[..., r0:r1].to(acc).contiguous(), 0.0, False,
-                    attn_mask=bias, scale=scale)  # fmt: skip
+            g = bwd(
+                t(dout[:, r0:r1]),
+                t(q[:, r0:r1]),
+                t(k[:, k0:k1]),
+                t(v[:, k0:k1]),
+                t(out[:, r0:r1]),
+                lse[..., r0:r1].to(acc).contiguous(),
+                0.0,
+                False,
+                attn_mask=bias,
+                scale=scale,
+            )
             dq[:, r0:r1] += t(g[0])
             dk[:, k0:k1] += t(g[1])
             dv[:, k0:k1] += t(g[2])

@@ -96,12 +96,18 @@ class _Rotation:
         self._arrived += 1
 
 
-def _plan(step: int, comm: Endpoint, seq_local: int, causal: bool, layout: str,
-          window: int | None) -> tuple[Block, ...]:  # fmt: skip
+def _plan(
+    step: int, comm: Endpoint, seq_local: int, causal: bool, layout: str, window: int | None
+) -> tuple[Block, ...]:
     return block_plan(
-        step=step, rank=comm.rank, world_size=comm.world_size, seq_local=seq_local,
-        causal=causal, layout=layout, window=window,
-    )  # fmt: skip
+        step=step,
+        rank=comm.rank,
+        world_size=comm.world_size,
+        seq_local=seq_local,
+        causal=causal,
+        layout=layout,
+        window=window,
+    )
 
 
 def _windowed(causal: bool, window: int | None, seq_local: int, world: int) -> bool:
@@ -117,8 +123,9 @@ def _block_forward(kernel, q, k, v, blk: Block, scale: float):
 
 def _block_backward(kernel, dout, q, k, v, out, lse, blk: Block, scale: float):
     if blk.window is not None:
-        return _BANDED.backward(dout, q, k, v, out, lse, scale=scale, offset=blk.offset,
-                                window=blk.window)  # fmt: skip
+        return _BANDED.backward(
+            dout, q, k, v, out, lse, scale=scale, offset=blk.offset, window=blk.window
+        )
     return kernel.backward(dout, q, k, v, out, lse, scale=scale, causal=blk.causal)
 
 
@@ -156,8 +163,12 @@ def ring_forward(
     merge = _merge
     if _windowed(causal, window, q.shape[1], world):  # rows may start with nothing
         out = torch.zeros(q.shape, dtype=_accum_dtype(q.dtype), device=q.device)
-        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device,
-                         dtype=_accum_dtype(q.dtype))  # fmt: skip
+        lse = torch.full(
+            (q.shape[0], q.shape[2], q.shape[1]),
+            float("-inf"),
+            device=q.device,
+            dtype=_accum_dtype(q.dtype),
+        )
         merge = _merge_any
     for leg, (shift, hops) in enumerate(_legs(comm, q.shape[1], causal, layout, window)):
         kv = _Rotation(own, transfers=hops, owned=False)
@@ -209,9 +220,23 @@ def ring_backward(
     dq = dk_own = dv_own = None
     for leg, (shift, hops) in enumerate(_legs(comm, q.shape[1], causal, layout, window)):
         dq, (dk_leg, dv_leg) = yield from _backward_leg(
-            dout, q, k, v, out, lse, dq, scale=scale, causal=causal, layout=layout, comm=comm,
-            kernel=kernel, window=window, shift=shift, hops=hops, own_block=leg == 0,
-        )  # fmt: skip
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dq,
+            scale=scale,
+            causal=causal,
+            layout=layout,
+            comm=comm,
+            kernel=kernel,
+            window=window,
+            shift=shift,
+            hops=hops,
+            own_block=leg == 0,
+        )
         dk_own = dk_leg if dk_own is None else dk_own.add_(dk_leg)
         dv_own = dv_leg if dv_own is None else dv_own.add_(dv_leg)
     if dq is None:  # no block at all (never in a ring: every row sees itself)
@@ -219,8 +244,25 @@ def ring_backward(
     return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
 
 
-def _backward_leg(dout, q, k, v, out, lse, dq, *, scale, causal, layout, comm, kernel, window,
-                  shift: int, hops: int, own_block: bool):  # fmt: skip
+def _backward_leg(
+    dout,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dq,
+    *,
+    scale,
+    causal,
+    layout,
+    comm,
+    kernel,
+    window,
+    shift: int,
+    hops: int,
+    own_block: bool,
+):
     """One leg of the backward loop (see ring_backward); returns (dq, this rank's block's dK/dV
     accumulator of the leg).
 
@@ -239,8 +281,9 @@ def _backward_leg(dout, q, k, v, out, lse, dq, *, scale, causal, layout, comm, k
         if hop < hops:
             kv_pending = comm.exchange(kv.held, kv.landing(), tag=0, shift=shift)
         blocks = _plan(step, comm, q.shape[1], causal, layout, window)
-        dq, grads = _block_grads(kernel, dout, q, kv.held, out, lse, dq, acc, scale,
-                                 blocks if own_block or hop else ())  # fmt: skip
+        dq, grads = _block_grads(
+            kernel, dout, q, kv.held, out, lse, dq, acc, scale, blocks if own_block or hop else ()
+        )
         if hop == 0 and keep_own:
             own = _fold(None, grads, k, acc) if grads else None
         elif dkv is None:  # this hop's block's accumulator starts here
@@ -254,8 +297,9 @@ def _backward_leg(dout, q, k, v, out, lse, dq, *, scale, causal, layout, comm, k
         del grads
         if dkv is not None and hops:  # pass it on; after the last hop, home to its owner
             home = hop == hops
-            dkv_pending = comm.exchange(dkv.held, dkv.landing(), tag=1,
-                                        shift=-shift * hops if home else shift)  # fmt: skip
+            dkv_pending = comm.exchange(
+                dkv.held, dkv.landing(), tag=1, shift=-shift * hops if home else shift
+            )
         if kv_pending is not None:
             yield kv_pending
             kv.advance()
@@ -274,9 +318,16 @@ def _block_grads(kernel, dout, q, held, out, lse, dq, acc, scale, blocks):
     grads = []
     for blk in blocks:
         dq_b, dk_b, dv_b = _block_backward(
-            kernel, dout[:, blk.q], q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv],
-            out[:, blk.q], lse[:, :, blk.q], blk, scale,
-        )  # fmt: skip
+            kernel,
+            dout[:, blk.q],
+            q[:, blk.q],
+            k_blk[:, blk.kv],
+            v_blk[:, blk.kv],
+            out[:, blk.q],
+            lse[:, :, blk.q],
+            blk,
+            scale,
+        )
         dq = _add_rows(dq, blk.q, dq_b, q.shape, acc)
         grads.append((blk.kv, dk_b, dv_b))
     return dq, grads
@@ -346,10 +397,19 @@ def _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel, windo
     ranks = transport.endpoints()
     parts = [_shards(t, len(ranks)) for t in (q, k, v)]
     loops = [
-        ring_forward(qr, kr, vr, scale=scale, causal=causal, layout=layout, comm=rank,
-                     kernel=kernel, window=window)
+        ring_forward(
+            qr,
+            kr,
+            vr,
+            scale=scale,
+            causal=causal,
+            layout=layout,
+            comm=rank,
+            kernel=kernel,
+            window=window,
+        )
         for rank, qr, kr, vr in zip(ranks, *parts, strict=True)
-    ]  # fmt: skip
+    ]
     results = transport.drive(loops, device=q.device)
     outs, lses = [], []
     for i, (out_acc, lse) in enumerate(results):
@@ -366,10 +426,22 @@ def _backward_all(dout, q, k, v, out, lse, scale, causal, layout, transport, ker
     parts = [_shards(t, len(ranks)) for t in (dout, q, k, v, out)]
     lse_parts = list(lse.chunk(len(ranks), dim=2)) if len(ranks) > 1 else [lse]
     loops = [
-        ring_backward(d, qr, kr, vr, o, lr, scale=scale, causal=causal, layout=layout,
-                      comm=rank, kernel=kernel, window=window)
+        ring_backward(
+            d,
+            qr,
+            kr,
+            vr,
+            o,
+            lr,
+            scale=scale,
+            causal=causal,
+            layout=layout,
+            comm=rank,
+            kernel=kernel,
+            window=window,
+        )
         for rank, d, qr, kr, vr, o, lr in zip(ranks, *parts, lse_parts, strict=True)
-    ]  # fmt: skip
+    ]
     results = transport.drive(loops, device=q.device)
     return tuple(_join([r[i] for r in results], 1) for i in range(3))
 
@@ -389,9 +461,19 @@ class RingAttentionFunction(torch.autograd.Function):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         dout = dout.contiguous()
         dq, dk, dv = _backward_all(
-            dout, q, k, v, out, lse, ctx.scale, ctx.causal, ctx.layout, ctx.transport,
-            select_kernel(q), ctx.window,
-        )  # fmt: skip
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            ctx.scale,
+            ctx.causal,
+            ctx.layout,
+            ctx.transport,
+            select_kernel(q),
+            ctx.window,
+        )
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             dsinks = sink_grad(dout, out, lse, sinks, rows=max(1, 2**24 // out[0, 0].numel()))
