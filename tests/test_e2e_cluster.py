@@ -204,7 +204,8 @@ def test_hybrid_job_on_the_cluster_takes_its_groups_from_the_placement(slurm_clu
 
 def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster, tmp_path, capsys):
     """ring.size=auto on n1..n4 (one rank each): the longest document needs a ring of 2 under
-    the budget, the others fit one rank; gather equals a local run on one ring."""
+    the budget, the others fit one rank (the balance step may move them up); several ring
+    sizes run at once, and gather equals a local run on one ring."""
     docs = tmp_path / "docs"
     docs.mkdir()
     words = "ring after ring the documents find the smallest one that holds them".split()
@@ -220,7 +221,13 @@ def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster
     assert status.state is JobState.COMPLETED, status
     schedule = json.loads((job_dir / "schedule.json").read_text())
     sizes = {r["doc_id"]: r["ring_size"] for r in schedule["documents"]}
-    assert sizes == {"doc0.txt": 2, **{f"doc{i}.txt": 1 for i in range(1, 6)}}
+    # Each document runs on a ring that holds it under the budget (doc0, 900 tokens, needs
+    # 2 of 500), and the schedule uses rings of more than one size; which larger ring a
+    # document is moved up to is the scheduler's balance step (tests/test_schedule.py).
+    fits = {f"doc{i}.txt": -(-n // 500) for i, n in enumerate((900, 400, 260, 120, 60, 300))}
+    assert set(sizes) == set(fits), sizes
+    assert all(sizes[d] >= fits[d] for d in fits), sizes
+    assert sizes["doc0.txt"] >= 2 and len(set(sizes.values())) > 1, sizes
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == 0
     assert "rings" in capsys.readouterr().out  # the per-ring table
