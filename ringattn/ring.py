@@ -295,20 +295,29 @@ def _backward_leg(
             dkv.advance()
             _fold(dkv.held, grads, k, acc)
         del grads
-        if dkv is not None and hops:  # pass it on; after the last hop, home to its owner
-            home = hop == hops
-            dkv_pending = comm.exchange(
-                dkv.held, dkv.landing(), tag=1, shift=-shift * hops if home else shift
-            )
+        if dkv is not None and hops:
+            dkv_pending = _pass_on(comm, dkv, shift, hops, home=hop == hops)
         if kv_pending is not None:
             yield kv_pending
             kv.advance()
     if dkv_pending is not None:
         yield dkv_pending
         dkv.advance()
+    return dq, _leg_gradients(own, dkv)
+
+
+def _pass_on(comm, dkv, shift: int, hops: int, *, home: bool):
+    """Send the dK/dV accumulator held one hop along the leg; after the last hop, home to
+    its owner (``hops`` back)."""
+    return comm.exchange(dkv.held, dkv.landing(), tag=1, shift=-shift * hops if home else shift)
+
+
+def _leg_gradients(own, dkv):
+    """This rank's block's dK/dV from the leg: the accumulator that came home, plus what the
+    owner kept of its own gradients on a one-hop leg."""
     if own is None:
-        return dq, dkv.held
-    return dq, (own[0].add_(dkv.held[0]), own[1].add_(dkv.held[1]))
+        return dkv.held
+    return own[0].add_(dkv.held[0]), own[1].add_(dkv.held[1])
 
 
 def _block_grads(kernel, dout, q, held, out, lse, dq, acc, scale, blocks):
