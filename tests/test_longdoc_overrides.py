@@ -20,18 +20,9 @@ import pytest
 
 from ringctl.config import load_job
 from ringctl.errors import UserError
+from tests.longdoc_reference import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
-)
 EVIL = """from pathlib import Path
 Path({marker!r}).write_text("the directory's own code ran")
 from transformers import LlamaConfig, PreTrainedTokenizerFast
