@@ -180,3 +180,17 @@ def test_a_device_file_with_a_bad_share_is_refused_by_name(tmp_path, capsys):
                  "--device", "X"]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert f"{path}: device 'X': attention_efficiency must be shares" in err
+
+
+def test_a_one_hop_ring_sends_one_dkv_accumulator_home():
+    # ringattn's P = 2 backward keeps the owner's gradients and sends the visitor's home: one
+    # dK/dV transfer (float32, twice a bf16 K/V block) after one K/V hop. On a link so slow
+    # that compute vanishes, backward = t_kv + 2 t_kv = 3x forward's t_kv (5x when the
+    # planner charged an accumulator riding along as well).
+    link = Link("slow", 0.001, latency_s=0.0)
+    est = estimate(replace(WORK, seq_len=1 << 16), 2, get_device("H100-SXM"), link)
+    ratio = est.total_s["backward"] / est.total_s["forward"]
+    assert ratio == pytest.approx(3.0, rel=0.01)
+    at4 = estimate(replace(WORK, seq_len=1 << 16), 4, get_device("H100-SXM"), link)
+    # P = 4: three hops each carrying K/V and an accumulator, one home: (3 x 3 + 2) / 3
+    assert at4.total_s["backward"] / at4.total_s["forward"] == pytest.approx(11 / 3, rel=0.01)

@@ -148,7 +148,8 @@ def test_a_windowed_ring_is_priced_stage_by_stage_by_hand():
     t = kv * 8 / 0.05e9 + 1e-6
     t_d = kv * 2 * 8 / 0.05e9 + 1e-6  # float32 accumulators: twice the bf16 bytes
     fwd = max(152 * s_f, t) + 24 * s_f + t
-    bwd = max(152 * s_b, t + t_d) + 24 * s_b + t_d + (t + t_d) + t_d
+    # one-hop legs: K/V out, the visitor's dK/dV accumulator home (ring._backward_leg)
+    bwd = max(152 * s_b, t) + 24 * s_b + t_d + t + t_d
     est = estimate(w, 4, H100, link, overlap_threshold=False)
     assert est.total_s["forward"] == pytest.approx(2 * fwd, rel=1e-12)
     assert est.total_s["backward"] == pytest.approx(2 * bwd, rel=1e-12)

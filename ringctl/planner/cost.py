@@ -314,18 +314,21 @@ def _legs_total(legs, t_kv: float, t_dkv: float, on_cores: bool) -> tuple[float,
     A transfer follows every stage of a leg but its last and hides behind that stage's compute
     (a step takes the longer of the two); backward, each block's dK/dV accumulator travels with
     it and, after the leg's last hop, goes home in one more exchange with nothing left to hide
-    behind. On host cores (``on_cores``) a transfer also costs the cores its copy."""
+    behind. A leg of one hop (P = 2) sends no accumulator along, only the visitor's home
+    (ringattn.ring._backward_leg keeps the owner's own gradients): one dK/dV transfer, not two.
+    On host cores (``on_cores``) a transfer also costs the cores its copy."""
     fwd_total = bwd_total = 0.0
     for stages in legs:
         hops = len(stages) - 1
+        t_along = t_kv + (t_dkv if hops > 1 else 0.0)  # what travels behind a moving stage
         for i, (f, b) in enumerate(stages):
             moving = i < hops
             if on_cores and moving:
-                f, b = f + t_kv, b + t_kv + t_dkv
+                f, b = f + t_kv, b + t_along
             elif on_cores and hops:
                 b += t_dkv
             fwd_total += max(f, t_kv) if moving else f
-            bwd_total += max(b, t_kv + t_dkv) if moving else b
+            bwd_total += max(b, t_along) if moving else b
         if hops:
             bwd_total += t_dkv
     return fwd_total, bwd_total
