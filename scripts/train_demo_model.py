@@ -1,4 +1,4 @@
-"""Train the demo's byte-level Llama once, reproducibly, through ringattn's own ring.
+"""Train the demo's byte-level model once, reproducibly, through ringattn's own ring.
 
     python3 scripts/train_demo_model.py OUT            # what scripts/train-demo-model runs
     python3 scripts/train_demo_model.py OUT --quick    # a few steps: proves the script runs
@@ -12,8 +12,10 @@ are wrapped at 90 columns. Of each source's sections, sorted, every tenth (index
 ...) is held out and never trained on. The bundled sample documents are not read.
 
 Training: two local ranks (gloo, one thread each) hold the zigzag shards of every sequence;
-the model is transformers' LlamaForCausalLM whose attention is ``ringattn`` (the ring's
-forward and backward); each rank's loss is its tokens' share of the batch mean and the
+the model is transformers' MistralForCausalLM (a Llama with a sliding window of CONTEXT bytes:
+over the training sequences, never longer than CONTEXT, the window changes nothing; past
+CONTEXT it keeps every query's keys within the distances the model was trained on) whose
+attention is ``ringattn`` (the ring's forward and backward); each rank's loss is its tokens' share of the batch mean and the
 gradients are summed over the ring. AdamW, linear warm-up then cosine decay; two phases with
 the same bytes per step: short windows first, then windows of CONTEXT bytes. Batches are drawn
 from one seeded generator (every rank draws the same offsets), the weights from a seeded init.
@@ -56,7 +58,7 @@ QUICK_PHASES = ((256, 4, 3), (CONTEXT, 1, 3))
 LR, MIN_LR_FRACTION, WARMUP, WEIGHT_DECAY, CLIP = 3e-3, 0.1, 100, 0.1, 1.0
 EVAL_EVERY, EVAL_WINDOWS, LOG_EVERY = 100, 8, 25
 CONFIG = {
-    "model_type": "llama",
+    "model_type": "mistral",
     "vocab_size": 256,
     "hidden_size": 192,
     "intermediate_size": 512,
@@ -64,6 +66,7 @@ CONFIG = {
     "num_attention_heads": 6,
     "num_key_value_heads": 2,
     "max_position_embeddings": CONTEXT,
+    "sliding_window": CONTEXT,
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
     "hidden_act": "silu",

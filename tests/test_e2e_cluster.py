@@ -157,7 +157,7 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(slurm_cluster, ss
     capsys.readouterr()
     assert main(["gather", str(job_dir)]) == 0
     printed = capsys.readouterr().out
-    assert "tide-almanac.txt" in printed and "perplexity" in printed
+    assert "jargon-file-excerpts.txt" in printed and "perplexity" in printed
 
     summary = json.loads((job_dir / "gathered" / "summary.json").read_text())
     rows = summary["documents"] if isinstance(summary, dict) else summary

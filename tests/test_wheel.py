@@ -4,7 +4,7 @@ Builds the wheel from this checkout and installs it, with the local CPU torch, i
 environments without the system's site-packages: once with the `hf` extra, once plain (no
 extras: what `pip install ringctl-*.whl` gives). From an empty temporary directory it runs the
 bundled jobs by name: `ringctl run smoke` (4 local ranks) in both, `ringctl run longdoc` (the
-bundled trained byte-level Llama, read from the installed package) and `ringctl render smoke
+bundled trained byte-level model, read from the installed package) and `ringctl render smoke
 backend=slurm`; also `ringctl example` writes a config that then runs. Nothing here may come
 from the checkout.
 """

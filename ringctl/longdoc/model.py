@@ -5,7 +5,8 @@
 * ``None``: the bundled tiny Llama (``data/tiny-llama.json``: 2 layers, hidden 64, 4 heads,
   2 KV heads, vocabulary 256 to match the byte-level tokenizer), random-initialised;
 * ``"bundled:demo-byte-llama"`` (``BUNDLED_TRAINED``, a reserved name): the bundled *trained*
-  byte-level Llama (``data/demo-byte-llama/``, see its README.md), the default of
+  byte-level model (``data/demo-byte-llama/``: a small Llama-shaped Mistral with a 2048-byte
+  sliding window; see its README.md), the default of
   ``jobs/longdoc.yaml``; ``resolve_model_path`` turns the name into that directory;
 * a ``.json`` file: a transformers config (with ``model_type``), random-initialised;
 * a directory: ``from_pretrained`` (safetensors, offline: ``HF_HUB_OFFLINE=1``).

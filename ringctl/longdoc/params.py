@@ -12,7 +12,7 @@ Importing it imports neither torch nor transformers: ``ringctl submit`` validate
       text_field: text       # the field holding the text in JSON records
       id_field: null         # a field holding each record's id (default: file#line)
       model_path: null       # a local HF model directory or a .json config; null = tiny Llama;
-                             # bundled:demo-byte-llama = the bundled trained byte-level Llama
+                             # bundled:demo-byte-llama = the bundled trained byte-level model
       tokenizer_path: null   # null: the model directory's tokenizer, else UTF-8 bytes
       model_overrides: {}    # fields of the model's config class, set on the loaded config
                              # (checked at submit: loader options such as trust_remote_code
