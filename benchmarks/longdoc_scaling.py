@@ -421,10 +421,12 @@ def table(rows: list[Row]) -> str:
         "the rank's life and growth while scoring. Predicted: `ringctl plan`'s ring attention "
         "seconds (CPU entries time attention only) and memory per rank. Scoring CPU: the busiest "
         "rank's CPU seconds from the start of scoring to its exit (less disturbed by other load "
-        "than wall time). The planner times the banded kernel's chunks as unmasked blocks of as "
-        "many scores; on the CPU the kernel also builds each chunk's mask, which for 16-wide "
-        "heads costs about as much as the attention. Load: 1-minute load average before/after "
-        "the job.",
+        "than wall time). Scoring / predicted is not 1: the planner's CPU calibration "
+        "(plan-check.json) timed heads of 64, which the CPU flash kernel runs at about 60 "
+        "GFLOP/s per core against 37.5 for this model's heads of 16 (measured side by side), "
+        "on a day the machine ran the same block 1.5x faster; it times the banded kernel's "
+        "chunks as unmasked blocks, where the kernel adds the window's mask to every chunk. "
+        "The exponents do not depend on it. Load: 1-minute load average before/after the job.",
         "",
         "| attention | P | N | N/P | job s | scoring s | scoring CPU s | tokens/s | peak RSS MiB "
         "| scoring growth MiB | predicted attn s | scoring / predicted | predicted MiB | load | "
