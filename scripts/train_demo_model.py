@@ -15,10 +15,11 @@ Training: two local ranks (gloo, one thread each) hold the zigzag shards of ever
 the model is transformers' MistralForCausalLM (a Llama with a sliding window of CONTEXT bytes:
 over the training sequences, never longer than CONTEXT, the window changes nothing; past
 CONTEXT it keeps every query's keys within the distances the model was trained on) whose
-attention is ``ringattn`` (the ring's forward and backward); each rank's loss is its tokens' share of the batch mean and the
-gradients are summed over the ring. AdamW, linear warm-up then cosine decay; two phases with
-the same bytes per step: short windows first, then windows of CONTEXT bytes. Batches are drawn
-from one seeded generator (every rank draws the same offsets), the weights from a seeded init.
+attention is ``ringattn`` (the ring's forward and backward); each rank's loss is its tokens'
+share of the batch mean and the gradients are summed over the ring. AdamW, linear warm-up
+then cosine decay; two phases with the same bytes per step: short windows first, then
+windows of CONTEXT bytes. Batches are drawn from one seeded generator (every rank draws the
+same offsets), the weights from a seeded init.
 
 Writes OUT/model (config.json + model.safetensors in float16, the shipped form), OUT/heldout
 (the held-out text, one .txt per section, for ``ringctl run`` to score) and OUT/train.json

@@ -205,10 +205,12 @@ def test_node_failure_ends_or_requeues_as_configured(slurm_cluster, tmp_path, ca
         assert REASON in status.reason and f"attempts/requeue-{rerun_id}-1" in status.reason
         assert f"[slurm] run 1 of job {rerun_id} ended NODE_FAIL on {node}" in _logs(rerun, capsys)
 
-        # an administrator's requeue: kept the same way, counted as a second rerun
+        # an administrator's requeue: kept the same way, counted as a second rerun (started
+        # away from the node it ran on: under load that slurmd may still be ending the run)
+        ran_on = job_field(rerun_id, "BatchHost")
         scontrol("requeue", rerun_id)
         wait_for(lambda: job_field(rerun_id, "Restarts") == "2", 60, "the second requeue")
-        start_now(rerun_id)
+        start_now(rerun_id, avoid=ran_on or None)
         wait_for(lambda: _reran(rerun, rerun_id, 2), 120, "the second rerun")
         wait_for(lambda: _started(rerun), 120, "the second rerun to start")
         assert (kept / "logs" / "rank-1.out").read_text() == first_run  # never overwritten
