@@ -248,30 +248,33 @@ def _visible(r0: int, r1: int, k0: int, k1: int, offset: int, window: int | None
 
 
 class _ChunkMasks:
-    """Each chunk's visibility mask (and, for the fused kernel, its additive bias), built once
-    per shape within one kernel call.
+    """Each chunk's visibility mask (and, for the fused kernel, its additive bias), reused
+    while consecutive chunks share it.
 
     A chunk's mask depends only on its rows, its keys and where its first key sits against its
     first row (``r0 + offset - k0``): every middle chunk of a band shares one, so a block of
-    S rows builds about three masks instead of S / rows (about 30 ms each at 1024 x 5120).
-    Held for one call only, so no mask outlives the tensors it was built for.
+    S rows builds a mask for each edge chunk and one for the middle instead of S / rows (about
+    30 ms each at 1024 x 5120). Only the last mask is held (one chunk's worth, as before), so
+    chunks that never repeat (a causal block's, the band's edges) cost no memory beyond it.
     """
 
     def __init__(self, offset: int, window: int | None, device, bias_dtype=None) -> None:
         self.offset, self.window, self.device, self.bias_dtype = offset, window, device, bias_dtype
-        self._built: dict[tuple[int, int, int], tuple] = {}
+        self._shape: tuple[int, int, int] | None = None
+        self._held: tuple = (None, None)
 
     def __call__(self, r0: int, r1: int, k0: int, k1: int) -> tuple:
         """(seen, bias): bool mask (rows, keys) and its 0/-inf bias (None without bias_dtype)."""
         shape = (r1 - r0, k1 - k0, r0 + self.offset - k0)
-        if shape not in self._built:
+        if shape != self._shape:
+            self._held = (None, None)  # free the last mask before building the next
             seen = _visible(r0, r1, k0, k1, self.offset, self.window, self.device)
             bias = None
             if self.bias_dtype is not None:
                 bias = torch.zeros(seen.shape, dtype=self.bias_dtype, device=self.device)
                 bias = bias.masked_fill(~seen, float("-inf"))
-            self._built[shape] = (seen, bias)
-        return self._built[shape]
+            self._shape, self._held = shape, (seen, bias)
+        return self._held
 
 
 def _matmul_forward(q, k, v, scale, offset, window, rows):

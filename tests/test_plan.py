@@ -194,3 +194,16 @@ def test_a_one_hop_ring_sends_one_dkv_accumulator_home():
     at4 = estimate(replace(WORK, seq_len=1 << 16), 4, get_device("H100-SXM"), link)
     # P = 4: three hops each carrying K/V and an accumulator, one home: (3 x 3 + 2) / 3
     assert at4.total_s["backward"] / at4.total_s["forward"] == pytest.approx(11 / 3, rel=0.01)
+
+
+@pytest.mark.parametrize("link_gbit", [25.0, 400.0])
+def test_min_tokens_for_overlap_on_a_ring_of_two_is_the_threshold(link_gbit):
+    # A ring of 2's backward step carries K/V alone (no accumulator along), so its threshold
+    # is the forward's transfer against backward compute: lower than a longer ring's.
+    device, link = get_device("H100-SXM"), Link("x", link_gbit)
+    n = min_tokens_for_overlap(WORK, device, link, "backward", ranks=2)
+    assert n < min_tokens_for_overlap(WORK, device, link, "backward")
+    at = estimate(replace(WORK, seq_len=2 * n), 2, device, link)
+    below = estimate(replace(WORK, seq_len=2 * (n - 2)), 2, device, link)
+    assert at.overlapped["backward"] and not below.overlapped["backward"]
+    assert at.min_tokens_per_rank_for_overlap["backward"] == n

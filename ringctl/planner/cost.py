@@ -8,7 +8,8 @@ The model follows what the engine does (ringattn/ring.py), step by step:
   every rank does the same work; causal (contiguous): the last rank does P blocks' worth of
   the work, the first one, which sets the pace;
 * backward travels K/V again plus the float32 dK/dV accumulators (P hops, the last one
-  exposed: nothing is left to compute behind it).
+  exposed: nothing is left to compute behind it); a ring of 2 (a leg of one hop) sends K/V
+  alone along and one accumulator home.
 
 A step takes max(compute, transfer); the transfer is hidden when compute >= transfer, which
 (both growing with n, compute as n^2) gives the minimal tokens per rank for full overlap —
@@ -369,7 +370,8 @@ def _ring_times(
     est.step_transfer_s = {"forward": layers * t_kv}
     if w.trains:
         est.step_compute_s["backward"] = layers * typical[1]
-        est.step_transfer_s["backward"] = layers * (t_kv + t_dkv)
+        along = t_kv + (t_dkv if ranks > 2 else 0.0)  # see _legs_total: one hop, K/V only
+        est.step_transfer_s["backward"] = layers * along
     full = any(window is None for window, _ in layer_windows(w))
     for phase in est.step_compute_s:
         est.overlapped[phase] = (
@@ -378,7 +380,7 @@ def _ring_times(
         # A windowed ring's compute and transfers both grow as n: W decides, no threshold.
         if overlap_threshold and full:
             est.min_tokens_per_rank_for_overlap[phase] = min_tokens_for_overlap(
-                w, device, link, phase, ranks_on_host
+                w, device, link, phase, ranks_on_host, ranks=ranks
             )
 
 
@@ -460,18 +462,27 @@ def _warn(est: Estimate, device: Device, capacity: float, ring_tokens: int) -> N
 
 
 def min_tokens_for_overlap(
-    w: Workload, device: Device, link: Link, phase: str, ranks_on_host: int = 1
+    w: Workload,
+    device: Device,
+    link: Link,
+    phase: str,
+    ranks_on_host: int = 1,
+    *,
+    ranks: int | None = None,
 ) -> int:
     """Smallest tokens per rank n with compute(n) >= transfer(n) for an off-diagonal step.
 
     Compute grows as n^2 and transfer as n (plus latency), so the condition holds from one
-    threshold on; found by bisection on the same step model `estimate` uses.
+    threshold on; found by bisection on the same step model `estimate` uses. Backward, a
+    step carries K/V and a dK/dV accumulator, except on a ring of 2 (``ranks``; None: more
+    than 2), whose one hop carries K/V alone.
     """
     kind = step_kinds(w, 2)[-1]
     b = DTYPE_BYTES[w.dtype]
     kv_per_token = 2 * w.batch * w.kv_heads * w.head_dim * b
-    per_token = kv_per_token if phase == "forward" else kv_per_token * (1 + 4 / b)
-    hops = 1 if phase == "forward" else 2
+    carries_dkv = phase != "forward" and (ranks is None or ranks > 2)
+    per_token = kv_per_token * (1 + 4 / b) if carries_dkv else kv_per_token
+    hops = 2 if carries_dkv else 1
 
     def hidden(n: int) -> bool:
         fwd, bwd = device.block_time(
