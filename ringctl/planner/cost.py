@@ -309,6 +309,13 @@ def _transfer_seconds(w: Workload, ranks: int, link: Link):
     return kv / link.bytes_per_s + link.latency_s, kv * 4 / b / link.bytes_per_s + link.latency_s
 
 
+def _dkv_rides_along(hops: int) -> bool:
+    """Whether a backward leg of ``hops`` hops sends a dK/dV accumulator along with each K/V
+    block: not on a leg of one hop (P = 2), whose owner keeps its own gradients and whose one
+    visitor sends its accumulator straight home (ringattn.ring._backward_leg)."""
+    return hops > 1
+
+
 def _legs_total(legs, t_kv: float, t_dkv: float, on_cores: bool) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's ring, leg after leg.
 
@@ -321,7 +328,7 @@ def _legs_total(legs, t_kv: float, t_dkv: float, on_cores: bool) -> tuple[float,
     fwd_total = bwd_total = 0.0
     for stages in legs:
         hops = len(stages) - 1
-        t_along = t_kv + (t_dkv if hops > 1 else 0.0)  # what travels behind a moving stage
+        t_along = t_kv + (t_dkv if _dkv_rides_along(hops) else 0.0)  # behind a moving stage
         for i, (f, b) in enumerate(stages):
             moving = i < hops
             if on_cores and moving:
@@ -370,7 +377,7 @@ def _ring_times(
     est.step_transfer_s = {"forward": layers * t_kv}
     if w.trains:
         est.step_compute_s["backward"] = layers * typical[1]
-        along = t_kv + (t_dkv if ranks > 2 else 0.0)  # see _legs_total: one hop, K/V only
+        along = t_kv + (t_dkv if _dkv_rides_along(ranks - 1) else 0.0)
         est.step_transfer_s["backward"] = layers * along
     full = any(window is None for window, _ in layer_windows(w))
     for phase in est.step_compute_s:
@@ -480,7 +487,7 @@ def min_tokens_for_overlap(
     kind = step_kinds(w, 2)[-1]
     b = DTYPE_BYTES[w.dtype]
     kv_per_token = 2 * w.batch * w.kv_heads * w.head_dim * b
-    carries_dkv = phase != "forward" and (ranks is None or ranks > 2)
+    carries_dkv = phase != "forward" and (ranks is None or _dkv_rides_along(ranks - 1))
     per_token = kv_per_token * (1 + 4 / b) if carries_dkv else kv_per_token
     hops = 2 if carries_dkv else 1
 
