@@ -222,9 +222,9 @@ def ring_rows(cfg, device, timer: Timer, deadline: float) -> list[Row]:
 
 def _windowed_row(cfg, n, device, timer: Timer, causal: Row) -> Row:
     """The same ring with a sliding window (Mistral's 4096 on the GPU): banded boundary blocks,
-    blocks behind the window skipped, the ring cut short (ringattn.blocks.ring_reach). No
+    blocks behind the window skipped, the ring cut short (ringattn.geometry.ring_reach). No
     SDPA column: SDPA would need the N x N window as a mask. FLOPs: the visible pairs."""
-    from ringattn.blocks import ring_reach
+    from ringattn.geometry import ring_reach
 
     w, ranks = cfg["window"], cfg["ranks"]
     shape = (f"{cfg['dtype']} N={n} P={ranks} causal zigzag window {w} "

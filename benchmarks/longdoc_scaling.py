@@ -225,9 +225,9 @@ def planner_device(name: str | None, devices: Path | None, scratch: Path):
 
 def predict(config: Path, tokens: int, ranks: int, device) -> tuple[float, float]:
     """The planner's ring attention seconds and memory per rank (MiB) for this job's ring."""
+    from ringattn.geometry import padded_length
     from ringctl.longdoc.compat import model_shape
     from ringctl.planner.cost import GIB, Workload, estimate, nominal_link
-    from ringctl.planner.layout import padded_length
 
     m = model_shape(config)
     w = Workload(
@@ -241,7 +241,8 @@ def predict(config: Path, tokens: int, ranks: int, device) -> tuple[float, float
         backward=False,
         lm_head_chunk=4096,
     )
-    w = replace(w, seq_len=padded_length(tokens, w.layout, ranks))  # as the job pads it
+    # as the job pads it
+    w = replace(w, seq_len=padded_length(tokens, world_size=ranks, layout=w.layout))
     est = estimate(
         w, ranks, device, nominal_link(device), ranks_on_host=ranks, overlap_threshold=False
     )

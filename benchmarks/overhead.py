@@ -83,7 +83,7 @@ class Row:
     mib_fresh: float
     page_faults: int
     aten_ops: int
-    plan_misses: int | None  # block_plan cache misses in the measured calls (None: no cache)
+    plan_misses: int | None  # plans computed in the measured calls (None: no counter)
     wall_x_each: list[float]  # every repetition's ratios: how far to trust the medians
     cpu_x_each: list[float]
     outside_cores: float | None = None  # other jobs' CPU use during the engine's run
@@ -197,8 +197,12 @@ def _step(ringattn, tensors, cfg: dict) -> None:
 
 
 def _plan_misses(ringattn) -> int | None:
-    plan = getattr(getattr(ringattn, "blocks", None), "block_plan", None)
-    return plan.cache_info().misses if hasattr(plan, "cache_info") else None
+    """Plans computed so far (None for an engine without the counter: older commits)."""
+    try:
+        from ringattn.geometry import plans_built
+    except ImportError:
+        return None
+    return plans_built()
 
 
 def _timed_step(ringattn, tensors, cfg, probe: Probe, stats) -> dict:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.results_file import write_results
-from ringattn.blocks import ring_reach
+from ringattn.geometry import ring_reach
 
 DEFAULT_OUT = Path("benchmarks/results/window.json")
 AGREE_TOL = 1e-4
@@ -43,7 +43,7 @@ class Row:
     vs_full_ring: float
     max_rel_diff: float
     agrees: bool
-    hops: int  # K/V transfers per rank in the forward (ringattn.blocks.ring_reach)
+    hops: int  # K/V transfers per rank in the forward (ringattn.geometry.ring_reach)
 
 
 def _inputs(seq: int, heads: int, kv_heads: int, dim: int):

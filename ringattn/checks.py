@@ -10,7 +10,9 @@ from .layouts import LAYOUTS, check_layout
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> None:
+def check_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, packed: bool = False
+) -> None:
     check_layout(layout)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -33,7 +35,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str)
         raise ValueError(f"unsupported dtype {q.dtype}; expected one of {_DTYPES}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
-    if layout == "zigzag" and s % 2:
+    if layout == "zigzag" and s % 2 and not packed:
         raise ValueError(f"zigzag shards hold two equal chunks; seq_local={s} is odd")
 
 
@@ -88,6 +90,7 @@ def check_ranks_agree(
     *,
     has_sinks: bool = False,
     window: int | None = None,
+    packing: int | None = None,
 ) -> None:
     """All ranks must pass the same shapes: otherwise the ring's transfers mismatch or hang."""
     world = dist.get_world_size(group)
@@ -103,6 +106,7 @@ def check_ranks_agree(
             LAYOUTS.index(layout),
             int(has_sinks),
             -1 if window is None else int(window),
+            -1 if packing is None else int(packing),
         ],
         dtype=torch.int64,
         device=device,
@@ -116,7 +120,8 @@ def check_ranks_agree(
             return (
                 f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
                 f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])} "
-                f"window={None if r[9] < 0 else r[9]}"
+                f"window={None if r[9] < 0 else r[9]} "
+                f"packing={'none' if r[10] < 0 else f'{r[10]:08x}'}"
             )
 
         detail = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))

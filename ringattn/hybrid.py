@@ -47,7 +47,15 @@ import torch
 import torch.distributed as dist
 
 from .checks import check_window
-from .layouts import HYBRID_LAYOUTS, hybrid_grid, ring_layout_of
+from .layouts import (
+    HYBRID_LAYOUTS,
+    CuSeqlens,
+    hybrid_grid,
+    packed_tokens,
+    packing_fingerprint,
+    ring_geometry,
+    ring_layout_of,
+)
 from .ring import ring_attention
 from .ulysses import HeadsToSeq, SeqToHeads
 
@@ -119,6 +127,7 @@ class _Desc:
     same_device: int
     causal: int
     layout: int  # index into HYBRID_LAYOUTS, -1 if other
+    packing: int  # layouts.packing_fingerprint of cu_seqlens, -1 for a plain sequence
     ulysses_degree: int
     ring_size: int
     ulysses_rank: int
@@ -136,6 +145,7 @@ class _Desc:
             self.same_device,
             self.causal,
             self.layout,
+            self.packing,
             self.ulysses_degree,
             self.ring_size,
         )
@@ -150,6 +160,7 @@ class _Desc:
             self.same_device,
             self.causal,
             self.layout,
+            self.packing,
             self.ulysses_degree,
             self.ring_size,
             self.ulysses_rank,
@@ -169,7 +180,7 @@ class _Desc:
         )
 
 
-def _describe(q, k, v, causal, layout, ulysses_group, ring_group) -> _Desc:
+def _describe(q, k, v, causal, layout, packing, ulysses_group, ring_group) -> _Desc:
     def shape(t):
         return tuple(t.shape) if t.dim() == 4 else (-1, -1, -1, -1)
 
@@ -185,6 +196,7 @@ def _describe(q, k, v, causal, layout, ulysses_group, ring_group) -> _Desc:
         int(q.device == k.device == v.device),
         int(bool(causal)),
         HYBRID_LAYOUTS.index(layout) if layout in HYBRID_LAYOUTS else -1,
+        -1 if packing is None else packing,
         dist.get_world_size(ulysses_group),
         dist.get_world_size(ring_group),
         dist.get_rank(ulysses_group),
@@ -219,7 +231,7 @@ def _local_problem(d: _Desc) -> str | None:
             f"kv_heads ({hk}) and the Ulysses degree U={u} must divide one another "
             "(kv heads split over the group, or replicated across it)"
         )
-    if HYBRID_LAYOUTS[d.layout] == "hybrid-zigzag" and (u * s) % 2:
+    if HYBRID_LAYOUTS[d.layout] == "hybrid-zigzag" and (u * s) % 2 and d.packing < 0:
         return (
             f"the hybrid-zigzag layout gives each group two equal chunks, but the group "
             f"holds U x seq_local = {u} x {s} tokens, an odd number"
@@ -242,6 +254,7 @@ def _variant(r: _Desc) -> str:
     return (
         f"q={r.q} k={r.k} v={r.v} dtypes={dtypes} causal={bool(r.causal)} "
         f"layout={layout} U={r.ulysses_degree} R={r.ring_size}"
+        + ("" if r.packing < 0 else f" packing={r.packing:08x}")
     )
 
 
@@ -292,7 +305,9 @@ def _ring_stage(rows: list[_Desc], culprits: list[_Desc]) -> str | None:
     return problem
 
 
-def check_grid_agree(q, k, v, *, causal, layout, ulysses_group, ring_group) -> None:
+def check_grid_agree(
+    q, k, v, *, causal, layout, ulysses_group, ring_group, packing: int | None = None
+) -> None:
     """Raise a ValueError on every rank of the grid if any rank's input is bad.
 
     Three collectives of fixed size: the rows of the Ulysses group (each rank's shapes, flags
@@ -303,7 +318,7 @@ def check_grid_agree(q, k, v, *, causal, layout, ulysses_group, ring_group) -> N
     the rank that found it.
     """
     device = q.device if dist.get_backend(ulysses_group) == "nccl" else torch.device("cpu")
-    mine = _describe(q, k, v, causal, layout, ulysses_group, ring_group)
+    mine = _describe(q, k, v, causal, layout, packing, ulysses_group, ring_group)
     width = len(mine.as_list())
     group_rows = [_Desc.from_list(x) for x in _gather(mine.as_list(), ulysses_group, device)]
     problem = _ulysses_stage(group_rows)
@@ -362,6 +377,7 @@ def hybrid_attention(
     ring_group: dist.ProcessGroup | None,
     softmax_scale: float | None = None,
     window: int | None = None,
+    cu_seqlens: CuSeqlens | None = None,
 ) -> torch.Tensor:
     """Exact attention over a sequence sharded across a U x R grid of ranks.
 
@@ -370,38 +386,45 @@ def hybrid_attention(
     rank=hybrid_rank, ulysses_degree=U)``). Returns this rank's shard of the output, same
     layout; differentiable with respect to q, k and v. ``None`` for a group is the default one.
     ``window``: a sliding window, as ``ring_attention``'s: after the all-to-all each ring member
-    holds the ring layout's positions, so the ring applies it unchanged.
+    holds the ring layout's positions, so the ring applies it unchanged. ``cu_seqlens``:
+    packed documents, as ``ring_attention``'s (shard with the same ``cu_seqlens``).
     """
     _require_groups(ulysses_group, ring_group)
     window = check_window(window, causal)
-    check_grid_agree(
-        q, k, v, causal=causal, layout=layout, ulysses_group=ulysses_group, ring_group=ring_group
-    )
-    ring_layout = ring_layout_of(layout)
     degree = dist.get_world_size(ulysses_group)
-    if degree == 1:
-        return ring_attention(
-            q,
-            k,
-            v,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            group=ring_group,
-            layout=ring_layout,
-            window=window,
+    packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
+    check_grid_agree(
+        q,
+        k,
+        v,
+        causal=causal,
+        layout=layout,
+        ulysses_group=ulysses_group,
+        ring_group=ring_group,
+        packing=packing,
+    )
+    if cu_seqlens is not None:  # the ring's packed layout: rows a multiple of U per group
+        world = degree * dist.get_world_size(ring_group)
+        cu_seqlens = ring_geometry(
+            packed_tokens(cu_seqlens),
+            world_size=world,
+            layout=layout,
+            ulysses_degree=degree,
+            cu_seqlens=cu_seqlens,
         )
-    k, v = _replicate_kv(k, v, degree)
-    q_h, k_h, v_h = SeqToHeads.apply(ulysses_group, q, k, v)
-    out_h = ring_attention(
-        q_h,
-        k_h,
-        v_h,
+    ring = dict(
         causal=causal,
         softmax_scale=softmax_scale,
         group=ring_group,
-        layout=ring_layout,
+        layout=ring_layout_of(layout),
         window=window,
+        cu_seqlens=cu_seqlens,
     )
+    if degree == 1:
+        return ring_attention(q, k, v, **ring)
+    k, v = _replicate_kv(k, v, degree)
+    q_h, k_h, v_h = SeqToHeads.apply(ulysses_group, q, k, v)
+    out_h = ring_attention(q_h, k_h, v_h, **ring)
     (out,) = HeadsToSeq.apply(ulysses_group, out_h)
     return out
 

@@ -29,6 +29,8 @@ from typing import Protocol
 
 import torch
 
+from .geometry import BANDED_MAX_SCORES, band_chunks, banded_rows
+
 Tensor = torch.Tensor
 
 
@@ -229,18 +231,6 @@ class ChunkedKernel:
         return _matmul_backward(dout, q, k, v, out, lse, scale, offset, None, self.chunk)
 
 
-def _matmul_chunks(sq: int, sk: int, offset: int, window: int | None, rows: int):
-    """(r0, r1, k0, k1) per chunk of ``rows`` query rows that sees some key: rows [r0, r1)
-    against the keys [k0, k1) they can see (key b visible to query a iff
-    ``a + offset - window < b <= a + offset``; no lower bound when ``window`` is None)."""
-    for r0 in range(0, sq, rows):
-        r1 = min(sq, r0 + rows)
-        k0 = 0 if window is None else max(0, r0 + offset - window + 1)
-        k1 = min(sk, r1 + offset)
-        if k0 < k1:
-            yield r0, r1, k0, k1
-
-
 def _visible(r0: int, r1: int, k0: int, k1: int, offset: int, window: int | None, device):
     a = torch.arange(r0, r1, device=device)[:, None] + offset
     b = torch.arange(k0, k1, device=device)[None, :]
@@ -289,7 +279,7 @@ def _matmul_forward(q, k, v, scale, offset, window, rows):
     out = torch.zeros(b, hkv, h // hkv, sq, d, dtype=acc, device=q.device)
     lse = torch.full((b, hkv, h // hkv, sq), float("-inf"), dtype=acc, device=q.device)
     masks = _ChunkMasks(offset, window, q.device)
-    for r0, r1, k0, k1 in _matmul_chunks(sq, k.shape[1], offset, window, rows):
+    for r0, r1, k0, k1 in band_chunks(sq, k.shape[1], offset, window, rows):
         seen, _ = masks(r0, r1, k0, k1)
         s = torch.matmul(qg[..., r0:r1, :].to(acc), kg[..., k0:k1, :].to(acc).transpose(-1, -2))
         s = (s * scale).masked_fill(~seen, float("-inf"))
@@ -316,7 +306,7 @@ def _matmul_backward(dout, q, k, v, out, lse, scale, offset, window, rows):
     dk = torch.zeros(b, hkv, 1, sk, d, dtype=acc, device=q.device)
     dv = torch.zeros_like(dk)
     masks = _ChunkMasks(offset, window, q.device)
-    for r0, r1, k0, k1 in _matmul_chunks(sq, sk, offset, window, rows):
+    for r0, r1, k0, k1 in band_chunks(sq, sk, offset, window, rows):
         seen, _ = masks(r0, r1, k0, k1)
         qc, doc = qg[..., r0:r1, :].to(acc), dog[..., r0:r1, :].to(acc)
         kc, vc = kg[..., k0:k1, :].to(acc), vg[..., k0:k1, :].to(acc)
@@ -349,7 +339,7 @@ class BandedKernel:
 
     name = "banded"
 
-    def __init__(self, max_scores: int = 2**26, fused: bool | None = None) -> None:
+    def __init__(self, max_scores: int = BANDED_MAX_SCORES, fused: bool | None = None) -> None:
         self.max_scores = max_scores  # scores held at once, all heads of the batch (matmuls)
         self.fused = fused  # None: the CPU fused kernel where it exists
 
@@ -363,14 +353,11 @@ class BandedKernel:
         )
 
     def _rows(self, q: Tensor, window: int) -> int:
-        """Query rows per chunk: about the window (a chunk of R rows computes R x (R + W - 1)
-        scores for R x W visible ones), at most 1024, within ``max_scores``."""
-        rows = max(64, min(1024, window))
-        per_row = q.shape[0] * q.shape[2] * (rows + window)
-        return max(16, min(rows, self.max_scores // max(1, per_row)))
+        """Query rows per chunk (``geometry.banded_rows``)."""
+        return banded_rows(q.shape[0], q.shape[2], window, self.max_scores)
 
     def _chunks(self, q: Tensor, sk: int, offset: int, window: int):
-        return _matmul_chunks(q.shape[1], sk, offset, window, self._rows(q, window))
+        return band_chunks(q.shape[1], sk, offset, window, self._rows(q, window))
 
     def forward(self, q, k, v, *, scale, offset, window):
         if self._fused(q):

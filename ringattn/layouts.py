@@ -1,4 +1,4 @@
-"""How a global sequence is cut into per-rank shards.
+"""How a global sequence is cut into per-rank shards (tensors; the rules are ``geometry``'s).
 
 Two ring layouts:
 
@@ -12,6 +12,15 @@ N must be divisible by what the layout needs (P, or 2P). The engine never pads s
 wrong split would give a wrong answer, so it raises a ValueError naming N, P and the layout.
 Callers that need arbitrary lengths pad at the *end* of the sequence (see ``padded_length``):
 under a causal mask, tokens appended at the end cannot change any earlier token's output.
+
+Packed sequences (``cu_seqlens = [0, l1, l1+l2, ..., N]``, flash-attn's varlen convention):
+many documents in one sequence, each attending only to itself. Any N and any lengths: the
+layout adds the padding rows it needs (fewer than P per sequence) and says where
+(``sequence_positions`` gives -1 there). ``zigzag`` is then the balanced packed layout
+(``geometry``: long documents zigzagged over every rank, short ones whole where the work is
+least), ``contiguous`` the packed tokens in P equal slices. ``cu_seqlens`` may be a list, an
+int tensor, or a ``geometry.SequenceLayout`` from ``pack_sequence`` (to balance the work under
+a sliding window: pass the same object to every call).
 
 Two hybrid layouts, for ``ringattn.hybrid_attention`` (Ulysses groups of U ranks, a ring of
 R = P/U groups). A rank's *hybrid rank* is ``ring_rank * U + ulysses_rank`` (its global rank
@@ -28,143 +37,208 @@ when the groups come from ``ringattn.hybrid.hybrid_groups``); every call takes P
   P ranks in hybrid-rank order. N must be a multiple of P.
 
 With U = 1 a hybrid layout is its ring layout; with R = 1 the group holds the whole sequence
-(the U members hold consecutive pieces).
+(the U members hold consecutive pieces). Packed hybrid layouts give each group a share of
+rows that is a multiple of U.
 """
 
 from __future__ import annotations
 
-import math
+import zlib
 from collections.abc import Sequence
 
 import torch
 
-LAYOUTS = ("contiguous", "zigzag")  # the ring's layouts (``ring_attention``)
-HYBRID_LAYOUTS = ("hybrid-zigzag", "hybrid-contiguous")  # ``hybrid_attention``'s
+from .geometry import (
+    HYBRID_LAYOUTS,
+    LAYOUTS,
+    SequenceLayout,
+    check_layout,
+    check_sequence_layout,
+    chunks_per_rank,
+    hybrid_grid,
+    layout_multiple,
+    packed_layout,
+    padded_length,
+    plain_layout,
+    ring_layout_of,
+)
+
+__all__ = [
+    "HYBRID_LAYOUTS",
+    "LAYOUTS",
+    "check_divisible",
+    "check_layout",
+    "chunks_per_rank",
+    "document_positions",
+    "hybrid_grid",
+    "pack_sequence",
+    "packed_tokens",
+    "packing_fingerprint",
+    "padded_length",
+    "ring_geometry",
+    "ring_layout_of",
+    "sequence_positions",
+    "shard_sequence",
+    "unshard_sequence",
+]
+
+CuSeqlens = Sequence[int] | torch.Tensor | SequenceLayout
 
 
-def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
-
-
-def chunks_per_rank(layout: str) -> int:
-    check_layout(layout)
-    return 1 if layout == "contiguous" else 2
-
-
-def check_sequence_layout(layout: str) -> None:
-    """A ring layout or a hybrid one: what the sharding functions accept."""
-    if layout not in LAYOUTS + HYBRID_LAYOUTS:
-        raise ValueError(
-            f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS + HYBRID_LAYOUTS)}"
-        )
-
-
-def ring_layout_of(layout: str) -> str:
-    """The layout the ring of Ulysses groups sees: ``hybrid-zigzag`` -> ``zigzag``."""
-    check_sequence_layout(layout)
-    return layout.removeprefix("hybrid-")
-
-
-def hybrid_grid(world_size: int, ulysses_degree: int, rank: int) -> tuple[int, int, int]:
-    """(ring size R, ring rank, ulysses rank) of hybrid rank ``rank`` among P = U x R ranks."""
-    if ulysses_degree < 1 or world_size < 1 or world_size % ulysses_degree:
-        raise ValueError(
-            f"the Ulysses degree U={ulysses_degree} must be >= 1 and divide the world size "
-            f"P={world_size} (P = U x R, R the ring size)"
-        )
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside [0, {world_size})")
-    return world_size // ulysses_degree, rank // ulysses_degree, rank % ulysses_degree
-
-
-def _check_ulysses_degree(layout: str, ulysses_degree: int) -> None:
-    if layout in LAYOUTS and ulysses_degree != 1:
-        raise ValueError(
-            f"ulysses_degree={ulysses_degree} needs a hybrid layout "
-            f"({', '.join(HYBRID_LAYOUTS)}); the {layout!r} layout has no Ulysses groups"
-        )
-
-
-def _hybrid_multiple(world_size: int, ulysses_degree: int, layout: str) -> int:
-    ring_size, _, _ = hybrid_grid(world_size, ulysses_degree, 0)
-    if ring_layout_of(layout) == "contiguous":
-        return world_size
-    return math.lcm(world_size, 2 * ring_size)
-
-
-def padded_length(seq_len: int, *, world_size: int, layout: str, ulysses_degree: int = 1) -> int:
-    """The smallest length >= seq_len that the layout can split over world_size ranks."""
-    check_sequence_layout(layout)
-    _check_ulysses_degree(layout, ulysses_degree)
-    if layout in HYBRID_LAYOUTS:
-        multiple = _hybrid_multiple(world_size, ulysses_degree, layout)
-    else:
-        multiple = world_size * chunks_per_rank(layout)
-    return -(-seq_len // multiple) * multiple
-
-
-def check_divisible(seq_len: int, *, world_size: int, layout: str) -> None:
+def check_divisible(seq_len: int, *, world_size: int, layout: str, ulysses_degree: int = 1):
+    """A plain sequence of ``seq_len`` splits over ``world_size`` ranks in ``layout``, or a
+    ValueError naming N, P, the layout, the rule and the length to pad to."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    multiple = world_size * chunks_per_rank(layout)
-    if seq_len % multiple:
-        raise ValueError(
-            f"sequence length N={seq_len} cannot be split over P={world_size} ranks in the "
-            f"{layout!r} layout: N must be a multiple of {multiple}"
-            + (" (2P)" if layout == "zigzag" else " (P)")
-            + f"; pad to {padded_length(seq_len, world_size=world_size, layout=layout)} "
-            "at the end of the sequence (ringattn.padded_length)"
-        )
-
-
-def _chunk_ids(world_size: int, rank: int, layout: str) -> tuple[int, ...]:
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside [0, {world_size})")
-    if layout == "contiguous":
-        return (rank,)
-    return (rank, 2 * world_size - 1 - rank)
-
-
-def _check_hybrid_divisible(seq_len: int, world_size: int, ulysses_degree: int, layout: str):
-    multiple = _hybrid_multiple(world_size, ulysses_degree, layout)
-    if seq_len % multiple:
+    multiple = layout_multiple(layout, world_size, ulysses_degree)
+    if seq_len % multiple == 0:
+        return
+    if layout in HYBRID_LAYOUTS:
         ring_size = world_size // ulysses_degree
         rule = "P" if ring_layout_of(layout) == "contiguous" else "lcm(P, 2R)"
-        raise ValueError(
-            f"sequence length N={seq_len} cannot be split over P={world_size} ranks "
-            f"(U={ulysses_degree} x R={ring_size}) in the {layout!r} layout: N must be a "
-            f"multiple of {multiple} ({rule}); pad to "
-            f"{-(-seq_len // multiple) * multiple} at the end of the sequence "
-            "(ringattn.padded_length)"
-        )
-
-
-def _hybrid_positions(seq_len: int, world_size: int, rank: int, layout: str, ulysses_degree: int):
-    ring_size, ring_rank, ulysses_rank = hybrid_grid(world_size, ulysses_degree, rank)
-    _check_hybrid_divisible(seq_len, world_size, ulysses_degree, layout)
-    share = sequence_positions(
-        seq_len, world_size=ring_size, rank=ring_rank, layout=ring_layout_of(layout)
+        where = f"P={world_size} ranks (U={ulysses_degree} x R={ring_size})"
+    else:
+        rule = "2P" if layout == "zigzag" else "P"
+        where = f"P={world_size} ranks"
+    padded = padded_length(
+        seq_len, world_size=world_size, layout=layout, ulysses_degree=ulysses_degree
     )
-    return share.chunk(ulysses_degree)[ulysses_rank]
+    raise ValueError(
+        f"sequence length N={seq_len} cannot be split over {where} in the {layout!r} layout: "
+        f"N must be a multiple of {multiple} ({rule}); pad to {padded} at the end of the "
+        "sequence (ringattn.padded_length), or pack it with cu_seqlens"
+    )
+
+
+def _cu_tuple(cu_seqlens) -> tuple[int, ...]:
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+            raise ValueError(
+                "cu_seqlens must be a 1-D integer tensor [0, l1, l1+l2, ..., N], got "
+                f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
+            )
+        return tuple(cu_seqlens.tolist())
+    return tuple(int(c) for c in cu_seqlens)
+
+
+def pack_sequence(
+    cu_seqlens: Sequence[int] | torch.Tensor,
+    *,
+    world_size: int,
+    layout: str,
+    ulysses_degree: int = 1,
+    balance_window: int | None = None,
+) -> SequenceLayout:
+    """The packed layout of the ring (R = P / U ranks for a hybrid layout, each holding a
+    multiple of U rows): pass it as ``cu_seqlens`` to every call so they all agree.
+    ``balance_window``: balance the causal work under that sliding window (a windowed model)
+    instead of full causal attention; any window still computes exactly."""
+    check_sequence_layout(layout)
+    ring_size, _, _ = hybrid_grid(world_size, ulysses_degree, 0)
+    if layout in LAYOUTS and ulysses_degree != 1:
+        layout_multiple(layout, world_size, ulysses_degree)  # raises the hybrid-layout error
+    cu = _cu_tuple(cu_seqlens)
+    return packed_layout(cu, ring_size, ring_layout_of(layout), ulysses_degree, balance_window)
+
+
+def ring_geometry(
+    seq_len: int, *, world_size: int, layout: str, ulysses_degree: int = 1, cu_seqlens=None
+) -> SequenceLayout:
+    """The ring's layout: of a plain sequence of ``seq_len`` tokens (checked divisible), or of
+    the packed documents ``cu_seqlens`` (``seq_len`` must then be their N)."""
+    if cu_seqlens is None:
+        check_divisible(
+            seq_len, world_size=world_size, layout=layout, ulysses_degree=ulysses_degree
+        )
+        ring_size, _, _ = hybrid_grid(world_size, ulysses_degree, 0)
+        return plain_layout(seq_len, ring_size, ring_layout_of(layout))
+    if isinstance(cu_seqlens, SequenceLayout):
+        geo = cu_seqlens
+        ring_size = world_size // max(1, ulysses_degree)
+        if geo.world_size != ring_size or geo.name != ring_layout_of(layout):
+            raise ValueError(
+                f"cu_seqlens was packed for a {geo.name!r} ring of {geo.world_size} ranks; "
+                f"this call is a {layout!r} layout over P={world_size} (U={ulysses_degree})"
+            )
+    else:
+        geo = pack_sequence(
+            cu_seqlens, world_size=world_size, layout=layout, ulysses_degree=ulysses_degree
+        )
+    if seq_len != geo.tokens:
+        raise ValueError(
+            f"the sequence holds {seq_len} tokens but cu_seqlens packs N={geo.tokens} "
+            "(cu_seqlens[-1] must be the packed length)"
+        )
+    return geo
+
+
+def _local_rows(geo: SequenceLayout, world_size: int, rank: int, ulysses_degree: int):
+    """(ring rank, the slice of its rows this hybrid rank holds)."""
+    _, ring_rank, ulysses_rank = hybrid_grid(world_size, ulysses_degree, rank)
+    piece = geo.rows // ulysses_degree
+    return ring_rank, slice(ulysses_rank * piece, (ulysses_rank + 1) * piece)
 
 
 def sequence_positions(
-    seq_len: int, *, world_size: int, rank: int, layout: str, ulysses_degree: int = 1
+    seq_len: int,
+    *,
+    world_size: int,
+    rank: int,
+    layout: str,
+    ulysses_degree: int = 1,
+    cu_seqlens: CuSeqlens | None = None,
 ) -> torch.Tensor:
-    """Global token indices held by ``rank``, in local order (for RoPE and for gathering).
+    """Global token indices held by ``rank``, in local order (for RoPE and for gathering);
+    with ``cu_seqlens``, packed positions, -1 for a row the layout adds (padding).
 
     For a hybrid layout, ``rank`` is the hybrid rank ``ring_rank * U + ulysses_rank`` and
     ``ulysses_degree`` is U (see the module docstring).
     """
-    check_sequence_layout(layout)
-    _check_ulysses_degree(layout, ulysses_degree)
-    if layout in HYBRID_LAYOUTS:
-        return _hybrid_positions(seq_len, world_size, rank, layout, ulysses_degree)
-    check_divisible(seq_len, world_size=world_size, layout=layout)
-    ids = _chunk_ids(world_size, rank, layout)
-    size = seq_len // (world_size * len(ids))
-    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in ids])
+    geo = ring_geometry(
+        seq_len,
+        world_size=world_size,
+        layout=layout,
+        ulysses_degree=ulysses_degree,
+        cu_seqlens=cu_seqlens,
+    )
+    ring_rank, rows = _local_rows(geo, world_size, rank, ulysses_degree)
+    return torch.tensor(geo.positions(ring_rank)[rows], dtype=torch.long)
+
+
+def document_positions(
+    cu_seqlens: CuSeqlens,
+    *,
+    world_size: int,
+    rank: int,
+    layout: str,
+    ulysses_degree: int = 1,
+) -> torch.Tensor:
+    """Each local row's position within its own document (RoPE's ``position_ids`` for packed
+    documents: every document starts at 0); -1 for padding."""
+    geo = ring_geometry(
+        packed_tokens(cu_seqlens),
+        world_size=world_size,
+        layout=layout,
+        ulysses_degree=ulysses_degree,
+        cu_seqlens=cu_seqlens,
+    )
+    ring_rank, rows = _local_rows(geo, world_size, rank, ulysses_degree)
+    return torch.tensor(geo.document_positions(ring_rank)[rows], dtype=torch.long)
+
+
+def packed_tokens(cu_seqlens: CuSeqlens) -> int:
+    """N, the tokens ``cu_seqlens`` packs."""
+    if isinstance(cu_seqlens, SequenceLayout):
+        return cu_seqlens.tokens
+    cu = _cu_tuple(cu_seqlens)
+    return cu[-1] if cu else 0
+
+
+def packing_fingerprint(cu_seqlens: CuSeqlens) -> int:
+    """A 31-bit checksum of the packing, which every rank of a ring must agree on."""
+    if isinstance(cu_seqlens, SequenceLayout):
+        return cu_seqlens.fingerprint()
+    return zlib.crc32(repr(_cu_tuple(cu_seqlens)).encode()) & 0x7FFFFFFF
 
 
 def shard_sequence(
@@ -175,46 +249,74 @@ def shard_sequence(
     layout: str,
     dim: int = 1,
     ulysses_degree: int = 1,
+    cu_seqlens: CuSeqlens | None = None,
 ) -> torch.Tensor:
-    """This rank's shard of the full tensor ``x`` (a new contiguous tensor).
+    """This rank's shard of the full tensor ``x`` (a new contiguous tensor); with
+    ``cu_seqlens``, padding rows are zeros.
 
     For a hybrid layout, ``rank`` is the hybrid rank and ``ulysses_degree`` is U.
     """
-    check_sequence_layout(layout)
-    _check_ulysses_degree(layout, ulysses_degree)
-    seq_len = x.shape[dim]
-    if layout in HYBRID_LAYOUTS:
-        positions = _hybrid_positions(seq_len, world_size, rank, layout, ulysses_degree)
+    positions = sequence_positions(
+        x.shape[dim],
+        world_size=world_size,
+        rank=rank,
+        layout=layout,
+        ulysses_degree=ulysses_degree,
+        cu_seqlens=cu_seqlens,
+    )
+    if cu_seqlens is None:
         return x.index_select(dim, positions.to(x.device)).contiguous()
-    check_divisible(seq_len, world_size=world_size, layout=layout)
-    ids = _chunk_ids(world_size, rank, layout)
-    pieces = x.chunk(world_size * len(ids), dim=dim)
-    return torch.cat([pieces[c] for c in ids], dim=dim).contiguous()
+    pad_shape = list(x.shape)
+    pad_shape[dim] = 1
+    padded = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)  # row N: the padding row
+    index = torch.where(positions < 0, x.shape[dim], positions)
+    return padded.index_select(dim, index.to(x.device)).contiguous()
 
 
 def unshard_sequence(
-    chunks: Sequence[torch.Tensor], *, layout: str, dim: int = 1, ulysses_degree: int = 1
+    chunks: Sequence[torch.Tensor],
+    *,
+    layout: str,
+    dim: int = 1,
+    ulysses_degree: int = 1,
+    cu_seqlens: CuSeqlens | None = None,
 ) -> torch.Tensor:
     """Reassemble the full tensor from every rank's shard, given in rank order (hybrid-rank
-    order for a hybrid layout, with ``ulysses_degree`` U)."""
+    order for a hybrid layout, with ``ulysses_degree`` U); with ``cu_seqlens`` the N packed
+    tokens, padding rows dropped."""
     check_sequence_layout(layout)
-    _check_ulysses_degree(layout, ulysses_degree)
     world_size = len(chunks)
     if world_size == 0:
         raise ValueError("unshard_sequence needs at least one shard")
-    if layout in HYBRID_LAYOUTS:
-        hybrid_grid(world_size, ulysses_degree, 0)
-        u = ulysses_degree
-        shares = [torch.cat(list(chunks[i : i + u]), dim=dim) for i in range(0, world_size, u)]
-        return unshard_sequence(shares, layout=ring_layout_of(layout), dim=dim)
-    if layout == "contiguous":
-        return torch.cat(list(chunks), dim=dim)
-    ordered: list[torch.Tensor | None] = [None] * (2 * world_size)
-    for rank, shard in enumerate(chunks):
-        if shard.shape[dim] % 2:
-            raise ValueError(
-                f"zigzag shard of rank {rank} has odd length {shard.shape[dim]} along dim {dim}"
-            )
-        first, second = shard.chunk(2, dim=dim)
-        ordered[rank], ordered[2 * world_size - 1 - rank] = first, second
-    return torch.cat(ordered, dim=dim)  # type: ignore[arg-type]
+    hybrid_grid(world_size, ulysses_degree, 0)
+    local = chunks[0].shape[dim]
+    if any(c.shape[dim] != local for c in chunks):
+        raise ValueError(
+            f"shards differ in length along dim {dim}: {[c.shape[dim] for c in chunks]}"
+        )
+    if cu_seqlens is None:
+        seq_len = local * world_size
+    else:
+        seq_len = packed_tokens(cu_seqlens)
+    positions = [
+        sequence_positions(
+            seq_len,
+            world_size=world_size,
+            rank=r,
+            layout=layout,
+            ulysses_degree=ulysses_degree,
+            cu_seqlens=cu_seqlens,
+        )
+        for r in range(world_size)
+    ]
+    if positions[0].numel() != local:
+        raise ValueError(
+            f"each shard holds {local} rows along dim {dim}; the {layout!r} layout gives "
+            f"{positions[0].numel()}"
+        )
+    joined = torch.cat(list(chunks), dim=dim)
+    order = torch.cat(positions)
+    keep = (order >= 0).nonzero().squeeze(1)
+    inverse = torch.empty(seq_len, dtype=torch.long)
+    inverse[order[keep]] = keep
+    return joined.index_select(dim, inverse.to(joined.device))

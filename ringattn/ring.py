@@ -17,9 +17,12 @@ home and sends only the visitor's: one dK/dV transfer instead of two.) The first
 dQ, of a rank's own dK/dV and of an accumulator is the kernel's own output, not an add into
 zeros.
 
-Under a causal mask, ``block_plan`` (blocks.py) says which part of a block is needed: blocks
-entirely in the future are skipped, so their FLOPs are never spent; in the zigzag layout every
-step after the first costs every rank exactly half a block. Under a sliding window, blocks
+Where every token lives and which part of a block is needed is the ring's ``SequenceLayout``
+(geometry.py, ``RingSetup.plan``): under a causal mask blocks entirely in the future are
+skipped, so their FLOPs are never spent; in the zigzag layout every step after the first costs
+every rank exactly half a block. Packed documents (``cu_seqlens``) are the same loop over a
+packed layout: pairs of blocks of different documents are never computed, and a ring step
+that carries nothing any rank needs is not made. Under a sliding window, blocks
 entirely behind the window are skipped too and the boundary pieces go to ``BandedKernel``; the
 merge then starts from (0, -inf), since the first piece computed may not cover every row.
 
@@ -39,17 +42,24 @@ the sink column, whose dP is zero).
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .blocks import Block, block_plan, ring_reach
 from .checks import check_inputs, check_ranks_agree, check_sinks, check_window, resolve_group
 from .comm import Endpoint, RingComm, Transport
+from .geometry import Block, SequenceLayout
 from .kernels import BandedKernel, BlockKernel, default_scale, select_kernel
-from .layouts import check_divisible
+from .layouts import (
+    CuSeqlens,
+    check_divisible,
+    packed_tokens,
+    packing_fingerprint,
+    ring_geometry,
+)
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor):
@@ -96,91 +106,92 @@ class _Rotation:
         self._arrived += 1
 
 
-def _plan(
-    step: int, comm: Endpoint, seq_local: int, causal: bool, layout: str, window: int | None
-) -> tuple[Block, ...]:
-    return block_plan(
-        step=step,
-        rank=comm.rank,
-        world_size=comm.world_size,
-        seq_local=seq_local,
-        causal=causal,
-        layout=layout,
-        window=window,
-    )
+@dataclass(frozen=True)
+class RingSetup:
+    """What every step of one ``ring_attention`` call shares: where the tokens live (the ring's
+    ``SequenceLayout``, plain or packed), the mask, the softmax scale, the block kernel and the
+    transport."""
+
+    geometry: SequenceLayout
+    causal: bool
+    window: int | None
+    scale: float
+    kernel: BlockKernel
+    transport: Transport
+
+    def plan(self, step: int, rank: int) -> tuple[Block, ...]:
+        return self.geometry.plan(step, rank, self.causal, self.window)
+
+    def legs(self) -> list[tuple[int, int]]:
+        """(shift, hops) of each leg of the ring: forward (+1) to the ranks before, then, where
+        the ranks after are needed too (a windowed zigzag ring), backward (-1) to those
+        (``SequenceLayout.reach``)."""
+        forward, backward = self.geometry.reach(self.causal, self.window)
+        return [(1, forward)] + ([(-1, backward)] if backward else [])
+
+    @property
+    def rows_may_start_empty(self) -> bool:
+        """May a query row see nothing in its first block (a window, packed documents,
+        padding rows)? Then the merge starts from (0, -inf) instead of step 0's result."""
+        geo = self.geometry
+        return geo.packed or geo.window_cuts(self.causal, self.window)
 
 
-def _windowed(causal: bool, window: int | None, seq_local: int, world: int) -> bool:
-    """Does the window cut anything (else the plan and merge are the plain causal ones)?"""
-    return causal and window is not None and window < seq_local * world
-
-
-def _block_forward(kernel, q, k, v, blk: Block, scale: float):
+def _block_forward(setup: RingSetup, q, k, v, blk: Block):
     if blk.window is not None:
-        return _BANDED.forward(q, k, v, scale=scale, offset=blk.offset, window=blk.window)
-    return kernel.forward(q, k, v, scale=scale, causal=blk.causal)
+        return _BANDED.forward(q, k, v, scale=setup.scale, offset=blk.offset, window=blk.window)
+    return setup.kernel.forward(q, k, v, scale=setup.scale, causal=blk.causal)
 
 
-def _block_backward(kernel, dout, q, k, v, out, lse, blk: Block, scale: float):
+def _block_backward(setup: RingSetup, dout, q, k, v, out, lse, blk: Block):
     if blk.window is not None:
         return _BANDED.backward(
-            dout, q, k, v, out, lse, scale=scale, offset=blk.offset, window=blk.window
+            dout, q, k, v, out, lse, scale=setup.scale, offset=blk.offset, window=blk.window
         )
-    return kernel.backward(dout, q, k, v, out, lse, scale=scale, causal=blk.causal)
+    return setup.kernel.backward(dout, q, k, v, out, lse, scale=setup.scale, causal=blk.causal)
 
 
 _BANDED = BandedKernel()
 
 
-def _legs(comm: Endpoint, seq_local: int, causal: bool, layout: str, window: int | None):
-    """(shift, hops) of each leg of the ring: forward (+1) to the ranks before, then, for a
-    windowed zigzag ring, backward (-1) to those after (``blocks.ring_reach``)."""
-    forward, backward = ring_reach(comm.world_size, seq_local, causal, layout, window)
-    return [(1, forward)] + ([(-1, backward)] if backward else [])
-
-
 def _leg_steps(shift: int, hops: int, world: int) -> list[int]:
-    """The ring step (``block_plan``'s: the block of rank r - step) held after each hop."""
+    """The ring step (``SequenceLayout.plan``'s: the block of rank r - step) held after each
+    hop."""
     return [(shift * hop) % world for hop in range(hops + 1)]
 
 
+def _empty_result(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of rows that have seen nothing yet: 0 and -inf, in the accumulation dtype."""
+    acc = _accum_dtype(q.dtype)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(
+        (q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device
+    )
+    return out, lse
+
+
 def ring_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    scale: float,
-    causal: bool,
-    layout: str,
-    comm: Endpoint,
-    kernel: BlockKernel,
-    window: int | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, setup: RingSetup, comm: Endpoint
 ) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor]]:
     """One rank's forward loop; returns (out in the accumulation dtype, lse)."""
     world = comm.world_size
     own = (k.contiguous(), v.contiguous())
     out = lse = None
     merge = _merge
-    if _windowed(causal, window, q.shape[1], world):  # rows may start with nothing
-        out = torch.zeros(q.shape, dtype=_accum_dtype(q.dtype), device=q.device)
-        lse = torch.full(
-            (q.shape[0], q.shape[2], q.shape[1]),
-            float("-inf"),
-            device=q.device,
-            dtype=_accum_dtype(q.dtype),
-        )
+    if setup.rows_may_start_empty:
+        out, lse = _empty_result(q)
         merge = _merge_any
-    for leg, (shift, hops) in enumerate(_legs(comm, q.shape[1], causal, layout, window)):
+    for leg, (shift, hops) in enumerate(setup.legs()):
         kv = _Rotation(own, transfers=hops, owned=False)
         for hop, step in enumerate(_leg_steps(shift, hops, world)):
             k_blk, v_blk = kv.held
             pending = None
             if hop < hops:  # the next block travels while this one is computed
                 pending = comm.exchange(kv.held, kv.landing(), shift=shift)
-            blocks = _plan(step, comm, q.shape[1], causal, layout, window)
+            blocks = setup.plan(step, comm.rank)
             for blk in blocks if leg == 0 or hop else ():  # the own block: once, in leg 0
                 block_out, block_lse = _block_forward(
-                    kernel, q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], blk, scale
+                    setup, q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], blk
                 )
                 if out is None:  # without a window, step 0 always covers every query row
                     out, lse = block_out.to(_accum_dtype(q.dtype)), block_lse  # ours: fresh
@@ -202,12 +213,8 @@ def ring_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     *,
-    scale: float,
-    causal: bool,
-    layout: str,
+    setup: RingSetup,
     comm: Endpoint,
-    kernel: BlockKernel,
-    window: int | None = None,
 ) -> Generator[Any, None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One rank's backward loop given the global out and lse; returns (dq, dk, dv).
 
@@ -218,53 +225,21 @@ def ring_backward(
     """
     acc = _accum_dtype(q.dtype)
     dq = dk_own = dv_own = None
-    for leg, (shift, hops) in enumerate(_legs(comm, q.shape[1], causal, layout, window)):
+    saved = (dout, q, k, v, out, lse)
+    for leg, (shift, hops) in enumerate(setup.legs()):
         dq, (dk_leg, dv_leg) = yield from _backward_leg(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            dq,
-            scale=scale,
-            causal=causal,
-            layout=layout,
-            comm=comm,
-            kernel=kernel,
-            window=window,
-            shift=shift,
-            hops=hops,
-            own_block=leg == 0,
+            saved, dq, setup=setup, comm=comm, shift=shift, hops=hops, own_block=leg == 0
         )
         dk_own = dk_leg if dk_own is None else dk_own.add_(dk_leg)
         dv_own = dv_leg if dv_own is None else dv_own.add_(dv_leg)
-    if dq is None:  # no block at all (never in a ring: every row sees itself)
+    if dq is None:  # no block at all (every row padding, or of documents elsewhere)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     return dq.to(q.dtype), dk_own.to(k.dtype), dv_own.to(v.dtype)
 
 
-def _backward_leg(
-    dout,
-    q,
-    k,
-    v,
-    out,
-    lse,
-    dq,
-    *,
-    scale,
-    causal,
-    layout,
-    comm,
-    kernel,
-    window,
-    shift: int,
-    hops: int,
-    own_block: bool,
-):
+def _backward_leg(saved, dq, *, setup: RingSetup, comm, shift: int, hops: int, own_block: bool):
     """One leg of the backward loop (see ring_backward); returns (dq, this rank's block's dK/dV
-    accumulator of the leg).
+    accumulator of the leg). ``saved``: (dout, q, k, v, out, lse).
 
     Where a block's accumulator starts: with ``hops`` > 1 at its owner, holding the owner's
     gradients, then ``hops`` transfers along and one home (the owner keeps nothing meanwhile).
@@ -272,6 +247,7 @@ def _backward_leg(
     visitor, which sends it straight home: one transfer instead of two, at the same peak
     memory (the visitor's gradients are the accumulator).
     """
+    _, q, k, v, _, _ = saved
     acc = _accum_dtype(q.dtype)
     kv = _Rotation((k.contiguous(), v.contiguous()), transfers=hops, owned=False)
     keep_own = hops == 1
@@ -280,10 +256,8 @@ def _backward_leg(
         kv_pending = None
         if hop < hops:
             kv_pending = comm.exchange(kv.held, kv.landing(), tag=0, shift=shift)
-        blocks = _plan(step, comm, q.shape[1], causal, layout, window)
-        dq, grads = _block_grads(
-            kernel, dout, q, kv.held, out, lse, dq, acc, scale, blocks if own_block or hop else ()
-        )
+        blocks = setup.plan(step, comm.rank) if own_block or hop else ()
+        dq, grads = _block_grads(setup, saved, kv.held, dq, acc, blocks)
         if hop == 0 and keep_own:
             own = _fold(None, grads, k, acc) if grads else None
         elif dkv is None:  # this hop's block's accumulator starts here
@@ -320,14 +294,15 @@ def _leg_gradients(own, dkv):
     return own[0].add_(dkv.held[0]), own[1].add_(dkv.held[1])
 
 
-def _block_grads(kernel, dout, q, held, out, lse, dq, acc, scale, blocks):
+def _block_grads(setup: RingSetup, saved, held, dq, acc, blocks):
     """The gradients of this hop's blocks against the K/V block ``held``: dq accumulated (a
     new accumulator when None), and [(kv rows, dK, dV)] of each block."""
+    dout, q, _, _, out, lse = saved
     k_blk, v_blk = held
     grads = []
     for blk in blocks:
         dq_b, dk_b, dv_b = _block_backward(
-            kernel,
+            setup,
             dout[:, blk.q],
             q[:, blk.q],
             k_blk[:, blk.kv],
@@ -335,7 +310,6 @@ def _block_grads(kernel, dout, q, held, out, lse, dq, acc, scale, blocks):
             out[:, blk.q],
             lse[:, :, blk.q],
             blk,
-            scale,
         )
         dq = _add_rows(dq, blk.q, dq_b, q.shape, acc)
         grads.append((blk.kv, dk_b, dv_b))
@@ -401,25 +375,15 @@ def sink_grad(
     return grad.to(sinks.dtype)
 
 
-def _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel, window):
+def _forward_all(q, k, v, sinks, setup: RingSetup):
     """Every local rank's forward; the output (q's dtype) and lse of all of them, joined."""
-    ranks = transport.endpoints()
+    ranks = setup.transport.endpoints()
     parts = [_shards(t, len(ranks)) for t in (q, k, v)]
     loops = [
-        ring_forward(
-            qr,
-            kr,
-            vr,
-            scale=scale,
-            causal=causal,
-            layout=layout,
-            comm=rank,
-            kernel=kernel,
-            window=window,
-        )
+        ring_forward(qr, kr, vr, setup=setup, comm=rank)
         for rank, qr, kr, vr in zip(ranks, *parts, strict=True)
     ]
-    results = transport.drive(loops, device=q.device)
+    results = setup.transport.drive(loops, device=q.device)
     outs, lses = [], []
     for i, (out_acc, lse) in enumerate(results):
         if sinks is not None:
@@ -430,68 +394,40 @@ def _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel, windo
     return _join(outs, 1), _join(lses, 2)
 
 
-def _backward_all(dout, q, k, v, out, lse, scale, causal, layout, transport, kernel, window):
-    ranks = transport.endpoints()
+def _backward_all(dout, q, k, v, out, lse, setup: RingSetup):
+    ranks = setup.transport.endpoints()
     parts = [_shards(t, len(ranks)) for t in (dout, q, k, v, out)]
     lse_parts = list(lse.chunk(len(ranks), dim=2)) if len(ranks) > 1 else [lse]
     loops = [
-        ring_backward(
-            d,
-            qr,
-            kr,
-            vr,
-            o,
-            lr,
-            scale=scale,
-            causal=causal,
-            layout=layout,
-            comm=rank,
-            kernel=kernel,
-            window=window,
-        )
+        ring_backward(d, qr, kr, vr, o, lr, setup=setup, comm=rank)
         for rank, d, qr, kr, vr, o, lr in zip(ranks, *parts, lse_parts, strict=True)
     ]
-    results = transport.drive(loops, device=q.device)
+    results = setup.transport.drive(loops, device=q.device)
     return tuple(_join([r[i] for r in results], 1) for i in range(3))
 
 
 class RingAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, scale, causal, layout, transport, window):
-        kernel = select_kernel(q)
-        out, lse = _forward_all(q, k, v, sinks, scale, causal, layout, transport, kernel, window)
+    def forward(ctx, q, k, v, sinks, setup: RingSetup):
+        out, lse = _forward_all(q, k, v, sinks, setup)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
-        ctx.scale, ctx.causal, ctx.layout, ctx.transport = scale, causal, layout, transport
-        ctx.window = window
+        ctx.setup = setup
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         dout = dout.contiguous()
-        dq, dk, dv = _backward_all(
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            ctx.scale,
-            ctx.causal,
-            ctx.layout,
-            ctx.transport,
-            select_kernel(q),
-            ctx.window,
-        )
+        dq, dk, dv = _backward_all(dout, q, k, v, out, lse, ctx.setup)
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             dsinks = sink_grad(dout, out, lse, sinks, rows=max(1, 2**24 // out[0, 0].numel()))
-        return dq, dk, dv, dsinks, None, None, None, None, None
+        return dq, dk, dv, dsinks, None
 
 
-def _transport(q, k, causal, layout, sinks, group, comm, window) -> Transport:
+def _transport(q, k, causal, layout, sinks, group, comm, window, packing) -> Transport:
     """The transport to run on: the process group's ring (checked), or the one given."""
-    agreed = dict(has_sinks=sinks is not None, window=window)
+    agreed = dict(has_sinks=sinks is not None, window=window, packing=packing)
     if comm is None:
         group = resolve_group(group)
         check_ranks_agree(q, k, causal, layout, group, **agreed)
@@ -500,11 +436,28 @@ def _transport(q, k, causal, layout, sinks, group, comm, window) -> Transport:
         raise ValueError("ring_attention: pass either group= or comm=, not both")
     if isinstance(comm, RingComm):
         check_ranks_agree(q, k, causal, layout, comm.group, **agreed)
-        return comm
-    local = len(comm.endpoints())
-    if local > 1:  # the shards of several ranks, one after another
-        check_divisible(q.shape[1], world_size=local, layout=layout)
     return comm
+
+
+def ring_geometry_of(q: torch.Tensor, transport: Transport, layout: str, cu_seqlens):
+    """The ring's layout for this call: q holds ``len(endpoints)`` shards of one ring of
+    ``transport.world_size`` ranks."""
+    world = transport.world_size
+    local = len(transport.endpoints())
+    if cu_seqlens is None:
+        if local > 1:  # the shards of several ranks, one after another
+            check_divisible(q.shape[1], world_size=local, layout=layout)
+        return ring_geometry(q.shape[1] // local * world, world_size=world, layout=layout)
+    geo = ring_geometry(
+        packed_tokens(cu_seqlens), world_size=world, layout=layout, cu_seqlens=cu_seqlens
+    )
+    if q.shape[1] != geo.rows * local:
+        raise ValueError(
+            f"q holds {q.shape[1]} rows; the packed layout of cu_seqlens (N={geo.tokens}) over "
+            f"{world} ranks gives each rank {geo.rows}: shard q, k and v with "
+            "shard_sequence(..., cu_seqlens=cu_seqlens)"
+        )
+    return geo
 
 
 def ring_attention(
@@ -519,6 +472,7 @@ def ring_attention(
     sinks: torch.Tensor | None = None,
     comm: Transport | None = None,
     window: int | None = None,
+    cu_seqlens: CuSeqlens | None = None,
 ) -> torch.Tensor:
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
@@ -534,13 +488,48 @@ def ring_attention(
     at positions i - window < j <= i (transformers' ``sliding_window``); None: no window.
     Blocks behind the window are never computed.
 
+    ``cu_seqlens``: packed documents (``[0, l1, l1+l2, ..., N]``, flash-attn's varlen
+    convention, or ``pack_sequence``'s layout), each query seeing only the keys of its own
+    document (and, within it, the causal mask and the window). q, k, v are then this rank's
+    rows of ``shard_sequence(..., cu_seqlens=cu_seqlens)``; padding rows give zeros.
+
     ``comm``: the transport, default the ring of ``group``'s processes. With
     ``ringattn.local_ring.LocalRing(P)`` one process runs all P ranks: q, k, v (and the result)
     then hold the P shards one after another along the sequence dimension.
     """
-    check_inputs(q, k, v, layout)
+    check_inputs(q, k, v, layout, packed=cu_seqlens is not None)
     check_sinks(sinks, q)
     window = check_window(window, causal)
-    transport = _transport(q, k, causal, layout, sinks, group, comm, window)
+    packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
+    transport = _transport(q, k, causal, layout, sinks, group, comm, window, packing)
+    geometry = ring_geometry_of(q, transport, layout, cu_seqlens)
+    return ring_attention_on(
+        q,
+        k,
+        v,
+        geometry,
+        causal=causal,
+        window=window,
+        softmax_scale=softmax_scale,
+        sinks=sinks,
+        transport=transport,
+    )
+
+
+def ring_attention_on(
+    q,
+    k,
+    v,
+    geometry: SequenceLayout,
+    *,
+    causal: bool,
+    window,
+    softmax_scale,
+    sinks,
+    transport: Transport,
+) -> torch.Tensor:
+    """``ring_attention`` on a layout and transport already checked (``hybrid_attention``'s
+    ring)."""
     scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
-    return RingAttentionFunction.apply(q, k, v, sinks, scale, causal, layout, transport, window)
+    setup = RingSetup(geometry, causal, window, scale, select_kernel(q), transport)
+    return RingAttentionFunction.apply(q, k, v, sinks, setup)

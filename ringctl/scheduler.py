@@ -36,8 +36,9 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from ringattn.geometry import layout_multiple, padded_length
+
 from .errors import UserError
-from .planner.layout import layout_multiple, padded_length
 from .rings import Ring, ring_sizes
 
 SCHEDULE_VERSION = 1
@@ -112,7 +113,7 @@ def ring_for(tokens: int, sizes: Sequence[int], budget: int, layout: str):
     """The smallest ring size that holds `tokens` (padded as `layout` pads them) under the
     budget, or None."""
     for size in sorted(sizes):
-        if padded_length(tokens, layout, size) // size <= budget:
+        if padded_length(tokens, world_size=size, layout=layout) // size <= budget:
             return size
     return None
 

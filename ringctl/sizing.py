@@ -232,14 +232,14 @@ class Sizing:
     def unchecked(self, lengths: list[tuple[str, int]]) -> str | None:
         """What the longest document needs per rank of the job's largest ring (the planner's
         memory model needs no device), for a job whose ranks' memory nothing states."""
-        from .planner.layout import padded_length
+        from ringattn.geometry import padded_length
 
         work, err = self._work
         if err is not None or work is None or not lengths:
             return None
         ring = self.largest_ring
         doc, n = max(lengths, key=lambda item: item[1])
-        padded = replace(work, seq_len=padded_length(n, work.layout, ring))
+        padded = replace(work, seq_len=padded_length(n, world_size=ring, layout=work.layout))
         need = sum(memory_per_rank(padded, ring).values())
         return (
             f"the longest document, {doc!r} ({n:,} tokens at most: its bytes), needs about "

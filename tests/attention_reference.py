@@ -9,6 +9,7 @@ dropped, exactly as the model's eager attention does it.
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ class Case:
     seed: int = 0
     sinks: bool = False  # one learned sink logit per query head
     window: int | None = None  # sliding window: query i sees keys i - window < j <= i
+    docs: tuple[int, ...] | None = None  # packed document lengths (sum = seq)
 
     @property
     def id(self) -> str:
@@ -35,7 +37,23 @@ class Case:
             f"{self.dtype}-{'causal' if self.causal else 'full'}-{self.layout}"
             + ("-sinks" if self.sinks else "")
             + (f"-w{self.window}" if self.window is not None else "")
+            + (
+                f"-docs{len(self.docs)}x{zlib.crc32(repr(self.docs).encode()):x}"
+                if self.docs
+                else ""
+            )
         )
+
+    @property
+    def cu_seqlens(self) -> list[int] | None:
+        """[0, l1, l1 + l2, ..., N] of the packed documents (None: one plain sequence)."""
+        if self.docs is None:
+            return None
+        cu = [0]
+        for n in self.docs:
+            cu.append(cu[-1] + n)
+        assert cu[-1] == self.seq, "a packed case's seq is the sum of its documents"
+        return cu
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -164,4 +182,139 @@ def local_ring_outputs(case: Case, world: int, device: str = "cpu") -> dict[str,
     }
     if sinks is not None:
         result["dsinks"] = kw["sinks"].grad.cpu()
+    return result
+
+
+def packed_reference(
+    inputs: dict[str, torch.Tensor], docs, causal: bool, window: int | None = None
+) -> dict[str, torch.Tensor]:
+    """Each document alone through ``reference`` (float64), joined back in packed order; the
+    sink gradient summed over the documents. Nothing here knows about packing but slicing."""
+    parts, start = [], 0
+    for n in docs:
+        doc = {name: t[:, start : start + n] for name, t in inputs.items() if name != "sinks"}
+        if "sinks" in inputs:
+            doc["sinks"] = inputs["sinks"]
+        if n:
+            parts.append(reference(doc, causal, window))
+        start += n
+    joined = {
+        name: torch.cat([p[name] for p in parts], dim=1) for name in ("out", "dq", "dk", "dv")
+    }
+    if "sinks" in inputs:
+        joined["dsinks"] = sum(p["dsinks"] for p in parts)
+    return joined
+
+
+def packed_sdpa_bf16_error(case: Case, inputs, ref) -> dict[str, float]:
+    """PyTorch's own SDPA (one process) on the same bf16 inputs with the document mask: what a
+    packed bf16 ring is held to."""
+    import torch.nn.functional as F
+
+    n = case.seq
+    doc = torch.repeat_interleave(torch.arange(len(case.docs)), torch.tensor(case.docs))
+    mask = doc[:, None] == doc[None, :]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    if case.causal:
+        mask &= j <= i
+    if case.window is not None:
+        mask &= j > i - case.window
+    q, k, v = (inputs[n_].transpose(1, 2).detach().requires_grad_() for n_ in ("q", "k", "v"))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    out.backward(inputs["dout"].transpose(1, 2))
+    mine = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    return {name: relative_error(t.detach().transpose(1, 2), ref[name]) for name, t in mine.items()}
+
+
+def packed_ring_outputs(rank: int, world: int, cases: list[Case]) -> dict[str, dict]:
+    """This rank's out, dq, dk, dv (and dsinks share) of packed cases on a gloo ring."""
+    import ringattn
+
+    results = {}
+    for case in cases:
+        inputs = make_inputs(case)
+        sinks = inputs.pop("sinks", None)
+        cu = case.cu_seqlens
+        shard = {
+            name: ringattn.shard_sequence(
+                t, world_size=world, rank=rank, layout=case.layout, cu_seqlens=cu
+            )
+            for name, t in inputs.items()
+        }
+        q, k, v = (shard[n].requires_grad_() for n in ("q", "k", "v"))
+        kw = {} if sinks is None else {"sinks": sinks.requires_grad_()}
+        out = ringattn.ring_attention(
+            q,
+            k,
+            v,
+            causal=case.causal,
+            layout=case.layout,
+            window=case.window,
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+            **kw,
+        )
+        out.backward(shard["dout"])
+        results[case.id] = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+        if sinks is not None:
+            results[case.id]["dsinks"] = sinks.grad
+    return results
+
+
+def unshard_packed(per_rank: list[dict], case: Case) -> dict[str, torch.Tensor]:
+    """The ranks' packed results joined into the N packed tokens (dsinks summed)."""
+    import ringattn
+
+    names = [n for n in per_rank[0] if n != "dsinks"]
+    joined = {
+        n: ringattn.unshard_sequence(
+            [r[n] for r in per_rank], layout=case.layout, cu_seqlens=case.cu_seqlens
+        )
+        for n in names
+    }
+    if "dsinks" in per_rank[0]:
+        joined["dsinks"] = sum(r["dsinks"] for r in per_rank)
+    return joined
+
+
+def packed_local_ring_outputs(case: Case, world: int) -> dict[str, torch.Tensor]:
+    """out, dq, dk, dv (and dsinks) of a packed case on a LocalRing, joined in packed order."""
+    import ringattn
+    from ringattn.local_ring import LocalRing
+
+    inputs = make_inputs(case)
+    sinks = inputs.pop("sinks", None)
+    cu = case.cu_seqlens
+    stacked = {
+        name: torch.cat(
+            [
+                ringattn.shard_sequence(
+                    t, world_size=world, rank=r, layout=case.layout, cu_seqlens=cu
+                )
+                for r in range(world)
+            ],
+            dim=1,
+        )
+        for name, t in inputs.items()
+    }
+    q, k, v = (stacked[n].requires_grad_() for n in ("q", "k", "v"))
+    kw = {} if sinks is None else {"sinks": sinks.requires_grad_()}
+    out = ringattn.ring_attention(
+        q,
+        k,
+        v,
+        causal=case.causal,
+        layout=case.layout,
+        comm=LocalRing(world),
+        window=case.window,
+        cu_seqlens=cu,
+        **kw,
+    )
+    out.backward(stacked["dout"])
+    got = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    per_rank = [{n: t.chunk(world, dim=1)[r] for n, t in got.items()} for r in range(world)]
+    result = unshard_packed(per_rank, case)
+    if sinks is not None:
+        result["dsinks"] = kw["sinks"].grad
+    for name, t in got.items():  # padding rows: zero output and gradients, never NaN
+        assert torch.isfinite(t).all(), f"{name} holds non-finite values"
     return result

@@ -30,6 +30,7 @@ def hybrid_outputs(
                     rank=groups.rank,
                     layout=case.layout,
                     ulysses_degree=degree,
+                    cu_seqlens=case.cu_seqlens,
                 )  # fmt: skip
                 for name, t in make_inputs(case).items()
             }
@@ -39,6 +40,7 @@ def hybrid_outputs(
             out = hybrid.hybrid_attention(
                 q, k, v, causal=case.causal, layout=case.layout,
                 ulysses_group=groups.ulysses, ring_group=groups.ring, window=case.window,
+                cu_seqlens=case.cu_seqlens,
             )  # fmt: skip
             sent = {"ring_bytes": RING_STATS.bytes_sent, "a2a_bytes": A2A_STATS.bytes_sent}
             RING_STATS.reset(enabled=False)

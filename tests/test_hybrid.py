@@ -18,7 +18,7 @@ import pytest
 import torch.nn.functional as F
 
 import ringattn.layouts as layouts
-from ringattn.blocks import ring_reach
+from ringattn.geometry import ring_reach
 from ringattn.hybrid import kv_heads_per_member
 from tests.attention_reference import Case, make_inputs, reference, relative_error
 from tests.distributed import run_distributed
@@ -107,7 +107,7 @@ def test_only_the_members_kv_heads_travel_the_ring(hybrid_results):
             kv_member = kv_heads_per_member(case.kv_heads, degree)
             kv_sent = max(case.kv_heads, degree)  # replicated up to U when fewer
             per_head = case.batch * local * case.head_dim * item
-            # A windowed ring makes only the hops its window needs (ringattn.blocks.ring_reach).
+            # A windowed ring makes only the hops its window needs (ringattn.geometry.ring_reach).
             hops = sum(ring_reach(ring, degree * local, True, layouts.ring_layout_of(case.layout),
                                   case.window))  # fmt: skip
             ring_bytes = hops * 2 * degree * kv_member * per_head

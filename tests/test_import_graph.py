@@ -8,6 +8,8 @@ The graph is read from the source with `ast`, so a cycle hidden in a function bo
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,17 +104,35 @@ def test_ringattn_never_imports_ringctl():
 
 
 def test_planner_is_a_leaf():
+    """The planner imports nothing of ringctl but itself and `errors`, and of ringattn only
+    its torch-free geometry (the engine's own rules: padding, plans, reach)."""
+
     def allowed(target: str) -> bool:
-        return target in ("ringctl", "ringctl.errors") or target.startswith("ringctl.planner")
+        return (
+            target in ("ringctl", "ringctl.errors", "ringattn", "ringattn.geometry")
+            or target.startswith("ringctl.planner")
+        )
 
     bad = {}
     for module, targets in import_graph().items():
         if module.startswith("ringctl.planner"):
-            out = sorted(t for t in targets if t.startswith("ringctl") and not allowed(t))
-            private = sorted(t for t in targets if t.startswith("ringattn."))
-            if out or private:
-                bad[module] = out + private
+            out = sorted(t for t in targets if t.startswith(PACKAGES) and not allowed(t))
+            if out:
+                bad[module] = out
     assert not bad, f"the planner imports outside itself: {bad}"
+
+
+def test_the_geometry_and_the_planner_load_without_torch():
+    """`import ringattn.geometry` (and so the planner) does not load torch: ringattn's face is
+    lazy and the geometry imports nothing of the engine."""
+    code = (
+        "import sys; import ringattn.geometry, ringctl.planner.cost, ringctl.planner.window; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr or "torch was imported"
+    geometry = import_graph()["ringattn.geometry"]
+    assert not {t for t in geometry if t.startswith(PACKAGES)}
 
 
 def test_the_checker_sees_a_cycle():

@@ -1,19 +1,17 @@
 """The planner prices sliding-window attention: scores per query min(i + 1, W) (a hand count),
-the ring cut short where the window ends, and the banded kernel's chunks, each twin checked
-against the engine's own (ringattn.blocks, ringattn.kernels) on many shapes."""
+the ring cut short where the window ends, and the banded kernel's chunks, with the engine's own
+geometry (ringattn.geometry); windowed rings priced stage by stage by hand."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from collections import Counter
 from dataclasses import replace
 
 import pytest
-import torch
 
-from ringattn import blocks, kernels
+from ringattn import geometry
 from ringctl.longdoc.compat import model_shape
 from ringctl.planner import window as pw
 from ringctl.planner.cost import Link, Workload, estimate
@@ -44,61 +42,9 @@ def test_visible_pairs_of_any_two_ranges_match_a_double_loop():
         assert pw.visible_pairs(qs, ql, ks, kl, w) == want, (qs, ql, ks, kl, w)
 
 
-SHAPES = [
-    (world, seq_local, layout, window)
-    for world in (1, 2, 3, 4, 5, 8)
-    for seq_local in (4, 8, 16, 30)
-    for layout in ("zigzag", "contiguous")
-    for window in (1, 3, 4, 7, 16, 40)
-    if window < world * seq_local
-]
-
-
-def test_ring_reach_is_the_engines():
-    for world, seq_local, layout, window in SHAPES:
-        got = pw.ring_reach(world, seq_local, True, layout, window)
-        assert got == blocks.ring_reach(world, seq_local, True, layout, window), (
-            world,
-            seq_local,
-            layout,
-            window,
-        )
-
-
-def _engine_pieces(rank, src, world, seq_local, layout, window, rows) -> Counter:
-    """What the engine computes at that step: block_plan, the banded blocks as the kernel
-    chunks them."""
-    step = (rank - src) % world
-    found: Counter = Counter()
-    plan = blocks.block_plan(
-        step=step,
-        rank=rank,
-        world_size=world,
-        seq_local=seq_local,
-        causal=True,
-        layout=layout,
-        window=window,
-    )
-    for blk in plan:
-        sq = len(range(seq_local)[blk.q])
-        sk = len(range(seq_local)[blk.kv])
-        if blk.window is not None:
-            for r0, r1, k0, k1 in kernels._matmul_chunks(sq, sk, blk.offset, blk.window, rows):
-                found[("banded", r1 - r0, k1 - k0)] += 1
-        else:
-            found[("causal" if blk.causal else "plain", sq, sk)] += 1
-    return found
-
-
-@pytest.mark.parametrize("rows", [2, 64])
-def test_step_pieces_are_what_the_engine_computes(rows):
-    for world, seq_local, layout, window in SHAPES:
-        for rank, src in itertools.product(range(world), repeat=2):
-            shape = (rank, src, world, seq_local, layout, window, rows)
-            assert Counter(dict(pw.step_pieces(*shape))) == _engine_pieces(*shape), shape
-
-
-def test_banded_chunks_count_long_pieces_without_walking_them():
+def test_band_chunk_shapes_count_long_pieces_without_walking_them():
+    """The planner counts the banded kernel's chunks (geometry.band_chunk_shapes) in O(W / R);
+    the kernel walks them (geometry.band_chunks): the counts agree."""
     rng = random.Random(1)
     for _ in range(400):
         rows, window = rng.choice([3, 16, 64]), rng.randint(1, 200)
@@ -106,19 +52,10 @@ def test_banded_chunks_count_long_pieces_without_walking_them():
         offset = rng.randint(-sk, sq + window)
         want = Counter(
             (r1 - r0, k1 - k0)
-            for r0, r1, k0, k1 in kernels._matmul_chunks(sq, sk, offset, window, rows)
+            for r0, r1, k0, k1 in geometry.band_chunks(sq, sk, offset, window, rows)
         )
-        got = Counter(dict(pw.banded_chunks(sq, sk, offset, window, rows)))
+        got = Counter(dict(geometry.band_chunk_shapes(sq, sk, offset, window, rows)))
         assert got == want, (sq, sk, offset, window, rows)
-
-
-@pytest.mark.parametrize(
-    ("batch", "heads", "window"),
-    [(1, 4, 4096), (1, 32, 4096), (2, 64, 4096), (1, 8, 16), (4, 128, 131072)],
-)
-def test_banded_rows_are_the_kernels(batch, heads, window):
-    q = torch.empty(batch, 1, heads, 1)
-    assert pw.banded_rows(batch, heads, window) == kernels.BandedKernel()._rows(q, window)
 
 
 def _tiny(**kw) -> Workload:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ringattn import block_plan
-from ringattn.blocks import ring_reach, shard_runs
+from ringattn.geometry import ring_reach, shard_runs
 from ringattn.kernels import BandedKernel, ChunkedKernel
 from tests.attention_reference import (
     Case,

@@ -13,6 +13,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from ringattn.geometry import layout_multiple
+
 from ..errors import UserError
 from ..jobdir import JobDir
 from ..planner.cost import (
@@ -27,7 +29,6 @@ from ..planner.cost import (
     nominal_link,
 )
 from ..planner.devices import Device, get_device, save_user_device
-from ..planner.layout import layout_multiple
 from ..sizing import config_section, job_workload, resolve_model, ring_size
 
 DEFAULT_DEVICE = "H100-SXM"

@@ -14,7 +14,7 @@ replaces it). What does not is refused here, by name, before any rank scores any
 
 Sliding windows (Mistral, Qwen2 with windows, Gemma 2/3, Cohere 2, OLMo 3, gpt-oss) run in the
 ring itself: each layer passes its ``sliding_window`` to ``ringattn``, whose plan skips the
-blocks behind the window and masks the boundary ones (``ringattn.blocks``); ``sliding_layers``
+blocks behind the window and masks the boundary ones (``ringattn.geometry``); ``sliding_layers``
 says how many layers must pass one, and ``scoring.forward_hidden`` refuses a forward in which
 fewer did. Llama 4's chunked attention is exact under full causal attention only for a
 document that fits in one chunk, and its attention temperature tuning counts positions per

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from ringattn.geometry import banded_rows, layout_multiple
+
 from .devices import Device
-from .layout import layout_multiple
 from .memory import (
     CHECKPOINTS,
     DTYPE_BYTES,
@@ -37,7 +38,7 @@ from .memory import (
     state_parts,
 )
 from .model import ModelShape
-from .window import banded_rows, layer_windows, ring_stages
+from .window import layer_windows, ring_stages
 
 GIB = 1024**3
 

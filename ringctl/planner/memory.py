@@ -27,7 +27,9 @@ layer live at a time.
 
 from __future__ import annotations
 
-from .window import banded_rows, largest_chunk
+from ringattn.geometry import banded_rows
+
+from .window import largest_chunk
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 MODES = ("score", "embed", "train")

@@ -23,6 +23,8 @@ import math
 import random
 from dataclasses import dataclass, replace
 
+from ringattn.geometry import layout_multiple, padded_length
+
 from .cost import (
     GIB,
     Workload,
@@ -32,7 +34,6 @@ from .cost import (
     usable_gib,
 )
 from .devices import Device
-from .layout import layout_multiple, padded_length
 
 
 def max_tokens_per_rank(w: Workload, device: Device, ring_size: int, ranks_on_host: int = 1) -> int:
@@ -78,7 +79,7 @@ def document_cost(
     (padded to the layout's multiple, as the worker pads it)."""
     per_host = ranks_on_host or min(ring_size, device.gpus_per_node)
     ring_nodes = max(1, math.ceil(ring_size / per_host)) if nodes > 1 else 1
-    seq = padded_length(n_tokens, w.layout, ring_size)
+    seq = padded_length(n_tokens, world_size=ring_size, layout=w.layout)
     est = estimate(
         replace(w, seq_len=seq),
         ring_size,

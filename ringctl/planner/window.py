@@ -6,16 +6,12 @@ The query at global position i sees the keys j with ``i - W < j <= i`` (transfor
 ``sum_i min(i + 1, W)`` scores, about N x W once N >> W, instead of the N^2 / 2 of full causal
 attention.
 
-The engine computes them as ``ringattn.blocks`` plans them: each (query run, key run) pair of a
-rank's shard and the block it holds is skipped, a plain block, a causal diagonal, or a
-boundary piece that the banded kernel (``ringattn.kernels.BandedKernel``) computes in chunks of
-R query rows against the R + W - 1 keys those rows can reach. A windowed ring stops where the
-window ends (``ringattn.blocks.ring_reach``): a forward leg of f hops, then, in zigzag, a
-backward leg of b hops.
-
-The planner may not import ringattn (tests/test_import_graph.py: it is a leaf of ringctl), so
-``shard_runs``, ``piece``, ``banded_rows``, ``banded_chunks`` and ``ring_reach`` here are twins
-of the engine's; tests/test_plan_window.py checks each against the engine on many shapes.
+The engine's own geometry answers what each step computes (``ringattn.geometry``, torch-free,
+the one module of ringattn the planner imports): each (query run, key run) pair of a rank's
+shard and the block it holds is skipped, a plain block, a causal diagonal, or a boundary piece
+that the banded kernel computes in chunks of R query rows against the R + W - 1 keys those rows
+can reach (``band_chunk_shapes``), and the ring stops where the window ends
+(``SequenceLayout.reach``): a forward leg of f hops, then, in zigzag, a backward leg of b hops.
 """
 
 from __future__ import annotations
@@ -23,10 +19,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-# ringattn.kernels.BandedKernel: scores held at once (matmul path) and its row bounds.
-BANDED_MAX_SCORES = 2**26
-# ringattn.blocks.REACH_WORK_LIMIT: past this many chunk visits ring_reach answers the plain ring.
-REACH_WORK_LIMIT = 4_000_000
+from ringattn.geometry import band_chunk_shapes, plain_layout, prefix_keys
 
 
 def layer_windows(w) -> list[tuple[int | None, int]]:
@@ -40,15 +33,6 @@ def layer_windows(w) -> list[tuple[int | None, int]]:
     if window is None or not w.causal or window >= w.seq_len:
         return [(None, layers)]
     return [(window, count)] + ([(None, layers - count)] if count < layers else [])
-
-
-def prefix_keys(u: int, window: int) -> int:
-    """sum over t = 1..u of min(t, W): the keys the first u queries of a document see."""
-    if u <= 0:
-        return 0
-    if u <= window:
-        return u * (u + 1) // 2
-    return window * (window + 1) // 2 + (u - window) * window
 
 
 def window_scores(seq_len: int, window: int | None) -> int:
@@ -76,113 +60,10 @@ def visible_pairs(q_start: int, q_len: int, k_start: int, k_len: int, window: in
     )
 
 
-def shard_runs(rank: int, world: int, seq_local: int, layout: str) -> list[tuple[int, int]]:
-    """(global start, length) of each run of consecutive positions a rank holds
-    (ringattn.blocks.shard_runs)."""
-    if layout == "contiguous":
-        return [(rank * seq_local, seq_local)]
-    half = seq_local // 2
-    return [(rank * half, half), ((2 * world - 1 - rank) * half, half)]
-
-
-def piece(q: tuple[int, int], k: tuple[int, int], window: int) -> tuple[str, int] | None:
-    """(kind, offset) of one query run against one key run under the window, or None when no
-    pair is visible (ringattn.blocks._window_piece): ``plain`` (every pair visible),
-    ``causal`` (the diagonal, window wider than it) or ``banded`` (offset = q start - k start)."""
-    (qs, ql), (ks, kl) = q, k
-    delta = qs - ks
-    newest = ql - 1 + delta
-    oldest = delta - window + 1
-    if newest < 0 or oldest > kl - 1:
-        return None
-    if kl - 1 <= delta and newest < window:
-        return "plain", 0
-    if delta == 0 and ql == kl and ql <= window:
-        return "causal", 0
-    return "banded", delta
-
-
-def banded_rows(batch: int, heads: int, window: int) -> int:
-    """Query rows per banded chunk (ringattn.kernels.BandedKernel._rows): about the window,
-    at most 1024, within the kernel's score budget."""
-    rows = max(64, min(1024, window))
-    per_row = batch * heads * (rows + window)
-    return max(16, min(rows, BANDED_MAX_SCORES // max(1, per_row)))
-
-
-def _chunk(j: int, rows: int, sq: int, sk: int, offset: int, window: int) -> tuple[int, int]:
-    """(query rows, keys) of chunk j (ringattn.kernels._matmul_chunks); keys may be <= 0."""
-    r0, r1 = j * rows, min(sq, (j + 1) * rows)
-    k0, k1 = max(0, r0 + offset - window + 1), min(sk, r1 + offset)
-    return r1 - r0, k1 - k0
-
-
-@functools.lru_cache(maxsize=4096)
-def banded_chunks(sq: int, sk: int, offset: int, window: int, rows: int) -> tuple:
-    """((query rows, keys), count) of the chunks the banded kernel computes for a boundary
-    piece. Chunks away from the piece's edges are all R x (R + W - 1) and are counted, not
-    walked, so the cost is O(W / R) whatever the piece's length."""
-    first = max(0, -offset) // rows  # the first row that sees a key: offset + r >= 0
-    last_row = min(sq, sk - 1 + window - offset) - 1  # rows with r + offset - W + 1 < sk
-    if last_row < max(0, -offset):
-        return ()
-    last = last_row // rows
-    lo = max(first, -(-(window - 1 - offset) // rows))  # k0 > 0 from here on
-    hi = min(last, (sk - rows - offset) // rows, sq // rows - 1)  # whole rows, k1 < sk
-    shapes: Counter = Counter()
-    if hi >= lo:
-        shapes[(rows, rows + window - 1)] += hi - lo + 1
-        edges = [*range(first, lo), *range(hi + 1, last + 1)]
-    else:
-        edges = list(range(first, last + 1))
-    for j in edges:
-        r, keys = _chunk(j, rows, sq, sk, offset, window)
-        if keys > 0:
-            shapes[(r, keys)] += 1
-    return tuple(sorted(shapes.items()))
-
-
-@functools.lru_cache(maxsize=4096)
-def ring_reach(world: int, seq_local: int, causal: bool, layout: str, window: int | None):
-    """(forward hops, backward hops) of a windowed ring (ringattn.blocks.ring_reach); (P - 1, 0)
-    is the plain ring."""
-    plain = (world - 1, 0)
-    if not causal or window is None or window >= world * seq_local or world < 3:
-        return plain
-    chunk = seq_local if layout == "contiguous" else seq_local // 2
-    if (window // max(1, chunk) + 3) * world * 2 > REACH_WORK_LIMIT:
-        return plain
-    needed = _needed_steps(world, seq_local, layout, window, chunk)
-    forward = next((f for f in range(world) if f + 1 not in needed), world - 1)
-    backward = next((b for b in range(world) if world - b - 1 not in needed), 0)
-    covered = set(range(1, forward + 1)) | set(range(world - backward, world))
-    if forward + backward >= world - 1 or not needed <= covered:
-        return plain
-    return forward, backward
-
-
-def _needed_steps(world: int, seq_local: int, layout: str, window: int, chunk: int) -> set[int]:
-    """The steps > 0 at which some rank sees some key (ringattn.blocks._needed_steps)."""
-
-    def owner(c: int) -> int:
-        return c if layout == "contiguous" or c < world else 2 * world - 1 - c
-
-    steps = set()
-    for rank in range(world):
-        for start, length in shard_runs(rank, world, seq_local, layout):
-            first = max(0, start - window + 1) // chunk
-            last = (start + length - 1) // chunk
-            steps.update((rank - owner(c)) % world for c in range(first, last + 1))
-    steps.discard(0)
-    return steps
-
-
 def busiest_rank(world: int, seq_local: int, layout: str, window: int) -> int:
     """The rank whose queries see the most keys (the ring waits for it; ties: the last)."""
-    seen = [
-        sum(prefix_keys(s + n, window) - prefix_keys(s, window) for s, n in runs)
-        for runs in (shard_runs(r, world, seq_local, layout) for r in range(world))
-    ]
+    lay = plain_layout(world * seq_local, world, layout)
+    seen = [lay.pairs(r, True, window) for r in range(world)]
     return max(range(world), key=lambda r: (seen[r], r))
 
 
@@ -193,18 +74,16 @@ def step_pieces(
     """What ``rank`` computes against the block of ``src``: ((kind, query rows, keys), count)
     with kind ``plain`` (a rectangle), ``causal`` (a diagonal of that size) or ``banded`` (one
     chunk of the banded kernel)."""
+    lay = plain_layout(world * seq_local, world, layout)
     found: Counter = Counter()
-    for q in shard_runs(rank, world, seq_local, layout):
-        for k in shard_runs(src, world, seq_local, layout):
-            got = piece(q, k, window)
-            if got is None:
-                continue
-            kind, offset = got
-            if kind == "banded":
-                for (r, keys), count in banded_chunks(q[1], k[1], offset, window, rows):
-                    found[("banded", r, keys)] += count
-            else:
-                found[(kind, q[1], k[1])] += 1
+    for blk in lay.plan((rank - src) % world, rank, True, window):
+        sq = len(range(seq_local)[blk.q])
+        sk = len(range(seq_local)[blk.kv])
+        if blk.window is None:
+            found[("causal" if blk.causal else "plain", sq, sk)] += 1
+            continue
+        for (r, keys), count in band_chunk_shapes(sq, sk, blk.offset, blk.window, rows):
+            found[("banded", r, keys)] += count
     return tuple(sorted(found.items()))
 
 
@@ -214,7 +93,7 @@ def ring_stages(world: int, seq_local: int, layout: str, window: int, rows: int)
     The own block is computed once, in the forward leg; the backward leg's hop 0 computes
     nothing (its first transfer is exposed)."""
     rank = busiest_rank(world, seq_local, layout, window)
-    forward, backward = ring_reach(world, seq_local, True, layout, window)
+    forward, backward = plain_layout(world * seq_local, world, layout).reach(True, window)
     legs = []
     for shift, hops in [(1, forward)] + ([(-1, backward)] if backward else []):
         stages = []
