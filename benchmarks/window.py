@@ -10,6 +10,12 @@ of both over ``--repeats``, the ring's time relative to the ring without a windo
 causal), and the largest difference of the ring's output from SDPA's (relative to its largest
 value): a row whose output disagrees beyond float32 rounding is flagged, not timed as right;
 and the K/V transfers each rank makes in the forward (a short window stops the ring early).
+Each window runs twice, interleaved: its band as the unmasked pieces the engine cuts it into
+(rectangles, causal squares and their mirrors: ``split``) and as one masked band
+(``masked``, the banded kernel, what windows shorter than ``geometry.SPLIT_WINDOW`` get). The
+rate is GFLOP/s of visible scores: 14 flops per visible (query, key) pair and head dimension
+(forward 4, backward 10 with the recomputed scores), the same count for every row, the full
+causal ring's included, so the rates compare the kernels' efficiency directly.
 A LocalRing measures compute, merge and bookkeeping (its ranks run one after another), not
 the overlap of transfers: the saving shown is the FLOPs the plan skips.
 """
@@ -27,10 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.results_file import write_results
+from ringattn import geometry
 from ringattn.geometry import ring_reach
 
 DEFAULT_OUT = Path("benchmarks/results/window.json")
 AGREE_TOL = 1e-4
+SPLIT_DEFAULT = geometry.SPLIT_WINDOW
 
 
 @dataclass
@@ -38,7 +46,9 @@ class Row:
     seq: int
     ranks: int
     window: int | None
+    band: str  # split (unmasked pieces) or masked (the banded kernel); "-" without a window
     ring_fwd_bwd_s: float
+    visible_gflops: float
     sdpa_fwd_bwd_s: float
     vs_full_ring: float
     max_rel_diff: float
@@ -53,19 +63,38 @@ def _inputs(seq: int, heads: int, kv_heads: int, dim: int):
     return q, k, v, torch.randn(1, seq, heads, dim, generator=g)
 
 
+def _visible_flops(seq: int, ranks: int, window: int | None, heads: int, dim: int) -> float:
+    lay = geometry.plain_layout(seq, ranks, "zigzag")
+    pairs = sum(lay.pairs(r, True, window) for r in range(ranks))
+    return 14.0 * pairs * heads * dim
+
+
+def _band_mode(band: str) -> None:
+    """Windows cut into unmasked pieces (the engine's default from SPLIT_WINDOW keys) or
+    computed as masked bands; the layouts' cached plans are dropped either way."""
+    geometry.SPLIT_WINDOW = SPLIT_DEFAULT if band == "split" else 1 << 62
+    geometry.plain_layout.cache_clear()
+
+
 def _ring_step(q, k, v, dout, ranks: int, window: int | None) -> tuple[float, torch.Tensor]:
     import ringattn
     from ringattn.local_ring import LocalRing
 
     def stacked(t):
-        return torch.cat([ringattn.shard_sequence(t, world_size=ranks, rank=r, layout="zigzag")
-                          for r in range(ranks)], dim=1)  # fmt: skip
+        return torch.cat(
+            [
+                ringattn.shard_sequence(t, world_size=ranks, rank=r, layout="zigzag")
+                for r in range(ranks)
+            ],
+            dim=1,
+        )
 
     qs, ks, vs, ds = (stacked(t) for t in (q, k, v, dout))
     qs, ks, vs = (t.requires_grad_() for t in (qs, ks, vs))
     start = time.perf_counter()
-    out = ringattn.ring_attention(qs, ks, vs, causal=True, layout="zigzag",
-                                  comm=LocalRing(ranks), window=window)  # fmt: skip
+    out = ringattn.ring_attention(
+        qs, ks, vs, causal=True, layout="zigzag", comm=LocalRing(ranks), window=window
+    )
     out.backward(ds)
     took = time.perf_counter() - start
     pieces = list(out.detach().chunk(ranks, dim=1))
@@ -78,8 +107,9 @@ def _sdpa_step(q, k, v, dout, window: int | None) -> tuple[float, torch.Tensor]:
     mask = (j <= i) & (j > i - window) if window is not None else None
     qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
     start = time.perf_counter()
-    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=mask is None,
-                                         enable_gqa=True)  # fmt: skip
+    out = F.scaled_dot_product_attention(
+        qt, kt, vt, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+    )
     out.backward(dout.transpose(1, 2))
     return time.perf_counter() - start, out.detach().transpose(1, 2)
 
@@ -90,32 +120,58 @@ def measure(args) -> list[Row]:
     _sdpa_step(q, k, v, dout, None)
     rows, full = [], None
     for window in [None, *args.windows]:
-        ring_t, sdpa_t = [], []
-        for _ in range(args.repeats):  # side by side, alternating: the same noise for both
-            t, ring_out = _ring_step(q, k, v, dout, args.ranks, window)
-            ring_t.append(t)
+        bands = ["-"] if window is None else args.bands
+        times: dict[str, list[float]] = {band: [] for band in bands + ["sdpa"]}
+        for _ in range(args.repeats):  # side by side, alternating: the same noise for all
+            for band in bands:
+                _band_mode("split" if band == "-" else band)
+                t, ring_out = _ring_step(q, k, v, dout, args.ranks, window)
+                times[band].append(t)
             t, sdpa_out = _sdpa_step(q, k, v, dout, window)
-            sdpa_t.append(t)
+            times["sdpa"].append(t)
+        _band_mode("split")
         diff = ((ring_out - sdpa_out).abs().max() / sdpa_out.abs().max()).item()
-        ring_s = statistics.median(ring_t)
-        full = ring_s if window is None else full
         hops = sum(ring_reach(args.ranks, args.seq // args.ranks, True, "zigzag", window))
-        rows.append(Row(args.seq, args.ranks, window, ring_s, statistics.median(sdpa_t),
-                        ring_s / full, diff, diff <= AGREE_TOL, hops))  # fmt: skip
-        print(_line(rows[-1]), flush=True)
+        flops = _visible_flops(args.seq, args.ranks, window, args.heads, args.head_dim)
+        for band in bands:
+            ring_s = statistics.median(times[band])
+            full = ring_s if window is None else full
+            rows.append(
+                Row(
+                    args.seq,
+                    args.ranks,
+                    window,
+                    band,
+                    ring_s,
+                    flops / ring_s / 1e9,
+                    statistics.median(times["sdpa"]),
+                    ring_s / full,
+                    diff,
+                    diff <= AGREE_TOL,
+                    hops,
+                )
+            )
+            print(_line(rows[-1]), flush=True)
     return rows
 
 
 def _line(r: Row) -> str:
     w = "none" if r.window is None else str(r.window)
     flag = "" if r.agrees else "  DISAGREES"
-    times = f"{r.ring_fwd_bwd_s:.2f} | {r.sdpa_fwd_bwd_s:.2f} | {r.vs_full_ring:.2f}x"
-    return f"| {r.seq} | {r.ranks} | {w} | {r.hops} | {times} | {r.max_rel_diff:.1e}{flag} |"
+    times = (
+        f"{r.ring_fwd_bwd_s:.2f} | {r.visible_gflops:.1f} | {r.sdpa_fwd_bwd_s:.2f} | "
+        f"{r.vs_full_ring:.2f}x"
+    )
+    return (
+        f"| {r.seq} | {r.ranks} | {w} | {r.band} | {r.hops} | {times} | "
+        f"{r.max_rel_diff:.1e}{flag} |"
+    )
 
 
 HEADER = (
-    "| N | P | window | K/V hops | ring fwd+bwd s | SDPA (masked) fwd+bwd s | ring vs full "
-    "causal ring | max rel diff |\n|---|---|---|---|---|---|---|---|"
+    "| N | P | window | band | K/V hops | ring fwd+bwd s | visible GFLOP/s | SDPA (masked) "
+    "fwd+bwd s | ring vs full causal ring | max rel diff |\n|---|---|---|---|---|---|---|---|"
+    "---|---|"
 )
 
 
@@ -128,15 +184,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--bands",
+        nargs="+",
+        choices=["split", "masked"],
+        default=["split", "masked"],
+        help="how windowed rings compute their bands (both: side by side)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     print(HEADER)
     rows = measure(args)
     write_results(args.out, "window", sys.argv[1:] if argv is None else argv, rows)
     md = args.out.with_suffix(".md")
-    md.write_text(f"{__doc__.splitlines()[0]}\n\n`python -m benchmarks.window "
-                  f"{' '.join(sys.argv[1:] if argv is None else argv)}`\n\n{HEADER}\n"
-                  + "\n".join(_line(r) for r in rows) + "\n")  # fmt: skip
+    md.write_text(
+        f"{__doc__.splitlines()[0]}\n\n`python -m benchmarks.window "
+        f"{' '.join(sys.argv[1:] if argv is None else argv)}`\n\n{HEADER}\n"
+        + "\n".join(_line(r) for r in rows)
+        + "\n"
+    )
     print(f"wrote {args.out} and {md}")
     return 0 if all(r.agrees for r in rows) else 1
 

@@ -162,9 +162,11 @@ class Run:
 class Block:
     """Query rows x key rows of one ring step, and the mask on them.
 
-    ``causal``: the top-left aligned causal mask (a diagonal square). With ``window`` set the
-    mask is the window's: key row b is visible to query row a iff
-    ``a + offset - window < b <= a + offset``.
+    ``causal``: the top-left aligned causal mask (a diagonal square: key row b visible to query
+    row a iff b <= a); with ``reverse`` its mirror (b >= a: the oldest keys of a sliding window,
+    computed as the causal mask over the rows and keys in reverse order). With ``window`` set
+    the mask is the window's band: key row b is visible to query row a iff
+    ``a + offset - window < b <= a + offset`` (the masked banded kernel, for short windows).
     """
 
     q: slice
@@ -172,6 +174,7 @@ class Block:
     causal: bool
     offset: int = 0
     window: int | None = None
+    reverse: bool = False
 
 
 def _sub(rows: slice, start: int, stop: int | None = None) -> slice:
@@ -202,12 +205,38 @@ def _causal_pieces(q: Run, k: Run) -> list[Block]:
     return pieces
 
 
+def _reverse_pieces(q: Run, k: Run, window: int) -> list[Block]:
+    """The window's lower edge alone: key row b is visible to query row a iff
+    ``b >= a + e``, e = q.start - k.start - window + 1 (no upper bound applies to these keys),
+    as plain rectangles and at most one reversed causal square (the mirror of
+    ``_causal_pieces``)."""
+    e = q.start - k.start - window + 1
+    if e > k.length - 1:  # every key too old for every query
+        return []
+    if q.length - 1 + e <= 0:  # every key young enough for every query
+        return [Block(q.rows, k.rows, False)]
+    qrows, krows, qlen, klen = q.rows, k.rows, q.length, k.length
+    pieces = []
+    if e < 0:  # the first -e queries see every key
+        pieces.append(Block(_sub(qrows, 0, -e), krows, False))
+        qrows, qlen = _sub(qrows, -e), qlen + e
+    elif e > 0:  # the first e keys are too old for every query
+        krows, klen = _sub(krows, e), klen - e
+    diag = min(qlen, klen)
+    pieces.append(Block(_sub(qrows, 0, diag), _sub(krows, 0, diag), True, reverse=True))
+    if klen > diag:  # keys past the last query's start: seen by every query
+        pieces.append(Block(_sub(qrows, 0, diag), _sub(krows, diag), False))
+    return pieces
+
+
 def _window_piece(q: Run, k: Run, window: int) -> list[Block]:
     """A query run against a key run of the same document under a causal sliding window.
 
     With delta = q.start - k.start, query row a sees key row b iff
     ``a + delta - window < b <= a + delta``. Where the window cuts no visible pair (the
-    newest query is within W of the oldest key), the plain causal pieces."""
+    newest query is within W of the oldest key), the plain causal pieces; a window shorter than
+    ``SPLIT_WINDOW``, one masked band; else the band cut into unmasked pieces
+    (``_band_pieces``)."""
     delta = q.start - k.start
     newest = q.length - 1 + delta  # the latest key row any query row may see
     oldest = delta - window + 1  # the earliest key row any query row may see
@@ -215,7 +244,48 @@ def _window_piece(q: Run, k: Run, window: int) -> list[Block]:
         return []
     if newest < window:  # the window cuts nothing here
         return _causal_pieces(q, k)
-    return [Block(q.rows, k.rows, True, offset=delta, window=window)]
+    if window < SPLIT_WINDOW:
+        return [Block(q.rows, k.rows, True, offset=delta, window=window)]
+    return _band_pieces(q, k, window)
+
+
+# Windows at least this long are computed as unmasked pieces (plain rectangles, causal squares
+# and their mirrors) of SPLIT_ROWS query rows each; shorter ones by the masked banded kernel
+# (the pieces would be too small to run the kernels well).
+SPLIT_WINDOW = 256
+SPLIT_ROWS = 1024
+
+
+def _band_pieces(q: Run, k: Run, window: int) -> list[Block]:
+    """A band cut into chunks of R <= W query rows. Chunk [r0, r1) sees the keys of the
+    positions [pos(r0) - W + 1, pos(r1 - 1)]: the newest R (from pos(r0)) under the causal
+    mask alone, the oldest R - 1 under the window's lower edge alone, and every key between
+    by every row of the chunk. No piece needs a mask: the kernels' own causal flag does it
+    (on reversed rows for the lower edge), and nothing outside the band is computed."""
+    rows = min(window, SPLIT_ROWS)
+    pieces: list[Block] = []
+    for r0 in range(0, q.length, rows):
+        r1 = min(q.length, r0 + rows)
+        chunk = Run(q.local + r0, q.start + r0, r1 - r0, q.doc, q.doc_start)
+        first, last = chunk.start - window + 1, chunk.end - 1  # positions some row sees
+        newest = _clip(k, chunk.start, last + 1)
+        middle = _clip(k, chunk.end - window, chunk.start)
+        oldest = _clip(k, first, chunk.end - window)
+        if newest is not None:
+            pieces.extend(_causal_pieces(chunk, newest))
+        if middle is not None:
+            pieces.append(Block(chunk.rows, middle.rows, False))
+        if oldest is not None:
+            pieces.extend(_reverse_pieces(chunk, oldest, window))
+    return pieces
+
+
+def _clip(k: Run, start: int, stop: int) -> Run | None:
+    """The part of key run ``k`` at positions [start, stop), or None."""
+    start, stop = max(start, k.start), min(stop, k.end)
+    if start >= stop:
+        return None
+    return Run(k.local + start - k.start, start, stop - start, k.doc, k.doc_start)
 
 
 def _coalesce(blocks: list[Block]) -> tuple[Block, ...]:
@@ -239,7 +309,7 @@ def _coalesce(blocks: list[Block]) -> tuple[Block, ...]:
 
 
 def _joinable(a: Block, b: Block, by_keys: bool = False) -> bool:
-    if a.causal or b.causal:
+    if a.causal or b.causal or a.window is not None or b.window is not None:
         return False
     if by_keys:
         return a.q == b.q and a.kv.stop == b.kv.start

@@ -60,6 +60,7 @@ from .layouts import (
     packing_fingerprint,
     ring_geometry,
 )
+from .shm import ring_transport
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor):
@@ -140,6 +141,9 @@ class RingSetup:
 def _block_forward(setup: RingSetup, q, k, v, blk: Block):
     if blk.window is not None:
         return _BANDED.forward(q, k, v, scale=setup.scale, offset=blk.offset, window=blk.window)
+    if blk.reverse:  # the causal mask's mirror: the causal mask over reversed rows and keys
+        out, lse = setup.kernel.forward(*_reversed(q, k, v), scale=setup.scale, causal=True)
+        return out.flip(1), lse.flip(2)
     return setup.kernel.forward(q, k, v, scale=setup.scale, causal=blk.causal)
 
 
@@ -148,7 +152,18 @@ def _block_backward(setup: RingSetup, dout, q, k, v, out, lse, blk: Block):
         return _BANDED.backward(
             dout, q, k, v, out, lse, scale=setup.scale, offset=blk.offset, window=blk.window
         )
+    if blk.reverse:
+        dout, q, k, v, out = _reversed(dout, q, k, v, out)
+        grads = setup.kernel.backward(
+            dout, q, k, v, out, lse.flip(2), scale=setup.scale, causal=True
+        )
+        return tuple(g.flip(1) for g in grads)
     return setup.kernel.backward(dout, q, k, v, out, lse, scale=setup.scale, causal=blk.causal)
+
+
+def _reversed(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(B, S, H, D) tensors with their rows in reverse order (copies: kernels want strides)."""
+    return tuple(t.flip(1) for t in tensors)
 
 
 _BANDED = BandedKernel()
@@ -431,7 +446,7 @@ def _transport(q, k, causal, layout, sinks, group, comm, window, packing) -> Tra
     if comm is None:
         group = resolve_group(group)
         check_ranks_agree(q, k, causal, layout, group, **agreed)
-        return RingComm(group)
+        return ring_transport(group)
     if group is not None:
         raise ValueError("ring_attention: pass either group= or comm=, not both")
     if isinstance(comm, RingComm):

@@ -53,7 +53,24 @@ def _entry(
     os._exit(0)
 
 
-def run_distributed(fn: Callable, world_size: int, *args: Any, backend: str = "gloo") -> list[Any]:
+def run_distributed(
+    fn: Callable, world_size: int, *args: Any, backend: str = "gloo", transport: str | None = None
+) -> list[Any]:
+    """``transport``: the ranks' RINGATTN_TRANSPORT (``shm``: the ring through shared memory,
+    required; ``gloo``: gloo's point-to-point; None: the engine's default, auto)."""
+    saved = os.environ.get("RINGATTN_TRANSPORT")
+    if transport is not None:
+        os.environ["RINGATTN_TRANSPORT"] = transport  # the spawned ranks inherit it
+    try:
+        return _run(fn, world_size, args, backend)
+    finally:
+        if saved is None:
+            os.environ.pop("RINGATTN_TRANSPORT", None)
+        else:
+            os.environ["RINGATTN_TRANSPORT"] = saved
+
+
+def _run(fn: Callable, world_size: int, args: tuple, backend: str) -> list[Any]:
     with tempfile.TemporaryDirectory() as store_dir:
         mp.start_processes(
             _entry,

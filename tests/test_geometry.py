@@ -41,7 +41,11 @@ def _block_pairs(blk: g.Block, qrows, krows):
             ra, rb = a - q0, b - k0
             if blk.window is not None:
                 seen = ra + blk.offset - blk.window < rb <= ra + blk.offset
+            elif blk.causal and blk.reverse:
+                assert q1 - q0 == k1 - k0, "a reversed causal block is square"
+                seen = rb >= ra
             elif blk.causal:
+                assert q1 - q0 == k1 - k0, "a causal block is square"
                 seen = rb <= ra
             else:
                 seen = True
@@ -175,3 +179,38 @@ def test_balanced_layout_on_a_heavy_tail(world, window):
     work = [lay.pairs(r, True, window) for r in range(world)]
     assert max(work) <= (1.05 if window is None else 1.07) * sum(work) / world
     assert lay.padding < 0.01 * n
+
+
+@pytest.fixture
+def split_bands(monkeypatch):
+    """Bands cut into unmasked pieces even for the tiny windows these tests use."""
+    monkeypatch.setattr(g, "SPLIT_WINDOW", 2)
+    monkeypatch.setattr(g, "SPLIT_ROWS", 3)
+    g.plain_layout.cache_clear()
+    g.packed_layout.cache_clear()
+    yield
+    g.plain_layout.cache_clear()
+    g.packed_layout.cache_clear()
+
+
+@pytest.mark.parametrize("window", [2, 3, 4, 5, 9])
+def test_split_bands_cover_the_window_exactly(split_bands, window):
+    for world in (1, 2, 3, 4):
+        for layout in g.LAYOUTS:
+            check_layout(g.plain_layout(8 * world, world, layout), True, window)
+    rng = random.Random(window)
+    for _ in range(20):
+        lengths = [max(1, int(rng.lognormvariate(1.8, 1.0))) for _ in range(rng.randint(1, 8))]
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        lay = g.packed_layout(tuple(cu), rng.randint(1, 4), rng.choice(g.LAYOUTS))
+        check_layout(lay, True, window)
+
+
+def test_long_windows_need_no_mask():
+    """Mistral's W = 4096 over 64k tokens on 4 ranks: no block carries a mask."""
+    lay = g.plain_layout(65536, 4, "zigzag")
+    for rank in range(4):
+        for step in range(4):
+            assert all(b.window is None for b in lay.plan(step, rank, True, 4096))

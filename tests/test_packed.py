@@ -147,10 +147,12 @@ def _gloo_cases(world: int) -> list[Case]:
     ]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_gloo_ring_matches_each_document_alone(world):
+@pytest.mark.parametrize(
+    "world,transport", [(1, "gloo"), (2, "shm"), (3, "gloo"), (4, "shm"), (4, "gloo")]
+)
+def test_gloo_ring_matches_each_document_alone(world, transport):
     cases = _gloo_cases(world)
-    per_rank = run_distributed(packed_ring_outputs, world, cases)
+    per_rank = run_distributed(packed_ring_outputs, world, cases, transport=transport)
     for case in cases:
         got = unshard_packed([r[case.id] for r in per_rank], case)
         check(case, got)

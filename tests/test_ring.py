@@ -1,5 +1,7 @@
 """Ring attention on P = 1..4 real gloo processes against float64 full attention.
 
+Every ring of two or more ranks runs on both transports (shared memory, gloo).
+
 Tolerances. float32: the ring adds one rescaling per step to what a single kernel does, so it
 should agree with the float64 reference about as well as float32 attention itself does: a few
 ulps times sqrt(sequence length) in the worst element, well under 2e-5 relative to the largest
@@ -49,11 +51,16 @@ def _cases(world: int) -> list[Case]:
     return cases
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda p: f"P{p}")
+# Every ring on both transports: shared memory (the default for ranks on one host) and gloo's
+# point-to-point (ranks on different hosts); one rank has no transfers.
+RINGS = [(1, "gloo"), *((p, t) for p in (2, 3, 4) for t in ("shm", "gloo"))]
+
+
+@pytest.fixture(scope="module", params=RINGS, ids=lambda p: f"P{p[0]}-{p[1]}")
 def ring_results(request):
-    world = request.param
+    world, transport = request.param
     cases = _cases(world)
-    per_rank = run_distributed(ring_outputs, world, cases)
+    per_rank = run_distributed(ring_outputs, world, cases, transport=transport)
     return world, cases, per_rank
 
 

@@ -63,6 +63,50 @@ def test_windowed_local_ring_matches_float64(world, layout):
     assert not failures, "\n".join(failures)
 
 
+@pytest.fixture
+def split_bands(monkeypatch):
+    """Bands cut into unmasked pieces (geometry._band_pieces) even for these tiny windows:
+    the path of windows of SPLIT_WINDOW keys and more, e.g. Mistral's 4096."""
+    from ringattn import geometry
+
+    monkeypatch.setattr(geometry, "SPLIT_WINDOW", 2)
+    monkeypatch.setattr(geometry, "SPLIT_ROWS", 3)
+    geometry.plain_layout.cache_clear()
+    geometry.packed_layout.cache_clear()
+    yield
+    geometry.plain_layout.cache_clear()
+    geometry.packed_layout.cache_clear()
+
+
+@pytest.mark.parametrize("world", [1, 2, 4], ids=lambda p: f"P{p}")
+@pytest.mark.parametrize("kernel", ["", "chunked"])
+def test_split_bands_match_float64(split_bands, monkeypatch, world, kernel):
+    """Rectangles, causal squares and reversed causal squares instead of masked bands: the
+    same numbers, on the fused CPU kernel and on the matmul fallback."""
+    if kernel:
+        monkeypatch.setenv("RINGATTN_KERNEL", kernel)
+    n = 2 * world * 6
+    failures = []
+    for layout in ("contiguous", "zigzag"):
+        for window in _windows(n, world):
+            for dtype in ("float64", "float32"):
+                case = Case(
+                    2,
+                    n,
+                    4,
+                    2,
+                    16,
+                    dtype,
+                    True,
+                    layout,
+                    seed=window,
+                    window=window,
+                    sinks=dtype == "float32" and window % 2 == 1,
+                )
+                failures += _failures(case, local_ring_outputs(case, world), world)
+    assert not failures, "\n".join(failures)
+
+
 def test_windowed_ring_on_the_matmul_kernels(monkeypatch):
     """RINGATTN_KERNEL=chunked: the plain blocks on ChunkedKernel and the boundary ones on the
     banded matmuls (the path of devices without a fused CPU kernel), P=3 zigzag."""
@@ -88,14 +132,15 @@ def _gloo_ranks(rank: int, world: int) -> dict:
     return ring_outputs(rank, world, _gloo_cases(world))
 
 
-def test_windowed_gloo_ring_matches_float64():
-    """Real processes: 4 gloo ranks, the shards sent by point-to-point as in production; the
-    window of 5 makes the zigzag ring one hop each way (ring_reach (1, 1)), the others the
-    whole ring or one leg."""
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_windowed_gloo_ring_matches_float64(transport):
+    """Real processes: 4 ranks, the shards sent through shared memory or gloo's point-to-point
+    as in production; the window of 5 makes the zigzag ring one hop each way (ring_reach
+    (1, 1)), the others the whole ring or one leg."""
     import ringattn
 
     world = 4
-    per_rank = run_distributed(_gloo_ranks, world)
+    per_rank = run_distributed(_gloo_ranks, world, transport=transport)
     failures = []
     for case in _gloo_cases(world):
         got = {

@@ -1,0 +1,316 @@
+"""The ring's transport between ranks on one host: blocks exchanged through shared memory.
+
+gloo has no shared-memory path: ranks on one host send every K/V block through TCP loopback,
+and gloo's copy threads then run on the cores the kernels compute on. Here each directed pair
+of ranks and each stream (``tag``: K/V, dK/dV) has a channel of two slots, files in
+``/dev/shm`` mapped by both processes. ``exchange`` copies the block into the next free slot
+and sends a token saying so; ``wait`` takes the token from the previous rank and copies its
+block out. Two slots let a sender run one block ahead (the ring posts the next transfer before
+it computes on the block it holds). The tokens (a few bytes) travel by gloo's point-to-point:
+a rank waiting for one sleeps instead of spinning on a core its peer computes on, and the
+system calls order the slot's writes before the token on any memory model.
+
+A slot file is made by its sender, under a name the token gives (re-made larger when a bigger
+message comes), and unlinked by the receiver once both have it mapped, so nothing stays in
+``/dev/shm`` after a clean run; a set-up removes files left by processes that died between
+the two. Setting up is two small collectives on the group (``RingShm.for_group``, cached per
+group): ranks with the same host name and boot id check that they see a file the lowest of
+them made (containers with their own /dev/shm do not). Two neighbours that share a /dev/shm
+exchange through it; any other pair (ranks on different hosts) through gloo's point-to-point,
+as ``RingComm``. Collectives (the engine's shape check) stay on gloo.
+
+``RINGATTN_TRANSPORT``: ``auto`` (default: shared memory for a gloo group whose ranks share a
+host), ``gloo`` (never), ``shm`` (required: an error where the ranks do not share a host).
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .comm import STATS, PendingExchange, RingComm
+
+PREFIX = "ringattn-shm"
+
+
+def _shm_root() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _byte_views(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.reshape(-1).view(torch.uint8) for t in tensors]
+
+
+class _Slot:
+    """One slot of a channel as one side maps it: the file of its current generation."""
+
+    def __init__(self) -> None:
+        self.map: mmap.mmap | None = None
+        self.view: torch.Tensor | None = None
+        self.generation = -1
+        self.pending_free = None  # sender: the receiver's "read it" token for this slot
+
+    def attach(self, path: str, size: int, generation: int, create: bool) -> None:
+        self.view = None
+        if self.map is not None:
+            self.map.close()
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        if not create:
+            os.unlink(path)  # both sides have it mapped: nothing to clean up later
+        self.view = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.generation = generation
+
+
+class _Channel:
+    """``src -> dst`` for one stream: two slots, used in turn."""
+
+    def __init__(self, ring: RingShm, src: int, dst: int, tag: int) -> None:
+        self.ring, self.src, self.dst, self.tag = ring, src, dst, tag
+        self.slots = [_Slot(), _Slot()]
+        self.count = 0  # messages sent (sender) or read (receiver)
+
+    def _path(self, index: int, generation: int) -> str:
+        return os.path.join(
+            _shm_root(),
+            f"{PREFIX}-{self.ring.token}-{self.ring.pids[self.src]}-"
+            f"{self.src}-{self.dst}-{self.tag}-{index}-{generation}",
+        )
+
+    def send(self, tensors: Sequence[torch.Tensor]) -> None:
+        index = self.count % 2
+        slot = self.slots[index]
+        if slot.pending_free is not None:  # the receiver must have read this slot's last
+            slot.pending_free[1].wait()
+        need = sum(_bytes(t) for t in tensors)
+        if slot.map is None or len(slot.map) < need:
+            slot.attach(
+                self._path(index, slot.generation + 1),
+                max(need, 1),
+                slot.generation + 1,
+                create=True,
+            )
+        offset = 0
+        for src in _byte_views(tensors):
+            slot.view[offset : offset + src.numel()].copy_(src)
+            offset += src.numel()
+        token = torch.tensor([len(slot.map), slot.generation], dtype=torch.int64)
+        self.ring.token_send(token, self.dst, 2 * self.tag)
+        freed = torch.empty(1, dtype=torch.int64)  # lives as long as its receive
+        slot.pending_free = (freed, self.ring.token_recv(freed, self.dst, 2 * self.tag + 1))
+        self.count += 1
+
+    def post_recv(self):
+        """The token of the next message from ``src`` (posted early, waited on by read)."""
+        token = torch.empty(2, dtype=torch.int64)
+        return token, self.ring.token_recv(token, self.src, 2 * self.tag)
+
+    def read(self, posted, tensors: Sequence[torch.Tensor]) -> None:
+        token, request = posted
+        request.wait()
+        size, generation = (int(x) for x in token.tolist())
+        index = self.count % 2
+        slot = self.slots[index]
+        if generation != slot.generation:
+            slot.attach(self._path(index, generation), size, generation, create=False)
+        offset = 0
+        for dst in _byte_views(tensors):
+            dst.copy_(slot.view[offset : offset + dst.numel()])
+            offset += dst.numel()
+        self.count += 1
+        self.ring.token_send(torch.ones(1, dtype=torch.int64), self.src, 2 * self.tag + 1)
+
+
+class _Pending:
+    """A posted exchange. Its shared-memory send is done; ``wait`` finishes its gloo
+    transfers (a pair on different hosts) and reads a shared-memory block from the previous
+    rank."""
+
+    __slots__ = ("channel", "posted", "recv", "requests")
+
+    def __init__(self, channel: _Channel | None, recv: Sequence[torch.Tensor]) -> None:
+        self.channel, self.recv, self.requests = channel, recv, []
+        self.posted = channel.post_recv() if channel is not None else None
+
+    def wait(self) -> None:
+        start = time.perf_counter() if STATS.enabled else 0.0
+        PendingExchange(self.requests).wait()
+        if self.channel is not None:
+            self.channel.read(self.posted, self.recv)
+        if STATS.enabled:
+            elapsed = time.perf_counter() - start
+            STATS.wait_s += elapsed
+            STATS.waits.append(elapsed)
+
+
+class RingShm(RingComm):
+    """A ``RingComm`` whose blocks go through shared memory: the same ring order, endpoint
+    and transport (``exchange``, ``drive``); gloo carries the tokens and the collectives."""
+
+    def __init__(
+        self, group: dist.ProcessGroup | None, token: str, pids: list[int], shared: list[bool]
+    ) -> None:
+        super().__init__(group)
+        self.token, self.pids = token, pids
+        self.shared = shared  # shared[r]: this rank and rank r share a /dev/shm
+        self._channels: dict[tuple[int, int, int], _Channel] = {}
+        self._sent: list = []  # token sends in flight (their tensors must live until done)
+
+    @classmethod
+    def for_group(cls, group: dist.ProcessGroup | None, required: bool) -> RingShm | None:
+        """The ring of ``group`` through shared memory where neighbours share a /dev/shm (set
+        up once per group), or None when no two ranks of it do (an error when ``required``:
+        then every rank must share one)."""
+        key = dist.group.WORLD if group is None else group  # the default group of now
+        if key not in _BY_GROUP:
+            token, pids, shared = _agree(group)
+            rank = dist.get_rank(group)
+            others = any(s for r, s in enumerate(shared) if r != rank)
+            _BY_GROUP[key] = cls(group, token, pids, shared) if others else None
+        ring = _BY_GROUP[key]
+        if required and (ring is None or not all(ring.shared)):
+            raise RuntimeError(
+                "RINGATTN_TRANSPORT=shm: the ranks of this ring do not all share a host (or a "
+                "/dev/shm); use RINGATTN_TRANSPORT=auto or gloo"
+            )
+        return ring
+
+    def token_send(self, token: torch.Tensor, to: int, tag: int) -> None:
+        self._sent = [(t, r) for t, r in self._sent if not r.is_completed()]
+        request = dist.isend(token, self._global(to), group=self.group, tag=tag)
+        self._sent.append((token, request))
+
+    def token_recv(self, token: torch.Tensor, source: int, tag: int):
+        return dist.irecv(token, self._global(source), group=self.group, tag=tag)
+
+    def _channel(self, src: int, dst: int, tag: int) -> _Channel:
+        key = (src, dst, tag)
+        if key not in self._channels:
+            self._channels[key] = _Channel(self, src, dst, tag)
+        return self._channels[key]
+
+    def drive(self, loops, device=None) -> list:
+        """Run this rank's loop, then settle: every block it sent read by its receiver and
+        every token it sent delivered, so no transfer is in flight when the call returns (a
+        process may exit right after, and gloo drops what it had not written yet)."""
+        results = super().drive(loops, device)
+        for channel in self._channels.values():
+            for slot in channel.slots:
+                if slot.pending_free is not None:
+                    slot.pending_free[1].wait()
+                    slot.pending_free = None
+        for _, request in self._sent:
+            request.wait()
+        self._sent = []
+        return results
+
+    def exchange(self, send, recv, *, tag: int = 0, shift: int = 1) -> _Pending:
+        """As ``RingComm.exchange``: ``send`` to rank + shift (through shared memory: copied
+        into its channel now), ``recv`` from rank - shift (through shared memory: read by the
+        returned exchange's ``wait``); a pair that shares no /dev/shm goes through gloo."""
+        world = self.world_size
+        to, source = (self.rank + shift) % world, (self.rank - shift) % world
+        if STATS.enabled:
+            STATS.bytes_sent += sum(_bytes(t) for t in send)
+            STATS.exchanges += 1
+        from_shm = self.shared[source]
+        pending = _Pending(self._channel(source, self.rank, tag) if from_shm else None, recv)
+        if not from_shm:
+            pending.requests += [
+                dist.irecv(t, self._global(source), group=self.group, tag=tag) for t in recv
+            ]
+        if self.shared[to]:
+            self._channel(self.rank, to, tag).send(send)
+        else:
+            pending.requests += [
+                dist.isend(t, self._global(to), group=self.group, tag=tag) for t in send
+            ]
+        return pending
+
+
+_BY_GROUP: dict = {}
+TRANSPORTS = ("auto", "gloo", "shm")
+
+
+def ring_transport(group: dist.ProcessGroup | None) -> RingComm:
+    """The ring of ``group``'s processes: through shared memory where its ranks share a host
+    and it runs on gloo (``RINGATTN_TRANSPORT``: see the module docstring), else
+    ``RingComm``'s point-to-point."""
+    mode = os.environ.get("RINGATTN_TRANSPORT", "auto").strip().lower() or "auto"
+    if mode not in TRANSPORTS:
+        raise ValueError(f"RINGATTN_TRANSPORT={mode!r}: expected one of {', '.join(TRANSPORTS)}")
+    if mode != "gloo" and dist.get_world_size(group) > 1 and dist.get_backend(group) == "gloo":
+        ring = RingShm.for_group(group, required=mode == "shm")
+        if ring is not None:
+            return ring
+    return RingComm(group)
+
+
+def _host() -> tuple[str, str]:
+    """(host name, boot id): ranks with the same pair may share a /dev/shm."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return os.uname().nodename, boot
+
+
+def _agree(group: dist.ProcessGroup | None) -> tuple[str, list[int], list[bool]]:
+    """(a token naming this ring's files, every rank's pid, with which ranks this one shares
+    a /dev/shm). The lowest rank of each host makes a probe file; a rank shares with those
+    of its host that see it as it does."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, (_host(), os.getpid(), uuid.uuid4().hex[:12]), group=group)
+    token = hosts[0][2]
+    leader = min(r for r in range(world) if hosts[r][0] == hosts[rank][0])
+    probe = os.path.join(_shm_root(), f"{PREFIX}-{token}-probe{leader}")
+    if rank == leader:
+        remove_orphans()
+        with open(probe, "w"):
+            pass
+    dist.barrier(group=group)
+    sees: list = [None] * world
+    dist.all_gather_object(sees, os.path.exists(probe), group=group)
+    if rank == leader:
+        os.unlink(probe)
+    shared = [
+        hosts[r][0] == hosts[rank][0] and bool(sees[r]) and bool(sees[rank]) for r in range(world)
+    ]
+    return token, [h[1] for h in hosts], shared
+
+
+def remove_orphans() -> None:
+    """Slot files whose sender (the pid in the name) no longer runs: a crash between a slot's
+    creation and its receiver mapping it."""
+    for path in glob.glob(os.path.join(_shm_root(), f"{PREFIX}-*")):
+        parts = os.path.basename(path).split("-")
+        if len(parts) < 4 or not parts[3].isdigit():
+            continue
+        try:
+            os.kill(int(parts[3]), 0)
+        except ProcessLookupError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except PermissionError:  # another user's live process
+            pass

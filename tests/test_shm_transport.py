@@ -1,0 +1,112 @@
+"""The shared-memory transport (ringattn/shm.py) on its own: what it delivers, what it leaves.
+
+The ring's exactness on it is tested with the ring (tests/test_ring.py, test_ring_window.py and
+test_packed.py run their gloo processes on both transports). Here: every message arrives
+intact in order over both streams and both directions while the messages grow (slot files
+re-made larger), several calls in a row; nothing is left in /dev/shm afterwards; the default
+picks shared memory for ranks on one host and gloo when told; a bad setting is one line.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+from tests.distributed import run_distributed
+
+
+def _messages(rank: int, world: int, elsewhere: int | None = None) -> dict:
+    """``elsewhere``: a rank that says it runs on another host (its pairs then use gloo)."""
+    import torch.distributed as dist
+
+    from ringattn import shm
+    from ringattn.comm import RingComm
+    from ringattn.shm import RingShm, ring_transport
+
+    if rank == elsewhere:
+        shm._host = lambda: ("another-host", "another-boot")
+
+    ring = ring_transport(None)
+    chosen = type(ring).__name__
+    assert isinstance(ring, RingComm)
+    got = []
+    for size in (3, 3, 1000, 17, 250_000, 250_000, 5):  # grows twice, shrinks, grows again
+        for shift, tag in ((1, 0), (-1, 1), (2, 0)):
+            send = [
+                torch.full((size,), rank * 1000 + size, dtype=torch.float32),
+                torch.arange(size, dtype=torch.int64) + rank,
+            ]
+            recv = [torch.empty_like(t) for t in send]
+            ring.exchange(send, recv, tag=tag, shift=shift).wait()
+            source = (rank - shift) % world
+            ok = bool((recv[0] == source * 1000 + size).all()) and torch.equal(
+                recv[1], torch.arange(size, dtype=torch.int64) + source
+            )
+            got.append(ok)
+    shared = None
+    if isinstance(ring, RingShm):  # settle as a ring call does, then compare notes
+        ring.drive([])
+        shared = ring.shared
+    dist.barrier()
+    return {"chosen": chosen, "all_ok": all(got), "shared": shared}
+
+
+@pytest.mark.parametrize("transport", ["auto", "shm", "gloo"])
+def test_messages_arrive_intact_and_nothing_is_left(transport):
+    before = set(glob.glob("/dev/shm/ringattn-shm-*"))
+    per_rank = run_distributed(_messages, 3, transport=transport)
+    want = "RingComm" if transport == "gloo" else "RingShm"
+    assert all(r["chosen"] == want and r["all_ok"] for r in per_rank), per_rank
+    assert set(glob.glob("/dev/shm/ringattn-shm-*")) <= before
+
+
+def test_a_bad_setting_is_one_line(monkeypatch):
+    from ringattn.shm import ring_transport
+
+    monkeypatch.setenv("RINGATTN_TRANSPORT", "carrier-pigeon")
+    with pytest.raises(ValueError, match="RINGATTN_TRANSPORT='carrier-pigeon'"):
+        ring_transport(None)
+
+
+def test_orphaned_slot_files_are_removed(tmp_path):
+    """A slot file whose sender is gone (a crash before its receiver mapped it) is removed by
+    the next set-up; one of a live process stays."""
+    from ringattn import shm
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this machine")
+    dead = _a_dead_pid()
+    orphan = f"/dev/shm/{shm.PREFIX}-feedbeef0000-{dead}-0-1-0-0-0"
+    alive = f"/dev/shm/{shm.PREFIX}-feedbeef0000-{os.getpid()}-0-1-0-0-0"
+    for path in (orphan, alive):
+        with open(path, "wb") as f:
+            f.write(b"x")
+    try:
+        shm.remove_orphans()
+        assert not os.path.exists(orphan) and os.path.exists(alive)
+    finally:
+        for path in (orphan, alive):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def _a_dead_pid() -> int:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_neighbours_on_other_hosts_go_through_gloo():
+    """Rank 2 of 3 on 'another host': ranks 0 and 1 exchange through shared memory, every
+    pair with rank 2 through gloo (rank 2 shares with no one: plain RingComm), all in the same
+    ring, every message intact."""
+    per_rank = run_distributed(_messages, 3, 2, transport="auto")
+    assert all(r["all_ok"] for r in per_rank), per_rank
+    assert [r["chosen"] for r in per_rank] == ["RingShm", "RingShm", "RingComm"]
+    assert [r["shared"] for r in per_rank] == [[True, True, False], [True, True, False], None]
