@@ -16,6 +16,12 @@ group); ``layout`` is ``"contiguous"`` or ``"zigzag"``, as in ``ringattn.shard_s
 must be given whenever the group has more than one rank (a wrong layout gives wrong numbers
 silently); ``seq_len`` is the document's real (unpadded) global length.
 
+``cu_seqlens`` (``ring_settings(cu_seqlens=...)`` or ``ring_cu_seqlens=``): packed documents,
+as ``ring_attention``'s (pass ``ringattn.pack_sequence``'s layout, built with the window the
+model balances for, and the same to ``shard_sequence``), with each row's position within its
+own document as ``position_ids`` (``ringattn.document_positions``). A model whose RoPE depends
+on the sequence's length is refused there: a pack's documents would share one scaling.
+
 ``seq_len`` with ``model`` also makes RoPE whose frequencies depend on the sequence length
 (``dynamic`` NTK scaling, Phi-3's ``longrope``) use the document's global length on every rank:
 transformers picks the scaling from the largest position it sees, which on a ring is each
@@ -62,6 +68,7 @@ class RingSettings:
     layout: str | None = None
     seq_len: int | None = None  # the document's real global length
     ulysses_group: Any = None  # hybrid layouts: the Ulysses group (``group`` is the ring)
+    cu_seqlens: Any = None  # packed documents (ringattn.pack_sequence's layout)
 
 
 _SETTINGS: contextvars.ContextVar[RingSettings | None] = contextvars.ContextVar(
@@ -190,12 +197,18 @@ def ring_attention_forward(
     window = _window(module, kwargs)
     sinks = _sinks(module, kwargs)
     extra = {} if sinks is None else {"sinks": sinks}
+    cu_seqlens = _setting(kwargs, "cu_seqlens")
+    if cu_seqlens is not None:
+        extra["cu_seqlens"] = cu_seqlens
     for counter in _COUNTERS:
         counter.calls += 1
         counter.layers.add(id(module))
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if layout in HYBRID_LAYOUTS:
-        return _hybrid(module, q, k, v, scaling, layout, ulysses, group, sinks, window), None
+        hybrid = _hybrid(
+            module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
+        )
+        return hybrid, None
     if ulysses is not None:
         raise ValueError(
             f"ringattn: a Ulysses group needs a hybrid layout ({', '.join(HYBRID_LAYOUTS)}), "
@@ -215,7 +228,7 @@ def ring_attention_forward(
     return out, None
 
 
-def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window) -> torch.Tensor:
+def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window, cu_seqlens):
     from .hybrid import hybrid_attention
 
     if ulysses is None:
@@ -238,6 +251,7 @@ def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window) -> t
         ulysses_group=ulysses,
         ring_group=ring,
         window=window,
+        cu_seqlens=cu_seqlens,
     )
 
 
@@ -305,10 +319,17 @@ def ring_settings(
     seq_len: int | None = None,
     model: torch.nn.Module | None = None,
     ulysses_group: Any = None,
+    cu_seqlens: Any = None,
 ) -> Iterator[RingSettings]:
     """The ring's settings for every attention call in the block (see the module docstring)."""
+    if cu_seqlens is not None and model is not None:
+        _refuse_packed_length_rope(model)
     settings = RingSettings(
-        group=group, layout=layout, seq_len=seq_len, ulysses_group=ulysses_group
+        group=group,
+        layout=layout,
+        seq_len=seq_len,
+        ulysses_group=ulysses_group,
+        cu_seqlens=cu_seqlens,
     )
     token = _SETTINGS.set(settings)
     hooks = _global_rope_hooks(model, seq_len) if model is not None and seq_len else []
@@ -318,6 +339,20 @@ def ring_settings(
         for hook in hooks:
             hook.remove()
         _SETTINGS.reset(token)
+
+
+def _refuse_packed_length_rope(model: torch.nn.Module) -> None:
+    """RoPE scaled by the sequence's length cannot serve a pack: each document needs its own."""
+    for module in model.modules():
+        kinds = [
+            t for t in rope_types(module).values() if t in LENGTH_DEPENDENT_ROPE or "dynamic" in t
+        ]
+        if kinds:
+            raise ValueError(
+                f"ringattn: {type(module).__name__} scales RoPE by the sequence's length "
+                f"({kinds[0]}); packed documents would share one scaling: run them one per "
+                "sequence"
+            )
 
 
 def _refuse_padding_mask(*, attention_mask: torch.Tensor | None = None, **_: Any) -> None:

@@ -1,0 +1,121 @@
+"""Packed documents through a Hugging Face causal LM whose attention is ringattn.
+
+Two gloo ranks run one packed sequence (documents of 1 to 90 tokens, one cut by a chunk edge)
+through tiny random models with ``ring_settings(cu_seqlens=...)``, each row's position within
+its own document; the reference is each document alone through the model's own attention in
+one process (sdpa; eager for gpt-oss's sinks). Per-token log-probabilities within 2e-5, the
+compatibility suite's bound (tests/test_longdoc_compat.py): no document's last token predicts
+the next document's first, and no document sees another. A model whose RoPE depends on the
+sequence's length is refused for packing by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.distributed import run_distributed
+from tests.test_longdoc_compat import BASE, TOL
+
+DOCS = (1, 37, 5, 90, 20, 2, 61)
+MODELS = {
+    "llama": dict(model_type="llama"),
+    "mistral, window 16": dict(model_type="mistral", sliding_window=16),
+    "qwen2": dict(model_type="qwen2", use_sliding_window=False),
+    "gpt_oss, sinks, window 24": dict(model_type="gpt_oss", sliding_window=24),
+}
+
+
+def _model(spec: dict, attn: str):
+    from transformers import AutoConfig
+
+    from ringctl.longdoc.model import build_random
+
+    fields = {k: v for k, v in spec.items() if k != "model_type"}
+    config = AutoConfig.for_model(spec["model_type"], **{**BASE, **fields})
+    return build_random(config, seed=7, dtype=torch.float32, attn_implementation=attn).eval()
+
+
+def _tokens() -> torch.Tensor:
+    return torch.randint(
+        0, BASE["vocab_size"], (sum(DOCS),), generator=torch.Generator().manual_seed(3)
+    )
+
+
+def _cu() -> list[int]:
+    cu = [0]
+    for n in DOCS:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+def _logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log p(ids[i + 1]) at each row but the last (float32)."""
+    return logits.float().log_softmax(-1)[:-1].gather(-1, ids[1:, None])[:, 0]
+
+
+def _ranks(rank: int, world: int) -> dict:
+    import ringattn
+    from ringattn.hf import register, ring_settings
+
+    register()
+    ids, cu = _tokens(), _cu()
+    out = {}
+    for name, spec in MODELS.items():
+        model = _model(spec, "ringattn")
+        window = spec.get("sliding_window")
+        packing = ringattn.pack_sequence(
+            cu, world_size=world, layout="zigzag", balance_window=window
+        )
+        kw = dict(world_size=world, rank=rank, layout="zigzag", cu_seqlens=packing)
+        shard_ids = ringattn.shard_sequence(ids, dim=0, **kw)
+        positions = ringattn.document_positions(
+            packing, world_size=world, rank=rank, layout="zigzag"
+        )
+        with torch.no_grad(), ring_settings(layout="zigzag", cu_seqlens=packing, model=model):
+            logits = model(
+                input_ids=shard_ids[None],
+                position_ids=positions.clamp(min=0)[None],
+                use_cache=False,
+            ).logits[0]
+        out[name] = (
+            logits,
+            ringattn.sequence_positions(
+                sum(DOCS), cu_seqlens=packing, **{k: v for k, v in kw.items() if k != "cu_seqlens"}
+            ),
+        )
+    return out
+
+
+def test_packed_documents_equal_each_document_alone():
+    per_rank = run_distributed(_ranks, 2)
+    ids, cu = _tokens(), _cu()
+    for name, spec in MODELS.items():
+        vocab = BASE["vocab_size"]
+        full = torch.full((sum(DOCS), vocab), float("nan"))
+        for r in per_rank:
+            logits, positions = r[name]
+            keep = positions >= 0
+            full[positions[keep]] = logits[keep]
+        attn = "eager" if spec["model_type"] == "gpt_oss" else "sdpa"
+        model = _model(spec, attn)
+        worst = 0.0
+        for a, b in zip(cu, cu[1:], strict=False):
+            if b - a < 2:  # a one-token document predicts nothing
+                continue
+            with torch.no_grad():
+                alone = model(input_ids=ids[None, a:b], use_cache=False).logits[0]
+            err = (_logprobs(full[a:b], ids[a:b]) - _logprobs(alone, ids[a:b])).abs().max()
+            worst = max(worst, float(err))
+        assert worst <= TOL, f"{name}: {worst:.2e} > {TOL}"
+
+
+def test_length_dependent_rope_is_refused_for_packing():
+    from ringattn.hf import ring_settings
+
+    model = _model(
+        dict(model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "sdpa"
+    )
+    with pytest.raises(ValueError, match="scales RoPE by the sequence's length"):
+        with ring_settings(layout="zigzag", cu_seqlens=[0, 5], model=model):
+            pass
