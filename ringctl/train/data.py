@@ -1,0 +1,186 @@
+"""The training job's data: documents packed into sequences of ``seq_len`` tokens, in a stable
+order that every rank computes alike, resumable from a cursor.
+
+Each epoch visits every document once, in an order shuffled by ``(seed, epoch)`` (Python's
+``random.Random``: the same on every platform). Documents are laid end to end into sequences of
+exactly ``seq_len`` tokens; each sequence's ``cu_seqlens`` (flash-attn's convention) marks its
+pieces, and the ring gives each piece attention over itself only (``ringattn``'s packed
+layouts). A document that does not fit in what is left of a sequence is cut: its rest opens
+the next sequence as a piece of its own.
+
+* Positions restart at 0 in every piece, a continuation's too. Attention never crosses a
+  piece, so with rotary embeddings (relative) the scores are the same whatever a piece's
+  positions start from, and restarting keeps every position inside the model's trained
+  context (a 100k-token document cut into 4k sequences never shows position 96k to it).
+* Context does not carry: a continuation's first tokens see only the continuation.
+* Labels do carry: a token's label is the next token of its *document*, so the last token of a
+  cut piece predicts the continuation's first token. Only each document's last token has no
+  label; a document of one token is skipped (it predicts nothing).
+
+Sequence g of the run is the g-th of this stream; optimizer step s trains on sequences
+``[s x batch, (s + 1) x batch)``, however many rings share them. A ``Cursor`` (epoch, index in
+the epoch's order, tokens of that document already used) is where the stream stands; the
+checkpoint keeps it, so a resumed run packs exactly what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+IGNORE = -100  # a row with no label (cross_entropy's ignore_index)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where the stream stands: document ``index`` of epoch ``epoch``'s order, ``offset``
+    tokens into it."""
+
+    epoch: int = 0
+    index: int = 0
+    offset: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Cursor:
+        fields = {"epoch", "index", "offset"}
+        if not isinstance(data, dict) or set(data) != fields:
+            raise ValueError(f"a data cursor has exactly the keys {sorted(fields)}: got {data!r}")
+        values = {k: data[k] for k in fields}
+        for value in values.values():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"a data cursor holds non-negative integers: got {data!r}")
+        return cls(**values)
+
+
+@dataclass
+class PackedSequence:
+    """One sequence of the stream: token ids, each row's label (``IGNORE``: none), each row's
+    position in its piece, and the pieces' ``cu_seqlens``; ``docs`` names each piece's
+    document (index into the listing) and where in it the piece starts."""
+
+    ids: torch.Tensor
+    labels: torch.Tensor
+    positions: torch.Tensor
+    cu_seqlens: list[int]
+    docs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def predicted(self) -> int:
+        """Rows with a label: what this sequence adds to its step's loss denominator."""
+        return int((self.labels != IGNORE).sum())
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    """The documents' order in ``epoch``: a permutation of range(count) fixed by the seed."""
+    order = list(range(count))
+    random.Random(f"ringctl-train:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+class SequenceStream:
+    """Packs documents into sequences (module docstring). ``tokens(i)`` gives document i's ids
+    (a 1-D int tensor); the stream asks for each document once per visit and keeps only the
+    one it is cutting."""
+
+    def __init__(
+        self, tokens: Callable[[int], torch.Tensor], count: int, seq_len: int, seed: int
+    ) -> None:
+        if seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2 tokens, got {seq_len}")
+        if count < 1:
+            raise ValueError("the training stream has no documents")
+        self._tokens, self.count, self.seq_len, self.seed = tokens, count, seq_len, seed
+        self._held: tuple[int, torch.Tensor] | None = None  # (document, its ids)
+        self._orders: dict[int, list[int]] = {}
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            self._orders = {epoch: epoch_order(self.count, self.seed, epoch)}
+        return self._orders[epoch]
+
+    def _document(self, doc: int) -> torch.Tensor:
+        if self._held is None or self._held[0] != doc:
+            self._held = (doc, self._tokens(doc).reshape(-1).long())
+        return self._held[1]
+
+    def take(self, cursor: Cursor, count: int) -> tuple[list[PackedSequence], Cursor]:
+        """The next ``count`` sequences from ``cursor``, and the cursor after them."""
+        out = []
+        for _ in range(count):
+            sequence, cursor = self._one(cursor)
+            out.append(sequence)
+        return out, cursor
+
+    def _one(self, cursor: Cursor) -> tuple[PackedSequence, Cursor]:
+        pieces: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, labels)
+        docs, room, skipped = [], self.seq_len, 0
+        while room:
+            doc = self._order(cursor.epoch)[cursor.index]
+            tokens = self._document(doc)
+            if len(tokens) < 2:  # predicts nothing: skipped
+                cursor, skipped = self._next(cursor), skipped + 1
+                self._no_document_predicts(skipped)
+                continue
+            skipped, take = 0, min(room, len(tokens) - cursor.offset)
+            pieces.append(_piece(tokens, cursor.offset, take))
+            docs.append((doc, cursor.offset))
+            room -= take
+            if cursor.offset + take == len(tokens):
+                cursor = self._next(cursor)
+            else:
+                cursor = Cursor(cursor.epoch, cursor.index, cursor.offset + take)
+        return _sequence(pieces, docs), cursor
+
+    def _next(self, cursor: Cursor) -> Cursor:
+        if cursor.index + 1 < self.count:
+            return Cursor(cursor.epoch, cursor.index + 1, 0)
+        return Cursor(cursor.epoch + 1, 0, 0)
+
+    def _no_document_predicts(self, useless: int) -> None:
+        if useless > self.count:
+            raise ValueError(
+                "no input document has two tokens or more: nothing to train on (each document's "
+                "tokens predict the next one)"
+            )
+
+
+def _piece(tokens: torch.Tensor, offset: int, take: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, labels) of ``take`` tokens of a document from ``offset``: each label the
+    document's next token, none after its last."""
+    after = tokens[offset + 1 : offset + take + 1]
+    labels = torch.full((take,), IGNORE, dtype=torch.long)
+    labels[: len(after)] = after
+    return tokens[offset : offset + take], labels
+
+
+def _sequence(pieces, docs) -> PackedSequence:
+    cu = [0]
+    for ids, _ in pieces:
+        cu.append(cu[-1] + len(ids))
+    return PackedSequence(
+        ids=torch.cat([ids for ids, _ in pieces]),
+        labels=torch.cat([labels for _, labels in pieces]),
+        positions=torch.cat([torch.arange(len(ids)) for ids, _ in pieces]),
+        cu_seqlens=cu,
+        docs=docs,
+    )
+
+
+def step_sequences(step: int, batch: int) -> range:
+    """The indices in the stream of the sequences optimizer step ``step`` trains on."""
+    return range(step * batch, (step + 1) * batch)
+
+
+def ring_share(batch: int, rings: int, ring: int) -> range:
+    """Which of a step's ``batch`` sequences ring ``ring`` of ``rings`` trains on (the rings
+    share them in order; ``batch`` divisible by ``rings`` is checked at submit)."""
+    if batch % rings:
+        raise ValueError(f"{batch} sequences per step cannot be shared by {rings} rings")
+    per = batch // rings
+    return range(ring * per, (ring + 1) * per)

@@ -1,0 +1,79 @@
+"""The training stream (ringctl/train/data.py): packing rules checked against the documents.
+
+Every sequence holds exactly seq_len tokens; each piece is a run of one document; a token's
+label is the next token of its document (so a cut piece's last token predicts the
+continuation's first) and only a document's last token has none; positions restart in every
+piece; an epoch visits every document once in a seeded order; a stream resumed from any cursor
+packs exactly what the uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ringctl.train.data import IGNORE, Cursor, SequenceStream, epoch_order, ring_share
+
+DOCS = [torch.arange(n) + 1000 * i for i, n in enumerate([5, 1, 17, 3, 40, 2, 9])]
+
+
+def _stream(seq_len=8, seed=0):
+    return SequenceStream(lambda i: DOCS[i], len(DOCS), seq_len, seed)
+
+
+def test_sequences_follow_the_documents():
+    stream = _stream()
+    seqs, cursor = stream.take(Cursor(), 30)
+    for seq in seqs:
+        assert len(seq.ids) == len(seq.labels) == len(seq.positions) == 8 == seq.cu_seqlens[-1]
+        for (doc, start), a, b in zip(
+            seq.docs, seq.cu_seqlens[:-1], seq.cu_seqlens[1:], strict=True
+        ):
+            tokens = DOCS[doc]
+            assert torch.equal(seq.ids[a:b], tokens[start : start + b - a])
+            assert torch.equal(seq.positions[a:b], torch.arange(b - a))
+            nxt = tokens[start + 1 : start + b - a + 1]
+            want = torch.cat([nxt, torch.full((b - a - len(nxt),), IGNORE)])
+            assert torch.equal(seq.labels[a:b], want)
+    assert cursor.epoch >= 1  # 30 x 8 tokens span more than one epoch of 75 usable tokens
+    assert all(doc != 1 for seq in seqs for doc, _ in seq.docs)  # the 1-token document
+
+
+def test_an_epoch_visits_every_document_once_in_a_seeded_order():
+    assert sorted(epoch_order(7, 3, 0)) == list(range(7))
+    assert epoch_order(7, 3, 0) == epoch_order(7, 3, 0) != epoch_order(7, 3, 1)
+    assert epoch_order(7, 3, 0) != epoch_order(7, 4, 0)
+
+
+@pytest.mark.parametrize("split", [1, 3, 7, 11])
+def test_resuming_from_a_cursor_packs_what_the_whole_run_packs(split):
+    whole, _ = _stream().take(Cursor(), 16)
+    first, cursor = _stream().take(Cursor(), split)
+    cursor = Cursor.from_dict(cursor.to_dict())
+    rest, _ = _stream().take(cursor, 16 - split)
+    for a, b in zip(whole, first + rest, strict=True):
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.labels, b.labels)
+        assert a.cu_seqlens == b.cu_seqlens
+
+
+def test_nothing_to_train_on_is_one_line():
+    stream = SequenceStream(lambda i: torch.tensor([7]), 3, 8, 0)
+    with pytest.raises(ValueError, match="no input document has two tokens"):
+        stream.take(Cursor(), 1)
+
+
+def test_a_bad_cursor_is_refused():
+    for bad in (
+        {"epoch": 0, "index": -1, "offset": 0},
+        {"epoch": 0},
+        [],
+        {"epoch": True, "index": 0, "offset": 0},
+    ):
+        with pytest.raises(ValueError, match="cursor"):
+            Cursor.from_dict(bad)
+
+
+def test_rings_share_a_step_in_order():
+    assert [list(ring_share(6, 3, r)) for r in range(3)] == [[0, 1], [2, 3], [4, 5]]
+    with pytest.raises(ValueError, match="cannot be shared"):
+        ring_share(6, 4, 0)
