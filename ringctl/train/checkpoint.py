@@ -1,0 +1,190 @@
+"""The training job's checkpoints: one owner that writes, finds, reads and prunes them.
+
+Layout under the job directory's ``checkpoints/`` (``JobDir.checkpoints``)::
+
+    step-0000100/            torch.distributed.checkpoint (DCP) files of the model and the
+                             optimizer, written by every rank; train_state.json (step, data
+                             cursor, learning-rate schedule, what the run was configured
+                             with) and config.json (the model's), written by rank 0
+    latest                   the name of the newest complete checkpoint ("step-0000100")
+
+A save writes into ``step-NNNNNNN.tmp-<token>`` and becomes ``step-NNNNNNN`` by one rename
+after every rank has finished (a barrier), and only then does ``latest`` move (an atomic
+replace): a kill at any moment leaves ``latest`` naming a complete checkpoint, and the next
+save removes the half-written folder. ``keep`` newest checkpoints stay. DCP (not a
+hand-written format) because it reshards: a checkpoint saved by 4 ranks under FSDP loads on 2,
+on 8, or unsharded, and the same job resumes on another shape.
+
+Every name read back (``latest``'s content, folder names) is checked to be a plain
+``step-NNNNNNN`` inside ``checkpoints/``: a remote-writable file cannot point a resume at
+another path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write, atomic_write_json
+
+STEP_NAME = re.compile(r"step-(\d{7,12})")
+TRAIN_STATE = "train_state.json"
+MODEL_CONFIG = "config.json"
+LATEST = "latest"
+STATE_KEYS = {"step", "cursor", "scheduler", "run"}
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint folder and what rank 0 wrote beside the DCP files."""
+
+    path: Path
+    step: int
+    state: dict[str, Any]
+
+
+class CheckpointDir:
+    """``checkpoints/`` of one training job."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    # ----------------------------------------------------------------------------- reading
+    def latest(self) -> Checkpoint | None:
+        """The checkpoint ``latest`` names (None: no checkpoint yet), checked."""
+        pointer = self.root / LATEST
+        if not pointer.exists():
+            return None
+        name = pointer.read_text(encoding="utf-8", errors="replace").strip()
+        return self.read(name, where=f"{pointer}")
+
+    def read(self, name: str, *, where: str) -> Checkpoint:
+        match = STEP_NAME.fullmatch(name)
+        if match is None:
+            raise ValueError(f"{where}: {name[:80]!r} is not a checkpoint name (step-NNNNNNN)")
+        path = self.root / name
+        if not (path / TRAIN_STATE).is_file() or not (path / ".metadata").is_file():
+            raise ValueError(f"{where}: names {name}, which is missing or incomplete")
+        state = read_train_state(path / TRAIN_STATE)
+        if state["step"] != int(match.group(1)):
+            raise ValueError(f"{path / TRAIN_STATE}: step {state['step']} in folder {name}")
+        return Checkpoint(path, state["step"], state)
+
+    def complete(self) -> list[Path]:
+        """Complete checkpoint folders, oldest first."""
+        found = [p for p in self.root.glob("step-*") if STEP_NAME.fullmatch(p.name)]
+        return sorted(found, key=lambda p: int(STEP_NAME.fullmatch(p.name).group(1)))
+
+    # ----------------------------------------------------------------------------- writing
+    def staging(self, step: int, token: str | None = None) -> Path:
+        """Where every rank writes step ``step``'s DCP files (``token``: the same on every
+        rank, chosen by rank 0)."""
+        return self.root / f"{step_name(step)}.tmp-{token or uuid.uuid4().hex[:8]}"
+
+    def publish(self, staged: Path, step: int, state: dict, model_config: str, keep: int) -> Path:
+        """Rank 0, after every rank wrote ``staged``: the train state beside it, the rename,
+        ``latest``, and the pruning. Returns the checkpoint's folder."""
+        atomic_write_json(staged / TRAIN_STATE, state)
+        (staged / MODEL_CONFIG).write_text(model_config, encoding="utf-8")
+        final = self.root / step_name(step)
+        if final.exists():  # a rerun of a step saved before (after a resume): replace it
+            shutil.rmtree(final)
+        staged.rename(final)
+        atomic_write(self.root / LATEST, final.name + "\n")
+        self.prune(keep)
+        return final
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest ``keep`` checkpoints (and always ``latest``'s); remove half-written
+        folders of earlier saves."""
+        for tmp in self.root.glob("step-*.tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        latest = (self.root / LATEST).read_text().strip() if (self.root / LATEST).exists() else ""
+        for old in self.complete()[:-keep] if keep > 0 else []:
+            if old.name != latest:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def read_train_state(path: Path) -> dict[str, Any]:
+    """train_state.json, validated: step (int >= 0), cursor, scheduler and run (mappings)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path}: not readable as JSON ({type(err).__name__})") from None
+    if not isinstance(data, dict) or set(data) != STATE_KEYS:
+        raise ValueError(f"{path}: must hold exactly the keys {sorted(STATE_KEYS)}")
+    step = data["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"{path}: step must be an integer >= 0, got {step!r}")
+    for key in ("cursor", "scheduler", "run"):
+        if not isinstance(data[key], dict):
+            raise ValueError(f"{path}: {key} must be a mapping")
+    return data
+
+
+def train_state(step: int, cursor: dict, scheduler: dict, run: dict) -> dict[str, Any]:
+    """What train_state.json holds (``read_train_state`` reads it back)."""
+    return {"step": step, "cursor": cursor, "scheduler": scheduler, "run": run}
+
+
+# ----------------------------------------------------------------------------- DCP
+def save(
+    model, optimizer, ckdir: CheckpointDir, step: int, state: dict, *, keep: int, group=None
+) -> Path:
+    """Every rank: write the model's and the optimizer's state (DCP, each rank its shards; a
+    model every rank holds whole is written once), then rank 0 publishes it (``publish``).
+    Collective over the job."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    token = [uuid.uuid4().hex[:8] if dist.get_rank(group) == 0 else None]
+    dist.broadcast_object_list(token, src=_rank0(group), group=group)
+    staged = ckdir.staging(step, token[0])
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staged), process_group=group)
+    dist.barrier(group=group)
+    final = ckdir.root / step_name(step)
+    if dist.get_rank(group) == 0:
+        config = model.config.to_json_string() if hasattr(model, "config") else "{}"
+        final = ckdir.publish(staged, step, state, config, keep)
+    dist.barrier(group=group)
+    return final
+
+
+def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
+    """Every rank: the model's and the optimizer's state from ``checkpoint``, resharded to
+    however this job holds them (DCP). Collective over the job."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(checkpoint.path), process_group=group)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+
+
+def load_weights(model, checkpoint: Checkpoint) -> None:
+    """One process, no process group: the model's weights alone (gather's export)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(checkpoint.path), no_dist=True)
+    model.load_state_dict(state["model"])
+
+
+def _rank0(group) -> int:
+    import torch.distributed as dist
+
+    return 0 if group is None else dist.get_global_rank(group, 0)

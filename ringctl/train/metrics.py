@@ -1,0 +1,87 @@
+"""``logs/metrics.jsonl`` of a training job: one owner that writes, reads and validates it.
+
+Rank 0 appends one object per optimizer step (``FIELDS``), flushed at once, so ``ringctl
+status`` and a user's ``tail -f`` see the run as it goes. A resume first cuts the file back to
+the checkpoint it continues from (``truncate_after``): steps redone after a kill are written
+once, and the file is one run's history. Read back as hostile input (the job directory may be
+a remote copy): bounded lines, only the known fields, finite numbers; a bad line is skipped and
+counted, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..atomic import atomic_write
+
+MAX_LINE = 4096  # bytes: a record is about 200
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int  # 1-based: the step just taken
+    loss: float  # mean over the step's predicted tokens
+    tokens: int  # predicted tokens in the step
+    lr: float  # the learning rate the step used
+    grad_norm: float  # before clipping
+    tokens_per_s: float  # predicted tokens / seconds
+    seconds: float  # wall time of the step
+
+
+FIELDS = tuple(StepMetrics.__dataclass_fields__)
+
+
+def append(path: Path, record: StepMetrics) -> None:
+    """One line per step (rank 0), written and flushed before the next step starts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(record), allow_nan=False) + "\n")
+        f.flush()
+
+
+def read(path: Path) -> tuple[list[StepMetrics], int]:
+    """(the valid records in file order, how many lines were not), [] for a missing file."""
+    if not path.exists():
+        return [], 0
+    good, bad = [], 0
+    with open(path, "rb") as f:
+        for raw in f:
+            record = _parse(raw)
+            if record is None:
+                bad += raw.strip() != b""
+            else:
+                good.append(record)
+    return good, bad
+
+
+def _parse(raw: bytes) -> StepMetrics | None:
+    if len(raw) > MAX_LINE:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or set(data) != set(FIELDS):
+        return None
+    ints = ("step", "tokens")
+    for key in FIELDS:
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if key in ints and (not isinstance(value, int) or value < 0):
+            return None
+        if not math.isfinite(value):
+            return None
+    return StepMetrics(**data)
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Keep only the records of steps <= ``step`` (a resume from that step's checkpoint)."""
+    records, _ = read(path)
+    kept = [r for r in records if r.step <= step]
+    if len(kept) != len(records) or path.exists():
+        text = "".join(json.dumps(asdict(r)) + "\n" for r in kept)
+        atomic_write(path, text)
