@@ -206,7 +206,7 @@ def packed_reference(
     return joined
 
 
-def packed_sdpa_bf16_error(case: Case, inputs, ref) -> dict[str, float]:
+def packed_sdpa_bf16_error(case: Case, inputs, ref, device: str = "cpu") -> dict[str, float]:
     """PyTorch's own SDPA (one process) on the same bf16 inputs with the document mask: what a
     packed bf16 ring is held to."""
     import torch.nn.functional as F
@@ -219,11 +219,16 @@ def packed_sdpa_bf16_error(case: Case, inputs, ref) -> dict[str, float]:
         mask &= j <= i
     if case.window is not None:
         mask &= j > i - case.window
-    q, k, v = (inputs[n_].transpose(1, 2).detach().requires_grad_() for n_ in ("q", "k", "v"))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    out.backward(inputs["dout"].transpose(1, 2))
+    q, k, v = (
+        inputs[n_].to(device).transpose(1, 2).detach().requires_grad_() for n_ in ("q", "k", "v")
+    )
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(device), enable_gqa=True)
+    out.backward(inputs["dout"].to(device).transpose(1, 2))
     mine = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
-    return {name: relative_error(t.detach().transpose(1, 2), ref[name]) for name, t in mine.items()}
+    return {
+        name: relative_error(t.detach().transpose(1, 2).cpu(), ref[name])
+        for name, t in mine.items()
+    }
 
 
 def packed_ring_outputs(rank: int, world: int, cases: list[Case]) -> dict[str, dict]:
@@ -276,12 +281,15 @@ def unshard_packed(per_rank: list[dict], case: Case) -> dict[str, torch.Tensor]:
     return joined
 
 
-def packed_local_ring_outputs(case: Case, world: int) -> dict[str, torch.Tensor]:
-    """out, dq, dk, dv (and dsinks) of a packed case on a LocalRing, joined in packed order."""
+def packed_local_ring_outputs(
+    case: Case, world: int, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """out, dq, dk, dv (and dsinks) of a packed case on a LocalRing, joined in packed order
+    (on the CPU whatever ``device`` ran it)."""
     import ringattn
     from ringattn.local_ring import LocalRing
 
-    inputs = make_inputs(case)
+    inputs = {n: t.to(device) for n, t in make_inputs(case).items()}
     sinks = inputs.pop("sinks", None)
     cu = case.cu_seqlens
     stacked = {
@@ -311,10 +319,10 @@ def packed_local_ring_outputs(case: Case, world: int) -> dict[str, torch.Tensor]
     )
     out.backward(stacked["dout"])
     got = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
-    per_rank = [{n: t.chunk(world, dim=1)[r] for n, t in got.items()} for r in range(world)]
+    per_rank = [{n: t.cpu().chunk(world, dim=1)[r] for n, t in got.items()} for r in range(world)]
     result = unshard_packed(per_rank, case)
     if sinks is not None:
-        result["dsinks"] = kw["sinks"].grad
+        result["dsinks"] = kw["sinks"].grad.cpu()
     for name, t in got.items():  # padding rows: zero output and gradients, never NaN
         assert torch.isfinite(t).all(), f"{name} holds non-finite values"
     return result

@@ -65,14 +65,15 @@ def _case(
     )
 
 
-def check(case: Case, got: dict[str, torch.Tensor]) -> None:
+def check(case: Case, got: dict[str, torch.Tensor], device: str = "cpu") -> None:
+    """``got`` against each document alone in float64 (bf16: against SDPA on ``device``)."""
     inputs = make_inputs(case)
     ref = packed_reference(inputs, case.docs, case.causal, case.window)
     bound = {n: FP32_TOL for n in ("out", "dq", "dk", "dv", "dsinks")}
     if case.dtype == "bfloat16":
         plain = {n: t for n, t in inputs.items() if n != "sinks"}
         sdpa = packed_sdpa_bf16_error(
-            case, plain, packed_reference(plain, case.docs, case.causal, case.window)
+            case, plain, packed_reference(plain, case.docs, case.causal, case.window), device
         )
         bound = {n: 2 * e + BF16_ULP for n, e in sdpa.items()}
     for name, value in got.items():
