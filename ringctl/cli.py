@@ -53,9 +53,31 @@ def main(argv: list[str] | None = None) -> int:
         return _reader_gone()
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The verb's arguments, its options anywhere among its words (`resume JOB --force
+    nodes=2` as `resume --force JOB nodes=2`). argparse stops a `KEY=VALUE ...` list at the
+    first option and calls what follows it unrecognized; a verb's own parser reads them mixed
+    (`parse_intermixed_args`) unless it has sub-verbs of its own (`topo probe`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(argv)
+    verb = getattr(args, "verb", None)
+    sub = _verb_parsers(parser).get(verb)
+    if not extra or sub is None or sub._subparsers is not None:
+        return parser.parse_args(argv)  # as before: argparse's own error names the extras
+    rest = argv[argv.index(verb) + 1 :]
+    return sub.parse_intermixed_args(rest, namespace=argparse.Namespace(verb=verb))
+
+
+def _verb_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

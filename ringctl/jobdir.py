@@ -331,13 +331,32 @@ class JobDir:
         for meta_path in root.glob(f"*/{META}"):
             try:
                 meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):  # damaged or hostile: not listed
                 meta = {}
             if not isinstance(meta, dict) or (name is not None and meta.get("name") != name):
                 continue
             created = str(meta.get("created_at", ""))
             found.append((created, meta_path.stat().st_mtime, JobDir(meta_path.parent)))
         return [d for _, _, d in sorted(found, key=lambda t: (t[0], t[1]))]
+
+
+def job_of(path: Path) -> Path | None:
+    """The job directory `path` is, or whose out/ it is; None for a bare output directory (a
+    copy without a job around it)."""
+    if (path / CONFIG).is_file():
+        return path
+    if path.name == OUT and (path.parent / CONFIG).is_file():
+        return path.parent
+    return None
+
+
+def task_output(path: Path, subdir: str, marker: str) -> Path | None:
+    """Where a task's output `subdir` (holding `marker`) is under a job directory, its out/,
+    or a bare copy: `path/subdir` or `path/out/subdir`, the first that holds the marker."""
+    for base in (path, path / OUT):
+        if (base / subdir / marker).is_file():
+            return base / subdir
+    return None
 
 
 def _rename_into_place(tmp: Path, target: Path | None, base: Path, stem: str) -> Path:
@@ -368,6 +387,8 @@ def _read_json_object(path: Path, *, missing):
         return missing
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{path}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object")
     return data

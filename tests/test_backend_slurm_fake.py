@@ -148,7 +148,7 @@ RESET = "RuntimeError: Read error [10.0.0.1]:29500: Connection reset by peer."
         # gloo's reset, is reported first by srun but is the effect.
         (["n1: task 0: Exited with exit code 1", "n2: task 1: Killed"],
          {"logs/rank-0.result.json": json.dumps({"error": RESET})},
-         "rank 1 killed (n2)"),
+         "rank 1 killed by signal 9 (SIGKILL) (n2)"),
         (["n1: task 0: Exited with exit code 1", "n2: task 1: Out Of Memory"],
          {"logs/rank-0.result.json": json.dumps({"error": RESET})},
          "rank 1 out of memory (n2)"),

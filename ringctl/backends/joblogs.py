@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -89,10 +90,40 @@ def follow_logs(
         time.sleep(poll_s)
 
 
+# A progress bar's frame (tqdm's "Loading weights: 100%|####| 2/2 [00:00<00:00, 3.1it/s]",
+# redrawn after a carriage return, which splitlines() splits on): how far something got.
+_PROGRESS_BAR = re.compile(r"\d%\||\d+/\d+ \[\d+:\d\d|\d(it/s|s/it)\]")
+
+
+def is_progress_bar(line: str) -> bool:
+    """Is this line a progress bar's frame? It never says why a rank failed."""
+    return _PROGRESS_BAR.search(line) is not None
+
+
+def killed_by(signum: int) -> str:
+    """`killed by signal 9 (SIGKILL)`: how a process that a signal ended ended."""
+    try:
+        name = f" ({signal.Signals(signum).name})"
+    except ValueError:
+        name = ""
+    return f"killed by signal {signum}{name}"
+
+
+def signal_named(words: str) -> int | None:
+    """The signal whose description (strsignal: "Killed", "Segmentation fault") `words` is, as
+    srun reports a task a signal ended; None for other words ("Exited with exit code 1")."""
+    for sig in signal.Signals:
+        if signal.strsignal(sig) == words.strip():
+            return int(sig)
+    return None
+
+
 def error_summary(stderr_text: str, limit: int = 300) -> str:
     """The line that names the error in a rank's stderr: the last `SomethingError: ...` line,
-    else the last non-empty line."""
-    lines = [ln.rstrip() for ln in stderr_text.splitlines() if ln.strip()]
+    else the last non-empty line that is not a progress bar."""
+    lines = [
+        ln.rstrip() for ln in stderr_text.splitlines() if ln.strip() and not is_progress_bar(ln)
+    ]
     for ln in reversed(lines):
         m = _ERROR_LINE.match(ln)
         if m:

@@ -31,7 +31,7 @@ from pathlib import Path
 from ..errors import UserError, with_filename
 from ..jobdir import JobDir
 from .base import Backend, JobState, JobStatus
-from .joblogs import is_peer_loss, no_result_reason, ranks_without_result
+from .joblogs import is_peer_loss, killed_by, no_result_reason, ranks_without_result
 from .shell import LocalShell
 
 KILL_GRACE_S = 5.0
@@ -360,7 +360,7 @@ class Supervisor:
         elif self.failed:
             first = self._first_failure()
             code = self.codes[first]
-            how = f"killed by signal {-code}" if code < 0 else f"exited {code}"
+            how = killed_by(-code) if code < 0 else f"exited {code}"
             error = LocalBackend().rank_error(self.job.path, first)
             reason = f"rank {first} {how}" + (f": {error}" if error else "")
             self.state.update(state="FAILED", exit_code=code, reason=reason)

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import UserError
-from ..jobdir import BATCH_LOG, JobDir
+from ..jobdir import BATCH_LOG, JobDir, requeued_attempt
 from ..sbatch import batch_log_arguments
 from . import joblogs, slurm_reruns
 from . import slurm_states as ss
@@ -194,7 +194,8 @@ class SlurmBackend(Backend):
         runs = self._sacct_runs(job_id, JobDir(job_dir).read_meta().get("sacct_since"))
         if not runs:
             return []
-        lines = slurm_reruns.rerun_lines(self._run, job_id, runs[:-1], 0)
+        kept = self._kept(job_id, self.cluster_dir(job_dir))
+        lines = slurm_reruns.rerun_lines(self._run, job_id, runs[:-1], 0, kept=kept)
         last = runs[-1][0]
         if last.step is None and ss.is_node_failure(last):
             lines.append(f"job {job_id} ended: {slurm_reruns.node_failure(self._run, last)}")
@@ -243,18 +244,24 @@ class SlurmBackend(Backend):
         return not records or records[0].state.finished
 
     def _reruns(
-        self, job_id: str, runs: list[list[ss.AcctRecord]] | None, restarts: int = 0
+        self, job_id: str, where: str, runs: list[list[ss.AcctRecord]] | None, restarts: int = 0
     ) -> str:
         """What Slurm's requeues did before the last run ("" when it never requeued)."""
         earlier = (runs or [])[:-1]
-        return slurm_reruns.rerun_summary(self._run, job_id, earlier, restarts)
+        kept = self._kept(job_id, where)
+        return slurm_reruns.rerun_summary(self._run, job_id, earlier, restarts, kept)
+
+    def _kept(self, job_id: str, where: str) -> slurm_reruns.Kept:
+        """Whether the k-th rerun kept the run before it: its attempts/requeue-<id>-<k>/logs
+        exists (the script makes it before moving anything)."""
+        return lambda k: "logs" in self.shell.listdir(f"{where}/{requeued_attempt(job_id, k)}")
 
     def _status(self, job_id: str, where: str, since: str | None = None) -> JobStatus:
         q = self._squeue(job_id)
         if q is not None and not q.state.finished and q.state is not JobState.UNKNOWN:
             reason = q.reason if q.state is JobState.PENDING else ""
             if q.restarts:  # a rerun: say what happened to the runs before (one more sacct)
-                note = self._reruns(job_id, self._sacct_runs(job_id, since), q.restarts)
+                note = self._reruns(job_id, where, self._sacct_runs(job_id, since), q.restarts)
                 reason = "; ".join(r for r in (reason, note) if r)
             return JobStatus(job_id, q.state, reason=reason, elapsed_s=q.elapsed_s)
 
@@ -269,7 +276,7 @@ class SlurmBackend(Backend):
                 time.sleep(min(1.0, self.poll_s))
                 runs = self._sacct_runs(job_id, since)
         records = None if runs is None else (runs[-1] if runs else [])
-        note = self._reruns(job_id, runs, q.restarts if q is not None else 0)
+        note = self._reruns(job_id, where, runs, q.restarts if q is not None else 0)
 
         job = records[0] if records and records[0].step is None else None
         if job is not None and job.state.finished:
@@ -314,7 +321,9 @@ class SlurmBackend(Backend):
         if job is not None and ss.is_node_failure(job):
             reason = slurm_reruns.node_failure(self._run, job)  # not the ranks it took down
         elif state is JobState.FAILED and not reason:
-            reason = self._failure_reason(where, batch_log, step, exit_code)
+            reason = ss.script_failure(batch_log) or self._failure_reason(
+                where, batch_log, step, exit_code
+            )
             if step is not None and step.exit_code:
                 exit_code = step.exit_code
         elif state is JobState.TIMEOUT:
@@ -356,7 +365,9 @@ class SlurmBackend(Backend):
         if blamed is not None:
             rank, what, err = blamed
             words, node = what.rsplit(" (", 1) if " (" in what else (what, "")
-            what = words.lower() + (f" ({node}" if node else "")  # srun's "Out Of Memory (n2)"
+            signum = joblogs.signal_named(words)  # srun says "Killed": which signal it was
+            what = joblogs.killed_by(signum) if signum else words.lower()
+            what += f" ({node}" if node else ""  # srun's "Out Of Memory (n2)"
             return f"rank {rank} {what}" + (f": {err}" if err else "")
         if step is not None and step.step != "batch":
             sig = f", signal {step.signal}" if step.signal else ""

@@ -66,31 +66,54 @@ def ended(run: Run, record: ss.AcctRecord) -> str:
     return ss.state_word(record.raw_state) or "?"
 
 
+Kept = Callable[[int], bool]  # whether the k-th rerun kept the run before it (its directory)
+
+
+def _where_kept(job_id: str, k: int, kept: Kept | None) -> str:
+    """Where run k's logs are: attempts/requeue-<id>-<k>, once the k-th rerun has made it
+    (never before it starts, nor when it stopped without: a symbolic link in the way)."""
+    place = requeued_attempt(job_id, k)
+    if kept is None or kept(k):
+        return f"its logs are in {place}"
+    return f"its logs are not kept ({place} not made: the rerun has not started, or failed)"
+
+
 def rerun_lines(
-    run: Run, job_id: str, earlier: list[list[ss.AcctRecord]], restarts: int, last: int = 0
+    run: Run,
+    job_id: str,
+    earlier: list[list[ss.AcctRecord]],
+    restarts: int,
+    last: int = 0,
+    kept: Kept | None = None,
 ) -> list[str]:
     """One line per earlier run of a requeued job (the `last` ones only, when given): how it
-    ended and where its logs are. `earlier` are sacct's records of the runs before the last
-    (fewer than `restarts`, squeue's count, when accounting is missing or behind)."""
+    ended and where its logs are (`kept`: whether they are there). `earlier` are sacct's
+    records of the runs before the last (fewer than `restarts`, squeue's count, when
+    accounting is missing or behind)."""
     count = max(restarts, len(earlier))
     lines = []
     for k in range(max(1, count - last + 1) if last else 1, count + 1):
         records = earlier[k - 1] if k - 1 < len(earlier) else []
         job = records[0] if records and records[0].step is None else None
         how = f"ended {ended(run, job)}" if job is not None else "was requeued"
-        lines.append(
-            f"run {k} of job {job_id} {how}; its logs are in {requeued_attempt(job_id, k)}"
-        )
+        lines.append(f"run {k} of job {job_id} {how}; {_where_kept(job_id, k, kept)}")
     return lines
 
 
-def rerun_summary(run: Run, job_id: str, earlier: list[list[ss.AcctRecord]], restarts: int) -> str:
+def rerun_summary(
+    run: Run,
+    job_id: str,
+    earlier: list[list[ss.AcctRecord]],
+    restarts: int,
+    kept: Kept | None = None,
+) -> str:
     """`requeued by Slurm 1x: run 1 of job 42 ended NODE_FAIL on n4: DOWN (test); its logs are
     in attempts/requeue-42-1` ("" when Slurm never requeued the job); the last SHOWN_RERUNS
     runs are described (each node failure costs a sacctmgr call), the others counted."""
     count = max(restarts, len(earlier))
     if not count:
         return ""
-    shown = "; ".join(rerun_lines(run, job_id, earlier, restarts, last=SHOWN_RERUNS))
+    lines = rerun_lines(run, job_id, earlier, restarts, last=SHOWN_RERUNS, kept=kept)
+    shown = "; ".join(lines)
     more = f" (and {count - SHOWN_RERUNS} earlier)" if count > SHOWN_RERUNS else ""
     return f"requeued by Slurm {count}x: {shown}{more}"

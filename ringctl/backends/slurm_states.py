@@ -350,3 +350,21 @@ def failed_tasks(batch_log: str) -> list[tuple[int, str]]:
         return 0 if "out of memory" in what else 1 if "exit code" in what else 2
 
     return sorted(parse_srun_errors(batch_log).items(), key=rank)
+
+
+# The batch script's own last word when it stops itself (templates/slurm.sh.j2: `fail`).
+_SCRIPT_FAILED = re.compile(r"ringctl-job: FAILED: (?P<why>.+?)\s*$")
+RANKS_FAILED = "the ranks ended with status"  # the script's line after a failed srun of ranks
+
+
+def script_failure(batch_log: str) -> str:
+    """Why the batch script stopped itself, when its FAILED line is the log's last word and
+    is not about the ranks (those are blamed by name from srun's lines): a check of its own
+    (no config, a symbolic link in the way of a rerun, no placement). A rerun that stops
+    before it keeps the earlier run's log leaves that run's srun lines above this one, which
+    would otherwise be blamed."""
+    lines = [line for line in batch_log.splitlines() if line.strip()]
+    m = _SCRIPT_FAILED.search(lines[-1]) if lines else None
+    if m is None or m.group("why").startswith(RANKS_FAILED):
+        return ""
+    return m.group("why")

@@ -14,7 +14,7 @@ import errno
 import os
 from pathlib import Path
 
-from ..errors import UserError, with_filename
+from ..errors import UserError, with_filename, write_failure
 from ..resources import bundled_jobs, describe_job
 
 
@@ -29,11 +29,24 @@ def cmd_example(args) -> int:
     stem = args.name[: -len(".yaml")] if args.name.endswith(".yaml") else args.name
     if stem not in jobs:
         raise UserError(f"no bundled job {args.name!r} (bundled: {', '.join(jobs) or 'none'})")
-    target = Path(args.dir).expanduser() / f"{stem}.yaml"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = _directory(Path(args.dir).expanduser()) / f"{stem}.yaml"
     write_new(target, jobs[stem].read_text(), replace=args.force)
     print(f"wrote {target}: edit it, then `ringctl run {target}`")
     return 0
+
+
+def _directory(path: Path) -> Path:
+    """DIR, made if it is not there; one line when it cannot be a directory (a file there, a
+    file on the way), or the disk refuses (exit 1, as every write)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{path} exists and is not a directory; DIR must be one") from None
+    except OSError as err:
+        if write_failure(err) is not None:
+            raise with_filename(err, path) from None
+        raise UserError(f"{path}: cannot be made a directory ({err.strerror or err})") from None
+    return path
 
 
 def write_new(target: Path, text: str, *, replace: bool) -> None:
@@ -52,7 +65,9 @@ def write_new(target: Path, text: str, *, replace: bool) -> None:
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise UserError(f"{target} is a symbolic link; refused") from None
-        raise
+        if write_failure(err) is not None:
+            raise with_filename(err, target) from None
+        raise UserError(f"{target}: cannot be written ({err.strerror or err})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -7,7 +7,10 @@ nothing to do), finds the task's gather step and runs it. With --force it holds 
 directory's lock, since it may replace an earlier output.
 
 JOBDIR may also be a job's out/ directory, or a bare directory of task output without a job
-around it (a copy): then the gather step that recognises it is used.
+around it (a copy): then the gather step that recognises it is used. The gather step gets the
+job's resolved config (`job_config`) and whether its files live on a login node (`remote`):
+the long-document step checks each document's input, as the config names it, against the one
+its outputs were computed from (not for a remote job, nor for a bare directory: said in a note).
 
 --partial writes the documents that are complete now (the others are listed, and the output is
 marked partial in summary.json and its marker file) and says what the backend reports about the
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from ..jobdir import job_of
 
 if TYPE_CHECKING:
     from ..tasks.base import Gatherer
@@ -89,17 +93,6 @@ def _existing_dir(spec: str) -> Path:
             f"(the one `ringctl submit` made); or copy it first (e.g. rsync -a {spec} ./job)"
         )
     raise UserError(f"{spec}: no such job directory")
-
-
-def _job_of(path: Path) -> Path | None:
-    """The job directory path is, or whose out/ it is; None for a bare output directory."""
-    from ..jobdir import CONFIG, OUT
-
-    if (path / CONFIG).is_file():
-        return path
-    if path.name == OUT and (path.parent / CONFIG).is_file():
-        return path.parent
-    return None
 
 
 def _task_gatherer(cfg, job) -> Gatherer:
@@ -177,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     path = _existing_dir(args.job_dir)
-    job_path = _job_of(path)
+    job_path = job_of(path)
     options = {"force": args.force, "partial": args.partial, "fmt": args.fmt}
     status = None
     if job_path is None:
@@ -194,7 +187,10 @@ def run(args: argparse.Namespace) -> int:
         with job.lock("gather") if args.force or replaces else contextlib.nullcontext():
             status = _fetch(job, backend, console, want_state=args.partial)
             state = status.state.value if status is not None else None
-            result = gatherer.gather(path, args.out, job_state=state, **options)
+            # the inputs named by the job's own config are checked against the outputs, where
+            # they are visible (not an ssh job's: they live on the login node)
+            inputs = {"job_config": cfg, "remote": bool(job.read_meta().get("remote"))}
+            result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
     gatherer.show(result, console)
     if args.partial:
         console.print(Text(visible(_state_line(status, job_path, result))))

@@ -11,6 +11,10 @@
     ringctl resume JOBDIR [-f] [--force]   submit an ended job again; finished work is kept
     ringctl fetch JOBDIR                   copy an ssh job's outputs and logs back
 
+`status` of a COMPLETED job counts its long-document outputs by gather's definition of complete
+(`vouch_outputs`), and a listing shows every job: one whose row cannot be made is UNKNOWN, with
+why (`listed_row`).
+
 Submitting and resuming (the checks, the sizing, the job directory) live in
 ``ringctl.submission``; this module parses arguments and prints. Backends are modules
 `ringctl.backends.<name>` with `create(cfg) -> Backend`, imported only when used.
@@ -25,7 +29,7 @@ from pathlib import Path
 
 from ..config import load_job, to_yaml
 from ..errors import UserError
-from ..jobdir import JobDir
+from ..jobdir import JobDir, task_output
 from ..jsonsafe import finite_json
 from ..submission import open_job_dir, resume_job, submit_job
 from ..terminal import for_terminal, visible
@@ -163,15 +167,19 @@ def checked_progress(record, where: str, notes: list[str]) -> dict | None:
 
 
 def _read_record(path: Path, notes: list[str]) -> dict | None:
-    """A progress file, checked (None when absent: a job that has not reported yet)."""
+    """A progress file, checked (None when absent: a job that has not reported yet). A file
+    nested too deeply for the parser, or for the checks, is ignored with a note: the job, or
+    anyone who can write an ssh job's remote directory, writes these files."""
     try:
         record = json.loads(path.read_text())
+        return checked_progress(record, str(path), notes)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
         notes.append(f"{path}: not readable JSON ({str(err)[:80]}); ignored")
-        return None
-    return checked_progress(record, str(path), notes)
+    except RecursionError:
+        notes.append(f"{path}: nested too deeply to read; ignored")
+    return None
 
 
 def read_progress(job_dir: Path, notes: list[str] | None = None) -> dict | None:
@@ -216,6 +224,29 @@ def _progress_text(p: dict | None, state: str) -> str:
     return text
 
 
+def vouch_outputs(job_dir: Path, row: dict) -> None:
+    """A COMPLETED job's long-document outputs, counted by gather's definition of complete
+    (``longdoc.completeness.output_status``) instead of the ranks' own count: the row's
+    progress, and a reason naming what gather would refuse, never COMPLETED 4/4 for an output
+    with a shard missing."""
+    # longdoc.shards.SUBDIR and RUN_FILE (not imported: it imports torch, which a job without
+    # long-document output never needs here)
+    if task_output(job_dir, "longdoc", "run.json") is None:
+        return
+    from ..longdoc.completeness import output_status
+    from ..longdoc.gather import find_longdoc_root
+
+    try:
+        done, total, problems = output_status(find_longdoc_root(job_dir))
+    except UserError as err:
+        done, total, problems = 0, 0, [str(err)]
+    row["progress"] = {"done": done, "total": total, "unit": "documents"}
+    if problems:
+        left = f"{total - done} of {total} documents" if total else "the outputs"
+        why = f"outputs incomplete: {left} not complete, which gather refuses: {problems[0]}"
+        row["reason"] = "; ".join(r for r in (row["reason"], why) if r)
+
+
 def job_row(job_dir: Path, *, single: bool) -> dict:
     """One job's status as plain data (the table's row, `status --json`'s object)."""
     try:
@@ -252,9 +283,33 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
     notes: list[str] = []
     row["rings"] = read_rings(job_dir, notes)
     row["progress"] = ring_summary(row["rings"]) or read_progress(job_dir, notes)
+    if row["state"] == "COMPLETED":
+        vouch_outputs(job_dir, row)
     row, replaced = finite_json(row)  # the backend's figures too: `status --json` is strict
     row["notes"] = notes + [f"{key}: not a finite number; shown as null" for key in replaced]
     return row
+
+
+def listed_row(job_dir: Path) -> dict:
+    """job_row of one job among several: whatever its directory holds, a row (UNKNOWN, with
+    the error as its reason), so that one damaged or hostile job directory cannot hide the
+    others' rows."""
+    try:
+        return job_row(job_dir, single=False)
+    except Exception as err:  # noqa: BLE001 - any failure of one row: said in that row
+        reason = f"status failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        return {
+            "job_dir": str(job_dir),
+            "name": "",
+            "backend": "",
+            "job_id": "",
+            "state": "UNKNOWN",
+            "elapsed_s": None,
+            "reason": reason,
+            "rings": [],
+            "progress": None,
+            "notes": [],
+        }
 
 
 _COLOURS = {
@@ -303,7 +358,7 @@ def cmd_status(args) -> int:
         for job_dir in dirs:
             print(job_dir)
         return 0 if dirs else 1
-    rows = [job_row(d, single=len(dirs) == 1) for d in dirs]
+    rows = [job_row(d, single=True) if len(dirs) == 1 else listed_row(d) for d in dirs]
     if args.json:
         print(json.dumps(rows, indent=2, default=str, allow_nan=False))
     elif not rows:

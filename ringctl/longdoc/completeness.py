@@ -16,6 +16,11 @@ cover ``0 .. N-1`` exactly once. P is the size of the ring that produced the doc
 runs rings of several sizes, and a resumed job may use others): rank 0's entry says it, and
 every other entry must say the same. ``document_status`` answers that (gather); ``rank_complete``
 answers it for one rank (resume, where each rank may only see its own node's output directory).
+Given the document's input as it is now (``current_input``), a complete document must also have
+been computed from it: every entry that records an input identity (size and sha256, see
+``documents.input_identity``) records this one, else its input was edited since
+(``INPUT_CHANGED``): resume redoes it, gather refuses it. An input that cannot be read now is
+not checked, nor are entries of older versions that record none.
 The checks are against accidental damage and truncation: whoever can edit the job directory can
 also rewrite an entry's checksum (see the README).
 """
@@ -23,6 +28,7 @@ also rewrite an entry's checksum (see the README).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,9 +91,18 @@ def _read_entry(entry_path: Path, rank: int) -> tuple[dict | None, str]:
     return entry, ""
 
 
-def _read_data(data_path: Path, entry_path: Path, entry: dict, rank: int) -> tuple[bytes, str]:
+def _read_data(
+    data_path: Path, entry_path: Path, entry: dict, rank: int, verify: bool = True
+) -> tuple[bytes, str]:
+    """The data file's bytes, checked against the entry's size and sha256 (without
+    ``verify``: its size only, and no bytes)."""
     if not data_path.is_file():
         return b"", f"rank {rank}'s shard {data_path} is missing"
+    if not verify:
+        size = data_path.stat().st_size
+        return b"", "" if size == entry.get("bytes") else (
+            f"{data_path} has {size} bytes, {entry_path.name} says {entry.get('bytes')!r}"
+        )
     raw = data_path.read_bytes()
     if sha256_bytes(raw) != entry.get("sha256") or len(raw) != entry.get("bytes"):
         return b"", (
@@ -197,7 +212,18 @@ def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path:
     return ""
 
 
-def _grads_problem(root: Path, key: str, entry: dict) -> str:
+def _listed_positions(entry: dict, data_path: Path) -> tuple[dict | None, str]:
+    """Without reading the data: the positions the entry lists, standing for the file's (at
+    most one int64 each per 8 bytes of the file, so a hostile entry allocates no more)."""
+    rows, size = entry.get("n_positions"), data_path.stat().st_size
+    if not is_int(rows) or not 0 <= rows <= size // 8:
+        return None, f"{data_path}: n_positions={rows!r} is impossible for its {size} bytes"
+    if not _ranges_valid(entry.get("positions"), rows):
+        return None, f"{data_path}: positions differ from its manifest entry"
+    return {"positions": expand_ranges(entry["positions"])}, ""
+
+
+def _grads_problem(root: Path, key: str, entry: dict, verify: bool = True) -> str:
     if "grads_file" not in entry:
         return ""
     want = f"grads/{key}.safetensors"
@@ -208,14 +234,18 @@ def _grads_problem(root: Path, key: str, entry: dict) -> str:
         return f"gradient file {gpath} leads outside {root} (a symlink); refused"
     if not gpath.is_file():
         return f"gradient file {gpath} is missing"
-    if sha256_file(gpath) != entry.get("grads_sha256"):
+    if verify and sha256_file(gpath) != entry.get("grads_sha256"):
         return f"{gpath} does not match its checksum (corrupt)"
     return ""
 
 
-def check_rank(root: Path, doc: dict, run: dict, rank: int) -> tuple[RankShard | None, str]:
+def check_rank(
+    root: Path, doc: dict, run: dict, rank: int, verify: bool = True
+) -> tuple[RankShard | None, str]:
     """(rank's verified shard, "") or (None, why it is not complete). doc and run are checked
-    entries (``manifest.doc_problems`` / ``run_problems`` found nothing)."""
+    entries (``manifest.doc_problems`` / ``run_problems`` found nothing). Without ``verify``
+    every check but those that read the data (its checksum and tensors: the shard then holds
+    the listed positions only): ``ringctl status``'s count of a finished job."""
     entry_path, data_path = shard_paths(root, doc["key"], rank)
     for path in (entry_path, data_path):
         if not confined(path, root):
@@ -223,19 +253,22 @@ def check_rank(root: Path, doc: dict, run: dict, rank: int) -> tuple[RankShard |
     entry, problem = _read_entry(entry_path, rank)
     if entry is None:
         return None, problem
-    raw, problem = _read_data(data_path, entry_path, entry, rank)
+    raw, problem = _read_data(data_path, entry_path, entry, rank, verify)
     if problem:
         return None, problem
     mismatch = _identity_mismatch(entry, doc, run, rank)
     if mismatch:
         return None, f"{entry_path} says {', '.join(mismatch)}"
-    tensors, problem = _load_tensors(raw, entry, data_path)
+    if verify:
+        tensors, problem = _load_tensors(raw, entry, data_path)
+    else:
+        tensors, problem = _listed_positions(entry, data_path)
     if tensors is None:
         return None, problem
     problem = _layout_problem(entry, tensors, run, rank, data_path)
     if not problem and entry.get("file") != data_path.name:
         problem = f"{entry_path} says file={entry.get('file')!r} (expected {data_path.name!r})"
-    problem = problem or _grads_problem(root, doc["key"], entry)
+    problem = problem or _grads_problem(root, doc["key"], entry, verify)
     if problem:
         return None, problem
     return RankShard(rank, entry, tensors, data_path), ""
@@ -273,9 +306,42 @@ def ring_size_of(root: Path, doc: dict, run: dict) -> int:
     return size if is_int(size) and 1 <= size <= MAX_WORLD_SIZE else run["world_size"]
 
 
-def document_shards(root: Path, doc: dict, run: dict) -> tuple[list[RankShard], int, list[str]]:
+INPUT_CHANGED = "its input changed since its outputs were written"
+CurrentInput = Callable[[], "dict | None"]  # the input's identity now; None: unreadable now
+
+
+def _identity_text(identity: Any) -> str:
+    if not isinstance(identity, dict):
+        return repr(identity)[:80]
+    size, digest = identity.get("bytes"), str(identity.get("sha256"))[:12]
+    return f"{size:,} bytes, sha256 {digest}..." if is_int(size) else f"sha256 {digest}..."
+
+
+def input_problem(shards: list[RankShard], now: dict) -> str:
+    """Why the shards were not computed from the input as it is ``now`` ("" when they were,
+    or when no entry records its input: outputs of an older version cannot tell)."""
+    for shard in shards:
+        then = shard.entry.get("input")
+        if then is not None and then != now:
+            return (
+                f"{INPUT_CHANGED} ({_identity_text(then)} then, {_identity_text(now)} now; "
+                f"rank {shard.rank}'s entry)"
+            )
+    return ""
+
+
+def document_shards(
+    root: Path,
+    doc: dict,
+    run: dict,
+    current_input: CurrentInput | None = None,
+    *,
+    verify: bool = True,
+) -> tuple[list[RankShard], int, list[str]]:
     """(every rank's verified shard, the document's length, problems): problems is empty
-    exactly when the document is complete."""
+    exactly when the document is complete. ``current_input`` is asked, only once every shard
+    verified, for the input's identity now (see the module docstring); ``verify``: see
+    ``check_rank``."""
     checked = doc_problems(doc) or run_problems(run)
     if checked:
         return [], 0, checked
@@ -288,7 +354,7 @@ def document_shards(root: Path, doc: dict, run: dict) -> tuple[list[RankShard], 
         return [], 0, [f"{where}: no shards at all ({doc_dir} is missing)"]
     shards, problems = [], []
     for rank in range(run["world_size"]):
-        shard, problem = check_rank(root, doc, run, rank)
+        shard, problem = check_rank(root, doc, run, rank, verify)
         if shard is None:
             problems.append(f"{where}: {problem}")
         else:
@@ -299,12 +365,17 @@ def document_shards(root: Path, doc: dict, run: dict) -> tuple[list[RankShard], 
     if len(lengths) != 1:
         return [], 0, [f"{where}: ranks disagree on the document length: {lengths}"]
     problems = [f"{where}: {p}" for p in _coverage_problems(shards, lengths[0])]
+    now = current_input() if current_input is not None and not problems else None
+    changed = input_problem(shards, now) if now is not None else ""
+    problems += [f"{where}: {changed}"] if changed else []
     return ([], 0, problems) if problems else (shards, lengths[0], [])
 
 
-def document_status(root: str | Path, doc: dict, run: dict) -> tuple[bool, list[str]]:
+def document_status(
+    root: str | Path, doc: dict, run: dict, current_input: CurrentInput | None = None
+) -> tuple[bool, list[str]]:
     """(complete, the problems that make it incomplete), for every rank of the document."""
-    _, _, problems = document_shards(Path(root), doc, run)
+    _, _, problems = document_shards(Path(root), doc, run, current_input)
     return not problems, problems
 
 
@@ -318,3 +389,24 @@ def rank_complete(root: str | Path, doc: dict, run: dict, rank: int) -> bool:
         return False
     shard, _ = check_rank(root, doc, {**run, "world_size": ring_size_of(root, doc, run)}, rank)
     return shard is not None
+
+
+def output_status(root: Path) -> tuple[int, int, list[str]]:
+    """(complete documents, listed documents, problems) of a ``longdoc/`` output by this
+    module's definition, short of reading the data (``verify=False``): what ``ringctl
+    status`` counts once a job has ended, so that it never calls complete what gather refuses
+    for a missing, misplaced or resized file (a flipped bit inside one is gather's to find)."""
+    from .expected import expected_problems
+    from .manifest import read_documents, read_run
+
+    run, problems = read_run(root)
+    index, more = read_documents(root)
+    if run is None or index is None:
+        return 0, 0, problems + more
+    _, problems = expected_problems(root, index["documents"])
+    complete = 0
+    for doc in index["documents"]:
+        _, _, found = document_shards(root, doc, run, verify=False)
+        complete += not found
+        problems += found[:1]
+    return complete, len(index["documents"]), problems

@@ -41,6 +41,11 @@ takes the raw bytes as they are (lossless); a text tokenizer gets the text decod
 for each invalid byte. ``invalid_utf8_count`` counts the bytes that were not valid UTF-8. A
 lone surrogate escaped in JSON (``"\\ud800"``: no character at all) becomes U+FFFD.
 
+Identity: a document's outputs record the input they were computed from (``input_identity``:
+its size in bytes and sha256, taken from the bytes the job reads anyway); ``Document.identity``
+gives it as the input is now, so a resume redoes, and gather refuses, a document whose input
+was edited since.
+
 Missing inputs: a path that does not exist is reported, by name, in ``Listing.missing``. What
 happens then is the job's ``on_missing`` policy: ``"report"`` (default) logs it, records it
 in the output's documents.json and goes on with the others; ``"stop"`` raises
@@ -52,7 +57,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +113,18 @@ def invalid_utf8_count(raw: bytes) -> int:
     return sum(1 for ch in text if "\udc80" <= ch <= "\udcff")
 
 
+def input_identity(pieces: Iterable[bytes]) -> dict:
+    """What a document's outputs record of the input they were computed from: the size and
+    sha256 of its bytes (given in pieces: ``{"bytes": N, "sha256": hex}``). A resume redoes a
+    document whose input no longer has it, and gather refuses one
+    (``completeness.input_problem``)."""
+    digest, size = hashlib.sha256(), 0
+    for piece in pieces:
+        digest.update(piece)
+        size += len(piece)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
 @dataclass(frozen=True)
 class Document:
     """One document: where it comes from, and how to read its bytes."""
@@ -146,6 +163,17 @@ class Document:
                 f"({self.size:,} bytes then, {len(text):,} now)"
             )
         return text
+
+    def identity(self) -> dict | None:
+        """The document's input identity as it is now (``input_identity`` of its bytes), or
+        None when it cannot be read now (gone, or a record changed since it was listed). A
+        whole file is hashed a block at a time; a record is read as ``read_bytes`` reads it."""
+        try:
+            if self.line is not None:
+                return input_identity([self.read_bytes()])
+            return input_identity(file_chunks(Path(self.source)))
+        except (OSError, DocumentError):
+            return None
 
     def read_text(self) -> str:
         """The text, with U+FFFD in place of each byte that is not valid UTF-8."""
@@ -300,7 +328,9 @@ def list_documents(
         raise DocumentError(_nothing_to_read(missing, records.skipped))
     _check_unique(docs)
     if max_docs is not None:
-        docs = docs[: max(0, int(max_docs))]
+        if int(max_docs) < 1:  # as inputs that leave no document: a job that reads nothing
+            raise DocumentError(f"no document to read: max_docs={max_docs} (at least 1)")
+        docs = docs[: int(max_docs)]
     return Listing(docs, missing, records.skipped)
 
 

@@ -40,7 +40,8 @@ def expected_record(documents, tokens: dict[str, int] | None = None) -> dict:
     return {"format": EXPECTED_FORMAT, "count": len(docs), "documents": docs}
 
 
-def _names(ids: list[str]) -> str:
+def some_names(ids: list[str]) -> str:
+    """The first few ids, quoted, and how many more: for one line that names documents."""
     shown = ", ".join(repr(i) for i in ids[:_SHOWN])
     return shown + (f" and {len(ids) - _SHOWN} more" if len(ids) > _SHOWN else "")
 
@@ -53,9 +54,11 @@ def _differences(expected: list[dict], listed: list[dict]) -> list[str]:
     missing = [i for i in want if i not in have]
     extra = [i for i in have if i not in want]
     if missing:
-        problems.append(f"{len(missing)} expected document(s) are not listed: {_names(missing)}")
+        problems.append(
+            f"{len(missing)} expected document(s) are not listed: {some_names(missing)}"
+        )
     if extra:
-        problems.append(f"{len(extra)} listed document(s) were not expected: {_names(extra)}")
+        problems.append(f"{len(extra)} listed document(s) were not expected: {some_names(extra)}")
     moved = [
         i
         for i in want
@@ -63,7 +66,9 @@ def _differences(expected: list[dict], listed: list[dict]) -> list[str]:
         and (want[i]["key"], want[i].get("source")) != (have[i]["key"], have[i].get("source"))
     ]
     if moved:
-        problems.append(f"document(s) with another key or source than expected: {_names(moved)}")
+        problems.append(
+            f"document(s) with another key or source than expected: {some_names(moved)}"
+        )
     return problems
 
 

@@ -6,7 +6,10 @@
 one fixed when the run started (when there is one), and ``completeness.py`` decides, the same way
 as resume, whether each document is complete: every rank's shard present, inside the job
 directory (symlinks resolved), matching its checksum, its entry and its layout, and together
-covering ``0 .. N-1`` exactly once.
+covering ``0 .. N-1`` exactly once; and, given the job's config, computed from its input as
+it is now (``InputsNow``: the inputs the config names are read again, and a document whose
+input was edited since its outputs were written is not complete; never a path from the
+outputs, and not for an ssh job, whose inputs live on the login node).
 
 Then it undoes the layout (each tensor row goes to its global position), and writes, to a
 temporary directory renamed to ``out`` only when everything verified:
@@ -29,8 +32,15 @@ definition, and lists the others (``incomplete`` in summary.json, a ``status`` c
 summary.csv); such an output says ``partial: true`` in summary.json, in the marker and in the
 curve's JSON, and a later gather replaces it without ``--force`` (it is ours, and never
 complete). What is wrong rather than unfinished (a document list that disagrees with
-expected.json, a complete document of the wrong length or with NaN scores) is refused with or
+expected.json, a complete document of the wrong length or with an output that is not finite: NaN
+scores, hidden states, pooled vectors, gradient norms or gradients) is refused with or
 without ``partial``.
+
+The temporary directory is made, filled and swapped in while the lock of ``out``'s folder is
+held (a second gather there waits), so what a killed gather left beside ``out``
+(``.OUT.tmp-*``, and ``.OUT.replaced-*`` holding the earlier output) is its own: the next
+gather removes it, or puts the earlier output back where ``out`` is missing
+(``recover_killed``).
 
 The folder and files get the permissions the user's umask gives (not a temp dir's 0700).
 Anything missing or corrupt is named (file and reason) in a ``GatherError``: exit status 3,
@@ -41,26 +51,32 @@ listed in the summary and as a warning.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import io
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..atomic import current_umask
 from ..errors import UserError, with_filename
-from ..jobdir import JobDir
+from ..jobdir import task_output
 from ..jsonsafe import finite_json
 from ..terminal import visible
 from . import export
-from .completeness import RankShard, confined, document_shards
-from .expected import expected_problems
+from .completeness import CurrentInput, RankShard, confined, document_shards
+from .documents import Document
+from .expected import expected_problems, some_names
 from .manifest import read_documents, read_run
+from .shards import RUN_FILE, SUBDIR
 
 GATHER_FAILED_EXIT = 3
 MARKER = ".ringctl-gather"
@@ -118,22 +134,20 @@ def resolve_job_dir(spec: str | Path) -> Path:
 
 def find_longdoc_root(job_dir: Path) -> Path:
     """job_dir/longdoc or job_dir/out/longdoc (the one holding run.json), inside job_dir."""
-    for base in (job_dir, JobDir(job_dir).out):
-        root = base / "longdoc"
-        if (root / "run.json").is_file():
-            if not confined(root, job_dir):
-                raise GatherError([f"{root} leads outside {job_dir} (a symlink); refused"])
-            return root
-    raise UserError(
-        f"{job_dir}: no long-document output here (looked for longdoc/run.json and "
-        "out/longdoc/run.json)"
-    )
+    root = task_output(job_dir, SUBDIR, RUN_FILE)
+    if root is None:
+        raise UserError(
+            f"{job_dir}: no long-document output here (looked for longdoc/run.json and "
+            "out/longdoc/run.json)"
+        )
+    if not confined(root, job_dir):
+        raise GatherError([f"{root} leads outside {job_dir} (a symlink); refused"])
+    return root
 
 
 def recognises(path: str | Path) -> bool:
     """Whether path holds long-document output (for a directory that is not a job directory)."""
-    path = Path(path)
-    return any((base / "longdoc" / "run.json").is_file() for base in (path, JobDir(path).out))
+    return task_output(Path(path), SUBDIR, RUN_FILE) is not None
 
 
 # --- verify and reassemble ------------------------------------------------------------------------
@@ -149,38 +163,166 @@ def _assemble(shards: list[RankShard], n: int, name: str):
     return full
 
 
-def _task_outputs(shards: list[RankShard], n: int, task: str) -> tuple[dict, dict, str]:
-    """(tensors, summary fields, problem) of a verified document for its task."""
+def _first_not_finite(t) -> int | None:
+    """The first row of t (a token, for per-token tensors) holding a value that is not finite."""
     import torch
 
+    bad = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(-1)
+    return int(bad.nonzero()[0, 0]) if bad.any() else None
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _scores(shards: list[RankShard], n: int) -> tuple[dict, dict, str]:
+    """score/grad: token_logprob (N-1,), the log-likelihood and perplexity. A log-probability
+    of -inf is a token the model rules out (summary.json writes null); NaN or +inf is no
+    probability at all."""
+    lp = _assemble(shards, n, "token_logprob")[: max(n - 1, 0)].contiguous()
+    bad = (lp.isnan() | (lp == math.inf)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        return {}, {}, f"log-probability {lp[i].item()} at scored position {i} (no probability)"
+    ll = float(lp.double().sum())
+    row = {"log_likelihood": ll, "perplexity": math.exp(-ll / lp.numel()) if lp.numel() else None}
+    return {"token_logprob": lp}, row, ""
+
+
+def _embeddings(shards: list[RankShard], n: int) -> tuple[dict, dict, str]:
+    """embed: hidden (N, hidden) and pooled (hidden,), both finite (pooled is NaN, by
+    definition, only for an empty document: the mean of nothing)."""
+    hidden = _assemble(shards, n, "hidden")
+    token = _first_not_finite(hidden) if n else None
+    if token is not None:
+        return {}, {}, f"non-finite hidden states at token {token} (NaN or inf)"
+    if "pooled" not in shards[0].tensors:
+        return {}, {}, "rank 0's shard has no pooled vector"
+    pooled = shards[0].tensors["pooled"]
+    if n and _first_not_finite(pooled.reshape(1, -1)) is not None:
+        return {}, {}, "a non-finite pooled vector (NaN or inf)"
+    return {"hidden": hidden, "pooled": pooled}, {}, ""
+
+
+def _grad_row(shards: list[RankShard]) -> tuple[dict, str]:
+    """grad: the loss and gradient norms of rank 0's entry; a norm that is not a finite number
+    (an entry writes NaN and inf as null) is refused: its gradients are no gradients. The loss
+    may be null: no token scored, or one of log-probability -inf."""
+    stats = shards[0].entry.get("stats")
+    stats = stats if isinstance(stats, dict) else {}
+    norms = stats.get("grad_norms")
+    named = {"grad_norm": stats.get("grad_norm")}
+    if isinstance(norms, dict):
+        named.update({f"grad_norms[{k!r}]": v for k, v in norms.items()})
+    for key, value in named.items():
+        if not _finite_number(value):
+            return {}, f"{key}={value!r} in rank 0's entry is not a finite number"
+    return {"loss": stats.get("loss"), "grad_norm": stats.get("grad_norm")}, ""
+
+
+def _task_outputs(shards: list[RankShard], n: int, task: str) -> tuple[dict, dict, str]:
+    """(tensors, summary fields, problem) of a verified document for its task: every value
+    handed out is finite, or the document is refused saying why."""
     out: dict[str, Any] = {"input_ids": _assemble(shards, n, "input_ids")}
     row: dict[str, Any] = {}
-    if task in ("score", "grad"):
-        lp = _assemble(shards, n, "token_logprob")[: max(n - 1, 0)].contiguous()
-        if torch.isnan(lp).any():
-            return {}, {}, "NaN log-probabilities at scored positions"
-        out["token_logprob"] = lp
-        ll = float(lp.double().sum())
-        row["log_likelihood"] = ll
-        row["perplexity"] = math.exp(-ll / lp.numel()) if lp.numel() else None
-    if task == "embed":
-        out["hidden"] = _assemble(shards, n, "hidden")
-        if "pooled" not in shards[0].tensors:
-            return {}, {}, "rank 0's shard has no pooled vector"
-        out["pooled"] = shards[0].tensors["pooled"]
+    parts = [_scores] if task in ("score", "grad") else [_embeddings] if task == "embed" else []
+    for part in parts:
+        tensors, fields, problem = part(shards, n)
+        if problem:
+            return {}, {}, problem
+        out.update(tensors)
+        row.update(fields)
     if task == "grad":
-        stats = shards[0].entry.get("stats")
-        stats = stats if isinstance(stats, dict) else {}
-        row["loss"] = stats.get("loss")
-        row["grad_norm"] = stats.get("grad_norm")
+        fields, problem = _grad_row(shards)
+        if problem:
+            return {}, {}, problem
+        row.update(fields)
     return out, row, ""
 
 
-def _gathered(root: Path, doc: dict, run: dict, tokens: dict[str, int], problems: list[str]):
+def grads_problem(path: Path) -> str:
+    """Which tensor of a (checksum-verified) gradient file is not finite ("" when all are);
+    read one tensor at a time (a gradient file is the size of the model)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is no mapping
+                if _first_not_finite(f.get_tensor(name).reshape(1, -1)) is not None:
+                    return f"gradient file {path.name}: {name} holds values that are NaN or inf"
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+        return f"gradient file {path}: not a readable safetensors file ({err})"
+    return ""
+
+
+class InputsNow:
+    """The job's inputs as its config lists them now, to tell whether a document's input was
+    edited since its outputs were written (``completeness.input_problem``).
+
+    Only what the job's own config.yaml names is read (the same files the job read), never a
+    path from the outputs: a hostile ``documents.json`` cannot make gather read a file. Without
+    a config (a bare output directory), for a job whose inputs live on a login node (ssh), or
+    when the inputs cannot be listed, nothing is checked and ``notes`` says so; so it does for
+    documents whose input is gone or unreadable now."""
+
+    def __init__(self, documents: dict[str, Document] | None, why_not: str = "") -> None:
+        self.documents, self.why_not = documents, why_not
+        self.unchecked: list[str] = []
+
+    @classmethod
+    def of_job(cls, job_config, remote: bool) -> InputsNow:
+        if job_config is None:
+            return cls(None, "the inputs were not checked (no job config: a bare output folder)")
+        if remote:
+            return cls(None, "the inputs live on the login node: not checked against the outputs")
+        from omegaconf import OmegaConf
+
+        from .params import LongDocParams
+
+        task = OmegaConf.to_container(job_config.task, resolve=True)
+        try:
+            params = LongDocParams.from_any(task, validate=False)
+            listing = params.list_inputs(
+                params.input_paths(), on_missing="report", on_bad_record="skip"
+            )
+        except ValueError as err:
+            return cls(None, f"the inputs were not checked: {err}")
+        return cls({d.id: d for d in listing.documents})
+
+    def of(self, doc_id: str) -> CurrentInput | None:
+        """The identity of the document's input now, asked for once its shards verified."""
+        if self.documents is None:
+            return None
+
+        def now() -> dict | None:
+            doc = self.documents.get(doc_id)
+            identity = doc.identity() if doc is not None else None
+            if identity is None:
+                self.unchecked.append(doc_id)
+            return identity
+
+        return now
+
+    def notes(self) -> list[str]:
+        if self.why_not:
+            return [self.why_not]
+        if not self.unchecked:
+            return []
+        return [
+            f"{len(self.unchecked)} document(s) whose input is gone or unreadable now were not "
+            f"checked against it: {some_names(self.unchecked)}"
+        ]
+
+
+def _gathered(
+    root: Path, doc: dict, run: dict, context: tuple[dict[str, int], InputsNow], problems: list
+):
     """(the document reassembled, []), or (None, why it is not complete). Problems of a
-    complete document (its length, NaN) are added to problems: those are never partial."""
+    complete document (its length, NaN) are added to problems: those are never partial.
+    context: expected.json's token counts, and the inputs as they are now."""
+    tokens, inputs = context
     where = f"document {doc['id']!r}"
-    shards, n, found = document_shards(root, doc, run)
+    shards, n, found = document_shards(root, doc, run, inputs.of(doc["id"]))
     if found:
         return None, found
     if doc["id"] in tokens and tokens[doc["id"]] != n:
@@ -196,6 +338,10 @@ def _gathered(root: Path, doc: dict, run: dict, tokens: dict[str, int], problems
     row = {"document": doc["id"], "tokens": n, **fields, "seconds": round(seconds, 4)}
     grads = shards[0].entry.get("grads_file") if run["task"] == "grad" else None
     grads_file = root / grads if grads else None  # checked by document_shards
+    problem = grads_problem(grads_file) if grads_file is not None else ""
+    if problem:
+        problems.append(f"{where}: {problem}")
+        return None, []
     got = GatheredDoc(doc["id"], doc["key"], doc.get("source"), tensors, row, grads_file)
     return got, []
 
@@ -226,13 +372,18 @@ class Verified:
     docs: list[GatheredDoc]
     missing_inputs: list[str]
     incomplete: list[dict]  # {"document": id, "reason": its first problem, "problems": count}
+    notes: list[str] = field(default_factory=list)  # e.g. inputs that could not be checked
 
 
-def verify_job(job_dir: str | Path, *, partial: bool = False) -> Verified:
+def verify_job(
+    job_dir: str | Path, *, partial: bool = False, inputs: InputsNow | None = None
+) -> Verified:
     """Verify every listed document. Manifest problems, and problems of a complete document,
     always raise GatherError; an incomplete document raises it too unless partial, which lists
-    it instead (the same completeness definition decides both)."""
+    it instead (the same completeness definition decides both). ``inputs``: the job's inputs
+    now (default: none to check against)."""
     root = find_longdoc_root(resolve_job_dir(job_dir))
+    inputs = inputs or InputsNow(None)
     run, problems = read_run(root)
     index, index_problems = read_documents(root)
     if run is None or index is None:
@@ -243,7 +394,7 @@ def verify_job(job_dir: str | Path, *, partial: bool = False) -> Verified:
     tokens, problems = expected_problems(root, index["documents"])
     docs, incomplete = [], []
     for doc in index["documents"]:
-        got, found = _gathered(root, doc, run, tokens, problems)
+        got, found = _gathered(root, doc, run, (tokens, inputs), problems)
         if got is not None:
             docs.append(got)
         elif found and partial and not any(p.endswith("refused") for p in found):
@@ -253,7 +404,8 @@ def verify_job(job_dir: str | Path, *, partial: bool = False) -> Verified:
             problems.extend(found)
     if problems:
         raise GatherError(problems)
-    return Verified(run, docs, list(index.get("missing_inputs", [])), incomplete)
+    missing = list(index.get("missing_inputs", []))
+    return Verified(run, docs, missing, incomplete, inputs.notes())
 
 
 def verify(job_dir: str | Path) -> tuple[dict, list[GatheredDoc], list[str]]:
@@ -328,9 +480,61 @@ def check_target(target: Path, job: Path, *, force: bool) -> None:
         )
 
 
+@contextlib.contextmanager
+def _beside(target: Path) -> Iterator[bool]:
+    """Hold the lock of target's folder (an flock: the kernel drops it when the holder dies)
+    while a gather makes, fills and swaps in its temporary directory there, so that any
+    temporary left beside target while the lock is held is a killed gather's. Yields whether
+    it is held (False where the file system has no flock: then nothing is cleaned up)."""
+    try:
+        fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        yield False  # no folder: no leftovers either
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # another gather into this folder: wait for it
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _leftovers(target: Path) -> list[Path]:
+    """A killed gather's directories beside target: ``.OUT.tmp-*`` (its unfinished output)
+    and ``.OUT.replaced-*`` (an earlier output it moved aside), as ``tempfile`` names them;
+    real directories only."""
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(tmp|replaced)-[a-z0-9_]{{8}}")
+    found = [p for p in target.parent.iterdir() if pattern.fullmatch(p.name)]
+    return sorted(
+        (p for p in found if p.is_dir() and not p.is_symlink()), key=lambda p: p.stat().st_mtime
+    )
+
+
+def recover_killed(target: Path) -> list[str]:
+    """Undo what a gather killed while writing target left (notes saying what was done): an
+    earlier output it had moved aside is put back when target is missing (the newest such),
+    else removed, as is its unfinished output. A directory of that name that is neither an
+    earlier gather output nor empty is not ours: left as it is."""
+    notes: list[str] = []
+    with _beside(target) as held:
+        if not held:
+            return notes
+        for path in _leftovers(target)[::-1]:  # newest first
+            ours = _is_gather_output(path) or not any(path.iterdir())
+            if ".replaced-" in path.name and ours and not os.path.lexists(target):
+                os.rename(path, target)
+                notes.append(f"{target}: put back (a gather was killed while replacing it)")
+            elif ".tmp-" in path.name or ours:
+                shutil.rmtree(path, ignore_errors=True)
+                notes.append(f"{path}: removed (left by a gather that was killed)")
+    return notes
+
+
 def _new_output_dir(target: Path) -> Path:
     """A temporary directory beside target, with the permissions the umask gives."""
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
     tmp.chmod(0o777 & ~current_umask())
     return tmp
@@ -418,6 +622,23 @@ def _put_in_place(tmp: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _write_in_place(target: Path, got: Verified, about: tuple, force: bool):
+    """Write the outputs into a temporary directory beside target and swap it in (rows, files,
+    notes); nothing is left behind if that fails. about: (job, fmt, job_state)."""
+    job, fmt, job_state = about
+    tmp = _new_output_dir(target)
+    try:
+        written = _write_outputs(tmp, got, job, fmt, job_state)
+        check_target(target, job, force=force)  # again: it may have changed while verifying
+        _put_in_place(tmp, target)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):  # disk full under out: name it (a write() names nothing)
+            raise with_filename(err, target) from None
+        raise
+    return written
+
+
 def target_of(job_dir: str | Path, out: str | Path | None) -> Path:
     """Where gather writes: ``out``, or JOB_DIR/gathered."""
     if out is not None:
@@ -439,25 +660,24 @@ def gather(
     partial: bool = False,
     fmt: str = "safetensors",
     job_state: str | None = None,
+    job_config=None,
+    remote: bool = False,
 ):
     """Verify and reassemble; write ``out`` (default JOB_DIR/gathered) only if all is well.
     partial: write the complete documents even if others are not (the result says so);
-    fmt: the table to add (export.FORMATS); job_state: recorded in summary.json."""
+    fmt: the table to add (export.FORMATS); job_state: recorded in summary.json; job_config:
+    the job's resolved config, whose inputs are checked against the outputs (``InputsNow``),
+    unless they are ``remote``."""
     export.check_format(fmt)
     job = resolve_job_dir(job_dir)
     target = target_of(job, out)
+    recovered = recover_killed(target)
     check_target(target, job, force=force)
-    got = verify_job(job, partial=partial)
-    tmp = _new_output_dir(target)
-    try:
-        rows, files, notes = _write_outputs(tmp, got, job, fmt, job_state)
-        check_target(target, job, force=force)  # again: it may have changed while verifying
-        _put_in_place(tmp, target)
-    except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, OSError):  # disk full under out: name it (a write() names nothing)
-            raise with_filename(err, target) from None
-        raise
+    got = verify_job(job, partial=partial, inputs=InputsNow.of_job(job_config, remote))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _beside(target):
+        rows, files, notes = _write_in_place(target, got, (job, fmt, job_state), force)
+    notes = recovered + got.notes + notes
     return GatherResult(
         target,
         got.run["task"],

@@ -19,9 +19,11 @@ Importing it imports neither torch nor transformers: ``ringctl submit`` validate
                              # and keys that are no field are refused, by name)
       dtype: float32         # float32 | bfloat16 | float16 | float64
       layout: null           # zigzag | contiguous; null = ring.layout
-      max_docs: null         # only the first N documents
+      max_docs: null         # only the first N documents (N >= 1)
       on_missing: report     # a missing input: report it and go on | stop before anything runs
       on_bad_record: skip    # an unreadable record: report it and skip it | stop
+      on_changed_input: redo # a resume finds a done document's input edited: compute it
+                             # again | stop (refuse the resume, naming it)
       write_grads: false     # (mode grad) rank 0 writes each document's summed gradients
       chunk_size: 4096       # positions per output-head + log-softmax chunk
 
@@ -43,6 +45,7 @@ LAYOUTS = ("contiguous", "zigzag")  # ringattn.LAYOUTS (not imported here: it im
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 ON_MISSING = ("report", "stop")
 ON_BAD_RECORD = ("skip", "stop")
+ON_CHANGED_INPUT = ("redo", "stop")
 BYTES = "bytes"  # tokenizer_path: UTF-8 bytes as ids, whatever the model directory holds
 _ALIASES = {"task": "mode"}
 
@@ -63,6 +66,7 @@ class LongDocParams(TaskParams):
     max_docs: int | None = None
     on_missing: str = "report"
     on_bad_record: str = "skip"
+    on_changed_input: str = "redo"
     write_grads: bool = False
     chunk_size: int = 4096
 
@@ -115,6 +119,7 @@ class LongDocParams(TaskParams):
             "dtype": DTYPE_NAMES,
             "on_missing": ON_MISSING,
             "on_bad_record": ON_BAD_RECORD,
+            "on_changed_input": ON_CHANGED_INPUT,
         }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
@@ -122,8 +127,9 @@ class LongDocParams(TaskParams):
                 out.append((key, why))
         if int(self.chunk_size) < 1:
             out.append(("chunk_size", f"must be >= 1, not {self.chunk_size}"))
-        if self.max_docs is not None and int(self.max_docs) < 0:
-            out.append(("max_docs", f"must be >= 0, not {self.max_docs}"))
+        if self.max_docs is not None and int(self.max_docs) < 1:  # 0: a job that reads nothing
+            why = f"must be >= 1 (null: every document), not {self.max_docs}; no document to read"
+            out.append(("max_docs", why))
         if self.write_grads and self.mode != "grad":
             out.append(("write_grads", "only applies to mode=grad"))
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
@@ -135,6 +141,14 @@ class LongDocParams(TaskParams):
     def validate(self) -> None:
         for key, why in self.problems():
             raise ValueError(f"task.{key}: {why}")
+
+    def input_paths(self) -> list[str]:
+        """The job's input paths: its own, or the bundled samples (``inputs: null``)."""
+        if self.inputs is not None:
+            return list(self.inputs)
+        from .model import samples_dir  # imports torch: only when inputs are read
+
+        return [str(samples_dir())]
 
     def list_inputs(
         self, inputs=None, *, on_missing: str | None = None, on_bad_record: str | None = None

@@ -12,12 +12,16 @@ process, and compares per-token log-probabilities. A difference above the tolera
 job on every rank, naming the model type and the size of the error. A probe that fails is
 said in one line that names whose failure it is: where the model's own forward pass (no
 ringattn) fails as well, the model cannot run (its config, or transformers); else it is ring
-attention's; a model whose layers build their own attention mask is refused as such.
+attention's; a model whose layers build their own attention mask is refused as such. A probe
+whose numbers are not finite is refused too, naming which side: the model's own forward pass
+(a weight or a config value that is not finite: the first token and hidden state that are
+not finite are named) or the ring's.
 
 Tolerance, fit to the dtype and to the model: the larger of a floor and 4 times the model's own
 rounding noise in that dtype, measured as the same difference between its stock sdpa and eager
 forward passes on the probe (two correct implementations of the same model: a deep model's
-noise is larger than a tiny one's; where only one of them runs, the floor). float32 / float64
+noise is larger than a tiny one's; where only one of them runs, or gives finite numbers, the
+floor: the noise never makes the tolerance infinite). float32 / float64
 compare the largest per-token difference, floor 1e-4 / 1e-9 (the ring merges softmax partials
 in another order than one softmax: ~1e-6 after a tiny model; the faults this catches move
 log-probabilities by 3e-4 to 1, see tests/test_longdoc_compat.py). bfloat16 / float16 compare
@@ -83,6 +87,22 @@ def _metric(dtype_name: str, got: torch.Tensor, want: torch.Tensor) -> float:
     return float(diff.max() if dtype_name in ("float32", "float64") else diff.mean())
 
 
+def _tolerance(dtype_name: str, noise: float | None) -> float:
+    """The floor, or NOISE_FACTOR times the model's own noise where that is larger; a noise
+    that is not a finite number (never measured so, but a tolerance of inf or NaN would pass
+    anything) counts as unmeasured."""
+    floor = FLOOR[dtype_name]
+    if noise is None or not math.isfinite(noise):
+        return floor
+    return max(floor, NOISE_FACTOR * noise)
+
+
+def _first_not_finite(values: torch.Tensor) -> int | None:
+    """The first index (along dim 0) whose values are not all finite, or None."""
+    bad = ~torch.isfinite(values.reshape(values.shape[0], -1)).all(-1)
+    return int(bad.nonzero()[0, 0]) if bad.any() else None
+
+
 def stock_logprobs(model, ids: torch.Tensor, implementation: str) -> torch.Tensor:
     """log p(ids[i+1] | ids[..i]) from the model's own forward pass with a stock attention."""
     device = next(model.parameters()).device
@@ -95,8 +115,42 @@ def stock_logprobs(model, ids: torch.Tensor, implementation: str) -> torch.Tenso
     return logits.log_softmax(-1)[:-1].gather(-1, ids[1:, None].to(device))[:, 0].cpu()
 
 
+def _state_name(k: int, layers: int) -> str:
+    if k == 0:
+        return "the embeddings"
+    if k < layers:
+        return f"layer {k}'s output (of {layers})"
+    return f"layer {layers}'s output after the final norm (the last)"
+
+
+def where_not_finite(model, ids: torch.Tensor, implementation: str) -> str:
+    """Where the model's own forward pass first gives a value that is not finite: the first
+    hidden state (embeddings, then each layer's output) holding one, and its first token;
+    else the logits. One more forward, run only once the log-probabilities were not finite."""
+    device = next(model.parameters()).device
+    model.set_attn_implementation(implementation)
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids[None].to(device), use_cache=False, output_hidden_states=True)
+    except Exception as err:  # noqa: BLE001 - the model's own code; the place stays unknown
+        return f"(where, unknown: {_one_line(err)})"
+    finally:
+        model.set_attn_implementation("ringattn")
+    states = list(out.hidden_states or [])
+    for k, state in enumerate(states):
+        token = _first_not_finite(state[0])
+        if token is not None:
+            return f"at token {token}, first in {_state_name(k, len(states) - 1)}"
+    token = _first_not_finite(out.logits[0].float())
+    return f"at token {token} of the logits" if token is not None else "in the log-softmax"
+
+
 class OwnForwardError(RuntimeError):
     """The model's own forward pass (transformers, stock attention, no ringattn) fails."""
+
+
+class OwnForwardNotFinite(OwnForwardError):
+    """The model's own forward pass runs, but its log-probabilities are not finite."""
 
 
 def _one_line(err: BaseException) -> str:
@@ -105,9 +159,10 @@ def _one_line(err: BaseException) -> str:
 
 def _reference(model, ids: torch.Tensor, dtype_name: str) -> tuple[torch.Tensor, float | None]:
     """(stock log-probs, the model's own sdpa-vs-eager noise in this dtype, or None when only
-    one of them runs: gpt-oss has no sdpa; transformers' eager path fails on some configs that
-    sdpa runs, e.g. DeepSeek-V2 with 2 KV heads). OwnForwardError when neither runs: then the
-    model itself cannot run, whatever ring attention does."""
+    one of them runs, or gives finite numbers: gpt-oss has no sdpa; transformers' eager path
+    fails on some configs that sdpa runs, e.g. DeepSeek-V2 with 2 KV heads). OwnForwardError
+    when neither runs, OwnForwardNotFinite when neither gives finite numbers: then the model
+    itself cannot run, whatever ring attention does."""
     runs, failed = {}, []
     for implementation in ("sdpa", "eager"):
         try:
@@ -116,9 +171,14 @@ def _reference(model, ids: torch.Tensor, dtype_name: str) -> tuple[torch.Tensor,
             failed.append(f"{implementation}: {_one_line(err)}")
     if not runs:
         raise OwnForwardError("; ".join(failed))
-    if len(runs) == 1:
-        return next(iter(runs.values())), None
-    return runs["sdpa"], _metric(dtype_name, runs["eager"], runs["sdpa"])
+    finite = {k: v for k, v in runs.items() if bool(torch.isfinite(v).all())}
+    if not finite:
+        implementation = next(iter(runs))
+        where = where_not_finite(model, ids, implementation)
+        raise OwnForwardNotFinite(f"{where} (with {implementation} attention)")
+    if len(finite) == 1:
+        return next(iter(finite.values())), None
+    return finite["sdpa"], _metric(dtype_name, finite["eager"], finite["sdpa"])
 
 
 def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
@@ -129,10 +189,14 @@ def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
     try:
         want, noise = _reference(model, ids, dtype_name)
     except OwnForwardError as err:
-        why = _own_failure(model, str(err))
+        why = _own_failure(model, err)
+        return ProbeResult(why, why)
+    token = _first_not_finite(got[:-1])
+    if token is not None:
+        why = _ring_not_finite(model, token, got[token].item(), dtype_name)
         return ProbeResult(why, why)
     measured = _metric(dtype_name, got[:-1], want)
-    tol = max(FLOOR[dtype_name], NOISE_FACTOR * (noise or 0.0))
+    tol = _tolerance(dtype_name, noise)
     kind = "max" if dtype_name in ("float32", "float64") else "mean"
     unmeasured = "; its noise unmeasured: only one stock attention runs" if noise is None else ""
     what = (
@@ -144,10 +208,26 @@ def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
     return ProbeResult(error, f"probe: {what}", n, measured, tol)
 
 
-def _own_failure(model, detail: str) -> str:
+def _ring_not_finite(model, token: int, value: float, dtype_name: str) -> str:
+    return (
+        f"model type {model_type(model.config)!r}, {dtype_name}: the ring's log-probability "
+        f"of probe token {token + 1} is {value} (not finite), where transformers' own forward "
+        "pass gives finite ones: an error of ringctl's scorer or ringattn, not the model's; "
+        "nothing was scored"
+    )
+
+
+def _own_failure(model, err: OwnForwardError) -> str:
+    if isinstance(err, OwnForwardNotFinite):
+        return (
+            f"model type {model_type(model.config)!r}: the model's own forward pass "
+            f"(transformers, without ringattn) gives non-finite values {err}: a weight or a "
+            "config value that is not finite (a corrupt checkpoint, task.model_overrides), "
+            "not ring attention, is at fault; nothing was scored"
+        )
     return (
         f"model type {model_type(model.config)!r}: the model itself cannot run: transformers' "
-        f"own forward pass fails without ringattn ({detail}); its config or transformers, not "
+        f"own forward pass fails without ringattn ({err}); its config or transformers, not "
         "ring attention, is at fault: not supported"
     )
 
@@ -171,7 +251,7 @@ def _ring_failure(model, ids, kind: str, detail: str, dtype_name: str) -> str:
     try:
         _reference(model, ids, dtype_name)
     except OwnForwardError as err:
-        return _own_failure(model, str(err))
+        return _own_failure(model, err)
     if kind == "refusal":
         return f"refused on the probe: {detail}"
     return (

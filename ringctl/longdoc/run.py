@@ -12,11 +12,13 @@ document with the progress (documents done / total, tokens/s, ETA).
 How a run proceeds (``LongDocRun.run``):
 
 1. ``list_inputs``: the documents, agreed on every rank; rank 0 records the run and the list.
-2. ``load_model``: every rank loads the model, checks that the ranks hold the same weights,
+2. ``load_model``: every rank loads the model, checks that its weights are finite and that
+   the ranks hold the same weights,
    refuses what ``compat.py`` knows cannot be exact, and runs the probe (``probe.py``): the
    model on the ring must reproduce the model's own forward pass, or nothing is scored.
    With ``model.shard`` the model is loaded in step 4b, once its ring exists.
-3. ``_to_do``: the documents not complete yet (resume).
+3. ``_to_do``: the documents not complete yet (resume), those whose input was edited since
+   their outputs were written included (``task.on_changed_input``: redo them, or stop).
 4. ``plan`` the rings (``job_schedule.py``), then ``run_phases``: each ring this rank belongs
    to runs its documents (``_RingPass``), short ones batched where the model allows it.
 5. ``_summarise``: the job's totals, the same on every rank.
@@ -46,13 +48,13 @@ from ringattn import padded_length
 from ..errors import UserError
 from ..rings import RingGroups
 from .compat import config_refusal, model_refusal, read_model_config, window_refusal
-from .completeness import document_status
+from .completeness import INPUT_CHANGED, document_status
 from .consensus import agree, any_has, document_verdict
-from .documents import Document, DocumentError, Listing
-from .expected import check_expected, write_expected
+from .documents import Document, DocumentError, Listing, input_identity
+from .expected import check_expected, some_names, write_expected
 from .job_schedule import RingOptions, plan_schedule, write_schedule
 from .lengths import document_bytes
-from .model import check_same_weights, load_model, samples_dir
+from .model import check_same_weights, load_model
 from .overrides import describe as describe_overrides
 from .params import LongDocParams
 from .probe import run_probe
@@ -133,26 +135,65 @@ def _fingerprint_of(model):
     return lambda m: sharded(m).to(next(m.parameters()).device)
 
 
+def non_finite_weights(model, params: LongDocParams) -> str:
+    """Empty when every weight this rank holds is finite, else one line naming the first
+    parameter that is not. Checked before the ranks compare their weights: a NaN fingerprint
+    equals no other (the ranks would be said to "hold different model weights") and an inf
+    one equals every other (it would pass), when the cause is the checkpoint."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            bad = int((~torch.isfinite(local)).sum())
+            if bad:
+                where = params.model_path or "the random model"
+                return (
+                    f"non-finite weights: {name} holds {bad} value(s) that are NaN or inf "
+                    f"({where}: a corrupt or badly converted checkpoint); nothing was scored"
+                )
+    return ""
+
+
 def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: _Ring):
     """Step 3, resume: the documents not complete yet, by gather's own definition (whatever
-    ring size wrote them). Document i is checked by job rank i mod W, then the ranks agree."""
+    ring size wrote them), a document whose input was edited since its outputs were written
+    included. Document i is checked by job rank i mod W, then the ranks agree."""
     run = {"format": FORMAT, "world_size": job.world_size, **params.signature()}
-    mine = [
-        i % job.world_size == job.rank and document_status(store.root, d.describe(), run)[0]
+    found = [
+        document_status(store.root, d.describe(), run, d.identity)[1]
+        if i % job.world_size == job.rank
+        else None  # another rank's to check
         for i, d in enumerate(docs)
     ]
-    have = any_has(mine, job.group, job.device)
+    _changed_inputs(docs, [[p for p in f or [] if INPUT_CHANGED in p] for f in found], params, job)
+    have = any_has([f == [] for f in found], job.group, job.device)
     return [d for d, h in zip(docs, have, strict=True) if not h]
 
 
-def _read_ids(doc: Document, tokenizer) -> tuple[torch.Tensor | None, int]:
-    """(token ids or None when the input vanished, their checksum)."""
+def _changed_inputs(docs: list[Document], changed: list[list[str]], params, job: _Ring) -> None:
+    """Documents whose input was edited since (``changed``: this rank's finding per document):
+    with ``on_changed_input=stop`` every rank refuses the job, naming the first; else they
+    are computed again, and the job's lead says which."""
+    first = next((c[0] for c in changed if c), "")
+    if params.on_changed_input == "stop":  # every rank takes part, found one or not
+        why = "refused (task.on_changed_input=stop; redo computes it again)"
+        agree(f"{first}; {why}" if first else "", job.group)
+    redo = any_has([bool(c) for c in changed], job.group, job.device)
+    if job.lead and any(redo):
+        ids = [d.id for d, r in zip(docs, redo, strict=True) if r]
+        job.log(f"input changed since its outputs were written, computed again: {some_names(ids)}")
+
+
+def _read_ids(doc: Document, tokenizer) -> tuple[torch.Tensor | None, int, dict | None]:
+    """(token ids or None when the input vanished, their checksum, the input's identity: what
+    the document's outputs record of it)."""
     try:
         raw = doc.read_bytes()
     except (FileNotFoundError, DocumentError):  # gone, or changed since it was listed
-        return None, -1
+        return None, -1, None
     ids = tokenizer.encode(raw)
-    return ids, zlib.crc32(ids.numpy().tobytes())
+    return ids, zlib.crc32(ids.numpy().tobytes()), input_identity([raw])
 
 
 def _stats_text(st: dict) -> str:
@@ -339,6 +380,7 @@ class LongDocRun:
         self.summary = LongDocSummary()
         self.tokenizer: Any = None
         self.model: Any = None
+        self.inputs: dict[str, dict | None] = {}  # document id -> its input's identity, as read
 
     def run(self) -> LongDocSummary:
         """List, load and probe the model, find what is left, schedule the rings, score."""
@@ -360,7 +402,7 @@ class LongDocRun:
     def list_inputs(self) -> Listing:
         """Step 1, listing: the documents, agreed on every rank; rank 0 records run and list."""
         params, job = self.params, self.job
-        inputs = params.inputs if params.inputs is not None else [str(samples_dir())]
+        inputs = params.input_paths()
         error, listing = "", None
         try:
             listing = params.list_inputs(inputs)
@@ -436,7 +478,7 @@ class LongDocRun:
             vocab = int(self.model.config.get_text_config().vocab_size)
             is_bytes = params.tokenizer_path is None
             error = vocabulary_mismatch(self.tokenizer.vocab_size, vocab, is_bytes=is_bytes)
-            return error or model_refusal(self.model) or ""
+            return error or model_refusal(self.model) or non_finite_weights(self.model, params)
         except ValueError as err:
             return str(err)
         except (OSError, KeyError, AttributeError, TypeError) as err:
@@ -591,6 +633,7 @@ class LongDocRun:
             stats=result.stats,
             seconds=result.seconds,
             grads=result.grads if ring.lead else None,
+            input_identity=self.inputs.pop(doc.id, None),
         )
 
     def skip_missing(self, doc: Document, verdict, ring: _Ring) -> None:
@@ -640,7 +683,8 @@ class _RingPass:
     def step(self, doc: Document, stop: bool) -> bool:
         """One document: agreed by the ring (stop, missing or go), then queued for a batch or
         scored alone. Returns True when the ring stops here."""
-        ids, crc = _read_ids(doc, self.owner.tokenizer)
+        ids, crc, identity = _read_ids(doc, self.owner.tokenizer)
+        self.owner.inputs[doc.id] = identity
         n = None if ids is None else int(ids.numel())
         verdict = document_verdict(doc.id, stop, n, crc, self.ring.group, self.ring.device)
         if verdict.action == "stop":

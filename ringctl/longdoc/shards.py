@@ -13,8 +13,9 @@ A manifest entry (JSON, ``format: ringctl.longdoc/1``) holds: ``doc_id``, ``doc_
 length), ``padded_tokens``, ``positions`` (the global token positions covered, as
 ``[start, stop)`` ranges in the rank's local order; padding excluded), ``n_positions``,
 ``file``, ``bytes``, ``sha256`` (of the whole safetensors file), ``tensors`` (name -> dtype,
-shape), ``stats`` (document totals, see scoring.py), ``seconds``, and for grads
-``grads_file`` / ``grads_sha256``.
+shape), ``stats`` (document totals, see scoring.py), ``seconds``, ``input`` (the identity of
+the input the rank read: ``{"bytes": N, "sha256": hex}``, ``documents.input_identity``; absent
+in outputs of older ringctl versions), and for grads ``grads_file`` / ``grads_sha256``.
 
 Each file is written atomically (a temp file in the same directory, fsync, rename): a killed
 job never leaves a half file under a final name. The data file is renamed into place before its
@@ -38,6 +39,7 @@ from ..jsonsafe import finite_json
 
 FORMAT = "ringctl.longdoc/1"
 SUBDIR = "longdoc"
+RUN_FILE = "run.json"  # under SUBDIR: what makes a directory a long-document output
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -87,7 +89,7 @@ class ShardStore:
     # paths
     @property
     def run_file(self) -> Path:
-        return self.root / "run.json"
+        return self.root / RUN_FILE
 
     @property
     def documents_file(self) -> Path:
@@ -120,8 +122,10 @@ class ShardStore:
         stats: dict,
         seconds: float,
         grads: dict[str, torch.Tensor] | None = None,
+        input_identity: dict | None = None,
     ) -> dict:
-        """Write this rank's tensors for one document, then its manifest entry; returns it."""
+        """Write this rank's tensors for one document, then its manifest entry; returns it.
+        ``input_identity``: what the document's input was when this rank read it."""
         from safetensors.torch import save
 
         key = doc["key"]
@@ -155,6 +159,8 @@ class ShardStore:
             "seconds": seconds,
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        if input_identity is not None:
+            entry["input"] = dict(input_identity)
         if grads is not None:
             gdata = save({k: v.contiguous() for k, v in grads.items()}, metadata=meta)
             gpath = self.grads_path(key)

@@ -1,0 +1,98 @@
+"""Inputs edited between attempts are never served stale (issue 26, "Medium").
+
+Real local jobs (2 ranks, gloo, the byte-level random model): a document complete in the first
+attempt, then its file reversed (same size) or cut in half, or one JSONL record edited in place.
+Before, `resume` said "complete already", and gather exited 0 with the old results. Now each
+shard's entry records its input's size and sha256; gather refuses a document whose input no
+longer matches, naming it; `resume` computes it again (the byte tokenizer's ids are the new
+bytes), or with `task.on_changed_input=stop` refuses, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from ringctl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = str(ROOT / "jobs" / "longdoc.yaml")
+SIZE = 33_000
+
+
+def _inputs(base: Path) -> Path:
+    rng = random.Random(7)
+    docs = base / "docs"
+    docs.mkdir()
+    words = "ring attention shards tokens travel between ranks".split()
+    text = " ".join(rng.choice(words) for _ in range(SIZE))[:SIZE]
+    (docs / "a.txt").write_text(text)
+    (docs / "b.txt").write_text("a short document that does not change")
+    records = [{"text": "the first record stays as it is"}, {"text": "the second record is edited"}]
+    (docs / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return docs
+
+
+def _run(base: Path, docs: Path, *extra: str) -> Path:
+    job = base / "job"
+    args = [f"job_dir={job}", f"task.inputs=[{docs}]", "task.model_path=null", *extra]
+    assert main(["run", JOB, *args]) == 0
+    return job
+
+
+def _gather(job: Path, out: Path, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["gather", str(job), "-o", str(out)])
+    return code, capsys.readouterr().err
+
+
+def _ids(out: Path, doc_id: str) -> bytes:
+    summary = json.loads((out / "summary.json").read_text())
+    (row,) = [r for r in summary["documents"] if r["document"] == doc_id]
+    return bytes(load_file(out / row["file"])["input_ids"].tolist())
+
+
+def test_an_edited_input_is_refused_by_gather_and_redone_by_resume(tmp_path, capsys) -> None:
+    docs = _inputs(tmp_path)
+    job = _run(tmp_path, docs)
+    a = docs / "a.txt"
+    a.write_bytes(a.read_bytes()[::-1])  # the same size
+    c = docs / "c.jsonl"
+    c.write_text(c.read_text().replace("is edited", "is EDITED"))  # one record, same length
+
+    code, err = _gather(job, tmp_path / "stale", capsys)
+    assert code == 3 and "Traceback" not in err, err
+    changed = "its input changed since its outputs were written"
+    assert f"document 'a.txt': {changed} ({SIZE:,} bytes, sha256 " in err, err
+    assert f"document 'c.jsonl#2': {changed}" in err and "'b.txt'" not in err, err
+    assert not (tmp_path / "stale").exists()
+
+    assert main(["resume", str(job), "--force", "--follow"]) == 0
+    log = capsys.readouterr().out
+    assert "complete already: 2, to do: 2" in log, log
+    assert "computed again: 'a.txt', 'c.jsonl#2'" in log, log
+    assert _gather(job, tmp_path / "fresh", capsys)[0] == 0
+    assert _ids(tmp_path / "fresh", "a.txt") == a.read_bytes()
+    assert b"EDITED" in _ids(tmp_path / "fresh", "c.jsonl#2")
+
+    a.write_bytes(a.read_bytes()[: SIZE // 2])  # cut in half
+    code, err = _gather(job, tmp_path / "half", capsys)
+    assert code == 3 and f"({SIZE:,} bytes, sha256 " in err and f"then, {SIZE // 2:,} bytes" in err
+    assert main(["resume", str(job), "--force", "--follow"]) == 0
+    assert _gather(job, tmp_path / "halved", capsys)[0] == 0
+    assert _ids(tmp_path / "halved", "a.txt") == a.read_bytes()
+
+
+def test_a_resume_refuses_an_edited_input_when_asked(tmp_path, capsys) -> None:
+    docs = _inputs(tmp_path)
+    job = _run(tmp_path, docs, "task.on_changed_input=stop")
+    (docs / "b.txt").write_text("a short document that DID change")
+    capsys.readouterr()
+    assert main(["resume", str(job), "--force", "--follow"]) == 1
+    out, err = capsys.readouterr()
+    assert "FAILED" in err and "b.txt" in err, err
+    assert "its input changed since its outputs were written" in err, err
+    assert "refused (task.on_changed_input=stop" in err, err
