@@ -21,7 +21,27 @@ from .planner.cost import GIB, ModelShape, Workload, estimate, memory_per_rank, 
 from .planner.devices import Device, load_devices
 from .planner.preflight import Preflight
 
-__all__ = ["Sizing", "config_section", "job_shard", "job_workload", "resolve_model", "ring_size"]
+__all__ = [
+    "Sizing",
+    "config_section",
+    "host_memory",
+    "job_shard",
+    "job_workload",
+    "resolve_model",
+    "ring_size",
+]
+
+MAX_PARAMS = 10**14  # 50 times the largest published model: a config that says more is wrong
+
+
+def host_memory() -> int | None:
+    """This host's memory in bytes (None: not known here)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def resolve_model(spec: str) -> ModelShape:
@@ -228,6 +248,36 @@ class Sizing:
             f"the documents need about {seconds:,.0f} s on {self.world} x {device.name} "
             f"(ringctl plan), over slurm.time={cfg.slurm.time} ({limit:,} s)"
         ]
+
+    def model_state_problem(self) -> str | None:
+        """Why a job's ranks cannot hold its model's state (weights; gradients and optimizer
+        state when training: the planner's ``state_parts``, sharded as ``model.shard`` says):
+        more than any machine holds (a config of 1e12 layers), or, for ranks on this host
+        (backend local) with no device entry to plan them, more than this host has. None: it
+        fits, or the planner cannot read the model (its fields are checked apart)."""
+        from .planner.memory import state_parts
+        from .planner.model import total_params
+
+        work, err = self._work
+        if err is not None or work is None or work.model is None:
+            return None
+        params = total_params(work.model, work.heads, work.kv_heads, work.head_dim)
+        if params > MAX_PARAMS:
+            return (
+                f"the model has {params:.3g} parameters (its config's sizes): no machine has room"
+            )
+        if self.cfg.backend.value != "local" or self.device is not None:
+            return None  # ranks on other hosts, or a device the planner checks them against
+        degree = work.shard_degree or self.largest_ring
+        per_rank = sum(state_parts(work, degree).values())
+        ranks, host = self.world, host_memory()  # local: every rank runs here
+        if host is None or per_rank * ranks <= host:
+            return None
+        return (
+            f"the model's state ({params:,} parameters) needs {per_rank / GIB:,.1f} GiB per rank, "
+            f"{per_rank * ranks / GIB:,.1f} GiB for the {ranks} ranks on this host, which has "
+            f"{host / GIB:,.1f} GiB"
+        )
 
     def unchecked(self, lengths: list[tuple[str, int]]) -> str | None:
         """What the longest document needs per rank of the job's largest ring (the planner's

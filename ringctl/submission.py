@@ -30,6 +30,7 @@ from .tasks import get_task
 __all__ = [
     "RESUME_KEYS",
     "check_documents",
+    "check_model_state",
     "check_packages",
     "check_plan",
     "get_backend",
@@ -76,6 +77,18 @@ def check_plan(sizing: Sizing, *, force: bool = False) -> None:
         print(f"warning: submitting despite the plan (--force): {verdict.reason}", file=sys.stderr)
     elif est.warnings:
         print(f"plan ({verdict.device}): {verdict.reason}", file=sys.stderr)
+
+
+def check_model_state(sizing: Sizing, *, force: bool = False) -> None:
+    """Refuse a job whose ranks could not hold its model (``Sizing.model_state_problem``:
+    absurd sizes anywhere, more than this host has for local ranks) when no device entry plans
+    it; --force submits anyway."""
+    why = sizing.model_state_problem()
+    if why is None:
+        return
+    if not force:
+        raise UserError(f"{why}. Nothing was submitted; --force to submit anyway")
+    print(f"warning: submitting despite it (--force): {why}", file=sys.stderr)
 
 
 def with_ring_budget(sizing: Sizing, source: str) -> Sizing:
@@ -175,6 +188,7 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     check_packages(cfg)
     sizing = with_ring_budget(Sizing(cfg), str(job_file))  # the one sizing of this job
     check_plan(sizing, force=force)
+    check_model_state(sizing, force=force)
     check_documents(sizing, force=force)
     cfg = sizing.cfg
     script = render_script(cfg)  # before anything is written: a template error stops here
@@ -210,6 +224,7 @@ RESUME_KEYS = (
     "ring.",
     "slurm.",
     "env.",
+    "task.on_changed_input",  # a resume may ask to refuse changed inputs instead of redoing
 )
 
 

@@ -422,3 +422,26 @@ def test_remote_copy_keeps_the_umask_of_the_job_directory(settings, tmp_path):
         b._prepare_resumed(job)
     assert (remote / "job.sh").stat().st_mode & 0o777 == 0o700
     assert (remote / "logs").stat().st_mode & 0o777 == 0o700
+
+
+def test_revocation_in_the_users_known_hosts_applies_to_another_file(
+    settings, tmp_path, monkeypatch
+):
+    """A key revoked in ~/.ssh/known_hosts is refused when ssh.known_hosts names another file
+    that trusts it (before: that file alone was read, and the job was submitted)."""
+    import ringctl.backends.ssh as ssh_module
+
+    real = Path(settings.known_hosts).read_text().strip().splitlines()[0]
+    keytype, key = real.split()[1:3]
+    monkeypatch.setattr(ssh_module, "SYSTEM_KNOWN_HOSTS", ())
+    home = tmp_path / "home"  # never the real ~/.ssh
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    user_file = home / ".ssh" / "known_hosts"
+    user_file.write_text(f"@revoked * {keytype} {key}\n")
+    for trust in (False, True):
+        with pytest.raises(UserError, match=f"marked @revoked in {user_file}") as err:
+            connect(replace(settings, trust_unknown_host=trust))
+        assert "\n" not in str(err.value)
+    user_file.write_text("")  # nothing revoked: the configured file's key is used
+    connect(settings).close()

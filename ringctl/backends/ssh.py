@@ -113,8 +113,9 @@ class _RevokedHost(_UnknownHost):
     pass
 
 
-# The other known_hosts files OpenSSH reads by default: the user's second file (the second
-# UserKnownHostsFile) and the system-wide ones (GlobalKnownHostsFile). Their `@revoked` keys
+# The other known_hosts files OpenSSH reads by default: the user's own two (UserKnownHostsFile:
+# ~/.ssh/known_hosts, read here too when ssh.known_hosts names another file, and
+# ~/.ssh/known_hosts2) and the system-wide ones (GlobalKnownHostsFile). Their `@revoked` keys
 # always apply, their plain keys only when ssh.known_hosts is left at its default.
 USER_KNOWN_HOSTS2 = "~/.ssh/known_hosts2"
 SYSTEM_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
@@ -324,12 +325,21 @@ def _install_host_keys(client: paramiko.SSHClient, s: SSHSettings) -> None:
     hosts = KnownHosts()
     if os.path.exists(known):
         hosts.read(known)
-    for other in (os.path.expanduser(USER_KNOWN_HOSTS2), *SYSTEM_KNOWN_HOSTS):
-        if os.path.exists(other) and other != known:
+    users = (os.path.expanduser(DEFAULT_KNOWN_HOSTS), os.path.expanduser(USER_KNOWN_HOSTS2))
+    for other in (*users, *SYSTEM_KNOWN_HOSTS):
+        if os.path.exists(other) and not _same_file(other, known):
             hosts.read(other, plain=s.known_hosts is None)
     hosts.install(client.get_host_keys())
     policy = _TrustAndRecord(s) if s.trust_unknown_host else _RefuseUnknown(s)
     client.set_missing_host_key_policy(_RefuseRevoked(hosts.revoked, policy))
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (read once: its plain keys are the job's own)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _connect_failure(err: BaseException, s: SSHSettings, waited: float) -> UserError | None:

@@ -22,7 +22,9 @@ rank (exact up to ``floor_scale - 1`` tokens): ``length_limit(config)`` gives th
 the job refuses longer documents, naming it.
 
 ``config_refusal`` reads a plain dict (a ``config.json``), so ``ringctl submit`` can call it
-without torch or transformers; ``model_refusal`` adds what only the built model shows. Anything
+without torch or transformers; it also refuses a size of the model (``SIZE_FIELDS``: layers,
+heads, hidden size, vocabulary, ...) that is not a positive integer (``size_refusal``), which
+no rank could build; ``model_refusal`` adds what only the built model shows. Anything
 this list does not know about is still checked by the probe (``probe.py``) and by counting the
 attention calls of every forward (``scoring.forward_hidden``).
 """
@@ -89,8 +91,47 @@ def model_type(config: Any) -> str:
     return str(_get(text_config(config), "model_type") or _get(config, "model_type") or "?")
 
 
+# The fields of transformers' config classes that are sizes or counts (their annotation: int):
+# a model of 0 heads, -64 hidden units, a string vocabulary, NaN or 1e12 (a float) layers is
+# no model, and would be found out on every rank, after the queue wait, as a traceback.
+SIZE_FIELDS = (
+    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
+    "num_key_value_heads head_dim max_position_embeddings n_embd n_layer n_head n_inner "
+    "n_positions num_layers num_heads d_model moe_intermediate_size num_local_experts "
+    "num_experts num_experts_per_tok"
+).split()
+
+
+def size_refusal(config: Any) -> str | None:
+    """The first size field of the config (or its text_config) that is not a positive integer
+    or a list of them (per-layer sizes, Gemma 3n's), said in one line; or None. None and
+    absent are transformers' defaults, as is a head_dim of 0 (read as hidden / heads). A
+    config.json only: a built model's config (on the ranks) was built from one checked here."""
+    for part in (config, _get(config, "text_config")):
+        if not isinstance(part, Mapping):
+            continue
+        for key in SIZE_FIELDS:
+            value = _get(part, key)
+            values = value if isinstance(value, list) and value else [value]
+            if value is None or (key == "head_dim" and value == 0) or all(map(_size, values)):
+                continue
+            return (
+                f"model config field {key} = {value!r} (config.json or "
+                "task.model_overrides): a size of the model must be a positive integer"
+            )
+    return None
+
+
+def _size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def config_refusal(config: Any) -> str | None:
-    """Why this model cannot be scored exactly on a ring, or None (config dict or object)."""
+    """Why this model cannot be scored exactly on a ring (or built at all: ``size_refusal``),
+    or None (config dict or object)."""
+    bad_size = size_refusal(config)
+    if bad_size:
+        return bad_size
     cfg = text_config(config)
     kind = model_type(config)
     if kind in REFUSED:
@@ -251,6 +292,8 @@ def _read_config_file(model_path: str | Path | None) -> dict:
         raise ValueError(f"{path}: no model config here") from None
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: unreadable model config ({err})") from None
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise ValueError(f"{path}: unreadable model config (nested too deeply to parse)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a model config must be a JSON object")
     return data

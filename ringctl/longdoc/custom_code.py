@@ -64,14 +64,10 @@ def tokenizer_note(directory: str | Path) -> str:
 
     It loads the tokenizer as the ranks will (``trust_remote_code=False``) to name the class
     that runs; ValueError: transformers cannot load it without the directory's code."""
-    file = Path(directory) / "tokenizer_config.json"
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return ""  # no such file, or one transformers reports itself when the ranks load it
-    refs = auto_map(config)
-    if not refs:
+    found = tokenizer_code(Path(directory))
+    if found is None:
         return ""
+    file, refs = found
     from .tokenize import HFTokenizer
 
     said = f"{file} names its own code ({_names(refs)}), which ringctl does not run"
@@ -84,3 +80,33 @@ def tokenizer_note(directory: str | Path) -> str:
             f"({type(err).__name__}: {detail}): give a tokenizer directory with tokenizer.json"
         ) from None
     return f"{said}: transformers' built-in {type(tokenizer.tok).__name__} tokenizes instead"
+
+
+def tokenizer_code(directory: Path) -> tuple[Path, list[str]] | None:
+    """(the file, the class references) of a tokenizer's own code: ``tokenizer_config.json``'s
+    auto_map, else ``config.json``'s ``auto_map.AutoTokenizer``, which AutoTokenizer reads
+    when the first names no class of its own; None: neither names any."""
+    for name, pick in (("tokenizer_config.json", auto_map), ("config.json", _auto_tokenizer)):
+        refs = pick(_json_object(directory / name))
+        if refs:
+            return directory / name, refs
+    return None
+
+
+def _auto_tokenizer(config: Mapping) -> list[str]:
+    code = config.get("auto_map")
+    if not isinstance(code, Mapping) or "AutoTokenizer" not in code:
+        return []
+    return auto_map({"auto_map": [code["AutoTokenizer"]]})
+
+
+def _json_object(file: Path) -> dict:
+    """A JSON object from ``file``; {} for a missing or malformed one (transformers reports it
+    itself when the ranks load it), a ValueError for one nested too deeply to parse."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}
+    except RecursionError:  # transformers' own parse would fail the same way on every rank
+        raise ValueError(f"{file}: nested too deeply to parse") from None
+    return data if isinstance(data, dict) else {}

@@ -220,7 +220,7 @@ class Records:
             return gzip_lines(path, self.limit)
         if kind == ".json":
             return json_elements(str(path), file_chunks(path), self.limit)
-        return table_rows(path, self.text_field, self.id_field)
+        return table_rows(path, self.text_field, self.id_field, self.limit)
 
     def check(self, raw: Raw, source: str, file_id: str) -> tuple[str, int] | None:
         """(the record's document id, its text's size), or None if it is bad and skipped

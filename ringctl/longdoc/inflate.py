@@ -24,8 +24,9 @@ import io
 import itertools
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 CHUNK = 1 << 14  # compressed bytes read at a time (a checkpoint keeps at most this many)
 STEP = 1 << 20  # the most inflated bytes one step produces
@@ -46,28 +47,32 @@ class _Point:
     inflater: object = None  # zlib's Decompress here (copied before use); None: a member starts
 
 
-class _Windows:
-    """Windows read lately, of every reader, up to WINDOW_CACHE bytes (the oldest go)."""
+class SizedCache:
+    """What was read lately, up to ``limit`` bytes (``size`` of each value) for all its users
+    together; the oldest go first, the newest stays whatever its size. Inflated gzip windows
+    use one; decoded table batches (``tables.py``) another."""
 
-    def __init__(self) -> None:
-        self._kept: OrderedDict[tuple[int, int], bytes] = OrderedDict()
-        self._bytes = 0
+    def __init__(self, limit: int, size: Callable[[Any], int] = len) -> None:
+        self._kept: OrderedDict[Hashable, Any] = OrderedDict()
+        self._limit, self._size, self._bytes = limit, size, 0
 
-    def get(self, key: tuple[int, int]) -> bytes | None:
-        window = self._kept.get(key)
-        if window is not None:
+    def get(self, key: Hashable):
+        value = self._kept.get(key)
+        if value is not None:
             self._kept.move_to_end(key)
-        return window
+        return value
 
-    def keep(self, key: tuple[int, int], window: bytes) -> None:
-        self._kept[key] = window
-        self._bytes += len(window)
-        while self._bytes > WINDOW_CACHE and len(self._kept) > 1:
+    def keep(self, key: Hashable, value) -> None:
+        if key in self._kept:
+            self._bytes -= self._size(self._kept.pop(key))
+        self._kept[key] = value
+        self._bytes += self._size(value)
+        while self._bytes > self._limit and len(self._kept) > 1:
             _, dropped = self._kept.popitem(last=False)
-            self._bytes -= len(dropped)
+            self._bytes -= self._size(dropped)
 
 
-_WINDOWS = _Windows()
+_WINDOWS = SizedCache(WINDOW_CACHE)
 _READER_IDS = itertools.count()
 
 

@@ -10,10 +10,12 @@ Now a key must be a field of the model's config class, or a key of the model's o
 (a field its class does not declare is still an attribute of the loaded config, and what the
 compatibility checks read); never a loader option or a setting ringctl owns (``LOADER_OPTIONS``).
 A mapping given for a sub-config (``text_config: {...}``) is checked against that sub-config's
-class. ``refusal`` says what is wrong in one line, with the nearest real fields; ``merge`` gives
-the config.json that the submit checks and the planner read; ``apply`` sets the overrides on the
-loaded config object, the way transformers itself sets keyword arguments after building a
-config, so every rank and every loading path (whole, sharded, random weights) gets the same.
+class; one given for a dict field (``rope_parameters: {...}``) has free-form keys, but no loader
+option may hide inside it, however deep (``nested_problem``). ``refusal`` says what is wrong in
+one line, with the nearest real fields; ``merge`` gives the config.json that the submit checks
+and the planner read; ``apply`` sets the overrides on the loaded config object, the way
+transformers itself sets keyword arguments after building a config, so every rank and every
+loading path (whole, sharded, random weights) gets the same.
 
 Checking needs transformers' config classes (which import torch): only when there are overrides.
 """
@@ -112,8 +114,35 @@ def problem(config: Mapping, overrides: Mapping | None, where: str = WHERE):
         if isinstance(value, Mapping) and key in subs:
             inner = config.get(key) if isinstance(config.get(key), Mapping) else {}
             found = problem(_sub_config(cls, str(key), inner), value, f"{where}.{key}")
-            if found:
-                return found
+        else:
+            found = nested_problem(value, f"{where}.{key}")
+        if found:
+            return found
+    return None
+
+
+MAX_DEPTH = 16  # mappings nested deeper than any config field's
+YAML_NOTE = "YAML reads {a:b} without a space as one key: write {a: b}"
+
+
+def nested_problem(value, where: str, depth: int = 0):
+    """(the key, why) of a loader option, or of a key YAML glued to its value, anywhere inside
+    a mapping set on a field (``{rope_parameters: {trust_remote_code: true}}``), or None. Such
+    a mapping's keys are free-form (a dict field such as ``id2label``, not a config class), so
+    only those are refused."""
+    if not isinstance(value, Mapping):
+        return None
+    if depth >= MAX_DEPTH:
+        return where, f"mappings nested more than {MAX_DEPTH} deep"
+    for key, inner in value.items():
+        name = str(key)
+        if name in LOADER_OPTIONS:
+            return f"{where}.{name}", f"not a model-config field: {LOADER_OPTIONS[name]}"
+        if ":" in name:
+            return f"{where}.{name}", f"{name!r} is one key ({YAML_NOTE})"
+        found = nested_problem(inner, f"{where}.{name}", depth + 1)
+        if found:
+            return found
     return None
 
 
@@ -121,7 +150,7 @@ def _key_refusal(key: str, allowed: set[str], fields: set[str] | None, name: str
     if key in LOADER_OPTIONS:
         return f"not a model-config field: {LOADER_OPTIONS[key]}"
     yaml = ":" in key or "=" in key
-    note = " (YAML reads {a:b} without a space as one key: write {a: b})" if yaml else ""
+    note = f" ({YAML_NOTE})" if yaml else ""
     if fields is None:  # no transformers here: only what cannot be a field
         ok = key.isidentifier() and not key.startswith("_")
         return None if ok else f"{key!r} cannot be a field of a model config{note}"

@@ -13,10 +13,15 @@ element (``json.JSONDecoder.raw_decode`` over a buffer that grows only while an 
 incomplete), rather than refused above a size: its elements' spans let a document be read
 back alone, where a whole-file parse would be needed again for each one. An element over the
 limit (or one that cannot be parsed) refuses the file, as there is no telling where the next
-one starts. A longer document belongs in a ``.txt`` file of its own, which is not parsed.
+one starts; the whitespace before an element counts against its limit, and is dropped as it is
+passed (time linear in the file, memory one chunk). Blank lines of a ``.jsonl`` file are read
+past a buffer at a time. A longer document belongs in a ``.txt`` file of its own, which is not
+parsed.
 
-Parquet and Arrow files are read a record batch at a time (only the text and id columns); a
-document is read back from its row group (Parquet) or the memory-mapped file (Arrow).
+Parquet and Arrow files are read by ``tables.py`` a bounded batch at a time (only the text and
+id columns, the text measured, not converted); a document is read back from its row group
+(Parquet) or record batch (Arrow). Whatever the file, a record with an integer too long for
+Python to convert (``huge_integer``) is a bad record, not a traceback.
 """
 
 from __future__ import annotations
@@ -25,19 +30,20 @@ import codecs
 import functools
 import json
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from .inflate import GzipError, GzipReader
+from .tables import PYARROW_INSTALL as PYARROW_INSTALL  # re-exported: documents.py says it
+from .tables import TableError, TableText, cell, rows
 
 # 256 MiB: 256M tokens of ASCII text under the byte tokenizer (64M with a model's tokenizer),
 # what a ring of 64 ranks at 1M tokens per rank holds. Parsing one takes about 4x that.
 MAX_RECORD_BYTES = 256 << 20
 CHUNK = 1 << 20
-TABLE_BATCH = 256  # rows turned into Python objects at a time
-PYARROW_INSTALL = "pip install pyarrow (or pip install 'ringctl[parquet]')"
 
 
 class DocumentError(ValueError):
@@ -76,10 +82,21 @@ def parse_record(raw: bytes, where: str):
         raise DocumentError(f"{where}: not valid JSON ({err.msg})") from None
     except RecursionError:
         raise DocumentError(f"{where}: nested too deeply to parse") from None
+    except ValueError:  # the one other error of json: an integer too long to convert
+        raise DocumentError(huge_integer(where)) from None
 
 
-def record_text(record, where: str, text_field: str) -> bytes:
-    """The record's text, as bytes; a DocumentError naming the record when it has none."""
+def huge_integer(where: str) -> str:
+    """Why a record with an integer of more digits than Python converts is bad. Python refuses
+    them (``sys.set_int_max_str_digits``) because converting one takes quadratic time; such a
+    number is no text and no id, so the record is bad, not the file."""
+    limit = sys.get_int_max_str_digits()
+    return f"{where}: an integer of more than {limit:,} digits (the most Python converts)"
+
+
+def record_text(record, where: str, text_field: str) -> bytes | TableText:
+    """The record's text, as bytes (a table's cell while listing: its ``TableText``, whose
+    ``len`` is its size in bytes); a DocumentError naming the record when it has none."""
     if not isinstance(record, dict):
         raise DocumentError(f"{where}: a JSON object is expected, not {type(record).__name__}")
     if text_field not in record:
@@ -88,6 +105,8 @@ def record_text(record, where: str, text_field: str) -> bytes:
             "set text_field"
         )
     value = record[text_field]
+    if isinstance(value, TableText):  # a table's cell as listed: its size, all that is needed
+        return value
     if not isinstance(value, str):
         raise DocumentError(f"{where}: field {text_field!r} is not a string")
     return to_bytes(value)
@@ -138,12 +157,12 @@ def read_span(source: str, offset: int, length: int) -> bytes:
 
 
 def json_lines(source: str, f: BinaryIO, limit: int) -> Iterator[Raw]:
-    """One Raw per non-blank line of a binary file; a line over ``limit`` bytes is a bad
-    record, never held whole."""
+    """One Raw per non-blank line of a binary file (a buffered one: ``peek``); a line over
+    ``limit`` bytes is a bad record, never held whole."""
     for number, offset, line, length in _lines(f, limit):
         if line is None:
             yield Raw(number, offset, length, DocumentError(too_long(f"{source}:{number}", limit)))
-        elif line.strip():
+        else:
             try:
                 record = parse_record(line, f"{source}:{number}")
             except DocumentError as err:
@@ -152,7 +171,9 @@ def json_lines(source: str, f: BinaryIO, limit: int) -> Iterator[Raw]:
 
 
 def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes | None, int]]:
-    """(number, offset, the line or None when over ``limit``, its length) of every line."""
+    """(number, offset, the line or None when over ``limit``, its length) of every line that
+    is not blank; blank lines are counted, those after a blank one read past in bulk
+    (``_blank_lines``)."""
     number = offset = 0
     while line := f.readline(limit + 1):
         number, length = number + 1, len(line)
@@ -160,8 +181,31 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes | None, in
         while over and line and not line.endswith(b"\n"):  # read past the rest of it
             line = f.readline(CHUNK)
             length += len(line)
-        yield number, offset, None if over else line, length
-        offset += length
+        if over or not line.isspace():
+            yield number, offset, None if over else line, length
+            offset += length
+            continue
+        lines, skipped = _blank_lines(f)
+        number, offset = number + lines, offset + length + skipped
+
+
+_BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips: a line of only these is blank
+
+
+def _blank_lines(f: BinaryIO) -> tuple[int, int]:
+    """(lines, bytes) of the blank lines at ``f``'s position, read past a buffer at a time (a
+    line at a time, a 255 KB .jsonl.gz inflating to 255 M empty lines took 52 s of CPU)."""
+    lines = skipped = 0
+    while True:
+        ahead = f.peek(1)  # what is buffered (one read when nothing is)
+        blank = len(ahead) - len(ahead.lstrip(_BLANK))
+        end = ahead.rfind(b"\n", 0, blank) + 1  # through the last newline of the blank run
+        if not end:
+            return lines, skipped
+        lines, skipped = lines + ahead.count(b"\n", 0, end), skipped + end
+        f.read(end)
+        if end < len(ahead):
+            return lines, skipped
 
 
 def plain_lines(path: Path, limit: int) -> Iterator[Raw]:
@@ -186,18 +230,22 @@ def gzip_lines(path: Path, limit: int) -> Iterator[Raw]:
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
+# Finds where an element with a too-long integer ends, converting no integer (the element is
+# a bad record: ``huge_integer``).
+_SCANNER = json.JSONDecoder(parse_int=lambda digits: 0)
 
 
 class _Text:
     """The decoded text of a byte stream, read on demand. Undecodable bytes are one lone
     surrogate each, so every slice encodes back to its exact bytes: ``text[mark]`` is at byte
-    ``mark_byte`` of the stream, and each span is measured from the last one."""
+    ``mark_byte`` of the stream, and each span is measured from the last one, which ended at
+    byte ``span_end``."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:
         self._chunks = iter(chunks)
         self._decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
         self.text, self.eof = "", False
-        self.mark = self.mark_byte = 0
+        self.mark = self.mark_byte = self.span_end = 0
 
     def more(self, chars: int) -> None:
         """Read on until ``chars`` more characters are held (or the end)."""
@@ -216,19 +264,34 @@ class _Text:
             self.more(CHUNK)
         return self.text[pos] if pos < len(self.text) else None
 
-    def skip_space(self, pos: int) -> int:
+    def skip_space(self, pos: int, most: int) -> int:
+        """Where the whitespace from ``pos`` ends (or the end), reading on as needed, but not
+        past ``most`` bytes since the last span (``gap``). Whitespace held up to the end of the
+        text is dropped before reading on: a long run costs linear time and one chunk of
+        memory (joining it to each chunk read made it quadratic, and it was held whole)."""
         while True:
             end = _WHITESPACE.match(self.text, pos).end()
-            if end < len(self.text) or self.eof:
+            if end < len(self.text) or self.eof or self.gap(end) > most:
                 return end
+            self._drop(end)
             self.more(CHUNK)
-            pos = end
+            pos = 0
+
+    def gap(self, pos: int) -> int:
+        """Bytes from the last span's end to ``text[pos]``."""
+        return self.mark_byte + _utf8_length(self.text[self.mark : pos]) - self.span_end
+
+    def _drop(self, end: int) -> None:
+        """Forget ``text[:end]`` (past the last span), keeping the byte count."""
+        self.mark_byte += _utf8_length(self.text[self.mark : end])
+        self.text, self.mark = self.text[end:], 0
 
     def span(self, start: int, end: int) -> tuple[int, int]:
         """(byte offset, byte length) of ``text[start:end]``, which follows the last span."""
         offset = self.mark_byte + _utf8_length(self.text[self.mark : start])
         length = _utf8_length(self.text[start:end])
         self.mark, self.mark_byte = end, offset + length
+        self.span_end = self.mark_byte
         return offset, length
 
     def release(self) -> int:
@@ -246,12 +309,13 @@ def _utf8_length(text: str) -> int:
 def json_elements(source: str, chunks: Iterable[bytes], limit: int) -> Iterator[Raw]:
     """One Raw per element of the file's top-level array, read a bounded piece at a time. An
     element that cannot be parsed, or is over ``limit``, refuses the file: there is no telling
-    where the next one starts."""
+    where the next one starts. What comes before an element (``[`` or ``,`` and whitespace)
+    counts against its limit, and what comes after the last one against a limit of its own."""
     buf = _Text(chunks)
-    pos = buf.skip_space(0)
+    pos = _space(buf, 0, limit, source, "before the array")
     if buf.at(pos) != "[":
         raise DocumentError(f"{source}: a .json input must hold an array of records")
-    pos, number = buf.skip_space(pos + 1), 0
+    pos, number = _space(buf, pos + 1, limit, source, "before element 1"), 0
     while buf.at(pos) != "]":
         where = f"{source}: element {number + 1}"
         if buf.at(pos) is None:
@@ -259,29 +323,51 @@ def json_elements(source: str, chunks: Iterable[bytes], limit: int) -> Iterator[
         if number:
             if buf.at(pos) != ",":
                 raise DocumentError(f"{where}: not valid JSON (',' or ']' expected before it)")
-            pos = buf.skip_space(pos + 1)
+            pos = _space(buf, pos + 1, limit, source, f"before element {number + 1}")
         number += 1
-        record, end = _element(buf, pos, where, limit)
+        gap = buf.gap(pos)
+        record, end = _element(buf, pos, where, limit, gap)
         offset, length = buf.span(pos, end)
+        if gap + length > limit:  # read whole before the check in _element saw it
+            raise DocumentError(too_long(where, limit))
         yield Raw(number, offset, length, record)
-        pos = buf.skip_space(buf.release())
-    if buf.at(buf.skip_space(pos + 1)) is not None:
+        pos = _space(buf, buf.release(), limit, source, f"after element {number}")
+    if buf.at(_space(buf, pos + 1, limit, source, "after the array")) is not None:
         raise DocumentError(f"{source}: not valid JSON (data after the array)")
 
 
-def _element(buf: _Text, pos: int, where: str, limit: int):
-    """(the element at ``pos``, where it ends), reading on while it may be incomplete."""
+def _space(buf: _Text, pos: int, limit: int, source: str, place: str) -> int:
+    """Where the whitespace from ``pos`` ends; more than ``limit`` bytes of it since the last
+    element (what would come before the next one) refuses the file, as a longer element does."""
+    end = buf.skip_space(pos, limit)
+    if buf.gap(end) > limit:
+        raise DocumentError(
+            f"{source}: more than {limit:,} bytes of whitespace {place} (whitespace between "
+            "records counts against the most one record may hold)"
+        )
+    return end
+
+
+def _element(buf: _Text, pos: int, where: str, limit: int, used: int):
+    """(the element at ``pos``, or the DocumentError that makes it a bad record; where it
+    ends), reading on while it may be incomplete; ``used``: bytes of the limit spent before
+    it (whitespace)."""
+    decoder = _DECODER
     while True:
         try:
-            record, end = _DECODER.raw_decode(buf.text, pos)
+            record, end = decoder.raw_decode(buf.text, pos)
             if end < len(buf.text) or buf.eof:  # a number at the end may go on
-                return record, end
+                bad = decoder is _SCANNER
+                return (DocumentError(huge_integer(where)) if bad else record), end
         except json.JSONDecodeError as err:
             if buf.eof or not _may_be_cut(err, buf.text):
                 raise DocumentError(f"{where}: not valid JSON ({err.msg})") from None
         except RecursionError:
             raise DocumentError(f"{where}: nested too deeply to parse") from None
-        if len(buf.text) - pos > limit:  # characters: never fewer than its bytes / 4
+        except ValueError:  # an integer too long to convert: find the element's end
+            decoder = _SCANNER
+            continue
+        if len(buf.text) - pos + used > limit:  # characters: never fewer than its bytes / 4
             raise DocumentError(too_long(where, limit))
         buf.more(max(CHUNK, len(buf.text) - pos))  # doubles what is held: linear overall
 
@@ -291,102 +377,29 @@ def _may_be_cut(err: json.JSONDecodeError, text: str) -> bool:
     return err.msg.startswith("Unterminated string") or len(text) - err.pos < 16
 
 
-# --- Parquet and Arrow tables -------------------------------------------------------------------
+# --- Parquet and Arrow tables (tables.py) -------------------------------------------------------
 
 
-def _pyarrow(path: Path):
+def table_rows(
+    path: Path, text_field: str, id_field: str | None, limit: int = MAX_RECORD_BYTES
+) -> Iterator[Raw]:
+    """One Raw per row ({column: value} of the text and id columns; the text a ``TableText``,
+    its size, unread), a bounded batch at a time; a page or compressed batch that would
+    inflate past ``tables.inflate_cap(limit)`` refuses the file. A table without the text
+    column gives one bad record that names the file's columns."""
     try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        why = f"reading {path.suffix} needs pyarrow: {PYARROW_INSTALL}"
-        raise DocumentError(f"{path}: {why}") from None
-    return pa, pq
-
-
-def table_rows(path: Path, text_field: str, id_field: str | None) -> Iterator[Raw]:
-    """One Raw per row ({column: value} of the text and id columns), a batch at a time. A
-    table without the text column gives one bad record that names the file's columns."""
-    pa, pq = _pyarrow(path)
-    try:
-        names, batches = _batches(path, pa, pq, [text_field, id_field])
-        if text_field not in names:
-            why = f"no column {text_field!r} (columns: {', '.join(names)}); set text_field"
-            yield Raw(0, 0, 0, DocumentError(f"{path}: {why}"))
-            return
-        row = 0
-        for batch in batches:
-            for start in range(0, batch.num_rows, TABLE_BATCH):
-                for record in batch.slice(start, TABLE_BATCH).to_pylist():
-                    row += 1
-                    yield Raw(row, row - 1, 0, record)
-    except (OSError, pa.ArrowException) as err:
-        raise DocumentError(f"{path}: not a readable {path.suffix} table ({err})") from None
-
-
-def _batches(path: Path, pa, pq, wanted: list[str | None]):
-    """(the table's column names, its record batches of the wanted columns)."""
-    if path.suffix == ".parquet":
-        table = pq.ParquetFile(path)
-        names = table.schema_arrow.names
-        columns = [c for c in wanted if c in names]
-        return names, table.iter_batches(batch_size=TABLE_BATCH, columns=columns)
-    schema, batches = _arrow_batches(pa, path)
-    columns = [c for c in wanted if c in schema.names]
-    return schema.names, (batch.select(columns) for batch in batches)
-
-
-def _arrow_batches(pa, path: Path):
-    """(schema, record batches) of an Arrow IPC file, memory-mapped: the stream format (what
-    ``save_to_disk`` writes), else the file format."""
-    source = pa.memory_map(str(path))
-    try:
-        reader = pa.ipc.open_stream(source)
-        return reader.schema, iter(reader)
-    except pa.ArrowInvalid:
-        source.seek(0)
-        file = pa.ipc.open_file(source)
-        return file.schema, (file.get_batch(i) for i in range(file.num_record_batches))
+        for row, record in rows(path, text_field, id_field, limit):
+            if isinstance(record, TableError):
+                record = DocumentError(str(record))
+            yield Raw(row, max(row - 1, 0), 0, record)
+    except TableError as err:
+        raise DocumentError(str(err)) from None
 
 
 def table_cell(source: str, row: int, column: str):
-    """The value at ``row`` (0-based) of ``column``: a Parquet row group, or the memory-mapped
-    Arrow file, holds it."""
-    path = Path(source)
-    pa, pq = _pyarrow(path)
-    version = path.stat().st_mtime_ns
+    """The value at ``row`` (0-based) of ``column``: from the Parquet row group or Arrow record
+    batch that holds it, decoded in bounded batches."""
     try:
-        if path.suffix == ".parquet":
-            group, first = _row_group(source, version, row)
-            return _parquet_group(source, version, group, column)[row - first].as_py()
-        return _arrow_column(source, version, column)[row].as_py()
-    except (OSError, pa.ArrowException, IndexError, KeyError) as err:
-        raise DocumentError(f"{source}: row {row + 1} cannot be read ({err})") from None
-
-
-def _row_group(source: str, version: int, row: int) -> tuple[int, int]:
-    import pyarrow.parquet as pq
-
-    meta, first = pq.ParquetFile(source).metadata, 0
-    for group in range(meta.num_row_groups):
-        rows = meta.row_group(group).num_rows
-        if row < first + rows:
-            return group, first
-        first += rows
-    raise IndexError(f"the file has {first} rows")
-
-
-@functools.lru_cache(maxsize=2)
-def _parquet_group(source: str, version: int, group: int, column: str):
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(source).read_row_group(group, columns=[column]).column(0)
-
-
-@functools.lru_cache(maxsize=2)
-def _arrow_column(source: str, version: int, column: str):
-    """The column over the memory-mapped file: its data is not copied."""
-    import pyarrow as pa
-
-    schema, batches = _arrow_batches(pa, Path(source))
-    return pa.Table.from_batches(list(batches), schema=schema).column(column)
+        return cell(source, row, column, MAX_RECORD_BYTES)
+    except TableError as err:
+        raise DocumentError(str(err)) from None

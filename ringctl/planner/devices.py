@@ -8,6 +8,7 @@ entry by entry.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -182,7 +183,32 @@ def _check_shares(device: Device, where: str) -> Device:
 
 
 def _device_from_json(name: str, entry: dict, where: str) -> Device:
-    return _check_shares(_parse_device(name, entry, where), where)
+    return _check_shares(_check_finite(_parse_device(name, entry, where), where), where)
+
+
+def _check_finite(device: Device, where: str) -> Device:
+    """Refuse a number that is not finite (JSON's NaN and Infinity parse as floats), and a
+    memory that is not positive: either would win or break every plan silently."""
+    for item in dataclasses.fields(device):
+        value = getattr(device, item.name)
+        if not all(math.isfinite(v) for v in _numbers(value)):
+            raise UserError(
+                f"{where}: device {device.name!r}: bad field {item.name} ({value!r}: not finite)"
+            )
+    if device.mem_gib <= 0:
+        raise UserError(f"{where}: device {device.name!r}: bad field mem_gib ({device.mem_gib!r})")
+    return device
+
+
+def _numbers(value) -> list[float]:
+    """The floats in a field: itself, or those in its tuple or (nested) dict values."""
+    if isinstance(value, float):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for item in value for v in _numbers(item)]
+    if isinstance(value, dict):
+        return [v for item in value.values() for v in _numbers(item)]
+    return []
 
 
 def _parse_device(name: str, entry: dict, where: str) -> Device:
