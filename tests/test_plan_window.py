@@ -184,18 +184,20 @@ def test_a_window_must_be_a_token_count():
 
 
 def test_the_banded_kernels_chunk_is_held_beside_the_ring_whatever_n(tmp_path):
-    """One chunk of R = 1024 query rows x R + W - 1 = 5119 keys (4 heads, W = 4096): on host
-    CPUs the fused kernel's float32 mask (the zeros and the filled copy) and four boolean masks,
-    12 bytes per score (the tiny Mistral's windowed rows of benchmarks/longdoc_scaling grew
-    ~55 MiB more than its full causal rows at the same N/P); on GPUs (float32 matmuls) s, the
-    masked s and p of every head, 48 bytes, and the mask."""
+    """A window shorter than geometry.SPLIT_WINDOW runs on the masked banded kernel: one chunk
+    of R = 128 query rows x R + W - 1 = 255 keys (4 heads, W = 128): on host CPUs the fused
+    kernel's float32 mask (the zeros and the filled copy) and four boolean masks, 12 bytes per
+    score; on GPUs (float32 matmuls) s, the masked s and p of every head, 48 bytes, and the
+    mask. A longer window (Mistral's 4096) is cut into unmasked pieces: no such workspace."""
     cpu = get_device("cpu-test", _cpu_device_file(tmp_path / "devices.json"))
+    part = "ring attention: banded kernel workspace (window 128)"
     for seq in (1 << 16, 1 << 20):
-        w = _tiny(window=4096)
-        w = replace(w, seq_len=seq, mode="score", backward=False, dtype="float32")
-        part = "ring attention: banded kernel workspace (window 4096)"
-        assert estimate(w, 4, cpu, Link("x", 10.0)).memory_bytes[part] == 1024 * 5119 * 12
-        assert estimate(w, 4, H100, Link("x", 10.0)).memory_bytes[part] == 1024 * 5119 * 49
+        w = replace(_tiny(window=128), seq_len=seq, mode="score", backward=False, dtype="float32")
+        assert estimate(w, 4, cpu, Link("x", 10.0)).memory_bytes[part] == 128 * 255 * 12
+        assert estimate(w, 4, H100, Link("x", 10.0)).memory_bytes[part] == 128 * 255 * 49
+        long = replace(w, model=replace(w.model, window=4096))
+        kinds = estimate(long, 4, H100, Link("x", 10.0)).memory_bytes
+        assert not any("banded" in k for k in kinds), kinds
     full = replace(_tiny(), seq_len=1 << 20, mode="score", backward=False)
     assert not any("banded" in k for k in estimate(full, 4, H100, Link("x", 10.0)).memory_bytes)
 

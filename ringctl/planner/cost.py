@@ -169,8 +169,8 @@ def _attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, fl
         "block kernel workspace": q * 4 / b,  # one block's output in float32, merged in place
     }
     window = layer_windows(w)[0][0]
-    if window is not None:
-        workspace = banded_workspace(w, ranks, window, cpu)
+    workspace = banded_workspace(w, ranks, window, cpu) if window is not None else 0
+    if workspace:  # a window cut into unmasked pieces (geometry.SPLIT_WINDOW) needs none
         parts[f"banded kernel workspace (window {window})"] = workspace
     if w.trains:
         parts |= {
