@@ -118,6 +118,28 @@ def padded_length(seq_len: int, *, world_size: int, layout: str, ulysses_degree:
     return -(-max(seq_len, 1) // unit) * unit
 
 
+# ----------------------------------------------------------------------------- what a ring holds
+def ring_holds(tokens: int, size: int, budget: int, layout: str) -> bool:
+    """Does a ring of ``size`` ranks hold a plain sequence of ``tokens`` under a budget of
+    rows per rank? Its padded length (the padding rule) over the ring's ranks is what each
+    rank holds. The one answer: ringctl's submit, scheduler, planner and messages ask this."""
+    return padded_length(tokens, world_size=size, layout=layout) // size <= budget
+
+
+def ring_capacity(size: int, budget: int, layout: str) -> int:
+    """The most tokens a ring of ``size`` ranks holds under ``budget`` (``ring_holds``)."""
+    unit = layout_multiple(layout, size)
+    return budget * size // unit * unit
+
+
+def ranks_needed(tokens: int, budget: int, layout: str) -> int:
+    """The fewest ranks of a ring that holds ``tokens`` under ``budget``."""
+    size = max(1, -(-tokens // max(budget, 1)))
+    while not ring_holds(tokens, size, budget, layout):
+        size += 1
+    return size
+
+
 # ----------------------------------------------------------------------------- counting pairs
 def prefix_keys(u: int, window: int | None) -> int:
     """sum over t = 1..u of min(t, W): the keys the first u queries of a document see under

@@ -26,8 +26,10 @@ The ring sizes and the budget come from the job's `ring` section (``schedule_doc
 ``ring.size`` null is one ring of the whole job in input order (no budget needed), N is W/N
 rings of N ranks, ``auto`` every divisor of W (``rings.ring_sizes``), which needs a budget.
 
-`schedule.json` in the job directory is this schedule; `ringctl status` reads it for progress
-per ring, `ringctl plan JOBDIR` prints its predicted makespan.
+`schedule.json` in the job directory is this schedule, written and read here (``Schedule``:
+``to_dict`` / ``from_dict``, ``write_schedule`` / ``read_schedule``); `ringctl status` reads it
+for progress per ring, `ringctl plan JOBDIR` prices it. Whether a ring holds a document is
+``ringattn.geometry.ring_holds``'s one answer.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
-from ringattn.geometry import layout_multiple, padded_length
+from ringattn.geometry import ranks_needed, ring_capacity, ring_holds
 
 from .errors import UserError
 from .rings import Ring, ring_sizes
@@ -68,6 +70,7 @@ class Assignment:
     members: list[int]
     order: int  # position in its ring's queue within the phase
     predicted_s: float
+    source: str = ""  # the document's input (schedule.json says where it came from)
 
 
 @dataclass
@@ -96,6 +99,7 @@ class Schedule:
         return plan
 
     def to_dict(self) -> dict:
+        """schedule.json (``write_schedule``; ``Schedule.from_dict`` reads it back)."""
         return {
             "version": SCHEDULE_VERSION,
             "world_size": self.world,
@@ -108,12 +112,100 @@ class Schedule:
             "documents": [asdict(e) for e in sorted(self.entries, key=lambda e: e.index)],
         }
 
+    @classmethod
+    def from_dict(cls, data, where: str = "schedule.json") -> Schedule:
+        """A schedule as ``to_dict`` wrote it, checked as hostile input (a remote copy of a
+        job directory): the version, every field's type, phases that match the documents."""
+        if not isinstance(data, dict) or data.get("version") != SCHEDULE_VERSION:
+            raise ValueError(f"{where}: not a schedule (version {SCHEDULE_VERSION})")
+        try:
+            entries = [_assignment(row) for row in data["documents"]]
+            phases = [_phase(row) for row in data["phases"]]
+            schedule = cls(
+                _count(data["world_size"]),
+                [_count(n) for n in data["ring_sizes"]],
+                _count(data["max_tokens_per_rank"], 0),
+                entries,
+                phases,
+                str(data["length_source"]),
+                str(data["cost_unit"]),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{where}: a field is missing or of the wrong type ({err})") from None
+        sizes = {p["ring_size"] for p in phases}
+        if any(e.ring_size not in sizes for e in entries):
+            raise ValueError(f"{where}: a document's ring size has no phase")
+        return schedule
+
+
+def _count(value, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{value!r} is not an integer >= {least}")
+    return value
+
+
+def _assignment(row: dict) -> Assignment:
+    if not isinstance(row, dict):
+        raise TypeError("a document entry is not a mapping")
+    members = row["members"]
+    if not isinstance(members, list):
+        raise TypeError("members is not a list")
+    predicted = row["predicted_s"]
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        raise TypeError("predicted_s is not a number")
+    return Assignment(
+        _count(row["index"], 0),
+        str(row["doc_id"]),
+        _count(row["tokens"], 0),
+        _count(row["ring_size"]),
+        _count(row["ring"], 0),
+        [_count(m, 0) for m in members],
+        _count(row["order"], 0),
+        float(predicted),
+        str(row.get("source", "")),
+    )
+
+
+def _phase(row: dict) -> dict:
+    if not isinstance(row, dict):
+        raise TypeError("a phase is not a mapping")
+    predicted = row["predicted_s"]
+    if isinstance(predicted, bool) or not isinstance(predicted, (int, float)):
+        raise TypeError("a phase's predicted_s is not a number")
+    return {
+        "ring_size": _count(row["ring_size"]),
+        "rings": _count(row["rings"]),
+        "documents": _count(row["documents"], 0),
+        "predicted_s": float(predicted),
+    }
+
+
+def write_schedule(path, schedule: Schedule) -> None:
+    """schedule.json of the job directory (rank 0)."""
+    from .atomic import atomic_write_json
+
+    atomic_write_json(path, schedule.to_dict())
+
+
+def read_schedule(path) -> Schedule:
+    """schedule.json back, checked (ValueError naming the file)."""
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path}: not readable as JSON ({type(err).__name__})") from None
+    return Schedule.from_dict(data, str(path))
+
 
 def ring_for(tokens: int, sizes: Sequence[int], budget: int, layout: str):
-    """The smallest ring size that holds `tokens` (padded as `layout` pads them) under the
-    budget, or None."""
+    """The smallest ring size that holds `tokens` (``ring_holds``) under the budget, or
+    None."""
     for size in sorted(sizes):
-        if padded_length(tokens, world_size=size, layout=layout) // size <= budget:
+        if ring_holds(tokens, size, budget, layout):
             return size
     return None
 
@@ -139,7 +231,7 @@ def build_schedule(
     for doc in docs:
         size = ring_for(doc.tokens, sizes, budget, layout)
         if size is None:
-            raise DocumentTooLong(_too_long(doc, world, sizes, budget, layout))
+            raise DocumentTooLong(too_long(doc.doc_id, doc.tokens, sizes, budget, layout))
         choice[doc.index] = size
     while _promote(docs, choice, sorted(sizes), world, cost):
         pass
@@ -201,15 +293,14 @@ def _place_phase(docs: list[DocLength], size: int, world: int, cost: Cost):
     return placed, max((load for load, _ in loads), default=0.0)
 
 
-def _too_long(doc: DocLength, world, sizes, budget, layout: str) -> str:
-    need = -(-doc.tokens // max(budget, 1))
+def too_long(doc_id: str, tokens: int, sizes, budget: int, layout: str) -> str:
+    """Why no ring of the job holds a document (``ring_holds``), with what would."""
     biggest = max(sizes)
-    holds = budget * biggest - (layout_multiple(layout, biggest) - 1) if budget else 0
     return (
-        f"document {doc.doc_id!r} has {doc.tokens} tokens: no ring of this job holds it "
-        f"(max_tokens_per_rank {budget}; the largest ring, {biggest} ranks, holds "
-        f"{holds}); it needs a ring of at "
-        f"least {need} ranks, or a larger ring.max_tokens_per_rank"
+        f"document {doc_id!r} has {tokens:,} tokens: no ring of this job holds it "
+        f"(max_tokens_per_rank {budget:,}; the largest ring, {biggest} ranks, holds "
+        f"{ring_capacity(biggest, budget, layout):,}); it needs a ring of at least "
+        f"{ranks_needed(tokens, budget, layout)} ranks, or a larger ring.max_tokens_per_rank"
     )
 
 

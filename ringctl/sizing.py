@@ -206,7 +206,10 @@ class Sizing:
         predicted time over slurm.time (a warning, with a device). None: neither a device
         entry nor a budget says what a rank holds (``unchecked`` says what the longest one
         needs)."""
+        from ringattn.geometry import ring_holds
+
         from .planner.pricing import max_tokens_per_rank
+        from .scheduler import too_long
 
         cfg, device, name = self.cfg, self.device, self.device_name
         if device is None and not cfg.ring.max_tokens_per_rank:
@@ -219,12 +222,12 @@ class Sizing:
         budget = cfg.ring.max_tokens_per_rank or max_tokens_per_rank(
             work, device, biggest, per_host
         )
-        of = f" of {name}" if device is not None else ""
+        of = f" ({name})" if device is not None else ""
+        layout = work.layout
         problems = [
-            f"document {doc!r} ({n:,} tokens) needs {-(-n // max(budget, 1))} ranks{of} at "
-            f"{budget:,} tokens per rank; the job's largest ring has {biggest}"
+            too_long(doc, n, [biggest], budget, layout) + of
             for doc, n in lengths
-            if n > budget * biggest
+            if not ring_holds(n, biggest, budget, layout)
         ]
         if device is None or problems:
             return problems, []

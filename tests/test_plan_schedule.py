@@ -16,14 +16,17 @@ from ringctl.planner.cost import GIB, Workload, memory_per_rank, usable_gib
 from ringctl.planner.devices import get_device
 from ringctl.planner.model import presets
 from ringctl.planner.pricing import (
-    Entry,
     document_cost,
     lognormal_lengths,
     max_tokens_per_rank,
-    predicted_makespan,
 )
 from ringctl.rings import divisors
-from ringctl.scheduler import DocLength, ring_for, schedule_documents
+from ringctl.scheduler import (
+    DocLength,
+    Schedule,
+    ring_for,
+    schedule_documents,
+)
 
 L8 = presets()["llama3-8b"]
 H100 = get_device("H100-SXM")
@@ -58,14 +61,14 @@ def test_document_cost_grows_as_n_squared_for_attention_and_n_for_the_rest():
 
 
 def test_makespan_is_the_sum_over_phases_of_the_busiest_ring():
-    schedule = [
-        Entry(0, 0, 4, 0, 0, 10.0),
-        Entry(1, 0, 2, 0, 1, 3.0), Entry(2, 0, 2, 0, 1, 4.0), Entry(3, 0, 2, 1, 1, 5.0),
-        Entry(4, 0, 1, 3, 2, 1.0),
-    ]  # fmt: skip
-    assert predicted_makespan(schedule) == 10 + 7 + 1
-    as_json = [{"ring_size": e.ring_size, "ring": e.ring, "seconds": e.seconds} for e in schedule]
-    assert predicted_makespan(as_json) == 18  # phases from the ring sizes, largest first
+    docs = [DocLength(i, f"d{i}", n) for i, n in enumerate([4000, 300, 400, 500, 100])]
+    s = schedule_documents(docs, world=4, size="auto", budget=1000, layout="zigzag")
+    by_phase: dict = {}
+    for e in s.entries:
+        by_phase.setdefault(e.ring_size, {}).setdefault(e.ring, 0.0)
+        by_phase[e.ring_size][e.ring] += e.predicted_s
+    assert s.makespan == pytest.approx(sum(max(r.values()) for r in by_phase.values()))
+    assert Schedule.from_dict(json.loads(json.dumps(s.to_dict()))).makespan == s.makespan
 
 
 def _listed(lengths):
@@ -101,7 +104,7 @@ def test_plan_prices_the_schedule_the_job_runs():
 def test_a_document_no_ring_can_hold_is_refused_by_name():
     budget = auto_budget(SCORE, H100, 16, 8)
     big = 16 * budget + 4096
-    with pytest.raises(UserError, match=rf"'#1' has {big} tokens: no ring of this job holds it"):
+    with pytest.raises(UserError, match=rf"'#1' has {big:,} tokens: no ring of this job holds it"):
         where = {"work": SCORE, "device": H100, "nodes": 2}
         price_job(_listed([4096, big]), world=16, size="auto", budget=budget, **where)
 
@@ -124,17 +127,23 @@ def test_plan_corpus_cli(capsys):
     assert "expected lognormal:COUNT:LOW:HIGH" in capsys.readouterr().err
 
 
-def test_plan_prints_a_schedule_files_makespan(tmp_path, capsys):
-    docs = [{"doc": "a", "ring_size": 2, "ring": [0, 1], "seconds": 3.0},
-            {"doc": "b", "ring_size": 2, "ring": [2, 3], "seconds": 5.0},
-            {"doc": "c", "ring_size": 2, "ring": [0, 1], "seconds": 1.0},
-            {"doc": "d", "ring_size": 4, "ring": [0, 1, 2, 3], "seconds": 2.0}]  # fmt: skip
+def test_plan_prints_the_makespan_of_the_schedule_a_job_wrote(tmp_path, capsys):
+    """schedule.json as the job writes it (``scheduler.write_schedule``) read by `ringctl plan`
+    (issue 27: plan read another format, so `plan JOBDIR` failed on every job's file): in the
+    scheduler's relative units without a device, in seconds once priced."""
+    from ringctl.scheduler import priced, write_schedule
+
+    docs = [DocLength(i, f"d{i}", n) for i, n in enumerate([100, 2000, 50, 900])]
+    s = schedule_documents(docs, world=4, size="auto", budget=600, layout="zigzag")
     path = tmp_path / "schedule.json"
-    path.write_text(json.dumps({"documents": docs}))
+    write_schedule(path, s)
     assert main(["plan", "--schedule", str(path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"documents": 4, "makespan_s": 2.0 + 5.0}
+    assert json.loads(capsys.readouterr().out) == {"documents": 4, "makespan_relative": s.makespan}
+    seconds = priced(s, lambda n, size: n / size / 1000)
+    seconds.cost_unit = "seconds"
+    write_schedule(path, seconds)
     assert main(["plan", str(tmp_path), "--json"]) == 0  # a job directory with its schedule
-    assert json.loads(capsys.readouterr().out)["makespan_s"] == 7.0
+    assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(seconds.makespan)
     path.write_text(json.dumps([{"ring": 0}]))
     assert main(["plan", "--schedule", str(path)]) == 2
-    assert "each document needs ring_size, ring and seconds" in capsys.readouterr().err
+    assert "not a schedule" in capsys.readouterr().err

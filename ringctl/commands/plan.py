@@ -302,10 +302,11 @@ def run(args) -> int:
         if not args.seq:
             return 0
         args.device = device.name
+    job_dir = None
     if args.job and JobDir(args.job).schedule.is_file():  # a job directory
-        args.schedule = JobDir(args.job).schedule
+        job_dir, args.schedule = JobDir(args.job), JobDir(args.job).schedule
     if args.schedule:
-        return _print_makespan(args.schedule, args.json)
+        return _print_makespan(args, job_dir)
     job = _from_job(args) if args.job else None
     if args.corpus:
         return _print_corpus(args, _workload(args, seq_required=False), _device(args))
@@ -466,31 +467,46 @@ def _job_makespans(args, work: Workload, device: Device, listed) -> dict[str, fl
     return spans
 
 
-def _print_makespan(path: Path, as_json: bool) -> int:
-    """A schedule.json (a list of per-document entries, or {"documents": [...]}) with each
-    entry's ``ring_size``, ``ring`` and predicted ``seconds``: its makespan."""
-    from ..planner.pricing import predicted_makespan
+def _print_makespan(args, job_dir: JobDir | None) -> int:
+    """A job's schedule.json (``scheduler.read_schedule``, its owner): its makespan in seconds
+    where the job priced it with a device, or as the planner prices it for the job's device
+    (its config's, or --device); else in the scheduler's relative units, said so."""
+    from ..scheduler import read_schedule
 
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
-    entries = data.get("documents") if isinstance(data, dict) else data
-    if not isinstance(entries, list):
-        raise UserError(f"{path}: expected a list of documents (or a 'documents' key)")
-    try:
-        seconds = predicted_makespan(entries)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise UserError(
-            f"{path}: each document needs ring_size, ring and seconds ({err})"
-        ) from None
-    if as_json:
-        print(json.dumps({"documents": len(entries), "makespan_s": seconds}))
+        schedule = read_schedule(args.schedule)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    unit = "s"
+    if schedule.cost_unit != "seconds":
+        repriced = _priced_for_device(args, job_dir, schedule)
+        schedule, unit = (repriced, "s") if repriced is not None else (schedule, "relative units")
+    count, seconds = len(schedule.entries), schedule.makespan
+    if args.json:
+        key = "makespan_s" if unit == "s" else "makespan_relative"
+        print(json.dumps({"documents": count, key: seconds}))
     else:
-        print(f"{path}: {len(entries):,} documents, predicted makespan {seconds:.4g} s")
+        print(f"{args.schedule}: {count:,} documents, predicted makespan {seconds:.4g} {unit}")
     return 0
+
+
+def _priced_for_device(args, job_dir: JobDir | None, schedule):
+    """The schedule priced in seconds for the job's device (its config's ``device``, or
+    --device given), or None when neither names one or the job's work is not known."""
+    from ..config import load_job
+    from ..planner.pricing import document_cost
+    from ..scheduler import priced
+
+    explicit = args.device != DEFAULT_DEVICE
+    if job_dir is None or not job_dir.config.is_file():
+        return None
+    cfg = load_job(job_dir.config, [])
+    name = args.device if explicit else cfg.get("device")
+    work = job_workload(cfg, ring_size(cfg))
+    if not name or work is None:
+        return None
+    device = get_device(str(name), args.devices)
+    return priced(schedule, partial(document_cost, w=work, device=device, nodes=int(cfg.nodes)))
 
 
 def _print_corpus(args, work: Workload, device: Device) -> int:

@@ -11,18 +11,17 @@ Every rank computes the same schedule from the same inputs, with no coordinator:
   the smallest ring that holds it under `ring.max_tokens_per_rank`); the policy is the
   scheduler's (`ringctl/scheduler.py`), which `ringctl plan` prices.
 
-`schedule.json` in the job directory records, per document, its ring size, members, order
-and predicted cost; `ringctl status` reads the rings' progress files beside it.
+`schedule.json` in the job directory (written and read by ``ringctl.scheduler``, its owner)
+records, per document, its ring size, members, order, predicted cost and input; `ringctl
+status` reads the rings' progress files beside it.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..atomic import atomic_write_json
-from ..scheduler import DocLength, Schedule, schedule_documents
+from ..scheduler import DocLength, Schedule, schedule_documents, write_schedule
 from .documents import Document
 from .lengths import estimated_tokens, sampled_bytes_per_token
 
@@ -54,20 +53,8 @@ def plan_schedule(
     )
 
 
-def schedule_record(schedule: Schedule, docs: list[Document]) -> dict:
-    record = schedule.to_dict()
-    for row in record["documents"]:
-        row["source"] = docs[row["index"]].source
-    return record
-
-
-def write_schedule(path: Path, schedule: Schedule, docs: list[Document]) -> None:
-    atomic_write_json(path, schedule_record(schedule, docs))
-
-
-def read_schedule(path: Path) -> dict | None:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and "documents" in data else None
+def write_job_schedule(path: Path, schedule: Schedule, docs: list[Document]) -> None:
+    """schedule.json (``scheduler.write_schedule``), each document with its input."""
+    for entry in schedule.entries:
+        entry.source = docs[entry.index].source
+    write_schedule(path, schedule)

@@ -52,7 +52,7 @@ from .completeness import INPUT_CHANGED, document_status
 from .consensus import agree, any_has, document_verdict
 from .documents import Document, DocumentError, Listing, input_identity
 from .expected import check_expected, some_names, write_expected
-from .job_schedule import RingOptions, plan_schedule, write_schedule
+from .job_schedule import RingOptions, plan_schedule, write_job_schedule
 from .lengths import document_bytes
 from .model import check_same_weights, load_model
 from .overrides import describe as describe_overrides
@@ -525,7 +525,7 @@ class LongDocRun:
         if not self.job.lead:
             return
         if self.options.schedule_path is not None:
-            write_schedule(Path(self.options.schedule_path), schedule, todo)
+            write_job_schedule(Path(self.options.schedule_path), schedule, todo)
         sizes = ", ".join(
             f"{p['documents']} on {p['rings']} ring(s) of {p['ring_size']}" for p in schedule.phases
         )

@@ -2,15 +2,14 @@
 document on a ring, and the makespan of a schedule. It prices; it does not schedule.
 
 A job of W ranks runs documents on rings of several sizes, placed by the job's one scheduler
-(``ringctl/scheduler.py``, outside the planner). Four things come from here:
+(``ringctl/scheduler.py``, outside the planner, which also owns schedule.json and the
+makespan of a schedule). Three things come from here:
 
 * ``max_tokens_per_rank``: the most tokens one rank can hold for this model, device, dtype,
   mode and sharding (the budget ``ring.max_tokens_per_rank`` defaults to);
 * ``document_cost``: predicted seconds of one document of n tokens on a ring of a given size:
   the whole-model time when the device has matmul figures (attention ~ n^2 / ring, the rest
   ~ n / ring), else ring attention alone;
-* ``predicted_makespan``: the wall time of a schedule.json's entries, phases in order (the
-  rings of a phase run concurrently, a phase ends with its slowest ring);
 * ``lognormal_lengths``: a seeded corpus for `ringctl plan --corpus`.
 
 `ringctl plan JOB` and `--corpus` price the scheduler's own schedule with ``document_cost``
@@ -21,7 +20,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ringattn.geometry import layout_multiple, padded_length
 
@@ -91,38 +90,6 @@ def document_cost(
     if est.model_total_s is not None:
         return est.model_total_s
     return est.total_s.get("forward+backward", est.total_s["forward"])
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One document's place in a schedule (what schedule.json records per document)."""
-
-    doc: int
-    tokens: int
-    ring_size: int
-    ring: int  # index of the ring among the rings of its size
-    phase: int
-    seconds: float
-
-
-def predicted_makespan(schedule) -> float:
-    """Wall seconds of a schedule: for each phase, the most loaded ring's sum of seconds;
-    phases run one after the other. Entries are ``Entry`` or dicts with ``seconds``,
-    ``ring_size``, ``ring`` (an index among the rings of that size, or the ring's member
-    ranks) and optionally ``phase`` (default: one phase per ring size, the largest first)."""
-    load: dict[tuple, float] = {}
-    for e in schedule:
-        get = e.get if isinstance(e, dict) else lambda k, d=None, e=e: getattr(e, k, d)
-        size = int(get("ring_size"))
-        phase = get("phase")
-        ring = get("ring")
-        ring = tuple(ring) if isinstance(ring, (list, tuple)) else int(ring)  # index or members
-        key = (int(phase) if phase is not None else -size, size, ring)
-        load[key] = load.get(key, 0.0) + float(get("seconds"))
-    by_phase: dict[int, float] = {}
-    for (phase, _, _), seconds in load.items():
-        by_phase[phase] = max(by_phase.get(phase, 0.0), seconds)
-    return sum(by_phase.values())
 
 
 def lognormal_lengths(count: int, low: int, high: int, seed: int = 0) -> list[int]:

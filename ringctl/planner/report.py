@@ -144,11 +144,13 @@ def print_plan(work, est, device, link, longest, fewest, layouts=()) -> None:
 
 
 def print_schedule(work, device, ring, budget, lengths, spans) -> None:
+    from ringattn.geometry import ring_capacity  # the job's own rule
+
     console = _console()
     console.print(
         f"{work.run_mode}, {work.model.name or 'model'} on {device.name}: at most "
         f"{budget:,} tokens per rank; a ring of {ring} holds documents up to "
-        f"{budget * ring:,} tokens"
+        f"{ring_capacity(ring, budget, work.layout):,} tokens"
     )
     if lengths:
         console.print(
