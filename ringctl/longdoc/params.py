@@ -51,9 +51,11 @@ _ALIASES = {"task": "mode"}
 
 
 @dataclass
-class LongDocParams(TaskParams):
-    name: str = "longdoc"
-    mode: str = "score"
+class CorpusParams(TaskParams):
+    """What a job over documents with a causal LM shares (the long-document job, the training
+    job): its inputs and how they are read, the model and tokenizer, the dtype, the layout and
+    the output-head chunk. Each job's class adds its own keys."""
+
     inputs: Any = None
     split: str | None = None
     text_field: str = "text"
@@ -66,12 +68,10 @@ class LongDocParams(TaskParams):
     max_docs: int | None = None
     on_missing: str = "report"
     on_bad_record: str = "skip"
-    on_changed_input: str = "redo"
-    write_grads: bool = False
     chunk_size: int = 4096
 
     @classmethod
-    def from_any(cls, cfg: Any, *, validate: bool = True) -> LongDocParams:
+    def from_any(cls, cfg: Any, *, validate: bool = True):
         """From this dataclass, a mapping (unknown keys are an error) or an object."""
         names = {f.name for f in dataclasses.fields(cls)}
         if isinstance(cfg, cls):
@@ -81,7 +81,7 @@ class LongDocParams(TaskParams):
             unknown = sorted(set(values) - names)
             if unknown:
                 raise ValueError(
-                    f"unknown longdoc parameter(s): {', '.join(unknown)}; known: "
+                    f"unknown {cls.name} parameter(s): {', '.join(unknown)}; known: "
                     f"{', '.join(sorted(names))}"
                 )
         else:
@@ -110,18 +110,19 @@ class LongDocParams(TaskParams):
                 pass  # problems() names it
         self.layout = self.layout or "zigzag"
 
-    def problems(self) -> list[tuple[str, str]]:
-        """(key, why) for every impossible value; empty when the parameters can run."""
-        out: list[tuple[str, str]] = []
-        choices = {
-            "mode": MODES,
+    def choices(self) -> dict[str, tuple]:
+        """{key: its allowed values} (a job's class adds its own)."""
+        return {
             "layout": LAYOUTS,
             "dtype": DTYPE_NAMES,
             "on_missing": ON_MISSING,
             "on_bad_record": ON_BAD_RECORD,
-            "on_changed_input": ON_CHANGED_INPUT,
         }
-        for key, allowed in choices.items():
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, why) for every impossible value; empty when the parameters can run."""
+        out: list[tuple[str, str]] = []
+        for key, allowed in self.choices().items():
             if getattr(self, key) not in allowed:
                 why = f"must be one of {', '.join(allowed)}, not {getattr(self, key)!r}"
                 out.append((key, why))
@@ -130,8 +131,6 @@ class LongDocParams(TaskParams):
         if self.max_docs is not None and int(self.max_docs) < 1:  # 0: a job that reads nothing
             why = f"must be >= 1 (null: every document), not {self.max_docs}; no document to read"
             out.append(("max_docs", why))
-        if self.write_grads and self.mode != "grad":
-            out.append(("write_grads", "only applies to mode=grad"))
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
             out.append(("model_overrides", "must be a mapping of config fields to values"))
         if self.inputs is not None and not self.inputs:
@@ -166,6 +165,25 @@ class LongDocParams(TaskParams):
             max_docs=self.max_docs,
             split=self.split,
         )
+
+
+@dataclass
+class LongDocParams(CorpusParams):
+    """The long-document job's ``task:`` (the module docstring lists every key)."""
+
+    name: str = "longdoc"
+    mode: str = "score"
+    on_changed_input: str = "redo"
+    write_grads: bool = False
+
+    def choices(self) -> dict[str, tuple]:
+        return {**super().choices(), "mode": MODES, "on_changed_input": ON_CHANGED_INPUT}
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = super().problems()
+        if self.write_grads and self.mode != "grad":
+            out.append(("write_grads", "only applies to mode=grad"))
+        return out
 
     def signature(self) -> dict:
         """What a rerun in the same output directory must keep (outputs would not match).
