@@ -47,20 +47,18 @@ from ringattn import padded_length
 
 from ..errors import UserError
 from ..rings import RingGroups
-from .compat import config_refusal, model_refusal, read_model_config, window_refusal
+from .compat import window_refusal
 from .completeness import INPUT_CHANGED, document_status
 from .consensus import agree, any_has, document_verdict
 from .documents import Document, DocumentError, Listing, input_identity
 from .expected import check_expected, some_names, write_expected
 from .job_schedule import RingOptions, plan_schedule, write_job_schedule
 from .lengths import document_bytes
-from .model import check_same_weights, load_model
-from .overrides import describe as describe_overrides
+from .model import load_model
 from .params import LongDocParams
-from .probe import run_probe
 from .scoring import ShardResult, comm_device, run_task
 from .shards import FORMAT, ShardStore, atomic_write_json
-from .tokenize import load_tokenizer, resolve_tokenizer_path, vocabulary_mismatch
+from .tokenize import load_tokenizer, resolve_tokenizer_path
 
 __all__ = ["LongDocOptions", "LongDocParams", "LongDocRun", "LongDocSummary", "run_longdoc"]
 
@@ -124,35 +122,11 @@ def _eta(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _fingerprint_of(model):
-    """How to fingerprint the model's weights: from its shards when FSDP holds them."""
-    from .model import weights_fingerprint
-    from .sharding import is_sharded
+def _fingerprint_of_sharded(model):
+    """A sharded model's weights' fingerprint, from its shards."""
     from .sharding import weights_fingerprint as sharded
 
-    if model is None or not is_sharded(model):
-        return weights_fingerprint
-    return lambda m: sharded(m).to(next(m.parameters()).device)
-
-
-def non_finite_weights(model, params: LongDocParams) -> str:
-    """Empty when every weight this rank holds is finite, else one line naming the first
-    parameter that is not. Checked before the ranks compare their weights: a NaN fingerprint
-    equals no other (the ranks would be said to "hold different model weights") and an inf
-    one equals every other (it would pass), when the cause is the checkpoint."""
-    from torch.distributed.tensor import DTensor
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
-            bad = int((~torch.isfinite(local)).sum())
-            if bad:
-                where = params.model_path or "the random model"
-                return (
-                    f"non-finite weights: {name} holds {bad} value(s) that are NaN or inf "
-                    f"({where}: a corrupt or badly converted checkpoint); nothing was scored"
-                )
-    return ""
+    return sharded(model).to(next(model.parameters()).device)
 
 
 def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: _Ring):
@@ -438,51 +412,25 @@ class LongDocRun:
         atomic_write_json(self.store.documents_file, index)
 
     def load_model(self, ring: _Ring) -> None:
-        """Step 2, model agreement: tokenizer, model and probe line, refused on every rank alike.
+        """Step 2, model agreement (``agreement.py``): tokenizer, model and probe line,
+        refused on every rank alike. Every rank loads the model (``shard``: whole, or its
+        FSDP2 shard over the ring's ranks or the job's)."""
+        from .agreement import load_agreed
 
-        Every rank loads the model (``shard``: whole, or its FSDP2 shard over the ring's ranks
-        or the job's); the ranks must hold the same weights, the model must not be one that
-        ``compat`` refuses, and the probe must reproduce the model's own forward pass.
-        """
-        agree(self._try_load(ring), ring.group)
-        check_same_weights(self.model, ring.group, fingerprint=_fingerprint_of(self.model))
-        params = self.params
-        probe = run_probe(
-            self.model,
+        agreed = load_agreed(
+            self.params,
+            lambda: self._load(ring),
             group=ring.group,
-            layout=params.layout,
-            dtype_name=params.dtype,
-            chunk_size=int(params.chunk_size),
+            lead=ring.lead,
+            log=ring.log,
+            fingerprint=None if self.options.shard == "none" else _fingerprint_of_sharded,
         )
-        if ring.lead and params.model_overrides:
-            ring.log(describe_overrides(params.model_overrides))
-        if ring.lead and probe.message:
-            ring.log(probe.message)
+        self.tokenizer, self.model = agreed.tokenizer, agreed.model
         if ring.lead and self.options.shard != "none":
             from .sharding import shard_summary
 
             ring.log(shard_summary(self.model))
-        agree(probe.error if ring.lead else "", ring.group)
-        self.summary.probe = probe.message
-
-    def _try_load(self, ring: _Ring) -> str:
-        """Load the tokenizer and the model on this rank: why they cannot serve, or ""."""
-        params = self.params
-        try:
-            config = read_model_config(params.model_path, params.model_overrides)  # checked
-            refused = config_refusal(config)  # before building: some refused families cannot be
-            if refused:  # built with ringattn at all (a KeyError or AttributeError otherwise)
-                raise ValueError(refused)
-            self.tokenizer = load_tokenizer(params.tokenizer_path)
-            self.model = self._load(ring)
-            vocab = int(self.model.config.get_text_config().vocab_size)
-            is_bytes = params.tokenizer_path is None
-            error = vocabulary_mismatch(self.tokenizer.vocab_size, vocab, is_bytes=is_bytes)
-            return error or model_refusal(self.model) or non_finite_weights(self.model, params)
-        except ValueError as err:
-            return str(err)
-        except (OSError, KeyError, AttributeError, TypeError) as err:
-            return f"the model could not be loaded for ring attention: {type(err).__name__}: {err}"
+        self.summary.probe = agreed.probe
 
     def _load(self, ring: _Ring):
         """The model, whole or as this rank's FSDP2 shard over the ring's ranks or the job's."""
