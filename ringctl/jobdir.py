@@ -10,9 +10,11 @@ names by hand:
     supervisor.pid   the local supervisor's pid and start time            control (local backend)
     placement.json   the ring placement (written by the job once nodes are known)
     schedule.json    a long-document job's schedule (rank 0 writes it; `plan JOB` reads it)
+    checkpoints/     a training job's checkpoints (ringctl.train.checkpoint owns what is inside)
     probes/          one `ringctl topo probe` JSON per node
     logs/            rank-<R>.out|err|result.json, batch-<id>.out, progress.json (rank 0's
-                     counts), rings/<label>.json (each ring's progress, written by its lead)
+                     counts), rings/<label>.json (each ring's progress, written by its lead),
+                     metrics.jsonl (a training job's steps: ringctl.train.metrics)
     out/             the task's output shards and manifest
     attempts/<n>/    an earlier attempt's logs and placement (`ringctl resume`)
     attempts/requeue-<id>-<k>/   the same for a run of job <id> that Slurm requeued (its k-th
@@ -54,16 +56,18 @@ SUPERVISOR = "supervisor.pid"
 PLACEMENT = "placement.json"
 LOCK = ".lock"
 SCHEDULE = "schedule.json"
+CHECKPOINTS = "checkpoints"
 LOGS, OUT, PROBES, ATTEMPTS = "logs", "out", "probes", "attempts"
 BATCH_LOG = "logs/batch-{job_id}.out"
 PROGRESS = f"{LOGS}/progress.json"
+METRICS = f"{LOGS}/metrics.jsonl"
 RINGS = f"{LOGS}/rings"
 RESULT = "result.json"  # logs/rank-<R>.result.json: what a rank's worker ended with
 
 # The remote side (ringctl.backends.ssh joins these on the login node, relative to the copy):
 # what `fetch` brings back (PLACEMENT too), what `resume` moves to attempts/<n> there, and
 # the control files it sends again.
-FETCHED_DIRS = (OUT, LOGS, PROBES, ATTEMPTS)
+FETCHED_DIRS = (OUT, LOGS, PROBES, ATTEMPTS, CHECKPOINTS)
 ARCHIVED_ON_RESUME = (LOGS, PLACEMENT)
 RESENT_ON_RESUME = (CONFIG, SCRIPT)
 
@@ -175,6 +179,14 @@ class JobDir:
     @property
     def schedule(self) -> Path:
         return self.path / SCHEDULE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
 
     @property
     def progress(self) -> Path:

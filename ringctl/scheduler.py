@@ -113,7 +113,7 @@ class Schedule:
         }
 
     @classmethod
-    def from_dict(cls, data, where: str = "schedule.json") -> Schedule:
+    def from_dict(cls, data, where: str = "the schedule") -> Schedule:
         """A schedule as ``to_dict`` wrote it, checked as hostile input (a remote copy of a
         job directory): the version, every field's type, phases that match the documents."""
         if not isinstance(data, dict) or data.get("version") != SCHEDULE_VERSION:

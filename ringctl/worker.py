@@ -101,17 +101,9 @@ class TaskContext:
         parts += [f"{k}={v}" for k, v in extra.items()]
         self.log("progress: " + ", ".join(parts))
         if self.rank == 0:
-            record = {
-                "done": done,
-                "total": total,
-                "unit": unit,
-                "before": before,
-                "elapsed_s": elapsed,
-                "rate": rate,
-                "eta_s": eta,
-                "updated_at": time.time(),
-                **extra,
-            }
+            from .progress import progress_record
+
+            record = progress_record(done, total, unit, before, elapsed, rate, eta, **extra)
             atomic_write_json(JobDir(self.job_dir).progress, record)
 
     def stop_requested(self) -> bool:

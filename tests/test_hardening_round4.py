@@ -29,9 +29,9 @@ from ringctl.atomic import atomic_write_json
 from ringctl.cli import main
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
-from ringctl.longdoc import gather as longdoc_gather
 from ringctl.longdoc.documents import doc_key
 from ringctl.longdoc.shards import FORMAT, ShardStore
+from ringctl.output_dir import new_output_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "jobs" / "smoke.yaml")
@@ -189,7 +189,7 @@ def test_status_counts_complete_documents_as_gather_does(tmp_path, capsys) -> No
 def _killed_between_renames(out: Path) -> tuple[Path, Path]:
     """What a gather --force killed between its two renames leaves: its unfinished output, and
     the earlier output moved aside, with no OUT (the same calls `_put_in_place` makes)."""
-    tmp = longdoc_gather._new_output_dir(out)
+    tmp = new_output_dir(out)
     (tmp / "docs").mkdir()
     old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.replaced-"))
     os.rename(out, old)

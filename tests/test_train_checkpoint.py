@@ -55,7 +55,7 @@ def _run(rank: int, world: int, ckroot: str, shard: bool, start: int, stop: int,
     ]
     if save:
         state = train_state(stop, {"epoch": 0, "index": 0, "offset": 0}, sched.state_dict(), {})
-        save_ckpt(model, opt, ckdir, stop, state, keep=2)
+        save_ckpt(model, opt, ckdir, stop, state, keep=2, metrics=Path(ckroot) / "none.jsonl")
     weights = {
         n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         for n, p in model.named_parameters()

@@ -13,13 +13,17 @@ def _m(step: int) -> StepMetrics:
     return StepMetrics(step, 5.0 - step / 10, 1000 + step, 1e-3, 0.5, 2000.0, 0.5)
 
 
-def test_round_trip_and_resume_cut(tmp_path):
+def test_round_trip_and_resume_from_a_checkpoints_copy(tmp_path):
     path = tmp_path / "logs" / "metrics.jsonl"
+    saved = tmp_path / "step-0000003" / "metrics.jsonl"
     for s in range(1, 6):
         metrics.append(path, _m(s))
+        if s == 3:  # what a checkpoint at step 3 keeps
+            saved.parent.mkdir()
+            saved.write_bytes(path.read_bytes())
     got, bad = metrics.read(path)
     assert got == [_m(s) for s in range(1, 6)] and bad == 0
-    metrics.truncate_after(path, 3)
+    metrics.restore(path, saved)
     for s in range(4, 7):  # the resumed run writes steps 4.. again
         metrics.append(path, _m(s))
     got, _ = metrics.read(path)

@@ -31,6 +31,7 @@ from ..config import load_job, to_yaml
 from ..errors import UserError
 from ..jobdir import JobDir, task_output
 from ..jsonsafe import finite_json
+from ..progress import read_record
 from ..submission import open_job_dir, resume_job, submit_job
 from ..terminal import for_terminal, visible
 
@@ -117,74 +118,9 @@ def _status_targets(args) -> list[Path]:
     return dirs[-1:] if args.latest else dirs
 
 
-# What a progress record (logs/progress.json, logs/rings/<ring>.json) holds. The job writes
-# them, and an ssh job's copies are fetched from the login node: each field is checked before
-# `status` passes it on, and what is wrong becomes null with a note, never a crash.
-_COUNT_FIELDS = ("done", "total", "before")
-_NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s")
-
-
-def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _field_problem(key: str, value) -> str:
-    """Why a known field's value cannot be shown ("" when it can)."""
-    if value is None:
-        return ""
-    if key in _COUNT_FIELDS and not _is_count(value):
-        return "not a count"
-    if key in _NUMBER_FIELDS and not _is_number(value):
-        return "not a number"
-    if key == "unit" and not isinstance(value, str):
-        return "not a string"
-    if key == "members" and not (isinstance(value, list) and all(map(_is_count, value))):
-        return "not a list of ranks"
-    return ""
-
-
-def checked_progress(record, where: str, notes: list[str]) -> dict | None:
-    """A progress record whose known fields have their types (a wrong or non-finite value
-    becomes None, and notes says so); None, with a note, without counts to show."""
-    if not isinstance(record, dict):
-        notes.append(f"{where}: not a JSON object; ignored")
-        return None
-    clean, replaced = finite_json(record)
-    notes += [f"{where}: {key}: not a finite number; shown as null" for key in replaced]
-    for key, value in clean.items():
-        problem = _field_problem(key, value)
-        if problem:
-            notes.append(f"{where}: {key}={value!r:.40}: {problem}; shown as null")
-            clean[key] = None
-    if clean.get("done") is None or clean.get("total") is None:
-        notes.append(f"{where}: no done/total counts; progress not shown")
-        return None
-    return clean
-
-
-def _read_record(path: Path, notes: list[str]) -> dict | None:
-    """A progress file, checked (None when absent: a job that has not reported yet). A file
-    nested too deeply for the parser, or for the checks, is ignored with a note: the job, or
-    anyone who can write an ssh job's remote directory, writes these files."""
-    try:
-        record = json.loads(path.read_text())
-        return checked_progress(record, str(path), notes)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        notes.append(f"{path}: not readable JSON ({str(err)[:80]}); ignored")
-    except RecursionError:
-        notes.append(f"{path}: nested too deeply to read; ignored")
-    return None
-
-
 def read_progress(job_dir: Path, notes: list[str] | None = None) -> dict | None:
     """The job's logs/progress.json (rank 0's counts), checked; problems go to notes."""
-    return _read_record(JobDir(job_dir).progress, [] if notes is None else notes)
+    return read_record(JobDir(job_dir).progress, [] if notes is None else notes)
 
 
 def read_rings(job_dir: Path, notes: list[str] | None = None) -> list[dict]:
@@ -192,7 +128,7 @@ def read_rings(job_dir: Path, notes: list[str] | None = None) -> list[dict]:
     notes = [] if notes is None else notes
     rings = []
     for path in JobDir(job_dir).ring_progress_files():
-        record = _read_record(path, notes)
+        record = read_record(path, notes)
         if record is not None:
             rings.append({**record, "ring": path.stem})
     return rings
@@ -219,6 +155,10 @@ def _progress_text(p: dict | None, state: str) -> str:
     text = f"{p['done']}/{p['total']} {p.get('unit') or ''}".strip()
     if p.get("rings"):
         text += f" on {p['rings']} rings ({p['rings_done']} done)"
+    if p.get("loss") is not None:  # a training job's latest step
+        text += f", loss {float(p['loss']):.4g}"
+    if p.get("tokens_per_s") is not None:
+        text += f", {float(p['tokens_per_s']):,.0f} tokens/s"
     if state == "RUNNING" and p.get("eta_s") is not None:
         text += f", ETA {float(p['eta_s']):.0f}s"
     return text

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..output_dir import confined
 from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_problems
 from .shards import dtype_name, expand_ranges, sha256_bytes, sha256_file
 
@@ -53,15 +54,6 @@ def shard_paths(root: Path, key: str, rank: int) -> tuple[Path, Path]:
     """(entry, data file) of rank's shard: the fixed names, whatever an entry says."""
     doc_dir = root / "shards" / key
     return doc_dir / f"rank-{rank:05d}.json", doc_dir / f"rank-{rank:05d}.safetensors"
-
-
-def confined(path: Path, base: Path) -> bool:
-    """Whether path, symlinks resolved, is base or below it (resolved too)."""
-    try:
-        path.resolve().relative_to(base.resolve())
-    except (ValueError, OSError, RuntimeError):  # outside; or a symlink loop
-        return False
-    return True
 
 
 def ranges_text(idx: list[int], limit: int = 6) -> str:

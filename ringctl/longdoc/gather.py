@@ -51,36 +51,37 @@ listed in the summary and as a warning.
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import fcntl
 import io
 import json
 import math
-import os
-import re
 import shutil
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import current_umask
 from ..errors import UserError, with_filename
 from ..jobdir import task_output
 from ..jsonsafe import finite_json
+from ..output_dir import (
+    beside,
+    check_target,
+    confined,
+    is_partial_output,
+    new_output_dir,
+    put_in_place,
+    recover_killed,
+    write_marker,
+)
 from ..terminal import visible
 from . import export
-from .completeness import CurrentInput, RankShard, confined, document_shards
+from .completeness import CurrentInput, RankShard, document_shards
 from .documents import Document
 from .expected import expected_problems, some_names
 from .manifest import read_documents, read_run
 from .shards import RUN_FILE, SUBDIR
 
 GATHER_FAILED_EXIT = 3
-MARKER = ".ringctl-gather"
-MARKER_FORMAT = "ringctl.gather/1"
 
 
 class GatherError(UserError):
@@ -435,111 +436,6 @@ def _csv_cell(value: Any) -> Any:
     return export.csv_text(value) if isinstance(value, str) else value
 
 
-def _marker_of(path: Path) -> dict | None:
-    """The marker of an earlier gather output in path (None: not one)."""
-    marker = path / MARKER
-    if marker.is_symlink() or not marker.is_file():
-        return None
-    try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("format") == MARKER_FORMAT else None
-
-
-def _is_gather_output(path: Path) -> bool:
-    return _marker_of(path) is not None
-
-
-def is_partial_output(path: Path) -> bool:
-    """Whether path is an earlier --partial output (a real directory whose marker says
-    partial): ours to replace by a later gather, without --force."""
-    if path.is_symlink() or not path.is_dir():
-        return False
-    marker = _marker_of(path)
-    return marker is not None and marker.get("partial") is True
-
-
-def check_target(target: Path, job: Path, *, force: bool) -> None:
-    """Refuse, in one line, an `out` gather may not write or replace."""
-    if confined(job, target):
-        raise UserError(f"{target}: holds the job directory {job}; choose another -o")
-    if not target.exists() and not target.is_symlink():
-        return
-    if not force and is_partial_output(target):
-        return  # an earlier partial gather: a later one replaces it
-    if not force:
-        raise UserError(f"{target} exists already; remove it or pass --force to replace it")
-    if target.is_symlink() or not target.is_dir():
-        kind = "a symlink" if target.is_symlink() else "not a directory"
-        raise UserError(f"{target} is {kind}; --force replaces only an earlier gather output")
-    if any(target.iterdir()) and not _is_gather_output(target):
-        raise UserError(
-            f"{target} is not an earlier gather output (no {MARKER} in it); --force replaces "
-            "only those: remove it yourself or choose another -o"
-        )
-
-
-@contextlib.contextmanager
-def _beside(target: Path) -> Iterator[bool]:
-    """Hold the lock of target's folder (an flock: the kernel drops it when the holder dies)
-    while a gather makes, fills and swaps in its temporary directory there, so that any
-    temporary left beside target while the lock is held is a killed gather's. Yields whether
-    it is held (False where the file system has no flock: then nothing is cleaned up)."""
-    try:
-        fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        yield False  # no folder: no leftovers either
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # another gather into this folder: wait for it
-        except OSError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-def _leftovers(target: Path) -> list[Path]:
-    """A killed gather's directories beside target: ``.OUT.tmp-*`` (its unfinished output)
-    and ``.OUT.replaced-*`` (an earlier output it moved aside), as ``tempfile`` names them;
-    real directories only."""
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.(tmp|replaced)-[a-z0-9_]{{8}}")
-    found = [p for p in target.parent.iterdir() if pattern.fullmatch(p.name)]
-    return sorted(
-        (p for p in found if p.is_dir() and not p.is_symlink()), key=lambda p: p.stat().st_mtime
-    )
-
-
-def recover_killed(target: Path) -> list[str]:
-    """Undo what a gather killed while writing target left (notes saying what was done): an
-    earlier output it had moved aside is put back when target is missing (the newest such),
-    else removed, as is its unfinished output. A directory of that name that is neither an
-    earlier gather output nor empty is not ours: left as it is."""
-    notes: list[str] = []
-    with _beside(target) as held:
-        if not held:
-            return notes
-        for path in _leftovers(target)[::-1]:  # newest first
-            ours = _is_gather_output(path) or not any(path.iterdir())
-            if ".replaced-" in path.name and ours and not os.path.lexists(target):
-                os.rename(path, target)
-                notes.append(f"{target}: put back (a gather was killed while replacing it)")
-            elif ".tmp-" in path.name or ours:
-                shutil.rmtree(path, ignore_errors=True)
-                notes.append(f"{path}: removed (left by a gather that was killed)")
-    return notes
-
-
-def _new_output_dir(target: Path) -> Path:
-    """A temporary directory beside target, with the permissions the umask gives."""
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    tmp.chmod(0o777 & ~current_umask())
-    return tmp
-
-
 def _write_docs(tmp: Path, task: str, docs: list[GatheredDoc]) -> list[dict[str, Any]]:
     """docs/ (and grads/): one safetensors file per document; the summary rows."""
     from safetensors.torch import save
@@ -601,36 +497,19 @@ def _write_outputs(tmp: Path, got: Verified, job: Path, fmt: str, job_state: str
         notes.append(f"summary.json: {len(replaced)} non-finite value(s) written as null")
     (tmp / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     (tmp / "summary.csv").write_text(_csv(_csv_rows(rows, got.incomplete)), newline="")
-    marker = {"format": MARKER_FORMAT, "job_dir": str(job), "task": task, "partial": partial}
-    (tmp / MARKER).write_text(json.dumps(marker) + "\n")
+    write_marker(tmp, job, task, partial)
     return rows, files, notes
-
-
-def _put_in_place(tmp: Path, target: Path) -> None:
-    """Rename tmp to target; an earlier output (checked by check_target) is moved aside first
-    and deleted only once the new one is in place."""
-    if not target.exists():
-        os.rename(tmp, target)
-        return
-    old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.replaced-"))
-    os.rename(target, old)  # replaces the empty directory just made
-    try:
-        os.rename(tmp, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_in_place(target: Path, got: Verified, about: tuple, force: bool):
     """Write the outputs into a temporary directory beside target and swap it in (rows, files,
     notes); nothing is left behind if that fails. about: (job, fmt, job_state)."""
     job, fmt, job_state = about
-    tmp = _new_output_dir(target)
+    tmp = new_output_dir(target)
     try:
         written = _write_outputs(tmp, got, job, fmt, job_state)
         check_target(target, job, force=force)  # again: it may have changed while verifying
-        _put_in_place(tmp, target)
+        put_in_place(tmp, target)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(err, OSError):  # disk full under out: name it (a write() names nothing)
@@ -675,7 +554,7 @@ def gather(
     check_target(target, job, force=force)
     got = verify_job(job, partial=partial, inputs=InputsNow.of_job(job_config, remote))
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _beside(target):
+    with beside(target):
         rows, files, notes = _write_in_place(target, got, (job, fmt, job_state), force)
     notes = recovered + got.notes + notes
     return GatherResult(

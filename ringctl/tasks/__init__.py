@@ -29,6 +29,7 @@ __all__ = [
 TASKS: dict[str, str] = {
     "attention": "ringctl.tasks.attention:AttentionTask",
     "longdoc": "ringctl.tasks.longdoc:LongDocTask",  # long documents: score / embed / grad
+    "train": "ringctl.tasks.train:TrainTask",  # training on packed sequences
 }
 
 

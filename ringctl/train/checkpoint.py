@@ -5,7 +5,8 @@ Layout under the job directory's ``checkpoints/`` (``JobDir.checkpoints``)::
     step-0000100/            torch.distributed.checkpoint (DCP) files of the model and the
                              optimizer, written by every rank; train_state.json (step, data
                              cursor, learning-rate schedule, what the run was configured
-                             with) and config.json (the model's), written by rank 0
+                             with), config.json (the model's) and metrics.jsonl (the run's
+                             history up to this step), written by rank 0
     latest                   the name of the newest complete checkpoint ("step-0000100")
 
 A save writes into ``step-NNNNNNN.tmp-<token>`` and becomes ``step-NNNNNNN`` by one rename
@@ -35,6 +36,7 @@ from ..atomic import atomic_write, atomic_write_json
 STEP_NAME = re.compile(r"step-(\d{7,12})")
 TRAIN_STATE = "train_state.json"
 MODEL_CONFIG = "config.json"
+METRICS = "metrics.jsonl"
 LATEST = "latest"
 STATE_KEYS = {"step", "cursor", "scheduler", "run"}
 
@@ -90,11 +92,16 @@ class CheckpointDir:
         rank, chosen by rank 0)."""
         return self.root / f"{step_name(step)}.tmp-{token or uuid.uuid4().hex[:8]}"
 
-    def publish(self, staged: Path, step: int, state: dict, model_config: str, keep: int) -> Path:
-        """Rank 0, after every rank wrote ``staged``: the train state beside it, the rename,
-        ``latest``, and the pruning. Returns the checkpoint's folder."""
+    def publish(
+        self, staged: Path, step: int, state: dict, model_config: str, keep: int, metrics: Path
+    ) -> Path:
+        """Rank 0, after every rank wrote ``staged``: the train state, the model's config and
+        the metrics so far beside it, the rename, ``latest``, and the pruning. Returns the
+        checkpoint's folder."""
         atomic_write_json(staged / TRAIN_STATE, state)
         (staged / MODEL_CONFIG).write_text(model_config, encoding="utf-8")
+        if metrics.exists():
+            shutil.copyfile(metrics, staged / METRICS)
         final = self.root / step_name(step)
         if final.exists():  # a rerun of a step saved before (after a resume): replace it
             shutil.rmtree(final)
@@ -138,7 +145,15 @@ def train_state(step: int, cursor: dict, scheduler: dict, run: dict) -> dict[str
 
 # ----------------------------------------------------------------------------- DCP
 def save(
-    model, optimizer, ckdir: CheckpointDir, step: int, state: dict, *, keep: int, group=None
+    model,
+    optimizer,
+    ckdir: CheckpointDir,
+    step: int,
+    state: dict,
+    *,
+    keep: int,
+    metrics: Path,
+    group=None,
 ) -> Path:
     """Every rank: write the model's and the optimizer's state (DCP, each rank its shards; a
     model every rank holds whole is written once), then rank 0 publishes it (``publish``).
@@ -156,7 +171,7 @@ def save(
     final = ckdir.root / step_name(step)
     if dist.get_rank(group) == 0:
         config = model.config.to_json_string() if hasattr(model, "config") else "{}"
-        final = ckdir.publish(staged, step, state, config, keep)
+        final = ckdir.publish(staged, step, state, config, keep, metrics)
     dist.barrier(group=group)
     return final
 
@@ -177,10 +192,14 @@ def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
 
 def load_weights(model, checkpoint: Checkpoint) -> None:
     """One process, no process group: the model's weights alone (gather's export)."""
+    import warnings
+
     import torch.distributed.checkpoint as dcp
 
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(checkpoint.path), no_dist=True)
+    with warnings.catch_warnings():  # "torch.distributed is disabled ...": it is, on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(checkpoint.path), no_dist=True)
     model.load_state_dict(state["model"])
 
 

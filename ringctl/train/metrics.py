@@ -1,11 +1,12 @@
 """``logs/metrics.jsonl`` of a training job: one owner that writes, reads and validates it.
 
 Rank 0 appends one object per optimizer step (``FIELDS``), flushed at once, so ``ringctl
-status`` and a user's ``tail -f`` see the run as it goes. A resume first cuts the file back to
-the checkpoint it continues from (``truncate_after``): steps redone after a kill are written
-once, and the file is one run's history. Read back as hostile input (the job directory may be
-a remote copy): bounded lines, only the known fields, finite numbers; a bad line is skipped and
-counted, never a traceback.
+status`` and a user's ``tail -f`` see the run as it goes. Each checkpoint keeps a copy of the
+file as it stood (``checkpoint.py``); a resume starts the file again from that copy
+(``restore``), so steps redone after a kill are written once and the file is one run's history
+(a resume also moves ``logs/`` to ``attempts/``). Read back as hostile input (the job
+directory may be a remote copy): bounded lines, only the known fields, finite numbers; a bad
+line is skipped and counted, never a traceback.
 """
 
 from __future__ import annotations
@@ -78,10 +79,7 @@ def _parse(raw: bytes) -> StepMetrics | None:
     return StepMetrics(**data)
 
 
-def truncate_after(path: Path, step: int) -> None:
-    """Keep only the records of steps <= ``step`` (a resume from that step's checkpoint)."""
-    records, _ = read(path)
-    kept = [r for r in records if r.step <= step]
-    if len(kept) != len(records) or path.exists():
-        text = "".join(json.dumps(asdict(r)) + "\n" for r in kept)
-        atomic_write(path, text)
+def restore(path: Path, saved: Path) -> None:
+    """``path`` becomes the history ``saved`` (a checkpoint's copy), steps after it dropped."""
+    records, _ = read(saved)
+    atomic_write(path, "".join(json.dumps(asdict(r)) + "\n" for r in records))

@@ -1,0 +1,102 @@
+"""Progress records of a running job: ``logs/progress.json`` (rank 0's counts) and
+``logs/rings/<label>.json`` (each ring's, written by its lead). One owner: the worker writes
+them through ``progress_record`` (``TaskContext.progress``), ``ringctl status`` reads them
+through ``read_record``.
+
+An ssh job's copies are fetched from the login node, so each field is checked before `status`
+passes it on, and what is wrong becomes null with a note, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .jsonsafe import finite_json
+
+COUNT_FIELDS = ("done", "total", "before")
+NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s", "loss")
+
+
+def progress_record(
+    done: int,
+    total: int,
+    unit: str,
+    before: int,
+    elapsed: float,
+    rate: float,
+    eta: float | None,
+    **extra: Any,
+) -> dict:
+    """What a progress file holds (``read_record`` reads it back)."""
+    return {
+        "done": done,
+        "total": total,
+        "unit": unit,
+        "before": before,
+        "elapsed_s": elapsed,
+        "rate": rate,
+        "eta_s": eta,
+        "updated_at": time.time(),
+        **extra,
+    }
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _field_problem(key: str, value) -> str:
+    """Why a known field's value cannot be shown ("" when it can)."""
+    if value is None:
+        return ""
+    if key in COUNT_FIELDS and not _is_count(value):
+        return "not a count"
+    if key in NUMBER_FIELDS and not _is_number(value):
+        return "not a number"
+    if key == "unit" and not isinstance(value, str):
+        return "not a string"
+    if key == "members" and not (isinstance(value, list) and all(map(_is_count, value))):
+        return "not a list of ranks"
+    return ""
+
+
+def checked_progress(record, where: str, notes: list[str]) -> dict | None:
+    """A progress record whose known fields have their types (a wrong or non-finite value
+    becomes None, and notes says so); None, with a note, without counts to show."""
+    if not isinstance(record, dict):
+        notes.append(f"{where}: not a JSON object; ignored")
+        return None
+    clean, replaced = finite_json(record)
+    notes += [f"{where}: {key}: not a finite number; shown as null" for key in replaced]
+    for key, value in clean.items():
+        problem = _field_problem(key, value)
+        if problem:
+            notes.append(f"{where}: {key}={value!r:.40}: {problem}; shown as null")
+            clean[key] = None
+    if clean.get("done") is None or clean.get("total") is None:
+        notes.append(f"{where}: no done/total counts; progress not shown")
+        return None
+    return clean
+
+
+def read_record(path: Path, notes: list[str]) -> dict | None:
+    """A progress file, checked (None when absent: a job that has not reported yet). A file
+    nested too deeply for the parser, or for the checks, is ignored with a note: the job, or
+    anyone who can write an ssh job's remote directory, writes these files."""
+    try:
+        record = json.loads(path.read_text())
+        return checked_progress(record, str(path), notes)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        notes.append(f"{path}: not readable JSON ({str(err)[:80]}); ignored")
+    except RecursionError:
+        notes.append(f"{path}: nested too deeply to read; ignored")
+    return None

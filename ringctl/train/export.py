@@ -1,0 +1,173 @@
+"""`ringctl gather` of a training job: the run's metrics, its loss curve, and the trained model.
+
+    OUT/metrics.jsonl   every step's record (``metrics.py``: the job's logs/metrics.jsonl,
+                        which a resume restores to its checkpoint's history)
+    OUT/loss.png        the loss against the step (where matplotlib is installed: .[plot])
+    OUT/model/          a transformers directory (config.json, model.safetensors, the
+                        tokenizer's files when the job had a tokenizer directory), the weights
+                        consolidated from the newest checkpoint (DCP, loaded in one process),
+                        which ``AutoModelForCausalLM.from_pretrained`` loads
+    OUT/summary.json    the checkpoint's step, the run's last loss, what was written
+
+Written whole or not at all, beside OUT, as every gather (``ringctl.output_dir``). A job with
+no checkpoint yet, or whose ``latest`` names a broken one, is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError, with_filename
+from ..jobdir import JobDir
+from ..output_dir import (
+    beside,
+    check_target,
+    is_gather_output,
+    new_output_dir,
+    put_in_place,
+    recover_killed,
+    write_marker,
+)
+from . import checkpoint, metrics
+
+TASK = "train"
+@dataclass
+class TrainGather:
+    out: Path
+    step: int
+    loss: float | None
+    files: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def recognises(path: Path) -> bool:
+    """An earlier training gather output (its marker says so)."""
+    from ..output_dir import marker_of
+
+    marker = marker_of(Path(path))
+    return marker is not None and marker.get("task") == TASK
+
+
+def _latest(job: JobDir) -> checkpoint.Checkpoint:
+    try:
+        found = checkpoint.CheckpointDir(job.checkpoints).latest()
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if found is None:
+        raise UserError(f"{job.checkpoints}: no checkpoint yet; nothing to gather")
+    return found
+
+
+def gather(job_dir, out=None, *, force: bool = False, job_config=None, **_ignored) -> TrainGather:
+    """Write OUT (default JOBDIR/gathered) from the job's newest checkpoint and metrics."""
+    if is_gather_output(Path(job_dir)) and recognises(Path(job_dir)):
+        raise UserError(f"{job_dir}: a gathered training output, not a job: nothing to gather")
+    job = JobDir(Path(job_dir))
+    found = _latest(job)
+    target = Path(out).expanduser().absolute() if out else job.path / "gathered"
+    notes = recover_killed(target)
+    check_target(target, job.path, force=force)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with beside(target):
+        tmp = new_output_dir(target)
+        try:
+            files, loss, more = _write(tmp, job, found, job_config)
+            write_marker(tmp, job.path, TASK, partial=False)
+            check_target(target, job.path, force=force)
+            put_in_place(tmp, target)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, OSError):
+                raise with_filename(err, target) from None
+            raise
+    return TrainGather(target, found.step, loss, files, notes + more)
+
+
+def _write(tmp: Path, job: JobDir, found, job_config) -> tuple[list[str], float | None, list]:
+    records, bad = metrics.read(job.metrics)
+    records = [r for r in records if r.step <= found.step]
+    (tmp / "metrics.jsonl").write_text("".join(json.dumps(r.__dict__) + "\n" for r in records))
+    notes = [f"{job.metrics}: {bad} unreadable line(s) skipped"] if bad else []
+    files = ["metrics.jsonl"]
+    png = _plot(tmp / "loss.png", records)
+    files += [png] if png else []
+    notes += [] if png else ["loss.png not drawn: pip install 'ringctl[plot]' (matplotlib)"]
+    export_model(found, tmp / "model", _tokenizer_dir(job_config))
+    files.append("model/")
+    loss = records[-1].loss if records else None
+    summary = {"task": TASK, "step": found.step, "loss": loss, "files": files}
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return files + ["summary.json"], loss, notes
+
+
+def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | None) -> None:
+    """The checkpoint's weights, consolidated in this process, as a transformers directory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = json.loads((found.path / checkpoint.MODEL_CONFIG).read_text(encoding="utf-8"))
+    for key in ("_attn_implementation", "attn_implementation", "_attn_implementation_internal"):
+        data.pop(key, None)  # ringattn is the job's; the export loads with transformers' own
+    kind = data.pop("model_type", None)
+    if not isinstance(kind, str):
+        raise UserError(f"{found.path / checkpoint.MODEL_CONFIG}: no model_type")
+    config = AutoConfig.for_model(kind, **data)
+    model = AutoModelForCausalLM.from_config(config)
+    checkpoint.load_weights(model, found)
+    model.save_pretrained(where, safe_serialization=True)
+    if tokenizer is not None:
+        from ..longdoc.tokenize import TOKENIZER_FILES
+
+        for name in TOKENIZER_FILES:
+            if (tokenizer / name).is_file():
+                shutil.copyfile(tokenizer / name, where / name)
+
+
+def _tokenizer_dir(job_config) -> Path | None:
+    """The job's tokenizer directory (its own tokenizer_path, or the model directory's
+    tokenizer files), or None: UTF-8 bytes (nothing to copy)."""
+    if job_config is None:
+        return None
+    from ..longdoc.tokenize import resolve_tokenizer_path
+
+    task = job_config.task
+    path = resolve_tokenizer_path(task.get("tokenizer_path"), task.get("model_path"))
+    return Path(path) if path and Path(path).is_dir() else None
+
+
+def _plot(path: Path, records) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    if not records:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(
+        [r.step for r in records],
+        [r.loss for r in records],
+        marker="." if len(records) < 50 else None,
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean over the step's predicted tokens)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.name
+
+
+def show(result: TrainGather, console) -> None:
+    from rich.text import Text
+
+    loss = "no step recorded" if result.loss is None else f"loss {result.loss:.4f}"
+    console.print(
+        Text(f"step {result.step}, {loss}: wrote {', '.join(result.files)} in {result.out}")
+    )
+    for note in result.notes:
+        console.print(Text(f"note: {note}"))

@@ -1,0 +1,100 @@
+"""The parameters of a training job: its ``task:`` section (``task.name: train``).
+
+The inputs, model, tokenizer, layout and output-head chunk are the long-document job's
+(``longdoc.params.CorpusParams``: the same readers, refusals and probe); the rest is training:
+
+    task:
+      name: train
+      inputs: null             # as the long-document job's; null = the bundled samples
+      model_path: null         # as the long-document job's; null = a tiny random Llama
+      dtype: float32           # float32 | bfloat16 (bfloat16 compute over float32 weights
+                               # and optimizer state)
+      seq_len: 4096            # tokens per packed sequence
+      batch_sequences: 4       # sequences per optimizer step, in the whole job
+      max_steps: 100
+      lr: 3.0e-4               # the peak learning rate
+      min_lr_ratio: 0.1        # the cosine ends at lr x this
+      warmup_steps: 10
+      weight_decay: 0.1        # on matrices only
+      clip: 1.0                # max gradient norm; 0 = no clipping
+      seed: 0                  # the data order (and a random model's weights)
+      activation_checkpointing: false
+      checkpoint_every: 50     # steps; also at the end and on Slurm's warning signal
+      keep_checkpoints: 2      # the newest K stay
+      chunk_size: 1024         # rows per output-head chunk in the loss
+
+Importing it imports neither torch nor transformers: ``ringctl submit`` validates with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..longdoc.params import CorpusParams
+
+TRAIN_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class TrainParams(CorpusParams):
+    name: str = "train"
+    seq_len: int = 4096
+    batch_sequences: int = 4
+    max_steps: int = 100
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+    activation_checkpointing: bool = False
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    chunk_size: int = 1024
+
+    def choices(self) -> dict[str, tuple]:
+        return {**super().choices(), "dtype": TRAIN_DTYPES}
+
+    def problems(self) -> list[tuple[str, str]]:
+        out = super().problems()
+        counts = {
+            "seq_len": 2,
+            "batch_sequences": 1,
+            "max_steps": 1,
+            "warmup_steps": 0,
+            "checkpoint_every": 1,
+            "keep_checkpoints": 1,
+            "seed": 0,
+        }
+        for key, least in counts.items():
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                out.append((key, f"must be an integer >= {least}, not {value!r}"))
+        reals = {"lr": (0.0, False), "weight_decay": (0.0, True), "clip": (0.0, True)}
+        for key, (least, inclusive) in reals.items():
+            value = getattr(self, key)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value) and (value >= least if inclusive else value > least)
+            if not ok:
+                word = ">=" if inclusive else ">"
+                out.append((key, f"must be a finite number {word} {least}, not {value!r}"))
+        ratio = self.min_lr_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            out.append(("min_lr_ratio", f"must be a number in [0, 1], not {ratio!r}"))
+        if not isinstance(self.activation_checkpointing, bool):
+            out.append(("activation_checkpointing", "must be true or false"))
+        return out
+
+    def run_signature(self) -> dict:
+        """What a resumed run must keep to continue the same run (the checkpoint records it;
+        the number of ranks and rings may change, these may not)."""
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "model_overrides": self.model_overrides or {},
+            "seq_len": self.seq_len,
+            "batch_sequences": self.batch_sequences,
+            "seed": self.seed,
+            "dtype": self.dtype,
+        }

@@ -1,0 +1,259 @@
+"""The training loop: every rank runs ``run_training`` alike.
+
+1. Seats: the job's W ranks form W / R rings of R consecutive ranks (``ring.size``; null: one
+   ring of all). Each ring trains its share of every step's sequences (``data.ring_share``).
+2. Model agreement (``longdoc.agreement``): per ring, the checked tokenizer and model in
+   float32 (the master weights), the same weights on every rank, the probe passed. Then
+   activation checkpointing if asked, and FSDP2 over the job (``model.shard: job``).
+3. Resume: from ``checkpoints/latest`` if there is one (DCP reshards to this job's shape; the
+   run's signature must match), else step 0 of a fresh stream.
+4. Steps (``step.train_step``) until ``task.max_steps``: rank 0 appends each step's record to
+   ``logs/metrics.jsonl`` and reports progress; a checkpoint every ``checkpoint_every`` steps,
+   at the end, and at the first step boundary after Slurm's warning signal (agreed by every
+   rank), after which the rank stops and says so (the job is not done; resume continues).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..jobdir import JobDir
+from ..longdoc.agreement import load_agreed
+from ..longdoc.consensus import any_has
+from ..longdoc.scoring import comm_device
+from . import checkpoint, metrics
+from .data import Cursor, SequenceStream, ring_share
+from .optim import make_optimizer, make_scheduler
+from .params import TrainParams
+from .step import RingSeat, StepOptions, train_step
+
+
+@dataclass
+class TrainOptions:
+    """What the worker gives the loop besides the parameters."""
+
+    rank: int
+    world_size: int
+    job_dir: Path
+    log: Callable[[str], None]
+    progress: Callable[..., None]
+    should_stop: Callable[[], bool]
+    device: Any = None
+    ring_size: int | None = None  # null: one ring of the whole job
+    shard: str = "none"  # none | job
+
+
+@dataclass
+class TrainSummary:
+    steps: int  # steps taken by this attempt
+    step: int  # the step the run stands at
+    loss: float | None
+    stopped: bool  # by Slurm's warning signal, before max_steps
+    checkpoint: str | None  # the last checkpoint's folder
+
+
+def seat_of(opts: TrainOptions) -> RingSeat:
+    """This rank's ring among W / R rings of R consecutive ranks (every rank creates every
+    ring's group, in the same order: ``new_group`` is collective)."""
+    size = opts.ring_size or opts.world_size
+    if opts.world_size % size:
+        raise ValueError(f"ring.size={size} does not divide the job's {opts.world_size} ranks")
+    rings = opts.world_size // size
+    groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(rings)]
+    index = opts.rank // size
+    group = groups[index] if rings > 1 else None
+    return RingSeat(group, size, opts.rank % size, index, rings, None)
+
+
+def _load(params: TrainParams, opts: TrainOptions, seat: RingSeat):
+    """The model in float32 (the master weights), whole or as this rank's FSDP2 shard."""
+    from ..longdoc.model import load_model
+    from ..longdoc.sharding import load_sharded_model
+
+    device = opts.device
+    if opts.shard == "none":
+        return load_model(
+            params.model_path, dtype="float32", device=device, overrides=params.model_overrides
+        )
+    return load_sharded_model(
+        params.model_path,
+        mode="job",
+        mesh_or_group=None,
+        dtype="float32",
+        device=device,
+        overrides=params.model_overrides,
+    )
+
+
+def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
+    """Step 2: (tokenizer, model in training mode, probe line)."""
+    checked = dataclasses.replace(params, dtype="float32")  # the weights the probe compares
+    agreed = load_agreed(
+        checked,
+        lambda: _load(params, opts, seat),
+        group=seat.group,
+        lead=seat.rank == 0,
+        log=opts.log,
+    )
+    model = agreed.model
+    if params.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return agreed.tokenizer, model, agreed.probe
+
+
+def _stream(params: TrainParams, tokenizer) -> SequenceStream:
+    listing = params.list_inputs(params.input_paths())
+    docs = listing.documents
+
+    def tokens(i: int) -> torch.Tensor:
+        return tokenizer.encode(docs[i].read_bytes())
+
+    return SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
+
+
+def _resume(ckdir, model, optimizer, scheduler, params, opts) -> tuple[int, Cursor]:
+    """Step 3: (step, cursor) to start from; the checkpoint's state loaded into the model,
+    optimizer and schedule, and the metrics restored to its history."""
+    found = ckdir.latest()
+    if found is None:
+        return 0, Cursor()
+    want, had = params.run_signature(), found.state["run"]
+    changed = sorted(k for k in want if want[k] != had.get(k))
+    if changed:
+        key = changed[0]
+        raise ValueError(
+            f"{found.path}: written by a run with task.{key}={had.get(key)!r}; this one has "
+            f"{want[key]!r}: resume continues the same run (ranks and rings may change, "
+            f"{', '.join(sorted(want))} may not)"
+        )
+    checkpoint.load(model, optimizer, found)
+    scheduler.load_state_dict(found.state["scheduler"])
+    if opts.rank == 0:
+        metrics.restore(JobDir(opts.job_dir).metrics, found.path / checkpoint.METRICS)
+    opts.log(f"resumed from {found.path.name} (step {found.step})")
+    return found.step, Cursor.from_dict(found.state["cursor"])
+
+
+def _agree_stop(wanted: bool) -> bool:
+    """Whether any rank got the warning signal (every rank learns it at the same step)."""
+    if dist.get_world_size() == 1:
+        return wanted
+    return any_has([wanted], None, comm_device(None))[0]
+
+
+def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
+    seat = seat_of(opts)
+    tokenizer, model, _ = prepare_model(params, opts, seat)
+    optimizer = make_optimizer(model, lr=params.lr, weight_decay=params.weight_decay)
+    scheduler = make_scheduler(
+        optimizer,
+        warmup_steps=params.warmup_steps,
+        max_steps=params.max_steps,
+        min_lr_ratio=params.min_lr_ratio,
+    )
+    job = JobDir(opts.job_dir)
+    ckdir = checkpoint.CheckpointDir(job.checkpoints)
+    step, cursor = _resume(ckdir, model, optimizer, scheduler, params, opts)
+    loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, _stream(params, tokenizer))
+    return loop.run(step, cursor)
+
+
+class _Loop:
+    """Step 4: the steps, their records and the checkpoints."""
+
+    def __init__(self, params, opts, seat, model, optimizer, scheduler, ckdir, stream) -> None:
+        self.params, self.opts, self.seat = params, opts, seat
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.ckdir, self.stream = ckdir, stream
+        self.step_opts = StepOptions(
+            layout=params.layout,
+            balance_window=_window(model),
+            chunk_size=int(params.chunk_size),
+            clip=float(params.clip),
+            autocast=torch.bfloat16 if params.dtype == "bfloat16" else None,
+        )
+        self.sharded = opts.shard != "none"
+        self.last: str | None = None
+
+    def run(self, step: int, cursor: Cursor) -> TrainSummary:
+        params, start, loss = self.params, step, None
+        mine = ring_share(params.batch_sequences, self.seat.rings, self.seat.index)
+        stopped = False
+        while step < params.max_steps and not stopped:
+            sequences, after = self.stream.take(cursor, params.batch_sequences)
+            lr = self.scheduler.get_last_lr()[0]
+            result = train_step(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                sequences,
+                mine,
+                self.seat,
+                self.step_opts,
+                self.sharded,
+            )
+            step, cursor, loss = step + 1, after, result.loss
+            self._record(step, result, lr, start)
+            stopped = _agree_stop(self.opts.should_stop()) and step < params.max_steps
+            if stopped or step % params.checkpoint_every == 0 or step == params.max_steps:
+                self._save(step, cursor)
+        return TrainSummary(step - start, step, loss, stopped, self.last)
+
+    def _record(self, step: int, result, lr: float, start: int) -> None:
+        if self.opts.rank != 0:
+            return
+        record = metrics.StepMetrics(
+            step,
+            result.loss,
+            result.tokens,
+            lr,
+            result.grad_norm,
+            result.tokens / max(result.seconds, 1e-9),
+            result.seconds,
+        )
+        metrics.append(JobDir(self.opts.job_dir).metrics, record)
+        self.opts.progress(
+            step,
+            self.params.max_steps,
+            unit="steps",
+            before=start,
+            loss=round(result.loss, 4),
+            tokens_per_s=round(record.tokens_per_s, 1),
+        )
+
+    def _save(self, step: int, cursor: Cursor) -> None:
+        state = checkpoint.train_state(
+            step, cursor.to_dict(), self.scheduler.state_dict(), self.params.run_signature()
+        )
+        folder = checkpoint.save(
+            self.model,
+            self.optimizer,
+            self.ckdir,
+            step,
+            state,
+            keep=self.params.keep_checkpoints,
+            metrics=JobDir(self.opts.job_dir).metrics,
+        )
+        self.last = str(folder)
+        if self.opts.rank == 0:
+            self.opts.log(f"checkpoint {folder.name} written")
+
+
+def _window(model) -> int | None:
+    """What the packed layout balances for: the model's sliding window when every layer has
+    it (a model mixing windowed and full layers spends most in the full ones: None)."""
+    from ..longdoc.compat import sliding_layers, sliding_window
+    from ..longdoc.model import attention_layers
+
+    window = sliding_window(model.config)
+    if window is None or sliding_layers(model.config) != attention_layers(model):
+        return None
+    return window
