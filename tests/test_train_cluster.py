@@ -1,0 +1,46 @@
+"""The training job on the real test cluster: submitted with backend=slurm on four emulated
+nodes, requeued by Slurm after its first checkpoint (`scontrol requeue`), it resumes by
+itself from checkpoints/latest and ends COMPLETED with every step's loss and the final
+weights of the same job run uninterrupted on local ranks of the same shape (bitwise: the same
+kernels in the same order; the shared-memory transport between the emulated nodes, which share
+a host, carries exactly the bytes gloo would)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+
+from ringctl.backends.base import JobState
+from ringctl.cli import main
+from tests.local_jobs import wait_for
+from tests.test_e2e_cluster import _submit, _wait
+from tests.test_train_job import _args, _losses, _weights, corpus  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slurm
+
+
+def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_path, capsys):  # noqa: F811
+    # 20 steps: Slurm requeues the job while it runs, well after its first checkpoint
+    steps = ["task.max_steps=20", "task.checkpoint_every=2", "slurm.requeue=true"]
+    shape = ["nodes=4", "tasks_per_node=1", "timeout=120", *steps]
+    job = _submit(
+        capsys,
+        *_args(tmp_path / "job", corpus, *shape),
+        "backend=slurm",
+        f"slurm.partition={slurm_cluster.partition}",
+    )
+    job_id = json.loads((job / "job.json").read_text())["job_id"]
+    wait_for(lambda: (job / "checkpoints" / "latest").exists(), 240, "the first checkpoint")
+    requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
+    assert requeued.returncode == 0, requeued.stderr
+    status, seen = _wait(job, timeout=400)
+    assert status.state is JobState.COMPLETED, (status, seen)
+    assert any(p.name.startswith("requeue-") for p in (job / "attempts").iterdir())
+    whole = tmp_path / "whole"
+    assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=4", *steps[:2])]) == 0
+    assert _losses(job) == _losses(whole)
+    ours, theirs = _weights(job, tmp_path / "a"), _weights(whole, tmp_path / "b")
+    assert all(torch.equal(ours[name], want) for name, want in theirs.items())
