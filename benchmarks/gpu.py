@@ -40,13 +40,33 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-GPU = dict(heads=32, kv_heads=8, head_dim=128, block=16384, ring_seqs=(131072, 1048576),
-           doc_tokens=1 << 20, dtype="bfloat16", ranks=8, repeats=3, targets=True,
-           window=4096)  # fmt: skip
+GPU = dict(
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    block=16384,
+    ring_seqs=(131072, 1048576),
+    doc_tokens=1 << 20,
+    dtype="bfloat16",
+    ranks=8,
+    repeats=3,
+    targets=True,
+    window=4096,
+)
 # Tiny sizes on a CPU: proves every part runs; its timings are overhead and judge nothing.
-SMOKE = dict(heads=4, kv_heads=2, head_dim=32, block=128, ring_seqs=(256, 1024),
-             doc_tokens=4096, dtype="float32", ranks=8, repeats=1, targets=False,
-             window=64)  # fmt: skip
+SMOKE = dict(
+    heads=4,
+    kv_heads=2,
+    head_dim=32,
+    block=128,
+    ring_seqs=(256, 1024),
+    doc_tokens=4096,
+    dtype="float32",
+    ranks=8,
+    repeats=1,
+    targets=False,
+    window=64,
+)
 KERNEL_TARGET, RING_TARGET = 0.90, 0.85
 
 
@@ -188,8 +208,9 @@ def _ring_step(q, k, v, dout, ranks, window=None):
     from ringattn.local_ring import LocalRing
 
     qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-    out = ring_attention(qq, kk, vv, causal=True, layout="zigzag", comm=LocalRing(ranks),
-                         window=window)  # fmt: skip
+    out = ring_attention(
+        qq, kk, vv, causal=True, layout="zigzag", comm=LocalRing(ranks), window=window
+    )
     out.backward(dout)
 
 
@@ -202,8 +223,10 @@ def _sdpa_step(q, k, v, dout):
 def ring_rows(cfg, device, timer: Timer, deadline: float) -> list[Row]:
     rows, per_token2 = [], None
     for n in cfg["ring_seqs"]:
-        shape = (f"{cfg['dtype']} N={n} P={cfg['ranks']} causal zigzag "
-                 f"h{cfg['heads']}/{cfg['kv_heads']} d{cfg['head_dim']}")  # fmt: skip
+        shape = (
+            f"{cfg['dtype']} N={n} P={cfg['ranks']} causal zigzag "
+            f"h{cfg['heads']}/{cfg['kv_heads']} d{cfg['head_dim']}"
+        )
         if per_token2 is not None:  # time grows as N^2
             estimate, left = per_token2 * n * n * 1.2, deadline - time.monotonic()
             if estimate > left:
@@ -227,8 +250,10 @@ def _windowed_row(cfg, n, device, timer: Timer, causal: Row) -> Row:
     from ringattn.geometry import ring_reach
 
     w, ranks = cfg["window"], cfg["ranks"]
-    shape = (f"{cfg['dtype']} N={n} P={ranks} causal zigzag window {w} "
-             f"h{cfg['heads']}/{cfg['kv_heads']} d{cfg['head_dim']}")  # fmt: skip
+    shape = (
+        f"{cfg['dtype']} N={n} P={ranks} causal zigzag window {w} "
+        f"h{cfg['heads']}/{cfg['kv_heads']} d{cfg['head_dim']}"
+    )
     pairs = n * w - w * (w - 1) / 2
     flops = 3.5 * 4.0 * cfg["heads"] * pairs * cfg["head_dim"]
     row = Row("ring", "LocalRing fwd+bwd, windowed", shape, flops=flops)
@@ -288,20 +313,25 @@ def document_row(cfg, device, timer: Timer, deadline: float) -> Row:
         dist.init_process_group(backend, init_method=f"file://{tmp}/store", rank=0, world_size=1)
         try:
             model = load_model(None, dtype=dtype, device=device)
-            ids = torch.randint(0, model.config.vocab_size, (n,),
-                                generator=torch.Generator().manual_seed(0))  # fmt: skip
+            ids = torch.randint(
+                0, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(0)
+            )
             result = {}
 
             def score():
-                result["r"] = run_task("score", model, ids, group=None, layout="zigzag",
-                                       chunk_size=65536)  # fmt: skip
+                result["r"] = run_task(
+                    "score", model, ids, group=None, layout="zigzag", chunk_size=65536
+                )
 
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             row.ours_s = timer.once(score)
             stats = result["r"].stats
-            row.extra = {"tokens_per_s": n / row.ours_s, "perplexity": stats["perplexity"],
-                         "n_scored": stats["n_scored"]}  # fmt: skip
+            row.extra = {
+                "tokens_per_s": n / row.ours_s,
+                "perplexity": stats["perplexity"],
+                "n_scored": stats["n_scored"],
+            }
             if device.type == "cuda":
                 row.ours_peak_gib = torch.cuda.max_memory_allocated() / 2**30
             ok = stats["n_scored"] == n - 1 and math.isfinite(stats["log_likelihood"])
@@ -321,19 +351,35 @@ def _tflops(flops: float, seconds: float | None) -> float | None:
 
 
 def table(rows: list[Row]) -> list[str]:
-    head = ("| part | what | shape | ours ms | SDPA ms | ours TFLOP/s | SDPA TFLOP/s | "
-            "ours/SDPA | target | ours peak GiB | SDPA peak GiB | note |")  # fmt: skip
+    head = (
+        "| part | what | shape | ours ms | SDPA ms | ours TFLOP/s | SDPA TFLOP/s | "
+        "ours/SDPA | target | ours peak GiB | SDPA peak GiB | note |"
+    )
     lines = [head, "|" + "---|" * 12]
     for r in rows:
         verdict = ""
         if r.target is not None and r.ratio is not None:
             verdict = f"{r.target:.0%} " + ("met" if r.ratio >= r.target else "MISSED")
-        lines.append("| " + " | ".join([
-            r.part, r.name, r.shape, _fmt(r.ours_s and 1e3 * r.ours_s, ".1f"),
-            _fmt(r.sdpa_s and 1e3 * r.sdpa_s, ".1f"), _fmt(_tflops(r.flops, r.ours_s), ".1f"),
-            _fmt(_tflops(r.flops, r.sdpa_s), ".1f"), _fmt(r.ratio, ".2f"), verdict,
-            _fmt(r.ours_peak_gib, ".2f"), _fmt(r.sdpa_peak_gib, ".2f"), r.note,
-        ]) + " |")  # fmt: skip
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r.part,
+                    r.name,
+                    r.shape,
+                    _fmt(r.ours_s and 1e3 * r.ours_s, ".1f"),
+                    _fmt(r.sdpa_s and 1e3 * r.sdpa_s, ".1f"),
+                    _fmt(_tflops(r.flops, r.ours_s), ".1f"),
+                    _fmt(_tflops(r.flops, r.sdpa_s), ".1f"),
+                    _fmt(r.ratio, ".2f"),
+                    verdict,
+                    _fmt(r.ours_peak_gib, ".2f"),
+                    _fmt(r.sdpa_peak_gib, ".2f"),
+                    r.note,
+                ]
+            )
+            + " |"
+        )
     return lines
 
 
@@ -355,9 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("outdir", type=Path, help="where gpu-check.json and gpu-check.md go")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU")
     p.add_argument(
-        "--budget-s", type=float, default=300.0,
+        "--budget-s",
+        type=float,
+        default=300.0,
         help="seconds this benchmark may take; rows that would run past it are skipped",
-    )  # fmt: skip
+    )
     args = p.parse_args(argv)
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("benchmarks.gpu: no CUDA device here (use --cpu-smoke for the CPU run)")
@@ -369,9 +417,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     errors: list[str] = []
     lines: list[str] = []
-    parts = [("kernels", lambda: kernel_rows(cfg, device, timer)),
-             ("ring", lambda: ring_rows(cfg, device, timer, deadline)),
-             ("document", lambda: [document_row(cfg, device, timer, deadline)])]  # fmt: skip
+    parts = [
+        ("kernels", lambda: kernel_rows(cfg, device, timer)),
+        ("ring", lambda: ring_rows(cfg, device, timer, deadline)),
+        ("document", lambda: [document_row(cfg, device, timer, deadline)]),
+    ]
     for name, run in parts:
         print(f"# {name} ...", flush=True)
         try:
@@ -391,16 +441,24 @@ def write_report(outdir: Path, rows: list[Row], errors: list[str], device, smoke
     outdir.mkdir(parents=True, exist_ok=True)
     env = environment(device)
     payload = {
-        "benchmark": "gpu-check", "smoke": smoke, "environment": env,
-        "rows": [{**r.__dict__, "ratio": r.ratio} for r in rows], "errors": errors,
-    }  # fmt: skip
+        "benchmark": "gpu-check",
+        "smoke": smoke,
+        "environment": env,
+        "rows": [{**r.__dict__, "ratio": r.ratio} for r in rows],
+        "errors": errors,
+    }
     (outdir / "gpu-check.json").write_text(json.dumps(payload, indent=2) + "\n")
     flag = "--cpu-smoke " if smoke else ""
     when = time.strftime("%Y-%m-%d %H:%M")
-    md = ["# GPU check", "",
-          f"`python -m benchmarks.gpu {flag}` on {env.get('gpu', 'CPU')}, torch {env['torch']}, "
-          f"{when}.", "", *lines,
-          *(["", "Errors:", "```", *errors, "```"] if errors else [])]  # fmt: skip
+    md = [
+        "# GPU check",
+        "",
+        f"`python -m benchmarks.gpu {flag}` on {env.get('gpu', 'CPU')}, torch {env['torch']}, "
+        f"{when}.",
+        "",
+        *lines,
+        *(["", "Errors:", "```", *errors, "```"] if errors else []),
+    ]
     (outdir / "gpu-check.md").write_text("\n".join(md) + "\n")
     return lines
 

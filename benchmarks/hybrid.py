@@ -118,9 +118,14 @@ def _attend(cfg: Config, layout: str, grids: dict):
         return lambda q, k, v: ringattn.ring_attention(q, k, v, causal=cfg.causal, layout=layout)
     groups = grids[cfg.degree]
     return lambda q, k, v: hybrid_attention(
-        q, k, v, causal=cfg.causal, layout=layout, ulysses_group=groups.ulysses,
+        q,
+        k,
+        v,
+        causal=cfg.causal,
+        layout=layout,
+        ulysses_group=groups.ulysses,
         ring_group=groups.ring,
-    )  # fmt: skip
+    )
 
 
 def _slowest(dist, torch, values: list[float]) -> list[float]:
@@ -175,9 +180,14 @@ def _measure(cfg: Config, rank: int, world: int, grids: dict, flat: dict) -> dic
         return statistics.median(r[i] for r in fwd_bwd)
 
     return {
-        "fwd_s": statistics.median(fwd), "fwd_bwd_s": median(0), "ring_bytes": median(1),
-        "a2a_bytes": median(2), "a2a_s": median(3), "ring_wait_s": median(4), "diff": diff,
-    }  # fmt: skip
+        "fwd_s": statistics.median(fwd),
+        "fwd_bwd_s": median(0),
+        "ring_bytes": median(1),
+        "a2a_bytes": median(2),
+        "a2a_s": median(3),
+        "ring_wait_s": median(4),
+        "diff": diff,
+    }
 
 
 class Pool:
@@ -254,8 +264,17 @@ def run_benchmark(args: argparse.Namespace) -> list[Result]:
         try:
             for seq in args.seq:
                 for causal in causal_values:
-                    base = Config(seq, args.heads, args.kv_heads, args.head_dim, args.batch,
-                                  args.dtype, causal, 1, args.repeats)  # fmt: skip
+                    base = Config(
+                        seq,
+                        args.heads,
+                        args.kv_heads,
+                        args.head_dim,
+                        args.batch,
+                        args.dtype,
+                        causal,
+                        1,
+                        args.repeats,
+                    )
                     flat = None
                     for u in degrees:
                         cfg = replace(base, degree=u)
@@ -275,20 +294,39 @@ def _result(cfg: Config, args, raw: dict) -> Result:
     _, fwd_bwd_flops = attention_flops(cfg)
     mib = 2.0**20
     result = Result(
-        f"{cfg.degree}x{args.ranks // cfg.degree}", args.ranks, args.threads_per_rank, cfg,
-        raw["fwd_s"], raw["fwd_bwd_s"], fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9, raw["a2a_s"],
-        raw["ring_wait_s"], raw["ring_bytes"] / mib, raw["a2a_bytes"] / mib, raw["diff"],
-    )  # fmt: skip
+        f"{cfg.degree}x{args.ranks // cfg.degree}",
+        args.ranks,
+        args.threads_per_rank,
+        cfg,
+        raw["fwd_s"],
+        raw["fwd_bwd_s"],
+        fwd_bwd_flops / raw["fwd_bwd_s"] / 1e9,
+        raw["a2a_s"],
+        raw["ring_wait_s"],
+        raw["ring_bytes"] / mib,
+        raw["a2a_bytes"] / mib,
+        raw["diff"],
+    )
     if raw["diff"] is not None and not raw["diff"] <= AGREE_TOL:
         result.extra["disagrees_with_flat"] = True
     return result
 
 
 COLUMNS = [
-    ("grid UxR", "<8"), ("P", ">2"), ("N", ">6"), ("mask", "<6"), ("fwd ms", ">8"),
-    ("f+b ms", ">9"), ("f+b GF/s", ">8"), ("a2a ms", ">7"), ("ring wait ms", ">12"),
-    ("ring MiB", ">8"), ("a2a MiB", ">8"), ("f+b vs flat", ">11"), ("diff vs flat", ">12"),
-]  # fmt: skip
+    ("grid UxR", "<8"),
+    ("P", ">2"),
+    ("N", ">6"),
+    ("mask", "<6"),
+    ("fwd ms", ">8"),
+    ("f+b ms", ">9"),
+    ("f+b GF/s", ">8"),
+    ("a2a ms", ">7"),
+    ("ring wait ms", ">12"),
+    ("ring MiB", ">8"),
+    ("a2a MiB", ">8"),
+    ("f+b vs flat", ">11"),
+    ("diff vs flat", ">12"),
+]
 
 
 def _cells(r: Result, flat: Result | None) -> list[str]:
@@ -299,12 +337,20 @@ def _cells(r: Result, flat: Result | None) -> list[str]:
     if r.extra.get("disagrees_with_flat"):
         diff += " WRONG"
     return [
-        r.grid, str(r.ranks), str(c.seq), "causal" if c.causal else "full",
-        f"{1e3 * r.fwd_s:.1f}", f"{1e3 * r.fwd_bwd_s:.1f}", f"{r.fwd_bwd_gflops:.1f}",
-        f"{1e3 * r.a2a_s:.1f}", f"{1e3 * r.ring_wait_s:.1f}", f"{r.ring_mib:.2f}",
+        r.grid,
+        str(r.ranks),
+        str(c.seq),
+        "causal" if c.causal else "full",
+        f"{1e3 * r.fwd_s:.1f}",
+        f"{1e3 * r.fwd_bwd_s:.1f}",
+        f"{r.fwd_bwd_gflops:.1f}",
+        f"{1e3 * r.a2a_s:.1f}",
+        f"{1e3 * r.ring_wait_s:.1f}",
+        f"{r.ring_mib:.2f}",
         f"{r.a2a_mib:.2f}",
-        f"{r.extra['fwd_bwd_over_flat']:.2f}x" if "fwd_bwd_over_flat" in r.extra else "", diff,
-    ]  # fmt: skip
+        f"{r.extra['fwd_bwd_over_flat']:.2f}x" if "fwd_bwd_over_flat" in r.extra else "",
+        diff,
+    ]
 
 
 def _line(cells: list[str]) -> str:
@@ -331,8 +377,9 @@ def write_markdown(results: list[Result], path: Path, argv: list[str]) -> None:
     for r in results:
         flat = r if r.config.degree == 1 else flat
         same = flat is not None and (flat.config.seq, flat.config.causal) == (
-            r.config.seq, r.config.causal,
-        )  # fmt: skip
+            r.config.seq,
+            r.config.causal,
+        )
         lines.append("| " + " | ".join(_cells(r, flat if same else None)) + " |")
     path.write_text("\n".join(lines) + "\n")
 
@@ -345,8 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("--ranks", type=int, default=4, help="P, the ranks every grid uses")
-    p.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 4],
-                   help="Ulysses degrees U to compare (1: the flat ring)")  # fmt: skip
+    p.add_argument(
+        "--degrees",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4],
+        help="Ulysses degrees U to compare (1: the flat ring)",
+    )
     p.add_argument("--seq", type=int, nargs="+", default=[8192], help="total tokens N")
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=8)

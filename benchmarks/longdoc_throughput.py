@@ -30,8 +30,10 @@ from pathlib import Path
 
 DEFAULT_OUT = Path("benchmarks/results/longdoc-throughput.json")
 AGREE_TOL = 1e-5
-WORDS = ("the keeper writes the tide down and the ring of ranks passes blocks along while "
-         "each shard of every long document keeps its own queries").split()  # fmt: skip
+WORDS = (
+    "the keeper writes the tide down and the ring of ranks passes blocks along while "
+    "each shard of every long document keeps its own queries"
+).split()
 
 
 def make_corpus(root: Path, *, short: int, long: int, seed: int) -> tuple[Path, list[int]]:
@@ -51,9 +53,20 @@ def make_corpus(root: Path, *, short: int, long: int, seed: int) -> tuple[Path, 
 
 
 def run_job(job_dir: Path, corpus: Path, world: int, ring: list[str]) -> dict:
-    argv = [sys.executable, "-m", "ringctl.cli", "run", "longdoc", f"job_dir={job_dir}",
-            f"task.inputs=[{corpus}]", "nodes=1", f"tasks_per_node={world}", "timeout=600",
-            "task.chunk_size=1024", *ring]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "ringctl.cli",
+        "run",
+        "longdoc",
+        f"job_dir={job_dir}",
+        f"task.inputs=[{corpus}]",
+        "nodes=1",
+        f"tasks_per_node={world}",
+        "timeout=600",
+        "task.chunk_size=1024",
+        *ring,
+    ]
     start = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     wall = time.monotonic() - start
@@ -61,8 +74,11 @@ def run_job(job_dir: Path, corpus: Path, world: int, ring: list[str]) -> dict:
         raise SystemExit(f"{' '.join(ring) or 'one ring'}: the job failed:\n{proc.stderr[-3000:]}")
     state = json.loads((job_dir / "state.json").read_text())
     schedule = json.loads((job_dir / "schedule.json").read_text())
-    return {"wall_s": wall, "job_s": state["ended_at"] - state["started_at"],
-            "phases": schedule["phases"]}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "job_s": state["ended_at"] - state["started_at"],
+        "phases": schedule["phases"],
+    }
 
 
 def logprobs(job_dir: Path) -> dict:
@@ -90,12 +106,30 @@ def largest_difference(a: dict, b: dict) -> float:
 
 def paper_comparison() -> dict:
     """The planner's makespan for the issue's GPU cluster, one ring against auto."""
-    argv = [sys.executable, "-m", "ringctl.cli", "plan", "--model", "llama3-8b", "--ranks", "64",
-            "--nodes", "8", "--device", "H100-SXM", "--mode", "score",
-            "--corpus", "lognormal:10000:4096:1048576"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "ringctl.cli",
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--ranks",
+        "64",
+        "--nodes",
+        "8",
+        "--device",
+        "H100-SXM",
+        "--mode",
+        "score",
+        "--corpus",
+        "lognormal:10000:4096:1048576",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    return {"command": " ".join(["ringctl", *argv[3:]]), "output": proc.stdout.strip(),
-            "exit": proc.returncode}  # fmt: skip
+    return {
+        "command": " ".join(["ringctl", *argv[3:]]),
+        "output": proc.stdout.strip(),
+        "exit": proc.returncode,
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -151,8 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     world = args.ranks
     auto = ["ring.size=auto", f"ring.max_tokens_per_rank={args.budget}"]
-    settings = [(f"{world} (one ring)", []), (str(world // 2), [f"ring.size={world // 2}"]),
-                ("1", ["ring.size=1"]), ("auto", auto)]  # fmt: skip
+    settings = [
+        (f"{world} (one ring)", []),
+        (str(world // 2), [f"ring.size={world // 2}"]),
+        ("1", ["ring.size=1"]),
+        ("auto", auto),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         corpus, sizes = make_corpus(Path(tmp), short=args.short, long=args.long, seed=args.seed)
         rows, first = [], None
@@ -161,14 +199,28 @@ def main(argv: list[str] | None = None) -> int:
             got = run_job(job, corpus, world, ring)
             lp = logprobs(job)
             first = first or lp
-            rows.append({"setting": name, **got, "tokens": sum(sizes),
-                         "tokens_per_s": sum(sizes) / got["job_s"],
-                         "max_diff": largest_difference(lp, first)})  # fmt: skip
-            print(f"{name:>14}: {got['job_s']:.1f} s, {rows[-1]['tokens_per_s']:.0f} tokens/s, "
-                  f"max diff {rows[-1]['max_diff']:.1e}", flush=True)  # fmt: skip
-    meta = {"command": "python -m benchmarks.longdoc_throughput " + " ".join(argv or sys.argv[1:]),
-            "host": __import__("socket").gethostname(), "documents": len(sizes),
-            "tokens": sum(sizes), "world": world, "budget": args.budget}  # fmt: skip
+            rows.append(
+                {
+                    "setting": name,
+                    **got,
+                    "tokens": sum(sizes),
+                    "tokens_per_s": sum(sizes) / got["job_s"],
+                    "max_diff": largest_difference(lp, first),
+                }
+            )
+            print(
+                f"{name:>14}: {got['job_s']:.1f} s, {rows[-1]['tokens_per_s']:.0f} tokens/s, "
+                f"max diff {rows[-1]['max_diff']:.1e}",
+                flush=True,
+            )
+    meta = {
+        "command": "python -m benchmarks.longdoc_throughput " + " ".join(argv or sys.argv[1:]),
+        "host": __import__("socket").gethostname(),
+        "documents": len(sizes),
+        "tokens": sum(sizes),
+        "world": world,
+        "budget": args.budget,
+    }
     text = table(rows, meta)
     if not args.no_paper:
         paper = paper_comparison()

@@ -41,7 +41,7 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(rest[1]), (int(rest[11]) + int(rest[12])) / _TICK
 
 
-def _tree_cpu_s(root: int) -> float:
+def tree_cpu_s(root: int) -> float:
     """CPU seconds of ``root`` and every live descendant (children that exited and were
     reaped are counted by their parent's cutime/cstime, read for the root too)."""
     parents, cpu = {}, {}
@@ -85,7 +85,7 @@ class OutsideLoad:
     def __enter__(self) -> OutsideLoad:
         self._t0 = time.perf_counter()
         self._busy0 = _machine_busy_s()
-        self._own0 = _tree_cpu_s(self.root) if self._busy0 is not None else 0.0
+        self._own0 = tree_cpu_s(self.root) if self._busy0 is not None else 0.0
         return self
 
     def __exit__(self, *exc) -> None:
@@ -94,6 +94,6 @@ class OutsideLoad:
         if self._busy0 is None or busy1 is None or wall <= 0:
             self.reading = LoadReading(None, wall)
             return
-        own = _tree_cpu_s(self.root) - self._own0
+        own = tree_cpu_s(self.root) - self._own0
         outside = max(0.0, (busy1 - self._busy0) - own) / wall
         self.reading = LoadReading(outside, wall)

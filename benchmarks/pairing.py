@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.attention import Config, RingPool, SdpaProcess, _device_kind
+from benchmarks.attention_workers import Config, RingPool, SdpaProcess, device_kind
 from benchmarks.outside_load import OutsideLoad
 from benchmarks.overhead import engine_label
 
@@ -48,7 +48,7 @@ def run_pairings(args) -> list[PairRow]:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    device_kind, _ = _device_kind(args.device)
+    kind, _ = device_kind(args.device)
     engines = [str(Path(e).resolve()) for e in args.engine] if args.engine else [None]
     labels = [engine_label(e) for e in engines]
     masks = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
@@ -57,10 +57,8 @@ def run_pairings(args) -> list[PairRow]:
     with tempfile.TemporaryDirectory() as tmp:
         for world in args.ranks:
             threads = args.baseline_threads or world * args.threads_per_rank
-            pools = [
-                RingPool(ctx, world, args.threads_per_rank, tmp, device_kind, e) for e in engines
-            ]
-            sdpa = SdpaProcess(ctx, threads, device_kind)
+            pools = [RingPool(ctx, world, args.threads_per_rank, tmp, kind, e) for e in engines]
+            sdpa = SdpaProcess(ctx, threads, kind)
             try:
                 for seq, causal, layout in itertools.product(args.seq, masks, args.layouts):
                     base = Config(

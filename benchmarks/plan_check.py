@@ -53,11 +53,24 @@ def main(argv: list[str] | None = None) -> int:
 
         save_user_device(calibrate(name=device))
     bench = argparse.Namespace(
-        seq=args.seq, ranks=args.ranks, heads=8, kv_heads=None, head_dim=64, batch=1,
-        dtype="float32", causal="both", layouts=["zigzag"], repeats=args.repeats,
-        threads_per_rank=1, baseline_threads=None, no_baseline=True, peer=False,
-        peer_max_seq=0, predict=device, device="cpu",
-    )  # fmt: skip
+        seq=args.seq,
+        ranks=args.ranks,
+        heads=8,
+        kv_heads=None,
+        head_dim=64,
+        batch=1,
+        dtype="float32",
+        causal="both",
+        layouts=["zigzag"],
+        repeats=args.repeats,
+        threads_per_rank=1,
+        baseline_threads=None,
+        no_baseline=True,
+        peer=False,
+        peer_max_seq=0,
+        predict=device,
+        device="cpu",
+    )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print("measuring rings; each row: predicted / measured", flush=True)
     results = run_benchmark(bench)
@@ -73,11 +86,18 @@ def main(argv: list[str] | None = None) -> int:
         ok = abs(rb - 1) <= args.tolerance
         worst = max(worst, abs(rb - 1))
         mask = "causal" if r.config.causal else "full"
-        rows.append({
-            "ranks": r.ranks, "seq": r.config.seq, "causal": r.config.causal,
-            "predicted_fwd_s": pf, "measured_fwd_s": r.fwd_s,
-            "predicted_fwd_bwd_s": pb, "measured_fwd_bwd_s": r.fwd_bwd_s, "within": ok,
-        })  # fmt: skip
+        rows.append(
+            {
+                "ranks": r.ranks,
+                "seq": r.config.seq,
+                "causal": r.config.causal,
+                "predicted_fwd_s": pf,
+                "measured_fwd_s": r.fwd_s,
+                "predicted_fwd_bwd_s": pb,
+                "measured_fwd_bwd_s": r.fwd_bwd_s,
+                "within": ok,
+            }
+        )
         lines.append(
             f"{r.ranks:>2} {r.config.seq:>6} {mask:<6} {1e3 * pf:>11.1f} {1e3 * r.fwd_s:>11.1f} "
             f"{rf:>6.2f} {1e3 * pb:>11.1f} {1e3 * r.fwd_bwd_s:>11.1f} {rb:>6.2f}  "

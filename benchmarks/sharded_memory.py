@@ -117,8 +117,13 @@ def _rank_entry(rank: int, world: int, store: str, args: tuple) -> None:
     import torch.distributed as dist
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=300))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{store}/store",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=300),
+    )
     try:
         figures = {"ok": _one_rank(rank, world, *args)}
     except Exception as err:  # reported by the parent, with the rank
@@ -140,8 +145,9 @@ def _spawn(world: int, *args) -> list[dict]:
     # buffers would stay in the heap and in RSS; a fixed threshold returns them to the system.
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     with tempfile.TemporaryDirectory() as store:
-        mp.start_processes(_rank_entry, args=(world, store, args), nprocs=world, join=True,
-                           start_method="spawn")  # fmt: skip
+        mp.start_processes(
+            _rank_entry, args=(world, store, args), nprocs=world, join=True, start_method="spawn"
+        )
         every = [json.loads(Path(store, f"rank-{r}.json").read_text()) for r in range(world)]
     for rank, figures in enumerate(every):
         if "error" in figures:
@@ -154,11 +160,16 @@ def _save_model(args, root: Path) -> tuple[str, int]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
-        model_type="llama", vocab_size=args.vocab, hidden_size=args.hidden,
-        intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max(4096, args.tokens), tie_word_embeddings=False,
-    )  # fmt: skip
+        model_type="llama",
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=max(4096, args.tokens),
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -176,29 +187,55 @@ def _measure(args) -> dict:
             for mode in ("none", "ring"):
                 per_rank = _spawn(p, path, mode, args.tokens)
                 worst = {k: max(r[k] for r in per_rank) for k in per_rank[0] if k != "rank"}
-                rows.append({"ranks": p, "shard": mode, "expected_held_bytes": total / p
-                             if mode == "ring" else total, **worst})  # fmt: skip
+                rows.append(
+                    {
+                        "ranks": p,
+                        "shard": mode,
+                        "expected_held_bytes": total / p if mode == "ring" else total,
+                        **worst,
+                    }
+                )
     return {"model_bytes": total, "checkpoint_files": files, "args": vars(args), "rows": rows}
 
 
 def _table(result: dict) -> str:
-    head = ("P", "shard", "held MiB", "1/P MiB", "peak gathered", "weights peak", "RSS load",
-            "RSS peak", "load s", "score s")  # fmt: skip
+    head = (
+        "P",
+        "shard",
+        "held MiB",
+        "1/P MiB",
+        "peak gathered",
+        "weights peak",
+        "RSS load",
+        "RSS peak",
+        "load s",
+        "score s",
+    )
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in result["rows"]:
-        lines.append(" | ".join([
-            str(r["ranks"]), r["shard"], f"{r['held_bytes'] / MIB:.1f}",
-            f"{r['expected_held_bytes'] / MIB:.1f}", f"{r['peak_gathered_bytes'] / MIB:.1f}",
-            f"{r['weights_peak_bytes'] / MIB:.1f}",
-            f"{r['load_rss_mib']:.1f}", f"{r['peak_rss_mib']:.1f}", f"{r['load_s']:.2f}",
-            f"{r['score_s']:.2f}",
-        ]))  # fmt: skip
+        lines.append(
+            " | ".join(
+                [
+                    str(r["ranks"]),
+                    r["shard"],
+                    f"{r['held_bytes'] / MIB:.1f}",
+                    f"{r['expected_held_bytes'] / MIB:.1f}",
+                    f"{r['peak_gathered_bytes'] / MIB:.1f}",
+                    f"{r['weights_peak_bytes'] / MIB:.1f}",
+                    f"{r['load_rss_mib']:.1f}",
+                    f"{r['peak_rss_mib']:.1f}",
+                    f"{r['load_s']:.2f}",
+                    f"{r['score_s']:.2f}",
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sharded_memory",
-                                description=__doc__.split("\n\n")[0])  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.sharded_memory", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--ranks", default="1,2,4", help="comma-separated P values")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=1024)
@@ -221,8 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         args.heads, args.kv_heads, args.tokens = 4, 2, 64
     result = _measure(args)
     table = _table(result)
-    print(f"model: {result['model_bytes'] / MIB:.1f} MiB in {result['checkpoint_files']} "
-          "safetensors files; largest value over the ranks of each run")  # fmt: skip
+    print(
+        f"model: {result['model_bytes'] / MIB:.1f} MiB in {result['checkpoint_files']} "
+        "safetensors files; largest value over the ranks of each run"
+    )
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

@@ -31,24 +31,34 @@ def hybrid_outputs(
                     layout=case.layout,
                     ulysses_degree=degree,
                     cu_seqlens=case.cu_seqlens,
-                )  # fmt: skip
+                )
                 for name, t in make_inputs(case).items()
             }
             q, k, v = (shard[n].requires_grad_() for n in ("q", "k", "v"))
             RING_STATS.reset(enabled=True)
             A2A_STATS.reset(enabled=True)
             out = hybrid.hybrid_attention(
-                q, k, v, causal=case.causal, layout=case.layout,
-                ulysses_group=groups.ulysses, ring_group=groups.ring, window=case.window,
+                q,
+                k,
+                v,
+                causal=case.causal,
+                layout=case.layout,
+                ulysses_group=groups.ulysses,
+                ring_group=groups.ring,
+                window=case.window,
                 cu_seqlens=case.cu_seqlens,
-            )  # fmt: skip
+            )
             sent = {"ring_bytes": RING_STATS.bytes_sent, "a2a_bytes": A2A_STATS.bytes_sent}
             RING_STATS.reset(enabled=False)
             A2A_STATS.reset(enabled=False)
             out.backward(shard["dout"])
             results[(degree, case.id)] = {
-                "out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, **sent,
-            }  # fmt: skip
+                "out": out.detach(),
+                "dq": q.grad,
+                "dk": k.grad,
+                "dv": v.grad,
+                **sent,
+            }
     return results
 
 
@@ -108,8 +118,13 @@ def hybrid_errors(rank: int, world: int) -> dict[str, str]:
     }
     q, k, v = qkv()
     after = hybrid.hybrid_attention(
-        q, k, v, causal=True, layout="hybrid-zigzag", ulysses_group=grid.ulysses,
+        q,
+        k,
+        v,
+        causal=True,
+        layout="hybrid-zigzag",
+        ulysses_group=grid.ulysses,
         ring_group=grid.ring,
-    )  # fmt: skip
+    )
     out["valid_call_after"] = "ok" if after.shape == q.shape else f"shape {tuple(after.shape)}"
     return out

@@ -177,7 +177,7 @@ def _loading_case(ckpt: dict[str, str], rank: int, world: int) -> dict:
                 sharding.run_task_sharded(
                     "score", model, document(37), group=None, layout="zigzag", chunk_size=CHUNK
                 )
-            ),  # fmt: skip
+            ),
         }
     out["maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return out
@@ -191,9 +191,7 @@ def all_cases(rank: int, world: int, ckpt: dict[str, str]) -> dict:
     mine = LENGTHS if ring_index == 0 else tuple(reversed(LENGTHS))  # rings run other docs
     job_docs = (37, 0) if ring_index == 0 else (150, 5)
     return {
-        "ring4": {
-            kind: _ring_case(kind, "ring", 4, LENGTHS, tasks, rank, world) for kind in KINDS
-        },  # fmt: skip
+        "ring4": {kind: _ring_case(kind, "ring", 4, LENGTHS, tasks, rank, world) for kind in KINDS},
         "ring2": _ring_case("llama", "ring", 2, mine, tasks, rank, world),
         "job": _ring_case("llama", "job", 2, job_docs, ("score", "embed"), rank, world),
         "job_grad": _job_grad_refusal(rank, world),

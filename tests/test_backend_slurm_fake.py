@@ -146,24 +146,36 @@ RESET = "RuntimeError: Read error [10.0.0.1]:29500: Connection reset by peer."
     [
         # A rank killed outright (OOM killer, kill -9) writes nothing; its peer, exiting 1 with
         # gloo's reset, is reported first by srun but is the effect.
-        (["n1: task 0: Exited with exit code 1", "n2: task 1: Killed"],
-         {"logs/rank-0.result.json": json.dumps({"error": RESET})},
-         "rank 1 killed by signal 9 (SIGKILL) (n2)"),
-        (["n1: task 0: Exited with exit code 1", "n2: task 1: Out Of Memory"],
-         {"logs/rank-0.result.json": json.dumps({"error": RESET})},
-         "rank 1 out of memory (n2)"),
+        (
+            ["n1: task 0: Exited with exit code 1", "n2: task 1: Killed"],
+            {"logs/rank-0.result.json": json.dumps({"error": RESET})},
+            "rank 1 killed by signal 9 (SIGKILL) (n2)",
+        ),
+        (
+            ["n1: task 0: Exited with exit code 1", "n2: task 1: Out Of Memory"],
+            {"logs/rank-0.result.json": json.dumps({"error": RESET})},
+            "rank 1 out of memory (n2)",
+        ),
         # Two exit codes: the one whose error is its own, not a peer's.
-        (["n1: task 0: Exited with exit code 1", "n3: task 2: Exited with exit code 1"],
-         {"logs/rank-0.result.json": json.dumps({"error": RESET}),
-          "logs/rank-2.result.json": json.dumps({"error": "ValueError: bad shard"})},
-         "rank 2 exited with exit code 1 (n3): ValueError: bad shard"),
+        (
+            ["n1: task 0: Exited with exit code 1", "n3: task 2: Exited with exit code 1"],
+            {
+                "logs/rank-0.result.json": json.dumps({"error": RESET}),
+                "logs/rank-2.result.json": json.dumps({"error": "ValueError: bad shard"}),
+            },
+            "rank 2 exited with exit code 1 (n3): ValueError: bad shard",
+        ),
         # Every rank says a peer left: srun's first.
-        (["n1: task 0: Exited with exit code 1", "n3: task 2: Exited with exit code 1"],
-         {"logs/rank-0.result.json": json.dumps({"error": RESET}),
-          "logs/rank-2.result.json": json.dumps({"error": RESET})},
-         f"rank 0 exited with exit code 1 (n1): {RESET}"),
+        (
+            ["n1: task 0: Exited with exit code 1", "n3: task 2: Exited with exit code 1"],
+            {
+                "logs/rank-0.result.json": json.dumps({"error": RESET}),
+                "logs/rank-2.result.json": json.dumps({"error": RESET}),
+            },
+            f"rank 0 exited with exit code 1 (n1): {RESET}",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_peer_loss_is_not_blamed_when_a_cause_is_in_sight(job_dir, srun_lines, files, blamed):
     log = "".join(f"srun: error: {line}\n" for line in srun_lines)
     shell = FakeShell(

@@ -48,9 +48,13 @@ def _wait(job_dir: Path, timeout: float = 180) -> tuple[object, list[str]]:
 
 def _ssh_overrides(login) -> list[str]:
     return [
-        "backend=ssh", f"ssh.host={login.host}", f"ssh.port={login.port}",
-        f"ssh.user={login.user}", f"ssh.key={login.key}", f"ssh.known_hosts={login.known_hosts}",
-    ]  # fmt: skip
+        "backend=ssh",
+        f"ssh.host={login.host}",
+        f"ssh.port={login.port}",
+        f"ssh.user={login.user}",
+        f"ssh.key={login.key}",
+        f"ssh.known_hosts={login.known_hosts}",
+    ]
 
 
 def _check_attention_outputs(job_dir: Path) -> dict[str, torch.Tensor]:
@@ -65,12 +69,18 @@ def _check_attention_outputs(job_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("via", ["sbatch", "ssh"])
-def test_attention_job_on_four_nodes_matches_the_reference(via, slurm_cluster, ssh_login, tmp_path, capsys):
+def test_attention_job_on_four_nodes_matches_the_reference(
+    via, slurm_cluster, ssh_login, tmp_path, capsys
+):
     extra = _ssh_overrides(ssh_login) if via == "ssh" else ["backend=slurm"]
     job_dir = _submit(
-        capsys, "jobs/smoke.yaml", f"output_dir={tmp_path}", "ring.placement=required",
-        f"slurm.partition={slurm_cluster.partition}", *extra,
-    )  # fmt: skip
+        capsys,
+        "jobs/smoke.yaml",
+        f"output_dir={tmp_path}",
+        "ring.placement=required",
+        f"slurm.partition={slurm_cluster.partition}",
+        *extra,
+    )
     status, seen = _wait(job_dir)
     assert status.state is JobState.COMPLETED, (status, seen)
     assert seen[-1] == "COMPLETED" and set(seen) <= {"PENDING", "RUNNING", "COMPLETED"}
@@ -84,8 +94,11 @@ def test_attention_job_on_four_nodes_matches_the_reference(via, slurm_cluster, s
     plan = json.loads((job_dir / "placement.json").read_text())
     assert [e["node"] for e in plan["ring"]] == ["n1", "n2", "n3", "n4"]
     assert sorted(p.name for p in (job_dir / "probes").glob("n*.json")) == [
-        "n1.json", "n2.json", "n3.json", "n4.json",
-    ]  # fmt: skip
+        "n1.json",
+        "n2.json",
+        "n3.json",
+        "n4.json",
+    ]
     for rank in range(4):
         log = (job_dir / "logs" / f"rank-{rank}.out").read_text()
         assert f"-> ring rank {rank} of 4 (from placement.json)" in log
@@ -107,9 +120,13 @@ def test_attention_job_on_four_nodes_matches_the_reference(via, slurm_cluster, s
 
 def test_failing_rank_is_reported_failed_with_its_error(slurm_cluster, tmp_path, capsys):
     job_dir = _submit(
-        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}",
-        "task.fault_rank=2", "task.fault=raise",
-    )  # fmt: skip
+        capsys,
+        "jobs/smoke.yaml",
+        "backend=slurm",
+        f"output_dir={tmp_path}",
+        "task.fault_rank=2",
+        "task.fault=raise",
+    )
     status, _ = _wait(job_dir)
     assert status.state is JobState.FAILED
     assert "injected fault" in status.reason and "rank 2" in status.reason
@@ -118,9 +135,15 @@ def test_failing_rank_is_reported_failed_with_its_error(slurm_cluster, tmp_path,
 def test_hung_rank_fails_the_job_within_the_collective_timeout(slurm_cluster, tmp_path, capsys):
     start = time.monotonic()
     job_dir = _submit(
-        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}", "timeout=5",
-        "task.fault_rank=1", "task.fault=hang", "slurm.time=00:10:00",
-    )  # fmt: skip
+        capsys,
+        "jobs/smoke.yaml",
+        "backend=slurm",
+        f"output_dir={tmp_path}",
+        "timeout=5",
+        "task.fault_rank=1",
+        "task.fault=hang",
+        "slurm.time=00:10:00",
+    )
     status, _ = _wait(job_dir, timeout=120)
     assert status.state is JobState.FAILED, status
     assert time.monotonic() - start < 90  # the 5 s collective timeout, not the 10 min limit
@@ -128,9 +151,14 @@ def test_hung_rank_fails_the_job_within_the_collective_timeout(slurm_cluster, tm
 
 def test_cancel_a_running_job(slurm_cluster, tmp_path, capsys):
     job_dir = _submit(
-        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}",
-        "task.fault_rank=0", "task.fault=hang", "timeout=600",
-    )  # fmt: skip
+        capsys,
+        "jobs/smoke.yaml",
+        "backend=slurm",
+        f"output_dir={tmp_path}",
+        "task.fault_rank=0",
+        "task.fault=hang",
+        "timeout=600",
+    )
     _, _, backend = open_job_dir(job_dir)
     deadline = time.monotonic() + 60
     while backend.status(job_dir).state is not JobState.RUNNING:
@@ -141,7 +169,9 @@ def test_cancel_a_running_job(slurm_cluster, tmp_path, capsys):
     assert status.state is JobState.CANCELLED
 
 
-def test_longdoc_on_four_nodes_then_gather_matches_one_process(slurm_cluster, ssh_login, tmp_path, capsys):
+def test_longdoc_on_four_nodes_then_gather_matches_one_process(
+    slurm_cluster, ssh_login, tmp_path, capsys
+):
     """The whole long-document path: submit over SSH, run on n1..n4, gather (fetching the
     remote shards by SFTP), and compare every token's log-probability with one process."""
     from safetensors.torch import load_file
@@ -149,9 +179,14 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(slurm_cluster, ss
     from ringctl.longdoc.model import load_model
 
     job_dir = _submit(
-        capsys, "jobs/longdoc.yaml", f"output_dir={tmp_path}", "nodes=4", "tasks_per_node=1",
-        "task.model_path=null", *_ssh_overrides(ssh_login),  # the random tiny Llama (reference)
-    )  # fmt: skip
+        capsys,
+        "jobs/longdoc.yaml",
+        f"output_dir={tmp_path}",
+        "nodes=4",
+        "tasks_per_node=1",
+        "task.model_path=null",
+        *_ssh_overrides(ssh_login),  # the random tiny Llama (reference)
+    )
     status, _ = _wait(job_dir, timeout=300)
     assert status.state is JobState.COMPLETED, status
     capsys.readouterr()
@@ -176,22 +211,36 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(slurm_cluster, ss
 @pytest.mark.run_last
 def test_job_over_its_time_limit_is_reported_timeout(slurm_cluster, tmp_path, capsys):
     job_dir = _submit(
-        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}",
-        "slurm.time=00:01:00", "slurm.signal=null", "task.fault_rank=0", "task.fault=hang",
+        capsys,
+        "jobs/smoke.yaml",
+        "backend=slurm",
+        f"output_dir={tmp_path}",
+        "slurm.time=00:01:00",
+        "slurm.signal=null",
+        "task.fault_rank=0",
+        "task.fault=hang",
         "timeout=600",
-    )  # fmt: skip
+    )
     status, _ = _wait(job_dir, timeout=240)
     assert status.state is JobState.TIMEOUT, status
 
 
-def test_hybrid_job_on_the_cluster_takes_its_groups_from_the_placement(slurm_cluster, tmp_path, capsys):
+def test_hybrid_job_on_the_cluster_takes_its_groups_from_the_placement(
+    slurm_cluster, tmp_path, capsys
+):
     """ring.ulysses=auto on 2 nodes x 2 ranks: `ringctl topo --ulysses auto` puts each
     node's ranks in one Ulysses group (placement.json), every worker builds both groups from
     it, and the result equals float64 attention over the whole sequence."""
     job_dir = _submit(
-        capsys, "jobs/smoke.yaml", "backend=slurm", f"output_dir={tmp_path}", "nodes=2",
-        "tasks_per_node=2", "ring.ulysses=auto", "ring.placement=required",
-    )  # fmt: skip
+        capsys,
+        "jobs/smoke.yaml",
+        "backend=slurm",
+        f"output_dir={tmp_path}",
+        "nodes=2",
+        "tasks_per_node=2",
+        "ring.ulysses=auto",
+        "ring.placement=required",
+    )
     status, seen = _wait(job_dir)
     assert status.state is JobState.COMPLETED, (status, seen)
     placement = json.loads((job_dir / "placement.json").read_text())
@@ -214,9 +263,16 @@ def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster
         (docs / f"doc{i}.txt").write_text(text)
     common = [f"task.inputs=[{docs}]", "task.chunk_size=256"]
     job_dir = _submit(
-        capsys, "jobs/longdoc.yaml", "backend=slurm", f"output_dir={tmp_path}", "nodes=4",
-        "tasks_per_node=1", "ring.size=auto", "ring.max_tokens_per_rank=500", *common,
-    )  # fmt: skip
+        capsys,
+        "jobs/longdoc.yaml",
+        "backend=slurm",
+        f"output_dir={tmp_path}",
+        "nodes=4",
+        "tasks_per_node=1",
+        "ring.size=auto",
+        "ring.max_tokens_per_rank=500",
+        *common,
+    )
     status, _ = _wait(job_dir, timeout=300)
     assert status.state is JobState.COMPLETED, status
     schedule = json.loads((job_dir / "schedule.json").read_text())
@@ -234,8 +290,8 @@ def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster
     assert main(["gather", str(job_dir)]) == 0
 
     local = tmp_path / "local"
-    assert main(["run", "jobs/longdoc.yaml", f"job_dir={local}", "nodes=1", "tasks_per_node=2",
-                 *common]) == 0  # fmt: skip
+    argv = ["run", "jobs/longdoc.yaml", f"job_dir={local}", "nodes=1", "tasks_per_node=2"]
+    assert main([*argv, *common]) == 0
     assert main(["gather", str(local)]) == 0
     for path in sorted((job_dir / "gathered" / "docs").glob("*.safetensors")):
         got = load_file(str(path))["token_logprob"].double()

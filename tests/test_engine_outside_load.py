@@ -26,22 +26,22 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_live_child_cpu_counts_as_own():
-    before = outside_load._tree_cpu_s(outside_load.os.getpid())
+    before = outside_load.tree_cpu_s(outside_load.os.getpid())
     child = subprocess.Popen(
         [sys.executable, "-c", SPIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     child_cpu = float(child.stdout.readline())
-    during = outside_load._tree_cpu_s(outside_load.os.getpid())  # the child is still alive
+    during = outside_load.tree_cpu_s(outside_load.os.getpid())  # the child is still alive
     child.communicate("\n")
     assert during - before >= 0.9 * child_cpu > 0
 
 
 def test_reaped_child_cpu_counts_as_own():
-    before = outside_load._tree_cpu_s(outside_load.os.getpid())
+    before = outside_load.tree_cpu_s(outside_load.os.getpid())
     done = subprocess.run(
         [sys.executable, "-c", SPIN], input="\n", capture_output=True, text=True, check=True
     )
-    after = outside_load._tree_cpu_s(outside_load.os.getpid())
+    after = outside_load.tree_cpu_s(outside_load.os.getpid())
     assert after - before >= 0.9 * float(done.stdout) > 0
 
 

@@ -3,11 +3,12 @@
 Grids are written U x R (Ulysses degree x ring size): 2x2, 4x1 (Ulysses alone), 1x4 (the
 ring alone) on 4 ranks, 3x2 and 2x3 on 6, 2x4 on 8. One spawn per world size runs every grid
 of that size (process start is what costs time here). Tolerances are the ring's
-(tests/test_ring.py): 2e-5 relative for float32, since the all-to-alls only move data and the
-ring is then what is measured; for bfloat16, twice PyTorch's own one-process bf16 SDPA error
-on the same inputs plus one bf16 ulp. The GQA cases cover both kv-head paths: 8 heads / 2 kv
-heads is split over U = 2 and replicated over U = 4; MQA always replicates. Sliding windows
-(``window=``) are applied by the ring after the all-to-all, on both hybrid layouts.
+(tests/attention_reference.py says why): FP32_TOL = 2e-5 relative for float32, since the
+all-to-alls only move data and the ring is then what is measured; for bfloat16, twice
+PyTorch's own one-process bf16 SDPA error on the same inputs plus one bf16 ulp. The GQA cases
+cover both kv-head paths: 8 heads / 2 kv heads is split over U = 2 and replicated over U = 4;
+MQA always replicates. Sliding windows (``window=``) are applied by the ring after the
+all-to-all, on both hybrid layouts.
 """
 
 from __future__ import annotations
@@ -15,17 +16,13 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch.nn.functional as F
 
 import ringattn.layouts as layouts
 from ringattn.geometry import ring_reach
 from ringattn.hybrid import kv_heads_per_member
-from tests.attention_reference import Case, make_inputs, reference, relative_error
+from tests.attention_reference import Case, compare, failures
 from tests.distributed import run_distributed
 from tests.hybrid_distributed import hybrid_errors, hybrid_outputs
-
-FP32_TOL = 2e-5
-BF16_ULP = 2.0**-8
 
 GRIDS = {4: [2, 4, 1], 6: [3, 2], 8: [2]}  # world -> Ulysses degrees U (R = world / U)
 
@@ -59,37 +56,24 @@ def hybrid_results(request):
     return world, grids, run_distributed(hybrid_outputs, world, grids)
 
 
-def _sdpa_bf16_error(case: Case, inputs, ref) -> dict[str, float]:
-    q, k, v = (inputs[n].transpose(1, 2).requires_grad_() for n in ("q", "k", "v"))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=True)
-    out.backward(inputs["dout"].transpose(1, 2))
-    mine = {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}
-    return {n: relative_error(t.detach().transpose(1, 2), ref[n]) for n, t in mine.items()}
-
-
 def test_hybrid_matches_float64_reference(hybrid_results):
     world, grids, per_rank = hybrid_results
-    failures, worst = [], 0.0
+    found, worst = [], 0.0
     for degree, cases in grids:
         for case in cases:
-            inputs = make_inputs(case)
-            ref = reference(inputs, case.causal, case.window)
-            tol = {n: FP32_TOL for n in ref}
-            if case.dtype == "bfloat16":
-                sdpa = _sdpa_bf16_error(case, inputs, ref)
-                tol = {n: 2 * sdpa[n] + BF16_ULP for n in ref}
-            for name in ("out", "dq", "dk", "dv"):
-                got = layouts.unshard_sequence(
+            got = {
+                name: layouts.unshard_sequence(
                     [r[(degree, case.id)][name] for r in per_rank],
-                    layout=case.layout, ulysses_degree=degree,
-                )  # fmt: skip
-                assert got.dtype == case.torch_dtype
-                err = relative_error(got, ref[name])
-                worst = max(worst, err) if case.dtype == "float32" else worst
-                if not err <= tol[name]:
-                    grid = f"{degree}x{world // degree}"
-                    failures.append(f"{grid} {case.id} {name}: error {err:.2e} > {tol[name]:.2e}")
-    assert not failures, "\n".join(failures)
+                    layout=case.layout,
+                    ulysses_degree=degree,
+                )
+                for name in ("out", "dq", "dk", "dv")
+            }
+            compared = compare(case, got)
+            if case.dtype == "float32":
+                worst = max(worst, *(err for err, _ in compared.values()))
+            found += failures(f"{degree}x{world // degree}", case, compared)
+    assert not found, "\n".join(found)
     print(f"P={world}: worst float32 relative error {worst:.2e}")
 
 
@@ -108,8 +92,11 @@ def test_only_the_members_kv_heads_travel_the_ring(hybrid_results):
             kv_sent = max(case.kv_heads, degree)  # replicated up to U when fewer
             per_head = case.batch * local * case.head_dim * item
             # A windowed ring makes only the hops its window needs (ringattn.geometry.ring_reach).
-            hops = sum(ring_reach(ring, degree * local, True, layouts.ring_layout_of(case.layout),
-                                  case.window))  # fmt: skip
+            hops = sum(
+                ring_reach(
+                    ring, degree * local, True, layouts.ring_layout_of(case.layout), case.window
+                )
+            )
             ring_bytes = hops * 2 * degree * kv_member * per_head
             a2a_bytes = (degree - 1) * (2 * case.heads + 2 * kv_sent) * per_head // degree
             for rank, r in enumerate(per_rank):
@@ -134,9 +121,11 @@ def test_bad_input_is_the_same_clear_error_on_every_rank():
             assert text in r[key], f"{key}, rank {rank}: {r[key]!r}"
     # A disagreement is named by every rank that saw it; the others name a rank that did.
     # Group sizes: ranks 1, 2 sit in a Ulysses group of 3 but in rings of 1; rank 3 is alone.
-    for key, culprits in (("one_rank_longer", ["q=(1, 7, 4, 8)"]),
-                          ("one_rank_not_causal", ["causal=False"]),
-                          ("group_sizes_differ", ["U=3 R=1", "U=1 R=2"])):  # fmt: skip
+    for key, culprits in (
+        ("one_rank_longer", ["q=(1, 7, 4, 8)"]),
+        ("one_rank_not_causal", ["causal=False"]),
+        ("group_sizes_differ", ["U=3 R=1", "U=1 R=2"]),
+    ):
         seen = [r[key] for r in per_rank]
         named = [any(c in m for c in culprits) for m in seen]
         assert all(m.startswith("hybrid_attention: ") for m in seen), (key, seen)

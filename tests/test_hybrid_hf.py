@@ -49,8 +49,12 @@ def _hybrid_run(rank: int, world: int, ids: torch.Tensor, kind: str):
     results = {}
     for degree in DEGREES:
         groups = hybrid_groups(degree)
-        args = {"world_size": world, "rank": groups.rank, "layout": "hybrid-zigzag",
-                "ulysses_degree": degree}  # fmt: skip
+        args = {
+            "world_size": world,
+            "rank": groups.rank,
+            "layout": "hybrid-zigzag",
+            "ulysses_degree": degree,
+        }
         positions = sequence_positions(ids.numel(), **args)
         shard = shard_sequence(ids[None], **args)
         model.zero_grad()

@@ -1,6 +1,8 @@
-"""The arrows between modules point one way: no import cycle anywhere in ringctl or ringattn
-(lazy imports inside functions count), ringattn never imports ringctl, and the planner is a
-leaf that imports nothing of ringctl but itself and `errors`.
+"""The arrows between modules point one way: no import cycle anywhere in ringctl, ringattn or
+benchmarks (lazy imports inside functions count), ringattn never imports ringctl, and the
+planner is a leaf that imports nothing of ringctl but itself and `errors`. No private name
+crosses a module boundary, the benchmarks' imports of ringattn, ringctl and one another
+included.
 
 The graph is read from the source with `ast`, so a cycle hidden in a function body is found too.
 """
@@ -14,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ringattn", "ringctl")
+CONSUMERS = ("benchmarks",)  # they use the packages as a user would: public names only
 
 
 def _module_name(path: Path) -> str:
@@ -25,7 +28,7 @@ def _module_name(path: Path) -> str:
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
+    for package in PACKAGES + CONSUMERS:
         for path in sorted((ROOT / package).rglob("*.py")):
             found[_module_name(path)] = path
     return found
@@ -94,6 +97,17 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+def test_the_graph_holds_the_benchmarks():
+    """The benchmarks are in the graph the cycle check walks, their lazy imports included
+    (`--pairings` loads benchmarks.pairing inside a function); what the attention benchmark
+    and its pairings both need is a module of its own, so the arrows run one way."""
+    graph = import_graph()
+    assert "benchmarks.pairing" in graph["benchmarks.attention"]
+    assert "benchmarks.attention_workers" in graph["benchmarks.pairing"]
+    assert "benchmarks.attention" not in graph["benchmarks.pairing"]
+    assert find_cycle({**graph, "benchmarks.attention_workers": {"benchmarks.attention"}})
+
+
 def test_ringattn_never_imports_ringctl():
     bad = {
         m: sorted(t for t in ts if t.startswith("ringctl"))
@@ -108,10 +122,12 @@ def test_planner_is_a_leaf():
     its torch-free geometry (the engine's own rules: padding, plans, reach)."""
 
     def allowed(target: str) -> bool:
-        return (
-            target in ("ringctl", "ringctl.errors", "ringattn", "ringattn.geometry")
-            or target.startswith("ringctl.planner")
-        )
+        return target in (
+            "ringctl",
+            "ringctl.errors",
+            "ringattn",
+            "ringattn.geometry",
+        ) or target.startswith("ringctl.planner")
 
     bad = {}
     for module, targets in import_graph().items():
@@ -142,8 +158,6 @@ def test_the_checker_sees_a_cycle():
 
 # --- no private name crosses a module boundary ---------------------------------------------------
 
-CONSUMERS = ("benchmarks",)  # they use the packages as a user would: public names only
-
 
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
@@ -156,7 +170,7 @@ def private_imports(root: Path = ROOT) -> list[str]:
     found = []
     for package in PACKAGES + CONSUMERS:
         for path in sorted((root / package).rglob("*.py")):
-            name = _module_name(path) if package in PACKAGES else ""
+            name = _module_name(path)
             tree = ast.parse(path.read_text(), str(path))
             found += _private_uses(tree, name, path.name == "__init__.py", modules, path)
     return found
@@ -168,7 +182,7 @@ def _private_uses(tree, name: str, is_package: bool, modules, path: Path) -> lis
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = _resolve(name, is_package, node) if node.level else node.module or ""
-            if not base.startswith(PACKAGES):
+            if not base.startswith(PACKAGES + CONSUMERS):
                 continue
             for alias in node.names:
                 if f"{base}.{alias.name}" in modules:  # a module: its attributes are checked
@@ -196,4 +210,18 @@ def test_the_checker_sees_a_private_import(tmp_path):
     assert found == [
         "ringctl/topology/example.py:1: from ringctl.topology.placement import _hop",
         "ringctl/topology/example.py:3: slurm._x",
+    ]
+
+
+def test_the_checker_sees_a_private_import_between_benchmarks():
+    tree = ast.parse(
+        "from benchmarks.attention import Config, _device_kind\n"
+        "from benchmarks import overhead\n"
+        "overhead._engine()\n"
+    )
+    path = ROOT / "benchmarks" / "example.py"
+    found = _private_uses(tree, "benchmarks.example", False, _modules(), path)
+    assert found == [
+        "benchmarks/example.py:1: from benchmarks.attention import _device_kind",
+        "benchmarks/example.py:3: overhead._engine",
     ]

@@ -21,8 +21,10 @@ SMOKE = str(ROOT / "jobs" / "smoke.yaml")
 def test_create_is_atomic_and_complete(tmp_path):
     job = JobDir.create(
         {"config.yaml": "name: a\n", "job.sh": "#!/bin/bash\n"},
-        target=None, base=tmp_path, stem="a",
-    )  # fmt: skip
+        target=None,
+        base=tmp_path,
+        stem="a",
+    )
     assert job.path == tmp_path / "a"
     assert job.config.read_text() == "name: a\n" and job.script.stat().st_mode & 0o111
     assert all((job.path / d).is_dir() for d in ("logs", "probes", "out"))
@@ -33,7 +35,9 @@ def test_create_is_atomic_and_complete(tmp_path):
 
 def test_a_failed_creation_leaves_nothing(tmp_path):
     with pytest.raises(TypeError):
-        JobDir.create({"config.yaml": "ok", "job.sh": object()}, target=None, base=tmp_path, stem="b")
+        JobDir.create(
+            {"config.yaml": "ok", "job.sh": object()}, target=None, base=tmp_path, stem="b"
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -57,12 +61,18 @@ def test_lock_refuses_a_second_holder(tmp_path):
     job = JobDir(tmp_path)
     with job.lock("resume"):
         child = subprocess.run(
-            [sys.executable, "-c",
-             "import sys; from ringctl.jobdir import JobDir\n"
-             "try:\n  with JobDir(sys.argv[1]).lock('cancel'): print('got it')\n"
-             "except Exception as e: print('refused:', e)", str(tmp_path)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                "import sys; from ringctl.jobdir import JobDir\n"
+                "try:\n  with JobDir(sys.argv[1]).lock('cancel'): print('got it')\n"
+                "except Exception as e: print('refused:', e)",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert child.stdout.startswith("refused:") and "ringctl resume" in child.stdout
     with job.lock("cancel"):  # released: free again
         pass

@@ -114,7 +114,7 @@ def test_hybrid_zigzag_group_share_is_the_rings_zigzag_shard(world, degree):
                 rank=ring_rank * degree + u,
                 layout="hybrid-zigzag",
                 ulysses_degree=degree,
-            )  # fmt: skip
+            )
             for u in range(degree)
         ]
         zigzag = L.sequence_positions(n, world_size=ring, rank=ring_rank, layout="zigzag")
@@ -129,8 +129,11 @@ def test_hybrid_zigzag_positions_2x2():
         for r in range(4)
     ]
     assert [p.tolist() for p in got] == [
-        [0, 1, 2, 3], [12, 13, 14, 15], [4, 5, 6, 7], [8, 9, 10, 11],
-    ]  # fmt: skip
+        [0, 1, 2, 3],
+        [12, 13, 14, 15],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+    ]
 
 
 def test_degree_one_hybrid_is_the_ring_layout():
@@ -170,7 +173,8 @@ def test_hybrid_degree_must_tile_the_world_and_needs_a_hybrid_layout():
     with pytest.raises(ValueError, match="U=3 must be >= 1 and divide the world size P=4"):
         L.sequence_positions(24, world_size=4, rank=0, layout="hybrid-zigzag", ulysses_degree=3)
     with pytest.raises(ValueError, match="ulysses_degree=2 needs a hybrid layout"):
-        L.shard_sequence(torch.zeros(1, 8, 1), world_size=4, rank=0, layout="zigzag",
-                         ulysses_degree=2)  # fmt: skip
+        L.shard_sequence(
+            torch.zeros(1, 8, 1), world_size=4, rank=0, layout="zigzag", ulysses_degree=2
+        )
     with pytest.raises(ValueError, match="unknown layout 'hybrid'"):
         L.padded_length(8, world_size=2, layout="hybrid", ulysses_degree=2)

@@ -1,14 +1,11 @@
 """The LocalRing (P virtual ranks in one process) against float64 full attention, on the CPU.
 
 The LocalRing runs the same ring loops, kernels, merge and backward as the gloo ring of
-tests/test_ring.py, so it is held to the same tolerances (see there): float32 within 2e-5 of
-the largest reference value; bfloat16 within twice PyTorch's own SDPA error on the same inputs
-plus one bf16 ulp. The sink gradient is a sum over every row of the sequence: in float32 its
-rounding grows with the number of terms, still far below 2e-5 of the largest value here.
-With sinks in bf16, out/dq/dk/dv are held to the SDPA bound of the same inputs without sinks
-(a sink only scales each row by a float32 factor before the one bf16 rounding of the output);
-the bf16 sink gradient is not compared (a sum of terms of both signs, whose bf16 rounding is
-not bounded relative to the sum): the float32 cases check it.
+tests/test_ring.py, so it is held to the same tolerances (tests/attention_reference.py says
+why): float32 within FP32_TOL = 2e-5 of the largest reference value, the sink gradient
+included; bfloat16 within twice PyTorch's own SDPA error on the same inputs plus one bf16 ulp,
+with sinks the SDPA bound of the same inputs without sinks, and the bf16 sink gradient not
+compared.
 """
 
 from __future__ import annotations
@@ -19,36 +16,21 @@ import torch
 import ringattn
 from ringattn.local_ring import LocalRing
 from tests.attention_reference import (
+    FP32_TOL,
     Case,
+    compare,
+    failures,
     local_ring_outputs,
     make_inputs,
     reference,
     relative_error,
     ring_outputs,
-    sdpa_bf16_error,
 )
 from tests.distributed import run_distributed
 
-FP32_TOL = 2e-5
-BF16_ULP = 2.0**-8
-
 
 def _check(case: Case, world: int) -> list[str]:
-    got = local_ring_outputs(case, world)
-    inputs = make_inputs(case)
-    ref = reference(inputs, case.causal)
-    tol = {n: FP32_TOL for n in ref}
-    if case.dtype == "bfloat16":
-        plain = {n: t for n, t in inputs.items() if n != "sinks"}
-        sdpa = sdpa_bf16_error(case, plain, reference(plain, case.causal))
-        tol = {n: 2 * sdpa[n] + BF16_ULP for n in sdpa}
-    failures = []
-    for name in tol:
-        assert got[name].dtype == (torch.float32 if name == "dsinks" else case.torch_dtype)
-        err = relative_error(got[name], ref[name])
-        if not err <= tol[name]:
-            failures.append(f"P={world} {case.id} {name}: error {err:.2e} > {tol[name]:.2e}")
-    return failures
+    return failures(f"P={world}", case, compare(case, local_ring_outputs(case, world)))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8], ids=lambda p: f"P{p}")
@@ -61,8 +43,8 @@ def test_local_ring_matches_float64_reference(world, layout, causal):
         Case(1, n, 4, 1, 64, "float32", causal, layout, seed=22),  # MQA
         Case(1, n, 4, 2, 32, "bfloat16", causal, layout, seed=23),
     ]
-    failures = [f for case in cases for f in _check(case, world)]
-    assert not failures, "\n".join(failures)
+    found = [f for case in cases for f in _check(case, world)]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4], ids=lambda p: f"P{p}")
@@ -76,8 +58,8 @@ def test_local_ring_with_sinks_matches_float64_reference(world, layout, causal):
         Case(1, n, 4, 1, 64, "float32", causal, layout, seed=32, sinks=True),
         Case(2, n, 8, 2, 32, "bfloat16", causal, layout, seed=51, sinks=True),
     ]
-    failures = [f for case in cases for f in _check(case, world)]
-    assert not failures, "\n".join(failures)
+    found = [f for case in cases for f in _check(case, world)]
+    assert not found, "\n".join(found)
 
 
 def test_sinks_change_the_result():

@@ -7,6 +7,8 @@ rank 1 die, so the job's reason named rank 0. The scenario below is that run's, 
 
 from __future__ import annotations
 
+import pytest
+
 from ringctl.backends.joblogs import is_peer_loss
 from ringctl.backends.local import RankFailure, first_failure
 
@@ -16,28 +18,39 @@ RESET = (
 )
 
 
-def test_a_killed_rank_is_blamed_over_the_peer_it_took_down():
-    failures = [
-        RankFailure(rank=0, at=100.010, error=RESET, order=0),  # wrote its failure first
-        RankFailure(rank=1, at=100.040, error="", order=1),  # SIGKILL, seen at the next poll
-    ]
-    assert first_failure(failures) == 1
-
-
-def test_a_real_error_beats_a_later_death_it_caused():
-    failures = [
-        RankFailure(rank=2, at=100.050, error="", order=0),  # aborted after its peer raised
-        RankFailure(rank=0, at=100.000, error="ValueError: bad document", order=1),
-    ]
-    assert first_failure(failures) == 0
-
-
-def test_when_every_rank_says_a_peer_left_the_earliest_is_blamed():
-    failures = [
-        RankFailure(rank=3, at=5.0, error="RuntimeError: Connection closed by peer", order=0),
-        RankFailure(rank=1, at=4.0, error=RESET, order=1),
-    ]
-    assert first_failure(failures) == 1
+@pytest.mark.parametrize(
+    ("failures", "blamed"),
+    [
+        pytest.param(
+            [
+                RankFailure(rank=0, at=100.010, error=RESET, order=0),  # wrote its failure first
+                RankFailure(rank=1, at=100.040, error="", order=1),  # SIGKILL, seen at next poll
+            ],
+            1,
+            id="killed-rank-over-the-peer-it-took-down",
+        ),
+        pytest.param(
+            [
+                RankFailure(rank=2, at=100.050, error="", order=0),  # aborted after its peer raised
+                RankFailure(rank=0, at=100.000, error="ValueError: bad document", order=1),
+            ],
+            0,
+            id="real-error-over-a-later-death-it-caused",
+        ),
+        pytest.param(
+            [
+                RankFailure(
+                    rank=3, at=5.0, error="RuntimeError: Connection closed by peer", order=0
+                ),
+                RankFailure(rank=1, at=4.0, error=RESET, order=1),
+            ],
+            1,
+            id="every-rank-lost-a-peer-earliest-blamed",
+        ),
+    ],
+)
+def test_the_cause_is_blamed_not_its_effects(failures, blamed):
+    assert first_failure(failures) == blamed
 
 
 def test_peer_loss_is_recognised_only_by_its_words():

@@ -15,8 +15,15 @@ from ringctl.longdoc.gather import gather
 from tests.distributed import run_distributed
 from tests.longdoc_reference import reference, rel_err
 
-TEXTS = {"a.txt": b"short", "b.txt": b"x", "c.txt": b"", "d.txt": b"a little longer text " * 3,
-         "e.txt": b"tiny!", "f.txt": b"q" * 37, "g.txt": b"The tide turns twice a day. " * 10}  # fmt: skip
+TEXTS = {
+    "a.txt": b"short",
+    "b.txt": b"x",
+    "c.txt": b"",
+    "d.txt": b"a little longer text " * 3,
+    "e.txt": b"tiny!",
+    "f.txt": b"q" * 37,
+    "g.txt": b"The tide turns twice a day. " * 10,
+}
 
 
 def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
@@ -24,11 +31,21 @@ def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
     from ringctl.longdoc.run import run_longdoc
 
     out = {}
-    for name, mode, budget in (("one", "score", None), ("batched", "score", 400),
-                               ("embed-one", "embed", None), ("embed-batched", "embed", 400)):  # fmt: skip
-        s = run_longdoc({"mode": mode, "inputs": [inputs], "chunk_size": 16}, rank, world, None,
-                        Path(base) / name / "out", lambda m: None,
-                        rings=RingOptions(size=2, max_tokens_per_rank=budget))  # fmt: skip
+    for name, mode, budget in (
+        ("one", "score", None),
+        ("batched", "score", 400),
+        ("embed-one", "embed", None),
+        ("embed-batched", "embed", 400),
+    ):
+        s = run_longdoc(
+            {"mode": mode, "inputs": [inputs], "chunk_size": 16},
+            rank,
+            world,
+            None,
+            Path(base) / name / "out",
+            lambda m: None,
+            rings=RingOptions(size=2, max_tokens_per_rank=budget),
+        )
         out[name] = (s.done, s.tokens)
     return out
 

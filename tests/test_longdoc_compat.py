@@ -40,15 +40,26 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOL = 2e-5
 SEED = 11
 BASE = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-    tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-)  # fmt: skip
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
 LONGROPE = {
-    "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
-    "short_factor": [1.0 + i / 8 for i in range(8)], "long_factor": [2.0 + i for i in range(8)],
-}  # fmt: skip
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "original_max_position_embeddings": 64,
+    "short_factor": [1.0 + i / 8 for i in range(8)],
+    "long_factor": [2.0 + i for i in range(8)],
+}
 
 
 @dataclass(frozen=True)
@@ -68,32 +79,69 @@ SLIDING = (W, W + 1, 301)  # at the window, one past it, several windows long
 FAMILIES = [
     Family("llama", "llama"),
     Family("llama (contiguous shards)", "llama", layout="contiguous"),
-    Family("llama, dynamic RoPE (threshold 64)", "llama",
-           dict(max_position_embeddings=64, rope_parameters=DYNAMIC), (301, 40, 80)),
-    Family("phi3, longrope (threshold 64)", "phi3",
-           dict(max_position_embeddings=512, original_max_position_embeddings=64,
-                rope_parameters=LONGROPE), (301, 40, 80)),
+    Family(
+        "llama, dynamic RoPE (threshold 64)",
+        "llama",
+        dict(max_position_embeddings=64, rope_parameters=DYNAMIC),
+        (301, 40, 80),
+    ),
+    Family(
+        "phi3, longrope (threshold 64)",
+        "phi3",
+        dict(
+            max_position_embeddings=512,
+            original_max_position_embeddings=64,
+            rope_parameters=LONGROPE,
+        ),
+        (301, 40, 80),
+    ),
     Family("mistral", "mistral", dict(sliding_window=None)),
     Family(f"mistral, sliding window {W}", "mistral", dict(sliding_window=W), SLIDING, sliding=W),
-    Family(f"mistral, sliding window {W} (contiguous shards)", "mistral", dict(sliding_window=W),
-           SLIDING, sliding=W, layout="contiguous"),
-    Family(f"qwen2, sliding window {W}", "qwen2",
-           dict(use_sliding_window=True, sliding_window=W, max_window_layers=0), SLIDING,
-           sliding=W),
+    Family(
+        f"mistral, sliding window {W} (contiguous shards)",
+        "mistral",
+        dict(sliding_window=W),
+        SLIDING,
+        sliding=W,
+        layout="contiguous",
+    ),
+    Family(
+        f"qwen2, sliding window {W}",
+        "qwen2",
+        dict(use_sliding_window=True, sliding_window=W, max_window_layers=0),
+        SLIDING,
+        sliding=W,
+    ),
     Family("qwen2", "qwen2", dict(use_sliding_window=False)),
     Family("qwen3", "qwen3"),
     Family("qwen2_moe", "qwen2_moe"),
     Family("qwen3_moe", "qwen3_moe"),
     Family("mixtral", "mixtral"),
     Family("gemma", "gemma", dict(head_dim=16)),
-    Family(f"gemma2, final softcap 2, no attention softcap, sliding window {W}", "gemma2",
-           dict(head_dim=16, attn_logit_softcapping=None, final_logit_softcapping=2.0,
-                sliding_window=W), SLIDING, sliding=W),
-    Family(f"gemma3_text, sliding window {W}", "gemma3_text",
-           dict(head_dim=16, sliding_window=W), SLIDING, sliding=W),
+    Family(
+        f"gemma2, final softcap 2, no attention softcap, sliding window {W}",
+        "gemma2",
+        dict(
+            head_dim=16, attn_logit_softcapping=None, final_logit_softcapping=2.0, sliding_window=W
+        ),
+        SLIDING,
+        sliding=W,
+    ),
+    Family(
+        f"gemma3_text, sliding window {W}",
+        "gemma3_text",
+        dict(head_dim=16, sliding_window=W),
+        SLIDING,
+        sliding=W,
+    ),
     Family("cohere, logit_scale 0.5", "cohere", dict(logit_scale=0.5)),
-    Family(f"cohere2, logit_scale 0.5, sliding window {W}", "cohere2",
-           dict(logit_scale=0.5, sliding_window=W), SLIDING, sliding=W),
+    Family(
+        f"cohere2, logit_scale 0.5, sliding window {W}",
+        "cohere2",
+        dict(logit_scale=0.5, sliding_window=W),
+        SLIDING,
+        sliding=W,
+    ),
     Family("granite, logits_scaling 8", "granite", dict(logits_scaling=8.0)),
     Family("granitemoe, logits_scaling 8", "granitemoe", dict(logits_scaling=8.0)),
     Family("phi", "phi"),
@@ -107,28 +155,47 @@ FAMILIES = [
     Family("stablelm", "stablelm"),
     Family("nemotron", "nemotron"),
     Family("opt", "opt"),
-    Family("llama4_text (chunked attention 64)", "llama4_text",
-           dict(attention_chunk_size=W), (W, W + 1), window=W),
-    Family("llama4_text, NoPE layer, temperature tuning (floor 32)", "llama4_text",
-           dict(attention_chunk_size=W, floor_scale=32, no_rope_layers=[1, 0]), (31, 32),
-           window=31),
-    Family(f"gpt_oss (sinks), sliding window {W}", "gpt_oss", dict(sliding_window=W), SLIDING,
-           sliding=W),
+    Family(
+        "llama4_text (chunked attention 64)",
+        "llama4_text",
+        dict(attention_chunk_size=W),
+        (W, W + 1),
+        window=W,
+    ),
+    Family(
+        "llama4_text, NoPE layer, temperature tuning (floor 32)",
+        "llama4_text",
+        dict(attention_chunk_size=W, floor_scale=32, no_rope_layers=[1, 0]),
+        (31, 32),
+        window=31,
+    ),
+    Family(
+        f"gpt_oss (sinks), sliding window {W}",
+        "gpt_oss",
+        dict(sliding_window=W),
+        SLIDING,
+        sliding=W,
+    ),
     # refused: the phrase each refusal must contain
     Family("bloom (ALiBi)", "bloom", refused="'bloom'"),
     Family("mpt (ALiBi)", "mpt", refused="'mpt'"),
     Family("falcon", "falcon", refused="'falcon'"),
-    Family("gpt_neo", "gpt_neo", dict(attention_types=[[["global", "local"], 1]]),
-           refused="'gpt_neo'"),
+    Family(
+        "gpt_neo", "gpt_neo", dict(attention_types=[[["global", "local"], 1]]), refused="'gpt_neo'"
+    ),
     Family("mamba", "mamba", refused="'mamba'"),
     Family("jamba", "jamba", refused="'jamba'"),
     Family("lfm2", "lfm2", dict(layer_types=["conv", "full_attention"]), refused="'lfm2'"),
     Family("falcon_h1", "falcon_h1", refused="'falcon_h1'"),
     Family("qwen3_next", "qwen3_next", refused="'qwen3_next'"),
-    Family("gemma2, attention softcap 50", "gemma2", dict(head_dim=16),
-           refused="attention-logit soft-capping"),
+    Family(
+        "gemma2, attention softcap 50",
+        "gemma2",
+        dict(head_dim=16),
+        refused="attention-logit soft-capping",
+    ),
     Family("deepseek_v3 (latent attention)", "deepseek_v3", refused="multi-head latent"),
-]  # fmt: skip
+]
 BY_LABEL = {f.label: f for f in FAMILIES}
 
 
@@ -182,15 +249,17 @@ def _ring_family(fam: Family) -> dict:
     for n in fam.lengths:
         try:
             with torch.no_grad():
-                r = run_task("score", model, document(n), group=None, layout=fam.layout,
-                             chunk_size=64)  # fmt: skip
+                r = run_task(
+                    "score", model, document(n), group=None, layout=fam.layout, chunk_size=64
+                )
             out[n] = (r.tensors["positions"], r.tensors["token_logprob"])
         except Exception as err:  # noqa: BLE001 - refused families fail in their own ways
             out[n] = _error(err)
     if out["refusal"] is None:  # what the job would say first, also where documents fail
         try:
-            probe = run_probe(model, group=None, layout=fam.layout, dtype_name="float32",
-                              chunk_size=64)  # fmt: skip
+            probe = run_probe(
+                model, group=None, layout=fam.layout, dtype_name="float32", chunk_size=64
+            )
             out["probe"] = (probe.error, probe.measured)
         except Exception as err:  # noqa: BLE001 - a probe that crashes is a finding
             out["probe"] = (f"the probe crashed: {_error(err)}", float("nan"))
@@ -207,14 +276,17 @@ def _broken_probe() -> dict:
     # A family whose forward post-processes its logits in a way the scorer does not know:
     # only the model's own forward pass (what the probe compares with) scales them.
     model.register_forward_hook(lambda mod, args, output: _scale_logits(output, 1.5))
-    out["scaled head"] = run_probe(model, group=None, layout="zigzag", dtype_name="float32",
-                                   chunk_size=64).__dict__  # fmt: skip
+    out["scaled head"] = run_probe(
+        model, group=None, layout="zigzag", dtype_name="float32", chunk_size=64
+    ).__dict__
     bloom = build(BY_LABEL["bloom (ALiBi)"], "ringattn")
-    out["bypass"] = run_probe(bloom, group=None, layout="zigzag", dtype_name="float32",
-                              chunk_size=64).__dict__  # fmt: skip
+    out["bypass"] = run_probe(
+        bloom, group=None, layout="zigzag", dtype_name="float32", chunk_size=64
+    ).__dict__
     half = build(llama, "ringattn").to(torch.bfloat16)
-    out["bfloat16"] = run_probe(half, group=None, layout="zigzag", dtype_name="bfloat16",
-                                chunk_size=64).__dict__  # fmt: skip
+    out["bfloat16"] = run_probe(
+        half, group=None, layout="zigzag", dtype_name="bfloat16", chunk_size=64
+    ).__dict__
     for label, fam in PROBE_FAILURES.items():
         model = build(fam, "ringattn")
         probe = run_probe(model, group=None, layout="zigzag", dtype_name="float32", chunk_size=64)

@@ -42,8 +42,9 @@ def _ranks(rank: int, world_size: int) -> dict:
         for n in LENGTHS:
             ids = document(n)
             for task in ("score", "embed", "grad"):
-                r = run_task(task, model, ids, group=None, layout="zigzag", chunk_size=16,
-                             keep_grads=True)  # fmt: skip
+                r = run_task(
+                    task, model, ids, group=None, layout="zigzag", chunk_size=16, keep_grads=True
+                )
                 out[kind, n, task] = (r.tensors, r.stats, r.grads)
         if world_size == 2:  # the contiguous layout too, on one document
             r = run_task("score", model, document(37), group=None, layout="contiguous")
@@ -128,9 +129,12 @@ def test_sharded_equals_unsharded(world_size: int, references: dict) -> None:
                     norm = torch.cat([g.flatten() for g in ref["grads"].values()]).norm().item()
                     assert gstats["grad_norm"] == pytest.approx(norm, rel=GRAD_TOL), where
                     assert set(gstats["grad_norms"]) >= {
-                        "model.embed_tokens", "model.layers.0.self_attn", "model.layers.1.mlp",
-                        "model.norm", "lm_head",
-                    }  # fmt: skip
+                        "model.embed_tokens",
+                        "model.layers.0.self_attn",
+                        "model.layers.1.mlp",
+                        "model.norm",
+                        "lm_head",
+                    }
         if world_size == 2:
             ref = references[kind, "eager", 37]
             lp = unshard([r[kind, 37, "contiguous"][0] for r in results], "token_logprob", 37)

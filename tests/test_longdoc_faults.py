@@ -54,7 +54,9 @@ def test_killed_rank_fails_the_job_and_resume_completes_only_what_is_missing(tmp
     wait_for(lambda: _complete_on_both_ranks(job_dir) >= 2, 120, "two documents to finish")
     victim = local_state(job_dir)["ranks"]["1"]["pid"]
     os.kill(victim, signal.SIGKILL)
-    final = wait_for(lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 60, "the job to end")
+    final = wait_for(
+        lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 60, "the job to end"
+    )
     assert final["state"] == "FAILED"
     assert "rank 1" in final["reason"]
 

@@ -20,10 +20,17 @@ from tests.distributed import run_distributed
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 WORDS = ["ring", "attention", "shards", "tokens", "travel", "between", "ranks", "under"]
 TINY = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False,
-    bos_token_id=None, eos_token_id=None, pad_token_id=None,
-)  # fmt: skip
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
 
 
 def _model_with_tokenizer(root: Path) -> Path:

@@ -52,14 +52,20 @@ def _saved(folder: Path, files: dict[str, list[str]], listed: list[str]) -> Path
 def test_a_saved_dataset_reads_only_its_listed_files_in_their_order(tmp_path):
     """The cache-*.arrow that datasets writes beside the data after .map() holds rows of
     another computation: they must not be scored. state.json's order is the dataset's."""
-    files = {"data-00000-of-00002.arrow": ["first", "second"], "data-00001-of-00002.arrow": ["third"],
-             "cache-5f1e2a.arrow": ["MAPPED first", "MAPPED second"]}  # fmt: skip
+    files = {
+        "data-00000-of-00002.arrow": ["first", "second"],
+        "data-00001-of-00002.arrow": ["third"],
+        "cache-5f1e2a.arrow": ["MAPPED first", "MAPPED second"],
+    }
     listed = ["data-00001-of-00002.arrow", "data-00000-of-00002.arrow"]
     saved = _saved(tmp_path / "saved", files, listed)
     docs = list_documents(saved).documents
     assert [d.read_bytes() for d in docs] == [b"third", b"first", b"second"]
-    assert [d.id for d in docs] == ["data-00001-of-00002.arrow#1", "data-00000-of-00002.arrow#1",
-                                    "data-00000-of-00002.arrow#2"]  # fmt: skip
+    assert [d.id for d in docs] == [
+        "data-00001-of-00002.arrow#1",
+        "data-00000-of-00002.arrow#1",
+        "data-00000-of-00002.arrow#2",
+    ]
     # below another directory, the same folder is read the same way, beside plain files
     (tmp_path / "notes.txt").write_text("a note")
     ids = [d.id for d in list_documents(tmp_path).documents]
@@ -91,8 +97,11 @@ def _dataset_dict(root: Path) -> Path:
     _saved(
         root / "train", {"data-00000-of-00001.arrow": ["train row"]}, ["data-00000-of-00001.arrow"]
     )
-    _saved(root / "test", {"data-00000-of-00001.arrow": ["test row 1", "test row 2"],
-                           "cache-0a.arrow": ["cached"]}, ["data-00000-of-00001.arrow"])  # fmt: skip
+    _saved(
+        root / "test",
+        {"data-00000-of-00001.arrow": ["test row 1", "test row 2"], "cache-0a.arrow": ["cached"]},
+        ["data-00000-of-00001.arrow"],
+    )
     return root
 
 
@@ -101,8 +110,10 @@ def test_a_dataset_dict_is_read_by_split_and_refused_without_one(tmp_path):
     with pytest.raises(DocumentError, match=r"DatasetDict .* splits train, test: set task\.split"):
         list_documents(dd)
     test = list_documents(dd, split="test").documents
-    assert [d.id for d in test] == ["test/data-00000-of-00001.arrow#1",
-                                    "test/data-00000-of-00001.arrow#2"]  # fmt: skip
+    assert [d.id for d in test] == [
+        "test/data-00000-of-00001.arrow#1",
+        "test/data-00000-of-00001.arrow#2",
+    ]
     assert [d.read_bytes() for d in test] == [b"test row 1", b"test row 2"]
     with pytest.raises(DocumentError, match=r"no split 'dev' \(split: one of train, test\)"):
         list_documents(dd, split="dev")
@@ -152,9 +163,11 @@ def test_every_json_flavour_reads_records_alike(tmp_path, name):
     ]
     assert [d.id for d in listing.documents] == [f"{name}#1", f"{name}#2"]
     why = [s.split(": ", 1)[1] for s in listing.skipped]
-    assert why[:3] == ["a JSON object is expected, not list",
-                       "no field 'text' (fields: body); set text_field",
-                       "field 'text' is not a string"]  # fmt: skip
+    assert why[:3] == [
+        "a JSON object is expected, not list",
+        "no field 'text' (fields: body); set text_field",
+        "field 'text' is not a string",
+    ]
     assert [s.split(": ", 1)[0] for s in listing.skipped[:3]] == [f"{path}:{i}" for i in (3, 4, 5)]
     if deep_ok:
         assert listing.skipped[3] == f"{path}:6: nested too deeply to parse"
@@ -195,8 +208,11 @@ def test_corrupt_or_truncated_gzip_is_refused_in_one_line(tmp_path):
     (tmp_path / "corrupt.jsonl.gz").write_bytes(good + bytes(damaged))  # a good member first
     (tmp_path / "cut.jsonl.gz").write_bytes(good[: len(good) * 3 // 4])
     (tmp_path / "plain.jsonl.gz").write_text('{"text": "not compressed"}\n')
-    for name, why in [("corrupt", "after line 2000 (corrupt gzip data at inflated byte "),
-                      ("cut", "truncated"), ("plain", "incorrect header check")]:  # fmt: skip
+    for name, why in [
+        ("corrupt", "after line 2000 (corrupt gzip data at inflated byte "),
+        ("cut", "truncated"),
+        ("plain", "incorrect header check"),
+    ]:
         path = tmp_path / f"{name}.jsonl.gz"
         for policy in ("skip", "stop"):  # the file, not a record: refused under either policy
             with pytest.raises(UserError) as err:
@@ -276,8 +292,9 @@ def _huge_file(path: Path, size: int) -> None:
         f.write(b'"}, {"text": "after"}]' if path.suffix == ".json" else b'"}\n{"text": "after"}\n')
 
 
-@pytest.mark.parametrize("name, size", [("bomb.jsonl.gz", 384 << 20), ("big.jsonl", 128 << 20),
-                                        ("big.json", 128 << 20)])  # fmt: skip
+@pytest.mark.parametrize(
+    "name, size", [("bomb.jsonl.gz", 384 << 20), ("big.jsonl", 128 << 20), ("big.json", 128 << 20)]
+)
 def test_reading_inputs_holds_one_bounded_record(tmp_path, name, size):
     """Before: a 400 KB .jsonl.gz that inflates to 384 MiB was read whole (gzip.read()), then
     split: the peak grew by 1151 MiB; a .jsonl line by 386 MiB, a .json file by 255 MiB. Now
@@ -286,8 +303,13 @@ def test_reading_inputs_holds_one_bounded_record(tmp_path, name, size):
     doubles past it, and is copied when it grows (measured: 34 MiB)."""
     path = tmp_path / name
     (_gzip_bomb if name.endswith(".gz") else _huge_file)(path, size)
-    proc = subprocess.run([sys.executable, "-c", PEAK, str(path), str(LIMIT)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, str(path), str(LIMIT)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     grown, said = proc.stdout.split(" ", 1)
     assert int(grown) < BOUND, f"{name}: peak RSS grew by {int(grown) >> 20} MiB"
@@ -337,8 +359,12 @@ def test_a_long_document_nothing_sizes_is_said_at_submit(tmp_path, capsys):
     assert err.startswith("warning: the longest document, 'long.txt' (3,000,000 tokens")
     assert f"needs about {need:,.1f} GiB per rank on a ring of 2" in err and need > 1
     assert err.count("\n") == 1
-    budget = _load(f"task.inputs=[{tmp_path}]", "nodes=1", "tasks_per_node=2",
-                   "ring.max_tokens_per_rank=1000000")  # fmt: skip
+    budget = _load(
+        f"task.inputs=[{tmp_path}]",
+        "nodes=1",
+        "tasks_per_node=2",
+        "ring.max_tokens_per_rank=1000000",
+    )
     with pytest.raises(UserError, match=r"'long.txt' has 3,000,000 tokens: .* at least 3 ranks"):
         check_documents(Sizing(budget))
     check_documents(Sizing(budget), force=True)

@@ -8,10 +8,16 @@ import torch
 from tests.distributed import run_distributed
 
 CONFIG = dict(
-    model_type="mistral", vocab_size=256, hidden_size=64, intermediate_size=128,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=4096, sliding_window=None,
-)  # fmt: skip
+    model_type="mistral",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    sliding_window=None,
+)
 
 
 def _build(attn_implementation: str):

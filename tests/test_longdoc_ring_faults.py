@@ -57,8 +57,13 @@ def _logprobs(out: Path) -> dict[str, object]:
 
 
 def _common(docs: Path) -> list[str]:
-    return [f"task.inputs=[{docs}]", "timeout=30", "nodes=1", "tasks_per_node=4",
-            "task.chunk_size=1024"]  # fmt: skip
+    return [
+        f"task.inputs=[{docs}]",
+        "timeout=30",
+        "nodes=1",
+        "tasks_per_node=4",
+        "task.chunk_size=1024",
+    ]
 
 
 def test_killed_rank_then_resume_on_another_ring_size(tmp_path, capsys):
@@ -69,7 +74,9 @@ def test_killed_rank_then_resume_on_another_ring_size(tmp_path, capsys):
     wait_for(lambda: _complete(job_dir) >= 2, 180, "two documents to finish")
     killed_at = time.monotonic()
     os.kill(local_state(job_dir)["ranks"]["3"]["pid"], signal.SIGKILL)
-    final = wait_for(lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 60, "the end")
+    final = wait_for(
+        lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 60, "the end"
+    )
     assert final["state"] == "FAILED" and "rank 3" in final["reason"]
     assert time.monotonic() - killed_at < 60  # every ring stopped, none waits on the dead one
     finished = _complete(job_dir)
@@ -99,7 +106,9 @@ def test_preemption_signal_finishes_each_rings_document_and_resume_continues(tmp
     wait_for(lambda: _complete(job_dir) >= 1, 180, "a document to finish")
     for info in local_state(job_dir)["ranks"].values():  # what Slurm's --signal does, to every rank
         os.kill(info["pid"], signal.SIGUSR1)
-    final = wait_for(lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 90, "the end")
+    final = wait_for(
+        lambda: local_state(job_dir).get("ended_at") and local_state(job_dir), 90, "the end"
+    )
     assert final["state"] == "FAILED", final  # not done, and not reported done
     assert "stopped on request before the end" in final["reason"]
     stopped_with = _complete(job_dir)

@@ -62,8 +62,16 @@ def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
         if mode == "grad":
             params["write_grads"] = True
         job = Path(base) / name
-        summary = run_longdoc(params, rank, world, None, job / "out", lambda m: None,
-                              rings=RingOptions(**opts), schedule_path=job / "schedule.json")  # fmt: skip
+        summary = run_longdoc(
+            params,
+            rank,
+            world,
+            None,
+            job / "out",
+            lambda m: None,
+            rings=RingOptions(**opts),
+            schedule_path=job / "schedule.json",
+        )
         out[name] = (summary.done, summary.skipped, summary.tokens)
     # resume the auto job on rings of 2 (its largest document then cannot run: refused by
     # name), then on the whole job after one document's shards vanish
@@ -75,12 +83,26 @@ def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
         shutil.rmtree(auto_out / doc_key("pair.txt"))
     dist.barrier()
     params = {"mode": "score", "inputs": [inputs], "chunk_size": 64}
-    summary = run_longdoc(params, rank, world, None, Path(base) / "auto" / "out", lambda m: None,
-                          rings=RingOptions(size=4))  # fmt: skip
+    summary = run_longdoc(
+        params,
+        rank,
+        world,
+        None,
+        Path(base) / "auto" / "out",
+        lambda m: None,
+        rings=RingOptions(size=4),
+    )
     out["resumed"] = (summary.done, summary.skipped, summary.tokens)
     try:
-        run_longdoc(params, rank, world, None, Path(base) / "refused" / "out", lambda m: None,
-                    rings=RingOptions(size=2, max_tokens_per_rank=BUDGET))  # fmt: skip
+        run_longdoc(
+            params,
+            rank,
+            world,
+            None,
+            Path(base) / "refused" / "out",
+            lambda m: None,
+            rings=RingOptions(size=2, max_tokens_per_rank=BUDGET),
+        )
         out["refused"] = ""
     except RuntimeError as err:
         out["refused"] = str(err)

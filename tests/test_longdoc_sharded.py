@@ -116,8 +116,7 @@ def _check_case(case: list[dict], ring_size: int, kind: str, refs: dict, label: 
             for r in ring:
                 _same(r["sharded"][key], r["unsharded"][key], where)
             if n:
-                _against_reference([r["sharded"][key] for r in ring], refs[kind, n], n, task,
-                                   where)  # fmt: skip
+                _against_reference([r["sharded"][key] for r in ring], refs[kind, n], n, task, where)
             else:
                 assert all(r["sharded"][key]["tensors"]["positions"].numel() == 0 for r in ring)
 
@@ -161,8 +160,7 @@ def test_shard_job_with_rings_of_2(results, references) -> None:
     case = [r["job"] for r in results]
     assert case[0]["shard_size"] == 4
     assert set(case[0]["sharded"]) == {(37, "score"), (37, "embed"), (0, "score"), (0, "embed")}
-    assert set(case[2]["sharded"]) == {(150, "score"), (150, "embed"), (5, "score"),
-                                       (5, "embed")}  # fmt: skip
+    assert set(case[2]["sharded"]) == {(150, "score"), (150, "embed"), (5, "score"), (5, "embed")}
     _check_case(case, 2, "llama", references, "shard=job P=4")
     _check_memory(case, "shard=job P=4")
 

@@ -33,16 +33,18 @@ def test_sharded_job_equals_the_unsharded_job(mode, tmp_path, capsys):
     extra = [f"task.mode={mode}"] + (["task.write_grads=true"] if mode == "grad" else [])
     for shard in ("none", "ring"):
         job = tmp_path / shard
-        assert main(["run", "longdoc", f"job_dir={job}", f"model.shard={shard}", *SHAPE,
-                     *extra]) == 0, capsys.readouterr().err  # fmt: skip
+        assert (
+            main(["run", "longdoc", f"job_dir={job}", f"model.shard={shard}", *SHAPE, *extra]) == 0
+        ), capsys.readouterr().err
         assert main(["gather", str(job)]) == 0
     log = (tmp_path / "ring" / "logs" / "rank-0.out").read_text()
     assert "probe:" in log  # the probe ran on the sharded model too
     plain, sharded = (_outputs(tmp_path / s / "gathered", "docs") for s in ("none", "ring"))
     assert sorted(plain) == sorted(sharded) and len(plain) == 4
     for doc in plain:
-        torch.testing.assert_close(sharded[doc]["token_logprob"], plain[doc]["token_logprob"],
-                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        torch.testing.assert_close(
+            sharded[doc]["token_logprob"], plain[doc]["token_logprob"], rtol=1e-5, atol=1e-6
+        )
     if mode == "grad":
         a, b = (_outputs(tmp_path / s / "gathered", "grads") for s in ("none", "ring"))
         assert sorted(a) == sorted(b) and a

@@ -46,10 +46,13 @@ def _load(*overrides: str):
         ("mamba", {}, "state-space"),
         ("qwen3_next", {}, "Qwen3-Next"),
         ("gemma2", {"attn_logit_softcapping": 50.0}, "attention-logit soft-capping"),
-        ("deepseek_v3", {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
-         "multi-head latent attention"),
+        (
+            "deepseek_v3",
+            {"qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+            "multi-head latent attention",
+        ),
     ],
-)  # fmt: skip
+)
 def test_unsupported_models_are_refused_by_name_at_submit(tmp_path, model_type, fields, phrase):
     cfg = _config(tmp_path, f"{model_type}.json", model_type=model_type, vocab_size=256, **fields)
     with pytest.raises(UserError, match="task.model_path") as err:

@@ -46,8 +46,12 @@ def test_rows_are_documents_and_bad_rows_are_named(tmp_path):
     table, saved = _inputs(tmp_path)
     listing = list_documents([table, saved], id_field=None, on_bad_record="skip")
     ids = [d.id for d in listing.documents]
-    assert ids == ["docs.parquet#1", "docs.parquet#3", "data-00000-of-00001.arrow#1",
-                   "data-00000-of-00001.arrow#2"]  # fmt: skip
+    assert ids == [
+        "docs.parquet#1",
+        "docs.parquet#3",
+        "data-00000-of-00001.arrow#1",
+        "data-00000-of-00001.arrow#2",
+    ]
     assert listing.documents[1].read_bytes() == ROWS[2]["text"].encode()
     assert listing.documents[3].read_bytes() == b"and another one, longer"
     assert len(listing.skipped) == 1 and "docs.parquet:2" in listing.skipped[0]
@@ -60,16 +64,26 @@ def test_a_job_scores_table_rows_as_the_model_does(tmp_path, capsys):
 
     table, saved = _inputs(tmp_path)
     job = tmp_path / "job"
-    argv = ["run", "longdoc", f"job_dir={job}", f"task.inputs=[{table},{saved}]",
-            "task.model_path=null", "nodes=1", "tasks_per_node=2", "timeout=120"]  # fmt: skip
+    argv = [
+        "run",
+        "longdoc",
+        f"job_dir={job}",
+        f"task.inputs=[{table},{saved}]",
+        "task.model_path=null",
+        "nodes=1",
+        "tasks_per_node=2",
+        "timeout=120",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     assert main(["gather", str(job)]) == 0
     model = load_model(None, attn_implementation="sdpa")
     found = 0
     for path in (job / "gathered" / "docs").glob("*.safetensors"):
         with safe_open(str(path), framework="pt") as fh:
-            assert fh.metadata()["doc_id"].split("#")[0] in ("docs.parquet",
-                                                             "data-00000-of-00001.arrow")  # fmt: skip
+            assert fh.metadata()["doc_id"].split("#")[0] in (
+                "docs.parquet",
+                "data-00000-of-00001.arrow",
+            )
         t = load_file(str(path))
         want = reference(model, t["input_ids"].long())["token_logprob"]
         assert rel_err(t["token_logprob"], want) < 1e-5

@@ -13,10 +13,15 @@ from tests.distributed import run_distributed
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CONFIG = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
     sliding_window=32,
-)  # fmt: skip
+)
 
 
 def _score(rank: int, world: int, lengths: list[int]) -> list[str]:
@@ -33,8 +38,14 @@ def _score(rank: int, world: int, lengths: list[int]) -> list[str]:
     for n in lengths:
         try:
             with torch.no_grad():
-                run_task("score", model.eval(), torch.arange(n) % 256, group=None,
-                         layout="zigzag", chunk_size=64)  # fmt: skip
+                run_task(
+                    "score",
+                    model.eval(),
+                    torch.arange(n) % 256,
+                    group=None,
+                    layout="zigzag",
+                    chunk_size=64,
+                )
             said.append("scored")
         except RuntimeError as err:
             said.append(str(err))

@@ -27,8 +27,16 @@ WORK = Workload(seq_len=1 << 20, heads=32, kv_heads=8, head_dim=128, dtype="bflo
 
 def test_shipped_devices_all_load_with_sources():
     devices = load_devices()
-    names = ("A100-40GB", "A100-80GB", "H100-SXM", "H100-SXM-96GB", "H100-PCIe", "H200", "B200",
-             "L40S")  # fmt: skip
+    names = (
+        "A100-40GB",
+        "A100-80GB",
+        "H100-SXM",
+        "H100-SXM-96GB",
+        "H100-PCIe",
+        "H200",
+        "B200",
+        "L40S",
+    )
     for name in names:
         d = devices[name]
         assert d.source and d.tflops["bfloat16"] > 0
@@ -83,9 +91,7 @@ def test_fewest_ranks_is_minimal():
     assert p == 1 or sum(memory_per_rank(WORK, p - 1).values()) > cap
 
 
-ISSUE_14_13B = ["--seq", "131072", "--device", "A100-80GB", "--layers", "40", "--hidden", "5120",
-                "--intermediate", "13824", "--vocab", "32000", "--heads", "40", "--head-dim",
-                "128"]  # fmt: skip
+ISSUE_14_13B = "--seq 131072 --device A100-80GB --layers 40 --hidden 5120 --intermediate 13824 --vocab 32000 --heads 40 --head-dim 128".split()
 
 
 def test_fewest_ranks_respects_the_layout(capsys):
@@ -96,8 +102,13 @@ def test_fewest_ranks_respects_the_layout(capsys):
     assert 131072 % (2 * fewest) == 0
     assert main(["plan", *ISSUE_14_13B, "--ranks", str(fewest), "--json"]) == 0  # accepted, fits
     assert json.loads(capsys.readouterr().out)["fits"]
-    work = Workload(seq_len=131072, heads=40, kv_heads=40, head_dim=128,
-                    model=ModelShape(40, 5120, 13824, 32000))  # fmt: skip
+    work = Workload(
+        seq_len=131072,
+        heads=40,
+        kv_heads=40,
+        head_dim=128,
+        model=ModelShape(40, 5120, 13824, 32000),
+    )
     cap = usable_gib(get_device("A100-80GB")) * GIB
     smaller = [p for p in range(1, fewest) if 131072 % (2 * p) == 0]
     assert all(sum(memory_per_rank(work, p).values()) > cap for p in smaller)
@@ -154,9 +165,17 @@ def test_plan_cli_errors_are_one_line(argv, message, capsys):
 
 def test_submit_refuses_a_job_that_cannot_fit(tmp_path, capsys):
     # 4 H100 ranks cannot hold 64M tokens of 32 heads; nothing may be created or submitted.
-    argv = ["submit", "jobs/smoke.yaml", f"output_dir={tmp_path}", "device=H100-SXM",
-            "task.seq_len=67108864", "task.heads=32", "task.kv_heads=8", "task.head_dim=128",
-            "task.dtype=bfloat16"]
+    argv = [
+        "submit",
+        "jobs/smoke.yaml",
+        f"output_dir={tmp_path}",
+        "device=H100-SXM",
+        "task.seq_len=67108864",
+        "task.heads=32",
+        "task.kv_heads=8",
+        "task.head_dim=128",
+        "task.dtype=bfloat16",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "ringctl plan (H100-SXM): does not fit" in err and "--force" in err
@@ -164,8 +183,7 @@ def test_submit_refuses_a_job_that_cannot_fit(tmp_path, capsys):
 
 
 def test_plan_sizes_a_job_config(capsys):
-    argv = ["plan", "jobs/attention.yaml", "nodes=8", "tasks_per_node=8", "device=H100-SXM",
-            "task.seq_len=1048576", "task.dtype=bfloat16", "--json"]
+    argv = "plan jobs/attention.yaml nodes=8 tasks_per_node=8 device=H100-SXM task.seq_len=1048576 task.dtype=bfloat16 --json".split()
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ranks"] == 64 and report["device"] == "H100-SXM"
@@ -174,10 +192,13 @@ def test_plan_sizes_a_job_config(capsys):
 
 def test_a_device_file_with_a_bad_share_is_refused_by_name(tmp_path, capsys):
     path = tmp_path / "devices.json"
-    path.write_text(json.dumps({"X": {"mem_gib": 80, "tflops": {"bfloat16": 100},
-                                      "attention_efficiency": [0, 0.5]}}))  # fmt: skip
-    assert main(["plan", "--seq", "1024", "--ranks", "2", "--devices", str(path),
-                 "--device", "X"]) == 2  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {"X": {"mem_gib": 80, "tflops": {"bfloat16": 100}, "attention_efficiency": [0, 0.5]}}
+        )
+    )
+    argv = ["plan", "--seq", "1024", "--ranks", "2", "--devices", str(path), "--device", "X"]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{path}: device 'X': attention_efficiency must be shares" in err
 

@@ -47,8 +47,7 @@ def test_recommendation_follows_where_the_flat_ring_is_exposed():
 
 
 def test_plan_cli_compares_layouts(capsys):
-    argv = ["plan", "--seq", "131072", "--ranks", "64", "--nodes", "8", "--heads", "32",
-            "--kv-heads", "8", "--json"]  # fmt: skip
+    argv = "plan --seq 131072 --ranks 64 --nodes 8 --heads 32 --kv-heads 8 --json".split()
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     names = [layout["name"] for layout in report["layouts"]]

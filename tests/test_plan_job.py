@@ -13,9 +13,15 @@ from ringctl.config import load_job
 from ringctl.errors import UserError
 from ringctl.sizing import Sizing, job_shard, ring_size
 
-LLAMA_8B = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-            "model_type": "llama"}  # fmt: skip
+LLAMA_8B = {
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "model_type": "llama",
+}
 
 
 def test_ring_size_and_model_shard_are_read_with_defaults():
@@ -38,8 +44,14 @@ def test_plan_of_a_long_document_job_reads_the_model_directory(tmp_path, capsys)
     model.mkdir()
     (model / "config.json").write_text(json.dumps(LLAMA_8B))
     (model / "tokenizer_config.json").write_text("{}")  # the job check wants a tokenizer
-    argv = ["plan", "jobs/longdoc.yaml", f"task.model_path={model}", "task.dtype=bfloat16",
-            "device=H100-SXM", "--json"]  # fmt: skip
+    argv = [
+        "plan",
+        "jobs/longdoc.yaml",
+        f"task.model_path={model}",
+        "task.dtype=bfloat16",
+        "device=H100-SXM",
+        "--json",
+    ]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ring_size"] == 2 and report["documents"] >= 1
@@ -51,8 +63,16 @@ def test_plan_of_a_long_document_job_reads_the_model_directory(tmp_path, capsys)
 
 
 def test_preflight_of_an_attention_job_is_the_plan_of_its_ranks():
-    cfg = load_job("jobs/attention.yaml", ["nodes=2", "tasks_per_node=4", "device=H100-SXM",
-                                           "task.seq_len=1048576", "task.dtype=bfloat16"])
+    cfg = load_job(
+        "jobs/attention.yaml",
+        [
+            "nodes=2",
+            "tasks_per_node=4",
+            "device=H100-SXM",
+            "task.seq_len=1048576",
+            "task.dtype=bfloat16",
+        ],
+    )
     verdict = Sizing(cfg).preflight()
     assert verdict.device == "H100-SXM" and verdict.estimate.ranks == 8
     assert verdict.estimate.tokens_per_rank == 1048576 // 8

@@ -38,8 +38,9 @@ NET = Link("net", 400.0, 5e-6)
 
 def work(model=L8, **kw) -> Workload:
     kw.setdefault("seq_len", 65536)
-    return Workload(heads=model.heads, kv_heads=model.kv_heads, head_dim=model.head_dim,
-                    model=model, **kw)  # fmt: skip
+    return Workload(
+        heads=model.heads, kv_heads=model.kv_heads, head_dim=model.head_dim, model=model, **kw
+    )
 
 
 def _params(m):
@@ -70,8 +71,10 @@ def test_adam_training_holds_16_bytes_per_parameter_and_shards_divide_them():
 def test_inference_keeps_one_layer_and_training_keeps_what_autograd_keeps():
     score = sum(memory_per_rank(work(mode="score"), 8).values())
     embed = sum(memory_per_rank(work(mode="embed"), 8).values())
-    train = {c: sum(memory_per_rank(work(mode="train", checkpoint=c), 8).values())
-             for c in ("none", "selective", "full")}  # fmt: skip
+    train = {
+        c: sum(memory_per_rank(work(mode="train", checkpoint=c), 8).values())
+        for c in ("none", "selective", "full")
+    }
     assert score < embed < train["full"] < train["selective"] < train["none"]
     # saved activations of all 32 layers grow with the layers; one live layer does not
     deep = replace(L8, layers=64)
@@ -120,6 +123,7 @@ def test_fsdp_collectives_hide_on_fast_links_and_show_on_slow_ones():
     w = work(mode="train", shard="full", optimizer="adam")
     fast = estimate(w, 8, H100, NET, ranks_on_host=8)  # the shards' collectives on NVLink
     slow = estimate(w, 8, H100, NET, ranks_on_host=8, intra=Link("slow", 1.0, 5e-6))
+
     def exposed(est):
         return next(v for k, v in est.model_s.items() if k.startswith("FSDP"))
 
@@ -148,13 +152,33 @@ def test_precision_is_stated_per_tensor_kind():
 
 
 def test_model_shape_from_a_model_directory(tmp_path, capsys):
-    config = {"num_hidden_layers": 80, "hidden_size": 8192, "intermediate_size": 28672,
-              "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
-              "model_type": "llama"}  # fmt: skip
+    config = {
+        "num_hidden_layers": 80,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "model_type": "llama",
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert model_shape(tmp_path) == replace(L70, name="llama")
-    argv = ["plan", "--model", str(tmp_path), "--seq", "1048576", "--ranks", "64", "--nodes",
-            "8", "--mode", "score", "--shard", "weights", "--json"]  # fmt: skip
+    argv = [
+        "plan",
+        "--model",
+        str(tmp_path),
+        "--seq",
+        "1048576",
+        "--ranks",
+        "64",
+        "--nodes",
+        "8",
+        "--mode",
+        "score",
+        "--shard",
+        "weights",
+        "--json",
+    ]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"]["layers"] == 80 and report["workload"]["kv_heads"] == 8
@@ -168,10 +192,11 @@ def test_a_bad_model_config_names_file_and_key(tmp_path):
 
 
 def test_sharding_makes_70b_fit_at_1m_tokens_on_64_h100(capsys):
-    base = ["plan", "--model", "llama3-70b", "--seq", "1048576", "--ranks", "64", "--nodes", "8",
-            "--device", "H100-SXM", "--json"]  # fmt: skip
-    for mode in (["--mode", "score"], ["--mode", "train", "--checkpoint", "full",
-                                       "--optimizer", "adam"]):  # fmt: skip
+    base = "plan --model llama3-70b --seq 1048576 --ranks 64 --nodes 8 --device H100-SXM --json".split()
+    for mode in (
+        ["--mode", "score"],
+        ["--mode", "train", "--checkpoint", "full", "--optimizer", "adam"],
+    ):
         assert main([*base, *mode]) == 1
         unsharded = json.loads(capsys.readouterr().out)
         assert not unsharded["fits"] and unsharded["memory_total_gib"] > 78
@@ -182,8 +207,7 @@ def test_sharding_makes_70b_fit_at_1m_tokens_on_64_h100(capsys):
 
 
 def test_attention_only_stays_available(capsys):
-    argv = ["plan", "--seq", "65536", "--ranks", "8", "--heads", "32", "--kv-heads", "8",
-            "--json"]  # fmt: skip
+    argv = ["plan", "--seq", "65536", "--ranks", "8", "--heads", "32", "--kv-heads", "8", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] is None and report["model_total_s"] is None

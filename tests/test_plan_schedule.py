@@ -118,8 +118,7 @@ def test_auto_beats_one_ring_on_a_heavy_tailed_corpus():
 
 
 def test_plan_corpus_cli(capsys):
-    argv = ["plan", "--model", "llama3-8b", "--ranks", "64", "--nodes", "8", "--mode", "score",
-            "--corpus", "lognormal:100:4096:1048576", "--json"]  # fmt: skip
+    argv = "plan --model llama3-8b --ranks 64 --nodes 8 --mode score --corpus lognormal:100:4096:1048576 --json".split()
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["documents"] == 100 and report["speedup"] > 1

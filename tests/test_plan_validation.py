@@ -19,35 +19,35 @@ import pytest
 
 from ringctl.cli import main
 
-RA = ("--dtype float32 --mode train --checkpoint full --shard full --optimizer adam "
-      "--mlp-chunk 2048 --lm-head-chunk 2048")  # fmt: skip
-TT = ("--model llama3-8b --device H100-SXM-96GB --mode train --shard full --shard-degree 8 "
-      "--optimizer adam --lm-head-chunk 0")  # fmt: skip
+RA = (
+    "--dtype float32 --mode train --checkpoint full --shard full --optimizer adam "
+    "--mlp-chunk 2048 --lm-head-chunk 2048"
+)
+TT = (
+    "--model llama3-8b --device H100-SXM-96GB --mode train --shard full --shard-degree 8 "
+    "--optimizer adam --lm-head-chunk 0"
+)
 RFA = "--seq 65536 --ranks 8 --heads 32 --kv-heads 8 --head-dim 128"
 T2 = "--seq 65536 --ranks 8 --heads 32 --head-dim 128 --no-causal --mode score --device A100-80GB"
 
+A40 = f"--device A100-40GB {RA}"
+A80 = f"--device A100-80GB {RA}"
+NODES4 = "--ranks 32 --nodes 4"
+IDEAL = "--link-latency-us 0 --attention-efficiency 1,1"
+L405 = "--model llama3-405b --seq 1048576 --ranks 128 --nodes 16 --device H100-SXM"
+
 # (flags, what is read, predicted as recorded in the document, published, reproduced?)
 ROWS = [
-    (f"--model llama-3b --seq 524288 --ranks 8 --device A100-40GB {RA}", "longest", 435696,
-     524288, True),
-    (f"--model llama2-7b --seq 262144 --ranks 8 --device A100-40GB {RA}", "longest", 229088,
-     262144, True),
-    (f"--model llama2-13b --seq 131072 --ranks 8 --device A100-40GB {RA}", "longest", 67328,
-     131072, False),
-    (f"--model llama-3b --seq 524288 --ranks 8 --device A100-80GB {RA}", "longest", 1019120,
-     524288, False),
-    (f"--model llama2-7b --seq 262144 --ranks 8 --device A100-80GB {RA}", "longest", 632336,
-     262144, False),
-    (f"--model llama2-13b --seq 131072 --ranks 8 --device A100-80GB {RA}", "longest", 346912,
-     131072, False),
-    (f"--model llama2-7b --seq 4194304 --ranks 32 --nodes 4 --device A100-80GB {RA}", "longest",
-     2908928, 4194304, False),
-    (f"--model llama2-13b --seq 2097152 --ranks 32 --nodes 4 --device A100-80GB {RA}",
-     "longest", 1896000, 2097152, True),
-    (f"{T2} --link-gbit 2400 --link-latency-us 0 --attention-efficiency 1,1", "overlap", 1040,
-     1000, True),
-    (f"{T2} --link-gbit 100 --link-latency-us 0 --attention-efficiency 1,1", "overlap", 24960,
-     24500, True),
+    (f"--model llama-3b --seq 524288 --ranks 8 {A40}", "longest", 435696, 524288, True),
+    (f"--model llama2-7b --seq 262144 --ranks 8 {A40}", "longest", 229088, 262144, True),
+    (f"--model llama2-13b --seq 131072 --ranks 8 {A40}", "longest", 67328, 131072, False),
+    (f"--model llama-3b --seq 524288 --ranks 8 {A80}", "longest", 1019120, 524288, False),
+    (f"--model llama2-7b --seq 262144 --ranks 8 {A80}", "longest", 632336, 262144, False),
+    (f"--model llama2-13b --seq 131072 --ranks 8 {A80}", "longest", 346912, 131072, False),
+    (f"--model llama2-7b --seq 4194304 {NODES4} {A80}", "longest", 2908928, 4194304, False),
+    (f"--model llama2-13b --seq 2097152 {NODES4} {A80}", "longest", 1896000, 2097152, True),
+    (f"{T2} --link-gbit 2400 {IDEAL}", "overlap", 1040, 1000, True),
+    (f"{T2} --link-gbit 100 {IDEAL}", "overlap", 24960, 24500, True),
     (f"{RFA} --device H100-SXM --mode score", "iter/s", 74.21, 63.0, True),
     (f"{RFA} --device H100-SXM --mode train", "iter/s", 19.24, 17.4, True),
     (f"{RFA} --device A100-80GB --mode score", "iter/s", 46.82, 38.2, True),
@@ -57,8 +57,7 @@ ROWS = [
     (f"{TT} --seq 131072 --ranks 4 --checkpoint full", "GiB", 81.7, 84.0, True),
     (f"{TT} --seq 262144 --ranks 8 --checkpoint full", "GiB", 81.7, 84.5, True),
     (f"{TT} --seq 8192 --batch 2 --ranks 1 --checkpoint selective", "GiB", 88.3, 82.4, True),
-    ("--model llama3-405b --seq 1048576 --ranks 128 --nodes 16 --device H100-SXM --mode score "
-     "--shard weights --attention-efficiency 0.62,0.5", "s", 69.1, 77.0, True),
+    (f"{L405} --mode score --shard weights --attention-efficiency 0.62,0.5", "s", 69.1, 77.0, True),
 ]
 
 

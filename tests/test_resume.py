@@ -64,10 +64,14 @@ def test_resume_on_slurm(slurm_cluster, tmp_path, capsys):
 @pytest.mark.ssh
 def test_resume_over_ssh(slurm_cluster, ssh_login, tmp_path, capsys):
     login = [
-        "backend=ssh", f"ssh.host={ssh_login.host}", f"ssh.port={ssh_login.port}",
-        f"ssh.user={ssh_login.user}", f"ssh.key={ssh_login.key}",
-        f"ssh.known_hosts={ssh_login.known_hosts}", f"ssh.remote_dir={tmp_path / 'remote'}",
-    ]  # fmt: skip
+        "backend=ssh",
+        f"ssh.host={ssh_login.host}",
+        f"ssh.port={ssh_login.port}",
+        f"ssh.user={ssh_login.user}",
+        f"ssh.key={ssh_login.key}",
+        f"ssh.known_hosts={ssh_login.known_hosts}",
+        f"ssh.remote_dir={tmp_path / 'remote'}",
+    ]
     job_dir = _submit(capsys, SMOKE, *login, f"output_dir={tmp_path / 'local'}", "nodes=2", *ONCE)
     _resume_and_check(job_dir, capsys)
     remote = tmp_path / "remote" / job_dir.name
@@ -100,8 +104,10 @@ def test_resume_locally_and_concurrent_resumes(tmp_path, capsys):
     job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
     assert _final(job_dir).state is JobState.FAILED
     cmd = [sys.executable, "-m", "ringctl.cli", "resume", str(job_dir)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
     codes = sorted(code for code, _, _ in results)
     assert codes == [0, 2], results

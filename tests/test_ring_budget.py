@@ -20,8 +20,15 @@ def test_the_planner_derives_the_budget_from_the_device(tmp_path, capsys):
     from ringctl.sizing import job_workload
 
     job = tmp_path / "job"
-    argv = ["submit", "longdoc", "ring.size=auto", "device=H100-SXM", "nodes=1",
-            "tasks_per_node=2", f"job_dir={job}"]  # fmt: skip
+    argv = [
+        "submit",
+        "longdoc",
+        "ring.size=auto",
+        "device=H100-SXM",
+        "nodes=1",
+        "tasks_per_node=2",
+        f"job_dir={job}",
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     budget = load_resolved(job / "config.yaml").ring.max_tokens_per_rank
     assert f"ring.max_tokens_per_rank={budget} (from the planner: H100-SXM)" in (
@@ -48,14 +55,26 @@ def test_a_document_the_device_cannot_hold_is_refused_and_a_long_one_warned(tmp_
     huge = tmp_path / "huge.txt"
     huge.write_bytes(b"x" * 40_000_000)
     # the random tiny Llama (model_path null): the rank counts below are its plan's
-    base = ["submit", "longdoc", f"task.inputs={huge}", "nodes=1", "tasks_per_node=2",
-            "task.model_path=null", f"output_dir={tmp_path / 'runs'}"]  # fmt: skip
+    base = [
+        "submit",
+        "longdoc",
+        f"task.inputs={huge}",
+        "nodes=1",
+        "tasks_per_node=2",
+        "task.model_path=null",
+        f"output_dir={tmp_path / 'runs'}",
+    ]
     assert main([*base, "device=A100-40GB"]) == 2
     err = capsys.readouterr().err
     assert "document 'huge.txt' has 40,000,000 tokens: no ring of this job holds it" in err
     assert not (tmp_path / "runs").exists()
-    strict = [*base, "device=H100-SXM", "slurm.time=00:01:00", "slurm.signal=null",
-              "ring.placement=required"]  # fmt: skip
+    strict = [
+        *base,
+        "device=H100-SXM",
+        "slurm.time=00:01:00",
+        "slurm.signal=null",
+        "ring.placement=required",
+    ]
     assert main(strict) == 2  # under ring.placement=required the time limit refuses too
     assert "over slurm.time=00:01:00" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()

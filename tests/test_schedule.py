@@ -39,7 +39,9 @@ def test_smallest_ring_that_holds_each_document():
     ]
     assert [p["ring_size"] for p in sched.phases] == [4, 2, 1]  # largest rings first
     for e in sched.entries:
-        assert padded_length(e.tokens, world_size=e.ring_size, layout="zigzag") // e.ring_size <= 100
+        assert (
+            padded_length(e.tokens, world_size=e.ring_size, layout="zigzag") // e.ring_size <= 100
+        )
 
 
 def test_a_document_that_outlasts_its_phase_moves_up_a_ring_size():
@@ -98,8 +100,9 @@ def test_a_hundred_thousand_documents_schedule_in_seconds():
 
     lengths = [(i * 7919) % 50000 for i in range(100_000)]
     start = time.process_time()
-    sched = build_schedule(_docs(lengths), world=64, sizes=ring_sizes(64, "auto"), budget=4096,
-                           layout="zigzag")  # fmt: skip
+    sched = build_schedule(
+        _docs(lengths), world=64, sizes=ring_sizes(64, "auto"), budget=4096, layout="zigzag"
+    )
     assert len(sched.entries) == 100_000
     assert time.process_time() - start < 30  # generous: measured ~1 s (the benchmark says)
 
@@ -109,6 +112,7 @@ def test_an_empty_document_still_takes_one_unit(layout):
     """The one padding rule (ringattn.geometry, which the scheduler and planner import): an
     empty document occupies its ring for one step."""
     for ranks in (1, 2, 3, 4, 8):
-        assert padded_length(0, world_size=ranks, layout=layout) == (
-            2 if layout == "zigzag" else 1
-        ) * ranks
+        assert (
+            padded_length(0, world_size=ranks, layout=layout)
+            == (2 if layout == "zigzag" else 1) * ranks
+        )

@@ -61,9 +61,14 @@ def train(model, steps: list[list], hp: dict) -> tuple[list[float], dict]:
     decay = [p for p in model.parameters() if p.ndim >= 2]
     plain = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": hp["weight_decay"]}, {"params": plain, "weight_decay": 0.0}],
-        lr=hp["lr"], betas=(0.9, 0.95), eps=1e-8,
-    )  # fmt: skip
+        [
+            {"params": decay, "weight_decay": hp["weight_decay"]},
+            {"params": plain, "weight_decay": 0.0},
+        ],
+        lr=hp["lr"],
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     losses = []
     for s, sequences in enumerate(steps):
         for group in opt.param_groups:

@@ -4,9 +4,10 @@ Blocks as a ring computes them: full, the causal diagonal, and both zigzag half 
 late half of the queries against all keys; all queries against the early half of the keys),
 with lengths that are not multiples of 128, GQA/MQA/MHA, head_dim 64/128/256, bf16/fp16/fp32.
 The backward is given the block's own out and lse, so its result is the block's full-attention
-gradient. Tolerance: no worse than PyTorch's own SDPA on the same inputs, within a factor 2
-plus one ulp of the dtype (2**-8 for half types; 2e-5 for fp32, as on the CPU), since SDPA runs
-the same fused kernels on the whole block.
+gradient. Tolerance (tests/attention_reference.py, `within_sdpa`): no worse than PyTorch's own
+SDPA on the same inputs, within a factor 2 plus one ulp of the dtype (BF16_ULP = 2**-8 for both
+half types; FP32_TOL = 2e-5 for fp32, as on the CPU), since SDPA runs the same fused kernels on
+the whole block.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from ringattn.kernels import ChunkedKernel, FlashAttnKernel, TorchCUDAKernel, _flash_attn_available
+from tests.attention_reference import BF16_ULP, FP32_TOL, relative_error, within_sdpa
 
-ULP = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-8, torch.float32: 2e-5}
+ULP = {torch.bfloat16: BF16_ULP, torch.float16: BF16_ULP, torch.float32: FP32_TOL}
 KINDS = {  # (query rows, key rows, causal) as slices of one n-token block
     "full": (slice(None), slice(None), False),
     "diag": (slice(None), slice(None), True),
@@ -45,7 +47,9 @@ def _make(kernel_name):
 
 
 def _rows(spec, n):
-    return {"late": slice(n // 2, None), "early": slice(0, n // 2)}.get(spec, spec)
+    if isinstance(spec, slice):  # slices are unhashable before Python 3.12: no dict lookup
+        return spec
+    return {"late": slice(n // 2, None), "early": slice(0, n // 2)}[spec]
 
 
 def _reference(q, k, v, dout, scale, causal):
@@ -53,8 +57,9 @@ def _reference(q, k, v, dout, scale, causal):
     g = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(g, 2)) * scale
     if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1),
-                          float("-inf"))  # fmt: skip
+        s = s.masked_fill(
+            torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf")
+        )
     out = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.repeat_interleave(g, 2))
     out.backward(dout.double())
     return {"out": out, "dq": q.grad, "dk": k.grad, "dv": v.grad}, s.logsumexp(-1)
@@ -68,10 +73,6 @@ def _sdpa(q, k, v, dout, scale, causal):
     return {n: t.transpose(1, 2) for n, t in grads.items()}
 
 
-def _err(x, ref):
-    return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
-
-
 CASES = [
     (dtype, d, heads, kv)
     for dtype in (torch.bfloat16, torch.float16, torch.float32)
@@ -81,8 +82,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("dtype,head_dim,heads,kv_heads", CASES,
-                         ids=lambda x: str(x).replace("torch.", ""))  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,head_dim,heads,kv_heads", CASES, ids=lambda x: str(x).replace("torch.", "")
+)
 @pytest.mark.parametrize("kernel_name,flash", _kernels(), ids=lambda x: str(x))
 def test_cuda_kernel_matches_float64(kernel_name, flash, dtype, head_dim, heads, kv_heads, kind):
     if flash and dtype == torch.float32:
@@ -108,7 +110,8 @@ def test_cuda_kernel_matches_float64(kernel_name, flash, dtype, head_dim, heads,
     failures = []
     for name, got in {"out": out, "dq": dq, "dk": dk, "dv": dv}.items():
         assert got.shape == ref[name].shape
-        tol = 2 * _err(sdpa[name], ref[name]) + ULP[dtype]
-        if not _err(got, ref[name]) <= tol:
-            failures.append(f"{name}: {_err(got, ref[name]):.2e} > {tol:.2e}")
+        tol = within_sdpa(relative_error(sdpa[name], ref[name]), ULP[dtype])
+        err = relative_error(got, ref[name])
+        if not err <= tol:
+            failures.append(f"{name}: {err:.2e} > {tol:.2e}")
     assert not failures, "; ".join(failures)

@@ -1,9 +1,10 @@
 """The ring's CUDA path: LocalRing on one GPU for P = 2, 3, 4, 8 and a P = 1 ring under NCCL.
 
-Same tolerances as the CPU ring tests (tests/test_ring.py): float32 within 2e-5 of the largest
-reference value; bf16 within twice PyTorch's own SDPA error on the same inputs (here SDPA on
-the GPU) plus one bf16 ulp. The loop must not synchronise with the host: the LocalRing is run
-once more with torch's sync debug mode set to raise on any synchronising call.
+Same tolerances as the CPU ring tests (tests/attention_reference.py says why): float32 within
+FP32_TOL = 2e-5 of the largest reference value; bf16 within twice PyTorch's own SDPA error on
+the same inputs (here SDPA on the GPU) plus one bf16 ulp. The loop must not synchronise with
+the host: the LocalRing is run once more with torch's sync debug mode set to raise on any
+synchronising call.
 """
 
 from __future__ import annotations
@@ -13,36 +14,12 @@ import torch
 
 import ringattn
 from ringattn.local_ring import LocalRing
-from tests.attention_reference import (
-    Case,
-    local_ring_outputs,
-    make_inputs,
-    reference,
-    relative_error,
-    ring_outputs,
-    sdpa_bf16_error,
-)
+from tests.attention_reference import Case, compare, failures, local_ring_outputs, ring_outputs
 from tests.distributed import run_distributed
-
-FP32_TOL = 2e-5
-BF16_ULP = 2.0**-8
 
 
 def _failures(case: Case, got: dict, world: int) -> list[str]:
-    inputs = make_inputs(case)
-    ref = reference(inputs, case.causal, case.window)
-    tol = {n: FP32_TOL for n in ref}
-    if case.dtype == "bfloat16":
-        plain = {n: t for n, t in inputs.items() if n != "sinks"}
-        sdpa = sdpa_bf16_error(case, plain, reference(plain, case.causal), device="cuda")
-        tol = {n: 2 * sdpa[n] + BF16_ULP for n in sdpa}
-    out = []
-    for name in tol:
-        err = relative_error(got[name].cpu(), ref[name])
-        if not err <= tol[name]:
-            out.append(f"P={world} {case.id} {name}: error {err:.2e} > {tol[name]:.2e}")
-    return out
-
+    return failures(f"P={world}", case, compare(case, got, device="cuda"))
 
 
 @pytest.mark.parametrize("world", [2, 4], ids=lambda p: f"P{p}")
@@ -55,10 +32,11 @@ def test_windowed_local_ring_on_cuda_matches_float64(world, layout):
         Case(1, n, 4, 1, 64, "float32", True, layout, seed=44, window=w)
         for w in (2, 37, 200, n - 1)
     ] + [Case(1, n, 8, 2, 128, "bfloat16", True, layout, seed=45, window=100)]
-    failures = []
+    found = []
     for case in cases:
-        failures += _failures(case, local_ring_outputs(case, world, device="cuda"), world)
-    assert not failures, "\n".join(failures)
+        found += _failures(case, local_ring_outputs(case, world, device="cuda"), world)
+    assert not found, "\n".join(found)
+
 
 @pytest.mark.parametrize("world", [2, 3, 4, 8], ids=lambda p: f"P{p}")
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
@@ -70,10 +48,10 @@ def test_local_ring_on_cuda_matches_float64(world, layout, causal):
         Case(2, n, 4, 1, 64, "float32", causal, layout, seed=42),
         Case(1, n, 8, 2, 64, "float32", causal, layout, seed=43, sinks=True),
     ]
-    failures = []
+    found = []
     for case in cases:
-        failures += _failures(case, local_ring_outputs(case, world, device="cuda"), world)
-    assert not failures, "\n".join(failures)
+        found += _failures(case, local_ring_outputs(case, world, device="cuda"), world)
+    assert not found, "\n".join(found)
 
 
 def _sync_free_step(comm_factory) -> None:
@@ -115,7 +93,7 @@ def test_one_rank_ring_under_nccl_matches_float64():
         Case(2, 300, 4, 4, 64, "float32", False, "contiguous", seed=45, sinks=True),
     ]
     (per_rank,) = run_distributed(_nccl_ring, 1, cases, backend="nccl")
-    failures = []
+    found = []
     for case in cases:
-        failures += _failures(case, per_rank[case.id], 1)
-    assert not failures, "\n".join(failures)
+        found += _failures(case, per_rank[case.id], 1)
+    assert not found, "\n".join(found)

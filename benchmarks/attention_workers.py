@@ -1,0 +1,459 @@
+"""The processes of the attention benchmark (benchmarks/attention.py and its interleaved
+pairings, benchmarks/pairing.py): P ring ranks (`RingPool`) and one process running
+``torch.nn.functional.scaled_dot_product_attention`` on the whole sequence (`SdpaProcess`),
+each timing the configurations (`Config`) given to it and answering the medians, the peak
+memory added during a step, and (the ring) the time its transfers took alone and with nothing
+sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class Config:
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    batch: int
+    dtype: str
+    causal: bool
+    layout: str
+    repeats: int
+    impl: str = "ringattn"  # or "ring-attention-pytorch", the peer package (timing only)
+    lean: bool = False  # forward+backward steps only (``--pairings``): no extra measurements
+
+
+def device_kind(choice: str) -> tuple[str, int]:
+    """("cuda", GPUs) where asked for or (auto) where CUDA is there; else ("cpu", 0)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if choice == "cuda" and not gpus:
+        raise SystemExit("--device cuda: no CUDA device here")
+    if choice == "cpu" or not gpus:
+        return "cpu", 0
+    return "cuda", gpus
+
+
+# ----------------------------------------------------------------------------- memory
+def _rss_kib(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _return_freed_memory_to_os() -> None:
+    """Make resident memory track live tensors: release freed heap pages now and serve large
+    allocations by mmap from here on (glibc otherwise keeps freed memory resident, and a peak
+    measured after a warm-up step would read zero)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, so it no longer grows with use
+    libc.malloc_trim(0)
+
+
+def _reset_peak() -> None:
+    try:  # "5" resets VmHWM (the peak resident set) to the current RSS (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_above_now(device=None):
+    """Context: peak memory during the block above what was held at its start, in MiB:
+    the device allocator's peak on a GPU, the resident set's high-water mark on the CPU."""
+    import torch
+
+    on_gpu = device is not None and device.type == "cuda"
+
+    class Peak:
+        def __enter__(self):
+            if on_gpu:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                self.start = torch.cuda.memory_allocated(device) / 1024
+                return self
+            _return_freed_memory_to_os()
+            _reset_peak()
+            self.start = _rss_kib("VmRSS")
+            return self
+
+        def __exit__(self, *exc):
+            if on_gpu:
+                torch.cuda.synchronize(device)
+                peak = torch.cuda.max_memory_allocated(device) / 1024
+            else:
+                peak = _rss_kib("VmHWM")
+            self.mib = max(0, peak - self.start) / 1024
+
+    return Peak()
+
+
+# ----------------------------------------------------------------------------- workers
+def _ring_worker(
+    rank: int,
+    world: int,
+    threads: int,
+    init: str,
+    device_kind: str,
+    tasks,
+    results,
+    engine: str | None = None,
+) -> None:
+    if engine:  # another checkout's ringattn (``--engine``), imported before anything else
+        sys.path.insert(0, engine)
+    import torch
+    import torch.distributed as dist
+
+    import ringattn
+    from ringattn.comm import STATS, RingComm
+
+    torch.set_num_threads(threads)
+    if device_kind == "cuda":  # one GPU per rank, NCCL; flash-attn kernels where installed
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if device_kind == "cuda" else "gloo",
+        init_method=init,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(minutes=10),
+    )
+    while True:
+        cfg = tasks.get()
+        if cfg is None:
+            break
+        try:
+            res = _ring_measure(
+                cfg, rank, world, torch, dist, ringattn, STATS, RingComm, device_kind
+            )
+            results.put((rank, "ok", res))
+        except Exception:
+            results.put((rank, "error", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+def _no_transfer_comm(group):
+    """ringattn's RingComm with nothing sent, to time a ring's compute alone: the same loop and
+    shapes, given as ring_attention's ``comm``. Landing buffers get real data once, so no step
+    computes on garbage."""
+    from ringattn.comm import PendingExchange, RingComm
+
+    class NoTransfer(RingComm):
+        def __init__(self, group) -> None:
+            super().__init__(group)
+            self._filled: set[int] = set()
+
+        def exchange(self, send, recv, *, tag: int = 0, shift: int = 1):
+            for s, r in zip(send, recv, strict=True):
+                if r.data_ptr() not in self._filled:
+                    r.copy_(s)
+                    self._filled.add(r.data_ptr())
+            return PendingExchange([])
+
+    return NoTransfer(group)
+
+
+class _Clock:
+    """Seconds of a stretch of work: CUDA events on a GPU (the work's own time on the device,
+    read after one synchronisation), the wall clock after a barrier on the CPU."""
+
+    def __init__(self, torch, device) -> None:
+        self.torch, self.device = torch, device
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> None:
+        if self.cuda:
+            self._a = self.torch.cuda.Event(enable_timing=True)
+            self._a.record()
+        else:
+            self._t = time.perf_counter()
+
+    def stop(self) -> float:
+        if self.cuda:
+            b = self.torch.cuda.Event(enable_timing=True)
+            b.record()
+            b.synchronize()
+            return self._a.elapsed_time(b) / 1e3
+        return time.perf_counter() - self._t
+
+
+def _sync(torch, device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls, device_kind):
+    dtype = getattr(torch, cfg.dtype)
+    device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
+    local = cfg.seq // world
+    g = torch.Generator().manual_seed(rank)
+    q = torch.randn(cfg.batch, local, cfg.heads, cfg.head_dim, generator=g).to(device, dtype)
+    k = torch.randn(cfg.batch, local, cfg.kv_heads, cfg.head_dim, generator=g).to(device, dtype)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+
+    clock = _Clock(torch, device)
+
+    def step(backward: bool, comm=None) -> float:
+        qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
+        dist.barrier()
+        _sync(torch, device)
+        clock.start()
+        if cfg.impl == "ringattn":
+            given = {} if comm is None else {"comm": comm}  # engines before comm= take none
+            out = ringattn.ring_attention(qq, kk, vv, causal=cfg.causal, layout=cfg.layout, **given)
+        else:  # the peer package, in its own contiguous layout; timed, not trusted
+            from ring_attention_pytorch import ring_flash_attn
+
+            # ring_reduce_col=True is what makes it pass K/V around the ring (without it every
+            # rank attends to its own block only). Its out and dQ match full attention; its
+            # dK/dV do not (checked against the float64 reference at P = 2 and 4).
+            out = ring_flash_attn(
+                qq, kk, vv, causal=cfg.causal, ring_size=world, ring_reduce_col=True
+            )
+        if backward:
+            out.backward(dout)
+        elapsed = clock.stop()
+        times = [torch.zeros(1, dtype=torch.float64, device=device) for _ in range(world)]
+        dist.all_gather(times, torch.tensor([elapsed], dtype=torch.float64, device=device))
+        return max(t.item() for t in times)  # a step ends when its slowest rank ends
+
+    if cfg.repeats == 0:  # memory only: a tiny warm-up (gloo pairs, threads), one measured step
+        tiny = [t[:, : 2 * world].contiguous() for t in (q, k, v)]
+        ringattn.ring_attention(
+            *(t.requires_grad_() for t in tiny), causal=cfg.causal, layout=cfg.layout
+        ).sum().backward()
+        with _peak_above_now(device) as peak:
+            elapsed = step(True)
+        return {
+            "fwd_s": float("nan"),
+            "fwd_bwd_s": elapsed,
+            "wait_s": 0.0,
+            "comm_alone_s": 0.0,
+            "peak_mib": peak.mib,
+        }
+    step(True)  # warm-up: allocator, thread pools, gloo pairs
+    if cfg.lean:
+        return _lean_result([step(True) for _ in range(cfg.repeats)])
+    fwd = [step(False) for _ in range(cfg.repeats)]
+    fwd_bwd, waits = [], []
+    for _ in range(cfg.repeats):
+        stats.reset(enabled=True)
+        fwd_bwd.append(step(True))
+        waits.append(stats.wait_s)
+    stats.reset(enabled=False)
+    # The same ring with its transfers taken out: what the step costs in compute alone.
+    no_transfer = []
+    if world > 1 and cfg.impl == "ringattn":
+        silent = _no_transfer_comm(None)
+        no_transfer = [step(True, comm=silent) for _ in range(cfg.repeats)]
+    with _peak_above_now(device) as peak:
+        step(True)
+
+    # The same transfers alone: P-1 K/V hops forward and backward, P dK/dV hops backward (one
+    # at P = 2, where the owner keeps its own gradients: ringattn.ring._backward_leg).
+    comm = ring_comm_cls(None)
+    comm_alone = 0.0
+    if world > 1:
+        kv = (k, v)
+        kv_in = (torch.empty_like(k), torch.empty_like(v))
+        dkv = (torch.zeros(k.shape, device=device), torch.zeros(v.shape, device=device))
+        dkv_in = (torch.empty_like(dkv[0]), torch.empty_like(dkv[1]))
+        samples = []
+        for _ in range(cfg.repeats):
+            dist.barrier()
+            _sync(torch, device)
+            clock.start()
+            for _ in range(2 * (world - 1)):
+                comm.exchange(kv, kv_in).wait()
+            for _ in range(1 if world == 2 else world):
+                comm.exchange(dkv, dkv_in, tag=1).wait()
+            samples.append(clock.stop())
+        comm_alone = statistics.median(samples)
+    return {
+        "fwd_s": statistics.median(fwd),
+        "fwd_bwd_s": statistics.median(fwd_bwd),
+        "wait_s": statistics.median(waits),
+        "no_transfer_s": statistics.median(no_transfer) if no_transfer else None,
+        "comm_alone_s": comm_alone,
+        "peak_mib": peak.mib,
+    }
+
+
+def _lean_result(fwd_bwd: list[float]) -> dict:
+    """A lean measurement's result: the median forward+backward step, nothing else."""
+    nan = float("nan")
+    return {
+        "fwd_s": nan,
+        "fwd_bwd_s": statistics.median(fwd_bwd),
+        "wait_s": 0.0,
+        "no_transfer_s": None,
+        "comm_alone_s": 0.0,
+        "peak_mib": nan,
+    }
+
+
+def _sdpa_worker(threads: int, device_kind: str, tasks, results) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    device = torch.device("cuda", 0) if device_kind == "cuda" else torch.device("cpu")
+    while True:
+        cfg = tasks.get()
+        if cfg is None:
+            break
+        try:
+            dtype = getattr(torch, cfg.dtype)
+            g = torch.Generator().manual_seed(0)
+            shape_q = (cfg.batch, cfg.heads, cfg.seq, cfg.head_dim)
+            shape_kv = (cfg.batch, cfg.kv_heads, cfg.seq, cfg.head_dim)
+            q = torch.randn(shape_q, generator=g).to(device, dtype)
+            k = torch.randn(shape_kv, generator=g).to(device, dtype)
+            v, dout = torch.randn_like(k), torch.randn_like(q)
+
+            def step(backward: bool, q=q, k=k, v=v, dout=dout, cfg=cfg) -> float:
+                qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
+                _sync(torch, device)
+                start = time.perf_counter()
+                out = F.scaled_dot_product_attention(
+                    qq, kk, vv, is_causal=cfg.causal, enable_gqa=cfg.kv_heads != cfg.heads
+                )
+                if backward:
+                    out.backward(dout)
+                _sync(torch, device)
+                return time.perf_counter() - start
+
+            if cfg.repeats == 0:
+                with _peak_above_now(device) as peak:
+                    elapsed = step(True)
+                results.put(
+                    ("ok", {"fwd_s": float("nan"), "fwd_bwd_s": elapsed, "peak_mib": peak.mib})
+                )
+                continue
+            step(True)
+            if cfg.lean:
+                results.put(("ok", _lean_result([step(True) for _ in range(cfg.repeats)])))
+                continue
+            fwd = [step(False) for _ in range(cfg.repeats)]
+            fwd_bwd = [step(True) for _ in range(cfg.repeats)]
+            with _peak_above_now(device) as peak:
+                step(True)
+            results.put(
+                (
+                    "ok",
+                    {
+                        "fwd_s": statistics.median(fwd),
+                        "fwd_bwd_s": statistics.median(fwd_bwd),
+                        "peak_mib": peak.mib,
+                    },
+                )
+            )
+        except Exception:
+            results.put(("error", traceback.format_exc()))
+
+
+_STORES = itertools.count()  # one rendezvous file per ring started, never reused
+
+
+class RingPool:
+    """P ring ranks that run configurations given to them (``fresh_run``: one each in the
+    full benchmark; ``--pairings`` keeps them across its lean, memory-free measurements)."""
+
+    def __init__(
+        self,
+        ctx,
+        world: int,
+        threads: int,
+        tmpdir: str,
+        device_kind: str,
+        engine: str | None = None,
+    ) -> None:
+        self.world = world
+        init = f"file://{tmpdir}/ring-store-{world}-{os.getpid()}-{next(_STORES)}"
+        self.tasks = [ctx.Queue() for _ in range(world)]
+        self.results = ctx.Queue()
+        self.procs = [
+            ctx.Process(
+                target=_ring_worker,
+                args=(r, world, threads, init, device_kind, self.tasks[r], self.results, engine),
+            )
+            for r in range(world)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run(self, cfg: Config) -> dict:
+        for t in self.tasks:
+            t.put(cfg)
+        out = {}
+        for _ in range(self.world):
+            rank, status, value = _get(self.results, self.procs)
+            if status == "error":
+                raise RuntimeError(f"ring rank {rank} failed:\n{value}")
+            out[rank] = value
+        per_rank = list(out.values())
+        return {
+            "fwd_s": per_rank[0]["fwd_s"],
+            "fwd_bwd_s": per_rank[0]["fwd_bwd_s"],
+            "wait_s": max(r["wait_s"] for r in per_rank),
+            "no_transfer_s": per_rank[0].get("no_transfer_s"),
+            "comm_alone_s": max(r["comm_alone_s"] for r in per_rank),
+            "peak_mib": max(r["peak_mib"] for r in per_rank),
+        }
+
+    def close(self) -> None:
+        for t in self.tasks:
+            t.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+
+
+class SdpaProcess:
+    def __init__(self, ctx, threads: int, device_kind: str) -> None:
+        self.tasks, self.results = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(
+            target=_sdpa_worker, args=(threads, device_kind, self.tasks, self.results)
+        )
+        self.proc.start()
+
+    def run(self, cfg: Config) -> dict:
+        self.tasks.put(cfg)
+        status, value = _get(self.results, [self.proc])
+        if status == "error":
+            raise RuntimeError(f"SDPA baseline failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        self.tasks.put(None)
+        self.proc.join(timeout=30)
+
+
+def _get(results, procs):
+    while True:
+        try:
+            return results.get(timeout=5)
+        except queue.Empty:
+            dead = [p for p in procs if not p.is_alive()]
+            if dead:
+                raise RuntimeError(
+                    f"benchmark process exited with code {dead[0].exitcode}"
+                ) from None
