@@ -97,7 +97,13 @@ def test_status_of_a_requeued_job_says_where_its_logs_are_and_why_it_failed(
         elsewhere.mkdir()
         (job / "attempts").symlink_to(elsewhere)  # the rerun must refuse to move through it
         start_now(job_id)
-        status = wait_for(lambda: (s := _status(job)).state.finished and s, 180, "the rerun")
+        # the first run's own records can read FAILED before the rerun's script has ended:
+        # wait for the rerun's word (its FAILED line), then check the rest
+        status = wait_for(
+            lambda: (s := _status(job)).state.finished and "symbolic link" in s.reason and s,
+            180,
+            "the rerun to end, refusing the symbolic link",
+        )
         assert status.state is JobState.FAILED, status
         assert status.reason.startswith(f"attempts is a symbolic link in {job.resolve()}: "), status
         assert f"its logs are not kept ({kept} not made" in status.reason, status

@@ -98,7 +98,7 @@ def test_wheel_carries_templates_and_jobs(wheel_venv, tmp_path):
     site = str(venv)
     assert out[0].startswith(site), f"ringctl imported from {out[0]}, not the venv"
     assert out[1].startswith(site) and (Path(out[1]) / "slurm.sh.j2").is_file()
-    assert out[2] == "['attention', 'longdoc', 'smoke']"
+    assert out[2] == "['attention', 'longdoc', 'smoke', 'train']"
 
 
 def test_bundled_jobs_run_by_name_outside_a_checkout(wheel_venv, tmp_path):

@@ -29,6 +29,7 @@ from ..planner.cost import (
     nominal_link,
 )
 from ..planner.devices import Device, get_device, save_user_device
+from ..planner.memory import TRAIN
 from ..sizing import config_section, job_workload, resolve_model, ring_size
 
 DEFAULT_DEVICE = "H100-SXM"
@@ -246,7 +247,7 @@ def _workload(args, seq_required: bool = True) -> Workload:
         causal=not args.no_causal,
         layout=args.layout,
         model=model,
-        backward=_mode(args) == "train",
+        backward=_mode(args) == TRAIN,
         mode=_mode(args),
         checkpoint=args.checkpoint,
         shard=args.shard,

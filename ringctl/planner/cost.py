@@ -29,6 +29,7 @@ from .memory import (
     MODES,
     OPTIMIZERS,
     SHARDS,
+    TRAIN,
     activation_parts,
     backward_working_set,
     banded_workspace,
@@ -98,7 +99,7 @@ class Workload:
 
     @property
     def trains(self) -> bool:
-        return self.run_mode == "train"
+        return self.run_mode == TRAIN
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from ringattn.geometry import banded_rows
 from .window import largest_chunk
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-MODES = ("score", "embed", "train")
+TRAIN = "train"  # the planner's mode of a forward + backward + optimizer step
+MODES = ("score", "embed", TRAIN)
 CHECKPOINTS = ("none", "full", "selective")
 SHARDS = ("none", "weights", "full")
 OPTIMIZERS = (None, "adam")
