@@ -64,7 +64,9 @@ def _run(rank: int, world: int, ckroot: str, shard: bool, start: int, stop: int,
 
 
 @pytest.mark.parametrize(
-    "first,second", [((2, False), (2, False)), ((4, True), (2, False)), ((2, False), (4, True))]
+    "first,second",
+    [((2, False), (2, False)), ((4, True), (2, False))],
+    ids=["same shape", "FSDP2 over 4 -> whole on 2"],
 )
 def test_a_resumed_run_equals_the_uninterrupted_one(tmp_path, first, second):
     whole = run_distributed(_run, first[0], str(tmp_path / "whole"), first[1], 0, 8, False)[0]

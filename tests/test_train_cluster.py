@@ -16,14 +16,33 @@ import torch
 from ringctl.backends.base import JobState
 from ringctl.cli import main
 from tests.local_jobs import wait_for
-from tests.test_e2e_cluster import _submit, _wait
+from tests.test_e2e_cluster import _submit
+from tests.test_slurm_requeue import start_now
 from tests.test_train_job import _args, _losses, _weights, corpus  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.slurm
 
 
+def _ended(job, job_id: str):
+    """The job's status once Slurm no longer lists it (the first run's records read FAILED
+    while the requeued run is pending or running)."""
+    listed = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
+    if listed.stdout.strip():
+        return None
+    status = backend_status(job)
+    return status if status.state.finished else None
+
+
+def backend_status(job):
+    from ringctl.submission import open_job_dir
+
+    _, _, backend = open_job_dir(job)
+    return backend.status(job)
+
+
 def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_path, capsys):  # noqa: F811
-    # 20 steps: Slurm requeues the job while it runs, well after its first checkpoint
+    # 20 steps: Slurm requeues the job while it runs, well after its first checkpoint (with 10
+    # the requeue could land while the job ended)
     steps = ["task.max_steps=20", "task.checkpoint_every=2", "slurm.requeue=true"]
     shape = ["nodes=4", "tasks_per_node=1", "timeout=120", *steps]
     job = _submit(
@@ -36,8 +55,9 @@ def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_pa
     wait_for(lambda: (job / "checkpoints" / "latest").exists(), 240, "the first checkpoint")
     requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     assert requeued.returncode == 0, requeued.stderr
-    status, seen = _wait(job, timeout=400)
-    assert status.state is JobState.COMPLETED, (status, seen)
+    start_now(job_id)  # not after Slurm's two-minute delay for requeued jobs
+    status = wait_for(lambda: _ended(job, job_id), 400, "the requeued run to end")
+    assert status.state is JobState.COMPLETED, status
     assert any(p.name.startswith("requeue-") for p in (job / "attempts").iterdir())
     whole = tmp_path / "whole"
     assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=4", *steps[:2])]) == 0
