@@ -297,8 +297,8 @@ def document_row(cfg, device, timer: Timer, deadline: float) -> Row:
     try:
         import torch.distributed as dist
 
-        from ringctl.longdoc.model import load_model
-        from ringctl.longdoc.scoring import run_task
+        from ringctl.longdoc.compute.scoring import run_task
+        from ringctl.longdoc.model.load import load_model
     except ImportError as err:  # e.g. a dependency of the long-document code is missing
         row.note = f"skipped: {err}"
         print(f"# document: {row.note}", flush=True)

@@ -226,7 +226,7 @@ def planner_device(name: str | None, devices: Path | None, scratch: Path):
 def predict(config: Path, tokens: int, ranks: int, device) -> tuple[float, float]:
     """The planner's ring attention seconds and memory per rank (MiB) for this job's ring."""
     from ringattn.geometry import padded_length
-    from ringctl.longdoc.compat import model_shape
+    from ringctl.longdoc.model.compat import model_shape
     from ringctl.planner.cost import GIB, Workload, estimate, nominal_link
 
     m = model_shape(config)

@@ -85,7 +85,7 @@ def logprobs(job_dir: Path) -> dict:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from ringctl.longdoc.gather import gather
+    from ringctl.longdoc.output.gather import gather
 
     out = gather(job_dir, job_dir.parent / f"{job_dir.name}-gathered", force=True).out
     found = {}

@@ -70,8 +70,8 @@ def _import_everything() -> None:
 def _one_rank(rank: int, world: int, path: str, mode: str, tokens: int) -> dict:
     import torch
 
-    from ringctl.longdoc import sharding
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.compute import fsdp as sharding
+    from ringctl.longdoc.model.load import load_model
 
     torch.set_num_threads(1)
     _import_everything()  # so that the baseline RSS holds the code, and the deltas the weights

@@ -1,6 +1,6 @@
 """The scheduler: which ring runs which document, and in what order. The job's one policy.
 
-The job runs it (``longdoc/job_schedule.py`` feeds it the documents' estimated lengths), and
+The job runs it (``longdoc/schedule.py`` feeds it the documents' estimated lengths), and
 `ringctl plan JOB` / `ringctl plan --corpus` run the same function on the same lengths and have
 the planner price what it decided (``priced``, with ``planner/pricing.document_cost``), so the
 makespan plan prints is that of the schedule the job will run. Torch-free.
@@ -57,7 +57,7 @@ class DocumentTooLong(UserError):
 class DocLength:
     index: int  # position in the job's input order
     doc_id: str
-    tokens: int  # an estimate is fine (see `longdoc.lengths`)
+    tokens: int  # an estimate is fine (see `longdoc.schedule`)
 
 
 @dataclass

@@ -49,7 +49,7 @@ def resolve_model(spec: str) -> ModelShape:
     file, read by the job's own reader (``longdoc.compat.model_shape``)."""
     from pathlib import Path
 
-    from .longdoc.compat import model_shape
+    from .longdoc.model.compat import model_shape
     from .planner.model import presets
 
     table = presets()

@@ -121,7 +121,7 @@ def check_documents(sizing: Sizing, *, force: bool = False) -> None:
     (or its own ring.max_tokens_per_rank) cannot hold is refused (--force to insist); one
     predicted to outlast slurm.time is warned about, and refused under
     ring.placement=required. With neither, what the longest document needs is said. Lengths
-    are the task's ``document_lengths`` (``longdoc.lengths``: bytes, a byte-tokenizer's count;
+    are the task's ``document_lengths`` (``longdoc.schedule``: bytes, a byte-tokenizer's count;
     a model's tokenizer gives fewer tokens, so this errs on the safe side); the bundled samples
     are not checked. A task with no documents (the attention task) lists none: nothing to
     check."""

@@ -42,7 +42,7 @@ def build(kind: str, attn_implementation: str):
     """A tiny random-initialised model (seeded: the same weights in every process)."""
     from transformers import AutoConfig
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     if attn_implementation == "ringattn":
         from ringattn.hf import register

@@ -38,7 +38,7 @@ def model_config(kind: str, **extra):
 
 def build_model(kind: str, attn_implementation: str = "ringattn", **extra):
     """The tiny seeded Llama (``llama-tied``: its head is its token embedding)."""
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     if attn_implementation == "ringattn":
         from ringattn.hf import register
@@ -57,7 +57,7 @@ def _outputs(result) -> dict:
 
 def _gathered_watch(model) -> tuple[list[int], list[int]]:
     """At each decoder layer's forward: how many layers, and how many bytes, are gathered."""
-    from ringctl.longdoc.sharding import gathered_layers, gathered_parameter_bytes
+    from ringctl.longdoc.compute.fsdp import gathered_layers, gathered_parameter_bytes
 
     layers: list[int] = []
     nbytes: list[int] = []
@@ -72,8 +72,8 @@ def _gathered_watch(model) -> tuple[list[int], list[int]]:
 
 
 def _run_docs(model, docs, tasks, *, group, sharded: bool) -> dict:
-    from ringctl.longdoc.scoring import run_task
-    from ringctl.longdoc.sharding import run_task_sharded
+    from ringctl.longdoc.compute.fsdp import run_task_sharded
+    from ringctl.longdoc.compute.scoring import run_task
 
     out = {}
     for n in docs:
@@ -88,7 +88,7 @@ def _run_docs(model, docs, tasks, *, group, sharded: bool) -> dict:
 
 
 def _ring_case(kind: str, mode: str, ring_size: int, docs, tasks, rank: int, world: int):
-    from ringctl.longdoc import sharding
+    from ringctl.longdoc.compute import fsdp as sharding
     from ringctl.rings import RingGroups
 
     group = RingGroups.create(world, rank, [ring_size]).group(ring_size)
@@ -123,7 +123,7 @@ def _ring_case(kind: str, mode: str, ring_size: int, docs, tasks, rank: int, wor
 
 
 def _job_grad_refusal(rank: int, world: int) -> str:
-    from ringctl.longdoc import sharding
+    from ringctl.longdoc.compute import fsdp as sharding
     from ringctl.rings import RingGroups
 
     group = RingGroups.create(world, rank, [2]).group(2)
@@ -141,7 +141,7 @@ def _probe_stock_forward(rank: int, world: int) -> dict:
     Every rank of the shard group must run it (each forward gathers the layers from all of
     them); the result must be the unsharded model's.
     """
-    from ringctl.longdoc import sharding
+    from ringctl.longdoc.compute import fsdp as sharding
     from ringctl.longdoc.probe import stock_logprobs
 
     ids = document(40)
@@ -160,7 +160,7 @@ def _loading_case(ckpt: dict[str, str], rank: int, world: int) -> dict:
     """Each checkpoint loaded sharded (P = world): local rows, bytes read, whole weights."""
     import resource
 
-    from ringctl.longdoc import sharding
+    from ringctl.longdoc.compute import fsdp as sharding
 
     out = {}
     for name, path in ckpt.items():

@@ -143,8 +143,8 @@ def auto_family(kind: str) -> Family:
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from ringctl.longdoc.compat import length_limit, sliding_window
-    from ringctl.longdoc.overrides import class_fields
+    from ringctl.longdoc.model.compat import length_limit, sliding_window
+    from ringctl.longdoc.model.overrides import class_fields
 
     fields = class_fields(CONFIG_MAPPING[kind])
     overrides = {k: v for k, v in SIZES.items() if k in fields} | TWEAKS.get(kind, {})
@@ -212,7 +212,7 @@ def verdict(fam: Family, per_rank: list[dict]) -> Row:
 
 
 def _auto_verdict(fam: Family, per_rank: list[dict]) -> Row:
-    from ringctl.longdoc.compat import config_refusal
+    from ringctl.longdoc.model.compat import config_refusal
 
     first = per_rank[0]
     row = Row(fam.label, fam.model_type, "not checked")

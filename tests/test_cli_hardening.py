@@ -27,8 +27,8 @@ from ringctl.cli import main
 from ringctl.commands.jobs import follow_to_end, open_job_dir
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
-from ringctl.longdoc.documents import doc_key
-from ringctl.longdoc.shards import FORMAT, ShardStore
+from ringctl.longdoc.inputs.documents import doc_key
+from ringctl.longdoc.output.store import FORMAT, ShardStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "jobs" / "smoke.yaml")
@@ -181,7 +181,7 @@ def test_csv_text_cells_that_look_like_formulas_get_a_quote(tmp_path, capsys):
 def test_pooled_csv_quotes_ids_not_vectors(tmp_path):
     from types import SimpleNamespace
 
-    from ringctl.longdoc import export
+    from ringctl.longdoc.output import export
 
     doc = SimpleNamespace(
         doc_id="-x", tensors={"input_ids": torch.arange(3), "pooled": torch.tensor([-1.5, 2.0])}

@@ -1,7 +1,7 @@
 """The long-document job's embedded default says something true: the bundled trained model.
 
 `jobs/longdoc.yaml` names the bundled trained byte-level model by its reserved name
-(`bundled:demo-byte-llama`, resolved in `ringctl.longdoc.model`); `model_path: null` keeps
+(`bundled:demo-byte-llama`, resolved in `ringctl.longdoc.model.load`); `model_path: null` keeps
 meaning the random tiny Llama that the other tests compare against. The model must know
 English: on a sample story it never saw, far below the random model's ~8 bits per byte and a
 byte bigram's 3.6 (fitted on its training text), with a loss that falls as the context
@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from ringctl.config import load_job
-from ringctl.longdoc.gather import bits_per_byte
-from ringctl.longdoc.model import (
+from ringctl.longdoc.model.load import (
     BUNDLED_TRAINED,
     load_model,
     resolve_model_path,
     samples_dir,
 )
+from ringctl.longdoc.output.gather import bits_per_byte
 from ringctl.longdoc.params import LongDocParams
 from ringctl.tasks.longdoc import prepare
 

@@ -176,7 +176,7 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(
     remote shards by SFTP), and compare every token's log-probability with one process."""
     from safetensors.torch import load_file
 
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.model.load import load_model
 
     job_dir = _submit(
         capsys,

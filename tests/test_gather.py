@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from ringctl.errors import UserError
-from ringctl.longdoc.gather import GATHER_FAILED_EXIT, GatherError, gather
+from ringctl.longdoc.output.gather import GATHER_FAILED_EXIT, GatherError, gather
 from tests.distributed import run_distributed
 from tests.longdoc_reference import build, reference, rel_err
 
@@ -53,7 +53,7 @@ def _make_markup_inputs(base: Path) -> list[str]:
 def _jobs(rank: int, world: int, base: str, inputs: list[str], qwen_dir: str, markup) -> dict:
     import torch.distributed as dist
 
-    from ringctl.longdoc.documents import doc_key
+    from ringctl.longdoc.inputs.documents import doc_key
     from ringctl.longdoc.run import run_longdoc
 
     base_p = Path(base)
@@ -157,7 +157,7 @@ def test_gather_score_equals_single_process(jobs: dict, capsys) -> None:
     rows = {row["document"]: row for row in summary["documents"]}
     assert list(rows) == DOC_IDS and summary["missing_inputs"] == [jobs["inputs"][1]]
     assert (out / "summary.csv").read_text().splitlines()[0].startswith("document,tokens,")
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.model.load import load_model
 
     model = load_model(None, attn_implementation="eager")
     raw = {
@@ -203,7 +203,7 @@ def test_gather_grad_and_embed(jobs: dict, tmp_path: Path) -> None:
     one = next(r for r in result.rows if r["document"] == "one.txt")
     assert one["loss"] is None and one["grad_norm"] == 0.0
 
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.model.load import load_model
 
     llama = load_model(None, attn_implementation="sdpa")
     result = gather(jobs["base"] / "embed", tmp_path / "embed")
@@ -230,7 +230,7 @@ def _nothing_written(job: Path) -> bool:
 
 
 def test_tampered_shard_is_refused_by_name(jobs: dict, tmp_path: Path, capsys) -> None:
-    from ringctl.longdoc.documents import doc_key
+    from ringctl.longdoc.inputs.documents import doc_key
 
     job, shards = _copy_job(jobs, tmp_path)
     victim = shards / doc_key("docs.jsonl#1") / "rank-00001.safetensors"
@@ -244,7 +244,7 @@ def test_tampered_shard_is_refused_by_name(jobs: dict, tmp_path: Path, capsys) -
 
 
 def test_missing_shards_are_named(jobs: dict, tmp_path: Path, capsys) -> None:
-    from ringctl.longdoc.documents import doc_key
+    from ringctl.longdoc.inputs.documents import doc_key
 
     job, shards = _copy_job(jobs, tmp_path)
     data = shards / doc_key("latin1.txt") / "rank-00000.safetensors"
@@ -260,7 +260,7 @@ def test_missing_shards_are_named(jobs: dict, tmp_path: Path, capsys) -> None:
 
 
 def test_swapped_shards_fail_coverage(jobs: dict, tmp_path: Path, capsys) -> None:
-    from ringctl.longdoc.documents import doc_key
+    from ringctl.longdoc.inputs.documents import doc_key
 
     job, shards = _copy_job(jobs, tmp_path)
     d = shards / doc_key("docs.jsonl#1")
@@ -369,7 +369,7 @@ def test_duplicate_ids_are_refused(jobs: dict, tmp_path: Path, capsys) -> None:
 def test_gradient_file_named_by_an_entry_stays_inside(jobs: dict, tmp_path: Path, capsys) -> None:
     """An entry's grads_file pointing at any file (its sha256 beside it) was copied into the
     results."""
-    from ringctl.longdoc.shards import sha256_file
+    from ringctl.longdoc.output.store import sha256_file
 
     job, shards = _copy_job(jobs, tmp_path, kind="grad")
     secret = tmp_path / "secret.bin"
@@ -460,7 +460,7 @@ def test_document_list_is_checked_against_the_expected_one(
     jobs: dict, tmp_path: Path, capsys
 ) -> None:
     """A documents.json cut down to 0 or 1 documents exited 0 with a "complete" summary."""
-    from ringctl.longdoc.expected import EXPECTED_FILE, check_expected, write_expected
+    from ringctl.longdoc.output.expected import EXPECTED_FILE, check_expected, write_expected
 
     for keep in (0, 1):
         job, _ = _copy_job(jobs, tmp_path, name=f"job{keep}")
@@ -492,7 +492,7 @@ def test_document_list_is_checked_against_the_expected_one(
 def test_one_definition_of_complete(jobs: dict, tmp_path: Path) -> None:
     """A copied entry (rank 1's entry as rank 0's) passed resume's check (the file the entry
     names matched its checksum) while gather refused it: both now ask completeness.py."""
-    from ringctl.longdoc.completeness import document_status, rank_complete
+    from ringctl.longdoc.output.completeness import document_status, rank_complete
 
     job, shards = _copy_job(jobs, tmp_path)
     root, index = _root(job), _index(job)

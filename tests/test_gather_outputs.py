@@ -28,9 +28,9 @@ import torch
 from safetensors.torch import load_file
 
 from ringctl.errors import UserError
-from ringctl.longdoc import export
-from ringctl.longdoc.curve import LossCurve, bucket_of
-from ringctl.longdoc.gather import gather
+from ringctl.longdoc.output import export
+from ringctl.longdoc.output.curve import LossCurve, bucket_of
+from ringctl.longdoc.output.gather import gather
 from tests.distributed import run_distributed
 from tests.test_gather import DOC_IDS, _cli, _copy_job, _make_inputs, _real_job_dir
 
@@ -269,7 +269,7 @@ def _summary(out: Path) -> dict:
 
 def test_partial_gather_of_a_running_job(jobs: dict, tmp_path: Path, capsys) -> None:
     from ringctl.jobdir import JobDir
-    from ringctl.longdoc.documents import doc_key
+    from ringctl.longdoc.inputs.documents import doc_key
 
     job = _real_job_dir(jobs, tmp_path, "jobs/longdoc.yaml", "running")
     entry = job / "out/longdoc/shards" / doc_key("docs.jsonl#1") / "rank-00001.json"
@@ -320,7 +320,7 @@ def test_partial_gather_of_a_running_job(jobs: dict, tmp_path: Path, capsys) -> 
 
 def test_partial_of_an_ended_job_and_of_a_bare_directory(jobs: dict, tmp_path: Path, capsys):
     from ringctl.jobdir import JobDir
-    from ringctl.longdoc.documents import doc_key
+    from ringctl.longdoc.inputs.documents import doc_key
 
     job = _real_job_dir(jobs, tmp_path, "jobs/longdoc.yaml", "failed")
     shutil.rmtree(job / "out/longdoc/shards" / doc_key("one.txt"))
@@ -347,8 +347,8 @@ def test_partial_of_an_ended_job_and_of_a_bare_directory(jobs: dict, tmp_path: P
 def test_partial_still_refuses_what_is_wrong(jobs: dict, tmp_path: Path, capsys) -> None:
     """--partial leaves out what is not complete; it never lets through a wrong list, a
     complete document of the wrong length, or a shard that leads outside the job."""
-    from ringctl.longdoc.documents import doc_key
-    from ringctl.longdoc.expected import EXPECTED_FILE, write_expected
+    from ringctl.longdoc.inputs.documents import doc_key
+    from ringctl.longdoc.output.expected import EXPECTED_FILE, write_expected
 
     job, _ = _copy_job(jobs, tmp_path)
     root = job / "out" / "longdoc"

@@ -29,8 +29,8 @@ from ringctl.atomic import atomic_write_json
 from ringctl.cli import main
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
-from ringctl.longdoc.documents import doc_key
-from ringctl.longdoc.shards import FORMAT, ShardStore
+from ringctl.longdoc.inputs.documents import doc_key
+from ringctl.longdoc.output.store import FORMAT, ShardStore
 from ringctl.output_dir import new_output_dir
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ MODELS = {
 def _model(spec: dict, attn: str):
     from transformers import AutoConfig
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     fields = {k: v for k, v in spec.items() if k != "model_type"}
     config = AutoConfig.for_model(spec["model_type"], **{**BASE, **fields})

@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from ringctl.longdoc.gather import gather
+from ringctl.longdoc.output.gather import gather
 from tests.distributed import run_distributed
 from tests.longdoc_reference import reference, rel_err
 
@@ -27,8 +27,8 @@ TEXTS = {
 
 
 def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
-    from ringctl.longdoc.job_schedule import RingOptions
     from ringctl.longdoc.run import run_longdoc
+    from ringctl.longdoc.schedule import RingOptions
 
     out = {}
     for name, mode, budget in (
@@ -80,7 +80,7 @@ def test_batches_were_formed_and_every_document_counted(jobs):
 
 
 def test_batched_equals_one_at_a_time_and_the_model(jobs):
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.model.load import load_model
 
     base, _ = jobs
     model = load_model(None, attn_implementation="sdpa")
@@ -100,7 +100,7 @@ def test_batched_equals_one_at_a_time_and_the_model(jobs):
 
 
 def test_batches_respect_the_budget():
-    from ringctl.longdoc.batching import batches
+    from ringctl.longdoc.compute.batching import batches
 
     got = batches([5, 1, 0, 37, 5, 300, 60], ring_size=2, layout="zigzag", budget=100)
     assert got == [[0, 1], [2], [3, 4], [5], [6]]

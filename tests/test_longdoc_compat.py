@@ -3,7 +3,7 @@ on a 2-rank ring, and every family it cannot run exactly is refused, by name.
 
 Models: tiny random-initialised configs built here (no download), seeded so that the ring's
 ranks and the reference hold identical weights. Ring: 2 real gloo processes, zigzag shards
-(one family also contiguous), scored by ``ringctl.longdoc.scoring.run_task`` (what a job runs),
+(one family also contiguous), scored by ``ringctl.longdoc.compute.scoring.run_task`` (what a job runs),
 and each accepted family also through the job's probe. Reference: the model's own forward pass
 (stock ``sdpa``; ``eager`` for models without sdpa) on the whole document in this process.
 
@@ -214,7 +214,7 @@ def _expected_refusal(fam: Family) -> str | None:
 def build(fam: Family, attn_implementation: str):
     from transformers import AutoConfig
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     if attn_implementation == "ringattn":
         from ringattn.hf import register
@@ -237,9 +237,9 @@ def _error(err: BaseException) -> str:
 
 def _ring_family(fam: Family) -> dict:
     """One family on this rank: the refusals, each document's shard, and the probe."""
-    from ringctl.longdoc.compat import model_refusal, sequence_mixing_refusal
+    from ringctl.longdoc.compute.scoring import run_task
+    from ringctl.longdoc.model.compat import model_refusal, sequence_mixing_refusal
     from ringctl.longdoc.probe import run_probe
-    from ringctl.longdoc.scoring import run_task
 
     try:
         model = build(fam, "ringattn")
@@ -368,7 +368,7 @@ def _judge(fam: Family, per_rank: list[dict]) -> Row:
     first = per_rank[0]
     refusal = _expected_refusal(fam)
     if refusal is not None:
-        from ringctl.longdoc.compat import config_refusal
+        from ringctl.longdoc.model.compat import config_refusal
 
         said = [first.get("build", "")] + [first.get("refusal") or ""]
         said += [first.get("mixing") or ""]

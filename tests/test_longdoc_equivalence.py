@@ -34,7 +34,7 @@ GRAD_TOL = 1e-4
 
 
 def _ranks(rank: int, world_size: int) -> dict:
-    from ringctl.longdoc.scoring import run_task
+    from ringctl.longdoc.compute.scoring import run_task
 
     out: dict = {}
     for kind in KINDS:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ringctl.cli import main
-from ringctl.longdoc.gather import GatherError, gather, verify
+from ringctl.longdoc.output.gather import GatherError, gather, verify
 from ringctl.tasks import load_tensors
 from tests.local_jobs import local_state, wait_for
 

@@ -42,7 +42,7 @@ def _model_dir(root: Path, name: str, value: float | None) -> Path:
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     d = root / name
     config = AutoConfig.for_model("llama", **TINY)
@@ -91,7 +91,7 @@ def _ranks(rank: int, world: int, root: str) -> dict:
 def _with_a_ring_that_gives_nan(rank: int, world: int, root: str) -> tuple[str, bool]:
     """A scorer whose head gives NaN (the model's own forward pass is untouched): the probe
     must blame the ring."""
-    from ringctl.longdoc import scoring
+    from ringctl.longdoc.compute import scoring
 
     def broken(model):
         head = model.get_output_embeddings()

@@ -38,7 +38,7 @@ def _model_with_tokenizer(root: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoConfig, PreTrainedTokenizerFast
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     d = root / "wordllama"
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
@@ -84,7 +84,7 @@ def _ranks(rank: int, world: int, base: str) -> dict:
 def _with_plain_head(run_longdoc, rank: int, world: int, root: Path) -> tuple[str, bool]:
     """A scorer that forgot Cohere's logit_scale: the job's probe must refuse it, on every
     rank, before any document is scored. Returns (the error, whether any shard was written)."""
-    from ringctl.longdoc import scoring
+    from ringctl.longdoc.compute import scoring
 
     def plain(model):
         head = model.get_output_embeddings()
@@ -184,7 +184,7 @@ def test_model_directory_tokenizer_is_the_default_and_exact(results) -> None:
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ringctl.longdoc.documents import doc_key
+    from ringctl.longdoc.inputs.documents import doc_key
 
     tok = AutoTokenizer.from_pretrained(root / "wordllama")
     model = AutoModelForCausalLM.from_pretrained(root / "wordllama", attn_implementation="sdpa")

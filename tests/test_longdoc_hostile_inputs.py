@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ringctl.errors import UserError
-from ringctl.longdoc.documents import DocumentError, list_documents
+from ringctl.longdoc.inputs.documents import DocumentError, list_documents
 from tests.test_longdoc_inputs import PEAK, _load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def test_a_parquet_page_too_large_to_inflate_refuses_its_file(tmp_path):
     """pyarrow's writer put 24 distinct 8 MiB values in one 192 MiB dictionary page, which a
     reader inflates whole (several copies) before any value can be measured: over one record's
     limit and 4 MiB, the file is refused, naming the page, before anything is inflated."""
-    from ringctl.longdoc.records import table_rows
+    from ringctl.longdoc.inputs.records import table_rows
 
     path = _parquet(tmp_path / "one-page.parquet", _distinct(24, 8 * MIB))
     with pytest.raises(DocumentError) as err:

@@ -17,7 +17,7 @@ import pytest
 
 from ringctl.config import load_job
 from ringctl.errors import UserError
-from ringctl.longdoc.documents import DocumentError, list_documents
+from ringctl.longdoc.inputs.documents import DocumentError, list_documents
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "jobs" / "longdoc.yaml"
@@ -226,7 +226,7 @@ def test_a_record_read_later_comes_from_its_own_span(tmp_path, monkeypatch):
     """Records of a .jsonl.gz read in another order than the file's (a schedule runs the
     longest first) are the records listed: inflated from the checkpoint before them, by the
     reader that listed them or by a fresh one (another process) that takes its own."""
-    from ringctl.longdoc import inflate, records
+    from ringctl.longdoc.inputs import inflate, records
 
     path = tmp_path / "many.jsonl.gz"
     _records_gz(path, 3000)
@@ -253,7 +253,7 @@ def test_a_record_read_later_comes_from_its_own_span(tmp_path, monkeypatch):
 # VmRSS before reading (not the peak so far, which an import may have raised).
 PEAK = """
 import sys
-from ringctl.longdoc.documents import DocumentError, list_documents
+from ringctl.longdoc.inputs.documents import DocumentError, list_documents
 
 
 def kib(field):

@@ -1,5 +1,5 @@
 """One length estimator (issue 20): submit's check, `ringctl plan JOB` and the job's schedule
-size a document with the same function, ``longdoc.lengths.estimated_tokens``. Before, plan
+size a document with the same function, ``longdoc.schedule.estimated_tokens``. Before, plan
 divided the bytes by 4 whenever a tokenizer was set while submit took the bytes, so plan
 priced a corpus four times shorter than the one submit had just let through."""
 
@@ -10,9 +10,13 @@ import sys
 from pathlib import Path
 
 from ringctl.config import load_job
-from ringctl.longdoc.documents import list_documents
-from ringctl.longdoc.job_schedule import RingOptions, plan_schedule
-from ringctl.longdoc.lengths import estimated_tokens, sampled_bytes_per_token
+from ringctl.longdoc.inputs.documents import list_documents
+from ringctl.longdoc.schedule import (
+    RingOptions,
+    estimated_tokens,
+    plan_schedule,
+    sampled_bytes_per_token,
+)
 from ringctl.tasks import get_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +62,6 @@ def test_the_estimator_and_the_scheduler_import_without_torch():
     """Submit and plan size documents with no torch in the process."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import ringctl.longdoc.lengths, ringctl.longdoc.job_schedule, ringctl.tasks.longdoc\n"
+        "import ringctl.longdoc.schedule, ringctl.longdoc.schedule, ringctl.tasks.longdoc\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

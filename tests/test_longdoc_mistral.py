@@ -23,7 +23,7 @@ CONFIG = dict(
 def _build(attn_implementation: str):
     from transformers import AutoConfig
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     if attn_implementation == "ringattn":
         from ringattn.hf import register

@@ -44,7 +44,7 @@ def evil(tmp_path_factory) -> tuple[Path, Path]:
     from tokenizers import Tokenizer, models
     from transformers import AutoConfig, PreTrainedTokenizerFast
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     root = tmp_path_factory.mktemp("evil")
     d, marker = root / "evil", root / "MARKER"
@@ -71,8 +71,8 @@ def _add_auto_map(file: Path, auto_map: dict) -> None:
 
 LOAD_AS_THE_RANKS_DO = """
 import sys
-from ringctl.longdoc.model import load_model
-from ringctl.longdoc.tokenize import load_tokenizer
+from ringctl.longdoc.model.load import load_model
+from ringctl.longdoc.model.tokenize import load_tokenizer
 path = sys.argv[1]
 try:
     load_model(path, overrides={"trust_remote_code": True})
@@ -178,13 +178,13 @@ def test_loader_options_are_refused(tmp_path, key, phrase) -> None:
     cfg = _mistral(tmp_path)
     with pytest.raises(UserError, match=f"task.model_overrides.{key}: not a model-config field"):
         _load(f"task.model_path={cfg}", f"task.model_overrides={{{key}: x}}")
-    from ringctl.longdoc.overrides import refusal
+    from ringctl.longdoc.model.overrides import refusal
 
     assert phrase in refusal({"model_type": "mistral"}, {key: "x"})
 
 
 def test_unknown_fields_name_the_nearest_and_sub_configs_are_checked() -> None:
-    from ringctl.longdoc.overrides import refusal
+    from ringctl.longdoc.model.overrides import refusal
 
     said = refusal({"model_type": "llama"}, {"num_hiden_layers": 4})
     assert said == (
@@ -204,8 +204,8 @@ def test_overrides_are_set_on_the_loaded_config(tmp_path) -> None:
     sub-configs included; the planner sizes the overridden model."""
     from transformers import AutoConfig
 
-    from ringctl.longdoc.model import load_config
-    from ringctl.longdoc.overrides import apply
+    from ringctl.longdoc.model.load import load_config
+    from ringctl.longdoc.model.overrides import apply
     from ringctl.tasks.longdoc import model_shape
 
     cfg = _mistral(tmp_path)

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from ringctl.cli import main
 from ringctl.config import load_resolved
-from ringctl.longdoc.gather import gather
+from ringctl.longdoc.output.gather import gather
 from tests.local_jobs import local_state, wait_for
 from tests.longdoc_reference import rel_err
 

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from ringctl.longdoc.gather import gather
+from ringctl.longdoc.output.gather import gather
 from tests.distributed import run_distributed
 from tests.longdoc_reference import reference, rel_err
 
@@ -53,8 +53,8 @@ JOBS = {  # name -> (mode, ring options)
 def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
     import torch.distributed as dist
 
-    from ringctl.longdoc.job_schedule import RingOptions
     from ringctl.longdoc.run import run_longdoc
+    from ringctl.longdoc.schedule import RingOptions
 
     out = {}
     for name, (mode, opts) in JOBS.items():
@@ -78,7 +78,7 @@ def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
     dist.barrier()
     auto_out = Path(base) / "auto" / "out" / "longdoc" / "shards"
     if rank == 0:
-        from ringctl.longdoc.documents import doc_key
+        from ringctl.longdoc.inputs.documents import doc_key
 
         shutil.rmtree(auto_out / doc_key("pair.txt"))
     dist.barrier()
@@ -122,7 +122,7 @@ def jobs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model():
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.model.load import load_model
 
     return load_model(None, attn_implementation="sdpa")
 

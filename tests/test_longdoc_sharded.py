@@ -207,7 +207,7 @@ def test_refusals_name_the_key_and_file(checkpoints, tmp_path) -> None:
     import json
     import shutil
 
-    from ringctl.longdoc import sharding
+    from ringctl.longdoc.compute import fsdp as sharding
 
     with pytest.raises(ValueError, match="model.shard must be one of none, ring, job"):
         sharding.check_mode("weights")

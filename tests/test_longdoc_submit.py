@@ -78,7 +78,7 @@ def test_byte_tokenizer_with_another_vocabulary_is_refused(tmp_path: Path) -> No
     # A model directory with its tokenizer: the tokenizer is the default.
     full = _model_dir(tmp_path, "full", vocab=32000, tokenizer=True)
     _load(f"task.model_path={full}")
-    from ringctl.longdoc.tokenize import resolve_tokenizer_path
+    from ringctl.longdoc.model.tokenize import resolve_tokenizer_path
 
     assert resolve_tokenizer_path(None, str(full)) == str(full)
     assert resolve_tokenizer_path("bytes", str(full)) is None
@@ -105,7 +105,7 @@ def test_inputs_as_a_string_and_bad_inputs_at_submit(tmp_path: Path) -> None:
 
 
 def test_new_input_formats(tmp_path: Path) -> None:
-    from ringctl.longdoc.documents import list_documents
+    from ringctl.longdoc.inputs.documents import list_documents
 
     d = tmp_path / "corpus"
     d.mkdir()

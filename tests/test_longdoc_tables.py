@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ringctl.cli import main
-from ringctl.longdoc.documents import list_documents
+from ringctl.longdoc.inputs.documents import list_documents
 from tests.longdoc_reference import reference, rel_err
 
 pa = pytest.importorskip("pyarrow")  # in the test extra: CI has it
@@ -60,7 +60,7 @@ def test_rows_are_documents_and_bad_rows_are_named(tmp_path):
 
 
 def test_a_job_scores_table_rows_as_the_model_does(tmp_path, capsys):
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.model.load import load_model
 
     table, saved = _inputs(tmp_path)
     job = tmp_path / "job"

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringctl.longdoc.documents import (
+from ringctl.longdoc.inputs.documents import (
     DocumentError,
     MissingInputError,
     doc_key,
     invalid_utf8_count,
     list_documents,
 )
-from ringctl.longdoc.model import bundled_config_path, samples_dir
+from ringctl.longdoc.model.load import bundled_config_path, samples_dir
+from ringctl.longdoc.model.tokenize import ByteTokenizer, load_tokenizer
+from ringctl.longdoc.output.store import ShardStore, atomic_write, expand_ranges, position_ranges
 from ringctl.longdoc.run import LongDocParams
-from ringctl.longdoc.shards import ShardStore, atomic_write, expand_ranges, position_ranges
-from ringctl.longdoc.tokenize import ByteTokenizer, load_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]

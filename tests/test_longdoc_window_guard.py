@@ -28,8 +28,8 @@ def _score(rank: int, world: int, lengths: list[int]) -> list[str]:
     from transformers import AutoConfig
 
     from ringattn.hf import register
-    from ringctl.longdoc.model import build_random
-    from ringctl.longdoc.scoring import run_task
+    from ringctl.longdoc.compute.scoring import run_task
+    from ringctl.longdoc.model.load import build_random
 
     register()
     config = AutoConfig.for_model("llama", **CONFIG)

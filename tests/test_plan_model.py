@@ -10,7 +10,7 @@ import pytest
 
 from ringctl.cli import main
 from ringctl.errors import UserError
-from ringctl.longdoc.compat import model_shape
+from ringctl.longdoc.model.compat import model_shape
 from ringctl.planner.cost import (
     GIB,
     Link,

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from ringattn import geometry
-from ringctl.longdoc.compat import model_shape
+from ringctl.longdoc.model.compat import model_shape
 from ringctl.planner import window as pw
 from ringctl.planner.cost import Link, Workload, estimate
 from ringctl.planner.devices import get_device

@@ -25,7 +25,7 @@ def _run(rank: int, world: int, ckroot: str, shard: bool, start: int, stop: int,
     when start > 0; saves one at ``stop`` when asked. Rank 0 returns losses and weights."""
     from pathlib import Path
 
-    from ringctl.longdoc.sharding import shard_model
+    from ringctl.longdoc.compute.fsdp import shard_model
     from ringctl.train.checkpoint import CheckpointDir, load, train_state
     from ringctl.train.checkpoint import save as save_ckpt
     from ringctl.train.optim import make_optimizer, make_scheduler

@@ -78,7 +78,7 @@ def _weights(job_dir: Path, out: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def reference(corpus):
     """(losses, weights) of training without the ring on the job's documents."""
-    from ringctl.longdoc.model import load_model
+    from ringctl.longdoc.model.load import load_model
     from ringctl.train.data import Cursor, SequenceStream
     from ringctl.train.params import TrainParams
     from tests.train_reference import train

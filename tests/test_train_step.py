@@ -47,7 +47,7 @@ def _steps():
 def _ranks(rank: int, world: int, ring_size: int, shard: bool, model_kw: dict) -> dict:
     import torch.distributed as dist
 
-    from ringctl.longdoc.sharding import shard_model
+    from ringctl.longdoc.compute.fsdp import shard_model
     from ringctl.train.data import ring_share
     from ringctl.train.optim import make_optimizer, make_scheduler
     from ringctl.train.step import RingSeat, StepOptions, train_step

@@ -32,7 +32,7 @@ TINY = dict(
 def tiny_model(attn: str, seed: int = 11, model_type: str = "llama", **fields):
     from transformers import AutoConfig
 
-    from ringctl.longdoc.model import build_random
+    from ringctl.longdoc.model.load import build_random
 
     if attn == "ringattn":
         from ringattn.hf import register

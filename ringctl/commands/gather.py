@@ -1,7 +1,7 @@
 """`ringctl gather JOBDIR [-o OUT] [--force] [--partial] [--format F]`: verify, reassemble.
 
 The work is the task's (a task may provide a gather step: `Task.gatherer()`, a
-`ringctl.tasks.base.Gatherer`; the long-document task's is `ringctl.longdoc.gather`); this
+`ringctl.tasks.base.Gatherer`; the long-document task's is `ringctl.longdoc.output.gather`); this
 verb finds the job, has its backend fetch the outputs (remote jobs: over SFTP; local files:
 nothing to do), finds the task's gather step and runs it. With --force it holds the job
 directory's lock, since it may replace an earlier output.
@@ -16,7 +16,7 @@ its outputs were computed from (not for a remote job, nor for a bare directory: 
 marked partial in summary.json and its marker file) and says what the backend reports about the
 job (still running, or ended without them); a later gather replaces a partial output without
 --force (and holds the job's lock to do it). --format parquet|csv adds a table of per-token
-values (see ringctl.longdoc.export).
+values (see ringctl.longdoc.output.export).
 
 Exit status: 0 when every document verified (with --partial: every complete one) and OUT was
 written; 1 when writing OUT failed (disk full, quota, read-only: one line naming OUT, and
@@ -40,8 +40,9 @@ from ..jobdir import job_of
 if TYPE_CHECKING:
     from ..tasks.base import Gatherer
 
-FORMATS = ("safetensors", "parquet", "csv")  # ringctl.longdoc.export.FORMATS (not imported here:
-# building the parser must not import the task's modules)
+# ringctl.longdoc.output.export.FORMATS (not imported here: building the parser must not
+# import the task's modules)
+FORMATS = ("safetensors", "parquet", "csv")
 
 _REMOTE = re.compile(r"(?:[\w.-]+@)?[\w.-]+:(?!//).*", re.DOTALL)
 

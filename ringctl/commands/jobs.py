@@ -173,8 +173,8 @@ def vouch_outputs(job_dir: Path, row: dict) -> None:
     # long-document output never needs here)
     if task_output(job_dir, "longdoc", "run.json") is None:
         return
-    from ..longdoc.completeness import output_status
-    from ..longdoc.gather import find_longdoc_root
+    from ..longdoc.output.completeness import output_status
+    from ..longdoc.output.gather import find_longdoc_root
 
     try:
         done, total, problems = output_status(find_longdoc_root(job_dir))

@@ -100,7 +100,7 @@ class CorpusParams(TaskParams):
         for name in ("model_path", "tokenizer_path", "id_field", "split"):
             value = getattr(self, name)
             setattr(self, name, None if value in (None, "") else str(value))
-        from .model import resolve_model_path  # imports torch: only when params are made
+        from .model.load import resolve_model_path
 
         self.model_path = resolve_model_path(self.model_path)
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
@@ -145,7 +145,7 @@ class CorpusParams(TaskParams):
         """The job's input paths: its own, or the bundled samples (``inputs: null``)."""
         if self.inputs is not None:
             return list(self.inputs)
-        from .model import samples_dir  # imports torch: only when inputs are read
+        from .model.load import samples_dir
 
         return [str(samples_dir())]
 
@@ -154,7 +154,7 @@ class CorpusParams(TaskParams):
     ):
         """The documents of `inputs` (default: the job's own) read with this job's fields and
         limits; `on_missing` / `on_bad_record` override the job's policies."""
-        from .documents import list_documents
+        from .inputs.documents import list_documents
 
         return list_documents(
             self.inputs if inputs is None else inputs,

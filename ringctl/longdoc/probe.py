@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .compat import length_limit, model_type, sliding_window
-from .scoring import BypassError
+from .compute.scoring import BypassError
+from .model.compat import length_limit, model_type, sliding_window
 
 PROBE_TOKENS = 251  # prime: never a multiple of the number of shards
 # A sliding window up to this long is crossed by the probe (window + WINDOW_EXTRA tokens), so
@@ -265,7 +265,7 @@ def _score_probe(model, ids, group, layout: str, chunk_size: int):
     """(positions, log-probs) of this rank's shard, and ("", "") or (kind, one line)."""
     from ringattn.hf import AttentionMaskError
 
-    from .sharding import run_task_sharded
+    from .compute.fsdp import run_task_sharded
 
     try:
         with torch.no_grad():
@@ -289,7 +289,7 @@ def run_probe(model, *, group, layout: str, dtype_name: str, chunk_size: int) ->
     Every rank returns the same ``error`` (the verdict is broadcast); ``message`` and the
     figures are rank 0's. A failure on the ring is said in one line that names whose it is.
     """
-    from .sharding import is_sharded, release
+    from .compute.fsdp import is_sharded, release
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     ids = probe_ids(model.config.get_text_config().vocab_size, probe_length(model))

@@ -19,7 +19,7 @@ How a run proceeds (``LongDocRun.run``):
    With ``model.shard`` the model is loaded in step 4b, once its ring exists.
 3. ``_to_do``: the documents not complete yet (resume), those whose input was edited since
    their outputs were written included (``task.on_changed_input``: redo them, or stop).
-4. ``plan`` the rings (``job_schedule.py``), then ``run_phases``: each ring this rank belongs
+4. ``plan`` the rings (``schedule.py``), then ``run_phases``: each ring this rank belongs
    to runs its documents (``_RingPass``), short ones batched where the model allows it.
 5. ``_summarise``: the job's totals, the same on every rank.
 
@@ -47,18 +47,17 @@ from ringattn import padded_length
 
 from ..errors import UserError
 from ..rings import RingGroups
-from .compat import window_refusal
-from .completeness import INPUT_CHANGED, document_status
+from .compute.scoring import ShardResult, comm_device, run_task
 from .consensus import agree, any_has, document_verdict
-from .documents import Document, DocumentError, Listing, input_identity
-from .expected import check_expected, some_names, write_expected
-from .job_schedule import RingOptions, plan_schedule, write_job_schedule
-from .lengths import document_bytes
-from .model import load_model
+from .inputs.documents import Document, DocumentError, Listing, input_identity
+from .model.compat import window_refusal
+from .model.load import load_model
+from .model.tokenize import load_tokenizer, resolve_tokenizer_path
+from .output.completeness import INPUT_CHANGED, document_status
+from .output.expected import check_expected, some_names, write_expected
+from .output.store import FORMAT, ShardStore, atomic_write_json
 from .params import LongDocParams
-from .scoring import ShardResult, comm_device, run_task
-from .shards import FORMAT, ShardStore, atomic_write_json
-from .tokenize import load_tokenizer, resolve_tokenizer_path
+from .schedule import RingOptions, document_bytes, plan_schedule, write_job_schedule
 
 __all__ = ["LongDocOptions", "LongDocParams", "LongDocRun", "LongDocSummary", "run_longdoc"]
 
@@ -124,7 +123,7 @@ def _eta(seconds: float) -> str:
 
 def _fingerprint_of_sharded(model):
     """A sharded model's weights' fingerprint, from its shards."""
-    from .sharding import weights_fingerprint as sharded
+    from .compute.fsdp import weights_fingerprint as sharded
 
     return sharded(model).to(next(model.parameters()).device)
 
@@ -270,7 +269,7 @@ class _Lockstep:
         return any_has([wanted], self.job.group, self.job.device)[0]
 
     def idle(self, model) -> None:
-        from .sharding import idle_step
+        from .compute.fsdp import idle_step
 
         idle_step(model)
 
@@ -415,7 +414,7 @@ class LongDocRun:
         """Step 2, model agreement (``agreement.py``): tokenizer, model and probe line,
         refused on every rank alike. Every rank loads the model (``shard``: whole, or its
         FSDP2 shard over the ring's ranks or the job's)."""
-        from .agreement import load_agreed
+        from .model.agreement import load_agreed
 
         agreed = load_agreed(
             self.params,
@@ -427,7 +426,7 @@ class LongDocRun:
         )
         self.tokenizer, self.model = agreed.tokenizer, agreed.model
         if ring.lead and self.options.shard != "none":
-            from .sharding import shard_summary
+            from .compute.fsdp import shard_summary
 
             ring.log(shard_summary(self.model))
         self.summary.probe = agreed.probe
@@ -443,7 +442,7 @@ class LongDocRun:
                 device=device,
                 overrides=params.model_overrides,
             )
-        from .sharding import load_sharded_model
+        from .compute.fsdp import load_sharded_model
 
         return load_sharded_model(
             params.model_path,
@@ -533,7 +532,7 @@ class LongDocRun:
         too_long = window_refusal(self.model.config, n)
         if too_long:  # n is the same on every rank (agreed): every rank raises alike
             raise RuntimeError(f"{doc.id}: {too_long}; nothing more was scored")
-        from .sharding import is_sharded, run_task_sharded
+        from .compute.fsdp import is_sharded, run_task_sharded
 
         params, chunk_size = self.params, int(self.params.chunk_size)
         common = {"group": ring.group, "layout": params.layout, "chunk_size": chunk_size}
@@ -550,7 +549,7 @@ class LongDocRun:
     def score_batch(self, pending: list, ring: _Ring) -> list[ShardResult]:
         """Several short documents at once (batching.py): one forward, each document's shards
         written as if alone (their entries record the batch's padding)."""
-        from .batching import run_batch
+        from .compute.batching import run_batch
 
         params, ids = self.params, [i for _, i in pending]
         results = run_batch(
@@ -601,7 +600,7 @@ class _RingPass:
     documents done so far are written)."""
 
     def __init__(self, owner: LongDocRun, ring: _Ring, docs, single: bool, lockstep) -> None:
-        from .batching import can_batch
+        from .compute.batching import can_batch
 
         self.owner, self.ring, self.docs, self.lockstep = owner, ring, docs, lockstep
         self.budget = owner.options.rings.max_tokens_per_rank
@@ -653,7 +652,7 @@ class _RingPass:
     def queue(self, doc: Document, ids, n: int) -> None:
         """A short document joins the batch; the batch runs first if it would then exceed the
         per-rank token budget or the row limit."""
-        from .batching import MAX_ROWS
+        from .compute.batching import MAX_ROWS
 
         longest = max([n] + [int(i.numel()) for _, i in self.pending])
         size = self.ring.world_size

@@ -2,7 +2,7 @@
 
 The shape comes from flags, from a preset (``data/models.json``) or from a Hugging Face
 config dict (``from_hf_config``); the planner needs only sizes, never the weights. Reading a
-``config.json`` is ``ringctl.longdoc.compat.read_model_config``'s, the one reader of planner
+``config.json`` is ``ringctl.longdoc.model.compat.read_model_config``'s, the one reader of planner
 and job (with the job's checked ``task.model_overrides``), through ``compat.model_shape``.
 """
 
@@ -115,7 +115,7 @@ ALL_LAYERS_WINDOWED = ("mistral", "mixtral", "phi3", "starcoder2")
 
 
 def sliding_window(data: dict, where: str) -> dict:
-    """{window, window_layers} of a config, as ringctl.longdoc.compat reads a built one:
+    """{window, window_layers} of a config, as ringctl.longdoc.model.compat reads a built one:
     ``layer_types`` names the windowed layers ("sliding_attention"); without it Qwen2's
     layers from ``max_window_layers`` on are windowed (``use_sliding_window``), the families of
     ALL_LAYERS_WINDOWED window every layer, and any other family's window is priced as full

@@ -18,7 +18,7 @@ the job directory (or on another node with the same filesystem) find them.
 
 `LongDocTask` is the task (`ringctl.tasks.base.Task`): its methods are this module's functions,
 it needs transformers and tokenizers on the ranks, and its gather step is
-`ringctl.longdoc.gather` (through `LongDocGatherer`).
+`ringctl.longdoc.output.gather` (through `LongDocGatherer`).
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ class CorpusTask(Task):
     def check_model(self, p: CorpusParams, bad) -> None:
         """The model and tokenizer, from config.json (transformers only for overrides and for
         a directory with its own code: their fields and classes are transformers')."""
-        from ..longdoc.compat import config_refusal, read_model_config
-        from ..longdoc.overrides import merge, problem
-        from ..longdoc.tokenize import TOKENIZER_FILES, resolve_tokenizer_path
+        from ..longdoc.model.compat import config_refusal, read_model_config
+        from ..longdoc.model.overrides import merge, problem
+        from ..longdoc.model.tokenize import TOKENIZER_FILES, resolve_tokenizer_path
 
         try:
             raw = read_model_config(p.model_path)
@@ -133,7 +133,7 @@ class CorpusTask(Task):
     def check_custom_code(p: CorpusParams, config: dict, tokenizer: str | None, bad) -> None:
         """A directory's own code (auto_map) is never run: say which built-in class runs
         instead, or refuse what transformers cannot load without it (custom_code.py)."""
-        from ..longdoc.custom_code import model_note, tokenizer_note
+        from ..longdoc.model.custom_code import model_note, tokenizer_note
 
         where = Path(p.model_path or "config.json")
         where = where / "config.json" if where.is_dir() else where
@@ -151,7 +151,7 @@ class CorpusTask(Task):
     @staticmethod
     def check_inputs(p: CorpusParams, bad) -> None:
         """Inputs that cannot be read are found at submit (missing ones follow on_missing)."""
-        from ..longdoc.documents import DocumentError
+        from ..longdoc.inputs.documents import DocumentError
 
         if p.inputs is None:
             return
@@ -162,7 +162,7 @@ class CorpusTask(Task):
 
     def prepare(self, cfg):
         """Absolute paths, so ranks started in the job directory find the inputs and model."""
-        from ..longdoc.model import BUNDLED_TRAINED
+        from ..longdoc.model.load import BUNDLED_TRAINED
 
         cfg = OmegaConf.to_container(cfg, resolve=True)
         t = cfg["task"]
@@ -180,8 +180,8 @@ class CorpusTask(Task):
         """The shape of the model the job runs (a planner ``ModelShape``): its config.json
         with task.model_overrides checked and set, read by the job's own reader
         (``longdoc.compat.read_model_config``)."""
-        from ..longdoc.compat import model_shape as read_shape
-        from ..longdoc.model import resolve_model_path
+        from ..longdoc.model.compat import model_shape as read_shape
+        from ..longdoc.model.load import resolve_model_path
 
         path = resolve_model_path(str(task.model_path) if task.get("model_path") else None)
         overrides = task.get("model_overrides")
@@ -191,11 +191,12 @@ class CorpusTask(Task):
 
 
 class LongDocGatherer(Gatherer):
-    """`ringctl gather` of a long-document job: ringctl.longdoc.gather, imported when used."""
+    """`ringctl gather` of a long-document job: ringctl.longdoc.output.gather, imported when
+    used."""
 
     @staticmethod
     def _module():
-        from ..longdoc import gather
+        from ..longdoc.output import gather
 
         return gather
 
@@ -227,7 +228,7 @@ class LongDocTask(CorpusTask):
     def check_shard(cfg, bad) -> None:
         """model.shard needs one ring size (the model is loaded once, sharded over the ring or
         the job); with several rings, model.shard=job runs them in lockstep (longdoc/run.py)."""
-        from ..longdoc.sharding import SHARD_MODES
+        from ..longdoc.compute.fsdp import SHARD_MODES
 
         shard = str(cfg.model.shard)
         if shard not in SHARD_MODES:
@@ -265,11 +266,11 @@ class LongDocTask(CorpusTask):
 
     def document_lengths(self, cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
         """(id, tokens) of each document of the job, as listed (missing inputs and bad
-        records left out, as the job leaves them), without tokenising: ``longdoc.lengths``'
+        records left out, as the job leaves them), without tokenising: ``longdoc.schedule``'
         estimate in bytes, exact for the byte-level tokenizer and an upper bound for a
         model's. ``bundled``: with no ``task.inputs``, the bundled samples the job reads
         (False: none; they fit)."""
-        from ..longdoc.lengths import estimated_tokens
+        from ..longdoc.schedule import estimated_tokens
 
         params = LongDocParams.from_any(
             OmegaConf.to_container(cfg.task, resolve=True), validate=False
@@ -288,8 +289,8 @@ class LongDocTask(CorpusTask):
     def run(self, cfg, ctx) -> dict:
         from ..atomic import atomic_write_json
         from ..jobdir import JobDir
-        from ..longdoc.job_schedule import RingOptions
         from ..longdoc.run import run_longdoc
+        from ..longdoc.schedule import RingOptions
 
         job = JobDir(ctx.job_dir)
 

@@ -118,7 +118,7 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
     checkpoint.load_weights(model, found)
     model.save_pretrained(where, safe_serialization=True)
     if tokenizer is not None:
-        from ..longdoc.tokenize import TOKENIZER_FILES
+        from ..longdoc.model.tokenize import TOKENIZER_FILES
 
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
@@ -130,7 +130,7 @@ def _tokenizer_dir(job_config) -> Path | None:
     tokenizer files), or None: UTF-8 bytes (nothing to copy)."""
     if job_config is None:
         return None
-    from ..longdoc.tokenize import resolve_tokenizer_path
+    from ..longdoc.model.tokenize import resolve_tokenizer_path
 
     task = job_config.task
     path = resolve_tokenizer_path(task.get("tokenizer_path"), task.get("model_path"))

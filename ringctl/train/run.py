@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 
 from ..jobdir import JobDir
-from ..longdoc.agreement import load_agreed
+from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import any_has
-from ..longdoc.scoring import comm_device
+from ..longdoc.model.agreement import load_agreed
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
 from .optim import make_optimizer, make_scheduler
@@ -74,8 +74,8 @@ def seat_of(opts: TrainOptions) -> RingSeat:
 
 def _load(params: TrainParams, opts: TrainOptions, seat: RingSeat):
     """The model in float32 (the master weights), whole or as this rank's FSDP2 shard."""
-    from ..longdoc.model import load_model
-    from ..longdoc.sharding import load_sharded_model
+    from ..longdoc.compute.fsdp import load_sharded_model
+    from ..longdoc.model.load import load_model
 
     device = opts.device
     if opts.shard == "none":
@@ -250,8 +250,8 @@ class _Loop:
 def _window(model) -> int | None:
     """What the packed layout balances for: the model's sliding window when every layer has
     it (a model mixing windowed and full layers spends most in the full ones: None)."""
-    from ..longdoc.compat import sliding_layers, sliding_window
-    from ..longdoc.model import attention_layers
+    from ..longdoc.model.compat import sliding_layers, sliding_window
+    from ..longdoc.model.load import attention_layers
 
     window = sliding_window(model.config)
     if window is None or sliding_layers(model.config) != attention_layers(model):

@@ -29,8 +29,8 @@ import torch.distributed as dist
 from ringattn import pack_sequence, sequence_positions
 from ringattn.hf import count_calls, ring_settings
 
-from ..longdoc.model import attention_layers, decoder
-from ..longdoc.scoring import BypassError, chunked_logprobs
+from ..longdoc.compute.scoring import BypassError, chunked_logprobs
+from ..longdoc.model.load import attention_layers, decoder
 from .data import IGNORE, PackedSequence
 
 
@@ -137,7 +137,7 @@ def job_sum(value: float, group) -> float:
     """``value`` summed over the job's ranks (float64 on the CPU: gloo and NCCL alike)."""
     if dist.get_world_size(group) == 1:
         return value
-    from ..longdoc.scoring import comm_device
+    from ..longdoc.compute.scoring import comm_device
 
     t = torch.tensor([value], dtype=torch.float64, device=comm_device(group))
     dist.all_reduce(t, group=group)

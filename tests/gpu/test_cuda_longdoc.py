@@ -19,7 +19,7 @@ N = 3001  # not a multiple of 128, nor of 2P
 
 
 def _score_on_cuda(rank: int, world: int) -> torch.Tensor:
-    from ringctl.longdoc.scoring import run_task
+    from ringctl.longdoc.compute.scoring import run_task
 
     model = build("llama", "ringattn").to("cuda", torch.bfloat16)
     r = run_task("score", model, document(N), group=None, layout="zigzag", chunk_size=512)

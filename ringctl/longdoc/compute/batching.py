@@ -25,8 +25,8 @@ import torch.distributed as dist
 from ringattn import padded_length, sequence_positions, shard_sequence
 from ringattn.hf import LENGTH_DEPENDENT_ROPE, count_calls, ring_settings, rope_types
 
-from .compat import window
-from .model import attention_layers, decoder
+from ..model.compat import window
+from ..model.load import attention_layers, decoder
 from .scoring import (
     PAD_ID,
     BypassError,

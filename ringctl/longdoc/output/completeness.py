@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from ..output_dir import confined
+from ...output_dir import confined
 from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_problems
-from .shards import dtype_name, expand_ranges, sha256_bytes, sha256_file
+from .store import dtype_name, expand_ranges, sha256_bytes, sha256_file
 
 
 @dataclass

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ...errors import UserError
 from .curve import LossCurve
 
 FORMATS = ("safetensors", "parquet", "csv")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from .inflate import GzipError, GzipReader
-from .tables import PYARROW_INSTALL as PYARROW_INSTALL  # re-exported: documents.py says it
+from .tables import PYARROW_INSTALL as PYARROW_INSTALL
 from .tables import TableError, TableText, cell, rows
 
 # 256 MiB: 256M tokens of ASCII text under the byte tokenizer (64M with a model's tokenizer),

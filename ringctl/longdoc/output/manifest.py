@@ -20,8 +20,8 @@ from typing import Any
 
 from ringattn import LAYOUTS
 
-from .documents import doc_key
-from .params import MODES
+from ..inputs.documents import doc_key
+from ..params import MODES
 
 # One path component: what documents.doc_key produces (letters, digits, ".", "_", "-"; never
 # starting with "."), at most 128 characters.

@@ -266,8 +266,8 @@ def model_shape(model_path: str | Path | None, overrides: Mapping | None = None)
     """The planner's ``ModelShape`` of a model path, read by ``read_model_config`` (the one
     config reader: the planner's, `ringctl plan --model DIR`'s and the job's): what the job
     builds is what is priced. A UserError names the file and what is wrong."""
-    from ..errors import UserError
-    from ..planner.model import from_hf_config
+    from ...errors import UserError
+    from ...planner.model import from_hf_config
 
     try:
         data = read_model_config(model_path, overrides)

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
+from ..consensus import agree
+from ..probe import run_probe
 from .compat import config_refusal, model_refusal, read_model_config
-from .consensus import agree
-from .model import check_same_weights, weights_fingerprint
+from .load import check_same_weights, weights_fingerprint
 from .overrides import describe as describe_overrides
-from .probe import run_probe
 from .tokenize import load_tokenizer, vocabulary_mismatch
 
 

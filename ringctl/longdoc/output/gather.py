@@ -60,10 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError, with_filename
-from ..jobdir import task_output
-from ..jsonsafe import finite_json
-from ..output_dir import (
+from ...errors import UserError, with_filename
+from ...jobdir import task_output
+from ...jsonsafe import finite_json
+from ...output_dir import (
     beside,
     check_target,
     confined,
@@ -73,13 +73,13 @@ from ..output_dir import (
     recover_killed,
     write_marker,
 )
-from ..terminal import visible
+from ...terminal import visible
+from ..inputs.documents import Document
 from . import export
 from .completeness import CurrentInput, RankShard, document_shards
-from .documents import Document
 from .expected import expected_problems, some_names
 from .manifest import read_documents, read_run
-from .shards import RUN_FILE, SUBDIR
+from .store import RUN_FILE, SUBDIR
 
 GATHER_FAILED_EXIT = 3
 
@@ -278,7 +278,7 @@ class InputsNow:
             return cls(None, "the inputs live on the login node: not checked against the outputs")
         from omegaconf import OmegaConf
 
-        from .params import LongDocParams
+        from ..params import LongDocParams
 
         task = OmegaConf.to_container(job_config.task, resolve=True)
         try:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_json
+from ...atomic import atomic_write_json
 from .manifest import documents_problems, is_int, read_json_object
 
-EXPECTED_FORMAT = "ringctl.longdoc.expected/1"
+EXPECTED_FORMAT = "ringctl.longdoc.output.expected/1"
 EXPECTED_FILE = "expected.json"
 _SHOWN = 8  # names listed in one message before "and N more"
 

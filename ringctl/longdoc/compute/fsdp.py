@@ -135,7 +135,7 @@ def shard_mesh(mode: str, mesh_or_group=None):
 
 def _parts(model) -> tuple[nn.Module, list[nn.Module], nn.Module | None, nn.Module]:
     """(decoder, its layers, its final norm or None, the output head) of a causal LM."""
-    from .model import decoder
+    from ..model.load import decoder
 
     base = decoder(model)
     layers = getattr(base, "layers", None)
@@ -559,7 +559,7 @@ def load_sharded_model(
     config or None (random weights): built whole on the host CPU with the seed (as every rank
     does unsharded), then sharded; the device only ever holds the shards.
     """
-    from .model import load_model, torch_dtype
+    from ..model.load import load_model, torch_dtype
 
     if check_mode(mode) == "none":
         raise ValueError("load_sharded_model: model.shard=none: use model.load_model")
@@ -597,7 +597,7 @@ def load_sharded_model(
 def _meta_model(path: Path, dtype: torch.dtype, attn_implementation: str, overrides):
     from transformers import AutoModelForCausalLM
 
-    from .model import load_config
+    from ..model.load import load_config
 
     if attn_implementation == "ringattn":
         from ringattn.hf import register

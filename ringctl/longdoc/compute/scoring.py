@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +59,8 @@ from torch.utils.checkpoint import checkpoint
 from ringattn import padded_length, sequence_positions, shard_sequence
 from ringattn.hf import count_calls, ring_settings
 
-from .compat import sliding_layers, sliding_window, window_refusal
-from .head import output_head
-from .model import attention_layers, decoder
+from ..model.compat import sliding_layers, sliding_window, window_refusal
+from ..model.load import attention_layers, decoder
 
 MODES = ("score", "embed", "grad")
 PAD_ID = 0
@@ -340,3 +340,36 @@ def _backward(model, ll_local: torch.Tensor, n_scored: int, group) -> dict[str, 
         grads[name] = g
     model.zero_grad(set_to_none=True)
     return grads
+
+
+def output_head(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden (S, H) -> float32 logits (S, V), as the model's own forward computes them.
+
+    Scoring never builds vocabulary-sized logits for a whole shard, so it cannot call the
+    causal LM's ``forward`` (which computes them all at once). It applies the output
+    embedding itself, and must then also apply what the model does to the logits after it, or
+    the log-probabilities are those of another model: Cohere / Cohere 2 ``logits *
+    logit_scale``; Granite ``logits / config.logits_scaling``; Gemma 2 / 3 and others final
+    soft-capping, ``cap * tanh(logits / cap)``. What a family does beyond these is caught by
+    the job's probe (``probe.py``), which compares these log-probabilities with the model's own
+    forward pass before any document is scored."""
+    head = model.get_output_embeddings()
+    cfg = model.config
+    scale = getattr(model, "logit_scale", None)
+    if not isinstance(scale, (int, float)):
+        scale = None
+    divide = getattr(cfg, "logits_scaling", None)
+    cap = getattr(cfg, "final_logit_softcapping", None)
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        out = head(h)
+        if scale is not None:
+            out = out * scale
+        if divide not in (None, 1, 1.0):
+            out = out / divide
+        out = out.float()
+        if cap is not None:
+            out = torch.tanh(out / cap) * cap
+        return out
+
+    return logits

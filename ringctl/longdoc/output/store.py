@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_write  # noqa: F401  (re-exported: shards are written with it)
-from ..atomic import atomic_write_json as _atomic_write_json
-from ..jsonsafe import finite_json
+from ...atomic import atomic_write
+from ...atomic import atomic_write_json as _atomic_write_json
+from ...jsonsafe import finite_json
 
 FORMAT = "ringctl.longdoc/1"
 SUBDIR = "longdoc"

@@ -1,0 +1,115 @@
+"""The long-document job's schedule: how long each document is before anyone tokenises it,
+which ring runs it, and schedule.json.
+
+Lengths (the one length estimator): `ringctl submit` (is there a ring that holds each
+document?), `ringctl plan JOB` (the schedule's makespan) and the job itself (which ring runs
+which document) all size documents with ``estimated_tokens``: a document's UTF-8 bytes divided
+by ``bytes_per_token``.
+
+* ``bytes_per_token=1`` (submit and plan): a document's size in bytes. Exact for the byte-level
+  tokenizer; for a model's tokenizer (BPE or SentencePiece, each token at least one byte of
+  text) an upper bound on its text's tokens, so a document that passes the check fits, and a
+  predicted makespan errs long. Nothing is loaded: no tokenizer, no torch.
+* ``bytes_per_token=sampled_bytes_per_token(docs, tokenizer)`` (the job, once its tokenizer
+  is loaded): every rank tokenises the same small sample (the first documents, up to
+  ``SAMPLE_BYTES``) and divides by its bytes per token, a closer estimate. The ring that runs
+  a document tokenises it for real, and one whose real length no longer fits its ring's
+  budget fails the job by name rather than running out of memory.
+
+The schedule: every rank computes the same one from the same inputs, with no coordinator.
+Ring sizes come from `ring.size`: null (one ring of the whole job, in input order), N (W/N
+rings of N ranks) or auto (every divisor of W, each document on the smallest ring that holds
+it under `ring.max_tokens_per_rank`); the policy is the scheduler's (`ringctl/scheduler.py`),
+which `ringctl plan` prices. `schedule.json` in the job directory (written and read by
+``ringctl.scheduler``, its owner) records, per document, its ring size, members, order,
+predicted cost and input; `ringctl status` reads the rings' progress files beside it.
+
+Torch-free: the tokenizer is only called (``encode(raw)`` returns a sequence of ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..scheduler import DocLength, Schedule, schedule_documents, write_schedule
+from .inputs.documents import Document
+
+__all__ = [
+    "SAMPLE_BYTES",
+    "RingOptions",
+    "document_bytes",
+    "estimated_tokens",
+    "plan_schedule",
+    "sampled_bytes_per_token",
+    "write_job_schedule",
+]
+
+SAMPLE_BYTES = 256 * 1024
+
+
+def document_bytes(doc: Document) -> int:
+    """The document's size in bytes (0 for a file gone since it was listed)."""
+    try:
+        return doc.nbytes
+    except OSError:
+        return 0
+
+
+def estimated_tokens(docs: Sequence[Document], bytes_per_token: float = 1.0) -> list[int]:
+    """Tokens per document, in order: ceil(bytes / ``bytes_per_token``); see the module
+    docstring for which ratio each caller passes and why."""
+    return [int(-(-document_bytes(doc) // bytes_per_token)) for doc in docs]
+
+
+def sampled_bytes_per_token(docs: Sequence[Document], tokenizer) -> float:
+    """1 for the byte tokenizer; else bytes per token measured on the same sample on every
+    rank (4 when nothing could be read)."""
+    if getattr(tokenizer, "name", None) == "bytes":
+        return 1.0
+    raw_bytes = tokens = 0
+    for doc in docs:
+        if raw_bytes >= SAMPLE_BYTES:
+            break
+        try:
+            raw = doc.read_bytes()[:SAMPLE_BYTES]
+        except (OSError, ValueError):
+            continue
+        raw_bytes += len(raw)
+        tokens += len(tokenizer.encode(raw))
+    return raw_bytes / tokens if tokens else 4.0
+
+
+@dataclass(frozen=True)
+class RingOptions:
+    """The job's `ring.size` and `ring.max_tokens_per_rank`."""
+
+    size: int | str | None = None
+    max_tokens_per_rank: int | None = None
+
+    @classmethod
+    def of(cls, cfg) -> RingOptions:
+        ring = getattr(cfg, "ring", None)
+        if ring is None:
+            return cls()
+        return cls(ring.get("size"), ring.get("max_tokens_per_rank"))
+
+
+def plan_schedule(
+    docs: list[Document], options: RingOptions, *, world: int, layout: str, tokenizer
+) -> Schedule:
+    """The schedule of `docs` (the ones still to do) on this job's rings: the scheduler's
+    (``ringctl.scheduler.schedule_documents``) on the lengths refined by the tokenizer."""
+    tokens = estimated_tokens(docs, sampled_bytes_per_token(docs, tokenizer))
+    lengths = [DocLength(i, doc.id, n) for i, (doc, n) in enumerate(zip(docs, tokens, strict=True))]
+    return schedule_documents(
+        lengths, world=world, size=options.size, budget=options.max_tokens_per_rank, layout=layout
+    )
+
+
+def write_job_schedule(path: Path, schedule: Schedule, docs: list[Document]) -> None:
+    """schedule.json (``scheduler.write_schedule``), each document with its input."""
+    for entry in schedule.entries:
+        entry.source = docs[entry.index].source
+    write_schedule(path, schedule)
