@@ -12,7 +12,7 @@ The job at the top, four wings below it (an arrow points down or across a wing, 
     model/          load (a local HF causal LM, the bundled models), compat (which run exactly),
                     overrides, custom_code (never run), tokenize, agreement (every rank alike)
     compute/        scoring (the three modes on one sharded document, the model's own output
-                    head in chunks), batching (short documents in one forward), fsdp (weights
+                    head in chunks), packing (short documents in one sequence), fsdp (weights
                     held as FSDP2 shards)
     output/         store (each rank's output files and manifest entries), manifest (run.json,
                     documents.json as hostile input), expected (expected.json), completeness

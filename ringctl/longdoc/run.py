@@ -1,26 +1,26 @@
 """The long-document loop: every rank runs ``run_longdoc`` (a ``LongDocRun``) alike.
 
-The job's ranks form one ring or several (``ring.size``; ``scheduling.py`` puts each document
+The job's ranks form one ring or several (``ring.size``; ``schedule.py`` puts each document
 on a ring, the same plan on every rank); a ring runs its documents one after another, each
 sharded in the given layout (zigzag by default) across the ring's ranks, except that under a
-per-rank token budget consecutive short documents go through one forward together
-(``batching.py``). Each rank writes its shard of the outputs (``shards.py``). Documents already
-complete in ``out_dir`` (every rank's entry there, checksums valid) are skipped, so a rerun
-after a failure or preemption only computes what is missing. Rank 0 logs one line per
-document with the progress (documents done / total, tokens/s, ETA).
+per-rank token budget consecutive short documents are packed into one sequence
+(``compute/packing.py``). Each rank writes its shard of the outputs (``output/store.py``).
+Documents already complete in ``out_dir`` (every rank's entry there, checksums valid) are
+skipped, so a rerun after a failure or preemption only computes what is missing. Rank 0 logs
+one line per document with the progress (documents done / total, tokens/s, ETA).
 
 How a run proceeds (``LongDocRun.run``):
 
 1. ``list_inputs``: the documents, agreed on every rank; rank 0 records the run and the list.
-2. ``load_model``: every rank loads the model, checks that its weights are finite and that
-   the ranks hold the same weights,
-   refuses what ``compat.py`` knows cannot be exact, and runs the probe (``probe.py``): the
-   model on the ring must reproduce the model's own forward pass, or nothing is scored.
+2. ``load_model`` (``model/agreement.py``): every rank loads the model, checks that its
+   weights are finite and that the ranks hold the same weights, refuses what ``compat.py``
+   knows cannot be exact, and runs the probe (``probe.py``): the model on the ring must
+   reproduce the model's own forward pass, or nothing is scored.
    With ``model.shard`` the model is loaded in step 4b, once its ring exists.
 3. ``_to_do``: the documents not complete yet (resume), those whose input was edited since
    their outputs were written included (``task.on_changed_input``: redo them, or stop).
 4. ``plan`` the rings (``schedule.py``), then ``run_phases``: each ring this rank belongs
-   to runs its documents (``_RingPass``), short ones batched where the model allows it.
+   to runs its documents (``_RingPass``), short ones packed where the model allows it.
 5. ``_summarise``: the job's totals, the same on every rank.
 
 Decisions that must be the same on every rank (skip a document, stop, fail) are taken together:
@@ -246,7 +246,7 @@ def _stopped(ring: _Ring) -> bool:
 class _Lockstep:
     """``model.shard=job`` with several rings: the weights are sharded over the whole job, so
     every rank must all-gather the same layers in the same order. Every ring therefore runs
-    ``rounds`` steps - one document each (batching would merge steps), or an idle step that
+    ``rounds`` steps - one document each (packing would merge steps), or an idle step that
     only takes part in the gathers when the ring has no document left or its input vanished
     (an empty document idles inside ``run_task_sharded``) - and a stop is agreed by the whole
     job each step, so that no ring leaves while others still gather."""
@@ -546,28 +546,29 @@ class LongDocRun:
         self.write(doc, n, padded, result, ring)
         return result
 
-    def score_batch(self, pending: list, ring: _Ring) -> list[ShardResult]:
-        """Several short documents at once (batching.py): one forward, each document's shards
-        written as if alone (their entries record the batch's padding)."""
-        from .compute.batching import run_batch
+    def score_pack(self, pending: list, ring: _Ring) -> list[ShardResult]:
+        """Several short documents packed into one sequence (compute/packing.py): one forward,
+        each document's shards written as if alone (their entries record the packing)."""
+        from .compute.packing import run_pack
 
-        params, ids = self.params, [i for _, i in pending]
-        results = run_batch(
+        params = self.params
+        results = run_pack(
             params.mode,
             self.model,
-            ids,
+            [i for _, i in pending],
             group=ring.group,
             layout=params.layout,
             chunk_size=int(params.chunk_size),
         )
-        longest = max(int(i.numel()) for i in ids)
-        width = padded_length(longest, world_size=ring.world_size, layout=params.layout)
         for (doc, i), result in zip(pending, results, strict=True):
-            self.write(doc, int(i.numel()), width, result, ring)
+            self.write(doc, int(i.numel()), None, result, ring)
         return results
 
-    def write(self, doc: Document, n: int, padded: int, result: ShardResult, ring: _Ring) -> None:
-        """This rank's shard of one document's outputs (the ring's lead adds the gradients)."""
+    def write(
+        self, doc: Document, n: int, padded: int | None, result: ShardResult, ring: _Ring
+    ) -> None:
+        """This rank's shard of one document's outputs (the ring's lead adds the gradients);
+        ``padded``: the length its layout cut, or None for a packed document."""
         self.store.write_shard(
             doc=doc.describe(),
             rank=ring.rank,
@@ -581,6 +582,7 @@ class LongDocRun:
             seconds=result.seconds,
             grads=result.grads if ring.lead else None,
             input_identity=self.inputs.pop(doc.id, None),
+            packing=result.packing,
         )
 
     def skip_missing(self, doc: Document, verdict, ring: _Ring) -> None:
@@ -595,19 +597,17 @@ class LongDocRun:
 
 class _RingPass:
     """One ring's documents, in its order: per document consensus, then the model (short
-    documents batched under the per-rank token budget, where the model allows it; never in
-    lockstep, see _Lockstep). ``run()`` returns whether a stop was requested (the ring's
-    documents done so far are written)."""
+    documents packed into one sequence under the per-rank token budget, where the model allows
+    it; never in lockstep, see _Lockstep). ``run()`` returns whether a stop was requested (the
+    ring's documents done so far are written)."""
 
     def __init__(self, owner: LongDocRun, ring: _Ring, docs, single: bool, lockstep) -> None:
-        from .compute.batching import can_batch
+        from .compute.packing import can_pack
 
         self.owner, self.ring, self.docs, self.lockstep = owner, ring, docs, lockstep
         self.budget = owner.options.rings.max_tokens_per_rank
         mode = owner.params.mode
-        self.batching = (
-            self.budget is not None and lockstep is None and can_batch(owner.model, mode)
-        )
+        self.packing = self.budget is not None and lockstep is None and can_pack(owner.model, mode)
         self.shown = owner.reporter(ring, docs, single)
         self.pending: list = []
         self.done = 0
@@ -642,7 +642,7 @@ class _RingPass:
             if self.lockstep is not None:
                 self.lockstep.idle(self.owner.model)
             return False
-        if self.batching and n:
+        if self.packing and n:
             self.queue(doc, ids, n)
             return False
         self.flush()
@@ -650,21 +650,18 @@ class _RingPass:
         return False
 
     def queue(self, doc: Document, ids, n: int) -> None:
-        """A short document joins the batch; the batch runs first if it would then exceed the
-        per-rank token budget or the row limit."""
-        from .compute.batching import MAX_ROWS
+        """A short document joins the pack; the pack runs first if it would then exceed the
+        per-rank token budget or the document limit."""
+        from .compute.packing import fits
 
-        longest = max([n] + [int(i.numel()) for _, i in self.pending])
-        size = self.ring.world_size
-        width = padded_length(longest, world_size=size, layout=self.owner.params.layout)
-        rows = len(self.pending)
-        if rows and ((rows + 1) * width // size > self.budget or rows >= MAX_ROWS):
+        lengths = [int(i.numel()) for _, i in self.pending] + [n]
+        if self.pending and not fits(lengths, ring_size=self.ring.world_size, budget=self.budget):
             self.flush()
         self.pending.append((doc, ids))
 
     def flush(self) -> None:
         if self.pending:
-            self.finish(self.pending, self.owner.score_batch(self.pending, self.ring))
+            self.finish(self.pending, self.owner.score_pack(self.pending, self.ring))
             self.pending.clear()
 
     def finish(self, items: list, results: list[ShardResult]) -> None:

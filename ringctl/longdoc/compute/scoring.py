@@ -86,6 +86,7 @@ class ShardResult:
     stats: dict[str, Any]
     seconds: float = 0.0
     grads: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    packing: dict | None = None  # a packed document's packing (compute/packing.py)
 
 
 def comm_device(group) -> torch.device:

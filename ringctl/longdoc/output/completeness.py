@@ -175,12 +175,44 @@ def _padding_of(entry: dict, n: int, world: int, layout: str) -> int:
     return own
 
 
+MAX_PACK_DOCUMENTS = 4096  # a pack's cu_seqlens read from an entry: at most this many + 1
+
+
+def _packed_positions(packing, n: int, world: int, layout: str, rank: int):
+    """(the positions of its document that rank holds in the pack's layout, problem): a
+    packed document's entry records its pack (``compute/packing.packing_record``), checked as
+    hostile input before any layout is built from it."""
+    from ringattn import geometry
+
+    if not isinstance(packing, dict) or set(packing) != {"cu_seqlens", "index", "balance_window"}:
+        return None, "its packing record is malformed"
+    cu, index, window = packing["cu_seqlens"], packing["index"], packing["balance_window"]
+    if not isinstance(cu, list) or not 2 <= len(cu) <= MAX_PACK_DOCUMENTS + 1:
+        return None, "its pack's cu_seqlens is not a list of 2 to 4097 offsets"
+    if not all(is_int(c) for c in cu) or not 0 < cu[-1] <= MAX_BATCH_PADDING:
+        return None, "its pack's cu_seqlens holds a value that is not a whole token count"
+    if not is_int(index) or not 0 <= index < len(cu) - 1 or not (window is None or is_int(window)):
+        return None, "its packing record's index or window is impossible"
+    try:
+        lay = geometry.packed_layout(tuple(cu), world, layout, 1, window or None)
+    except ValueError as err:
+        return None, f"its pack is impossible ({err})"
+    if cu[index + 1] - cu[index] != n:
+        return None, f"its pack gives it {cu[index + 1] - cu[index]} tokens, not n_tokens={n}"
+    start, end = cu[index], cu[index + 1]
+    held = [p - start for p in lay.positions(rank) if start <= p < end]
+    return torch.tensor(held, dtype=torch.int64), ""
+
+
 def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path: Path) -> str:
-    """The positions in the file: those the entry lists, and those the layout gives rank."""
+    """The positions in the file: those the entry lists, and those the layout gives rank (a
+    packed document: its pack's layout)."""
     from ringattn import sequence_positions
 
     positions, world = tensors["positions"], run["world_size"]
     n = entry.get("n_tokens")
+    if "packing" in entry:
+        return _packed_problem(entry, positions, world, run["layout"], rank, data_path)
     # A rank holds about N/P positions of a document cut alone; a larger N is impossible (and
     # would be allocated below). A batch row's rank may hold few or none: bounded by padding.
     padded = _padding_of(entry, n, world, run["layout"]) if is_int(n) and n > 0 else 0
@@ -200,6 +232,25 @@ def _layout_problem(entry: dict, tensors: dict, run: dict, rank: int, data_path:
         return (
             f"{data_path} covers positions {entry['positions']}, but rank {rank} of the "
             f"{run['layout']} layout holds {ranges_text(expected.tolist())}"
+        )
+    return ""
+
+
+def _packed_problem(entry, positions, world: int, layout: str, rank: int, data_path) -> str:
+    n = entry.get("n_tokens")
+    if not is_int(n) or not 0 < n <= MAX_BATCH_PADDING:
+        return f"{data_path}: n_tokens={n!r} is impossible for a packed document"
+    if not _ranges_valid(entry.get("positions"), positions.numel()) or not torch.equal(
+        positions, expand_ranges(entry["positions"])
+    ):
+        return f"{data_path}: positions differ from its manifest entry"
+    expected, problem = _packed_positions(entry["packing"], n, world, layout, rank)
+    if problem:
+        return f"{data_path}: {problem}"
+    if not torch.equal(positions, expected):
+        return (
+            f"{data_path} covers positions {entry['positions']}, but rank {rank} of its pack's "
+            f"{layout} layout holds {ranges_text(expected.tolist())}"
         )
     return ""
 

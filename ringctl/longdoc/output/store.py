@@ -117,15 +117,18 @@ class ShardStore:
         layout: str,
         task: str,
         n_tokens: int,
-        padded_tokens: int,
+        padded_tokens: int | None,
         tensors: dict[str, torch.Tensor],
         stats: dict,
         seconds: float,
         grads: dict[str, torch.Tensor] | None = None,
         input_identity: dict | None = None,
+        packing: dict | None = None,
     ) -> dict:
         """Write this rank's tensors for one document, then its manifest entry; returns it.
-        ``input_identity``: what the document's input was when this rank read it."""
+        ``input_identity``: what the document's input was when this rank read it;
+        ``packing``: a packed document's pack (``compute/packing.packing_record``), whose
+        layout gave this rank its rows (``padded_tokens`` is then None)."""
         from safetensors.torch import save
 
         key = doc["key"]
@@ -146,6 +149,7 @@ class ShardStore:
             "task": task,
             "n_tokens": n_tokens,
             "padded_tokens": padded_tokens,
+            **({"packing": packing} if packing is not None else {}),
             "positions": position_ranges(tensors["positions"]),
             "n_positions": int(tensors["positions"].numel()),
             "file": path.name,
