@@ -9,7 +9,8 @@ makespan of a schedule). Three things come from here:
   mode and sharding (the budget ``ring.max_tokens_per_rank`` defaults to);
 * ``document_cost``: predicted seconds of one document of n tokens on a ring of a given size:
   the whole-model time when the device has matmul figures (attention ~ n^2 / ring, the rest
-  ~ n / ring), else ring attention alone;
+  ~ n / ring), else ring attention alone; ``packed_cost``: the same for a packed sequence,
+  its attention priced by its visible pairs (the sum over its documents);
 * ``lognormal_lengths``: a seeded corpus for `ringctl plan --corpus`.
 
 `ringctl plan JOB` and `--corpus` price the scheduler's own schedule with ``document_cost``
@@ -22,7 +23,7 @@ import math
 import random
 from dataclasses import replace
 
-from ringattn.geometry import layout_multiple, padded_length
+from ringattn.geometry import layout_multiple, padded_length, prefix_keys
 
 from .cost import (
     GIB,
@@ -65,6 +66,23 @@ def smallest_budget(w: Workload, device: Device, sizes, ranks_per_host: int) -> 
     return min(max_tokens_per_rank(w, device, n, min(n, ranks_per_host)) for n in sizes)
 
 
+def _ring_estimate(w: Workload, seq: int, ring_size: int, device: Device, nodes: int, per_host):
+    per_host = per_host or min(ring_size, device.gpus_per_node)
+    ring_nodes = max(1, math.ceil(ring_size / per_host)) if nodes > 1 else 1
+    return estimate(
+        replace(w, seq_len=seq),
+        ring_size,
+        device,
+        nominal_link(device, ring_nodes),
+        ranks_on_host=per_host,
+        overlap_threshold=False,
+    )
+
+
+def _attention_s(est) -> float:
+    return est.total_s.get("forward+backward", est.total_s["forward"])
+
+
 def document_cost(
     n_tokens: int,
     ring_size: int,
@@ -76,20 +94,34 @@ def document_cost(
 ) -> float:
     """Predicted seconds of one document of ``n_tokens`` on a ring of ``ring_size`` ranks
     (padded to the layout's multiple, as the worker pads it)."""
-    per_host = ranks_on_host or min(ring_size, device.gpus_per_node)
-    ring_nodes = max(1, math.ceil(ring_size / per_host)) if nodes > 1 else 1
     seq = padded_length(n_tokens, world_size=ring_size, layout=w.layout)
-    est = estimate(
-        replace(w, seq_len=seq),
-        ring_size,
-        device,
-        nominal_link(device, ring_nodes),
-        ranks_on_host=per_host,
-        overlap_threshold=False,
-    )
-    if est.model_total_s is not None:
-        return est.model_total_s
-    return est.total_s.get("forward+backward", est.total_s["forward"])
+    est = _ring_estimate(w, seq, ring_size, device, nodes, ranks_on_host)
+    return est.model_total_s if est.model_total_s is not None else _attention_s(est)
+
+
+def packed_cost(
+    lengths: list[int],
+    ring_size: int,
+    w: Workload,
+    device: Device,
+    *,
+    nodes: int = 1,
+    ranks_on_host: int | None = None,
+) -> float:
+    """Predicted seconds of one packed sequence of documents ``lengths`` on a ring: the
+    projections, MLP and head of all its tokens, and its attention priced by its visible
+    pairs, the sum over its documents (under the model's window), as the attention of one
+    document with as many pairs (a packed ring computes no pair across documents)."""
+    tokens = max(1, sum(lengths))
+    window = w.window if w.window is not None else (w.model.window if w.model else None)
+    pairs = sum(prefix_keys(n, window) for n in lengths)
+    alike = max(1, math.ceil((math.sqrt(8 * pairs + 1) - 1) / 2))  # n(n + 1) / 2 >= pairs
+    plain = replace(w, window=None, model=replace(w.model, window=None) if w.model else None)
+    whole = _ring_estimate(w, tokens, ring_size, device, nodes, ranks_on_host)
+    attention = _attention_s(_ring_estimate(plain, alike, ring_size, device, nodes, ranks_on_host))
+    if whole.model_total_s is None:
+        return attention
+    return whole.model_total_s - _attention_s(whole) + attention
 
 
 def lognormal_lengths(count: int, low: int, high: int, seed: int = 0) -> list[int]:
