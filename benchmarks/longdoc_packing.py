@@ -155,12 +155,13 @@ def measure(args, tmp: Path) -> list[dict]:
     tree = _worktree(args.padded_commit, tmp)
     try:
         tiny = ["task.model_path=null"]
+        DEMO = ["task.model_path=bundled:demo-byte-llama"]  # the byte model, not the job's default
         runs = [
             ("packed", "tiny Llama", budget + tiny, here),
             ("padded rows", "tiny Llama", budget + tiny, tree),
             ("one at a time", "tiny Llama", tiny, here),
-            ("packed", "demo (window 2048)", budget, here),
-            ("one at a time", "demo (window 2048)", [], here),
+            ("packed", "demo (window 2048)", budget + DEMO, here),
+            ("one at a time", "demo (window 2048)", DEMO, here),
         ]
         rows, outputs = [], {}
         for name, model, extra, where in runs:

@@ -65,6 +65,7 @@ def run_job(job_dir: Path, corpus: Path, world: int, ring: list[str]) -> dict:
         f"tasks_per_node={world}",
         "timeout=600",
         "task.chunk_size=1024",
+        "task.model_path=bundled:demo-byte-llama",  # the bundled byte model, no package needed
         *ring,
     ]
     start = time.monotonic()

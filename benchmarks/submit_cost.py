@@ -50,7 +50,8 @@ def kib(field):
     return int(next(x for x in open("/proc/self/status") if x.startswith(field + ":")).split()[1])
 
 def submit(corpus):
-    cfg = load_job(sys.argv[1], [f"task.inputs=[{corpus}]", "ring.max_tokens_per_rank=1000000"])
+    cfg = load_job(sys.argv[1], [f"task.inputs=[{corpus}]", "ring.max_tokens_per_rank=1000000",
+                                 "task.model_path=bundled:demo-byte-llama"])
     check_documents(Sizing(cfg))
 
 submit(sys.argv[3])  # a corpus of one record first: the imports are not the corpus's cost

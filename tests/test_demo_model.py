@@ -1,11 +1,11 @@
-"""The long-document job's embedded default says something true: the bundled trained model.
+"""The bundled trained byte-level model says something true (the training demo's model, and
+the one the tests run jobs on since the job's default became SmolLM2, tests/test_smollm2.py).
 
-`jobs/longdoc.yaml` names the bundled trained byte-level model by its reserved name
-(`bundled:demo-byte-llama`, resolved in `ringctl.longdoc.model.load`); `model_path: null` keeps
-meaning the random tiny Llama that the other tests compare against. The model must know
-English: on a sample story it never saw, far below the random model's ~8 bits per byte and a
-byte bigram's 3.6 (fitted on its training text), with a loss that falls as the context
-grows. Gather reports bits per byte for byte-level runs only.
+It is named by its reserved name (`bundled:demo-byte-llama`, resolved in
+`ringctl.longdoc.model.load`); `model_path: null` keeps meaning the random tiny Llama that the
+other tests compare against. The model must know English: on a sample story it never saw, far
+below the random model's ~8 bits per byte and a byte bigram's 3.6 (fitted on its training
+text), with a loss that falls as the context grows.
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ def _nll(model, raw: bytes) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def trained():
-    model_path = load_job(ROOT / "jobs" / "longdoc.yaml").task.model_path
-    assert model_path == BUNDLED_TRAINED  # the job's embedded default
-    return load_model(resolve_model_path(model_path), attn_implementation="sdpa")
+    return load_model(resolve_model_path(BUNDLED_TRAINED), attn_implementation="sdpa")
 
 
 def test_the_jobs_default_model_knows_english(trained) -> None:
@@ -88,13 +86,13 @@ def test_reserved_name_resolves_and_null_stays_the_random_model() -> None:
     assert params.model_path == resolve_model_path(BUNDLED_TRAINED)
     assert Path(params.model_path, "config.json").is_file()
     # the job's saved config keeps the name: each node resolves it in its own install
-    cfg = prepare(load_job(ROOT / "jobs" / "longdoc.yaml"))
+    cfg = prepare(load_job(ROOT / "jobs" / "longdoc.yaml", [f"task.model_path={BUNDLED_TRAINED}"]))
     assert cfg["task"]["model_path"] == BUNDLED_TRAINED
 
 
-def test_bits_per_byte_only_for_byte_level_runs() -> None:
-    ll = -math.log(2) * 3.0 * 9  # 3 bits for each of 9 scored bytes (10 tokens)
-    assert bits_per_byte({"tokenizer_path": None}, ll, 10) == pytest.approx(3.0)
-    assert bits_per_byte({"tokenizer_path": "/models/tok"}, ll, 10) is None
-    assert bits_per_byte({}, ll, 10) is None  # a run.json that does not say
-    assert bits_per_byte({"tokenizer_path": None}, 0.0, 1) is None  # nothing scored
+def test_bits_per_byte_is_the_loss_over_the_scored_bytes() -> None:
+    ll = -math.log(2) * 3.0 * 9  # 3 bits for each of 9 scored bytes (10 byte tokens)
+    assert bits_per_byte(ll, 9) == pytest.approx(3.0)
+    assert bits_per_byte(ll, 27) == pytest.approx(1.0)  # tokens of 3 bytes each
+    assert bits_per_byte(ll, None) is None  # the scored bytes are not known
+    assert bits_per_byte(0.0, 0) is None  # nothing scored

@@ -262,6 +262,7 @@ def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster
         text = " ".join(words[(i + j) % len(words)] for j in range(n))[:n]
         (docs / f"doc{i}.txt").write_text(text)
     common = [f"task.inputs=[{docs}]", "task.chunk_size=256"]
+    common.append("task.model_path=bundled:demo-byte-llama")  # the default needs a package
     job_dir = _submit(
         capsys,
         "jobs/longdoc.yaml",

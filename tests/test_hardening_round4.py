@@ -98,7 +98,8 @@ def _scored(out: Path, ids: list[str], n: int = 5) -> ShardStore:
 
 
 def test_max_docs_zero_is_refused_like_other_empty_inputs(tmp_path, capsys) -> None:
-    assert main(["submit", LONGDOC, f"output_dir={tmp_path}", "task.max_docs=0"]) == 2
+    byte_model = "task.model_path=bundled:demo-byte-llama"  # the default needs a package
+    assert main(["submit", LONGDOC, f"output_dir={tmp_path}", "task.max_docs=0", byte_model]) == 2
     err = capsys.readouterr().err
     _one_line(err)
     assert "task.max_docs: must be >= 1" in err and "no document to read" in err, err

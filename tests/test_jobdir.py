@@ -121,7 +121,8 @@ def test_missing_optional_package_is_refused_before_anything_is_created(tmp_path
     code = (
         "import sys; sys.modules['transformers'] = None\n"
         "from ringctl.cli import main\n"
-        f"sys.exit(main(['run', 'longdoc', 'output_dir={tmp_path}']))"
+        f"sys.exit(main(['run', 'longdoc', 'output_dir={tmp_path}', "
+        "'task.model_path=bundled:demo-byte-llama']))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr

@@ -77,7 +77,10 @@ def test_no_job_directory_name_is_joined_outside_jobdir():
     found = [hit for p in paths if p.name != "jobdir.py" for hit in _hand_joined(p)]
     allowed = {
         ("ringctl/commands/plan.py", "schedule.json"),  # the --schedule metavar, for --help
-        ("ringctl/longdoc/inputs/saved.py", "state.json"),  # a saved HF dataset's file, not the job's
+        (
+            "ringctl/longdoc/inputs/saved.py",
+            "state.json",
+        ),  # a saved HF dataset's file, not the job's
     }
     assert [hit for hit in found if hit[:2] not in allowed] == []
 

@@ -24,7 +24,7 @@ JOB = ROOT / "jobs" / "longdoc.yaml"
 
 
 def _load(*overrides: str):
-    return load_job(JOB, list(overrides))
+    return load_job(JOB, ["task.model_path=bundled:demo-byte-llama", *overrides])
 
 
 # --- save_to_disk folders ------------------------------------------------------------------------
@@ -329,6 +329,7 @@ def test_inputs_that_are_all_missing_are_refused_at_submit(tmp_path, capsys):
 
     gone = [tmp_path / "gone-1.jsonl", tmp_path / "gone-2.txt"]
     argv = ["submit", "longdoc", f"task.inputs=[{gone[0]},{gone[1]}]", f"output_dir={tmp_path}/o"]
+    argv.append("task.model_path=bundled:demo-byte-llama")
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"no document to read: 2 missing (on_missing=report): {gone[0]}, {gone[1]}" in err

@@ -45,7 +45,8 @@ def test_submit_plan_and_job_size_documents_alike(tmp_path):
     nbytes = [len(d.read_bytes()) for d in docs]
     assert estimated_tokens(docs) == nbytes  # bytes: the byte tokenizer's exact count
     # a tokenizer set: plan and submit still size by bytes (an upper bound), not bytes / 4
-    cfg = load_job(JOB, [f"task.inputs=[{corpus}]", f"task.tokenizer_path={tmp_path}"])
+    byte_model = "task.model_path=bundled:demo-byte-llama"
+    cfg = load_job(JOB, [f"task.inputs=[{corpus}]", f"task.tokenizer_path={tmp_path}", byte_model])
     listed = get_task("longdoc").document_lengths(cfg)
     assert listed == [(d.id, n) for d, n in zip(docs, nbytes, strict=True)]
     # the job: the same function, refined by the sampled bytes per token

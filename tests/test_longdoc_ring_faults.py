@@ -63,6 +63,7 @@ def _common(docs: Path) -> list[str]:
         "nodes=1",
         "tasks_per_node=4",
         "task.chunk_size=1024",
+        "task.model_path=bundled:demo-byte-llama",
     ]
 
 

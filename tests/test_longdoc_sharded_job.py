@@ -102,5 +102,6 @@ def test_job_sharding_over_several_rings_equals_the_unsharded_job(mode, kind, tm
     ],
 )
 def test_impossible_sharding_is_refused_at_submit(overrides, why, capsys):
-    assert main(["config", "longdoc", "nodes=1", "tasks_per_node=4", *overrides]) == 2
+    byte_model = "task.model_path=bundled:demo-byte-llama"
+    assert main(["config", "longdoc", "nodes=1", "tasks_per_node=4", byte_model, *overrides]) == 2
     assert why in capsys.readouterr().err

@@ -33,7 +33,7 @@ def _model_dir(tmp_path: Path, name: str, *, vocab: int, tokenizer: bool) -> Pat
 
 
 def _load(*overrides: str):
-    return load_job(ROOT / JOB, list(overrides))
+    return load_job(ROOT / JOB, ["task.model_path=bundled:demo-byte-llama", *overrides])
 
 
 @pytest.mark.parametrize(

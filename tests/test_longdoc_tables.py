@@ -96,7 +96,8 @@ def test_without_pyarrow_a_table_input_is_refused_at_submit(tmp_path):
     code = (
         "import sys; sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None\n"
         "from ringctl.cli import main\n"
-        f"sys.exit(main(['submit', 'longdoc', 'task.inputs={table}', 'output_dir={tmp_path}/o']))"
+        f"sys.exit(main(['submit', 'longdoc', 'task.inputs={table}', 'output_dir={tmp_path}/o', "
+        "'task.model_path=bundled:demo-byte-llama']))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr

@@ -76,7 +76,8 @@ def test_preflight_of_an_attention_job_is_the_plan_of_its_ranks():
     verdict = Sizing(cfg).preflight()
     assert verdict.device == "H100-SXM" and verdict.estimate.ranks == 8
     assert verdict.estimate.tokens_per_rank == 1048576 // 8
-    assert Sizing(load_job("jobs/longdoc.yaml")).preflight() is None  # lengths unknown up front
+    byte_model = load_job("jobs/longdoc.yaml", ["task.model_path=bundled:demo-byte-llama"])
+    assert Sizing(byte_model).preflight() is None  # lengths unknown up front
 
 
 def test_plan_of_a_windowed_job_prices_its_window_unless_the_job_overrides_it(tmp_path, capsys):

@@ -8,9 +8,12 @@ from ringctl.config import load_job, load_resolved
 from ringctl.planner.devices import load_devices
 from ringctl.planner.pricing import max_tokens_per_rank
 
+BYTE_MODEL = "task.model_path=bundled:demo-byte-llama"  # the job's default needs a package
+
 
 def test_without_budget_or_device_auto_is_refused_at_submit(tmp_path, capsys):
-    assert main(["submit", "longdoc", "ring.size=auto", f"output_dir={tmp_path}"]) == 2
+    argv = ["submit", "longdoc", "ring.size=auto", f"output_dir={tmp_path}", BYTE_MODEL]
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "ring.max_tokens_per_rank: ring.size=auto needs a per-rank token budget" in err
     assert err.count("\n") == 1 and not list(tmp_path.iterdir())
@@ -28,6 +31,7 @@ def test_the_planner_derives_the_budget_from_the_device(tmp_path, capsys):
         "nodes=1",
         "tasks_per_node=2",
         f"job_dir={job}",
+        BYTE_MODEL,
     ]
     assert main(argv) == 0, capsys.readouterr().err
     budget = load_resolved(job / "config.yaml").ring.max_tokens_per_rank
@@ -35,7 +39,7 @@ def test_the_planner_derives_the_budget_from_the_device(tmp_path, capsys):
         capsys.readouterr().err
     )
     # the budget is what one rank of the smallest ring (the whole model on it) can hold
-    cfg = load_job("longdoc", ["device=H100-SXM", "nodes=1", "tasks_per_node=2"])
+    cfg = load_job("longdoc", ["device=H100-SXM", "nodes=1", "tasks_per_node=2", BYTE_MODEL])
     one = max_tokens_per_rank(job_workload(cfg, None), load_devices()["H100-SXM"], 1)
     assert 0 < budget <= one
     main(["cancel", str(job)])
@@ -45,7 +49,7 @@ def test_an_explicit_budget_is_kept(tmp_path, capsys):
     from ringctl.sizing import Sizing
     from ringctl.submission import with_ring_budget
 
-    cfg = load_job("longdoc", ["ring.size=auto", "ring.max_tokens_per_rank=512"])
+    cfg = load_job("longdoc", ["ring.size=auto", "ring.max_tokens_per_rank=512", BYTE_MODEL])
     assert with_ring_budget(Sizing(cfg), "x").cfg is cfg
 
 

@@ -3,9 +3,9 @@
 Builds the wheel from this checkout and installs it, with the local CPU torch, into new virtual
 environments without the system's site-packages: once with the `hf` extra, once plain (no
 extras: what `pip install ringctl-*.whl` gives). From an empty temporary directory it runs the
-bundled jobs by name: `ringctl run smoke` (4 local ranks) in both, `ringctl run longdoc` (the
-bundled trained byte-level model, read from the installed package) and `ringctl render smoke
-backend=slurm`; also `ringctl example` writes a config that then runs. Nothing here may come
+bundled jobs by name: `ringctl run smoke` (4 local ranks) in both, `ringctl run longdoc` (on the
+bundled trained byte-level model, read from the installed package: the job's default,
+SmolLM2, needs a package these venvs do not have) and `ringctl render smoke backend=slurm`; also `ringctl example` writes a config that then runs. Nothing here may come
 from the checkout.
 """
 
@@ -107,12 +107,13 @@ def test_bundled_jobs_run_by_name_outside_a_checkout(wheel_venv, tmp_path):
     assert "COMPLETED" in smoke.stdout
     rendered = _run(["ringctl", "render", "smoke", "backend=slurm"], cwd=tmp_path, env=env)
     assert rendered.stdout.startswith("#!") and "#SBATCH" in rendered.stdout
-    longdoc = _run(["ringctl", "run", "longdoc", "job_dir=ld"], cwd=tmp_path, env=env)
+    byte_model = "task.model_path=bundled:demo-byte-llama"
+    longdoc = _run(["ringctl", "run", "longdoc", "job_dir=ld", byte_model], cwd=tmp_path, env=env)
     assert "COMPLETED" in longdoc.stdout
     gathered = _run(["ringctl", "gather", "ld"], cwd=tmp_path, env=env)
     assert "perplexity" in gathered.stdout.lower() and "bits/byte" in gathered.stdout
-    # The bundled job's default is the trained model, read from the installed package: a
-    # story it never saw costs less than a byte bigram's ~3.5 bits per byte (random: 8).
+    # The bundled trained model, read from the installed package: a story it never saw
+    # costs less than a byte bigram's ~3.5 bits per byte (random: 8).
     rows = json.loads((tmp_path / "ld" / "gathered" / "summary.json").read_text())["documents"]
     story = next(r for r in rows if r["document"] == "lighthouse-keeper.txt")
     assert story["bits_per_byte"] < 3.0, story
@@ -124,7 +125,7 @@ def test_plain_install_runs_a_job_and_names_what_longdoc_needs(plain_venv, tmp_p
     venv, env = plain_venv
     smoke = _run(["ringctl", "run", "smoke", "timeout=120"], cwd=tmp_path, env=env)
     assert "COMPLETED" in smoke.stdout
-    argv = ["ringctl", "run", "longdoc"]
+    argv = ["ringctl", "run", "longdoc", "task.model_path=bundled:demo-byte-llama"]
     longdoc = subprocess.run(
         argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

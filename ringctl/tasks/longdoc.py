@@ -30,7 +30,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..longdoc.params import MODES, CorpusParams, LongDocParams
-from .base import Gatherer, Task
+from .base import Gatherer, Task, importable
 
 Params = LongDocParams
 
@@ -43,6 +43,13 @@ class ModelSection:
 
 
 HF_INSTALL = "pip install 'ringctl[hf]'"
+# Tokens a document may have beyond its text's UTF-8 bytes: special tokens a tokenizer adds
+# (BOS, EOS) and a prefix space (SentencePiece); documents this close to the trained context
+# are tokenised to be sure.
+SLACK = 16
+# What submit tokenises at most to count the documents past the trained context (a corpus of
+# books would otherwise be tokenised twice); past it, the rest are said in one line.
+CONTEXT_CHECK_BYTES = 64 << 20
 __all__ = [
     "MODES",
     "LongDocGatherer",
@@ -68,6 +75,35 @@ def _warn_once(line: str) -> None:
         print(f"warning: {line}", file=sys.stderr)
 
 
+def _longer_than(p: CorpusParams, docs: list, limit: int) -> tuple[list[tuple], int]:
+    """((document, tokens) of the documents of more than ``limit`` tokens with the job's own
+    tokenizer, how many were left uncounted past ``CONTEXT_CHECK_BYTES``). A document's tokens
+    are at most the UTF-8 bytes of the text the tokenizer gets (U+FFFD, 3 bytes, for each
+    invalid byte) plus ``SLACK`` (byte-level BPE, SentencePiece: every other token covers a
+    byte), so only documents past that bound are tokenised. One that cannot be read now is
+    left out (the job names it when it runs)."""
+    from ..longdoc.inputs.documents import DocumentError
+    from ..longdoc.model.tokenize import load_tokenizer, resolve_tokenizer_path
+
+    tokenizer, found, budget = None, [], CONTEXT_CHECK_BYTES
+    for i, doc in enumerate(docs):
+        if budget <= 0:
+            return found, len(docs) - i
+        try:
+            raw = doc.read_bytes()
+        except (OSError, DocumentError):
+            continue
+        if len(raw.decode("utf-8", "replace").encode("utf-8")) + SLACK <= limit:
+            continue
+        if tokenizer is None:  # loaded only when a document needs it
+            tokenizer = load_tokenizer(resolve_tokenizer_path(p.tokenizer_path, p.model_path))
+        budget -= len(raw)
+        n = int(tokenizer.encode(raw).numel())
+        if n > limit:
+            found.append((doc, n))
+    return found, 0
+
+
 class CorpusTask(Task):
     """What a task over documents with a causal LM does alike (the long-document task, the
     training task): its parameters (a ``CorpusParams``), the model, tokenizer and input checks
@@ -86,6 +122,7 @@ class CorpusTask(Task):
         return params
 
     def check(self, cfg, bad) -> None:
+        self.check_model_name(cfg.task.get("model_path"), bad)
         try:
             p = self.params.from_any(OmegaConf.to_container(cfg.task, resolve=True), validate=False)
         except (TypeError, ValueError) as err:
@@ -96,8 +133,34 @@ class CorpusTask(Task):
             value = getattr(p, key)
             if value is not None and value != "bytes" and not Path(value).expanduser().exists():
                 raise bad(f"task.{key}", f"{value} does not exist")
+        self.check_gguf(p, bad)
         self.check_model(p, bad)
         self.check_inputs(p, bad)
+
+    @staticmethod
+    def check_model_name(model_path, bad) -> None:
+        """A reserved name (``bundled:``, ``package:``) that this install cannot resolve: an
+        unknown name, or a packaged model whose package is missing (with its install line)."""
+        from ..longdoc.model.load import resolve_model_path
+
+        try:
+            resolve_model_path(None if model_path is None else str(model_path))
+        except ValueError as err:
+            raise bad("task.model_path", str(err)) from None
+
+    @staticmethod
+    def check_gguf(p: CorpusParams, bad) -> None:
+        """A GGUF file needs transformers, gguf and accelerate to be converted (gguf_file.py);
+        refused before the conversion is tried, with the install line."""
+        from ..longdoc.model.gguf_file import GGUF_INSTALL, NEEDS, is_gguf
+
+        missing = [m for m in NEEDS if not importable(m)] if is_gguf(p.model_path) else []
+        if missing:
+            raise bad(
+                "task.model_path",
+                f"{p.model_path} is a GGUF file; loading it needs {', '.join(missing)}, which "
+                f"{sys.executable} cannot import: {GGUF_INSTALL}",
+            )
 
     def check_model(self, p: CorpusParams, bad) -> None:
         """The model and tokenizer, from config.json (transformers only for overrides and for
@@ -162,7 +225,7 @@ class CorpusTask(Task):
 
     def prepare(self, cfg):
         """Absolute paths, so ranks started in the job directory find the inputs and model."""
-        from ..longdoc.model.load import BUNDLED_TRAINED
+        from ..longdoc.model.load import RESERVED
 
         cfg = OmegaConf.to_container(cfg, resolve=True)
         t = cfg["task"]
@@ -171,7 +234,7 @@ class CorpusTask(Task):
         if t["inputs"]:
             t["inputs"] = [str(Path(p).expanduser().absolute()) for p in t["inputs"]]
         for key in ("model_path", "tokenizer_path"):
-            if t[key] and t[key] not in ("bytes", BUNDLED_TRAINED):  # names, resolved where run
+            if t[key] and t[key] not in ("bytes", *RESERVED):  # names, resolved where run
                 t[key] = str(Path(t[key]).expanduser().absolute())
         return cfg
 
@@ -223,6 +286,41 @@ class LongDocTask(CorpusTask):
     def check(self, cfg, bad) -> None:
         super().check(cfg, bad)
         self.check_shard(cfg, bad)
+
+    def prepare(self, cfg):
+        """As every corpus task's; and, once per submission (not at every load of the config,
+        as ``check``), the documents scored past the model's trained context."""
+        self.check_context(cfg)
+        return super().prepare(cfg)
+
+    def check_context(self, cfg) -> None:
+        """Say, for each document longer than the model's trained context, that it is scored
+        past it, with the numbers (a warning: the ring scores it exactly all the same), counted
+        with the job's own tokenizer (``_longer_than``: only documents that may be longer are
+        tokenised). Without transformers nothing is said here: the package check that follows
+        refuses the job."""
+        from ..longdoc.model.compat import context_note, read_model_config, trained_context
+        from ..longdoc.schedule import document_bytes
+
+        p = self.params.from_any(OmegaConf.to_container(cfg.task, resolve=True), validate=False)
+        config = read_model_config(p.model_path, p.model_overrides)  # checked by check_model
+        limit = trained_context(config)
+        if limit is None:
+            return
+        listing = p.list_inputs(p.input_paths(), on_missing="report", on_bad_record="skip")
+        maybe = [d for d in listing.documents if 3 * document_bytes(d) + SLACK > limit]
+        try:
+            longer, uncounted = _longer_than(p, maybe, limit)
+        except ImportError:
+            return
+        for doc, n in longer:
+            _warn_once(f"document {doc.id!r}: {context_note(config, n)}")
+        if uncounted:
+            _warn_once(
+                f"{uncounted} more document(s) may be longer than the model's trained context "
+                f"({limit} tokens): submit tokenises {CONTEXT_CHECK_BYTES >> 20} MiB at most; "
+                "gather's summary.json marks every document past it"
+            )
 
     @staticmethod
     def check_shard(cfg, bad) -> None:

@@ -34,6 +34,8 @@ from ..output_dir import (
 from . import checkpoint, metrics
 
 TASK = "train"
+
+
 @dataclass
 class TrainGather:
     out: Path

@@ -559,7 +559,7 @@ def load_sharded_model(
     config or None (random weights): built whole on the host CPU with the seed (as every rank
     does unsharded), then sharded; the device only ever holds the shards.
     """
-    from ..model.load import load_model, torch_dtype
+    from ..model.load import load_model, model_directory, torch_dtype
 
     if check_mode(mode) == "none":
         raise ValueError("load_sharded_model: model.shard=none: use model.load_model")
@@ -576,7 +576,7 @@ def load_sharded_model(
         if device is not None:
             model.to(device)
         return model
-    path = Path(model_path)
+    path = model_directory(model_path)  # a .gguf file: its cached conversion
     if not path.is_dir():
         raise FileNotFoundError(f"model_path {str(model_path)!r} is not a local directory")
     model = _meta_model(path, torch_dtype(dtype), attn_implementation, overrides)

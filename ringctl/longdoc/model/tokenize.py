@@ -2,9 +2,10 @@
 
 Which tokenizer (``resolve_tokenizer_path``): ``tokenizer_path`` when given; else the model
 directory's own tokenizer when it has one (``tokenizer.json``, ``tokenizer_config.json``,
-``tokenizer.model``); else bytes. ``tokenizer_path: bytes`` asks for bytes explicitly. Bytes fit
-only a model whose vocabulary is the 256 byte values (the bundled model, or a .json config with
-``vocab_size: 256``): any other is refused (``vocabulary_mismatch``), since byte ids fed to a
+``tokenizer.model``; a GGUF file's is in the file, saved with its conversion); else bytes.
+``tokenizer_path: bytes`` asks for bytes explicitly. Bytes fit only a model whose vocabulary is
+the 256 byte values (the bundled model, or a .json config with ``vocab_size: 256``): any other
+is refused (``vocabulary_mismatch``), since byte ids fed to a
 model trained on another vocabulary give plausible-looking garbage.
 
 * ``ByteTokenizer`` (``tokenizer_path=None`` and no tokenizer with the model): the document's
@@ -14,6 +15,15 @@ model trained on another vocabulary give plausible-looking garbage.
 * ``HFTokenizer``: ``AutoTokenizer.from_pretrained(local_dir)`` with ``HF_HUB_OFFLINE=1`` (a hub
   id fails at once instead of hanging). It gets the text with U+FFFD for invalid bytes, and
   adds the tokenizer's special tokens (e.g. a BOS) as the model was trained with.
+
+**Scored bytes** (``scored_bytes``, the denominator of bits per byte for every tokenizer). A
+document's token ``ids[0]`` is context only: scoring predicts ``ids[1:]``. Its scored bytes
+are the UTF-8 bytes of the text after the end of its first token: the document's UTF-8 length
+less the bytes of ``text[:end]``, ``end`` the first token's end offset in the text (the
+tokenizer's own offsets). So: the byte tokenizer, N - 1; a tokenizer that adds a BOS token
+(which covers no text, offsets (0, 0)), every byte; one that adds none (SmolLM2), every byte
+but those of the first word piece. The text is the one the tokenizer was given (invalid UTF-8
+as U+FFFD, 3 bytes each); fewer than 2 tokens score nothing (None).
 """
 
 from __future__ import annotations
@@ -22,6 +32,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from .gguf_file import converted, is_gguf
 
 
 class ByteTokenizer:
@@ -35,6 +47,10 @@ class ByteTokenizer:
 
     def describe(self) -> dict:
         return {"kind": self.name, "vocab_size": self.vocab_size}
+
+    def scored(self, raw: bytes) -> tuple[torch.Tensor, int | None]:
+        """(ids, scored bytes: every byte but the first; see the module docstring)."""
+        return self.encode(raw), (len(raw) - 1 if len(raw) >= 2 else None)
 
 
 class HFTokenizer:
@@ -61,6 +77,26 @@ class HFTokenizer:
     def describe(self) -> dict:
         return {"kind": "hf", "path": self.path, "vocab_size": self.vocab_size}
 
+    def scored(self, raw: bytes) -> tuple[torch.Tensor, int | None]:
+        """(ids as ``encode`` gives them, scored bytes: the UTF-8 bytes after the end of the
+        first token, by the tokenizer's own offsets; None with fewer than 2 tokens, or for a
+        tokenizer without offsets)."""
+        text = raw.decode("utf-8", "replace")
+        try:
+            enc = self.tok(
+                text,
+                add_special_tokens=True,
+                return_attention_mask=False,
+                return_offsets_mapping=True,
+            )
+        except NotImplementedError:  # a slow (Python) tokenizer has no offsets
+            return self.encode(raw), None
+        ids = torch.tensor(enc["input_ids"], dtype=torch.int64)
+        if ids.numel() < 2:
+            return ids, None
+        end = int(enc["offset_mapping"][0][1])
+        return ids, len(text.encode("utf-8")) - len(text[:end].encode("utf-8"))
+
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -71,6 +107,8 @@ def resolve_tokenizer_path(tokenizer_path: str | None, model_path: str | None) -
         return None
     if tokenizer_path:
         return tokenizer_path
+    if is_gguf(model_path):
+        return str(converted(model_path))
     if model_path and Path(model_path).is_dir():
         if any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
             return model_path

@@ -79,9 +79,10 @@ class LossCurve:
             )
         return rows
 
-    def record(self, *, partial: bool) -> dict:
-        """What loss-by-position.json holds."""
-        return {
+    def record(self, *, partial: bool, trained_context: int | None = None) -> dict:
+        """What loss-by-position.json holds; ``trained_context``: the model's
+        max_position_embeddings, when known (positions from it on were never trained)."""
+        record = {
             "format": CURVE_FORMAT,
             "position": "p = i + 1 for token_logprob[i]: the predicted token's index in its "
             "document (= tokens of context before it)",
@@ -91,3 +92,6 @@ class LossCurve:
             "tokens": self.tokens,
             "buckets": self.buckets(),
         }
+        if trained_context is not None:
+            record["trained_context"] = trained_context
+        return record

@@ -190,13 +190,15 @@ def _pooled_parquet(path: Path, docs: Sequence[Any]) -> None:
 # --- the loss curve -------------------------------------------------------------------------------
 
 
-def write_curve(out_dir: Path, docs: Sequence[Any], *, partial: bool) -> tuple[list[str], str]:
+def write_curve(
+    out_dir: Path, docs: Sequence[Any], *, partial: bool, trained_context: int | None = None
+) -> tuple[list[str], str]:
     """loss-by-position.json, and the PNG where matplotlib is installed: (files written, a note
-    when the PNG was skipped)."""
+    when the PNG was skipped). ``trained_context``: the model's, drawn as a line."""
     curve = LossCurve()
     for doc in docs:
         curve.add(doc.tensors["token_logprob"])
-    record = curve.record(partial=partial)
+    record = curve.record(partial=partial, trained_context=trained_context)
     (out_dir / CURVE_JSON).write_text(json.dumps(record, indent=1) + "\n")
     try:
         import matplotlib
@@ -210,6 +212,25 @@ def write_curve(out_dir: Path, docs: Sequence[Any], *, partial: bool) -> tuple[l
         return [CURVE_JSON], f"{CURVE_PNG} not drawn: no scored tokens"
     _draw(out_dir / CURVE_PNG, record)
     return [CURVE_JSON, CURVE_PNG], ""
+
+
+def _trained_context_line(axes: tuple, limit: int | None) -> None:
+    """A dashed vertical line at the model's trained context on both panels, labelled on the
+    top one: points right of it are positions the model was never trained on."""
+    if limit is None:
+        return
+    for ax in axes:
+        ax.axvline(limit, color="tab:red", linestyle="--", linewidth=1)
+    axes[0].text(
+        limit,
+        0.98,
+        f"trained context: {limit} tokens ",
+        transform=axes[0].get_xaxis_transform(),  # x in data, y in axes units
+        color="tab:red",
+        fontsize=8,
+        va="top",
+        ha="right",
+    )
 
 
 def _draw(path: Path, record: dict) -> None:
@@ -229,6 +250,7 @@ def _draw(path: Path, record: dict) -> None:
         fontsize=10,
     )
     top.grid(True, alpha=0.3)
+    _trained_context_line((top, bottom), record.get("trained_context"))
     bottom.bar(  # each bar spans its bucket's positions exactly
         [b["first"] for b in rows],
         [b["tokens"] for b in rows],

@@ -19,9 +19,10 @@ temporary directory renamed to ``out`` only when everything verified:
   (N, hidden) and ``pooled`` (hidden,); metadata: doc_id, source, task;
 * ``grads/<doc key>.safetensors`` (task grad with write_grads), checksum verified;
 * ``summary.json`` and ``summary.csv``: one row per document (tokens, log-likelihood,
-  perplexity, bits per byte with the byte tokenizer, seconds, ...), plus the inputs that were
-  missing when the job ran (CSV text cells that begin like a spreadsheet formula get a leading
-  ``'``: ``export.csv_text``);
+  perplexity, bits per byte with every tokenizer, ``past_trained_context`` for a document
+  longer than the model's trained context, seconds, ...; ``JobModel``), plus the inputs that
+  were missing when the job ran (CSV text cells that begin like a spreadsheet formula get a
+  leading ``'``: ``export.csv_text``); summary.json also has the model's ``trained_context``;
 * ``tokens.parquet|csv`` (``pooled.*`` for embed) with ``--format parquet|csv``, and, for
   score/grad, ``loss-by-position.json`` / ``.png`` (see ``export.py`` and ``curve.py``);
 * ``.ringctl-gather``: the marker that makes it a gather output. ``--force`` replaces only a
@@ -315,13 +316,118 @@ class InputsNow:
         ]
 
 
+class JobModel:
+    """The job's model and tokenizer as its own config names them (never a path from the
+    outputs), for two facts the summary states:
+
+    * each document's scored bytes, for bits per byte with every tokenizer
+      (``tokenize.py``'s one rule): N - 1 for the byte tokenizer (no input read); for a
+      model's tokenizer, counted on the document's input as it is now with the job's
+      tokenizer, used only when that gives exactly the ids that were scored;
+    * the model's trained context (``compat.trained_context``): documents longer are marked in
+      summary.json (``past_trained_context``) and the curve draws it.
+
+    Without a config (a bare output folder) or for an ssh job (its model lives on the login
+    node) neither is known, except that run.json's null ``tokenizer_path`` means bytes."""
+
+    def __init__(self, params: Any = None, why_not: str = "") -> None:
+        self.params, self.why_not = params, why_not
+        self.trained_context: int | None = None
+        self.tokenizer: Any = None
+        self.unscored: list[str] = []
+        if params is not None:
+            self.trained_context, self.why_not = self._read_context()
+
+    @classmethod
+    def of_job(cls, job_config, remote: bool) -> JobModel:
+        if job_config is None or remote:
+            return cls(None)
+        from omegaconf import OmegaConf
+
+        from ..params import LongDocParams
+
+        task = OmegaConf.to_container(job_config.task, resolve=True)
+        try:
+            return cls(LongDocParams.from_any(task, validate=False))
+        except ValueError as err:
+            return cls(None, f"the job's model is unknown here ({err})")
+
+    def _read_context(self) -> tuple[int | None, str]:
+        from ..model.compat import read_model_config, trained_context
+
+        try:
+            config = read_model_config(self.params.model_path, self.params.model_overrides)
+        except (ValueError, OSError) as err:
+            return None, f"the job's model config could not be read ({err})"
+        return trained_context(config), ""
+
+    @staticmethod
+    def byte_level(run: dict) -> bool:
+        """Whether the scored tokens are bytes (run.json's tokenizer_path is null: the ranks'
+        own resolution), when a document's scored bytes are N - 1 and no file is read."""
+        return "tokenizer_path" in run and run["tokenizer_path"] is None
+
+    def scored_bytes(self, doc_id: str, ids, run: dict, document: Document | None) -> int | None:
+        """The document's scored bytes (see the class docstring), or None: not known here."""
+        n = int(ids.numel())
+        if self.byte_level(run):
+            return n - 1 if n >= 2 else None
+        counted = self._count(document, ids) if n >= 2 else None
+        if counted is None and n >= 2:
+            self.unscored.append(doc_id)
+        return counted
+
+    def _count(self, document: Document | None, ids) -> int | None:
+        import torch
+
+        tokenizer = self._tokenizer()
+        if tokenizer is None or document is None:
+            return None
+        try:
+            again, scored = tokenizer.scored(document.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return scored if torch.equal(again, ids) else None
+
+    def _tokenizer(self):
+        """The job's tokenizer, loaded once (None: no config, or it cannot be loaded)."""
+        if self.tokenizer is None and self.params is not None and not self.why_not:
+            from ..model.tokenize import load_tokenizer, resolve_tokenizer_path
+
+            try:
+                path = resolve_tokenizer_path(self.params.tokenizer_path, self.params.model_path)
+                self.tokenizer = load_tokenizer(path)
+            except (ValueError, OSError) as err:
+                self.why_not = f"the job's tokenizer could not be loaded ({err})"
+        return self.tokenizer
+
+    def mark(self, n_tokens: int) -> dict[str, Any]:
+        """A summary row's mark for a document longer than the trained context ({} if not)."""
+        limit = self.trained_context
+        return {"past_trained_context": True} if limit and n_tokens > limit else {}
+
+    def notes(self) -> list[str]:
+        if not self.unscored:
+            return []
+        why = self.why_not or "their inputs are gone, unreadable or not local, or the "
+        why += "" if self.why_not else "job's tokenizer no longer gives the ids scored"
+        return [
+            f"bits per byte not reported for {len(self.unscored)} document(s) "
+            f"({some_names(self.unscored)}): {why}"
+        ]
+
+
 def _gathered(
-    root: Path, doc: dict, run: dict, context: tuple[dict[str, int], InputsNow], problems: list
+    root: Path,
+    doc: dict,
+    run: dict,
+    context: tuple[dict[str, int], InputsNow, JobModel],
+    problems: list,
 ):
     """(the document reassembled, []), or (None, why it is not complete). Problems of a
     complete document (its length, NaN) are added to problems: those are never partial.
-    context: expected.json's token counts, and the inputs as they are now."""
-    tokens, inputs = context
+    context: expected.json's token counts, the inputs as they are now, the job's model."""
+    tokens, inputs, model = context
     where = f"document {doc['id']!r}"
     shards, n, found = document_shards(root, doc, run, inputs.of(doc["id"]))
     if found:
@@ -334,9 +440,12 @@ def _gathered(
         problems.append(f"{where}: {problem}")
         return None, []
     if "log_likelihood" in fields:
-        fields["bits_per_byte"] = bits_per_byte(run, fields["log_likelihood"], n)
+        document = (inputs.documents or {}).get(doc["id"])
+        scored = model.scored_bytes(doc["id"], tensors["input_ids"], run, document)
+        fields["bits_per_byte"] = bits_per_byte(fields["log_likelihood"], scored)
     seconds = max(_seconds(s.entry.get("seconds")) for s in shards)
-    row = {"document": doc["id"], "tokens": n, **fields, "seconds": round(seconds, 4)}
+    row = {"document": doc["id"], "tokens": n, **model.mark(n), **fields}
+    row["seconds"] = round(seconds, 4)
     grads = shards[0].entry.get("grads_file") if run["task"] == "grad" else None
     grads_file = root / grads if grads else None  # checked by document_shards
     problem = grads_problem(grads_file) if grads_file is not None else ""
@@ -347,14 +456,14 @@ def _gathered(
     return got, []
 
 
-def bits_per_byte(run: dict, log_likelihood: float, n_tokens: int) -> float | None:
-    """The mean negative log-likelihood in bits of a scored document's N - 1 scored tokens,
-    when those are bytes (the byte tokenizer: run.json's ``tokenizer_path`` is null), so it
-    is per byte; None for a model's own tokenizer (a token spans several bytes, and the
-    scored bytes are not known here) or when nothing was scored."""
-    if "tokenizer_path" not in run or run["tokenizer_path"] is not None or n_tokens < 2:
+def bits_per_byte(log_likelihood: float, scored_bytes: int | None) -> float | None:
+    """The document's negative log-likelihood in bits over the bytes its scored tokens cover
+    (``tokenize.py``: its UTF-8 length less its first token's bytes; N - 1 for the byte
+    tokenizer, where this is the mean loss in bits); None when nothing was scored or the
+    scored bytes are not known here (``JobModel``)."""
+    if not scored_bytes or scored_bytes < 1:
         return None
-    return -log_likelihood / (n_tokens - 1) / math.log(2)
+    return -log_likelihood / scored_bytes / math.log(2)
 
 
 def _seconds(value: Any) -> float:
@@ -374,17 +483,23 @@ class Verified:
     missing_inputs: list[str]
     incomplete: list[dict]  # {"document": id, "reason": its first problem, "problems": count}
     notes: list[str] = field(default_factory=list)  # e.g. inputs that could not be checked
+    trained_context: int | None = None  # the model's (JobModel); None: unknown or no limit
 
 
 def verify_job(
-    job_dir: str | Path, *, partial: bool = False, inputs: InputsNow | None = None
+    job_dir: str | Path,
+    *,
+    partial: bool = False,
+    inputs: InputsNow | None = None,
+    model: JobModel | None = None,
 ) -> Verified:
     """Verify every listed document. Manifest problems, and problems of a complete document,
     always raise GatherError; an incomplete document raises it too unless partial, which lists
     it instead (the same completeness definition decides both). ``inputs``: the job's inputs
-    now (default: none to check against)."""
+    now (default: none to check against); ``model``: the job's model (default: unknown)."""
     root = find_longdoc_root(resolve_job_dir(job_dir))
     inputs = inputs or InputsNow(None)
+    model = model or JobModel(None)
     run, problems = read_run(root)
     index, index_problems = read_documents(root)
     if run is None or index is None:
@@ -395,7 +510,7 @@ def verify_job(
     tokens, problems = expected_problems(root, index["documents"])
     docs, incomplete = [], []
     for doc in index["documents"]:
-        got, found = _gathered(root, doc, run, (tokens, inputs), problems)
+        got, found = _gathered(root, doc, run, (tokens, inputs, model), problems)
         if got is not None:
             docs.append(got)
         elif found and partial and not any(p.endswith("refused") for p in found):
@@ -406,7 +521,8 @@ def verify_job(
     if problems:
         raise GatherError(problems)
     missing = list(index.get("missing_inputs", []))
-    return Verified(run, docs, missing, incomplete, inputs.notes())
+    notes = inputs.notes() + model.notes()
+    return Verified(run, docs, missing, incomplete, notes, model.trained_context)
 
 
 def verify(job_dir: str | Path) -> tuple[dict, list[GatheredDoc], list[str]]:
@@ -476,7 +592,8 @@ def _write_outputs(tmp: Path, got: Verified, job: Path, fmt: str, job_state: str
     if task == "embed" and fmt != "safetensors":
         notes.append(f"{table}: pooled vectors; per-token hidden states stay in docs/")
     if task in ("score", "grad"):
-        written, note = export.write_curve(tmp, got.docs, partial=partial)
+        context = got.trained_context
+        written, note = export.write_curve(tmp, got.docs, partial=partial, trained_context=context)
         files += written
         notes += [note] if note else []
     summary = {
@@ -489,6 +606,8 @@ def _write_outputs(tmp: Path, got: Verified, job: Path, fmt: str, job_state: str
         "missing_inputs": got.missing_inputs,
         "files": files,
     }
+    if got.trained_context is not None:  # rows past it say past_trained_context: true
+        summary["trained_context"] = got.trained_context
     if job_state is not None:
         summary["job_state"] = job_state  # the backend's word when this gather ran
     summary, replaced = finite_json(summary)  # strict JSON: a -inf log-probability's sums
@@ -552,7 +671,8 @@ def gather(
     target = target_of(job, out)
     recovered = recover_killed(target)
     check_target(target, job, force=force)
-    got = verify_job(job, partial=partial, inputs=InputsNow.of_job(job_config, remote))
+    inputs, model = InputsNow.of_job(job_config, remote), JobModel.of_job(job_config, remote)
+    got = verify_job(job, partial=partial, inputs=inputs, model=model)
     target.parent.mkdir(parents=True, exist_ok=True)
     with beside(target):
         rows, files, notes = _write_in_place(target, got, (job, fmt, job_state), force)
