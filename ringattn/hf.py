@@ -203,29 +203,41 @@ def ring_attention_forward(
     for counter in _COUNTERS:
         counter.calls += 1
         counter.layers.add(id(module))
-    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-    if layout in HYBRID_LAYOUTS:
-        hybrid = _hybrid(
-            module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
-        )
-        return hybrid, None
-    if ulysses is not None:
+    q, k, v = _autocast_inputs(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+    if ulysses is not None and layout not in HYBRID_LAYOUTS:
         raise ValueError(
             f"ringattn: a Ulysses group needs a hybrid layout ({', '.join(HYBRID_LAYOUTS)}), "
             f"not {layout!r}"
         )
-    out = ring_attention(
-        q,
-        k,
-        v,
-        causal=True,
-        softmax_scale=scaling,
-        group=group,
-        layout=layout,
-        window=window,
-        **extra,
-    )
+    with torch.autocast(q.device.type, enabled=False):  # the engine keeps its own precision
+        if layout in HYBRID_LAYOUTS:
+            hybrid = _hybrid(
+                module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
+            )
+            return hybrid, None
+        out = ring_attention(
+            q,
+            k,
+            v,
+            causal=True,
+            softmax_scale=scaling,
+            group=group,
+            layout=layout,
+            window=window,
+            **extra,
+        )
     return out, None
+
+
+def _autocast_inputs(q, k, v):
+    """q, k, v in one dtype under ``torch.autocast``: its lower precision, as autocast gives
+    sdpa. Without this a model under autocast (the training job's bfloat16) reaches attention
+    with q and k lifted back to float32 by RoPE's float32 cos/sin and v in bfloat16."""
+    device_type = q.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device_type)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
 def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window, cu_seqlens):
