@@ -18,8 +18,10 @@ of scoring, the busiest rank's CPU seconds from the start of scoring (less distu
 time by other load), and per rank the peak RSS (whole life) and the growth of RSS while scoring
 (peak during scoring minus the RSS when scoring began): `benchmarks/rank_memory.py` runs each
 rank as its interpreter and measures it from outside. Beside it, the planner's prediction for
-the same ring with this machine's calibration: ring attention seconds (the planner's CPU entries
-time attention only) and memory per rank. Then the fitted exponents, least squares on log-log:
+the same ring with this machine's calibration: the forward's seconds (the whole model: ring
+attention from the block tables at the model's head dim, projections, MLP and head at the
+measured matmul rate; attention alone with an entry calibrated before matmuls were timed) and
+memory per rank. Then the fitted exponents, least squares on log-log:
 scoring time against N per (attention, P) -- about 1 with the window, 2 without -- and RSS
 growth against N/P per attention -- about 1.
 
@@ -88,7 +90,7 @@ class Row:
     peak_rss_mib: list[float] = field(default_factory=list)  # per rank, whole life
     scoring_base_mib: list[float | None] = field(default_factory=list)  # RSS as scoring began
     scoring_growth_mib: list[float | None] = field(default_factory=list)  # peak - base
-    predicted_attention_s: float | None = None
+    predicted_s: float | None = None  # the forward (whole model where the entry can)
     predicted_memory_mib: float | None = None
     planner_device: str | None = None
     perplexity: float | None = None
@@ -224,7 +226,9 @@ def planner_device(name: str | None, devices: Path | None, scratch: Path):
 
 
 def predict(config: Path, tokens: int, ranks: int, device) -> tuple[float, float]:
-    """The planner's ring attention seconds and memory per rank (MiB) for this job's ring."""
+    """The planner's seconds of the forward and memory per rank (MiB) for this job's ring:
+    the whole model where the entry has a matmul rate (calibrated with head dims and matmuls),
+    else ring attention alone."""
     from ringattn.geometry import padded_length
     from ringctl.longdoc.model.compat import model_shape
     from ringctl.planner.cost import GIB, Workload, estimate, nominal_link
@@ -246,7 +250,8 @@ def predict(config: Path, tokens: int, ranks: int, device) -> tuple[float, float
     est = estimate(
         w, ranks, device, nominal_link(device), ranks_on_host=ranks, overlap_threshold=False
     )
-    return est.total_s["forward"], est.memory_total_gib * GIB / 2**20
+    seconds = est.model_total_s if est.model_total_s is not None else est.total_s["forward"]
+    return seconds, est.memory_total_gib * GIB / 2**20
 
 
 def run_row(spec: tuple[str, int, int], root: Path, args, device) -> Row:
@@ -264,9 +269,7 @@ def run_row(spec: tuple[str, int, int], root: Path, args, device) -> Row:
     )
     config = model_config(root, window)
     if device[0] is not None:
-        row.predicted_attention_s, row.predicted_memory_mib = predict(
-            config, tokens, ranks, device[0]
-        )
+        row.predicted_s, row.predicted_memory_mib = predict(config, tokens, ranks, device[0])
         row.planner_device = device[1]
     if args.dry_run:
         return row
@@ -365,7 +368,7 @@ def fits(rows: list[Row]) -> list[dict]:
                     rs,
                     lambda r: r.tokens,
                     lambda r: r.scoring_s,
-                    lambda r: r.predicted_attention_s,
+                    lambda r: r.predicted_s,
                 )
             )
             out.append(
@@ -400,6 +403,7 @@ def merge(path: Path, new: list[Row]) -> list[Row]:
     if path.exists():
         names = {f.name for f in fields(Row)}
         for item in json.loads(path.read_text()).get("results", []):
+            item = {"predicted_s": item.get("predicted_attention_s")} | item  # older rows
             row = Row(**{k: v for k, v in item.items() if k in names})
             rows[row.key] = row
     for row in new:
@@ -419,15 +423,12 @@ def table(rows: list[Row]) -> str:
         "local CPU ranks over gloo) on one document of N random bytes, a tiny Mistral-type "
         "model (2 layers, 4 heads of 16, 256 byte ids). Job: supervisor start to end; scoring: "
         "the document's seconds on its slowest rank; RSS: the largest over the ranks, peak over "
-        "the rank's life and growth while scoring. Predicted: `ringctl plan`'s ring attention "
-        "seconds (CPU entries time attention only) and memory per rank. Scoring CPU: the busiest "
-        "rank's CPU seconds from the start of scoring to its exit (less disturbed by other load "
-        "than wall time). Scoring / predicted is not 1: the planner's CPU calibration "
-        "(plan-check.json) timed heads of 64, which the CPU flash kernel runs at about 60 "
-        "GFLOP/s per core against 37.5 for this model's heads of 16 (measured side by side), "
-        "on a day the machine ran the same block 1.5x faster; it times the banded kernel's "
-        "chunks as unmasked blocks, where the kernel adds the window's mask to every chunk. "
-        "The exponents do not depend on it. Load: 1-minute load average before/after the job.",
+        "the rank's life and growth while scoring. Predicted: `ringctl plan`'s forward seconds "
+        "for the same ring with this host's calibration (`ringctl plan --calibrate`: block "
+        "tables at head dims 16, 64 and 128, the job's 16 read from its own, and the measured "
+        "matmul rate for projections, MLP and head) and memory per rank. Scoring CPU: the "
+        "busiest rank's CPU seconds from the start of scoring to its exit (less disturbed by "
+        "other load than wall time). Load: 1-minute load average before/after the job.",
         "",
         "| attention | P | N | N/P | job s | scoring s | scoring CPU s | tokens/s | peak RSS MiB "
         "| scoring growth MiB | predicted attn s | scoring / predicted | predicted MiB | load | "
@@ -441,18 +442,14 @@ def table(rows: list[Row]) -> str:
             if r.scoring_growth_mib and None not in r.scoring_growth_mib
             else None
         )
-        ratio = (
-            r.scoring_s / r.predicted_attention_s
-            if r.predicted_attention_s and r.scoring_s
-            else None
-        )
+        ratio = r.scoring_s / r.predicted_s if r.predicted_s and r.scoring_s else None
         flag = f" **{r.problem}**" if r.problem else ""
         lines.append(
             f"| {name}{flag} | {r.ranks} | {size_name(r.tokens)} | {size_name(r.tokens // r.ranks)}"
             f" | {r.job_s:.1f} | {r.scoring_s:.2f} | {_num(r.scoring_cpu_s, '.2f')} | "
             f"{r.tokens_per_s:.0f} | "
             f"{_num(max(r.peak_rss_mib, default=None), '.0f')} | {_num(growth, '.0f')} | "
-            f"{_num(r.predicted_attention_s, '.2f')} | {_num(ratio, '.2f')} | "
+            f"{_num(r.predicted_s, '.2f')} | {_num(ratio, '.2f')} | "
             f"{_num(r.predicted_memory_mib, '.0f')} | {r.load_before:.1f}/{r.load_after:.1f} | "
             f"{r.host} {r.measured_at} |"
         )
@@ -490,7 +487,7 @@ def plot(rows: list[Row], path: Path) -> None:
         label = f"{'window' if attention == 'window' else 'full'} P={ranks}"
         xs = [r.tokens for r in rs]
         line = left.loglog(xs, [r.scoring_s for r in rs], "o-", label=label)[0]
-        predicted = [r.predicted_attention_s for r in rs]
+        predicted = [r.predicted_s for r in rs]
         if None not in predicted:
             left.loglog(xs, predicted, "--", color=line.get_color())
         per_rank = [r.tokens / r.ranks for r in rs]
@@ -501,7 +498,7 @@ def plot(rows: list[Row], path: Path) -> None:
             right.loglog(per_rank, memory, "--", color=line.get_color())
     left.set(
         xlabel="N (tokens)",
-        ylabel="scoring s (dashed: planner, attention)",
+        ylabel="scoring s (dashed: planner)",
         title="time: O(N W / P) windowed, O(N^2 / P) full",
     )
     right.set(
@@ -584,10 +581,10 @@ def _report(row: Row) -> None:
     if row.problem:
         print(f"  {row.attention} P={row.ranks} N={size_name(row.tokens)}: {row.problem}")
         return
-    predicted = _num(row.predicted_attention_s, ".1f")
+    predicted = _num(row.predicted_s, ".1f")
     print(
         f"  {row.attention} P={row.ranks} N={size_name(row.tokens)}: job {row.job_s:.1f} s, "
-        f"scoring {row.scoring_s:.2f} s (planner: {predicted} s of attention), "
+        f"scoring {row.scoring_s:.2f} s (planner: {predicted} s), "
         f"{row.tokens_per_s:.0f} tokens/s, RSS growth {max(row.scoring_growth_mib):.0f} MiB "
         f"per rank",
         flush=True,
@@ -608,7 +605,7 @@ def save(path: Path, rows: list[Row], argv: list[str]) -> list[Row]:
 def _dry_run(row: Row) -> None:
     print(
         f"  {row.attention} P={row.ranks} N={size_name(row.tokens)}: planner "
-        f"{_num(row.predicted_attention_s, '.1f')} s of attention, "
+        f"{_num(row.predicted_s, '.1f')} s, "
         f"{_num(row.predicted_memory_mib, '.0f')} MiB per rank"
     )
 
@@ -618,7 +615,7 @@ def repredict(path: Path, root: Path, device) -> list[Row]:
     rows = merge(path, [])
     for row in rows:
         config = model_config(root, row.window)
-        row.predicted_attention_s, row.predicted_memory_mib = predict(
+        row.predicted_s, row.predicted_memory_mib = predict(
             config, row.tokens, row.ranks, device[0]
         )
         row.planner_device = device[1]

@@ -20,6 +20,9 @@ from datetime import timedelta
 from .devices import BLOCK_KINDS, Device, block_flops
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096)
+# Head dims measured: the tiny test models' 16, SmolLM2's 64, Llama's 128; a job's own head
+# dim is priced between the two around it.
+DEFAULT_HEAD_DIMS = (16, 64, 128)
 
 
 # Where each block kind's work is, in a LocalRing of 2 virtual ranks (record_steps=True):
@@ -66,40 +69,60 @@ def _time_kinds(n, heads, head_dim, dtype, repeats, barrier):
     return {kind: [statistics.median(f), statistics.median(b)] for kind, (f, b) in samples.items()}
 
 
-def _block_worker(index, sizes, heads, head_dim, dtype_name, threads, repeats, barrier, out):
+def _block_worker(index, sizes, heads, head_dims, dtype_name, threads, repeats, barrier, out):
     """Time each block kind as a ring step does it (kernel + merge forward, kernel + gradient
-    accumulation backward) while every core runs one of these in step with it: caches and
-    memory bandwidth are shared as they are under a ring."""
+    accumulation backward), at each head dim, while every core runs one of these in step with
+    it: caches and memory bandwidth are shared as they are under a ring."""
     import json
 
     import torch
 
     torch.set_num_threads(threads)
     dtype = getattr(torch, dtype_name)
-    result: dict[str, dict[int, list[float]]] = {kind: {} for kind in BLOCK_KINDS}
-    for n in sizes:
-        for kind, times in _time_kinds(n, heads, head_dim, dtype, repeats, barrier).items():
-            result[kind][n] = times
+    result: dict[int, dict[str, dict[int, list[float]]]] = {}
+    for head_dim in head_dims:
+        result[head_dim] = {kind: {} for kind in BLOCK_KINDS}
+        for n in sizes:
+            for kind, times in _time_kinds(n, heads, head_dim, dtype, repeats, barrier).items():
+                result[head_dim][kind][n] = times
     with open(out, "w") as f:
         json.dump({"index": index, "result": result}, f)
 
 
-def measure_blocks(sizes, heads, head_dim, dtype, threads, repeats, workers):
-    """Per block kind and size: (forward, backward) seconds, the slower of the workers."""
-    import json
+def _matmul_worker(index, dtype_name, threads, repeats, barrier, out):
+    """Seconds of one projection-shaped matmul (4096 tokens x 1024 -> 1024) while every core
+    runs one in step with it: the rate of the model's projections, MLP and output head."""
+    import torch
 
+    torch.set_num_threads(threads)
+    x = torch.randn(TOKENS_MM, WIDTH_MM, dtype=getattr(torch, dtype_name))
+    w = torch.randn(WIDTH_MM, WIDTH_MM, dtype=x.dtype)
+    seconds = []
+    for i in range(repeats + 1):  # the first round warms up
+        barrier.wait()
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.mm(x, w)
+        if i:
+            seconds.append((time.perf_counter() - t0) / 4)
+    with open(out, "w") as f:
+        f.write(str(statistics.median(seconds)))
+
+
+TOKENS_MM, WIDTH_MM = 4096, 1024
+
+
+def _on_every_core(target, args: tuple, workers: int) -> list[str]:
+    """Run ``target(index, *args, barrier, out)`` in ``workers`` processes at once (spawned,
+    kept in step by the barrier); what each wrote to its ``out`` file, in order."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers)
     with tempfile.TemporaryDirectory() as tmp:
-        outs = [os.path.join(tmp, f"w{i}.json") for i in range(workers)]
+        outs = [os.path.join(tmp, f"w{i}.out") for i in range(workers)]
         procs = [
-            ctx.Process(
-                target=_block_worker,
-                args=(i, sizes, heads, head_dim, dtype, threads, repeats, barrier, outs[i]),
-            )
-            for i in range(workers)
+            ctx.Process(target=target, args=(i, *args, barrier, outs[i])) for i in range(workers)
         ]
         for p in procs:
             p.start()
@@ -107,14 +130,34 @@ def measure_blocks(sizes, heads, head_dim, dtype, threads, repeats, workers):
             p.join()
         if any(p.exitcode for p in procs):
             raise RuntimeError("a calibration worker failed")
-        per_worker = [json.load(open(o))["result"] for o in outs]
+        return [open(o).read() for o in outs]
+
+
+def measure_blocks(sizes, heads, head_dims, dtype, threads, repeats, workers):
+    """Per head dim, block kind and size: (forward, backward) seconds, the slower of the
+    workers."""
+    import json
+
+    args = (sizes, heads, head_dims, dtype, threads, repeats)
+    texts = _on_every_core(_block_worker, args, workers)
+    per_worker = [json.loads(text)["result"] for text in texts]
     return {
-        kind: {
-            int(n): tuple(max(w[kind][n][i] for w in per_worker) for i in (0, 1))
-            for n in per_worker[0][kind]
+        int(d): {
+            kind: {
+                int(n): tuple(max(w[d][kind][n][i] for w in per_worker) for i in (0, 1))
+                for n in per_worker[0][d][kind]
+            }
+            for kind in BLOCK_KINDS
         }
-        for kind in BLOCK_KINDS
+        for d in per_worker[0]
     }
+
+
+def measure_matmul_tflops(dtype: str, threads: int, repeats: int, workers: int) -> float:
+    """TFLOP/s of one rank's projection-shaped matmul with every core busy (the slowest)."""
+    texts = _on_every_core(_matmul_worker, (dtype, threads, repeats), workers)
+    seconds = max(float(t) for t in texts)
+    return 2 * TOKENS_MM * WIDTH_MM * WIDTH_MM / seconds / 1e12
 
 
 def _p2p_rank(rank: int, init: str, nbytes: int, repeats: int, out_path: str) -> None:
@@ -227,27 +270,27 @@ def calibrate(
     name: str | None = None,
     sizes=DEFAULT_SIZES,
     heads: int = 8,
-    head_dim: int = 64,
+    head_dims=DEFAULT_HEAD_DIMS,
     dtype: str = "float32",
     threads_per_rank: int = 1,
     repeats: int = 3,
     log=print,
 ) -> Device:
+    """This machine as a device entry: block tables by head dim, the matmul rate (as its
+    ``tflops``, at efficiency 1: a measured rate, not a datasheet peak), the exchange and the
+    fixed cost per ring step."""
     name = name or f"cpu-{socket.gethostname().split('.')[0]}"
     cores = os.cpu_count() or 1
     workers = max(1, cores // threads_per_rank)
     log(
         f"calibrating {name}: ring-step block work on {workers} concurrent rank(s) x "
-        f"{threads_per_rank} thread(s), {heads} heads x {head_dim}, {dtype}, n = {list(sizes)}"
+        f"{threads_per_rank} thread(s), {heads} heads x {list(head_dims)}, {dtype}, "
+        f"n = {list(sizes)}"
     )
-    blocks = measure_blocks(sizes, heads, head_dim, dtype, threads_per_rank, repeats, workers)
-    for n in sizes:
-        cells = []
-        for kind in BLOCK_KINDS:
-            fwd, bwd = blocks[kind][n]
-            gflops = block_flops(kind, n, batch=1, heads=heads, head_dim=head_dim) / 1e9
-            cells.append(f"{kind} {gflops / fwd:6.1f}/{2.5 * gflops / bwd:6.1f}")
-        log(f"  n={n:>6}: GFLOP/s fwd/bwd  " + "   ".join(cells))
+    blocks = measure_blocks(sizes, heads, head_dims, dtype, threads_per_rank, repeats, workers)
+    _log_blocks(blocks, heads, log)
+    tflops = measure_matmul_tflops(dtype, threads_per_rank, repeats, workers)
+    log(f"  projection matmul ({TOKENS_MM} x {WIDTH_MM} x {WIDTH_MM}): {1e3 * tflops:.1f} GFLOP/s")
     gbytes, latency = measure_p2p()
     log(f"  rank-to-rank exchange: {gbytes:.2f} GB/s, latency {1e6 * latency:.0f} us")
     overhead = {}
@@ -261,14 +304,26 @@ def calibrate(
     return Device(
         name=name,
         mem_gib=round(_host_mem_gib(), 1),
-        tflops={},
+        tflops={dtype: tflops},
+        matmul_efficiency=1.0,
         reserve_gib=1.0,
         source=f"measured by ringctl plan --calibrate on {time.strftime('%Y-%m-%d')}",
         block_seconds=blocks,
-        calib_shape=(1, heads, head_dim),
+        calib_heads=heads,
         cores=cores,
         threads_per_rank=threads_per_rank,
         p2p_gbytes_s=gbytes,
         p2p_latency_s=latency,
         step_overhead_s=overhead,
     )
+
+
+def _log_blocks(blocks, heads: int, log) -> None:
+    for head_dim, table in blocks.items():
+        for n in sorted(next(iter(table.values()))):
+            cells = []
+            for kind in BLOCK_KINDS:
+                fwd, bwd = table[kind][n]
+                gflops = block_flops(kind, n, batch=1, heads=heads, head_dim=head_dim) / 1e9
+                cells.append(f"{kind} {gflops / fwd:6.1f}/{2.5 * gflops / bwd:6.1f}")
+            log(f"  d={head_dim:>3} n={n:>5}: GFLOP/s fwd/bwd  " + "   ".join(cells))

@@ -53,10 +53,14 @@ class Device:
     gpus_per_node: int = 8  # the NVLink (or PCIe) domain of one node
     efficiency_source: str = ""
     # Calibrated entries only: measured seconds of one ring step's block work (kernel plus the
-    # merge or gradient accumulation around it), forward and backward, by block kind and tokens
-    # per rank, for `calib_shape` = (batch, heads, head_dim), with every core busy.
-    block_seconds: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
-    calib_shape: tuple[int, int, int] = (1, 8, 64)
+    # merge or gradient accumulation around it), forward and backward, by head dim, block kind
+    # and tokens per rank, for one sequence of `calib_heads` heads, with every core busy. By
+    # head dim because a CPU kernel's rate depends on it (heads of 16 run at about 0.6x the
+    # FLOP rate of heads of 64): a job is priced from the tables around its own head dim.
+    block_seconds: dict[int, dict[str, dict[int, tuple[float, float]]]] = field(
+        default_factory=dict
+    )
+    calib_heads: int = 8
     cores: int | None = None
     threads_per_rank: int = 1
     p2p_gbytes_s: float | None = None  # measured rank-to-rank bandwidth, GB/s
@@ -92,12 +96,35 @@ class Device:
                 flops / (peak * self.attention_efficiency[0]),
                 2.5 * flops / (peak * self.attention_efficiency[1]),
             )
-        fwd, bwd = _interpolate(self.block_seconds[kind], n)
-        b0, h0, d0 = self.calib_shape
-        scale = (batch * heads * head_dim) / (b0 * h0 * d0)  # FLOPs and bytes are linear in these
+        fwd, bwd = self._table_time(kind, n, head_dim)
+        scale = batch * heads / self.calib_heads  # FLOPs and bytes are linear in these
         if self.cores:  # ranks beyond the cores time-share them
-            scale *= max(1.0, ranks_on_host * self.threads_per_rank / self.cores)
+            scale *= self.time_shared(ranks_on_host)
         return fwd * scale, bwd * scale
+
+    def time_shared(self, ranks_on_host: int) -> float:
+        """How much slower each rank runs when its host's ranks want more threads than it
+        has cores (a calibrated CPU entry: 1 up to one thread per core)."""
+        if not self.cores:
+            return 1.0
+        return max(1.0, ranks_on_host * self.threads_per_rank / self.cores)
+
+    def _table_time(self, kind: str, n: float, head_dim: int) -> tuple[float, float]:
+        """Calibrated seconds of a block at ``head_dim`` for ``calib_heads`` heads: the
+        measured tables at the nearest head dims, each scaled linearly to ``head_dim`` (the
+        FLOPs), interpolated between the two around it in log(head dim) (the kernel's rate
+        changes with it); beyond the measured head dims, the nearest one alone."""
+        dims = sorted(self.block_seconds)
+        lo = max((d for d in dims if d <= head_dim), default=dims[0])
+        hi = min((d for d in dims if d >= head_dim), default=dims[-1])
+        at_lo = [t * head_dim / lo for t in _interpolate(self.block_seconds[lo][kind], n)]
+        if hi == lo:
+            return at_lo[0], at_lo[1]
+        at_hi = [t * head_dim / hi for t in _interpolate(self.block_seconds[hi][kind], n)]
+        u = math.log(head_dim / lo) / math.log(hi / lo)
+        pairs = zip(at_lo, at_hi, strict=True)
+        f, b = (math.exp((1 - u) * math.log(a) + u * math.log(c)) for a, c in pairs)
+        return f, b
 
     def rect_time(
         self,
@@ -137,10 +164,13 @@ class Device:
         if self.block_seconds:
             entry.update(
                 block_seconds={
-                    kind: {str(n): list(t) for n, t in sizes.items()}
-                    for kind, sizes in self.block_seconds.items()
+                    str(d): {
+                        kind: {str(n): list(t) for n, t in sizes.items()}
+                        for kind, sizes in table.items()
+                    }
+                    for d, table in self.block_seconds.items()
                 },
-                calib_shape=list(self.calib_shape),
+                calib_heads=self.calib_heads,
                 cores=self.cores,
                 threads_per_rank=self.threads_per_rank,
                 p2p_gbytes_s=self.p2p_gbytes_s,
@@ -213,10 +243,7 @@ def _numbers(value) -> list[float]:
 
 def _parse_device(name: str, entry: dict, where: str) -> Device:
     try:
-        blocks = {
-            kind: {int(n): (float(t[0]), float(t[1])) for n, t in sizes.items()}
-            for kind, sizes in entry.get("block_seconds", {}).items()
-        }
+        blocks, heads = _block_tables(entry)
         return Device(
             name=name,
             mem_gib=float(entry["mem_gib"]),
@@ -234,7 +261,7 @@ def _parse_device(name: str, entry: dict, where: str) -> Device:
             gpus_per_node=int(entry.get("gpus_per_node", 8)),
             efficiency_source=str(entry.get("efficiency_source", "")),
             block_seconds=blocks,
-            calib_shape=tuple(entry.get("calib_shape", (1, 8, 64))),
+            calib_heads=heads,
             cores=entry.get("cores"),
             threads_per_rank=int(entry.get("threads_per_rank", 1)),
             p2p_gbytes_s=entry.get("p2p_gbytes_s"),
@@ -246,6 +273,30 @@ def _parse_device(name: str, entry: dict, where: str) -> Device:
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise UserError(f"{where}: device {name!r}: bad or missing field ({err})") from None
+
+
+def _block_tables(entry: dict) -> tuple[dict, int]:
+    """(tables by head dim, heads) of an entry's ``block_seconds``: keyed by head dim, or, as
+    entries calibrated before head dims were measured store it, one table of block kinds at
+    ``calib_shape`` = (batch 1, heads, head dim)."""
+    raw = entry.get("block_seconds", {})
+    if set(raw) & set(BLOCK_KINDS):
+        batch, heads, head_dim = entry.get("calib_shape", (1, 8, 64))
+        if int(batch) != 1:
+            raise ValueError(f"calib_shape batch {batch} (expected 1)")
+        raw, heads = {head_dim: raw}, heads
+    else:
+        heads = entry.get("calib_heads", 8)
+    tables = {
+        int(d): {
+            kind: {int(n): (float(t[0]), float(t[1])) for n, t in table[kind].items()}
+            for kind in BLOCK_KINDS
+        }
+        for d, table in raw.items()
+    }
+    if any(d <= 0 for d in tables) or int(heads) <= 0:
+        raise ValueError("head dims and calib_heads must be positive")
+    return tables, int(heads)
 
 
 def _read(path: Path) -> dict:

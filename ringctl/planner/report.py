@@ -28,6 +28,20 @@ def _memory_table(est):
     return mem
 
 
+def _rate_line(est, device) -> str:
+    if device.cores is not None:  # a calibrated CPU: measured rates, no datasheet peak
+        rate = device.tflops[est.precision["weights (compute)"]]
+        return (
+            f"tokens/s per rank: {est.tokens_per_s_per_gpu:,.1f} (this host's measured "
+            f"matmul rate, {1e3 * rate:.1f} GFLOP/s per rank)"
+        )
+    return (
+        f"tokens/s per GPU: {est.tokens_per_s_per_gpu:,.1f}; MFU: {100 * est.mfu:.1f}% "
+        f"(matmuls at {device.matmul_efficiency:.0%} of peak, attention "
+        f"{device.attention_efficiency[0]:.0%}/{device.attention_efficiency[1]:.0%})"
+    )
+
+
 def _precision_table(est):
     from rich.table import Table
 
@@ -121,15 +135,11 @@ def print_plan(work, est, device, link, longest, fewest, layouts=()) -> None:
     console.print(_ring_table(est))
     if est.model_total_s is not None:
         console.print(_model_table(est))
-        console.print(
-            f"tokens/s per GPU: {est.tokens_per_s_per_gpu:,.1f}; MFU: {100 * est.mfu:.1f}% "
-            f"(matmuls at {device.matmul_efficiency:.0%} of peak, attention "
-            f"{device.attention_efficiency[0]:.0%}/{device.attention_efficiency[1]:.0%})"
-        )
+        console.print(_rate_line(est, device))
     elif work.model is not None:
         console.print(
-            f"whole-model time: {device.name} has no matmul throughput for "
-            f"{work.dtype} (a calibrated entry measures attention only)"
+            f"whole-model time: {device.name} has no matmul throughput for {work.dtype} (an "
+            "entry calibrated before matmuls were timed: run ringctl plan --calibrate again)"
         )
     if layouts:
         table, notes = _layout_table(layouts)

@@ -66,12 +66,12 @@ def attention_flops(w, ranks: int) -> float:
 
 def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict | None:
     """Seconds by part, total, tokens/s/GPU and MFU; None when the device has no matmul rate
-    (a calibrated CPU entry measures attention blocks only)."""
+    (an entry calibrated before matmuls were timed)."""
     if w.model is None or w.dtype not in device.tflops:
         return None
     m = w.model
     peak = device.tflops[w.dtype] * 1e12
-    rate = peak * device.matmul_efficiency
+    rate = peak * device.matmul_efficiency / device.time_shared(ranks_on_host)
     tokens = w.batch * w.seq_len / ranks
     lin_f = tokens * linear_flops_per_token(m, w.heads, w.kv_heads, w.head_dim) / rate
     head_f = tokens * lm_head_flops_per_token(m) / rate

@@ -1,0 +1,142 @@
+"""A calibrated CPU entry (``ringctl plan --calibrate``): block tables by head dim, a measured
+matmul rate, and the device file that stores them (its one owner, planner/devices.py: written by
+``save_user_device``, read by ``load_devices``).
+
+Why by head dim: the CPU kernel's FLOP rate depends on it (heads of 16 ran at 37.5 GFLOP/s
+against 60 for heads of 64, measured side by side), and a table at one head dim scaled by FLOPs
+priced the 16-wide test model 1.6x short. The hand figures below are built so that the two
+tables disagree about the rate, which a FLOP scaling of one table cannot reproduce.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ringctl.planner.calibrate import calibrate
+from ringctl.planner.cost import Workload, estimate, nominal_link
+from ringctl.planner.devices import Device, get_device, save_user_device
+from ringctl.planner.model import ModelShape
+from ringctl.planner.timing import linear_flops_per_token
+
+KINDS = ("full", "diag", "half")
+
+
+def _table(seconds_at_1024: float) -> dict:
+    """A table whose seconds grow as n^2 from ``seconds_at_1024`` (forward; backward 2x)."""
+    return {
+        k: {
+            n: (seconds_at_1024 * (n / 1024) ** 2, 2 * seconds_at_1024 * (n / 1024) ** 2)
+            for n in (1024, 4096)
+        }
+        for k in KINDS
+    }
+
+
+def _device(**kw) -> Device:
+    # heads of 16 take 0.5 s where FLOP scaling of the 64 table would say 0.25: half the rate
+    base = dict(
+        name="cpu-test",
+        mem_gib=64.0,
+        tflops={"float32": 0.1},
+        matmul_efficiency=1.0,
+        block_seconds={16: _table(0.5), 64: _table(1.0)},
+        calib_heads=8,
+        cores=4,
+    )
+    return Device(**(base | kw))
+
+
+def _time(device, head_dim, n=1024, heads=8, ranks_on_host=1):
+    shape = dict(dtype="float32", batch=1, heads=heads, head_dim=head_dim)
+    return device.block_time("full", n, ranks_on_host=ranks_on_host, **shape)
+
+
+def test_each_head_dim_is_priced_from_its_own_table():
+    d = _device()
+    assert _time(d, 16) == pytest.approx((0.5, 1.0))
+    assert _time(d, 64) == pytest.approx((1.0, 2.0))
+    # one table scaled by FLOPs (the old rule) would price heads of 16 at 0.25 s
+    assert _time(Device(**{**_device().__dict__, "block_seconds": {64: _table(1.0)}}), 16)[
+        0
+    ] == pytest.approx(0.25)
+
+
+def test_between_two_head_dims_the_price_is_log_interpolated():
+    """At 32 (halfway in log between 16 and 64): each table scaled to 32 by FLOPs (1.0 s and
+    0.5 s), then their geometric mean."""
+    f, b = _time(_device(), 32)
+    assert f == pytest.approx(math.sqrt(1.0 * 0.5)) and b == pytest.approx(2 * f)
+
+
+def test_beyond_the_measured_head_dims_the_nearest_table_scales_by_flops():
+    assert _time(_device(), 128)[0] == pytest.approx(2.0)
+    assert _time(_device(), 8)[0] == pytest.approx(0.25)
+
+
+def test_heads_sizes_and_ranks_beyond_the_cores_scale_the_time():
+    d = _device()
+    assert _time(d, 64, heads=16)[0] == pytest.approx(2.0)
+    assert _time(d, 64, n=2048)[0] == pytest.approx(4.0)  # between measured sizes: n^2 here
+    assert _time(d, 64, ranks_on_host=8)[0] == pytest.approx(2.0)  # 8 ranks on 4 cores
+
+
+def test_the_device_file_round_trips_tables_by_head_dim(tmp_path):
+    path = tmp_path / "devices.json"
+    written = _device()
+    save_user_device(written, path)
+    read = get_device("cpu-test", path)
+    assert read.block_seconds == written.block_seconds
+    assert (read.calib_heads, read.tflops, read.matmul_efficiency) == (8, {"float32": 0.1}, 1.0)
+    assert set(json.loads(path.read_text())["cpu-test"]["block_seconds"]) == {"16", "64"}
+
+
+def test_an_entry_calibrated_at_one_head_dim_reads_as_before(tmp_path):
+    """Files written before head dims were measured: one table of kinds at calib_shape."""
+    blocks = {k: {"1024": [0.01, 0.02], "4096": [0.16, 0.32]} for k in KINDS}
+    entry = {"mem_gib": 64, "block_seconds": blocks, "cores": 4, "calib_shape": [1, 8, 64]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"cpu-old": entry}))
+    d = get_device("cpu-old", path)
+    assert set(d.block_seconds) == {64} and d.calib_heads == 8
+    assert _time(d, 64) == pytest.approx((0.01, 0.02))
+    assert _time(d, 16) == pytest.approx((0.0025, 0.005))  # FLOP scaling, as before
+
+
+def test_a_calibrated_cpu_prices_the_whole_model_with_its_matmul_rate():
+    """Projections and MLP at the measured rate (tflops at efficiency 1), shared by the ranks
+    beyond the cores like the attention blocks."""
+    m = ModelShape(
+        layers=2, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=2, head_dim=16
+    )
+    w = Workload(
+        seq_len=8192,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        dtype="float32",
+        model=m,
+        mode="score",
+        backward=False,
+    )
+    d = _device()
+    est = estimate(w, 2, d, nominal_link(d), ranks_on_host=2, overlap_threshold=False)
+    tokens = 8192 / 2
+    want = tokens * linear_flops_per_token(m, 4, 2, 16) / 0.1e12
+    assert est.model_s["projections + MLP (forward)"] == pytest.approx(want)
+    crowded = estimate(w, 2, d, nominal_link(d), ranks_on_host=8, overlap_threshold=False)
+    assert crowded.model_s["projections + MLP (forward)"] == pytest.approx(2 * want)
+
+
+def test_calibration_measures_every_head_dim_and_the_matmul_rate():
+    """A real (small) calibration of this machine: the engine's own ring on LocalRing."""
+    logged = []
+    d = calibrate(sizes=(64, 128), head_dims=(16, 32), repeats=1, log=logged.append)
+    assert set(d.block_seconds) == {16, 32}
+    for table in d.block_seconds.values():
+        assert set(table) == set(KINDS)
+        assert all(f > 0 and b > 0 for sizes in table.values() for f, b in sizes.values())
+    assert d.tflops["float32"] > 0 and d.matmul_efficiency == 1.0
+    assert any("d= 32 n=  128" in line for line in logged), logged
