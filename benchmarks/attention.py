@@ -434,6 +434,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --pairings: checkouts whose ringattn to run, interleaved (default: this one)",
     )
     p.add_argument(
+        "--transports",
+        nargs="+",
+        default=None,
+        choices=["auto", "gloo", "shm"],
+        help="with --pairings: run each ring once per transport (RINGATTN_TRANSPORT in its "
+        "ranks; default: as the environment sets it)",
+    )
+    p.add_argument(
         "--load-threshold",
         type=float,
         default=LOAD_THRESHOLD_CORES,

@@ -9,14 +9,23 @@ SDPA within that pairing. Reported per engine and configuration: the median rati
 pairings, every pairing's ratio, and the most CPU other jobs used during a pairing (cores;
 ``!`` above ``--load-threshold``). ``--engine`` names checkouts whose ``ringattn`` runs under
 the same harness (a worktree of the commit before a change, and this one): before and after,
-interleaved with the same SDPA runs. No memory, transfer or forward-only measurement is taken
-in this mode (the glibc setting the peak-memory measurement needs would change every later
-step's allocations).
+interleaved with the same SDPA runs; ``--transports gloo shm`` runs each engine's ring once per
+transport (``RINGATTN_TRANSPORT`` in its ranks). No memory, transfer or forward-only
+measurement is taken in this mode (the glibc setting the peak-memory measurement needs would
+change every later step's allocations).
+
+Two ratios per row, from the same runs (two harnesses): *ring/SDPA*, the median over the
+pairings of the ring's time over its pairing's SDPA time; and *bracketed*: each pairing also
+times SDPA again after each ring run, and the ring's time is divided by the faster of the two
+SDPA timings around it (the median over the pairings). The second reads a machine that sped
+up or slowed down during the pairing in SDPA's favour; where the two differ, the machine
+drifted within a pairing.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import statistics
 import tempfile
 from dataclasses import dataclass, replace
@@ -39,6 +48,7 @@ class PairRow:
     ring_ms: float
     ratio: float  # median over the pairings of ring / SDPA
     ratios: list[float]
+    bracketed: float  # median over the pairings of ring / the faster SDPA around it
     outside_cores: float | None  # the most any pairing saw
     disturbed: bool
 
@@ -50,14 +60,16 @@ def run_pairings(args) -> list[PairRow]:
     ctx = mp.get_context("spawn")
     kind, _ = device_kind(args.device)
     engines = [str(Path(e).resolve()) for e in args.engine] if args.engine else [None]
-    labels = [engine_label(e) for e in engines]
+    transports = args.transports or [None]
+    sides = list(itertools.product(engines, transports))
+    labels = [engine_label(e) + (f" {t}" if t else "") for e, t in sides]
     masks = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
     rows: list[PairRow] = []
     print(" ".join(f"{name:{fmt}}" for name, fmt, _ in COLUMNS), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for world in args.ranks:
             threads = args.baseline_threads or world * args.threads_per_rank
-            pools = [RingPool(ctx, world, args.threads_per_rank, tmp, kind, e) for e in engines]
+            pools = [_pool(ctx, world, args.threads_per_rank, tmp, kind, e, t) for e, t in sides]
             sdpa = SdpaProcess(ctx, threads, kind)
             try:
                 for seq, causal, layout in itertools.product(args.seq, masks, args.layouts):
@@ -81,27 +93,43 @@ def run_pairings(args) -> list[PairRow]:
     return rows
 
 
+def _pool(ctx, world, threads, tmp, kind, engine, transport) -> RingPool:
+    """A ring pool whose ranks start with ``RINGATTN_TRANSPORT=transport`` (None: as set)."""
+    saved = os.environ.get("RINGATTN_TRANSPORT")
+    if transport:
+        os.environ["RINGATTN_TRANSPORT"] = transport  # the spawned ranks inherit it
+    try:
+        return RingPool(ctx, world, threads, tmp, kind, engine)
+    finally:
+        if saved is None:
+            os.environ.pop("RINGATTN_TRANSPORT", None)
+        else:
+            os.environ["RINGATTN_TRANSPORT"] = saved
+
+
 def _pair(args, world: int, cfg: Config, sdpa, pools, labels) -> list[PairRow]:
-    """``args.pairings`` pairings of one configuration, the order rotating; one row per engine."""
-    sides = ["sdpa", *range(len(pools))]
-    times: dict = {side: [] for side in sides}
-    loads = []
+    """``args.pairings`` pairings of one configuration, the order rotating; one row per ring.
+    A pairing: SDPA, then each ring followed by SDPA again (the bracket around each ring)."""
+    times: dict = {side: [] for side in range(len(pools))}
+    sdpa_first, brackets, loads = [], {side: [] for side in range(len(pools))}, []
     for i in range(args.pairings):
-        order = sides[i % len(sides) :] + sides[: i % len(sides)]
+        order = list(range(len(pools)))
+        order = order[i % len(order) :] + order[: i % len(order)]
         with OutsideLoad() as load:
+            before = _sdpa_s(sdpa, cfg)
+            sdpa_first.append(before)
             for side in order:
-                run = (
-                    sdpa.run(replace(cfg, layout="contiguous"))
-                    if side == "sdpa"
-                    else (pools[side].run(cfg))
-                )
-                times[side].append(run["fwd_bwd_s"])
+                ring = pools[side].run(cfg)["fwd_bwd_s"]
+                after = _sdpa_s(sdpa, cfg)
+                times[side].append(ring)
+                brackets[side].append(ring / min(before, after))
+                before = after
         loads.append(load.reading.outside_cores)
     known = [c for c in loads if c is not None]
     worst = max(known) if known else None
     rows = []
     for side, label in enumerate(labels):
-        ratios = [r / s for r, s in zip(times[side], times["sdpa"], strict=True)]
+        ratios = [r / s for r, s in zip(times[side], sdpa_first, strict=True)]
         rows.append(
             PairRow(
                 label,
@@ -110,16 +138,21 @@ def _pair(args, world: int, cfg: Config, sdpa, pools, labels) -> list[PairRow]:
                 cfg.seq,
                 cfg.causal,
                 cfg.layout,
-                1e3 * statistics.median(times["sdpa"]),
+                1e3 * statistics.median(sdpa_first),
                 1e3 * statistics.median(times[side]),
                 statistics.median(ratios),
                 ratios,
+                statistics.median(brackets[side]),
                 worst,
                 worst is not None and worst > args.load_threshold,
             )
         )
         print(" ".join(f"{_cell(rows[-1], a):{fmt}}" for _, fmt, a in COLUMNS), flush=True)
     return rows
+
+
+def _sdpa_s(sdpa, cfg: Config) -> float:
+    return sdpa.run(replace(cfg, layout="contiguous"))["fwd_bwd_s"]
 
 
 COLUMNS = [
@@ -132,6 +165,7 @@ COLUMNS = [
     ("ring f+b ms", ">11", "ring_ms"),
     ("ring/SDPA", ">9", "ratio"),
     ("pairings", "<24", "ratios"),
+    ("bracketed", ">9", "bracketed"),
     ("outside", ">7", "outside_cores"),
 ]
 
@@ -140,7 +174,7 @@ def _cell(row: PairRow, attr: str) -> str:
     value = getattr(row, attr)
     if attr == "causal":
         return "causal" if value else "full"
-    if attr == "ratio":
+    if attr in ("ratio", "bracketed"):
         return f"{value:.3f}x"
     if attr == "ratios":
         return " ".join(f"{r:.3f}" for r in value)
@@ -154,8 +188,9 @@ def write_markdown(rows: list[PairRow], path: Path, argv: list[str]) -> None:
         "# Ring vs SDPA, interleaved pairings",
         "",
         f"`python -m benchmarks.attention {' '.join(argv)}`. Each pairing times SDPA and every "
-        "engine's ring back to back (order rotating); ring/SDPA is the median of the "
-        "pairings' ratios.",
+        "ring back to back (order rotating); ring/SDPA is the median of the pairings' "
+        "ratios. Each ring run is followed by SDPA again; bracketed divides it by the faster "
+        "of the two SDPA timings around it (the median over the pairings).",
         "",
         "| " + " | ".join(name for name, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt, _ in COLUMNS) + "|",
