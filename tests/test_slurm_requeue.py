@@ -141,6 +141,10 @@ def start_now(job_id: str, *, avoid: str | None = None) -> None:
     drain itself; a real failed node reboots first."""
     wait_for(lambda: job_field(job_id, "JobState") == "PENDING", 60, f"job {job_id} requeued")
     wait_steps_gone(job_id)
+    # slurmd refuses a credential made no later than the second in which it revoked the job's
+    # ("Job N already killed, do not launch batch job": the rerun ends FAILED at once, its
+    # script never run); the revocation was at most now, so a new one must come a second on
+    time.sleep(1.5)
     if avoid:
         scontrol("update", f"jobid={job_id}", "ReqNodeList=", f"ExcNodeList={avoid}")
     scontrol("update", f"jobid={job_id}", "starttime=now")

@@ -99,11 +99,17 @@ def test_status_of_a_requeued_job_says_where_its_logs_are_and_why_it_failed(
         start_now(job_id)
         # the first run's own records can read FAILED before the rerun's script has ended:
         # wait for the rerun's word (its FAILED line), then check the rest
-        status = wait_for(
-            lambda: (s := _status(job)).state.finished and "symbolic link" in s.reason and s,
-            180,
-            "the rerun to end, refusing the symbolic link",
-        )
+        try:
+            status = wait_for(
+                lambda: (s := _status(job)).state.finished and "symbolic link" in s.reason and s,
+                180,
+                "the rerun to end, refusing the symbolic link",
+            )
+        except AssertionError as err:
+            batch = job / "logs" / f"batch-{job_id}.out"
+            said = batch.read_text() if batch.exists() else "(no batch log)"
+            shown = scontrol("show", "job", job_id, check=False)
+            raise AssertionError(f"{err}\n{_status(job)}\n{shown}\n{said}") from None
         assert status.state is JobState.FAILED, status
         assert status.reason.startswith(f"attempts is a symbolic link in {job.resolve()}: "), status
         assert f"its logs are not kept ({kept} not made" in status.reason, status
