@@ -8,6 +8,9 @@ override and the full key path, raised before anything is written or submitted.
 
 The `task` section is typed by the task it names (`task.name`, see `ringctl.tasks`): each task
 brings its own parameter dataclass and may add top-level sections of its own (e.g. `model`).
+The backends are asked likewise (`ringctl.backends`): their names, and the sections they declare
+(`ssh`), each with its own checks. `slurm` is the batch script's `#SBATCH` header, which every
+job's script carries whatever runs it, checked with the header's rules (`ringctl.sbatch`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -26,17 +28,17 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import sbatch
+from .backends import BACKENDS, config_sections
 from .errors import UserError
 from .sbatch import slurm_time_seconds
-from .tasks.base import DEFAULT_TASK, TaskParams, world_size
+from .task_params import DEFAULT_TASK
+from .tasks.base import world_size
 
-__all__ = ["TaskParams", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
+__all__ = ["load_job", "load_resolved", "slurm_time_seconds", "world_size"]
 
 
-class BackendName(str, enum.Enum):
-    local = "local"
-    slurm = "slurm"
-    ssh = "ssh"
+# `backend:` takes the name of a registered backend (ringctl.backends.BACKENDS).
+BackendName = enum.Enum("BackendName", {name: name for name in BACKENDS}, type=str)
 
 
 class Layout(str, enum.Enum):
@@ -100,31 +102,6 @@ class RingConfig:
 
 
 @dataclass
-class SshConfig:
-    host: str | None = None
-    port: int = 22
-    user: str | None = None
-    key: str | None = None  # private key file; default: the SSH agent and ~/.ssh keys
-    known_hosts: str | None = None  # default: ~/.ssh/known_hosts
-    remote_dir: str = "ringctl-jobs"  # relative paths are under the remote home
-    trust_unknown_host: bool = False
-    connect_timeout: float = 15.0
-    command_timeout: float = 120.0  # seconds one remote command (sbatch, squeue, ...) may take
-
-    @property
-    def target(self) -> str:
-        user = f"{self.user}@" if self.user else ""
-        return f"{user}{self.host}:{self.port}"
-
-    @property
-    def known_hosts_path(self) -> str:
-        return os.path.expanduser(self.known_hosts or DEFAULT_KNOWN_HOSTS)
-
-
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-
-
-@dataclass
 class JobConfig:
     name: str = MISSING
     output_dir: str = "runs"
@@ -141,11 +118,12 @@ class JobConfig:
     ring: RingConfig = field(default_factory=RingConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
-    ssh: SshConfig = field(default_factory=SshConfig)
+    # then the backends' sections (`ssh`), and the task's own
 
 
 def job_schema(task_name: str) -> type:
-    """JobConfig with `task` typed by the named task (and that task's extra sections)."""
+    """JobConfig with `task` typed by the named task, the backends' sections, and that task's
+    extra sections."""
     from . import tasks
 
     task = tasks.get_task(task_name)
@@ -153,7 +131,7 @@ def job_schema(task_name: str) -> type:
     fields: list[tuple[str, Any, Any]] = [
         ("task", params, field(default_factory=lambda: params(name=task_name)))
     ]
-    for section, cls in task.sections.items():
+    for section, cls in {**config_sections(), **task.sections}.items():
         fields.append((section, cls, field(default_factory=cls)))
     return dataclasses.make_dataclass(f"JobConfig_{task_name}", fields, bases=(JobConfig,))
 
@@ -360,9 +338,9 @@ def _check(cfg: DictConfig, source_of) -> None:
         raise bad("name", "must not be empty")
     _check_numbers(cfg, bad)
     _check_ring(cfg, bad)
-    if cfg.backend == BackendName.ssh and not cfg.ssh.host:
-        raise bad("ssh.host", "is required with backend=ssh (e.g. ssh.host=login.example.org)")
-    for key in ("output_dir", "job_dir", "ssh.remote_dir"):
+    for cls in config_sections().values():
+        cls.check(cfg, bad)
+    for key in ("output_dir", "job_dir"):
         value = OmegaConf.select(cfg, key)
         why = sbatch.path_problem(str(value)) if value is not None else None
         if why:
@@ -414,12 +392,11 @@ def _check_numbers(cfg: DictConfig, bad) -> None:
         raise bad(
             "slurm.cpus_per_task", f"must be at least 1 (or null), got {cfg.slurm.cpus_per_task}"
         )
-    for key in ("timeout", "rendezvous_timeout", "ssh.connect_timeout", "ssh.command_timeout"):
+    seconds = [f"{name}.{key}" for name, cls in config_sections().items() for key in cls.seconds]
+    for key in ("timeout", "rendezvous_timeout", *seconds):
         value = OmegaConf.select(cfg, key)
         if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
             raise bad(key, f"must be a positive number of seconds (at most 365 days), got {value}")
-    if not 1 <= cfg.ssh.port <= 65535:
-        raise bad("ssh.port", f"must be a TCP port, 1 to 65535, got {cfg.ssh.port}")
 
 
 def _leaves(node: Any, prefix: str = ""):

@@ -14,8 +14,10 @@ names by hand:
     probes/          one `ringctl topo probe` JSON per node
     logs/            rank-<R>.out|err|result.json, batch-<id>.out, progress.json (rank 0's
                      counts), rings/<label>.json (each ring's progress, written by its lead),
-                     metrics.jsonl (a training job's steps: ringctl.train.metrics)
+                     metrics.jsonl (a training job's steps: ringctl.train.metrics),
+                     supervisor.log (the local backend's supervisor)
     out/             the task's output shards and manifest
+    gathered/        where `ringctl gather` writes by default (the task's gatherer owns it)
     attempts/<n>/    an earlier attempt's logs and placement (`ringctl resume`)
     attempts/requeue-<id>-<k>/   the same for a run of job <id> that Slurm requeued (its k-th
                      rerun moved them there: templates/slurm.sh.j2)
@@ -39,6 +41,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -58,7 +61,9 @@ LOCK = ".lock"
 SCHEDULE = "schedule.json"
 CHECKPOINTS = "checkpoints"
 LOGS, OUT, PROBES, ATTEMPTS = "logs", "out", "probes", "attempts"
+GATHERED = "gathered"
 BATCH_LOG = "logs/batch-{job_id}.out"
+SUPERVISOR_LOG = f"{LOGS}/supervisor.log"
 PROGRESS = f"{LOGS}/progress.json"
 METRICS = f"{LOGS}/metrics.jsonl"
 RINGS = f"{LOGS}/rings"
@@ -97,6 +102,16 @@ KEPT_ACROSS_ATTEMPTS = frozenset({CONFIG, SCRIPT, META, LOCK, OUT, PROBES, ATTEM
 def rank_log_file(rank: int | str, ext: str) -> str:
     """rank-<R>.<ext> (out, err, result.json), R the launch index: a name inside logs/."""
     return f"rank-{rank}.{ext}"
+
+
+# A rank's stdout and stderr logs in logs/, as `rank_log_file(R, "out" | "err")` names them.
+_RANK_STREAM = re.compile(r"rank-(\d+)\.(out|err)")
+
+
+def rank_stream_of(name: str) -> tuple[int, str] | None:
+    """(R, "out" or "err") when `name` is rank R's stdout or stderr log, else None."""
+    found = _RANK_STREAM.fullmatch(name)
+    return (int(found.group(1)), found.group(2)) if found else None
 
 
 def rank_log_name(rank: int | str, ext: str) -> str:
@@ -187,6 +202,16 @@ class JobDir:
     @property
     def metrics(self) -> Path:
         return self.path / METRICS
+
+    @property
+    def supervisor_log(self) -> Path:
+        """logs/supervisor.log: what the local backend's supervisor prints."""
+        return self.path / SUPERVISOR_LOG
+
+    @property
+    def gathered(self) -> Path:
+        """gathered/: where `ringctl gather` writes when no OUT is given."""
+        return self.path / GATHERED
 
     @property
     def progress(self) -> Path:

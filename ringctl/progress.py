@@ -1,7 +1,8 @@
 """Progress records of a running job: ``logs/progress.json`` (rank 0's counts) and
-``logs/rings/<label>.json`` (each ring's, written by its lead). One owner: the worker writes
-them through ``progress_record`` (``TaskContext.progress``), ``ringctl status`` reads them
-through ``read_record``.
+``logs/rings/<label>.json`` (each ring's, written by its lead). One owner: the worker builds
+the job's record with ``progress_record`` (``TaskContext.progress``), a ring's lead its ring's
+with ``ring_record``, both write them with ``write_record``, and ``ringctl status`` reads them
+with ``read_record``.
 
 An ssh job's copies are fetched from the login node, so each field is checked before `status`
 passes it on, and what is wrong becomes null with a note, never a crash.
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .atomic import atomic_write_json
 from .jsonsafe import finite_json
 
 COUNT_FIELDS = ("done", "total", "before")
@@ -42,6 +44,16 @@ def progress_record(
         "updated_at": time.time(),
         **extra,
     }
+
+
+def ring_record(done: int, total: int, members: list[int], **extra: Any) -> dict:
+    """What a ring's progress file holds: its documents done and in all, its job ranks."""
+    return {"done": done, "total": total, "members": members, "updated_at": time.time(), **extra}
+
+
+def write_record(path: Path, record: dict) -> None:
+    """A progress file, replaced whole (a reader never sees half a record)."""
+    atomic_write_json(path, record)
 
 
 def _is_count(value) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cached_property
 
+from .backends import backend_class
 from .config import world_size
 from .errors import UserError
 from .planner.cost import GIB, ModelShape, Workload, estimate, memory_per_rank, nominal_link
@@ -269,7 +270,8 @@ class Sizing:
             return (
                 f"the model has {params:.3g} parameters (its config's sizes): no machine has room"
             )
-        if self.cfg.backend.value != "local" or self.device is not None:
+        here = backend_class(self.cfg.backend.value).ranks_here
+        if not here or self.device is not None:
             return None  # ranks on other hosts, or a device the planner checks them against
         degree = work.shard_degree or self.largest_ring
         per_rank = sum(state_parts(work, degree).values())

@@ -11,7 +11,6 @@ arguments and print; they import this module, never each other.
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from . import __version__
 from .atomic import atomic_write, default_dir_mode
+from .backends import backend_class
 from .backends.base import Backend
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from .errors import SubmittedNotRecorded, UserError
@@ -42,14 +42,15 @@ __all__ = [
 
 
 def get_backend(cfg, name: str | None = None) -> Backend:
+    """The backend `name` (default: the config's) for a resolved job config."""
     name = name or cfg.backend.value
     try:
-        module = importlib.import_module(f"ringctl.backends.{name}")
-    except ModuleNotFoundError as err:
-        if err.name == f"ringctl.backends.{name}":
-            raise UserError(f"backend {name!r} is not available in this installation") from None
-        raise
-    return module.create(cfg)
+        cls = backend_class(name)
+    except (KeyError, ModuleNotFoundError) as err:
+        if isinstance(err, ModuleNotFoundError) and not (err.name or "").startswith("ringctl."):
+            raise
+        raise UserError(f"backend {name!r} is not available in this installation") from None
+    return cls.create(cfg)
 
 
 def open_job_dir(path: str | Path) -> tuple[JobDir, object, Backend]:
@@ -149,7 +150,8 @@ def check_packages(cfg) -> None:
     """Refuse a job whose task needs a package this Python cannot import, before anything is
     created. Only where the job runs this interpreter (local, or slurm with no other env)."""
     env = cfg.env
-    if cfg.backend.value == "ssh" or env.python or env.venv or env.conda or env.container_image:
+    here = backend_class(cfg.backend.value).runs_this_python
+    if not here or env.python or env.venv or env.conda or env.container_image:
         return
     missing = get_task(str(cfg.task.name)).missing_packages(cfg)
     if missing:

@@ -86,8 +86,6 @@ class TaskContext:
         `before` is how many of `done` an earlier attempt finished (a resumed job): the rate
         counts only this attempt's work, so the ETA is not flattered by skipped items. A task
         that knows better (e.g. from bytes left) gives its own `eta_s`."""
-        from .atomic import atomic_write_json
-
         elapsed = time.monotonic() - self._start
         fresh = max(0, done - before)
         rate = fresh / elapsed if elapsed > 0 else 0.0
@@ -101,10 +99,10 @@ class TaskContext:
         parts += [f"{k}={v}" for k, v in extra.items()]
         self.log("progress: " + ", ".join(parts))
         if self.rank == 0:
-            from .progress import progress_record
+            from .progress import progress_record, write_record
 
             record = progress_record(done, total, unit, before, elapsed, rate, eta, **extra)
-            atomic_write_json(JobDir(self.job_dir).progress, record)
+            write_record(JobDir(self.job_dir).progress, record)
 
     def stop_requested(self) -> bool:
         """True once Slurm's --signal (or SIGTERM) arrived: finish the unit, save, return."""

@@ -28,7 +28,8 @@ from ringctl.commands.jobs import follow_to_end, open_job_dir
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
 from ringctl.longdoc.inputs.documents import doc_key
-from ringctl.longdoc.output.store import FORMAT, ShardStore
+from ringctl.longdoc.output.names import FORMAT
+from ringctl.longdoc.output.store import ShardStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "jobs" / "smoke.yaml")

@@ -26,7 +26,7 @@ from ringctl.longdoc.model.load import (
 )
 from ringctl.longdoc.output.gather import bits_per_byte
 from ringctl.longdoc.params import LongDocParams
-from ringctl.tasks.longdoc import prepare
+from ringctl.tasks.longdoc import LongDocTask
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,9 @@ def test_reserved_name_resolves_and_null_stays_the_random_model() -> None:
     assert params.model_path == resolve_model_path(BUNDLED_TRAINED)
     assert Path(params.model_path, "config.json").is_file()
     # the job's saved config keeps the name: each node resolves it in its own install
-    cfg = prepare(load_job(ROOT / "jobs" / "longdoc.yaml", [f"task.model_path={BUNDLED_TRAINED}"]))
+    cfg = LongDocTask().prepare(
+        load_job(ROOT / "jobs" / "longdoc.yaml", [f"task.model_path={BUNDLED_TRAINED}"])
+    )
     assert cfg["task"]["model_path"] == BUNDLED_TRAINED
 
 

@@ -54,14 +54,15 @@ def _jobs(rank: int, world: int, base: str, inputs: list[str], qwen_dir: str, ma
     import torch.distributed as dist
 
     from ringctl.longdoc.inputs.documents import doc_key
-    from ringctl.longdoc.run import run_longdoc
+    from ringctl.longdoc.run import LongDocOptions, run_longdoc
 
     base_p = Path(base)
     lines: list[str] = []
     res: dict = {"lines": lines}
 
-    def run(params: dict, out: str, **kw):
-        return run_longdoc(params, rank, world, None, base_p / out, lines.append, **kw)
+    def run(params: dict, out: str, **options):
+        how = LongDocOptions(**options)
+        return run_longdoc(params, rank, world, None, base_p / out, lines.append, how)
 
     score = {"inputs": inputs, "chunk_size": 7}
     res["first"] = run(score, "score/out")
@@ -460,7 +461,8 @@ def test_document_list_is_checked_against_the_expected_one(
     jobs: dict, tmp_path: Path, capsys
 ) -> None:
     """A documents.json cut down to 0 or 1 documents exited 0 with a "complete" summary."""
-    from ringctl.longdoc.output.expected import EXPECTED_FILE, check_expected, write_expected
+    from ringctl.longdoc.output.expected import check_expected, write_expected
+    from ringctl.longdoc.output.names import EXPECTED_FILE
 
     for keep in (0, 1):
         job, _ = _copy_job(jobs, tmp_path, name=f"job{keep}")

@@ -17,7 +17,8 @@ import torch
 from ringctl.atomic import atomic_write_json
 from ringctl.cli import main
 from ringctl.longdoc.inputs.documents import doc_key
-from ringctl.longdoc.output.store import FORMAT, ShardStore
+from ringctl.longdoc.output.names import FORMAT
+from ringctl.longdoc.output.store import ShardStore
 
 N, HIDDEN = 6, 4
 DOC = "doc.txt"

@@ -348,7 +348,8 @@ def test_partial_still_refuses_what_is_wrong(jobs: dict, tmp_path: Path, capsys)
     """--partial leaves out what is not complete; it never lets through a wrong list, a
     complete document of the wrong length, or a shard that leads outside the job."""
     from ringctl.longdoc.inputs.documents import doc_key
-    from ringctl.longdoc.output.expected import EXPECTED_FILE, write_expected
+    from ringctl.longdoc.output.expected import write_expected
+    from ringctl.longdoc.output.names import EXPECTED_FILE
 
     job, _ = _copy_job(jobs, tmp_path)
     root = job / "out" / "longdoc"

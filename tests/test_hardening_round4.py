@@ -30,7 +30,8 @@ from ringctl.cli import main
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
 from ringctl.longdoc.inputs.documents import doc_key
-from ringctl.longdoc.output.store import FORMAT, ShardStore
+from ringctl.longdoc.output.names import FORMAT
+from ringctl.longdoc.output.store import ShardStore
 from ringctl.output_dir import new_output_dir
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -225,3 +225,37 @@ def test_the_checker_sees_a_private_import_between_benchmarks():
         "benchmarks/example.py:1: from benchmarks.attention import _device_kind",
         "benchmarks/example.py:3: overhead._engine",
     ]
+
+
+# --- the long-document package: a top and four wings ---------------------------------------------
+
+LONGDOC = "ringctl.longdoc"
+WINGS = ("inputs", "model", "compute", "output")
+
+
+def _wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if module.startswith(LONGDOC + ".") and parts[2] in WINGS else None
+
+
+def test_no_longdoc_wing_imports_the_top():
+    """inputs/, model/, compute/ and output/ import each other and what lies outside the
+    package, never run, params, schedule, probe, consensus, agreement or the package face:
+    those import the wings (an arrow points down or across, never up)."""
+    graph = import_graph()
+    top = {m for m in graph if (m == LONGDOC or m.startswith(LONGDOC + ".")) and not _wing(m)}
+    assert {"ringctl.longdoc.run", "ringctl.longdoc.params"} <= top
+    up = {m: sorted(graph[m] & top) for m in graph if _wing(m) and graph[m] & top}
+    assert not up, f"wing modules importing the top of ringctl.longdoc: {up}"
+
+
+def test_longdoc_never_imports_the_tasks():
+    """The long-document package is what its task runs; the task (ringctl.tasks.longdoc) reads
+    the config for it, so the package never imports the tasks back (TaskParams, its base, is
+    in the root leaf ringctl.task_params)."""
+    bad = {
+        m: sorted(t for t in ts if t.startswith("ringctl.tasks"))
+        for m, ts in import_graph().items()
+        if m == LONGDOC or m.startswith(LONGDOC + ".")
+    }
+    assert not {m: ts for m, ts in bad.items() if ts}

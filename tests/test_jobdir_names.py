@@ -29,8 +29,9 @@ FILES = {
     "schedule.json",
     "progress.json",
     "result.json",
+    "supervisor.log",
 }
-FOLDERS = {"logs", "out", "probes", "attempts", "rings"}
+FOLDERS = {"logs", "out", "probes", "attempts", "rings", "gathered"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -81,6 +82,7 @@ def test_no_job_directory_name_is_joined_outside_jobdir():
             "ringctl/longdoc/inputs/saved.py",
             "state.json",
         ),  # a saved HF dataset's file, not the job's
+        ("ringctl/train/export.py", "gathered"),  # to ask JobDir.gathered (the lead's file)
     }
     assert [hit for hit in found if hit[:2] not in allowed] == []
 
@@ -93,6 +95,11 @@ def test_the_reader_and_the_writer_of_a_file_name_it_alike(tmp_path):
     assert job.ring_progress("ring 2") == tmp_path / "logs" / "rings" / "ring-2.json"
     assert job.progress == tmp_path / "logs" / "progress.json"
     assert job.schedule == tmp_path / "schedule.json"
+    assert job.supervisor_log == tmp_path / "logs" / "supervisor.log"
+    assert job.gathered == tmp_path / "gathered"
+    for ext in ("out", "err"):  # what joblogs lists is what the ranks' logs are named
+        assert jobdir.rank_stream_of(job.rank_log(12, ext).name) == (12, ext)
+    assert jobdir.rank_stream_of(job.rank_result(12).name) is None
     for name in (*jobdir.FETCHED_DIRS, *jobdir.ARCHIVED_ON_RESUME, *jobdir.RESENT_ON_RESUME):
         assert (tmp_path / name).parent == tmp_path  # one component, joined on either side
     job.ring_progress("a").parent.mkdir(parents=True)

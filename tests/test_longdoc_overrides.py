@@ -206,7 +206,7 @@ def test_overrides_are_set_on_the_loaded_config(tmp_path) -> None:
 
     from ringctl.longdoc.model.load import load_config
     from ringctl.longdoc.model.overrides import apply
-    from ringctl.tasks.longdoc import model_shape
+    from ringctl.tasks.longdoc import LongDocTask
 
     cfg = _mistral(tmp_path)
     config, seed = load_config(cfg, {"sliding_window": None, "num_hidden_layers": 3})
@@ -220,4 +220,4 @@ def test_overrides_are_set_on_the_loaded_config(tmp_path) -> None:
         "TextConfig"
     )
     job = _load(f"task.model_path={cfg}", "task.model_overrides={num_hidden_layers: 5}")
-    assert model_shape(job.task).layers == 5
+    assert LongDocTask.model_shape(job.task).layers == 5

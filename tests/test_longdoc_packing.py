@@ -53,7 +53,7 @@ def _config(base: Path, name: str) -> str:
 
 
 def _ranks(rank: int, world: int, base: str, inputs: str, runs: list) -> dict:
-    from ringctl.longdoc.run import run_longdoc
+    from ringctl.longdoc.run import LongDocOptions, run_longdoc
     from ringctl.longdoc.schedule import RingOptions
 
     out = {}
@@ -65,7 +65,7 @@ def _ranks(rank: int, world: int, base: str, inputs: str, runs: list) -> dict:
             None,
             Path(base) / name / "out",
             lambda m: None,
-            rings=RingOptions(size=2, max_tokens_per_rank=budget),
+            LongDocOptions(rings=RingOptions(size=2, max_tokens_per_rank=budget)),
         )
         out[name] = (s.done, s.tokens)
     return out

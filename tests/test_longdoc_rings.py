@@ -53,7 +53,7 @@ JOBS = {  # name -> (mode, ring options)
 def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
     import torch.distributed as dist
 
-    from ringctl.longdoc.run import run_longdoc
+    from ringctl.longdoc.run import LongDocOptions, run_longdoc
     from ringctl.longdoc.schedule import RingOptions
 
     out = {}
@@ -69,8 +69,7 @@ def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
             None,
             job / "out",
             lambda m: None,
-            rings=RingOptions(**opts),
-            schedule_path=job / "schedule.json",
+            LongDocOptions(rings=RingOptions(**opts), schedule_path=job / "schedule.json"),
         )
         out[name] = (summary.done, summary.skipped, summary.tokens)
     # resume the auto job on rings of 2 (its largest document then cannot run: refused by
@@ -90,7 +89,7 @@ def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
         None,
         Path(base) / "auto" / "out",
         lambda m: None,
-        rings=RingOptions(size=4),
+        LongDocOptions(rings=RingOptions(size=4)),
     )
     out["resumed"] = (summary.done, summary.skipped, summary.tokens)
     try:
@@ -101,7 +100,7 @@ def _ranks(rank: int, world: int, base: str, inputs: str) -> dict:
             None,
             Path(base) / "refused" / "out",
             lambda m: None,
-            rings=RingOptions(size=2, max_tokens_per_rank=BUDGET),
+            LongDocOptions(rings=RingOptions(size=2, max_tokens_per_rank=BUDGET)),
         )
         out["refused"] = ""
     except RuntimeError as err:

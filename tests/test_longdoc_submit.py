@@ -11,7 +11,7 @@ import pytest
 
 from ringctl.config import load_job
 from ringctl.errors import UserError
-from ringctl.tasks import longdoc as task
+from ringctl.tasks.longdoc import LongDocTask
 
 JOB = "jobs/longdoc.yaml"
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def test_inputs_as_a_string_and_bad_inputs_at_submit(tmp_path: Path) -> None:
     doc = tmp_path / "one.txt"
     doc.write_text("hello")
     cfg = _load(f"task.inputs={doc}")
-    prepared = task.prepare(cfg)
+    prepared = LongDocTask().prepare(cfg)
     assert prepared["task"]["inputs"] == [str(doc)]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\nnot json\n')

@@ -20,6 +20,7 @@ from ringctl.longdoc.inputs.documents import (
 )
 from ringctl.longdoc.model.load import bundled_config_path, samples_dir
 from ringctl.longdoc.model.tokenize import ByteTokenizer, load_tokenizer
+from ringctl.longdoc.output.completeness import document_status, rank_complete
 from ringctl.longdoc.output.store import ShardStore, atomic_write, expand_ranges, position_ranges
 from ringctl.longdoc.run import LongDocParams
 
@@ -177,23 +178,25 @@ def _write(store: ShardStore, rank: int, world: int = 2) -> dict:
 
 
 def test_shard_entries_and_completeness(tmp_path: Path) -> None:
+    """The store's entries, read back by the one definition of complete (``completeness``)."""
     store = ShardStore(tmp_path)
-    key = doc_key("doc/1")
+    doc = {"id": "doc/1", "key": doc_key("doc/1"), "source": "x.txt"}
+    run = {"world_size": 2, "task": "score", "layout": "zigzag"}
     entry = _write(store, 0)
     assert entry["positions"] == [[0, 1], [3, 4]] and entry["n_positions"] == 2
     assert entry["tensors"]["token_logprob"] == {"dtype": "float32", "shape": [2]}
-    on_disk = json.loads(store.entry_path(key, 0).read_text())  # strict JSON: NaN -> null
+    on_disk = json.loads(store.entry_path(doc["key"], 0).read_text())  # strict JSON: NaN -> null
     assert on_disk["stats"]["perplexity"] is None and on_disk["sha256"] == entry["sha256"]
-    assert store.has_valid_entry(key, 0, world_size=2, task="score")
-    assert not store.is_complete(key, 2, "score")  # rank 1 has not written
+    assert rank_complete(store.root, doc, run, 0)
+    assert not document_status(store.root, doc, run)[0]  # rank 1 has not written
     _write(store, 1)
-    assert store.is_complete(key, 2, "score")
-    assert not store.is_complete(key, 2, "embed")  # another task: not this run's output
-    data = store.data_path(key, 1)
+    assert document_status(store.root, doc, run)[0]
+    assert not document_status(store.root, doc, {**run, "task": "embed"})[0]  # another run's
+    data = store.data_path(doc["key"], 1)
     blob = bytearray(data.read_bytes())
     blob[-1] ^= 0xFF
     data.write_bytes(bytes(blob))
-    assert not store.has_valid_entry(key, 1, world_size=2, task="score")
+    assert not rank_complete(store.root, doc, run, 1)
 
 
 def test_ringattn_imports_neither_transformers_nor_ringctl() -> None:

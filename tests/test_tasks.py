@@ -17,8 +17,9 @@ import pytest
 from ringctl import tasks
 from ringctl.config import load_job
 from ringctl.errors import UserError
+from ringctl.task_params import TaskParams
 from ringctl.tasks.attention import AttentionTask
-from ringctl.tasks.base import Gatherer, Task, TaskParams
+from ringctl.tasks.base import Gatherer, Task
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "jobs" / "smoke.yaml"

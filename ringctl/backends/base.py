@@ -52,6 +52,18 @@ class Backend(ABC):
 
     name: ClassVar[str]
     poll_s: float = 1.0
+    # What callers ask before (or without) making one, instead of testing its name:
+    # the ranks can start this interpreter (sys.executable) and import what it imports (a
+    # filesystem shared with the nodes), so submit checks the task's packages here and the
+    # script runs this Python; else the job names its own or runs `python3`.
+    runs_this_python: ClassVar[bool] = True
+    # every rank runs on this machine: their memory together is this host's.
+    ranks_here: ClassVar[bool] = False
+
+    @classmethod
+    def create(cls, cfg) -> Backend:
+        """The backend for a resolved job config (`submission.get_backend`)."""
+        return cls()
 
     # -- what each backend must say --------------------------------------------------------
     @abstractmethod

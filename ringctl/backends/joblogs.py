@@ -16,10 +16,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import WORKER_ERROR_PREFIX
-from ..jobdir import LOGS, RESULT, rank_log_file, rank_log_name
+from ..jobdir import LOGS, RESULT, rank_log_file, rank_log_name, rank_stream_of
 from .shell import Shell
 
-_RANK_LOG = re.compile(r"rank-(\d+)\.(out|err)")
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")
 _TAIL_BYTES = 64 * 1024
 
@@ -37,9 +36,9 @@ class LogSource:
         .out before its .err, ranks in order; without a prefix when one rank is asked for."""
         found = []
         for name in self.shell.listdir(f"{self.job_dir}/{LOGS}"):
-            m = _RANK_LOG.fullmatch(name)
-            if m and (rank is None or int(m.group(1)) == rank):
-                found.append((int(m.group(1)), m.group(2) != "out", name))
+            stream = rank_stream_of(name)
+            if stream and (rank is None or stream[0] == rank):
+                found.append((stream[0], stream[1] != "out", name))
         files = []
         if rank is None and self.batch_log:
             files.append((f"{self.job_dir}/{self.batch_log}", "[batch] "))

@@ -46,10 +46,6 @@ _CLEARED_VARS = (
 )
 
 
-def create(cfg) -> LocalBackend:
-    return LocalBackend(cfg)
-
-
 def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
@@ -159,15 +155,20 @@ def _die_with_parent() -> None:
 class LocalBackend(Backend):
     name = "local"
     poll_s = 0.2
+    ranks_here = True
 
     def __init__(self, cfg=None) -> None:
         self.cfg = cfg
+
+    @classmethod
+    def create(cls, cfg) -> LocalBackend:
+        return cls(cfg)
 
     def submit(self, job_dir: Path) -> str:
         job = JobDir(Path(job_dir).resolve())
         job.logs.mkdir(parents=True, exist_ok=True)
         stop_earlier_workers(job)
-        with open(job.logs / "supervisor.log", "ab") as log:
+        with open(job.supervisor_log, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ringctl.backends.local", "supervise", str(job.path)],
                 cwd=job.path,

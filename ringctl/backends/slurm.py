@@ -28,7 +28,7 @@ from . import slurm_states as ss
 from .base import Backend, JobState, JobStatus
 from .shell import LocalShell, Shell
 
-__all__ = ["LocalShell", "Shell", "SlurmBackend", "create"]
+__all__ = ["LocalShell", "Shell", "SlurmBackend"]
 
 _TAIL_BYTES = 64 * 1024
 # How many failed tasks are read back (over SSH, one file each) to find one whose error is
@@ -38,11 +38,6 @@ BLAME_READS = 8
 
 def one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def create(cfg=None) -> SlurmBackend:
-    """The backend for a resolved job config: it expects a result from each of its ranks."""
-    return SlurmBackend(expected_ranks=expected_ranks(cfg))
 
 
 def expected_ranks(cfg) -> int | None:
@@ -62,6 +57,11 @@ class SlurmBackend(Backend):
     (`joblogs.ranks_without_result`); a job directory of no ringctl job has none to expect."""
 
     name = "slurm"
+
+    @classmethod
+    def create(cls, cfg) -> SlurmBackend:
+        """The backend for a resolved job config: it expects a result from each of its ranks."""
+        return cls(expected_ranks=expected_ranks(cfg))
 
     def __init__(
         self,

@@ -41,7 +41,6 @@ from omegaconf import OmegaConf
 from paramiko import sftp as sftp_proto
 from paramiko.sftp_attr import SFTPAttributes
 
-from ..config import DEFAULT_KNOWN_HOSTS, SshConfig
 from ..errors import UserError
 from ..jobdir import (
     ARCHIVED_ON_RESUME,
@@ -53,16 +52,10 @@ from ..jobdir import (
     attempt_name,
 )
 from .slurm import SlurmBackend, expected_ranks, one_line
+from .ssh_config import DEFAULT_KNOWN_HOSTS, SshConfig
 
-# One schema for SSH settings: the `ssh` section of a job config (ringctl.config.SshConfig).
+# One schema for SSH settings: the `ssh` section of a job config (ssh_config.SshConfig).
 SSHSettings = SshConfig
-
-
-def create(cfg) -> SSHBackend:
-    """The backend for a resolved job config: its `ssh` section."""
-    if not cfg.ssh.host:
-        raise UserError("ssh.host: is required with backend=ssh")
-    return SSHBackend(OmegaConf.to_object(cfg.ssh), expected_ranks=expected_ranks(cfg))
 
 
 # -- host keys -------------------------------------------------------------------------------------
@@ -426,6 +419,14 @@ class SSHBackend(SlurmBackend):
     `close()` (or `with SSHBackend(...) as b:`) ends the connection."""
 
     name = "ssh"
+    runs_this_python = False  # the nodes see the login node's files, not this machine's
+
+    @classmethod
+    def create(cls, cfg) -> SSHBackend:
+        """The backend for a resolved job config: its `ssh` section."""
+        if not cfg.ssh.host:
+            raise UserError("ssh.host: is required with backend=ssh")
+        return cls(OmegaConf.to_object(cfg.ssh), expected_ranks=expected_ranks(cfg))
 
     def __init__(self, settings: SSHSettings, **slurm_options) -> None:
         slurm_options.setdefault("command_timeout_s", settings.command_timeout)

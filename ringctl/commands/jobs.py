@@ -169,9 +169,9 @@ def vouch_outputs(job_dir: Path, row: dict) -> None:
     (``longdoc.completeness.output_status``) instead of the ranks' own count: the row's
     progress, and a reason naming what gather would refuse, never COMPLETED 4/4 for an output
     with a shard missing."""
-    # longdoc.shards.SUBDIR and RUN_FILE (not imported: it imports torch, which a job without
-    # long-document output never needs here)
-    if task_output(job_dir, "longdoc", "run.json") is None:
+    from ..longdoc.output.names import RUN_FILE, SUBDIR  # torch-free: names only
+
+    if task_output(job_dir, SUBDIR, RUN_FILE) is None:
         return
     from ..longdoc.output.completeness import output_status
     from ..longdoc.output.gather import find_longdoc_root

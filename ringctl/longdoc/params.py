@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..tasks.base import TaskParams
+from ringattn.geometry import LAYOUTS
 
-MODES = ("score", "embed", "grad")
-LAYOUTS = ("contiguous", "zigzag")  # ringattn.LAYOUTS (not imported here: it imports torch)
+from ..task_params import TaskParams
+from .compute import MODES
+
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 ON_MISSING = ("report", "stop")
 ON_BAD_RECORD = ("skip", "stop")

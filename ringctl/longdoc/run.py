@@ -12,7 +12,7 @@ one line per document with the progress (documents done / total, tokens/s, ETA).
 How a run proceeds (``LongDocRun.run``):
 
 1. ``list_inputs``: the documents, agreed on every rank; rank 0 records the run and the list.
-2. ``load_model`` (``model/agreement.py``): every rank loads the model, checks that its
+2. ``load_model`` (``agreement.py``): every rank loads the model, checks that its
    weights are finite and that the ranks hold the same weights, refuses what ``compat.py``
    knows cannot be exact, and runs the probe (``probe.py``): the model on the ring must
    reproduce the model's own forward pass, or nothing is scored.
@@ -31,7 +31,6 @@ that went another way. Errors that concern the whole job (bad parameters, a miss
 
 from __future__ import annotations
 
-import json
 import time
 import zlib
 from collections import Counter
@@ -46,6 +45,7 @@ import torch.distributed as dist
 from ringattn import padded_length
 
 from ..errors import UserError
+from ..progress import ring_record
 from ..rings import RingGroups
 from .compute.scoring import ShardResult, comm_device, run_task
 from .consensus import agree, any_has, document_verdict
@@ -55,7 +55,8 @@ from .model.load import load_model
 from .model.tokenize import load_tokenizer, resolve_tokenizer_path
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
-from .output.store import FORMAT, ShardStore, atomic_write_json
+from .output.manifest import documents_record, other_run, run_record, write_documents, write_run
+from .output.store import ShardStore
 from .params import LongDocParams
 from .schedule import RingOptions, document_bytes, plan_schedule, write_job_schedule
 
@@ -93,27 +94,6 @@ class _Ring:
         return self.rank == 0
 
 
-def _check_run_file(store: ShardStore, params: LongDocParams, world_size: int) -> str:
-    """The output directory holds this run's results, or none. The job's size may differ (a
-    resume on more or fewer ranks, or other ring sizes): each document's entries record the
-    ring that wrote it."""
-    want = {"format": FORMAT, **params.signature()}
-    try:
-        have = json.loads(store.run_file.read_text())
-    except FileNotFoundError:
-        return ""
-    except (OSError, ValueError) as err:
-        return f"{store.run_file}: unreadable ({err})"
-    diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
-    if diff:
-        detail = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-        return (
-            f"{store.root} holds the results of a different run ({detail}); use a new output "
-            "directory, or the same settings to resume"
-        )
-    return ""
-
-
 def _eta(seconds: float) -> str:
     if seconds != seconds or seconds == float("inf"):
         return "?"
@@ -132,7 +112,7 @@ def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: 
     """Step 3, resume: the documents not complete yet, by gather's own definition (whatever
     ring size wrote them), a document whose input was edited since its outputs were written
     included. Document i is checked by job rank i mod W, then the ranks agree."""
-    run = {"format": FORMAT, "world_size": job.world_size, **params.signature()}
+    run = run_record(job.world_size, params.signature())
     found = [
         document_status(store.root, d.describe(), run, d.identity)[1]
         if i % job.world_size == job.rank
@@ -289,9 +269,10 @@ def _summarise(summary: LongDocSummary, led: list[int], started: float, job: _Ri
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class LongDocOptions:
-    """The optional parts of a run: ``run_longdoc``'s keyword arguments.
+    """How a run is driven, beside its parameters: ``run_longdoc``'s ``options``, the one place
+    they are defined (the task builds them from the job's config: ``tasks/longdoc.py``).
 
     progress: optional ``progress(done, total, unit="documents", **extra)`` (rank 0 only).
     should_stop: optional, polled before each document; when any rank of a ring says True,
@@ -308,14 +289,10 @@ class LongDocOptions:
     progress: Callable[..., None] | None = None
     should_stop: Callable[[], bool] | None = None
     device: torch.device | str | None = None
-    rings: RingOptions | None = None
+    rings: RingOptions = field(default_factory=RingOptions)
     schedule_path: str | Path | None = None
     ring_progress: Callable[[str, dict], None] | None = None
     shard: str = "none"
-
-    def __post_init__(self) -> None:
-        if self.rings is None:
-            self.rings = RingOptions()
 
 
 class LongDocRun:
@@ -383,7 +360,7 @@ class LongDocRun:
             error = str(err)
         if not error:
             assert listing is not None
-            error = _check_run_file(self.store, params, job.world_size)
+            error = other_run(self.store.root, params.signature())
             error = error or check_expected(self.store.root, listing.documents)
         agree(error, job.group)
         assert listing is not None
@@ -397,24 +374,16 @@ class LongDocRun:
 
     def _record_listing(self, inputs: list[str], listing: Listing) -> None:
         """Rank 0: the run's signature, the documents expected, and the listing's index."""
-        run = {"format": FORMAT, "world_size": self.job.world_size, **self.params.signature()}
-        atomic_write_json(self.store.run_file, run)
-        write_expected(self.store.root, listing.documents)
-        index = {
-            "format": FORMAT,
-            "inputs": inputs,
-            "documents": [d.describe() for d in listing.documents],
-            "missing_inputs": list(listing.missing),
-        }
-        if listing.skipped:
-            index["skipped_records"] = list(listing.skipped)
-        atomic_write_json(self.store.documents_file, index)
+        root = self.store.root
+        write_run(root, run_record(self.job.world_size, self.params.signature()))
+        write_expected(root, listing.documents)
+        write_documents(root, documents_record(inputs, listing))
 
     def load_model(self, ring: _Ring) -> None:
         """Step 2, model agreement (``agreement.py``): tokenizer, model and probe line,
         refused on every rank alike. Every rank loads the model (``shard``: whole, or its
         FSDP2 shard over the ring's ranks or the job's)."""
-        from .model.agreement import load_agreed
+        from .agreement import load_agreed
 
         agreed = load_agreed(
             self.params,
@@ -521,8 +490,8 @@ class LongDocRun:
             if progress is not None and single:
                 progress(done, of, unit="documents", before=base, **extra)
             if ring_progress is not None:
-                record = {"done": done - base, "total": len(mine), "members": ring.members}
-                ring_progress(ring.label, {**record, "updated_at": time.time(), **extra})
+                record = ring_record(done - base, len(mine), ring.members, **extra)
+                ring_progress(ring.label, record)
 
         return _Progress(mine, self.summary.total if single else len(mine), base, report)
 
@@ -681,7 +650,7 @@ def run_longdoc(
     group: dist.ProcessGroup | None,
     out_dir: str | Path,
     log: Callable[[str], None] = print,
-    **options: Any,
+    options: LongDocOptions | None = None,
 ) -> LongDocSummary:
     """Run the long-document task on this rank; every rank of ``group`` calls it alike.
 
@@ -689,7 +658,6 @@ def run_longdoc(
     group: an initialised process group of ``world_size`` ranks (None: the default group).
     out_dir: the job's output directory (shared by all ranks).
     log: one line of text per call (the worker's ``ctx.log``).
-    options: the fields of ``LongDocOptions`` (progress, should_stop, device, rings, ...).
+    options: progress, stop requests, device, rings, ... (``LongDocOptions``; default: none).
     """
-    run = LongDocRun(cfg, rank, world_size, group, out_dir, log, LongDocOptions(**options))
-    return run.run()
+    return LongDocRun(cfg, rank, world_size, group, out_dir, log, options).run()

@@ -12,7 +12,8 @@ import importlib
 from pathlib import Path
 
 from ..atomic import atomic_write, atomic_write_json
-from .base import Gatherer, Task, TaskParams
+from ..task_params import TaskParams
+from .base import Gatherer, Task
 
 __all__ = [
     "TASKS",

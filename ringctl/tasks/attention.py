@@ -11,8 +11,8 @@ Fault injection (for tests of failure handling): `fault_rank` set to a rank make
 step `fault_step` between forward and backward (mid-ring), `raise` an error, `hang` (sleep
 forever), or `exit` (die without a word).
 
-`AttentionTask` is the task (`ringctl.tasks.base.Task`): its methods are this module's
-functions.
+`AttentionTask` is the task (`ringctl.tasks.base.Task`): check, workload and run are its
+methods; the functions here are their parts, and the reference tests compare against.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..jobdir import JobDir
+from ..task_params import TaskParams
 from . import atomic_write_json, load_tensors, save_tensors
-from .base import Task, TaskParams
+from .base import Task
 
 if TYPE_CHECKING:
     import torch
@@ -57,57 +58,6 @@ class Params(TaskParams):
 
 def layout_of(cfg) -> str:
     return str(cfg.task.layout or cfg.ring.layout.value)
-
-
-def workload(cfg):
-    """What `ringctl plan` should size for this job (checked by `ringctl submit`)."""
-    from ..planner.cost import Workload
-
-    t = cfg.task
-    return Workload(
-        seq_len=int(t.seq_len),
-        heads=int(t.heads),
-        kv_heads=int(t.kv_heads or t.heads),
-        head_dim=int(t.head_dim),
-        batch=int(t.batch),
-        dtype=str(t.dtype),
-        causal=bool(t.causal),
-        layout=layout_of(cfg),
-        backward=True,
-    )
-
-
-def check(cfg, bad) -> None:
-    from .base import world_size
-
-    t = cfg.task
-    for key in ("seq_len", "batch", "heads", "head_dim", "steps"):
-        if t[key] < 1:
-            raise bad(f"task.{key}", f"must be at least 1, got {t[key]}")
-    if t.dtype not in DTYPES:
-        raise bad("task.dtype", f"unknown dtype {t.dtype!r}; expected one of {', '.join(DTYPES)}")
-    kv = t.kv_heads if t.kv_heads is not None else t.heads
-    if kv < 1 or t.heads % kv:
-        raise bad("task.kv_heads", f"heads ({t.heads}) must be a multiple of kv_heads ({kv})")
-    if t.layout is not None and t.layout not in ("contiguous", "zigzag"):
-        raise bad("task.layout", f"unknown layout {t.layout!r}; expected contiguous or zigzag")
-    if t.fault not in FAULTS:
-        raise bad("task.fault", f"expected one of {', '.join(FAULTS)}, got {t.fault!r}")
-    world, layout = world_size(cfg), layout_of(cfg)
-    multiple = world * (2 if layout == "zigzag" else 1)
-    degree = cfg.ring.ulysses if isinstance(cfg.ring.ulysses, int) else 1
-    if degree > 1:  # hybrid: whole zigzag chunks per group, R = world / U groups in the ring
-        multiple = math.lcm(world, (2 if layout == "zigzag" else 1) * (world // degree))
-        if t.heads % degree:
-            raise bad("ring.ulysses", f"{degree} does not divide the task's {t.heads} heads")
-    if t.seq_len % multiple:
-        padded = -(-t.seq_len // multiple) * multiple
-        raise bad(
-            "task.seq_len",
-            f"{t.seq_len} cannot be split over {world} ranks ({cfg.nodes} nodes x "
-            f"{cfg.tasks_per_node}) in the {layout} layout: it must be a multiple of {multiple}"
-            f" (e.g. {padded})",
-        )
 
 
 def _dtype(name: str):
@@ -295,39 +245,6 @@ def _save_outputs(cfg, ctx, layout: str, degree: int, steps_done: int, tensors: 
     save_tensors(ctx.out_dir / f"rank-{ctx.rank}.safetensors", tensors, meta)
 
 
-def run(cfg, ctx) -> dict:
-    """Shard the job's random inputs, time ``task.steps`` forward+backward steps of the ring
-    (or hybrid) attention, and write this rank's result (and outputs when asked)."""
-    from ringattn import sequence_positions, shard_sequence
-
-    t = cfg.task
-    dtype = _dtype(t.dtype)
-    inputs = make_inputs(cfg)
-    attend, layout, degree = _attention_for(cfg, ctx, layout_of(cfg), int(inputs["k"].shape[2]))
-    where = {"world_size": ctx.world_size, "rank": ctx.rank, "layout": layout}
-    if degree > 1:
-        where["ulysses_degree"] = degree
-
-    def shard(x):
-        return shard_sequence(x, **where).to(dtype).to(ctx.device)
-
-    q, k, v, dout = (shard(inputs[n]) for n in ("q", "k", "v", "dout"))
-    del inputs
-    positions = sequence_positions(t.seq_len, **where)
-    ctx.log(
-        f"attention: seq_len={t.seq_len} (local {q.shape[1]}) batch={t.batch} heads={t.heads} "
-        f"kv_heads={k.shape[2]} head_dim={t.head_dim} dtype={t.dtype} causal={t.causal} "
-        f"layout={layout} steps={t.steps} device={ctx.device}"
-    )
-    timings, (out, dq, dk, dv) = _timed_steps(cfg, ctx, attend, q, k, v, dout)
-    result = _result(ctx, layout, int(q.shape[1]), timings)
-    if t.save_outputs and out is not None:
-        tensors = {"out": out, "dq": dq, "dk": dk, "dv": dv, "positions": positions}
-        _save_outputs(cfg, ctx, layout, degree, len(timings), tensors)
-    atomic_write_json(ctx.out_dir / f"rank-{ctx.rank}.json", result)
-    return result
-
-
 class AttentionTask(Task):
     """Ring attention on random inputs, checked against `reference` (no gather step)."""
 
@@ -335,10 +252,85 @@ class AttentionTask(Task):
     params = Params
 
     def check(self, cfg, bad) -> None:
-        check(cfg, bad)
+        from ringattn.geometry import layout_multiple, padded_length
+
+        from .base import world_size
+
+        t = cfg.task
+        for key in ("seq_len", "batch", "heads", "head_dim", "steps"):
+            if t[key] < 1:
+                raise bad(f"task.{key}", f"must be at least 1, got {t[key]}")
+        if t.dtype not in DTYPES:
+            raise bad(
+                "task.dtype", f"unknown dtype {t.dtype!r}; expected one of {', '.join(DTYPES)}"
+            )
+        kv = t.kv_heads if t.kv_heads is not None else t.heads
+        if kv < 1 or t.heads % kv:
+            raise bad("task.kv_heads", f"heads ({t.heads}) must be a multiple of kv_heads ({kv})")
+        if t.layout is not None and t.layout not in ("contiguous", "zigzag"):
+            raise bad("task.layout", f"unknown layout {t.layout!r}; expected contiguous or zigzag")
+        if t.fault not in FAULTS:
+            raise bad("task.fault", f"expected one of {', '.join(FAULTS)}, got {t.fault!r}")
+        world, layout = world_size(cfg), layout_of(cfg)
+        degree = cfg.ring.ulysses if isinstance(cfg.ring.ulysses, int) else 1
+        if degree > 1 and t.heads % degree:
+            raise bad("ring.ulysses", f"{degree} does not divide the task's {t.heads} heads")
+        split = f"hybrid-{layout}" if degree > 1 else layout  # the engine's padding rule
+        multiple = layout_multiple(split, world, degree)
+        if t.seq_len % multiple:
+            padded = padded_length(t.seq_len, world_size=world, layout=split, ulysses_degree=degree)
+            raise bad(
+                "task.seq_len",
+                f"{t.seq_len} cannot be split over {world} ranks ({cfg.nodes} nodes x "
+                f"{cfg.tasks_per_node}) in the {layout} layout: it must be a multiple of {multiple}"
+                f" (e.g. {padded})",
+            )
 
     def workload(self, cfg):
-        return workload(cfg)
+        """What `ringctl plan` should size for this job (checked by `ringctl submit`)."""
+        from ..planner.cost import Workload
+
+        t = cfg.task
+        return Workload(
+            seq_len=int(t.seq_len),
+            heads=int(t.heads),
+            kv_heads=int(t.kv_heads or t.heads),
+            head_dim=int(t.head_dim),
+            batch=int(t.batch),
+            dtype=str(t.dtype),
+            causal=bool(t.causal),
+            layout=layout_of(cfg),
+            backward=True,
+        )
 
     def run(self, cfg, ctx) -> dict:
-        return run(cfg, ctx)
+        """Shard the job's random inputs, time ``task.steps`` forward+backward steps of the ring
+        (or hybrid) attention, and write this rank's result (and outputs when asked)."""
+        from ringattn import sequence_positions, shard_sequence
+
+        t = cfg.task
+        dtype = _dtype(t.dtype)
+        inputs = make_inputs(cfg)
+        attend, layout, degree = _attention_for(cfg, ctx, layout_of(cfg), int(inputs["k"].shape[2]))
+        where = {"world_size": ctx.world_size, "rank": ctx.rank, "layout": layout}
+        if degree > 1:
+            where["ulysses_degree"] = degree
+
+        def shard(x):
+            return shard_sequence(x, **where).to(dtype).to(ctx.device)
+
+        q, k, v, dout = (shard(inputs[n]) for n in ("q", "k", "v", "dout"))
+        del inputs
+        positions = sequence_positions(t.seq_len, **where)
+        ctx.log(
+            f"attention: seq_len={t.seq_len} (local {q.shape[1]}) batch={t.batch} heads={t.heads} "
+            f"kv_heads={k.shape[2]} head_dim={t.head_dim} dtype={t.dtype} causal={t.causal} "
+            f"layout={layout} steps={t.steps} device={ctx.device}"
+        )
+        timings, (out, dq, dk, dv) = _timed_steps(cfg, ctx, attend, q, k, v, dout)
+        result = _result(ctx, layout, int(q.shape[1]), timings)
+        if t.save_outputs and out is not None:
+            tensors = {"out": out, "dq": dq, "dk": dk, "dv": dv, "positions": positions}
+            _save_outputs(cfg, ctx, layout, degree, len(timings), tensors)
+        atomic_write_json(ctx.out_dir / f"rank-{ctx.rank}.json", result)
+        return result

@@ -1,9 +1,8 @@
-"""What every task shares: the base of its parameters, the `Task` class, and the job's size.
+"""What every task shares: the `Task` class, its gather step, and the job's size.
 
-A leaf module (standard library only): `ringctl.config` composes each task's parameters into
-the job schema and the long-document wing (`ringctl.longdoc.params`) derives its parameters
-from `TaskParams`, so neither may import `ringctl.tasks` back (that was an import circle); all
-of them import from here.
+A leaf module (standard library only), which `ringctl.config` imports for `world_size`. The
+base of a task's parameters (`TaskParams`) lives in `ringctl.task_params`, so that the
+long-document package derives its parameters from it without importing the tasks.
 
 A task is a `Task` subclass, as a backend is a `Backend` subclass: what it is (its parameter
 class, extra config sections, optional packages, gather step) are class attributes, and what it
@@ -17,22 +16,11 @@ import importlib.util
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 # Forcing RINGATTN_KERNEL=flash (env.vars or the submitting shell) needs flash-attn on the ranks.
 KERNEL_PACKAGES = {"flash": ("flash_attn", "pip install 'ringctl[flash]' (CUDA only)")}
-
-
-DEFAULT_TASK = "attention"  # the task of a job file that names none
-
-
-@dataclass
-class TaskParams:
-    """Base of every task's parameters: `task.name` selects the task."""
-
-    name: str = DEFAULT_TASK
 
 
 def world_size(cfg) -> int:
@@ -77,7 +65,7 @@ class Task(ABC):
     """
 
     name: ClassVar[str]
-    params: ClassVar[type]  # a TaskParams dataclass: the `task:` section of a job file
+    params: ClassVar[type]  # a task_params.TaskParams dataclass: the `task:` section of a job file
     sections: ClassVar[dict[str, type]] = {}  # extra top-level sections of its jobs
     # Optional packages the ranks need: (module, how to install it). Checked at submit, so a
     # missing one is a one-line refusal instead of a traceback from every started rank.

@@ -16,9 +16,10 @@ tokenizer with a model of another vocabulary, and inputs that cannot be read. Re
 model paths are made absolute when the job is submitted (`prepare`), so ranks that run inside
 the job directory (or on another node with the same filesystem) find them.
 
-`LongDocTask` is the task (`ringctl.tasks.base.Task`): its methods are this module's functions,
-it needs transformers and tokenizers on the ranks, and its gather step is
-`ringctl.longdoc.output.gather` (through `LongDocGatherer`).
+`LongDocTask` is the task (`ringctl.tasks.base.Task`): its methods hold the code, it needs
+transformers and tokenizers on the ranks, and its gather step is `ringctl.longdoc.output.gather`
+(through `LongDocGatherer`, which reads the job's parameters from its config for it). Callers
+ask the registry (`ringctl.tasks.get_task("longdoc")`) or the class, never this module.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..longdoc.params import MODES, CorpusParams, LongDocParams
+from ..longdoc.params import CorpusParams, LongDocParams
 from .base import Gatherer, Task, importable
 
 Params = LongDocParams
@@ -50,19 +51,7 @@ SLACK = 16
 # What submit tokenises at most to count the documents past the trained context (a corpus of
 # books would otherwise be tokenised twice); past it, the rest are said in one line.
 CONTEXT_CHECK_BYTES = 64 << 20
-__all__ = [
-    "MODES",
-    "LongDocGatherer",
-    "LongDocTask",
-    "Params",
-    "check",
-    "document_lengths",
-    "model_shape",
-    "params_of",
-    "prepare",
-    "run",
-    "workload",
-]
+__all__ = ["CorpusTask", "LongDocGatherer", "LongDocTask", "ModelSection", "Params"]
 
 
 _WARNED: set[str] = set()
@@ -255,7 +244,8 @@ class CorpusTask(Task):
 
 class LongDocGatherer(Gatherer):
     """`ringctl gather` of a long-document job: ringctl.longdoc.output.gather, imported when
-    used."""
+    used. The job's config becomes its parameters here, as for `run`, so that the output
+    package never reads a config."""
 
     @staticmethod
     def _module():
@@ -263,7 +253,15 @@ class LongDocGatherer(Gatherer):
 
         return gather
 
-    def gather(self, job_dir, out, **options):
+    def gather(self, job_dir, out, *, job_config=None, **options):
+        params, problem = None, ""
+        if job_config is not None:
+            task = OmegaConf.to_container(job_config.task, resolve=True)
+            try:
+                params = LongDocParams.from_any(task, validate=False)
+            except ValueError as err:
+                problem = str(err)
+        options.update(job_params=params, job_params_problem=problem)
         return self._module().gather(job_dir, out, **options)
 
     def recognises(self, path) -> bool:
@@ -384,24 +382,21 @@ class LongDocTask(CorpusTask):
         docs = listing.documents
         return list(zip((d.id for d in docs), estimated_tokens(docs), strict=True))
 
-    def run(self, cfg, ctx) -> dict:
-        from ..atomic import atomic_write_json
+    @staticmethod
+    def options_of(cfg, ctx):
+        """How the worker drives the run (``longdoc.run.LongDocOptions``): its progress and
+        stop request, its device, the job's rings, schedule file and model sharding."""
         from ..jobdir import JobDir
-        from ..longdoc.run import run_longdoc
+        from ..longdoc.run import LongDocOptions
         from ..longdoc.schedule import RingOptions
+        from ..progress import write_record
 
         job = JobDir(ctx.job_dir)
 
         def ring_progress(label: str, record: dict) -> None:
-            atomic_write_json(job.ring_progress(label), record)
+            write_record(job.ring_progress(label), record)
 
-        summary = run_longdoc(
-            self.params_of(cfg),
-            ctx.rank,
-            ctx.world_size,
-            ctx.group,
-            ctx.out_dir,
-            ctx.log,
+        return LongDocOptions(
             progress=ctx.progress,
             should_stop=ctx.stop_requested,
             device=ctx.device,
@@ -409,6 +404,14 @@ class LongDocTask(CorpusTask):
             schedule_path=job.schedule,
             ring_progress=ring_progress,
             shard=str(cfg.model.shard),
+        )
+
+    def run(self, cfg, ctx) -> dict:
+        from ..longdoc.run import run_longdoc
+
+        options = self.options_of(cfg, ctx)
+        summary = run_longdoc(
+            self.params_of(cfg), ctx.rank, ctx.world_size, ctx.group, ctx.out_dir, ctx.log, options
         )
         if summary.stopped:  # a preemption signal: the job is not done, and must not look done
             left = summary.total - summary.skipped - summary.done
@@ -425,14 +428,3 @@ class LongDocTask(CorpusTask):
 
     def gatherer(self) -> Gatherer:
         return LongDocGatherer()
-
-
-# The module-level faces some callers still use (tests); the task's methods hold the code.
-_TASK = LongDocTask()
-check = _TASK.check
-prepare = _TASK.prepare
-params_of = _TASK.params_of
-model_shape = CorpusTask.model_shape
-workload = _TASK.workload
-document_lengths = _TASK.document_lengths
-run = _TASK.run

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 
 from ..jobdir import JobDir
+from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import any_has
-from ..longdoc.model.agreement import load_agreed
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
 from .optim import make_optimizer, make_scheduler

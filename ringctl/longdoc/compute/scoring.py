@@ -38,7 +38,7 @@ Edge cases: an empty document (N = 0) runs no model: every rank returns empty te
 None`` and zero gradients. A one-token document runs the model (padded to 2P tokens in zigzag)
 and scores nothing (``n_scored = 0``, as above), but has a hidden state.
 
-The model's output head (``head.py``: ``lm_head`` and the model's own logit scaling and
+The model's output head (``output_head``: ``lm_head`` and the model's own logit scaling and
 soft-capping) and the log-softmax run over ``chunk_size`` positions at a time, so
 vocabulary-sized logits never exist for the whole shard; in ``grad`` each chunk is
 checkpointed (recomputed in backward), so they are not kept for backward either.
@@ -61,8 +61,8 @@ from ringattn.hf import count_calls, ring_settings
 
 from ..model.compat import sliding_layers, sliding_window, window_refusal
 from ..model.load import attention_layers, decoder
+from . import MODES
 
-MODES = ("score", "embed", "grad")
 PAD_ID = 0
 
 

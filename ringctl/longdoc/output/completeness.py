@@ -37,6 +37,7 @@ import torch
 
 from ...output_dir import confined
 from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_problems
+from .names import OutputPaths
 from .store import dtype_name, expand_ranges, sha256_bytes, sha256_file
 
 
@@ -52,8 +53,8 @@ class RankShard:
 
 def shard_paths(root: Path, key: str, rank: int) -> tuple[Path, Path]:
     """(entry, data file) of rank's shard: the fixed names, whatever an entry says."""
-    doc_dir = root / "shards" / key
-    return doc_dir / f"rank-{rank:05d}.json", doc_dir / f"rank-{rank:05d}.safetensors"
+    paths = OutputPaths(root)
+    return paths.entry_path(key, rank), paths.data_path(key, rank)
 
 
 def ranges_text(idx: list[int], limit: int = 6) -> str:
@@ -165,10 +166,10 @@ def _padding_of(entry: dict, n: int, world: int, layout: str) -> int:
     of layout units beyond the document's own padding (a batch of short documents pads each
     row to its longest; bounded, so a hostile entry cannot make us allocate what it likes),
     else the document's own."""
-    from ringattn import padded_length
+    from ringattn.geometry import layout_multiple, padded_length
 
     own = padded_length(n, world_size=world, layout=layout)
-    unit = 2 * world if layout == "zigzag" else world
+    unit = layout_multiple(layout, world)
     recorded = entry.get("padded_tokens")
     if is_int(recorded) and own < recorded <= MAX_BATCH_PADDING and recorded % unit == 0:
         return recorded
@@ -269,10 +270,10 @@ def _listed_positions(entry: dict, data_path: Path) -> tuple[dict | None, str]:
 def _grads_problem(root: Path, key: str, entry: dict, verify: bool = True) -> str:
     if "grads_file" not in entry:
         return ""
-    want = f"grads/{key}.safetensors"
+    gpath = OutputPaths(root).grads_path(key)
+    want = gpath.relative_to(root).as_posix()
     if entry["grads_file"] != want:
         return f"grads_file={entry['grads_file']!r} in its entry (expected {want!r}); refused"
-    gpath = root / want
     if not confined(gpath, root):
         return f"gradient file {gpath} leads outside {root} (a symlink); refused"
     if not gpath.is_file():
@@ -390,7 +391,7 @@ def document_shards(
         return [], 0, checked
     run = {**run, "world_size": ring_size_of(root, doc, run)}
     where = f"document {doc['id']!r}"
-    doc_dir = root / "shards" / doc["key"]
+    doc_dir = OutputPaths(root).doc_dir(doc["key"])
     if not confined(doc_dir, root):
         return [], 0, [f"{where}: {doc_dir} leads outside {root} (a symlink); refused"]
     if not doc_dir.is_dir():
@@ -428,7 +429,7 @@ def rank_complete(root: str | Path, doc: dict, run: dict, rank: int) -> bool:
     if doc_problems(doc) or run_problems(run):
         return False
     root = Path(root)
-    if not confined(root / "shards" / doc["key"], root):
+    if not confined(OutputPaths(root).doc_dir(doc["key"]), root):
         return False
     shard, _ = check_rank(root, doc, {**run, "world_size": ring_size_of(root, doc, run)}, rank)
     return shard is not None

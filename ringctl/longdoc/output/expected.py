@@ -19,9 +19,9 @@ from typing import Any
 
 from ...atomic import atomic_write_json
 from .manifest import documents_problems, is_int, read_json_object
+from .names import OutputPaths
 
 EXPECTED_FORMAT = "ringctl.longdoc.output.expected/1"
-EXPECTED_FILE = "expected.json"
 _SHOWN = 8  # names listed in one message before "and N more"
 
 
@@ -74,7 +74,7 @@ def _differences(expected: list[dict], listed: list[dict]) -> list[str]:
 
 def read_expected(root: str | Path) -> tuple[dict | None, list[str]]:
     """(expected.json under root, []), (None, []) when there is none, or (None, problems)."""
-    path = Path(root) / EXPECTED_FILE
+    path = OutputPaths(root).expected_file
     if not path.exists() and not path.is_symlink():
         return None, []
     data, problem = read_json_object(path)
@@ -99,8 +99,9 @@ def check_expected(root: str | Path, documents) -> str:
     diff = _differences(data["documents"], [_described(d) for d in documents])
     if not diff:
         return ""
+    where = OutputPaths(root).expected_file
     return (
-        f"{Path(root) / EXPECTED_FILE}: this output directory was started for other documents "
+        f"{where}: this output directory was started for other documents "
         f"({'; '.join(diff)}); use a new output directory, or the same inputs to resume"
     )
 
@@ -109,7 +110,7 @@ def write_expected(root: str | Path, documents, tokens: dict[str, int] | None = 
     """Record the documents a run must produce, once (rank 0, at the start of the first
     attempt). An existing file is kept as it is; if it lists other documents, ValueError
     (``check_expected``'s line)."""
-    path = Path(root) / EXPECTED_FILE
+    path = OutputPaths(root).expected_file
     problem = check_expected(root, documents)
     if problem:
         raise ValueError(problem)
@@ -124,9 +125,9 @@ def expected_problems(root: Path, listed: list[dict]) -> tuple[dict[str, int], l
     data, problems = read_expected(root)
     if data is None:
         return {}, problems
-    path = root / EXPECTED_FILE
+    paths = OutputPaths(root)
     problems = [
-        f"{root / 'documents.json'} disagrees with {path}: {p}"
+        f"{paths.documents_file} disagrees with {paths.expected_file}: {p}"
         for p in _differences(data["documents"], listed)
     ]
     tokens = {d["id"]: d["tokens"] for d in data["documents"] if is_int(d.get("tokens"))}

@@ -1,6 +1,6 @@
 """The long-document task's gather step: verify every shard, reassemble each document in order.
 
-``gather(job_dir, out)`` reads ``longdoc/`` (see ``shards.py``) under ``job_dir`` or
+``gather(job_dir, out)`` reads ``longdoc/`` (see ``names.py``) under ``job_dir`` or
 ``job_dir/out``. Nothing there is trusted: ``manifest.py`` checks run.json and documents.json
 (plain file-name keys, no duplicate ids), ``expected.py`` checks the document list against the
 one fixed when the run started (when there is one), and ``completeness.py`` decides, the same way
@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UserError, with_filename
-from ...jobdir import task_output
+from ...jobdir import JobDir, task_output
 from ...jsonsafe import finite_json
 from ...output_dir import (
     beside,
@@ -80,7 +80,7 @@ from . import export
 from .completeness import CurrentInput, RankShard, document_shards
 from .expected import expected_problems, some_names
 from .manifest import read_documents, read_run
-from .store import RUN_FILE, SUBDIR
+from .names import RUN_FILE, SUBDIR, OutputPaths
 
 GATHER_FAILED_EXIT = 3
 
@@ -272,18 +272,16 @@ class InputsNow:
         self.unchecked: list[str] = []
 
     @classmethod
-    def of_job(cls, job_config, remote: bool) -> InputsNow:
-        if job_config is None:
+    def of_job(cls, params, problem: str, remote: bool) -> InputsNow:
+        """``params``: the job's parameters from its config (None with ``problem``: why they
+        could not be read; None without: no config)."""
+        if params is None and not problem:
             return cls(None, "the inputs were not checked (no job config: a bare output folder)")
         if remote:
             return cls(None, "the inputs live on the login node: not checked against the outputs")
-        from omegaconf import OmegaConf
-
-        from ..params import LongDocParams
-
-        task = OmegaConf.to_container(job_config.task, resolve=True)
+        if problem:
+            return cls(None, f"the inputs were not checked: {problem}")
         try:
-            params = LongDocParams.from_any(task, validate=False)
             listing = params.list_inputs(
                 params.input_paths(), on_missing="report", on_bad_record="skip"
             )
@@ -339,18 +337,13 @@ class JobModel:
             self.trained_context, self.why_not = self._read_context()
 
     @classmethod
-    def of_job(cls, job_config, remote: bool) -> JobModel:
-        if job_config is None or remote:
+    def of_job(cls, params, problem: str, remote: bool) -> JobModel:
+        """``params`` and ``problem``: as ``InputsNow.of_job``'s."""
+        if remote or (params is None and not problem):
             return cls(None)
-        from omegaconf import OmegaConf
-
-        from ..params import LongDocParams
-
-        task = OmegaConf.to_container(job_config.task, resolve=True)
-        try:
-            return cls(LongDocParams.from_any(task, validate=False))
-        except ValueError as err:
-            return cls(None, f"the job's model is unknown here ({err})")
+        if problem:
+            return cls(None, f"the job's model is unknown here ({problem})")
+        return cls(params)
 
     def _read_context(self) -> tuple[int | None, str]:
         from ..model.compat import read_model_config, trained_context
@@ -447,7 +440,7 @@ def _gathered(
     row = {"document": doc["id"], "tokens": n, **model.mark(n), **fields}
     row["seconds"] = round(seconds, 4)
     grads = shards[0].entry.get("grads_file") if run["task"] == "grad" else None
-    grads_file = root / grads if grads else None  # checked by document_shards
+    grads_file = OutputPaths(root).grads_path(doc["key"]) if grads else None  # checked
     problem = grads_problem(grads_file) if grads_file is not None else ""
     if problem:
         problems.append(f"{where}: {problem}")
@@ -641,7 +634,7 @@ def target_of(job_dir: str | Path, out: str | Path | None) -> Path:
     """Where gather writes: ``out``, or JOB_DIR/gathered."""
     if out is not None:
         return Path(out).expanduser().absolute()
-    return resolve_job_dir(job_dir) / "gathered"
+    return JobDir(resolve_job_dir(job_dir)).gathered
 
 
 def replaces_partial(job_dir: str | Path, out: str | Path | None) -> bool:
@@ -658,20 +651,23 @@ def gather(
     partial: bool = False,
     fmt: str = "safetensors",
     job_state: str | None = None,
-    job_config=None,
+    job_params=None,
+    job_params_problem: str = "",
     remote: bool = False,
 ):
     """Verify and reassemble; write ``out`` (default JOB_DIR/gathered) only if all is well.
     partial: write the complete documents even if others are not (the result says so);
-    fmt: the table to add (export.FORMATS); job_state: recorded in summary.json; job_config:
-    the job's resolved config, whose inputs are checked against the outputs (``InputsNow``),
-    unless they are ``remote``."""
+    fmt: the table to add (export.FORMATS); job_state: recorded in summary.json; job_params:
+    the job's ``LongDocParams`` as its resolved config gives them (the task's gatherer reads
+    them; ``job_params_problem``: why it could not), whose inputs are checked against the
+    outputs (``InputsNow``) unless they are ``remote``, and whose model the summary reads."""
     export.check_format(fmt)
     job = resolve_job_dir(job_dir)
     target = target_of(job, out)
     recovered = recover_killed(target)
     check_target(target, job, force=force)
-    inputs, model = InputsNow.of_job(job_config, remote), JobModel.of_job(job_config, remote)
+    inputs = InputsNow.of_job(job_params, job_params_problem, remote)
+    model = JobModel.of_job(job_params, job_params_problem, remote)
     got = verify_job(job, partial=partial, inputs=inputs, model=model)
     target.parent.mkdir(parents=True, exist_ok=True)
     with beside(target):

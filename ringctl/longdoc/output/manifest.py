@@ -1,11 +1,14 @@
-"""Reading a long-document job's own manifests (run.json, documents.json) as hostile input.
+"""A long-document job's own manifests, run.json and documents.json: their one owner.
 
-The job's processes, a remote copy of its directory, or anyone who can edit it write these
-files; ``ringctl gather`` (and the resume check in ``completeness``) only trusts what passes
-here. A document's ``key`` becomes a directory and a file name, so it must be one plain name
-from a fixed character set (no separator, no ``.``/``..``) and be the key of its id
-(``documents.doc_key``): a key like ``../x`` or ``/tmp/x`` can never reach a path. Two
-documents with the same id or key are refused (their outputs would overwrite each other).
+Rank 0 writes them through ``write_run`` and ``write_documents`` (objects built by
+``run_record`` and ``documents_record``). The job's processes, a remote copy of its directory,
+or anyone who can edit it may have written what is there, so they are read back as hostile
+input: ``ringctl gather`` (and the resume check in ``completeness``) only trusts what passes
+``read_run`` and ``read_documents``. A document's ``key`` becomes a directory and a file
+name, so it must be one plain name from a fixed character set (no separator, no ``.``/``..``)
+and be the key of its id (``documents.doc_key``): a key like ``../x`` or ``/tmp/x`` can never
+reach a path. Two documents with the same id or key are refused (their outputs would
+overwrite each other).
 
 Every reader returns ``(value, problems)``: problems are one line each, naming the file and
 the key, and the caller decides how to report them (gather: exit status 3).
@@ -20,8 +23,10 @@ from typing import Any
 
 from ringattn import LAYOUTS
 
-from ..inputs.documents import doc_key
-from ..params import MODES
+from ...atomic import atomic_write_json
+from ..compute import MODES
+from ..inputs.documents import Listing, doc_key
+from .names import DOCUMENTS_FILE, FORMAT, RUN_FILE, OutputPaths
 
 # One path component: what documents.doc_key produces (letters, digits, ".", "_", "-"; never
 # starting with "."), at most 128 characters.
@@ -51,7 +56,41 @@ def read_json_object(path: Path) -> tuple[dict | None, str]:
     return data, ""
 
 
-def run_problems(run: dict, where: str = "run.json") -> list[str]:
+def run_record(world_size: int, signature: dict) -> dict:
+    """run.json's object: the output format, the job's size, and what a rerun in the same
+    output directory must keep (``LongDocParams.signature``)."""
+    return {"format": FORMAT, "world_size": world_size, **signature}
+
+
+def write_run(root: Path, record: dict) -> None:
+    """run.json under root (the ``longdoc/`` directory), rewritten by every attempt."""
+    atomic_write_json(OutputPaths(root).run_file, record, indent=1)
+
+
+def other_run(root: Path, signature: dict) -> str:
+    """Why root does not hold this run's results ("" when it does, or holds none). The job's
+    size may differ (a resume on more or fewer ranks, or other ring sizes): each document's
+    entries record the ring that wrote it."""
+    path, want = OutputPaths(root).run_file, {"format": FORMAT, **signature}
+    try:
+        have = json.loads(path.read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError) as err:
+        return f"{path}: unreadable ({err})"
+    if not isinstance(have, dict):
+        return f"{path}: unreadable (not a JSON object)"
+    diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+    if not diff:
+        return ""
+    detail = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+    return (
+        f"{root} holds the results of a different run ({detail}); use a new output "
+        "directory, or the same settings to resume"
+    )
+
+
+def run_problems(run: dict, where: str = RUN_FILE) -> list[str]:
     """What is wrong with a run.json object (the fields gather and resume rely on)."""
     problems = []
     world = run.get("world_size")
@@ -64,16 +103,22 @@ def run_problems(run: dict, where: str = "run.json") -> list[str]:
     return problems
 
 
+def read_checked(path: Path, problems_of) -> tuple[dict | None, list[str]]:
+    """(the JSON object in path, []) when ``problems_of(object, where)`` finds nothing, else
+    (None, its problems, or why the file cannot be read)."""
+    data, problem = read_json_object(path)
+    if data is None:
+        return None, [problem]
+    problems = problems_of(data, str(path))
+    return (None if problems else data), problems
+
+
 def read_run(root: Path) -> tuple[dict | None, list[str]]:
     """run.json under root (the ``longdoc/`` directory), checked."""
-    run, problem = read_json_object(root / "run.json")
-    if run is None:
-        return None, [problem]
-    problems = run_problems(run, str(root / "run.json"))
-    return (None if problems else run), problems
+    return read_checked(OutputPaths(root).run_file, run_problems)
 
 
-def doc_problems(doc: Any, where: str = "documents.json") -> list[str]:
+def doc_problems(doc: Any, where: str = DOCUMENTS_FILE) -> list[str]:
     """What is wrong with one entry of documents.json's ``documents`` list."""
     if not isinstance(doc, dict):
         return [f"{where}: a document entry is {type(doc).__name__}, not an object"]
@@ -123,11 +168,25 @@ def documents_problems(index: dict, where: str) -> list[str]:
     return problems
 
 
+def documents_record(inputs: list[str], listing: Listing) -> dict:
+    """documents.json's object: the inputs, the documents listed from them (``describe()``),
+    the inputs missing, and the records skipped (when any)."""
+    index = {
+        "format": FORMAT,
+        "inputs": inputs,
+        "documents": [d.describe() for d in listing.documents],
+        "missing_inputs": list(listing.missing),
+    }
+    if listing.skipped:
+        index["skipped_records"] = list(listing.skipped)
+    return index
+
+
+def write_documents(root: Path, record: dict) -> None:
+    """documents.json under root, rewritten by every attempt (``expected.json`` is not)."""
+    atomic_write_json(OutputPaths(root).documents_file, record, indent=1)
+
+
 def read_documents(root: Path) -> tuple[dict | None, list[str]]:
     """documents.json under root, checked: ``{"documents": [...], "missing_inputs": [...]}``."""
-    path = root / "documents.json"
-    index, problem = read_json_object(path)
-    if index is None:
-        return None, [problem]
-    problems = documents_problems(index, str(path))
-    return (None if problems else index), problems
+    return read_checked(OutputPaths(root).documents_file, documents_problems)

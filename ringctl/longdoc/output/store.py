@@ -1,12 +1,9 @@
-"""Output shards of a long-document job: what each rank writes, and how to check it.
+"""Output shards of a long-document job: what each rank writes for a document.
 
-Layout under the job's output directory::
-
-    longdoc/run.json                            the run's settings (a rerun must match them)
-    longdoc/documents.json                      the document list (ids, sources; missing inputs)
-    longdoc/shards/<doc key>/rank-00003.safetensors   rank 3's tensors for the document
-    longdoc/shards/<doc key>/rank-00003.json          its manifest entry
-    longdoc/grads/<doc key>.safetensors         (task grad, write_grads) summed gradients, rank 0
+The files and their names are listed in ``names.py``; each rank writes, per document,
+``shards/<doc key>/rank-NNNNN.safetensors`` (its tensors) and ``rank-NNNNN.json`` (its manifest
+entry), and rank 0 the summed gradients under ``grads/``. Whether an entry and its file make a
+complete shard is ``completeness.py``'s one definition (gather and resume read them there).
 
 A manifest entry (JSON, ``format: ringctl.longdoc/1``) holds: ``doc_id``, ``doc_key``,
 ``source``, ``rank``, ``world_size``, ``layout``, ``task``, ``n_tokens`` (the document's real
@@ -26,7 +23,6 @@ entry exists (and its file matches its checksum); a rerun skips complete documen
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -36,10 +32,7 @@ import torch
 from ...atomic import atomic_write
 from ...atomic import atomic_write_json as _atomic_write_json
 from ...jsonsafe import finite_json
-
-FORMAT = "ringctl.longdoc/1"
-SUBDIR = "longdoc"
-RUN_FILE = "run.json"  # under SUBDIR: what makes a directory a long-document output
+from .names import FORMAT, SUBDIR, OutputPaths
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -80,32 +73,16 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-class ShardStore:
-    """The ``longdoc/`` part of one job's output directory."""
+def tensor_specs(tensors: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """An entry's ``tensors``: each name's dtype and shape (what the reader checks the file by)."""
+    return {k: {"dtype": dtype_name(v.dtype), "shape": list(v.shape)} for k, v in tensors.items()}
+
+
+class ShardStore(OutputPaths):
+    """The ``longdoc/`` part of one job's output directory, as its ranks write it."""
 
     def __init__(self, out_dir: str | Path) -> None:
-        self.root = Path(out_dir) / SUBDIR
-
-    # paths
-    @property
-    def run_file(self) -> Path:
-        return self.root / RUN_FILE
-
-    @property
-    def documents_file(self) -> Path:
-        return self.root / "documents.json"
-
-    def doc_dir(self, key: str) -> Path:
-        return self.root / "shards" / key
-
-    def data_path(self, key: str, rank: int) -> Path:
-        return self.doc_dir(key) / f"rank-{rank:05d}.safetensors"
-
-    def entry_path(self, key: str, rank: int) -> Path:
-        return self.doc_dir(key) / f"rank-{rank:05d}.json"
-
-    def grads_path(self, key: str) -> Path:
-        return self.root / "grads" / f"{key}.safetensors"
+        super().__init__(Path(out_dir) / SUBDIR)
 
     # writing
     def write_shard(
@@ -155,10 +132,7 @@ class ShardStore:
             "file": path.name,
             "bytes": len(data),
             "sha256": sha256_bytes(data),
-            "tensors": {
-                k: {"dtype": dtype_name(v.dtype), "shape": list(v.shape)}
-                for k, v in tensors.items()
-            },
+            "tensors": tensor_specs(tensors),
             "stats": stats,
             "seconds": seconds,
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -166,40 +140,15 @@ class ShardStore:
         if input_identity is not None:
             entry["input"] = dict(input_identity)
         if grads is not None:
-            gdata = save({k: v.contiguous() for k, v in grads.items()}, metadata=meta)
-            gpath = self.grads_path(key)
-            atomic_write(gpath, gdata)
-            entry["grads_file"] = str(gpath.relative_to(self.root))
-            entry["grads_sha256"] = sha256_bytes(gdata)
+            entry.update(self.write_grads(key, grads, meta))
         atomic_write_json(self.entry_path(key, rank), finite_json(entry)[0])  # strict JSON
         return entry
 
-    # reading
-    def read_entry(self, key: str, rank: int) -> dict | None:
-        try:
-            return json.loads(self.entry_path(key, rank).read_text())
-        except FileNotFoundError:
-            return None
+    def write_grads(self, key: str, grads: dict[str, torch.Tensor], meta: dict) -> dict:
+        """Rank 0's summed gradients of a document; the entry's fields that name them."""
+        from safetensors.torch import save
 
-    def has_valid_entry(self, key: str, rank: int, *, world_size: int, task: str) -> bool:
-        """This rank's entry exists for this run's shape, and its file(s) match the checksums."""
-        try:
-            entry = self.read_entry(key, rank)
-        except (OSError, json.JSONDecodeError):
-            return False
-        if not entry or entry.get("world_size") != world_size or entry.get("task") != task:
-            return False
-        try:
-            if sha256_file(self.doc_dir(key) / entry["file"]) != entry["sha256"]:
-                return False
-            if "grads_file" in entry:
-                return sha256_file(self.root / entry["grads_file"]) == entry["grads_sha256"]
-        except (OSError, KeyError):
-            return False
-        return True
-
-    def is_complete(self, key: str, world_size: int, task: str) -> bool:
-        return all(
-            self.has_valid_entry(key, r, world_size=world_size, task=task)
-            for r in range(world_size)
-        )
+        data = save({k: v.contiguous() for k, v in grads.items()}, metadata=meta)
+        path = self.grads_path(key)
+        atomic_write(path, data)
+        return {"grads_file": str(path.relative_to(self.root)), "grads_sha256": sha256_bytes(data)}

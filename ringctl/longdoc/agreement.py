@@ -1,13 +1,16 @@
 """Model agreement: every rank of a ring loads the same tokenizer and model, or all refuse.
 
 What a job over documents does before it computes anything (the long-document job per ring,
-the training job once): on each rank, the config is read and checked (``compat``: families
-ring attention cannot run exactly are refused by name before they are built), the tokenizer
-and the model are loaded (whole or as an FSDP2 shard: ``load`` says how), and the rank says
-why they cannot serve (a vocabulary that does not match, a refused model, a weight that is not
-finite); every rank raises if any rank found a problem (``consensus.agree``). Then the ranks
-must hold the same weights, and the probe must reproduce the model's own forward pass on the
-ring (``probe.py``).
+the training job once): on each rank, the config is read and checked (``model/compat.py``:
+families ring attention cannot run exactly are refused by name before they are built), the
+tokenizer and the model are loaded (whole or as an FSDP2 shard: ``model/load.py`` says how),
+and the rank says why they cannot serve (a vocabulary that does not match, a refused model,
+a weight that is not finite); every rank raises if any rank found a problem
+(``consensus.agree``). Then the ranks must hold the same weights, and the probe must
+reproduce the model's own forward pass on the ring (``probe.py``).
+
+At the top of the package, beside the probe and the consensus it runs: it uses the model wing,
+and the wings never import the top.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ from typing import Any
 
 import torch
 
-from ..consensus import agree
-from ..probe import run_probe
-from .compat import config_refusal, model_refusal, read_model_config
-from .load import check_same_weights, weights_fingerprint
-from .overrides import describe as describe_overrides
-from .tokenize import load_tokenizer, vocabulary_mismatch
+from .consensus import agree
+from .model.compat import config_refusal, model_refusal, read_model_config
+from .model.load import check_same_weights, weights_fingerprint
+from .model.overrides import describe as describe_overrides
+from .model.tokenize import load_tokenizer, vocabulary_mismatch
+from .probe import run_probe
 
 
 @dataclass
