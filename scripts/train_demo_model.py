@@ -1,7 +1,8 @@
-"""Train the demo's byte-level model once, reproducibly, through ringattn's own ring.
+"""Train the demo's byte-level model again: its data, two runs of the training job, and the
+held-out evaluation.
 
-    python3 scripts/train_demo_model.py OUT            # what scripts/train-demo-model runs
-    python3 scripts/train_demo_model.py OUT --quick    # a few steps: proves the script runs
+    python3 scripts/train_demo_model.py WORK            # what scripts/train-demo-model runs
+    python3 scripts/train_demo_model.py WORK --quick    # a few steps: proves the script runs
 
 Data: freely licensed English from two Debian packages (``apt-get install debian-handbook
 jargon-text``): the English HTML of The Debian Administrator's Handbook (GPL-2+ or
@@ -9,21 +10,36 @@ CC-BY-SA-3.0), paragraphs and titles only (``<pre>`` blocks of commands and outp
 dropped), one section per HTML file; and the Jargon File (public domain), paragraphs of 40
 characters or more, in parts of about JARGON_PART bytes. Whitespace is collapsed, paragraphs
 are wrapped at 90 columns. Of each source's sections, sorted, every tenth (index 5, 15, 25,
-...) is held out and never trained on. The bundled sample documents are not read.
+...) is held out and never trained on. The bundled sample documents are not read. The
+held-out sections are written one per file (WORK/heldout/NAME.txt, for the evaluation and the
+long-document job). The training sections, joined by newlines into one text, are cut into
+consecutive windows of exactly each phase's sequence length in bytes, one file per window
+(WORK/train-256/NNNNN.txt, WORK/train-2048/NNNNN.txt; the last one shorter; a cut may fall
+inside a multi-byte character: the job reads bytes). Each window is then one document and
+fills one packed sequence exactly, and the job's per-epoch shuffle of its documents draws each
+step's sequences from across the text, as random windows do. (Whole sections as documents
+would put consecutive pieces of one section in a step: a run so trained ended at 2.447 bits
+per byte held out instead of about 2.1; the model card says more.)
 
-Training: two local ranks (gloo, one thread each) hold the zigzag shards of every sequence;
-the model is transformers' MistralForCausalLM (a Llama with a sliding window of CONTEXT bytes:
-over the training sequences, never longer than CONTEXT, the window changes nothing; past
-CONTEXT it keeps every query's keys within the distances the model was trained on) whose
-attention is ``ringattn`` (the ring's forward and backward); each rank's loss is its tokens'
-share of the batch mean and the gradients are summed over the ring. AdamW, linear warm-up
-then cosine decay; two phases with the same bytes per step: short windows first, then
-windows of CONTEXT bytes. Batches are drawn from one seeded generator (every rank draws the
-same offsets), the weights from a seeded init.
+Training: the bundled training job (``ringctl run train``), with the overrides of PHASES, on
+two local ranks (one ring, zigzag, one thread each), one run per phase, each gathered with
+``ringctl gather`` (its model/, metrics.jsonl, loss.png):
 
-Writes OUT/model (config.json + model.safetensors in float16, the shipped form), OUT/heldout
-(the held-out text, one .txt per section, for ``ringctl run`` to score) and OUT/train.json
-(the settings, the loss log, the held-out losses of the saved float16 weights, wall time).
+1. WORK/phase-1: the model's config (WORK/model.json: CONFIG, its weights drawn from the
+   seed, SEED unless ``--seed``) on 256-byte sequences, 16 per step;
+2. WORK/phase-2: phase 1's gathered model on 2048-byte sequences, 2 per step, with a fresh
+   AdamW and schedule (the job starts both anew): a short warm-up to 5e-4, then a cosine to
+   3e-4, the range the hand-written loop's single schedule spanned over these steps.
+
+The job visits the documents in an order shuffled by the seed per epoch, each sequence's
+positions from 0 (``ringctl/train/data.py``); its loss is the mean over each step's predicted
+bytes (a window's last byte predicts nothing). The commands are printed as they run and
+recorded in WORK/train.json.
+
+Writes WORK/model (phase 2's weights in float16, the shipped form) and WORK/train.json (the
+data, the config, the commands, a loss log, wall times, and the held-out losses of the
+float16 weights loaded in float32, scored in consecutive windows of at most CONTEXT + 1
+bytes, with a byte-bigram baseline).
 """
 
 from __future__ import annotations
@@ -33,16 +49,15 @@ import gzip
 import html.parser
 import json
 import math
-import os
-import socket
+import shutil
+import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 HANDBOOK = Path("/usr/share/doc/debian-handbook/html/en-US")
 JARGON = Path("/usr/share/doc/jargon-text/jargon.txt.gz")
@@ -51,13 +66,9 @@ JARGON_PART = 8192  # bytes of consecutive Jargon File paragraphs per "section"
 HELD_OUT_EVERY, HELD_OUT_AT = 10, 5
 WRAP = 90
 SEED = 1234
-WORLD = 2
+RANKS = 2
 CONTEXT = 2048
-# (context, sequences per step, steps): the same bytes per step in both phases.
-PHASES = ((256, 16, 1000), (CONTEXT, 2, 200))
-QUICK_PHASES = ((256, 4, 3), (CONTEXT, 1, 3))
-LR, MIN_LR_FRACTION, WARMUP, WEIGHT_DECAY, CLIP = 3e-3, 0.1, 100, 0.1, 1.0
-EVAL_EVERY, EVAL_WINDOWS, LOG_EVERY = 100, 8, 25
+LOG_EVERY = 25  # steps between the loss log's entries in train.json
 CONFIG = {
     "model_type": "mistral",
     "vocab_size": 256,
@@ -78,6 +89,32 @@ CONFIG = {
     "eos_token_id": None,
     "pad_token_id": None,
 }
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One run of the training job: ``seq_len`` bytes per sequence, ``batch`` sequences per
+    step, ``steps`` steps, peak ``lr`` after ``warmup`` steps, cosine to lr x min_lr_ratio."""
+
+    name: str
+    seq_len: int
+    batch: int
+    steps: int
+    lr: float
+    warmup: int
+    min_lr_ratio: float
+
+
+# The same 4096 bytes per step in both phases; phase 2 starts from phase 1's end learning rate.
+PHASES = (
+    Phase("phase-1", 256, 16, 1000, 3e-3, 100, 0.1),
+    Phase("phase-2", CONTEXT, 2, 200, 5e-4, 20, 0.6),
+)
+QUICK = (
+    Phase("phase-1", 256, 4, 3, 3e-3, 1, 0.1),
+    Phase("phase-2", CONTEXT, 2, 2, 5e-4, 1, 0.6),
+)
+WEIGHT_DECAY, CLIP, CHECKPOINT_EVERY = 0.1, 1.0, 100
 
 
 # --- data -----------------------------------------------------------------------------------
@@ -159,161 +196,131 @@ def split(sections: list[tuple[str, str]]) -> tuple[list, list]:
     return train, held
 
 
+def sections() -> tuple[list, list]:
+    """(training sections, held-out sections) of both sources, handbook first."""
+    train, held = split(handbook_sections())
+    train_j, held_j = split(jargon_sections())
+    return train + train_j, held + held_j
+
+
 def as_bytes(sections: list[tuple[str, str]]) -> torch.Tensor:
     raw = "\n".join(text for _, text in sections).encode("utf-8")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
 
 
-# --- model ----------------------------------------------------------------------------------
+def write_documents(folder: Path, sections: list[tuple[str, str]]) -> None:
+    """One NAME.txt per section (a document of the job), the folder emptied first."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for name, text in sections:
+        (folder / f"{name}.txt").write_text(text, encoding="utf-8")
 
 
-def build_model(attn: str):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from ringattn.hf import register
-
-    register()
-    torch.manual_seed(SEED)
-    config = AutoConfig.for_model(**CONFIG)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-
-
-def lr_at(step: int, total: int, peak: float) -> float:
-    """Linear warm-up over WARMUP steps, then cosine decay to MIN_LR_FRACTION * peak."""
-    if step < WARMUP:
-        return peak * (step + 1) / WARMUP
-    done = (step - WARMUP) / max(1, total - WARMUP)
-    return peak * (MIN_LR_FRACTION + (1 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * done)))
+def write_windows(folder: Path, data: torch.Tensor, size: int) -> None:
+    """``data`` (bytes as ids) cut into consecutive files of ``size`` bytes, the folder
+    emptied first."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    raw = bytes(data.to(torch.uint8).tolist())
+    for i, start in enumerate(range(0, len(raw), size)):
+        (folder / f"{i:05d}.txt").write_bytes(raw[start : start + size])
 
 
-def optimizer_for(model) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on norms (1-D weights)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": other, "weight_decay": 0}]
-    return torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.95), eps=1e-8)
+# --- training: runs of the job ----------------------------------------------------------------
 
 
-# --- the ring -------------------------------------------------------------------------------
+def overrides(phase: Phase, work: Path, model_path: Path, seed: int) -> list[str]:
+    """The ``ringctl run train`` overrides of one phase."""
+    return [
+        f"job_dir={work / phase.name}",
+        "backend=local",
+        "nodes=1",
+        f"tasks_per_node={RANKS}",
+        f"task.inputs={work / f'train-{phase.seq_len}'}",
+        f"task.model_path={model_path}",
+        "task.dtype=float32",
+        f"task.seq_len={phase.seq_len}",
+        f"task.batch_sequences={phase.batch}",
+        f"task.max_steps={phase.steps}",
+        f"task.lr={phase.lr}",
+        f"task.warmup_steps={phase.warmup}",
+        f"task.min_lr_ratio={phase.min_lr_ratio}",
+        f"task.weight_decay={WEIGHT_DECAY}",
+        f"task.clip={CLIP}",
+        f"task.seed={seed}",
+        f"task.checkpoint_every={min(CHECKPOINT_EVERY, phase.steps)}",
+        "ring.layout=zigzag",
+    ]
 
 
-def ring_loss(model, windows: torch.Tensor, rank: int) -> torch.Tensor:
-    """This rank's share of the mean next-byte loss of ``windows`` (B, T + 1), through the
-    ring: inputs and labels are sharded alike (zigzag), positions are global."""
-    from ringattn import sequence_positions, shard_sequence
-    from ringattn.hf import ring_settings
-
-    batch, length = windows.shape[0], windows.shape[1] - 1
-    kw = dict(world_size=WORLD, rank=rank, layout="zigzag")
-    ids = shard_sequence(windows[:, :-1], dim=1, **kw)
-    labels = shard_sequence(windows[:, 1:], dim=1, **kw)
-    positions = sequence_positions(length, **kw).expand(batch, -1)
-    with ring_settings(layout="zigzag", seq_len=length, model=model):
-        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
-    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum")
-    return nll / (batch * length)
-
-
-def sum_gradients(model) -> None:
-    """One all_reduce of every gradient (the ring's ranks hold parts of one batch)."""
-    grads = [p.grad for p in model.parameters()]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    torch.nn.utils.vector_to_parameters(flat, grads)
-
-
-def draw(data: torch.Tensor, gen: torch.Generator, batch: int, context: int) -> torch.Tensor:
-    starts = torch.randint(0, data.numel() - context - 1, (batch,), generator=gen)
-    return torch.stack([data[s : s + context + 1] for s in starts.tolist()])
-
-
-def eval_windows(data: torch.Tensor, context: int, count: int) -> torch.Tensor:
-    """``count`` evenly spaced windows of ``context + 1`` bytes (the same every run)."""
-    step = (data.numel() - context - 1) // count
-    return torch.stack([data[i * step : i * step + context + 1] for i in range(count)])
-
-
-def train_rank(rank: int, port: int, out: str, phases, lr, train_data, held_data, log) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    model = build_model("ringattn")
-    model.train()
-    opt = optimizer_for(model)
-    gen = torch.Generator().manual_seed(SEED)
-    held = eval_windows(held_data, CONTEXT, EVAL_WINDOWS)
-    total, step, start = sum(p[2] for p in phases), 0, time.monotonic()
-    for context, batch, steps in phases:
-        for _ in range(steps):
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, total, lr)
-            loss = ring_loss(model, draw(train_data, gen, batch, context), rank)
-            opt.zero_grad(set_to_none=False)
-            loss.backward()
-            sum_gradients(model)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-            opt.step()
-            seen = loss.detach().clone()
-            dist.all_reduce(seen)
-            step += 1
-            if step % EVAL_EVERY == 0 or step == total:
-                model.eval()
-                with torch.no_grad():
-                    held_loss = ring_loss(model, held, rank)
-                dist.all_reduce(held_loss)
-                model.train()
-                if rank == 0:
-                    log.put(
-                        (step, context, float(seen), float(held_loss), time.monotonic() - start)
-                    )
-            elif step % LOG_EVERY == 0 and rank == 0:
-                log.put((step, context, float(seen), None, time.monotonic() - start))
-    log.put(("cpu", rank, time.process_time()))
-    if rank == 0:
-        model.half().save_pretrained(Path(out) / "model", safe_serialization=True)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_training(out: Path, phases, lr, train_data, held_data) -> tuple[list, float, float]:
-    """(loss log, wall seconds, CPU seconds of both ranks) of one training run."""
-    ctx = mp.get_context("spawn")
-    log = ctx.Queue()
-    args = (free_port(), str(out), phases, lr, train_data, held_data, log)
-    procs = [ctx.Process(target=train_rank, args=(r, *args)) for r in range(WORLD)]
+def ringctl(args: list[str], work: Path) -> tuple[str, float]:
+    """Run one ringctl command (its output passes through); (the command as recorded, with
+    WORK for the work directory, wall seconds)."""
+    shown = " ".join(["ringctl", *args])
+    print(f"$ {shown}", flush=True)
     start = time.monotonic()
-    for p in procs:
-        p.start()
-    history, cpu = [], 0.0
-    while any(p.is_alive() for p in procs) or not log.empty():
-        try:
-            entry = log.get(timeout=1.0)
-        except Exception:  # queue.Empty: nothing logged this second
-            continue
-        if entry[0] == "cpu":
-            cpu += entry[2]
-            continue
-        history.append(entry)
-        step, context, loss, held, secs = entry
-        held_text = f"  held-out {held:.4f}" if held is not None else ""
-        print(
-            f"step {step:5d} ctx {context:5d}  loss {loss:.4f}{held_text}  {secs:7.1f} s",
-            flush=True,
+    done = subprocess.run([sys.executable, "-m", "ringctl", *args], check=False)
+    seconds = time.monotonic() - start
+    if done.returncode != 0:
+        sys.exit(f"`{shown}` exited {done.returncode}")
+    return shown.replace(str(work), "WORK"), seconds
+
+
+def train(work: Path, phases: tuple[Phase, ...], seed: int) -> dict:
+    """Every phase's run and gather; what train.json records of them."""
+    model_path = work / "model.json"
+    model_path.write_text(json.dumps({**CONFIG, "_ringctl_seed": seed}, indent=1) + "\n")
+    runs, history, done = [], [], 0
+    for phase in phases:
+        job = work / phase.name
+        shutil.rmtree(job, ignore_errors=True)
+        run, run_s = ringctl(["run", "train", *overrides(phase, work, model_path, seed)], work)
+        gather, gather_s = ringctl(["gather", str(job)], work)
+        gathered = job / "gathered"
+        records = [json.loads(line) for line in (gathered / "metrics.jsonl").open()]
+        history += log_of(records, done, phase.seq_len)
+        runs.append(
+            {
+                "phase": phase.name,
+                "commands": [run, gather],
+                "wall_seconds": round(run_s, 1),
+                "gather_seconds": round(gather_s, 1),
+                "step_seconds": round(sum(r["seconds"] for r in records), 1),
+                "last_loss": records[-1]["loss"],
+                "mean_loss_last_25_steps": mean([r["loss"] for r in records[-LOG_EVERY:]]),
+            }
         )
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            sys.exit(f"a training rank exited {p.exitcode}")
-    return history, time.monotonic() - start, cpu
+        done += phase.steps
+        model_path = gathered / "model"
+    to_float16(model_path, work / "model")
+    return {"runs": runs, "history": history}
 
 
-# --- after training -------------------------------------------------------------------------
+def log_of(records: list[dict], before: int, seq_len: int) -> list[list]:
+    """Every LOG_EVERY-th step (and the last) of a phase: [step of the whole training,
+    seq_len, the step's loss, the mean loss of the LOG_EVERY steps up to it, its lr]."""
+    out = []
+    for i, r in enumerate(records):
+        if r["step"] % LOG_EVERY == 0 or i == len(records) - 1:
+            recent = [x["loss"] for x in records[max(0, i + 1 - LOG_EVERY) : i + 1]]
+            out.append([before + r["step"], seq_len, r["loss"], mean(recent), r["lr"]])
+    return out
+
+
+def mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 5)
+
+
+def to_float16(gathered: Path, out: Path) -> None:
+    """The gathered float32 model as the shipped float16 transformers directory."""
+    from transformers import AutoModelForCausalLM
+
+    shutil.rmtree(out, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(gathered, dtype=torch.float16)
+    model.save_pretrained(out, safe_serialization=True)
+
+
+# --- evaluation -------------------------------------------------------------------------------
 
 
 def loss_of(model, ids: torch.Tensor) -> torch.Tensor:
@@ -333,19 +340,23 @@ def bigram_loss(train: torch.Tensor, test: torch.Tensor) -> float:
     return float(-logp[test[:-1], test[1:]].mean())
 
 
-def evaluate(out: Path, held: list, train_data: torch.Tensor) -> dict:
-    """Held-out losses of the saved float16 weights loaded in float32 (what a job loads)."""
+def evaluate(model_dir: Path, held: list, train_data: torch.Tensor) -> dict:
+    """Held-out losses of the saved float16 weights loaded in float32 (what a job loads), each
+    section in consecutive windows of at most CONTEXT + 1 bytes."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        out / "model", dtype=torch.float32, attn_implementation="sdpa"
+        model_dir, dtype=torch.float32, attn_implementation="sdpa"
     ).eval()
-    within, total, count = 0.0, 0.0, 0
-    for _, text in held:
+    total, count, per_section = 0.0, 0, {}
+    for name, text in held:
         ids = as_bytes([("", text)])
+        nll_sum, nll_count = 0.0, 0
         for s in range(0, ids.numel() - 1, CONTEXT):
             nll = loss_of(model, ids[s : s + CONTEXT + 1])
-            total, count = total + float(nll.sum()), count + nll.numel()
+            nll_sum, nll_count = nll_sum + float(nll.sum()), nll_count + nll.numel()
+        per_section[name] = round(nll_sum / nll_count, 5)
+        total, count = total + nll_sum, count + nll_count
     within = total / count
     held_data = as_bytes(held)
     return {
@@ -354,61 +365,58 @@ def evaluate(out: Path, held: list, train_data: torch.Tensor) -> dict:
         "held_out_bits_per_byte": within / math.log(2),
         "held_out_scored_in": f"consecutive windows of at most {CONTEXT + 1} bytes",
         "bigram_loss_nats_per_byte": bigram_loss(train_data, held_data),
+        "per_section_nats_per_byte": per_section,
     }
-
-
-def write_heldout(out: Path, held: list) -> None:
-    folder = out / "heldout"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in held:
-        (folder / f"{name}.txt").write_text(text, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path)
+    ap.add_argument("work", type=Path)
     ap.add_argument("--quick", action="store_true", help="a few steps: proves the script runs")
-    ap.add_argument("--phases", help="CONTEXTxBATCHxSTEPS,... instead of the shipped schedule")
-    ap.add_argument("--lr", type=float, default=LR, help=f"peak learning rate (shipped: {LR})")
+    ap.add_argument("--seed", type=int, default=SEED, help=f"weights and data order ({SEED})")
     args = ap.parse_args(argv)
-    train, held = split(handbook_sections())
-    train_j, held_j = split(jargon_sections())
-    train, held = train + train_j, held + held_j
-    train_data, held_data = as_bytes(train), as_bytes(held)
-    phases = QUICK_PHASES if args.quick else PHASES
-    if args.phases:
-        phases = tuple(tuple(int(v) for v in p.split("x")) for p in args.phases.split(","))
-    sizes = f"{len(train)} sections ({train_data.numel()} bytes) for training, {len(held)} "
-    print(f"{', '.join(PACKAGES)}: {sizes}held out ({held_data.numel()} bytes)", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    history, seconds, cpu = run_training(args.out, phases, args.lr, train_data, held_data)
-    write_heldout(args.out, held)
-    result = evaluate(args.out, held, train_data)
+    work = args.work.absolute()
+    train_sections, held = sections()
+    train_data, held_data = as_bytes(train_sections), as_bytes(held)
+    sizes = f"{len(train_sections)} sections ({train_data.numel()} bytes) for training, "
+    print(f"{', '.join(PACKAGES)}: {sizes}{len(held)} held out ({held_data.numel()} bytes)")
+    write_documents(work / "heldout", held)
+    phases = QUICK if args.quick else PHASES
+    for size in sorted({p.seq_len for p in phases}):
+        write_windows(work / f"train-{size}", train_data, size)
+    start = time.monotonic()
+    trained = train(work, phases, args.seed)
+    seconds = time.monotonic() - start
+    result = evaluate(work / "model", held, train_data)
+    import transformers
+
     training = {
-        "seed": SEED,
-        "ranks": WORLD,
+        "job": "train (ringctl run train, the overrides in commands)",
+        "seed": args.seed,
+        "ranks": RANKS,
         "layout": "zigzag",
-        "phases": phases,
-        "lr": args.lr,
-        "min_lr_fraction": MIN_LR_FRACTION,
-        "warmup": WARMUP,
+        "phases": [[p.seq_len, p.batch, p.steps] for p in phases],
+        "lr": [p.lr for p in phases],
+        "warmup_steps": [p.warmup for p in phases],
+        "min_lr_ratio": [p.min_lr_ratio for p in phases],
         "weight_decay": WEIGHT_DECAY,
         "clip": CLIP,
         "wall_seconds": round(seconds, 1),
-        "cpu_seconds": round(cpu, 1),
+        "runs": trained["runs"],
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
     }
     data = {
         "packages": PACKAGES,
         "files": [str(HANDBOOK), str(JARGON)],
-        "train_sections": len(train),
+        "train_sections": len(train_sections),
         "train_bytes": train_data.numel(),
         "held_out": [name for name, _ in held],
     }
     record = {"data": data, "config": CONFIG, "training": training, "result": result}
-    record["history"] = history
-    (args.out / "train.json").write_text(json.dumps(record, indent=1))
-    print(json.dumps(result, indent=1))
+    record["history"] = trained["history"]
+    (work / "train.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "per_section_nats_per_byte"}))
     return 0
 
 
