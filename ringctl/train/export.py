@@ -69,7 +69,7 @@ def gather(job_dir, out=None, *, force: bool = False, job_config=None, **_ignore
         raise UserError(f"{job_dir}: a gathered training output, not a job: nothing to gather")
     job = JobDir(Path(job_dir))
     found = _latest(job)
-    target = Path(out).expanduser().absolute() if out else job.path / "gathered"
+    target = Path(out).expanduser().absolute() if out else job.gathered
     notes = recover_killed(target)
     check_target(target, job.path, force=force)
     target.parent.mkdir(parents=True, exist_ok=True)
