@@ -426,9 +426,14 @@ def table(rows: list[Row]) -> str:
         "the rank's life and growth while scoring. Predicted: `ringctl plan`'s forward seconds "
         "for the same ring with this host's calibration (`ringctl plan --calibrate`: block "
         "tables at head dims 16, 64 and 128, the job's 16 read from its own, and the measured "
-        "matmul rate for projections, MLP and head) and memory per rank. Scoring CPU: the "
-        "busiest rank's CPU seconds from the start of scoring to its exit (less disturbed by "
-        "other load than wall time). Load: 1-minute load average before/after the job.",
+        "matmul rate for projections, MLP and head, and the measured elementwise rate for "
+        "norms, RoPE and activations) and memory per rank; `--repredict` prices every row "
+        "again with the calibration as it is. Scoring CPU: the busiest rank's CPU seconds from "
+        "the start of scoring to its exit (less disturbed by other load than wall time). Load: "
+        "1-minute load average before/after the job. Rows keep the day they were measured "
+        "(host column): this virtual machine's speed changes from day to day (the full causal "
+        "64k row on 2 ranks took 13.65 s on 2026-12-02 and 6.09 s on 2026-12-03), so compare "
+        "a row with predictions from a calibration of the same day.",
         "",
         "| attention | P | N | N/P | job s | scoring s | scoring CPU s | tokens/s | peak RSS MiB "
         "| scoring growth MiB | predicted attn s | scoring / predicted | predicted MiB | load | "

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
+from ringctl.errors import UserError
 from ringctl.planner.calibrate import calibrate
 from ringctl.planner.cost import Workload, estimate, nominal_link
 from ringctl.planner.devices import Device, get_device, save_user_device
-from ringctl.planner.model import ModelShape
+from ringctl.planner.model import ModelShape, elementwise_bytes_per_token
 from ringctl.planner.timing import linear_flops_per_token
 
 KINDS = ("full", "diag", "half")
@@ -130,6 +132,64 @@ def test_a_calibrated_cpu_prices_the_whole_model_with_its_matmul_rate():
     assert crowded.model_s["projections + MLP (forward)"] == pytest.approx(2 * want)
 
 
+def _tiny_score(seq_len=8192) -> Workload:
+    m = ModelShape(
+        layers=2, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=2, head_dim=16
+    )
+    return Workload(
+        seq_len=seq_len,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        dtype="float32",
+        model=m,
+        mode="score",
+        backward=False,
+    )
+
+
+def test_elementwise_bytes_are_counted_from_the_layer_by_hand():
+    """2 layers x (2 norms x 3 x 64 + RoPE 5 x (64 + 32) + 2 residuals x 64 + 2 x 128) =
+    2 x 1248 values, then the final norm (3 x 64) and the log-softmax (256): float32."""
+    m = _tiny_score().model
+    assert elementwise_bytes_per_token(m, 4, 2, 16, 4) == 4 * (2 * 1248 + 192 + 256)
+
+
+def test_a_measured_elementwise_rate_prices_norms_rope_and_activations():
+    """Tokens x bytes per token at the measured rate, shared beyond the cores; the backward
+    twice the forward. An entry without the rate (datasheet GPUs) prices none, as before."""
+    w = _tiny_score()
+    d = _device(elementwise_gbytes_s=2.0)
+    est = estimate(w, 2, d, nominal_link(d), ranks_on_host=2, overlap_threshold=False)
+    want = 4096 * 11776 / 2e9
+    assert est.model_s["norms, RoPE, activations (forward)"] == pytest.approx(want)
+    plain = estimate(w, 2, _device(), nominal_link(d), ranks_on_host=2, overlap_threshold=False)
+    assert not any("norms" in part for part in plain.model_s)
+    assert est.model_total_s == pytest.approx(plain.model_total_s + want)
+    crowded = estimate(w, 2, d, nominal_link(d), ranks_on_host=8, overlap_threshold=False)
+    assert crowded.model_s["norms, RoPE, activations (forward)"] == pytest.approx(2 * want)
+    trains = estimate(
+        replace(w, mode="train", backward=True),
+        2,
+        d,
+        nominal_link(d),
+        ranks_on_host=2,
+        overlap_threshold=False,
+    )
+    assert trains.model_s["norms, RoPE, activations (backward)"] == pytest.approx(2 * want)
+
+
+def test_the_elementwise_rate_round_trips_and_a_bad_one_is_refused(tmp_path):
+    path = tmp_path / "devices.json"
+    save_user_device(_device(elementwise_gbytes_s=1.5), path)
+    assert get_device("cpu-test", path).elementwise_gbytes_s == 1.5
+    entry = json.loads(path.read_text())
+    entry["cpu-test"]["elementwise_gbytes_s"] = -1
+    path.write_text(json.dumps(entry))
+    with pytest.raises(UserError, match="cpu-test.*elementwise_gbytes_s"):
+        get_device("cpu-test", path)
+
+
 def test_calibration_measures_every_head_dim_and_the_matmul_rate():
     """A real (small) calibration of this machine: the engine's own ring on LocalRing."""
     logged = []
@@ -139,4 +199,5 @@ def test_calibration_measures_every_head_dim_and_the_matmul_rate():
         assert set(table) == set(KINDS)
         assert all(f > 0 and b > 0 for sizes in table.values() for f, b in sizes.values())
     assert d.tflops["float32"] > 0 and d.matmul_efficiency == 1.0
+    assert d.elementwise_gbytes_s > 0
     assert any("d= 32 n=  128" in line for line in logged), logged

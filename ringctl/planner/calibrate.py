@@ -1,11 +1,12 @@
 """Measure this machine as a device entry: block-kernel throughput and rank-to-rank transfers.
 
-What the cost model needs from a device is exactly two rates: how fast one rank's block kernel
+What the cost model needs from a device is first two rates: how fast one rank's block kernel
 computes (forward and backward, at the block sizes a ring would use) and how fast a block moves
-to the next rank. Both are measured here through the engine's public API: the block work is
-timed inside ``ring_attention`` running on a ``LocalRing`` (the same loop, kernel, merge and
-gradient accumulation a real ring runs, each step's stretch timed by the ring), and the
-exchange with the engine's own ``RingComm``, so the prediction and the run share their parts.
+to the next rank; then, for the whole model, the matmul rate and the rate of elementwise work.
+The first two are measured through the engine's public API: the block work is timed inside
+``ring_attention`` running on a ``LocalRing`` (the same loop, kernel, merge and gradient
+accumulation a real ring runs, each step's stretch timed by the ring), and the exchange with
+the engine's own ``RingComm``, so the prediction and the run share their parts.
 """
 
 from __future__ import annotations
@@ -110,6 +111,81 @@ def _matmul_worker(index, dtype_name, threads, repeats, barrier, out):
 
 
 TOKENS_MM, WIDTH_MM = 4096, 1024
+
+
+def _elementwise_worker(index, dtype_name, threads, repeats, barrier, out):
+    """Seconds of one Llama layer's elementwise ops on EW_TOKENS tokens of EW_SHAPE (two
+    RMSNorms, RoPE on q and k, the gated activation, two residual additions: _layer_ops) while
+    every core runs them in step: broadcasts, strided halves and fresh outputs as a layer has
+    them (a plain product of two vectors runs about twice as fast as these)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype_name)
+    m, t, d = EW_SHAPE, EW_TOKENS, EW_SHAPE.head_dim
+    tensors = dict(
+        x=torch.randn(t, m.hidden, dtype=dtype),
+        weight=torch.randn(m.hidden, dtype=dtype),
+        q=torch.randn(1, m.heads, t, d, dtype=dtype),
+        k=torch.randn(1, m.kv_heads, t, d, dtype=dtype),
+        cos=torch.randn(1, 1, t, d, dtype=dtype),
+        sin=torch.randn(1, 1, t, d, dtype=dtype),
+        gate=torch.randn(t, m.inter, dtype=dtype),
+        up=torch.randn(t, m.inter, dtype=dtype),
+    )
+    seconds = []
+    for i in range(repeats + 1):  # the first round warms up
+        barrier.wait()
+        t0 = time.perf_counter()
+        _layer_ops(**tensors)
+        if i:
+            seconds.append(time.perf_counter() - t0)
+    with open(out, "w") as f:
+        f.write(str(statistics.median(seconds)))
+
+
+def _layer_ops(x, weight, q, k, cos, sin, gate, up) -> None:
+    """The elementwise ops of one Llama layer, as transformers writes them (model.py's
+    layer_elementwise_values counts their outputs)."""
+    import torch
+
+    def norm(h):
+        return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    def rope(t):
+        half = t.shape[-1] // 2
+        return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
+
+    h = x + norm(x)
+    rope(q)
+    rope(k)
+    h = h + norm(h)
+    torch.nn.functional.silu(gate) * up
+
+
+def _ew_shape():
+    from .model import ModelShape
+
+    return ModelShape(layers=1, hidden=128, intermediate=256, heads=2, kv_heads=1, head_dim=64)
+
+
+# A small layer (the CPU jobs' models are small) at 128k tokens: 64 MiB per hidden-sized
+# float32 tensor, beyond the allocator's reuse threshold as a long shard's tensors are.
+EW_SHAPE, EW_TOKENS = _ew_shape(), 128 << 10
+
+
+def measure_elementwise_gbytes(dtype: str, threads: int, repeats: int, workers: int) -> float:
+    """GB/s of a layer's elementwise outputs (layer_elementwise_values) one rank writes with
+    every core busy (the slowest)."""
+    import torch
+
+    from .model import layer_elementwise_values
+
+    texts = _on_every_core(_elementwise_worker, (dtype, threads, repeats), workers)
+    seconds = max(float(t) for t in texts)
+    m = EW_SHAPE
+    values = EW_TOKENS * layer_elementwise_values(m, m.heads, m.kv_heads, m.head_dim)
+    return values * getattr(torch, dtype).itemsize / seconds / 1e9
 
 
 def _on_every_core(target, args: tuple, workers: int) -> list[str]:
@@ -291,6 +367,8 @@ def calibrate(
     _log_blocks(blocks, heads, log)
     tflops = measure_matmul_tflops(dtype, threads_per_rank, repeats, workers)
     log(f"  projection matmul ({TOKENS_MM} x {WIDTH_MM} x {WIDTH_MM}): {1e3 * tflops:.1f} GFLOP/s")
+    elementwise = measure_elementwise_gbytes(dtype, threads_per_rank, repeats, workers)
+    log(f"  a layer's elementwise ops (norms, RoPE, activation): {elementwise:.2f} GB/s written")
     gbytes, latency = measure_p2p()
     log(f"  rank-to-rank exchange: {gbytes:.2f} GB/s, latency {1e6 * latency:.0f} us")
     overhead = {}
@@ -315,6 +393,7 @@ def calibrate(
         p2p_gbytes_s=gbytes,
         p2p_latency_s=latency,
         step_overhead_s=overhead,
+        elementwise_gbytes_s=elementwise,
     )
 
 

@@ -68,6 +68,11 @@ class Device:
     # Fixed seconds per ring step (forward, backward) by ranks on this host: what a step
     # costs besides its block (rank checks, transfers posted and waited on, scheduling).
     step_overhead_s: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # Calibrated entries only: GB/s one rank writes through a layer's elementwise ops (norms,
+    # RoPE, activations, residuals; planner.calibrate times them) with every core busy. On a
+    # CPU these memory-bound ops cost more than a small model's matmuls (a fifth of a tiny
+    # Mistral's scoring time at 256k tokens per rank); None: not priced (datasheet entries).
+    elementwise_gbytes_s: float | None = None
 
     def step_overhead(self, ranks_on_host: int) -> tuple[float, float]:
         if not self.step_overhead_s:
@@ -176,6 +181,7 @@ class Device:
                 p2p_gbytes_s=self.p2p_gbytes_s,
                 p2p_latency_s=self.p2p_latency_s,
                 step_overhead_s={str(r): list(t) for r, t in self.step_overhead_s.items()},
+                elementwise_gbytes_s=self.elementwise_gbytes_s,
             )
         return entry
 
@@ -270,9 +276,18 @@ def _parse_device(name: str, entry: dict, where: str) -> Device:
                 int(r): (float(t[0]), float(t[1]))
                 for r, t in entry.get("step_overhead_s", {}).items()
             },
+            elementwise_gbytes_s=_positive_or_none(entry.get("elementwise_gbytes_s")),
         )
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise UserError(f"{where}: device {name!r}: bad or missing field ({err})") from None
+
+
+def _positive_or_none(value) -> float | None:
+    if value is None:
+        return None
+    if float(value) <= 0:
+        raise ValueError(f"elementwise_gbytes_s must be positive, got {value!r}")
+    return float(value)
 
 
 def _block_tables(entry: dict) -> tuple[dict, int]:

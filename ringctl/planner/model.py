@@ -68,6 +68,26 @@ def lm_head_flops_per_token(m: ModelShape) -> float:
     return 2.0 * m.vocab * m.hidden
 
 
+def elementwise_bytes_per_token(
+    m: ModelShape, heads: int, kv_heads: int, head_dim: int, dtype_bytes: int
+) -> float:
+    """Bytes the forward writes per token outside its matmuls and attention kernel: in each
+    layer two RMSNorms (x squared, x times its rsqrt, times the weight: 3 hidden each), RoPE on
+    q and k (x cos, rotate_half's negation and concatenation, x sin, the sum: 5 each), two
+    residual additions and the gated MLP's activation and product (2 intermediate); then the
+    final norm and the output head's log-softmax (vocab). Counted from transformers' Llama
+    layer; a family with more elementwise work (Gemma's extra norms) costs more."""
+    per_layer = layer_elementwise_values(m, heads, kv_heads, head_dim)
+    return float(dtype_bytes * (m.layers * per_layer + 3 * m.hidden + m.vocab))
+
+
+def layer_elementwise_values(m: ModelShape, heads: int, kv_heads: int, head_dim: int) -> int:
+    """Values one layer's elementwise ops write per token (elementwise_bytes_per_token's
+    count; ``ringctl plan --calibrate`` times these same ops to measure their rate)."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    return 6 * m.hidden + 5 * (q + kv) + 2 * m.hidden + 2 * m.inter
+
+
 def _int(data: dict, key: str, where: str, default=None) -> int:
     value = data.get(key, default)
     if value is None:

@@ -21,7 +21,12 @@ the critical path of every layer: its volume is (U-1)/U of the tensors, over NVL
 from __future__ import annotations
 
 from .memory import DTYPE_BYTES
-from .model import layer_params, linear_flops_per_token, lm_head_flops_per_token
+from .model import (
+    elementwise_bytes_per_token,
+    layer_params,
+    linear_flops_per_token,
+    lm_head_flops_per_token,
+)
 from .window import layer_windows, window_scores
 
 
@@ -64,6 +69,18 @@ def attention_flops(w, ranks: int) -> float:
     return total
 
 
+def elementwise_s(w, tokens: float, device, ranks_on_host: int) -> float:
+    """Forward seconds of one rank's elementwise work (model.elementwise_bytes_per_token) at
+    the device's measured rate; 0 where it has none (a datasheet entry)."""
+    if not device.elementwise_gbytes_s:
+        return 0.0
+    per_token = elementwise_bytes_per_token(
+        w.model, w.heads, w.kv_heads, w.head_dim, DTYPE_BYTES[w.dtype]
+    )
+    rate = device.elementwise_gbytes_s * 1e9 / device.time_shared(ranks_on_host)
+    return tokens * per_token / rate
+
+
 def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict | None:
     """Seconds by part, total, tokens/s/GPU and MFU; None when the device has no matmul rate
     (an entry calibrated before matmuls were timed)."""
@@ -75,10 +92,11 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     tokens = w.batch * w.seq_len / ranks
     lin_f = tokens * linear_flops_per_token(m, w.heads, w.kv_heads, w.head_dim) / rate
     head_f = tokens * lm_head_flops_per_token(m) / rate
-    att_f = attn_s["forward"]
+    att_f, elem_f = attn_s["forward"], elementwise_s(w, tokens, device, ranks_on_host)
     trains = w.trains
     lin_b, att_b, head_b = (2 * lin_f, attn_s.get("backward", 0.0), 2 * head_f)
-    recompute = lin_f + att_f if trains and w.checkpoint == "full" else 0.0
+    elem_b = 2 * elem_f
+    recompute = lin_f + att_f + elem_f if trains and w.checkpoint == "full" else 0.0
     degree = (w.shard_degree or ranks) if w.shard != "none" else 1
     link = intra if degree <= ranks_on_host else net
     b = DTYPE_BYTES[w.dtype]
@@ -88,12 +106,14 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     scatter = collective_s(layer_bytes / b * grad_b, degree, link) if trains else 0.0
     a2a_f, a2a_b = all_to_all_s(w, ranks, intra)
     L = m.layers
-    fwd_layer = (lin_f + att_f) / L
+    fwd_layer = (lin_f + att_f + elem_f) / L
     parts = {
         "projections + MLP (forward)": lin_f,
         "ring attention (forward)": att_f,
         "lm_head (forward)": head_f,
     }
+    if elem_f:
+        parts["norms, RoPE, activations (forward)"] = elem_f
     forward = L * max(fwd_layer, gather) + gather + L * a2a_f + head_f
     total = forward
     if trains:
@@ -103,7 +123,9 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
             "lm_head (backward)": head_b,
             "recompute (checkpoint=full)": recompute,
         }
-        bwd_layer = (lin_b + att_b + recompute) / L
+        if elem_f:
+            parts["norms, RoPE, activations (backward)"] = elem_b
+        bwd_layer = (lin_b + att_b + elem_b + recompute) / L
         backward = L * max(bwd_layer, gather + scatter) + scatter + L * a2a_b + head_b
         total += backward
     if degree > 1:
