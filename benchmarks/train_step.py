@@ -35,6 +35,7 @@ import os
 import random
 import resource
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairings", type=int, default=2)
     ap.add_argument("--headline", action="store_true", help="1M tokens, windowed, 4 ranks")
     ap.add_argument("--json", type=Path, default=DEFAULT_OUT)
-    argv = list(argv) if argv is not None else None
+    argv = list(argv) if argv is not None else sys.argv[1:]  # recorded in the JSON
     args = ap.parse_args(argv)
     if args.headline:
         result = headline(4)
