@@ -79,13 +79,26 @@ def try_load(params, load: Callable[[], Any]) -> tuple[Any, Any, str]:
         return tokenizer, model, why
 
 
-def load_agreed(params, load: Callable[[], Any], *, group, lead: bool, log, fingerprint=None):
+def fingerprint_of(model) -> torch.Tensor:
+    """The weights' fingerprint, equal on ranks that hold equal weights: a model sharded by
+    FSDP2 (DTensor parameters) from its shards, over its shard group; a whole one from its
+    tensors. Chosen from the model itself, so no caller can pass the whole model's to a
+    sharded one (the training job did: `model.shard=job` failed in its first check)."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        from .compute.fsdp import weights_fingerprint as sharded
+
+        return sharded(model).to(next(model.parameters()).device)
+    return weights_fingerprint(model)
+
+
+def load_agreed(params, load: Callable[[], Any], *, group, lead: bool, log):
     """Every rank of ``group``: the checked tokenizer and model, the same weights on every
-    rank, and the probe passed; else every rank raises alike (see the module docstring).
-    ``fingerprint``: how to fingerprint a sharded model's weights (default: whole)."""
+    rank, and the probe passed; else every rank raises alike (see the module docstring)."""
     tokenizer, model, error = try_load(params, load)
     agree(error, group)
-    check_same_weights(model, group, fingerprint=fingerprint or weights_fingerprint)
+    check_same_weights(model, group, fingerprint=fingerprint_of)
     probe = run_probe(
         model,
         group=group,

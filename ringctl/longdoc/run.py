@@ -101,13 +101,6 @@ def _eta(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _fingerprint_of_sharded(model):
-    """A sharded model's weights' fingerprint, from its shards."""
-    from .compute.fsdp import weights_fingerprint as sharded
-
-    return sharded(model).to(next(model.parameters()).device)
-
-
 def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: _Ring):
     """Step 3, resume: the documents not complete yet, by gather's own definition (whatever
     ring size wrote them), a document whose input was edited since its outputs were written
@@ -391,7 +384,6 @@ class LongDocRun:
             group=ring.group,
             lead=ring.lead,
             log=ring.log,
-            fingerprint=None if self.options.shard == "none" else _fingerprint_of_sharded,
         )
         self.tokenizer, self.model = agreed.tokenizer, agreed.model
         if ring.lead and self.options.shard != "none":

@@ -258,7 +258,7 @@ def weights_fingerprint(model) -> torch.Tensor:
 
 def check_same_weights(model, group=None, *, fingerprint=weights_fingerprint) -> None:
     """Raise if the ranks of ``group`` do not hold the same weights (``fingerprint``: a
-    sharded model's comes from its shards, ``sharding.weights_fingerprint``)."""
+    sharded model's comes from its shards: longdoc.agreement.fingerprint_of chooses)."""
     world = dist.get_world_size(group)
     if world == 1:
         return
