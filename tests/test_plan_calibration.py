@@ -107,32 +107,8 @@ def test_an_entry_calibrated_at_one_head_dim_reads_as_before(tmp_path):
     assert _time(d, 16) == pytest.approx((0.0025, 0.005))  # FLOP scaling, as before
 
 
-def test_a_calibrated_cpu_prices_the_whole_model_with_its_matmul_rate():
-    """Projections and MLP at the measured rate (tflops at efficiency 1), shared by the ranks
-    beyond the cores like the attention blocks."""
-    m = ModelShape(
-        layers=2, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=2, head_dim=16
-    )
-    w = Workload(
-        seq_len=8192,
-        heads=4,
-        kv_heads=2,
-        head_dim=16,
-        dtype="float32",
-        model=m,
-        mode="score",
-        backward=False,
-    )
-    d = _device()
-    est = estimate(w, 2, d, nominal_link(d), ranks_on_host=2, overlap_threshold=False)
-    tokens = 8192 / 2
-    want = tokens * linear_flops_per_token(m, 4, 2, 16) / 0.1e12
-    assert est.model_s["projections + MLP (forward)"] == pytest.approx(want)
-    crowded = estimate(w, 2, d, nominal_link(d), ranks_on_host=8, overlap_threshold=False)
-    assert crowded.model_s["projections + MLP (forward)"] == pytest.approx(2 * want)
-
-
 def _tiny_score(seq_len=8192) -> Workload:
+    """The tiny Mistral of benchmarks/longdoc_scaling, scoring ``seq_len`` tokens."""
     m = ModelShape(
         layers=2, hidden=64, intermediate=128, vocab=256, heads=4, kv_heads=2, head_dim=16
     )
@@ -146,6 +122,20 @@ def _tiny_score(seq_len=8192) -> Workload:
         mode="score",
         backward=False,
     )
+
+
+def test_a_calibrated_cpu_prices_the_whole_model_with_its_matmul_rate():
+    """Projections and MLP at the measured rate (tflops at efficiency 1), shared by the ranks
+    beyond the cores like the attention blocks."""
+    w = _tiny_score()
+    m = w.model
+    d = _device()
+    est = estimate(w, 2, d, nominal_link(d), ranks_on_host=2, overlap_threshold=False)
+    tokens = 8192 / 2
+    want = tokens * linear_flops_per_token(m, 4, 2, 16) / 0.1e12
+    assert est.model_s["projections + MLP (forward)"] == pytest.approx(want)
+    crowded = estimate(w, 2, d, nominal_link(d), ranks_on_host=8, overlap_threshold=False)
+    assert crowded.model_s["projections + MLP (forward)"] == pytest.approx(2 * want)
 
 
 def test_elementwise_bytes_are_counted_from_the_layer_by_hand():
