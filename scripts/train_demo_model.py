@@ -61,6 +61,8 @@ from pathlib import Path
 
 import torch
 
+from ringctl.jobdir import JobDir
+
 HANDBOOK = Path("/usr/share/doc/debian-handbook/html/en-US")
 JARGON = Path("/usr/share/doc/jargon-text/jargon.txt.gz")
 PACKAGES = {"debian-handbook": "GPL-2+ or CC-BY-SA-3.0", "jargon-text": "public domain"}
@@ -281,7 +283,7 @@ def train(work: Path, phases: tuple[Phase, ...], seed: int) -> dict:
         shutil.rmtree(job, ignore_errors=True)
         run, run_s = ringctl(["run", "train", *overrides(phase, work, model_path, seed)], work)
         gather, gather_s = ringctl(["gather", str(job)], work)
-        gathered = job / "gathered"
+        gathered = JobDir(job).gathered  # where `ringctl gather` writes by default
         records = [json.loads(line) for line in (gathered / "metrics.jsonl").open()]
         history += log_of(records, done, phase.seq_len)
         runs.append(

@@ -19,6 +19,7 @@ import time
 from datetime import timedelta
 
 from .devices import BLOCK_KINDS, Device, block_flops
+from .model import ModelShape, layer_elementwise_values
 
 DEFAULT_SIZES = (256, 512, 1024, 2048, 4096)
 # Head dims measured: the tiny test models' 16, SmolLM2's 64, Llama's 128; a job's own head
@@ -163,23 +164,16 @@ def _layer_ops(x, weight, q, k, cos, sin, gate, up) -> None:
     torch.nn.functional.silu(gate) * up
 
 
-def _ew_shape():
-    from .model import ModelShape
-
-    return ModelShape(layers=1, hidden=128, intermediate=256, heads=2, kv_heads=1, head_dim=64)
-
-
 # A small layer (the CPU jobs' models are small) at 128k tokens: 64 MiB per hidden-sized
 # float32 tensor, beyond the allocator's reuse threshold as a long shard's tensors are.
-EW_SHAPE, EW_TOKENS = _ew_shape(), 128 << 10
+EW_SHAPE = ModelShape(layers=1, hidden=128, intermediate=256, heads=2, kv_heads=1, head_dim=64)
+EW_TOKENS = 128 << 10
 
 
 def measure_elementwise_gbytes(dtype: str, threads: int, repeats: int, workers: int) -> float:
     """GB/s of a layer's elementwise outputs (layer_elementwise_values) one rank writes with
     every core busy (the slowest)."""
     import torch
-
-    from .model import layer_elementwise_values
 
     texts = _on_every_core(_elementwise_worker, (dtype, threads, repeats), workers)
     seconds = max(float(t) for t in texts)

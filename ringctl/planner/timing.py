@@ -81,6 +81,19 @@ def elementwise_s(w, tokens: float, device, ranks_on_host: int) -> float:
     return tokens * per_token / rate
 
 
+def _phase_parts(phase: str, lin: float, att: float, head: float, elem: float) -> dict:
+    """One phase's parts of the whole-model time; the elementwise part only where the device
+    prices it (a datasheet entry's report keeps its rows)."""
+    parts = {
+        f"projections + MLP ({phase})": lin,
+        f"ring attention ({phase})": att,
+        f"lm_head ({phase})": head,
+    }
+    if elem:
+        parts[f"norms, RoPE, activations ({phase})"] = elem
+    return parts
+
+
 def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict | None:
     """Seconds by part, total, tokens/s/GPU and MFU; None when the device has no matmul rate
     (an entry calibrated before matmuls were timed)."""
@@ -94,8 +107,7 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     head_f = tokens * lm_head_flops_per_token(m) / rate
     att_f, elem_f = attn_s["forward"], elementwise_s(w, tokens, device, ranks_on_host)
     trains = w.trains
-    lin_b, att_b, head_b = (2 * lin_f, attn_s.get("backward", 0.0), 2 * head_f)
-    elem_b = 2 * elem_f
+    lin_b, att_b, head_b, elem_b = (2 * lin_f, attn_s.get("backward", 0.0), 2 * head_f, 2 * elem_f)
     recompute = lin_f + att_f + elem_f if trains and w.checkpoint == "full" else 0.0
     degree = (w.shard_degree or ranks) if w.shard != "none" else 1
     link = intra if degree <= ranks_on_host else net
@@ -107,24 +119,12 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     a2a_f, a2a_b = all_to_all_s(w, ranks, intra)
     L = m.layers
     fwd_layer = (lin_f + att_f + elem_f) / L
-    parts = {
-        "projections + MLP (forward)": lin_f,
-        "ring attention (forward)": att_f,
-        "lm_head (forward)": head_f,
-    }
-    if elem_f:
-        parts["norms, RoPE, activations (forward)"] = elem_f
+    parts = _phase_parts("forward", lin_f, att_f, head_f, elem_f)
     forward = L * max(fwd_layer, gather) + gather + L * a2a_f + head_f
     total = forward
     if trains:
-        parts |= {
-            "projections + MLP (backward)": lin_b,
-            "ring attention (backward)": att_b,
-            "lm_head (backward)": head_b,
-            "recompute (checkpoint=full)": recompute,
-        }
-        if elem_f:
-            parts["norms, RoPE, activations (backward)"] = elem_b
+        parts |= _phase_parts("backward", lin_b, att_b, head_b, elem_b)
+        parts["recompute (checkpoint=full)"] = recompute
         bwd_layer = (lin_b + att_b + elem_b + recompute) / L
         backward = L * max(bwd_layer, gather + scatter) + scatter + L * a2a_b + head_b
         total += backward

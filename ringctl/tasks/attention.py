@@ -252,7 +252,7 @@ class AttentionTask(Task):
     params = Params
 
     def check(self, cfg, bad) -> None:
-        from ringattn.geometry import layout_multiple, padded_length
+        from ringattn.geometry import LAYOUTS, layout_multiple, padded_length
 
         from .base import world_size
 
@@ -267,7 +267,7 @@ class AttentionTask(Task):
         kv = t.kv_heads if t.kv_heads is not None else t.heads
         if kv < 1 or t.heads % kv:
             raise bad("task.kv_heads", f"heads ({t.heads}) must be a multiple of kv_heads ({kv})")
-        if t.layout is not None and t.layout not in ("contiguous", "zigzag"):
+        if t.layout is not None and t.layout not in LAYOUTS:
             raise bad("task.layout", f"unknown layout {t.layout!r}; expected contiguous or zigzag")
         if t.fault not in FAULTS:
             raise bad("task.fault", f"expected one of {', '.join(FAULTS)}, got {t.fault!r}")
