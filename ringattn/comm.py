@@ -44,8 +44,11 @@ STATS = CommStats()
 
 
 class PendingExchange:
-    def __init__(self, requests: list) -> None:
+    """Posted transfers; after ``wait``, ``received`` holds the block that came in."""
+
+    def __init__(self, requests: list, received: Sequence[torch.Tensor] = ()) -> None:
         self._requests = requests
+        self.received = tuple(received)
 
     def wait(self) -> None:
         start = time.perf_counter() if STATS.enabled else 0.0
@@ -70,6 +73,7 @@ class Endpoint(Protocol):
         *,
         tag: int = 0,
         shift: int = 1,
+        borrow: bool = False,
     ) -> Any: ...
 
 
@@ -123,11 +127,17 @@ class RingComm:
         *,
         tag: int = 0,
         shift: int = 1,
+        borrow: bool = False,
     ) -> PendingExchange:
         """Send the tensors ``send`` to the next rank and receive the previous rank's into
         ``recv`` (same shapes), all at once; no tensor is copied or packed. ``shift`` other
         than 1: to rank + shift, from rank - shift (a windowed ring's backward leg, and the
-        accumulators' trip home).
+        accumulators' trip home). After ``wait`` the block is the exchange's ``received``.
+
+        ``borrow``: the caller only reads the block, and only until its next exchange on this
+        stream is waited on or the ring call ends; a transport may then hand back a buffer of
+        its own as ``received`` instead of filling ``recv`` (shared memory: the slot itself).
+        Here ``received`` is always ``recv``.
 
         ``tag`` keeps the K/V stream and the dK/dV stream of the backward pass apart on
         backends that match messages by tag (gloo); NCCL orders them by posting order.
@@ -143,7 +153,7 @@ class RingComm:
         if self._batched:
             ops = [dist.P2POp(dist.isend, t, to, self.group) for t in send]
             ops += [dist.P2POp(dist.irecv, t, source, self.group) for t in recv]
-            return PendingExchange(dist.batch_isend_irecv(ops))
+            return PendingExchange(dist.batch_isend_irecv(ops), recv)
         requests = [dist.isend(t, to, group=self.group, tag=tag) for t in send]
         requests += [dist.irecv(t, source, group=self.group, tag=tag) for t in recv]
-        return PendingExchange(requests)
+        return PendingExchange(requests, recv)

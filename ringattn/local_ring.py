@@ -35,6 +35,10 @@ class _Posted:
     def __init__(self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor], shift: int):
         self.send, self.recv, self.shift = tuple(send), tuple(recv), shift
 
+    @property
+    def received(self) -> tuple[torch.Tensor, ...]:
+        return self.recv
+
     def wait(self) -> None:  # a LocalRing delivers before it resumes any rank
         return None
 
@@ -53,6 +57,7 @@ class VirtualRank:
         *,
         tag: int = 0,
         shift: int = 1,
+        borrow: bool = False,
     ) -> _Posted:
         if len(send) != len(recv):
             raise ValueError(f"exchange: {len(send)} tensors sent, {len(recv)} received")

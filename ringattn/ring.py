@@ -88,7 +88,9 @@ class _Rotation:
     Blocks land alternately in two buffers. When the first block held is the caller's
     (``owned=False``: K and V, saved for backward) both landing buffers are ours, the second
     allocated only when the ring needs it; when it is ours (the dK/dV accumulators), it becomes
-    the second landing buffer once it has been sent on.
+    the second landing buffer once it has been sent on. A transport may deliver a borrowed
+    block somewhere else (``Endpoint.exchange``'s ``borrow``): the block held is then what
+    the exchange received, and the landing buffer stays untouched (never paged in).
     """
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], transfers: int, owned: bool) -> None:
@@ -98,12 +100,15 @@ class _Rotation:
         if owned and transfers > 1:
             self._recv.append(tensors)
         self._arrived = 0
+        self.borrowed = False  # is the block held the transport's (valid during the call)?
 
     def landing(self) -> tuple[torch.Tensor, ...]:
         return self._recv[self._arrived % len(self._recv)]
 
-    def advance(self) -> None:
-        self.held = self.landing()
+    def advance(self, pending) -> None:
+        """Hold the block ``pending`` (an exchange into ``landing()``, waited on) received."""
+        self.borrowed = pending.received[0] is not self.landing()[0]
+        self.held = pending.received
         self._arrived += 1
 
 
@@ -202,7 +207,7 @@ def ring_forward(
             k_blk, v_blk = kv.held
             pending = None
             if hop < hops:  # the next block travels while this one is computed
-                pending = comm.exchange(kv.held, kv.landing(), shift=shift)
+                pending = comm.exchange(kv.held, kv.landing(), shift=shift, borrow=True)
             blocks = setup.plan(step, comm.rank)
             for blk in blocks if leg == 0 or hop else ():  # the own block: once, in leg 0
                 block_out, block_lse = _block_forward(
@@ -215,7 +220,7 @@ def ring_forward(
                 del block_out, block_lse
             if pending is not None:
                 yield pending
-                kv.advance()
+                kv.advance(pending)
     assert out is not None and lse is not None
     return out, lse
 
@@ -270,7 +275,7 @@ def _backward_leg(saved, dq, *, setup: RingSetup, comm, shift: int, hops: int, o
     for hop, step in enumerate(_leg_steps(shift, hops, comm.world_size)):
         kv_pending = None
         if hop < hops:
-            kv_pending = comm.exchange(kv.held, kv.landing(), tag=0, shift=shift)
+            kv_pending = comm.exchange(kv.held, kv.landing(), tag=0, shift=shift, borrow=True)
         blocks = setup.plan(step, comm.rank) if own_block or hop else ()
         dq, grads = _block_grads(setup, saved, kv.held, dq, acc, blocks)
         if hop == 0 and keep_own:
@@ -281,31 +286,41 @@ def _backward_leg(saved, dq, *, setup: RingSetup, comm, shift: int, hops: int, o
             dkv = _Rotation(_fold(None, grads, k, acc), transfers=transfers, owned=True)
         else:  # the accumulator of the block held now arrived during this hop's compute
             yield dkv_pending
-            dkv.advance()
+            dkv.advance(dkv_pending)
             _fold(dkv.held, grads, k, acc)
         del grads
         if dkv is not None and hops:
-            dkv_pending = _pass_on(comm, dkv, shift, hops, home=hop == hops)
+            dkv_pending = _pass_on(comm, dkv, shift, hops, home=hop == hops, keep_own=keep_own)
         if kv_pending is not None:
             yield kv_pending
-            kv.advance()
+            kv.advance(kv_pending)
     if dkv_pending is not None:
         yield dkv_pending
-        dkv.advance()
+        dkv.advance(dkv_pending)
     return dq, _leg_gradients(own, dkv)
 
 
-def _pass_on(comm, dkv, shift: int, hops: int, *, home: bool):
+def _pass_on(comm, dkv, shift: int, hops: int, *, home: bool, keep_own: bool):
     """Send the dK/dV accumulator held one hop along the leg; after the last hop, home to
-    its owner (``hops`` back)."""
-    return comm.exchange(dkv.held, dkv.landing(), tag=1, shift=-shift * hops if home else shift)
+    its owner (``hops`` back). On its way it is added to, so it is received into our buffer;
+    home on a one-hop leg it is only added to the owner's own gradients (``_leg_gradients``),
+    so it may be borrowed."""
+    return comm.exchange(
+        dkv.held,
+        dkv.landing(),
+        tag=1,
+        shift=-shift * hops if home else shift,
+        borrow=home and keep_own,
+    )
 
 
 def _leg_gradients(own, dkv):
     """This rank's block's dK/dV from the leg: the accumulator that came home, plus what the
-    owner kept of its own gradients on a one-hop leg."""
+    owner kept of its own gradients on a one-hop leg. A one-hop leg's accumulator may be a
+    borrowed block (``_pass_on``), valid only during the call: it is copied when the owner
+    kept nothing to add it to."""
     if own is None:
-        return dkv.held
+        return tuple(t.clone() for t in dkv.held) if dkv.borrowed else dkv.held
     return own[0].add_(dkv.held[0]), own[1].add_(dkv.held[1])
 
 

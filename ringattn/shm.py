@@ -5,10 +5,14 @@ and gloo's copy threads then run on the cores the kernels compute on. Here each 
 of ranks and each stream (``tag``: K/V, dK/dV) has a channel of two slots, files in
 ``/dev/shm`` mapped by both processes. ``exchange`` copies the block into the next free slot
 and sends a token saying so; ``wait`` takes the token from the previous rank and copies its
-block out. Two slots let a sender run one block ahead (the ring posts the next transfer before
-it computes on the block it holds). The tokens (a few bytes) travel by gloo's point-to-point:
-a rank waiting for one sleeps instead of spinning on a core its peer computes on, and the
-system calls order the slot's writes before the token on any memory model.
+block out, or, for an exchange the ring *borrows* (K/V blocks: read, never kept), hands the
+ring views of the slot itself: one copy per block instead of two. A borrowed slot goes back to
+its sender at the next read on its channel or when the call ends (``drive``), so a view never
+outlives the ring call. Two slots let a sender run one block ahead (the ring posts the next
+transfer before it computes on the block it holds). The tokens (a few bytes) travel by
+gloo's point-to-point: a rank waiting for one sleeps instead of spinning on a core its peer
+computes on, and the system calls order the slot's writes before the token on any memory
+model.
 
 A slot file is made by its sender, under a name the token gives (re-made larger when a bigger
 message comes), and unlinked by the receiver once both have it mapped, so nothing stays in
@@ -49,8 +53,17 @@ def _bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _byte_views(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [t.reshape(-1).view(torch.uint8) for t in tensors]
+ALIGN = 64  # each tensor of a message starts at a multiple of this in its slot
+
+
+def _offsets(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
+    """Where each tensor of a message starts in its slot, and the bytes the message needs:
+    aligned, so a receiver's view of a slot has its dtype's alignment (and a cache line's)."""
+    offsets, end = [], 0
+    for t in tensors:
+        offsets.append(end)
+        end += -(-_bytes(t) // ALIGN) * ALIGN
+    return offsets, end
 
 
 class _Slot:
@@ -63,9 +76,8 @@ class _Slot:
         self.pending_free = None  # sender: the receiver's "read it" token for this slot
 
     def attach(self, path: str, size: int, generation: int, create: bool) -> None:
-        self.view = None
-        if self.map is not None:
-            self.map.close()
+        # The old map is dropped, not closed: it unmaps when the last view of it goes.
+        self.view, self.map = None, None
         fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
         try:
             if create:
@@ -86,6 +98,7 @@ class _Channel:
         self.ring, self.src, self.dst, self.tag = ring, src, dst, tag
         self.slots = [_Slot(), _Slot()]
         self.count = 0  # messages sent (sender) or read (receiver)
+        self.borrowed = False  # receiver: the ring holds views of the last message's slot
 
     def _path(self, index: int, generation: int) -> str:
         return os.path.join(
@@ -97,9 +110,9 @@ class _Channel:
     def send(self, tensors: Sequence[torch.Tensor]) -> None:
         index = self.count % 2
         slot = self.slots[index]
-        if slot.pending_free is not None:  # the receiver must have read this slot's last
+        if slot.pending_free is not None:  # the receiver must be done with this slot's last
             slot.pending_free[1].wait()
-        need = sum(_bytes(t) for t in tensors)
+        offsets, need = _offsets(tensors)
         if slot.map is None or len(slot.map) < need:
             slot.attach(
                 self._path(index, slot.generation + 1),
@@ -107,10 +120,9 @@ class _Channel:
                 slot.generation + 1,
                 create=True,
             )
-        offset = 0
-        for src in _byte_views(tensors):
-            slot.view[offset : offset + src.numel()].copy_(src)
-            offset += src.numel()
+        for offset, src in zip(offsets, tensors, strict=True):
+            flat = src.reshape(-1).view(torch.uint8)
+            slot.view[offset : offset + flat.numel()].copy_(flat)
         token = torch.tensor([len(slot.map), slot.generation], dtype=torch.int64)
         self.ring.token_send(token, self.dst, 2 * self.tag)
         freed = torch.empty(1, dtype=torch.int64)  # lives as long as its receive
@@ -122,7 +134,12 @@ class _Channel:
         token = torch.empty(2, dtype=torch.int64)
         return token, self.ring.token_recv(token, self.src, 2 * self.tag)
 
-    def read(self, posted, tensors: Sequence[torch.Tensor]) -> None:
+    def read(self, posted, recv: Sequence[torch.Tensor], borrow: bool) -> tuple:
+        """The next message from ``src``: copied into ``recv``, or with ``borrow`` views of its
+        slot shaped as ``recv`` (the slot stays this side's until ``give_back``). First gives
+        back a slot borrowed before: a ring that waits for its next block is done with the
+        one it held."""
+        self.give_back()
         token, request = posted
         request.wait()
         size, generation = (int(x) for x in token.tolist())
@@ -130,30 +147,48 @@ class _Channel:
         slot = self.slots[index]
         if generation != slot.generation:
             slot.attach(self._path(index, generation), size, generation, create=False)
-        offset = 0
-        for dst in _byte_views(tensors):
-            dst.copy_(slot.view[offset : offset + dst.numel()])
-            offset += dst.numel()
         self.count += 1
+        offsets, _ = _offsets(recv)
+        views = [
+            slot.view[offset : offset + _bytes(t)].view(t.dtype).view(t.shape)
+            for offset, t in zip(offsets, recv, strict=True)
+        ]
+        if borrow:
+            self.borrowed = True
+            return tuple(views)
+        for dst, view in zip(recv, views, strict=True):
+            dst.copy_(view)
+        self._free()
+        return tuple(recv)
+
+    def give_back(self) -> None:
+        """Tell the sender the slot lent by the last ``read`` may be written again."""
+        if self.borrowed:
+            self.borrowed = False
+            self._free()
+
+    def _free(self) -> None:
         self.ring.token_send(torch.ones(1, dtype=torch.int64), self.src, 2 * self.tag + 1)
 
 
 class _Pending:
     """A posted exchange. Its shared-memory send is done; ``wait`` finishes its gloo
     transfers (a pair on different hosts) and reads a shared-memory block from the previous
-    rank."""
+    rank; ``received`` then holds the block (``recv``, or views of a borrowed slot)."""
 
-    __slots__ = ("channel", "posted", "recv", "requests")
+    __slots__ = ("borrow", "channel", "posted", "received", "requests")
 
-    def __init__(self, channel: _Channel | None, recv: Sequence[torch.Tensor]) -> None:
-        self.channel, self.recv, self.requests = channel, recv, []
+    def __init__(
+        self, channel: _Channel | None, recv: Sequence[torch.Tensor], borrow: bool
+    ) -> None:
+        self.channel, self.received, self.requests, self.borrow = channel, tuple(recv), [], borrow
         self.posted = channel.post_recv() if channel is not None else None
 
     def wait(self) -> None:
         start = time.perf_counter() if STATS.enabled else 0.0
         PendingExchange(self.requests).wait()
         if self.channel is not None:
-            self.channel.read(self.posted, self.recv)
+            self.received = self.channel.read(self.posted, self.received, self.borrow)
         if STATS.enabled:
             elapsed = time.perf_counter() - start
             STATS.wait_s += elapsed
@@ -207,10 +242,13 @@ class RingShm(RingComm):
         return self._channels[key]
 
     def drive(self, loops, device=None) -> list:
-        """Run this rank's loop, then settle: every block it sent read by its receiver and
-        every token it sent delivered, so no transfer is in flight when the call returns (a
-        process may exit right after, and gloo drops what it had not written yet)."""
+        """Run this rank's loop, then settle: every slot it borrowed given back, every block
+        it sent read by its receiver and every token it sent delivered, so no transfer is in
+        flight when the call returns (a process may exit right after, and gloo drops what it
+        had not written yet)."""
         results = super().drive(loops, device)
+        for channel in self._channels.values():
+            channel.give_back()
         for channel in self._channels.values():
             for slot in channel.slots:
                 if slot.pending_free is not None:
@@ -221,17 +259,21 @@ class RingShm(RingComm):
         self._sent = []
         return results
 
-    def exchange(self, send, recv, *, tag: int = 0, shift: int = 1) -> _Pending:
+    def exchange(
+        self, send, recv, *, tag: int = 0, shift: int = 1, borrow: bool = False
+    ) -> _Pending:
         """As ``RingComm.exchange``: ``send`` to rank + shift (through shared memory: copied
         into its channel now), ``recv`` from rank - shift (through shared memory: read by the
-        returned exchange's ``wait``); a pair that shares no /dev/shm goes through gloo."""
+        returned exchange's ``wait``, in place with ``borrow``); a pair that shares no
+        /dev/shm goes through gloo."""
         world = self.world_size
         to, source = (self.rank + shift) % world, (self.rank - shift) % world
         if STATS.enabled:
             STATS.bytes_sent += sum(_bytes(t) for t in send)
             STATS.exchanges += 1
         from_shm = self.shared[source]
-        pending = _Pending(self._channel(source, self.rank, tag) if from_shm else None, recv)
+        channel = self._channel(source, self.rank, tag) if from_shm else None
+        pending = _Pending(channel, recv, borrow)
         if not from_shm:
             pending.requests += [
                 dist.irecv(t, self._global(source), group=self.group, tag=tag) for t in recv

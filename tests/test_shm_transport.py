@@ -110,3 +110,46 @@ def test_neighbours_on_other_hosts_go_through_gloo():
     assert all(r["all_ok"] for r in per_rank), per_rank
     assert [r["chosen"] for r in per_rank] == ["RingShm", "RingShm", "RingComm"]
     assert [r["shared"] for r in per_rank] == [[True, True, False], [True, True, False], None]
+
+
+def _borrowed(rank: int, world: int) -> dict:
+    """Rank 0 sends three messages on one channel as fast as it may; rank 1 borrows each. The
+    third goes into the first one's slot, so rank 0 must wait until rank 1 gives that back."""
+    import time
+
+    import torch.distributed as dist
+
+    from ringattn.shm import ring_transport
+
+    ring = ring_transport(None)
+    like = [torch.empty(1000, dtype=torch.float32), torch.empty(3, dtype=torch.int64)]
+    seen = {}
+    if rank == 0:
+        channel = ring._channel(0, 1, 0)
+        for i in (1, 2, 3):
+            channel.send([torch.full((1000,), float(i)), torch.full((3,), i, dtype=torch.int64)])
+    else:
+        channel = ring._channel(0, 1, 0)
+        first = channel.read(channel.post_recv(), like, borrow=True)
+        time.sleep(1.0)  # room for rank 0 to overwrite the slot, were it given back already
+        seen["first_kept"] = bool((first[0] == 1).all()) and bool((first[1] == 1).all())
+        seen["in_place"] = first[0].data_ptr() != like[0].data_ptr()
+        second = channel.read(channel.post_recv(), like, borrow=True)
+        third = channel.read(channel.post_recv(), like, borrow=False)
+        seen["second"] = bool((second[0] == 2).all())
+        seen["third_copied"] = third[0] is like[0] and bool((like[0] == 3).all())
+    ring.drive([])  # settle: rank 1 gives back the second slot; rank 0 waits for it
+    dist.barrier()
+    return seen
+
+
+def test_a_borrowed_slot_is_not_written_until_given_back():
+    """A borrowed block is the slot itself (no copy), and stays as it came while the ring holds
+    it, however far ahead its sender runs; an unborrowed one is copied into the buffer given."""
+    per_rank = run_distributed(_borrowed, 2, transport="shm")
+    assert per_rank[1] == {
+        "first_kept": True,
+        "in_place": True,
+        "second": True,
+        "third_copied": True,
+    }, per_rank
