@@ -1,5 +1,5 @@
-"""A calibrated CPU entry (``ringctl plan --calibrate``): block tables by head dim, a measured
-matmul rate, and the device file that stores them (its one owner, planner/devices.py: written by
+"""A calibrated CPU entry (``ringctl plan --calibrate``): block tables by head dim, measured
+matmul rates by width, and the device file that stores them (its one owner, planner/devices.py: written by
 ``save_user_device``, read by ``load_devices``).
 
 Why by head dim: the CPU kernel's FLOP rate depends on it (heads of 16 ran at 37.5 GFLOP/s
@@ -138,6 +138,57 @@ def test_a_calibrated_cpu_prices_the_whole_model_with_its_matmul_rate():
     assert crowded.model_s["projections + MLP (forward)"] == pytest.approx(2 * want)
 
 
+def test_a_rate_by_width_prices_each_matmul_at_its_own_width():
+    """The tiny model (hidden 64, MLP 128, q 64, k/v 32, vocab 256) with 50 GFLOP/s measured 64
+    wide and 200 at 1024: every matmul summing over 64 at 50, the MLP's down projection (over
+    128, a quarter of the way from 64 to 1024 in log) at 50 x 4^0.25. Backward: the input's
+    gradient at the rate of the out width (32 is below the table: 50), the weight's at 200."""
+    w = _tiny_score()
+    d = _device(matmul_tflops_by_width={64: 0.05, 1024: 0.2})
+    est = estimate(w, 2, d, nominal_link(d), ranks_on_host=2, overlap_threshold=False)
+    tokens, slow, down = 4096, 0.05e12, 0.05e12 * 4**0.25
+    per_layer = {(64, 64): 2, (64, 32): 2, (64, 128): 2, (128, 64): 1}  # (in, out): how many
+    fwd = sum(
+        c * 2 * tokens * k * n / (down if k == 128 else slow) for (k, n), c in per_layer.items()
+    )
+    assert est.model_s["projections + MLP (forward)"] == pytest.approx(2 * fwd)
+    assert est.model_s["lm_head (forward)"] == pytest.approx(2 * tokens * 64 * 256 / slow)
+    trains = estimate(
+        replace(w, mode="train", backward=True),
+        2,
+        d,
+        nominal_link(d),
+        ranks_on_host=2,
+        overlap_threshold=False,
+    )
+    flops = {shape: c * 2 * tokens * shape[0] * shape[1] for shape, c in per_layer.items()}
+    bwd = sum(f / (down if n == 128 else slow) + f / 0.2e12 for (k, n), f in flops.items())
+    assert trains.model_s["projections + MLP (backward)"] == pytest.approx(2 * bwd)
+    # an entry without the table: every matmul at tflops, the backward twice the forward
+    plain = estimate(
+        replace(w, mode="train", backward=True),
+        2,
+        _device(),
+        nominal_link(d),
+        ranks_on_host=2,
+        overlap_threshold=False,
+    )
+    f, b = (plain.model_s[f"projections + MLP ({p})"] for p in ("forward", "backward"))
+    assert b == pytest.approx(2 * f)
+
+
+def test_the_rate_by_width_round_trips_and_a_bad_one_is_refused(tmp_path):
+    path = tmp_path / "devices.json"
+    save_user_device(_device(matmul_tflops_by_width={64: 0.05, 1024: 0.2}), path)
+    assert get_device("cpu-test", path).matmul_tflops_by_width == {64: 0.05, 1024: 0.2}
+    for bad in ({"64": 0}, {"0": 0.1}, {"64": None}, [0.1]):
+        entry = json.loads(path.read_text())
+        entry["cpu-test"]["matmul_tflops_by_width"] = bad
+        path.write_text(json.dumps(entry))
+        with pytest.raises(UserError, match="cpu-test.*bad or missing field"):
+            get_device("cpu-test", path)
+
+
 def test_elementwise_bytes_are_counted_from_the_layer_by_hand():
     """2 layers x (2 norms x 3 x 64 + RoPE 5 x (64 + 32) + 2 residuals x 64 + 2 x 128) =
     2 x 1248 values, then the final norm (3 x 64) and the log-softmax (256): float32."""
@@ -183,11 +234,15 @@ def test_the_elementwise_rate_round_trips_and_a_bad_one_is_refused(tmp_path):
 def test_calibration_measures_every_head_dim_and_the_matmul_rate():
     """A real (small) calibration of this machine: the engine's own ring on LocalRing."""
     logged = []
-    d = calibrate(sizes=(64, 128), head_dims=(16, 32), repeats=1, log=logged.append)
+    d = calibrate(
+        sizes=(64, 128), head_dims=(16, 32), repeats=1, matmul_widths=(64, 256), log=logged.append
+    )
     assert set(d.block_seconds) == {16, 32}
     for table in d.block_seconds.values():
         assert set(table) == set(KINDS)
         assert all(f > 0 and b > 0 for sizes in table.values() for f, b in sizes.values())
     assert d.tflops["float32"] > 0 and d.matmul_efficiency == 1.0
+    assert set(d.matmul_tflops_by_width) == {64, 256}
+    assert max(d.matmul_tflops_by_width.values()) == d.tflops["float32"]
     assert d.elementwise_gbytes_s > 0
     assert any("d= 32 n=  128" in line for line in logged), logged

@@ -91,27 +91,41 @@ def _block_worker(index, sizes, heads, head_dims, dtype_name, threads, repeats, 
         json.dump({"index": index, "result": result}, f)
 
 
-def _matmul_worker(index, dtype_name, threads, repeats, barrier, out):
-    """Seconds of one projection-shaped matmul (4096 tokens x 1024 -> 1024) while every core
-    runs one in step with it: the rate of the model's projections, MLP and output head."""
+def _matmul_worker(index, widths, dtype_name, threads, repeats, barrier, out):
+    """Seconds of a projection-shaped matmul (MM_VALUES / w tokens x w -> w) at each width w
+    of MATMUL_WIDTHS while every core runs the same in step with it: the rate of the model's
+    projections, MLP and output head by the width they sum over. Each output is a fresh tensor
+    kept until the round ends, as a layer keeps its projections for the ops after them: on a
+    CPU the fresh pages cost a 64-wide projection half its rate (timed with the output memory
+    reused, 64 wide ran at twice the rate a long-document job's projections reach)."""
+    import json
+
     import torch
 
     torch.set_num_threads(threads)
-    x = torch.randn(TOKENS_MM, WIDTH_MM, dtype=getattr(torch, dtype_name))
-    w = torch.randn(WIDTH_MM, WIDTH_MM, dtype=x.dtype)
-    seconds = []
-    for i in range(repeats + 1):  # the first round warms up
-        barrier.wait()
-        t0 = time.perf_counter()
-        for _ in range(4):
-            torch.mm(x, w)
-        if i:
-            seconds.append((time.perf_counter() - t0) / 4)
+    dtype = getattr(torch, dtype_name)
+    result = {}
+    for width in widths:
+        x = torch.randn(MM_VALUES // width, width, dtype=dtype)
+        w = torch.randn(width, width, dtype=dtype)
+        seconds = []
+        for i in range(repeats + 1):  # the first round warms up
+            barrier.wait()
+            t0 = time.perf_counter()
+            outputs = [torch.mm(x, w) for _ in range(4)]
+            if i:
+                seconds.append((time.perf_counter() - t0) / 4)
+            del outputs
+        result[width] = statistics.median(seconds)
     with open(out, "w") as f:
-        f.write(str(statistics.median(seconds)))
+        json.dump(result, f)
 
 
-TOKENS_MM, WIDTH_MM = 4096, 1024
+# Widths of the calibrated matmuls (the tiny test models' 64 to a 7B model's 4096 is priced
+# from the nearest), each on MM_VALUES input values (64 MiB of float32, beyond the caches, as a
+# long document's activations are: 16k tokens at 1024).
+MATMUL_WIDTHS = (64, 128, 256, 512, 1024, 2048)
+MM_VALUES = 1 << 24
 
 
 def _elementwise_worker(index, dtype_name, threads, repeats, barrier, out):
@@ -223,11 +237,16 @@ def measure_blocks(sizes, heads, head_dims, dtype, threads, repeats, workers):
     }
 
 
-def measure_matmul_tflops(dtype: str, threads: int, repeats: int, workers: int) -> float:
-    """TFLOP/s of one rank's projection-shaped matmul with every core busy (the slowest)."""
-    texts = _on_every_core(_matmul_worker, (dtype, threads, repeats), workers)
-    seconds = max(float(t) for t in texts)
-    return 2 * TOKENS_MM * WIDTH_MM * WIDTH_MM / seconds / 1e12
+def measure_matmul_tflops(widths, dtype: str, threads: int, repeats: int, workers: int) -> dict:
+    """TFLOP/s of one rank's projection-shaped matmul by width, with every core busy (the
+    slowest worker's)."""
+    import json
+
+    args = (tuple(widths), dtype, threads, repeats)
+    per_worker = [json.loads(t) for t in _on_every_core(_matmul_worker, args, workers)]
+    return {
+        int(w): 2 * MM_VALUES * int(w) / max(r[w] for r in per_worker) / 1e12 for w in per_worker[0]
+    }
 
 
 def _p2p_rank(rank: int, init: str, nbytes: int, repeats: int, out_path: str) -> None:
@@ -344,11 +363,12 @@ def calibrate(
     dtype: str = "float32",
     threads_per_rank: int = 1,
     repeats: int = 3,
+    matmul_widths=MATMUL_WIDTHS,
     log=print,
 ) -> Device:
-    """This machine as a device entry: block tables by head dim, the matmul rate (as its
-    ``tflops``, at efficiency 1: a measured rate, not a datasheet peak), the exchange and the
-    fixed cost per ring step."""
+    """This machine as a device entry: block tables by head dim, the matmul rate by width (the
+    fastest as its ``tflops``, at efficiency 1: measured rates, not a datasheet peak), the
+    elementwise rate, the exchange and the fixed cost per ring step."""
     name = name or f"cpu-{socket.gethostname().split('.')[0]}"
     cores = os.cpu_count() or 1
     workers = max(1, cores // threads_per_rank)
@@ -359,8 +379,9 @@ def calibrate(
     )
     blocks = measure_blocks(sizes, heads, head_dims, dtype, threads_per_rank, repeats, workers)
     _log_blocks(blocks, heads, log)
-    tflops = measure_matmul_tflops(dtype, threads_per_rank, repeats, workers)
-    log(f"  projection matmul ({TOKENS_MM} x {WIDTH_MM} x {WIDTH_MM}): {1e3 * tflops:.1f} GFLOP/s")
+    by_width = measure_matmul_tflops(matmul_widths, dtype, threads_per_rank, repeats, workers)
+    rates = ", ".join(f"{w}: {1e3 * t:.1f}" for w, t in by_width.items())
+    log(f"  projection matmuls by width, GFLOP/s: {rates}")
     elementwise = measure_elementwise_gbytes(dtype, threads_per_rank, repeats, workers)
     log(f"  a layer's elementwise ops (norms, RoPE, activation): {elementwise:.2f} GB/s written")
     gbytes, latency = measure_p2p()
@@ -376,7 +397,7 @@ def calibrate(
     return Device(
         name=name,
         mem_gib=round(_host_mem_gib(), 1),
-        tflops={dtype: tflops},
+        tflops={dtype: max(by_width.values())},
         matmul_efficiency=1.0,
         reserve_gib=1.0,
         source=f"measured by ringctl plan --calibrate on {time.strftime('%Y-%m-%d')}",
@@ -388,6 +409,7 @@ def calibrate(
         p2p_latency_s=latency,
         step_overhead_s=overhead,
         elementwise_gbytes_s=elementwise,
+        matmul_tflops_by_width=by_width,
     )
 
 

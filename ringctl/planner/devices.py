@@ -73,6 +73,29 @@ class Device:
     # CPU these memory-bound ops cost more than a small model's matmuls (a fifth of a tiny
     # Mistral's scoring time at 256k tokens per rank); None: not priced (datasheet entries).
     elementwise_gbytes_s: float | None = None
+    # Calibrated entries only: TFLOP/s of a (tokens x w) @ (w x w) matmul by the width w it sums
+    # over, in the dtype of ``tflops``, with every core busy. A CPU runs a 64-wide projection at
+    # about a quarter of a 1024-wide one's rate; {}: every matmul at tflops x matmul_efficiency.
+    matmul_tflops_by_width: dict[int, float] = field(default_factory=dict)
+
+    def matmul_rate(self, dtype: str, inner: int | None, ranks_on_host: int = 1) -> float:
+        """FLOP/s of one rank's matmul summing over ``inner`` values (None: over tokens, as a
+        weight gradient does: the widest measured rate), shared beyond the cores. Between two
+        measured widths the rate is interpolated in log-log; beyond them, the nearest one."""
+        if dtype not in self.tflops:
+            raise UserError(f"device {self.name!r} has no throughput for dtype {dtype!r}")
+        table = self.matmul_tflops_by_width
+        if not table:
+            tflops = self.tflops[dtype] * self.matmul_efficiency
+        else:
+            widths = sorted(table)
+            width = widths[-1] if inner is None else min(max(inner, widths[0]), widths[-1])
+            hi = next(x for x in widths if x >= width)
+            lo = max(x for x in widths if x <= width)
+            u = 0.0 if hi == lo else math.log(width / lo) / math.log(hi / lo)
+            tflops = math.exp((1 - u) * math.log(table[lo]) + u * math.log(table[hi]))
+            tflops *= self.matmul_efficiency
+        return tflops * 1e12 / self.time_shared(ranks_on_host)
 
     def step_overhead(self, ranks_on_host: int) -> tuple[float, float]:
         if not self.step_overhead_s:
@@ -182,6 +205,7 @@ class Device:
                 p2p_latency_s=self.p2p_latency_s,
                 step_overhead_s={str(r): list(t) for r, t in self.step_overhead_s.items()},
                 elementwise_gbytes_s=self.elementwise_gbytes_s,
+                matmul_tflops_by_width={str(w): t for w, t in self.matmul_tflops_by_width.items()},
             )
         return entry
 
@@ -276,18 +300,32 @@ def _parse_device(name: str, entry: dict, where: str) -> Device:
                 int(r): (float(t[0]), float(t[1]))
                 for r, t in entry.get("step_overhead_s", {}).items()
             },
-            elementwise_gbytes_s=_positive_or_none(entry.get("elementwise_gbytes_s")),
+            elementwise_gbytes_s=_positive_or_none(
+                entry.get("elementwise_gbytes_s"), "elementwise_gbytes_s"
+            ),
+            matmul_tflops_by_width={
+                _positive_int(w, "matmul_tflops_by_width"): _positive(t, "matmul_tflops_by_width")
+                for w, t in entry.get("matmul_tflops_by_width", {}).items()
+            },
         )
-    except (KeyError, TypeError, ValueError, IndexError) as err:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise UserError(f"{where}: device {name!r}: bad or missing field ({err})") from None
 
 
-def _positive_or_none(value) -> float | None:
-    if value is None:
-        return None
+def _positive_or_none(value, key: str) -> float | None:
+    return None if value is None else _positive(value, key)
+
+
+def _positive(value, key: str) -> float:
     if float(value) <= 0:
-        raise ValueError(f"elementwise_gbytes_s must be positive, got {value!r}")
+        raise ValueError(f"{key} must be positive, got {value!r}")
     return float(value)
+
+
+def _positive_int(value, key: str) -> int:
+    if int(value) <= 0:
+        raise ValueError(f"{key}: widths must be positive, got {value!r}")
+    return int(value)
 
 
 def _block_tables(entry: dict) -> tuple[dict, int]:

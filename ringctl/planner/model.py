@@ -58,14 +58,28 @@ def total_params(m: ModelShape, heads: int, kv_heads: int, head_dim: int) -> int
     return m.layers * layer_params(m, heads, kv_heads, head_dim) + embedding_params(m)
 
 
+def layer_matmuls(m: ModelShape, heads: int, kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
+    """(in, out) widths of one decoder layer's matmuls: q, k, v, o; gate, up, down. A CPU's
+    matmul rate depends on the width it sums over (``Device.matmul_rate``), so the planner
+    prices each one by its own."""
+    q, kv = heads * head_dim, kv_heads * head_dim
+    h, i = m.hidden, m.inter
+    return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+
+
+def lm_head_matmul(m: ModelShape) -> tuple[int, int]:
+    return (m.hidden, m.vocab)
+
+
 def linear_flops_per_token(m: ModelShape, heads: int, kv_heads: int, head_dim: int) -> float:
     """Forward matmul FLOPs per token of all layers (attention scores excluded)."""
-    per_layer = layer_params(m, heads, kv_heads, head_dim) - 2 * m.hidden
+    per_layer = sum(k * n for k, n in layer_matmuls(m, heads, kv_heads, head_dim))
     return 2.0 * m.layers * per_layer
 
 
 def lm_head_flops_per_token(m: ModelShape) -> float:
-    return 2.0 * m.vocab * m.hidden
+    k, n = lm_head_matmul(m)
+    return 2.0 * k * n
 
 
 def elementwise_bytes_per_token(

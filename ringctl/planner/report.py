@@ -31,9 +31,15 @@ def _memory_table(est):
 def _rate_line(est, device) -> str:
     if device.cores is not None:  # a calibrated CPU: measured rates, no datasheet peak
         rate = device.tflops[est.precision["weights (compute)"]]
+        widths = device.matmul_tflops_by_width
+        measured = (
+            f"matmul rates by width, {1e3 * min(widths.values()):.1f}-{1e3 * rate:.1f}"
+            if widths
+            else f"matmul rate, {1e3 * rate:.1f}"
+        )
         return (
             f"tokens/s per rank: {est.tokens_per_s_per_gpu:,.1f} (this host's measured "
-            f"matmul rate, {1e3 * rate:.1f} GFLOP/s per rank)"
+            f"{measured} GFLOP/s per rank)"
         )
     return (
         f"tokens/s per GPU: {est.tokens_per_s_per_gpu:,.1f}; MFU: {100 * est.mfu:.1f}% "

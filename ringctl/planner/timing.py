@@ -2,9 +2,11 @@
 FSDP collectives and (hybrid layouts) the Ulysses all-to-all; then tokens/s and MFU per GPU.
 
 Per decoder layer the rank computes its projections and MLP on its N/P tokens (matmul
-throughput: the device's peak x ``matmul_efficiency``) and its share of attention (the ring
+throughput: the device's peak x ``matmul_efficiency``, or on a calibrated CPU the measured
+rate at each matmul's own width, ``Device.matmul_rate``) and its share of attention (the ring
 model of ``cost``, which already hides or exposes the K/V transfers step by step). Training
-runs the matmuls backward at 2x their forward FLOPs; ``checkpoint=full`` recomputes each
+runs each matmul backward as two of its forward FLOPs: the input's gradient sums over the
+output width, the weight's over the tokens; ``checkpoint=full`` recomputes each
 layer's forward (ring attention included) before its backward; ``selective`` recomputes
 only element-wise work, counted as free.
 
@@ -23,9 +25,11 @@ from __future__ import annotations
 from .memory import DTYPE_BYTES
 from .model import (
     elementwise_bytes_per_token,
+    layer_matmuls,
     layer_params,
     linear_flops_per_token,
     lm_head_flops_per_token,
+    lm_head_matmul,
 )
 from .window import layer_windows, window_scores
 
@@ -69,6 +73,19 @@ def attention_flops(w, ranks: int) -> float:
     return total
 
 
+def matmul_s(shapes, tokens: float, device, dtype: str, ranks_on_host: int) -> tuple[float, float]:
+    """(forward, backward) seconds of the matmuls ``shapes`` ((in, out) widths) on ``tokens``
+    tokens: forward at the rate of the in width; backward the input's gradient at the rate of
+    the out width and the weight's at the rate of a sum over tokens (the widest)."""
+    forward = backward = 0.0
+    for k, n in shapes:
+        flops = 2.0 * tokens * k * n
+        forward += flops / device.matmul_rate(dtype, k, ranks_on_host)
+        backward += flops / device.matmul_rate(dtype, n, ranks_on_host)
+        backward += flops / device.matmul_rate(dtype, None, ranks_on_host)
+    return forward, backward
+
+
 def elementwise_s(w, tokens: float, device, ranks_on_host: int) -> float:
     """Forward seconds of one rank's elementwise work (model.elementwise_bytes_per_token) at
     the device's measured rate; 0 where it has none (a datasheet entry)."""
@@ -101,13 +118,13 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
         return None
     m = w.model
     peak = device.tflops[w.dtype] * 1e12
-    rate = peak * device.matmul_efficiency / device.time_shared(ranks_on_host)
     tokens = w.batch * w.seq_len / ranks
-    lin_f = tokens * linear_flops_per_token(m, w.heads, w.kv_heads, w.head_dim) / rate
-    head_f = tokens * lm_head_flops_per_token(m) / rate
+    layers = layer_matmuls(m, w.heads, w.kv_heads, w.head_dim) * m.layers
+    lin_f, lin_b = matmul_s(layers, tokens, device, w.dtype, ranks_on_host)
+    head_f, head_b = matmul_s([lm_head_matmul(m)], tokens, device, w.dtype, ranks_on_host)
     att_f, elem_f = attn_s["forward"], elementwise_s(w, tokens, device, ranks_on_host)
     trains = w.trains
-    lin_b, att_b, head_b, elem_b = (2 * lin_f, attn_s.get("backward", 0.0), 2 * head_f, 2 * elem_f)
+    att_b, elem_b = attn_s.get("backward", 0.0), 2 * elem_f
     recompute = lin_f + att_f + elem_f if trains and w.checkpoint == "full" else 0.0
     degree = (w.shard_degree or ranks) if w.shard != "none" else 1
     link = intra if degree <= ranks_on_host else net
