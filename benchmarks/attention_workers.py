@@ -161,12 +161,12 @@ def _no_transfer_comm(group):
             super().__init__(group)
             self._filled: set[int] = set()
 
-        def exchange(self, send, recv, *, tag: int = 0, shift: int = 1):
+        def exchange(self, send, recv, *, tag: int = 0, shift: int = 1, borrow: bool = False):
             for s, r in zip(send, recv, strict=True):
                 if r.data_ptr() not in self._filled:
                     r.copy_(s)
                     self._filled.add(r.data_ptr())
-            return PendingExchange([])
+            return PendingExchange([], recv)
 
     return NoTransfer(group)
 

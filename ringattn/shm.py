@@ -5,14 +5,15 @@ and gloo's copy threads then run on the cores the kernels compute on. Here each 
 of ranks and each stream (``tag``: K/V, dK/dV) has a channel of two slots, files in
 ``/dev/shm`` mapped by both processes. ``exchange`` copies the block into the next free slot
 and sends a token saying so; ``wait`` takes the token from the previous rank and copies its
-block out, or, for an exchange the ring *borrows* (K/V blocks: read, never kept), hands the
-ring views of the slot itself: one copy per block instead of two. A borrowed slot goes back to
-its sender at the next read on its channel or when the call ends (``drive``), so a view never
-outlives the ring call. Two slots let a sender run one block ahead (the ring posts the next
-transfer before it computes on the block it holds). The tokens (a few bytes) travel by
-gloo's point-to-point: a rank waiting for one sleeps instead of spinning on a core its peer
-computes on, and the system calls order the slot's writes before the token on any memory
-model.
+block out, or, for an exchange the ring *borrows* (K/V blocks, and a one-hop leg's dK/dV
+coming home: read, never kept) into CPU buffers, hands the ring views of the slot itself: one
+copy per block instead of two (a block bound for a GPU is still copied to it). A borrowed
+slot goes back to its sender at the next read on its channel or when the call ends
+(``drive``), so a view never outlives the ring call. Two slots let a sender run one block
+ahead (the ring posts the next transfer before it computes on the block it holds). The
+tokens (a few bytes) travel by gloo's point-to-point: a rank waiting for one sleeps instead
+of spinning on a core its peer computes on, and the system calls order the slot's writes
+before the token on any memory model.
 
 A slot file is made by its sender, under a name the token gives (re-made larger when a bigger
 message comes), and unlinked by the receiver once both have it mapped, so nothing stays in
@@ -153,7 +154,7 @@ class _Channel:
             slot.view[offset : offset + _bytes(t)].view(t.dtype).view(t.shape)
             for offset, t in zip(offsets, recv, strict=True)
         ]
-        if borrow:
+        if borrow and all(t.device.type == "cpu" for t in recv):  # a slot is host memory
             self.borrowed = True
             return tuple(views)
         for dst, view in zip(recv, views, strict=True):

@@ -38,3 +38,14 @@ def test_pairings_time_ring_and_sdpa_side_by_side(tmp_path):
     assert len(row["ratios"]) == 2 and min(row["ratios"]) <= row["ratio"] <= max(row["ratios"])
     assert row["ring_ms"] > 0 and row["sdpa_ms"] > 0
     assert "ring/SDPA" in (tmp_path / "pairs.md").read_text()
+
+
+def test_a_full_measurement_times_the_ring_without_its_transfers(tmp_path):
+    """Without --pairings each ring is also timed with nothing sent (its compute alone): the
+    loop runs on a transport that only fills the landing buffers, on every ring shape."""
+    out = tmp_path / "full.json"
+    argv = "--seq 64 --ranks 2 --causal true --layouts zigzag --repeats 1 --no-baseline".split()
+    assert attention.main([*argv, "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["fwd_bwd_s"] > 0 and row["extra"]["no_transfer_fwd_bwd_s"] > 0, row
+    assert row["hidden_comm"] is not None, row

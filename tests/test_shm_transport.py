@@ -138,7 +138,7 @@ def _borrowed(rank: int, world: int) -> dict:
         third = channel.read(channel.post_recv(), like, borrow=False)
         seen["second"] = bool((second[0] == 2).all())
         seen["third_copied"] = third[0] is like[0] and bool((like[0] == 3).all())
-    ring.drive([])  # settle: rank 1 gives back the second slot; rank 0 waits for it
+    ring.drive([])  # settle: rank 0 waits until rank 1 has given back every slot
     dist.barrier()
     return seen
 
