@@ -86,16 +86,12 @@ class Device:
             raise UserError(f"device {self.name!r} has no throughput for dtype {dtype!r}")
         table = self.matmul_tflops_by_width
         if not table:
-            tflops = self.tflops[dtype] * self.matmul_efficiency
+            tflops = self.tflops[dtype]
         else:
-            widths = sorted(table)
-            width = widths[-1] if inner is None else min(max(inner, widths[0]), widths[-1])
-            hi = next(x for x in widths if x >= width)
-            lo = max(x for x in widths if x <= width)
-            u = 0.0 if hi == lo else math.log(width / lo) / math.log(hi / lo)
-            tflops = math.exp((1 - u) * math.log(table[lo]) + u * math.log(table[hi]))
-            tflops *= self.matmul_efficiency
-        return tflops * 1e12 / self.time_shared(ranks_on_host)
+            width = max(table) if inner is None else inner
+            lo, hi = _around(table, width)
+            tflops = _log_mix(width, lo, hi, table[lo], table[hi])
+        return tflops * self.matmul_efficiency * 1e12 / self.time_shared(ranks_on_host)
 
     def step_overhead(self, ranks_on_host: int) -> tuple[float, float]:
         if not self.step_overhead_s:
@@ -142,16 +138,11 @@ class Device:
         measured tables at the nearest head dims, each scaled linearly to ``head_dim`` (the
         FLOPs), interpolated between the two around it in log(head dim) (the kernel's rate
         changes with it); beyond the measured head dims, the nearest one alone."""
-        dims = sorted(self.block_seconds)
-        lo = max((d for d in dims if d <= head_dim), default=dims[0])
-        hi = min((d for d in dims if d >= head_dim), default=dims[-1])
+        lo, hi = _around(self.block_seconds, head_dim)
         at_lo = [t * head_dim / lo for t in _interpolate(self.block_seconds[lo][kind], n)]
-        if hi == lo:
-            return at_lo[0], at_lo[1]
         at_hi = [t * head_dim / hi for t in _interpolate(self.block_seconds[hi][kind], n)]
-        u = math.log(head_dim / lo) / math.log(hi / lo)
         pairs = zip(at_lo, at_hi, strict=True)
-        f, b = (math.exp((1 - u) * math.log(a) + u * math.log(c)) for a, c in pairs)
+        f, b = (_log_mix(head_dim, lo, hi, a, c) for a, c in pairs)
         return f, b
 
     def rect_time(
@@ -218,13 +209,28 @@ def _interpolate(table: dict[int, tuple[float, float]], n: float) -> tuple[float
         edge = sizes[0] if n <= sizes[0] else sizes[-1]
         f = (n / edge) ** 2
         return table[edge][0] * f, table[edge][1] * f
-    hi = next(s for s in sizes if s >= n)
-    lo = sizes[sizes.index(hi) - 1]
-    t = math.log(n / lo) / math.log(hi / lo)
+    lo, hi = _around(sizes, n)
     return tuple(  # type: ignore[return-value]
-        math.exp((1 - t) * math.log(a) + t * math.log(b))
-        for a, b in zip(table[lo], table[hi], strict=True)
+        _log_mix(n, lo, hi, a, b) for a, b in zip(table[lo], table[hi], strict=True)
     )
+
+
+def _around(measured, x: float) -> tuple[int, int]:
+    """The measured points (keys) around x: (x's own, x's own) where it was measured, the
+    nearest one twice beyond the ends."""
+    points = sorted(measured)
+    lo = max((p for p in points if p <= x), default=points[0])
+    hi = min((p for p in points if p >= x), default=points[-1])
+    return lo, hi
+
+
+def _log_mix(x: float, lo: float, hi: float, at_lo: float, at_hi: float) -> float:
+    """The value at x between (lo, at_lo) and (hi, at_hi), linear in log-log (at_lo when the
+    two points are one)."""
+    if hi == lo:
+        return at_lo
+    u = math.log(x / lo) / math.log(hi / lo)
+    return math.exp((1 - u) * math.log(at_lo) + u * math.log(at_hi))
 
 
 def _check_shares(device: Device, where: str) -> Device:
