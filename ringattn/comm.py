@@ -46,7 +46,7 @@ STATS = CommStats()
 class PendingExchange:
     """Posted transfers; after ``wait``, ``received`` holds the block that came in."""
 
-    def __init__(self, requests: list, received: Sequence[torch.Tensor] = ()) -> None:
+    def __init__(self, requests: list, received: Sequence[torch.Tensor]) -> None:
         self._requests = requests
         self.received = tuple(received)
 

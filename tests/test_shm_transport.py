@@ -153,3 +153,29 @@ def test_a_borrowed_slot_is_not_written_until_given_back():
         "second": True,
         "third_copied": True,
     }, per_rank
+
+
+def _counted_waits(rank: int, world: int, elsewhere: int | None) -> dict:
+    from ringattn import shm
+    from ringattn.comm import STATS
+    from ringattn.shm import ring_transport
+
+    if rank == elsewhere:
+        shm._host = lambda: ("another-host", "another-boot")
+    ring = ring_transport(None)
+    STATS.reset(enabled=True)
+    for _ in range(3):
+        send = [torch.full((1000,), float(rank))]
+        ring.exchange(send, [torch.empty_like(send[0])]).wait()
+    counted = {"waits": len(STATS.waits), "exchanges": STATS.exchanges}
+    STATS.reset(enabled=False)
+    ring.drive([])
+    return counted
+
+
+@pytest.mark.parametrize("elsewhere", [None, 2], ids=["one-host", "one-rank-elsewhere"])
+def test_each_wait_is_counted_once(elsewhere):
+    """The benchmarks' wait statistics: one entry per exchange waited on, on shared memory and
+    where a pair also goes through gloo (a wait was once counted twice there)."""
+    per_rank = run_distributed(_counted_waits, 3, elsewhere, transport="auto")
+    assert per_rank == [{"waits": 3, "exchanges": 3}] * 3, per_rank
