@@ -8,6 +8,8 @@ on n1..n4. Outputs are compared with independent single-process references.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import time
 from pathlib import Path
@@ -29,6 +31,35 @@ def _submit(capsys, *argv: str) -> Path:
     assert main(["submit", *argv]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     return Path(out.strip().rsplit(" in ", 1)[1])
+
+
+@pytest.fixture(scope="session")
+def over_time_job(slurm_cluster, tmp_path_factory) -> Path:
+    """A one-rank job that hangs past its one-minute limit (Slurm's shortest), submitted as
+    this module's first test starts: its minute passes while the other tests run, and
+    test_job_over_its_time_limit_is_reported_timeout, run last, reads how it ended (waiting
+    for it there cost the suite 80 s)."""
+    out, err = io.StringIO(), io.StringIO()
+    argv = [
+        "submit",
+        "jobs/smoke.yaml",
+        "backend=slurm",
+        f"output_dir={tmp_path_factory.mktemp('over-time')}",
+        "nodes=1",
+        "slurm.time=00:01:00",
+        "slurm.signal=null",
+        "task.fault_rank=0",
+        "task.fault=hang",
+        "timeout=600",
+    ]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main(argv) == 0, err.getvalue()
+    return Path(out.getvalue().strip().rsplit(" in ", 1)[1])
+
+
+@pytest.fixture(autouse=True)
+def _submit_the_over_time_job_first(over_time_job) -> None:
+    """Every test here asks for it, so the first one submits it."""
 
 
 def _wait(job_dir: Path, timeout: float = 180) -> tuple[object, list[str]]:
@@ -209,19 +240,8 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(
 
 
 @pytest.mark.run_last
-def test_job_over_its_time_limit_is_reported_timeout(slurm_cluster, tmp_path, capsys):
-    job_dir = _submit(
-        capsys,
-        "jobs/smoke.yaml",
-        "backend=slurm",
-        f"output_dir={tmp_path}",
-        "slurm.time=00:01:00",
-        "slurm.signal=null",
-        "task.fault_rank=0",
-        "task.fault=hang",
-        "timeout=600",
-    )
-    status, _ = _wait(job_dir, timeout=240)
+def test_job_over_its_time_limit_is_reported_timeout(over_time_job):
+    status, _ = _wait(over_time_job, timeout=240)
     assert status.state is JobState.TIMEOUT, status
 
 

@@ -1,8 +1,9 @@
 """The package as a user gets it: a wheel installed into a fresh venv, used outside any checkout.
 
-Builds the wheel from this checkout and installs it, with the local CPU torch, into new virtual
-environments without the system's site-packages: once with the `hf` extra, once plain (no
-extras: what `pip install ringctl-*.whl` gives). From an empty temporary directory it runs the
+Builds the wheel from this checkout and installs it, with the local CPU torch, into a new virtual
+environment without the system's site-packages: first plain (no extras: what `pip install
+ringctl-*.whl` gives; its test runs first), then with the `hf` extra added (one venv: a second
+one cost the suite 25 s of installing torch again). From an empty temporary directory it runs the
 bundled jobs by name: `ringctl run smoke` (4 local ranks) in both, `ringctl run longdoc` (on the
 bundled trained byte-level model, read from the installed package: the job's default,
 SmolLM2, needs a package these venvs do not have) and `ringctl render smoke backend=slurm`; also `ringctl example` writes a config that then runs. Nothing here may come
@@ -77,15 +78,33 @@ def _venv(wheel: tuple[Path, dict], where: Path, spec: str) -> tuple[Path, dict[
 
 
 @pytest.fixture(scope="module")
-def wheel_venv(wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """The wheel with the `hf` extra (transformers, tokenizers)."""
-    return _venv(wheel, tmp_path_factory.mktemp("hf"), "{wheel}[hf]")
+def plain_venv(wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """The wheel alone, no extras: what `pip install ringctl-*.whl` gives."""
+    return _venv(wheel, tmp_path_factory.mktemp("venv"), "{wheel}")
 
 
 @pytest.fixture(scope="module")
-def plain_venv(wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
-    """The wheel alone, no extras: what `pip install ringctl-*.whl` gives."""
-    return _venv(wheel, tmp_path_factory.mktemp("plain"), "{wheel}")
+def wheel_venv(wheel, plain_venv) -> tuple[Path, dict[str, str]]:
+    """The same venv with the `hf` extra (transformers, tokenizers) added: the plain test,
+    first in this file, has run (run alone after these, it fails: longdoc would then run)."""
+    venv, env = plain_venv
+    spec = f"{wheel[0]}[hf]"
+    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", spec], cwd=venv, env=env)
+    return venv, env
+
+
+def test_plain_install_runs_a_job_and_names_what_longdoc_needs(plain_venv, tmp_path):
+    """No extras: the core's own dependencies must run a job (the shards are written with
+    safetensors, which needs numpy); the long-document job asks for the hf extra by name."""
+    venv, env = plain_venv
+    smoke = _run(["ringctl", "run", "smoke", "timeout=120"], cwd=tmp_path, env=env)
+    assert "COMPLETED" in smoke.stdout
+    argv = ["ringctl", "run", "longdoc", "task.model_path=bundled:demo-byte-llama"]
+    longdoc = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert longdoc.returncode != 0 and "pip install 'ringctl[hf]'" in longdoc.stderr, longdoc
+    assert "Traceback" not in longdoc.stderr
 
 
 def test_wheel_carries_templates_and_jobs(wheel_venv, tmp_path):
@@ -117,20 +136,6 @@ def test_bundled_jobs_run_by_name_outside_a_checkout(wheel_venv, tmp_path):
     rows = json.loads((tmp_path / "ld" / "gathered" / "summary.json").read_text())["documents"]
     story = next(r for r in rows if r["document"] == "lighthouse-keeper.txt")
     assert story["bits_per_byte"] < 3.0, story
-
-
-def test_plain_install_runs_a_job_and_names_what_longdoc_needs(plain_venv, tmp_path):
-    """No extras: the core's own dependencies must run a job (the shards are written with
-    safetensors, which needs numpy); the long-document job asks for the hf extra by name."""
-    venv, env = plain_venv
-    smoke = _run(["ringctl", "run", "smoke", "timeout=120"], cwd=tmp_path, env=env)
-    assert "COMPLETED" in smoke.stdout
-    argv = ["ringctl", "run", "longdoc", "task.model_path=bundled:demo-byte-llama"]
-    longdoc = subprocess.run(
-        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert longdoc.returncode != 0 and "pip install 'ringctl[hf]'" in longdoc.stderr, longdoc
-    assert "Traceback" not in longdoc.stderr
 
 
 def test_example_writes_a_config_that_runs(wheel_venv, tmp_path):
