@@ -138,6 +138,36 @@ def test_a_model_type_transformers_lacks_is_refused_at_submit(tmp_path) -> None:
         _load(f"task.model_path={d}", "task.tokenizer_path=bytes")
 
 
+@pytest.mark.parametrize("use", [True, False])
+def test_an_override_decides_what_the_config_derives_from_it(tmp_path, use) -> None:
+    """Qwen2 decides sliding_window and layer_types from use_sliding_window while its config
+    is built (as Qwen2.5's config.json has it: a window, use_sliding_window false). Set on
+    the built config, the override left them as they were: `true` ran full attention while
+    the submit checks and the planner, reading the merged config.json, saw the window; `false`
+    kept the window. Fails before: layer_types stayed the file's."""
+    from ringctl.longdoc.model.compat import model_shape
+    from ringctl.longdoc.model.load import load_config
+
+    qwen = {"model_type": "qwen2", "sliding_window": 8, "max_window_layers": 0, **TINY}
+    cfg = tmp_path / "qwen2.json"
+    cfg.write_text(json.dumps({**qwen, "use_sliding_window": not use}))
+    for path in (cfg, _saved_without_derived_fields(tmp_path, qwen, not use)):
+        config, _ = load_config(path, {"use_sliding_window": use})
+        want = "sliding_attention" if use else "full_attention"
+        assert config.layer_types == [want] * config.num_hidden_layers, path
+        assert config.sliding_window == (8 if use else None), path
+        shape = model_shape(path, {"use_sliding_window": use})
+        assert shape.window == (8 if use else None), path  # what the planner prices
+
+
+def _saved_without_derived_fields(tmp_path: Path, fields: dict, use: bool) -> Path:
+    """A model directory whose config.json is the file alone (no layer_types saved)."""
+    d = tmp_path / f"qwen2-dir-{use}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**fields, "use_sliding_window": use}))
+    return d
+
+
 def _mistral(tmp_path: Path) -> Path:
     cfg = tmp_path / "mistral.json"
     cfg.write_text(json.dumps({"model_type": "mistral", "sliding_window": 64, **TINY}))
@@ -200,12 +230,10 @@ def test_unknown_fields_name_the_nearest_and_sub_configs_are_checked() -> None:
 
 
 def test_overrides_are_set_on_the_loaded_config(tmp_path) -> None:
-    """Random weights from a .json and a saved directory get the same: setattr after loading,
-    sub-configs included; the planner sizes the overridden model."""
-    from transformers import AutoConfig
-
+    """Random weights from a .json and a saved directory get the same: the config built from
+    its config.json with the overrides merged in, sub-configs included; the planner sizes the
+    overridden model."""
     from ringctl.longdoc.model.load import load_config
-    from ringctl.longdoc.model.overrides import apply
     from ringctl.tasks.longdoc import LongDocTask
 
     cfg = _mistral(tmp_path)
@@ -214,8 +242,11 @@ def test_overrides_are_set_on_the_loaded_config(tmp_path) -> None:
     config.save_pretrained(tmp_path / "saved")
     again, seed = load_config(tmp_path / "saved", {"sliding_window": 16})
     assert (again.sliding_window, seed) == (16, None)
-    gemma3 = AutoConfig.for_model("gemma3")
-    apply(gemma3, {"text_config": {"sliding_window": 8}})
+    gemma3_json = tmp_path / "gemma3.json"
+    gemma3_json.write_text(
+        json.dumps({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}})
+    )
+    gemma3, _ = load_config(gemma3_json, {"text_config": {"sliding_window": 8}})
     assert gemma3.text_config.sliding_window == 8 and type(gemma3.text_config).__name__.endswith(
         "TextConfig"
     )

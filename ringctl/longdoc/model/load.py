@@ -17,8 +17,9 @@
   loaded as a directory (``gguf_file.converted``; ``model_directory``);
 * a directory: ``from_pretrained`` (safetensors, offline: ``HF_HUB_OFFLINE=1``).
 
-``overrides`` (``task.model_overrides``) are checked against the model's config class and set
-on the loaded config (``overrides.py``), never given to a loader; nothing is loaded with
+``overrides`` (``task.model_overrides``) are checked against the model's config class and
+merged into its config.json, from which the config is built (``overrides.py``), never given
+to a loader; nothing is loaded with
 ``trust_remote_code``: a directory's own code (``auto_map``) is never run, transformers' built-in
 class for its ``model_type`` builds the model (``custom_code.py`` says so at submit).
 
@@ -139,18 +140,30 @@ def torch_dtype(name: str) -> torch.dtype:
 def config_from_json(path: str | Path, overrides: dict | None = None):
     """(transformers config, seed) from a JSON file; keys starting with "_" are ours.
 
-    ``overrides``: set on the built config (``overrides.apply``), once checked by the caller."""
+    ``overrides``: merged into the file's fields before the config is built (``built_with``),
+    once checked by the caller."""
     from transformers import AutoConfig
 
-    from .overrides import apply
+    from .overrides import merge
 
     data = json.loads(Path(path).read_text())
     if "model_type" not in data:
         raise ValueError(f"{path}: a model config needs a 'model_type' (e.g. 'llama')")
     seed = int(data.get("_ringctl_seed", 0))
-    config = AutoConfig.for_model(**{k: v for k, v in data.items() if not k.startswith("_")})
-    apply(config, overrides)
-    return config, seed
+    fields = merge({k: v for k, v in data.items() if not k.startswith("_")}, overrides)
+    return AutoConfig.for_model(**fields), seed
+
+
+def built_with(config, merged: dict):
+    """``config`` built again by its own class from ``merged`` (its config.json with the
+    overrides set), as if the file had said so: a field the class derives while it is built
+    follows the overrides. Set on a built config they did not: Qwen2's use_sliding_window
+    decides sliding_window and layer_types in the constructor, so overriding it to true ran
+    full attention, while the submit checks and the planner, reading the merged config.json,
+    saw the window."""
+    rebuilt = type(config).from_dict(merged)
+    rebuilt._name_or_path = config._name_or_path
+    return rebuilt
 
 
 def load_config(model_path: str | Path | None, overrides: dict | None = None):
@@ -160,9 +173,8 @@ def load_config(model_path: str | Path | None, overrides: dict | None = None):
     ``trust_remote_code=False``: its ``auto_map`` code is never imported. A ValueError names an
     override that is not a field of the model's config (``overrides.refusal``)."""
     from .compat import read_model_config
-    from .overrides import apply
 
-    read_model_config(model_path, overrides)  # the check: one line naming the key
+    merged = read_model_config(model_path, overrides)  # the check: one line naming the key
     if model_path is None or str(model_path).endswith(".json"):
         return config_from_json(model_path or bundled_config_path(), overrides)
     path = model_directory(model_path)
@@ -175,8 +187,7 @@ def load_config(model_path: str | Path | None, overrides: dict | None = None):
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    apply(config, overrides)
-    return config, None
+    return (built_with(config, merged) if overrides else config), None
 
 
 def build_random(config, *, seed: int, dtype: torch.dtype, attn_implementation: str):

@@ -13,8 +13,8 @@ A mapping given for a sub-config (``text_config: {...}``) is checked against tha
 class; one given for a dict field (``rope_parameters: {...}``) has free-form keys, but no loader
 option may hide inside it, however deep (``nested_problem``). ``refusal`` says what is wrong in
 one line, with the nearest real fields; ``merge`` gives the config.json that the submit checks
-and the planner read; ``apply`` sets the overrides on the loaded config object, the way
-transformers itself sets keyword arguments after building a config, so every rank and every
+and the planner read, and that every rank builds its config from (``load.built_with``: a
+field the class derives while it is built follows the overrides), so every rank and every
 loading path (whole, sharded, random weights) gets the same.
 
 Checking needs transformers' config classes (which import torch): only when there are overrides.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Mapping
-from typing import Any
 
 _DOWNLOAD = "an option of transformers' loader for downloads (ringctl loads local files only)"
 _LOADING = "an option of transformers' loader (how weights are read), not a field of the model"
@@ -179,18 +178,6 @@ def merge(config: Mapping, overrides: Mapping | None) -> dict:
         else:
             out[key] = value
     return out
-
-
-def apply(config: Any, overrides: Mapping | None) -> None:
-    """Set the (checked) overrides on a loaded transformers config, sub-configs included."""
-    for key, value in (overrides or {}).items():
-        current = getattr(config, key, None)
-        if isinstance(value, Mapping) and hasattr(current, "to_dict"):
-            apply(current, value)
-        elif isinstance(value, Mapping) and isinstance(current, Mapping):
-            setattr(config, key, merge(current, value))  # as `merge` does in config.json
-        else:
-            setattr(config, key, value)
 
 
 def describe(overrides: Mapping | None) -> str:
