@@ -160,6 +160,30 @@ def test_an_override_decides_what_the_config_derives_from_it(tmp_path, use) -> N
         assert shape.window == (8 if use else None), path  # what the planner prices
 
 
+def test_a_switch_the_file_has_decided_already_is_refused_by_name(tmp_path) -> None:
+    """A Qwen2 config.json that lists layer_types (transformers 5 saves them): overriding
+    use_sliding_window alone would change nothing the model runs (exit 0, the window not
+    where the user put it), so it is refused, naming what to override as well; with
+    layer_types overridden too, both take effect."""
+    from ringctl.longdoc.model.load import load_config
+    from ringctl.longdoc.model.overrides import refusal
+
+    layers = TINY["num_hidden_layers"]
+    qwen = {"model_type": "qwen2", "sliding_window": 8, "max_window_layers": 0, **TINY}
+    saved = {**qwen, "use_sliding_window": False, "layer_types": ["full_attention"] * layers}
+    why = refusal(saved, {"use_sliding_window": True})
+    assert why.startswith("task.model_overrides.use_sliding_window: this config.json lists "), why
+    assert "override layer_types as well" in why
+    cfg = tmp_path / "qwen2.json"
+    cfg.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="override layer_types as well"):
+        load_config(cfg, {"use_sliding_window": True})
+    both = {"use_sliding_window": True, "layer_types": ["sliding_attention"] * layers}
+    config, _ = load_config(cfg, both)
+    assert config.layer_types == both["layer_types"] and config.sliding_window == 8
+    assert refusal(qwen, {"use_sliding_window": True}) is None  # the file decides nothing
+
+
 def _saved_without_derived_fields(tmp_path: Path, fields: dict, use: bool) -> Path:
     """A model directory whose config.json is the file alone (no layer_types saved)."""
     d = tmp_path / f"qwen2-dir-{use}"

@@ -107,6 +107,7 @@ def problem(config: Mapping, overrides: Mapping | None, where: str = WHERE):
     allowed = (fields or set()) | {k for k in config if isinstance(k, str) and k[:1] != "_"}
     for key, value in overrides.items():
         why = _key_refusal(str(key), allowed, fields, cls.__name__ if cls else "")
+        why = why or _decided_in_file(config, overrides, str(key))
         if why:
             return f"{where}.{key}", why
         subs = getattr(cls, "sub_configs", None) or {}
@@ -142,6 +143,22 @@ def nested_problem(value, where: str, depth: int = 0):
         found = nested_problem(inner, f"{where}.{name}", depth + 1)
         if found:
             return found
+    return None
+
+
+# A switch whose effect a config.json may state itself: Qwen2's use_sliding_window decides the
+# layers' attention (layer_types) only when the file lists none, and transformers 5 saves
+# them; with layer_types in the file, the switch alone changes nothing the model runs.
+DECIDED_IN_FILE = {"use_sliding_window": "layer_types"}
+
+
+def _decided_in_file(config: Mapping, overrides: Mapping, key: str) -> str | None:
+    field = DECIDED_IN_FILE.get(key)
+    if field and field in config and field not in overrides:
+        return (
+            f"this config.json lists {field}, which decide each layer's attention whatever "
+            f"{key} says: override {field} as well"
+        )
     return None
 
 
