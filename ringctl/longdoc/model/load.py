@@ -30,7 +30,6 @@ model is built, so every rank builds identical weights; ``check_same_weights`` v
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -137,20 +136,15 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def config_from_json(path: str | Path, overrides: dict | None = None):
-    """(transformers config, seed) from a JSON file; keys starting with "_" are ours.
-
-    ``overrides``: merged into the file's fields before the config is built (``built_with``),
-    once checked by the caller."""
+def config_from_fields(data: dict, where: str | Path):
+    """(transformers config, seed) from a JSON config's fields (read once, the overrides
+    merged in: ``compat.read_model_config``); keys starting with "_" are ours."""
     from transformers import AutoConfig
 
-    from .overrides import merge
-
-    data = json.loads(Path(path).read_text())
     if "model_type" not in data:
-        raise ValueError(f"{path}: a model config needs a 'model_type' (e.g. 'llama')")
+        raise ValueError(f"{where}: a model config needs a 'model_type' (e.g. 'llama')")
     seed = int(data.get("_ringctl_seed", 0))
-    fields = merge({k: v for k, v in data.items() if not k.startswith("_")}, overrides)
+    fields = {k: v for k, v in data.items() if not k.startswith("_")}
     return AutoConfig.for_model(**fields), seed
 
 
@@ -176,7 +170,7 @@ def load_config(model_path: str | Path | None, overrides: dict | None = None):
 
     merged = read_model_config(model_path, overrides)  # the check: one line naming the key
     if model_path is None or str(model_path).endswith(".json"):
-        return config_from_json(model_path or bundled_config_path(), overrides)
+        return config_from_fields(merged, model_path or bundled_config_path())
     path = model_directory(model_path)
     if not path.is_dir():
         raise FileNotFoundError(
