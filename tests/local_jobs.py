@@ -24,3 +24,17 @@ def local_state(job_dir: Path) -> dict:
         return json.loads((job_dir / "state.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
+
+
+def submitted_job_dir(out: str) -> Path:
+    """The job directory `ringctl submit` names at the end of its output ("... in DIR")."""
+    return Path(out.strip().rsplit(" in ", 1)[1])
+
+
+def submit(capsys, *argv: str) -> Path:
+    """`ringctl submit ARGV`, its exit status 0 (else its stderr shown): the job directory."""
+    from ringctl.cli import main
+
+    capsys.readouterr()
+    assert main(["submit", *argv]) == 0, capsys.readouterr().err
+    return submitted_job_dir(capsys.readouterr().out)

@@ -30,6 +30,7 @@ from ringctl.jobdir import JobDir
 from ringctl.longdoc.inputs.documents import doc_key
 from ringctl.longdoc.output.names import FORMAT
 from ringctl.longdoc.output.store import ShardStore
+from tests.local_jobs import submitted_job_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "jobs" / "smoke.yaml")
@@ -398,7 +399,7 @@ def test_resumed_job_script_follows_the_umask(tmp_path, capsys):
     try:
         quick = ["nodes=1", "env.python=/bin/true"]  # ranks that exit at once
         assert main(["submit", SMOKE, f"output_dir={tmp_path}", *quick]) == 0
-        job = Path(capsys.readouterr().out.strip().rsplit(" in ", 1)[1])
+        job = submitted_job_dir(capsys.readouterr().out)
         _, _, backend = open_job_dir(job)
         assert backend.wait(job, timeout=60, poll_s=0.2).state.finished
         assert main(["resume", str(job), "timeout=61"]) == 0, capsys.readouterr().err

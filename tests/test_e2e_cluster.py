@@ -22,15 +22,9 @@ from ringctl.backends.base import JobState
 from ringctl.cli import main
 from ringctl.config import load_resolved
 from ringctl.submission import open_job_dir
+from tests.local_jobs import submit, submitted_job_dir
 
 pytestmark = pytest.mark.slurm
-
-
-def _submit(capsys, *argv: str) -> Path:
-    capsys.readouterr()
-    assert main(["submit", *argv]) == 0, capsys.readouterr().err
-    out = capsys.readouterr().out
-    return Path(out.strip().rsplit(" in ", 1)[1])
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +48,7 @@ def over_time_job(slurm_cluster, tmp_path_factory) -> Path:
     ]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         assert main(argv) == 0, err.getvalue()
-    return Path(out.getvalue().strip().rsplit(" in ", 1)[1])
+    return submitted_job_dir(out.getvalue())
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +98,7 @@ def test_attention_job_on_four_nodes_matches_the_reference(
     via, slurm_cluster, ssh_login, tmp_path, capsys
 ):
     extra = _ssh_overrides(ssh_login) if via == "ssh" else ["backend=slurm"]
-    job_dir = _submit(
+    job_dir = submit(
         capsys,
         "jobs/smoke.yaml",
         f"output_dir={tmp_path}",
@@ -150,7 +144,7 @@ def test_attention_job_on_four_nodes_matches_the_reference(
 
 
 def test_failing_rank_is_reported_failed_with_its_error(slurm_cluster, tmp_path, capsys):
-    job_dir = _submit(
+    job_dir = submit(
         capsys,
         "jobs/smoke.yaml",
         "backend=slurm",
@@ -165,7 +159,7 @@ def test_failing_rank_is_reported_failed_with_its_error(slurm_cluster, tmp_path,
 
 def test_hung_rank_fails_the_job_within_the_collective_timeout(slurm_cluster, tmp_path, capsys):
     start = time.monotonic()
-    job_dir = _submit(
+    job_dir = submit(
         capsys,
         "jobs/smoke.yaml",
         "backend=slurm",
@@ -181,7 +175,7 @@ def test_hung_rank_fails_the_job_within_the_collective_timeout(slurm_cluster, tm
 
 
 def test_cancel_a_running_job(slurm_cluster, tmp_path, capsys):
-    job_dir = _submit(
+    job_dir = submit(
         capsys,
         "jobs/smoke.yaml",
         "backend=slurm",
@@ -209,7 +203,7 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(
 
     from ringctl.longdoc.model.load import load_model
 
-    job_dir = _submit(
+    job_dir = submit(
         capsys,
         "jobs/longdoc.yaml",
         f"output_dir={tmp_path}",
@@ -251,7 +245,7 @@ def test_hybrid_job_on_the_cluster_takes_its_groups_from_the_placement(
     """ring.ulysses=auto on 2 nodes x 2 ranks: `ringctl topo --ulysses auto` puts each
     node's ranks in one Ulysses group (placement.json), every worker builds both groups from
     it, and the result equals float64 attention over the whole sequence."""
-    job_dir = _submit(
+    job_dir = submit(
         capsys,
         "jobs/smoke.yaml",
         "backend=slurm",
@@ -283,7 +277,7 @@ def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster
         (docs / f"doc{i}.txt").write_text(text)
     common = [f"task.inputs=[{docs}]", "task.chunk_size=256"]
     common.append("task.model_path=bundled:demo-byte-llama")  # the default needs a package
-    job_dir = _submit(
+    job_dir = submit(
         capsys,
         "jobs/longdoc.yaml",
         "backend=slurm",

@@ -17,17 +17,11 @@ import pytest
 from ringctl.backends.base import JobState
 from ringctl.cli import main
 from ringctl.submission import open_job_dir
-from tests.local_jobs import wait_for
+from tests.local_jobs import submit, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "jobs" / "smoke.yaml")
 ONCE = ["task.fault_rank=1", "task.fault=raise-once", "timeout=60", "task.steps=1"]
-
-
-def _submit(capsys, *argv: str) -> Path:
-    capsys.readouterr()
-    assert main(["submit", *argv]) == 0, capsys.readouterr().err
-    return Path(capsys.readouterr().out.strip().rsplit(" in ", 1)[1])
 
 
 def _final(job_dir: Path, timeout: float = 180):
@@ -57,7 +51,7 @@ def _resume_and_check(job_dir: Path, capsys) -> None:
 
 @pytest.mark.slurm
 def test_resume_on_slurm(slurm_cluster, tmp_path, capsys):
-    job_dir = _submit(capsys, SMOKE, "backend=slurm", f"output_dir={tmp_path}", "nodes=2", *ONCE)
+    job_dir = submit(capsys, SMOKE, "backend=slurm", f"output_dir={tmp_path}", "nodes=2", *ONCE)
     _resume_and_check(job_dir, capsys)
 
 
@@ -72,7 +66,7 @@ def test_resume_over_ssh(slurm_cluster, ssh_login, tmp_path, capsys):
         f"ssh.known_hosts={ssh_login.known_hosts}",
         f"ssh.remote_dir={tmp_path / 'remote'}",
     ]
-    job_dir = _submit(capsys, SMOKE, *login, f"output_dir={tmp_path / 'local'}", "nodes=2", *ONCE)
+    job_dir = submit(capsys, SMOKE, *login, f"output_dir={tmp_path / 'local'}", "nodes=2", *ONCE)
     _resume_and_check(job_dir, capsys)
     remote = tmp_path / "remote" / job_dir.name
     assert (remote / "attempts" / "1" / "logs").is_dir() and (remote / "logs").is_dir()
@@ -84,7 +78,7 @@ def test_ranks_that_leave_no_result_fail_the_job(backend, request, tmp_path, cap
     job read COMPLETED (local and Slurm alike); a rank without its result is a failed job."""
     if backend == "slurm":
         request.getfixturevalue("slurm_cluster")
-    job_dir = _submit(
+    job_dir = submit(
         capsys, SMOKE, f"backend={backend}", f"output_dir={tmp_path}", "nodes=2", *ONCE
     )
     assert _final(job_dir).state is JobState.FAILED
@@ -101,7 +95,7 @@ def test_ranks_that_leave_no_result_fail_the_job(backend, request, tmp_path, cap
 
 
 def test_resume_locally_and_concurrent_resumes(tmp_path, capsys):
-    job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
+    job_dir = submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
     assert _final(job_dir).state is JobState.FAILED
     cmd = [sys.executable, "-m", "ringctl.cli", "resume", str(job_dir)]
     procs = [
@@ -128,7 +122,7 @@ def _alive(pid: int) -> bool:
 
 def test_workers_die_with_their_supervisor(tmp_path, capsys):
     hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=2"]
-    job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
+    job_dir = submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
 
     def workers():
         try:
@@ -148,7 +142,7 @@ def test_workers_die_with_their_supervisor(tmp_path, capsys):
 
 def test_a_reused_pid_is_never_signalled(tmp_path, capsys):
     hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=2"]
-    job_dir = _submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
+    job_dir = submit(capsys, SMOKE, f"output_dir={tmp_path}", *hang)
     wait_for(lambda: (job_dir / "state.json").exists(), 60, "the job to start")
     assert main(["cancel", str(job_dir)]) == 0
     assert _final(job_dir, timeout=30).state is JobState.CANCELLED

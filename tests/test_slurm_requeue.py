@@ -23,7 +23,7 @@ import pytest
 from ringctl.backends.base import JobState
 from ringctl.cli import main
 from ringctl.submission import open_job_dir
-from tests.local_jobs import wait_for
+from tests.local_jobs import submit, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -55,12 +55,6 @@ def jobs_on(node: str) -> set[str]:
 
 def quietest_node(nodes: tuple[str, ...]) -> str:
     return min(reversed(nodes), key=lambda n: len(jobs_on(n)))
-
-
-def _submit(capsys, *argv: str) -> Path:
-    capsys.readouterr()
-    assert main(["submit", *argv]) == 0, capsys.readouterr().err
-    return Path(capsys.readouterr().out.strip().rsplit(" in ", 1)[1])
 
 
 def _status(job_dir: Path):
@@ -164,8 +158,8 @@ def test_node_failure_ends_or_requeues_as_configured(slurm_cluster, tmp_path, ca
         "slurm.time=00:10:00",
         f"slurm.extra_sbatch=[--nodelist={node}]",
     ]
-    ended = _submit(capsys, *common, "name=no-requeue", "slurm.requeue=false")
-    rerun = _submit(capsys, *common, "name=requeue", "slurm.requeue=true")
+    ended = submit(capsys, *common, "name=no-requeue", "slurm.requeue=false")
+    rerun = submit(capsys, *common, "name=requeue", "slurm.requeue=true")
     ended_id, rerun_id = _job_id(ended), _job_id(rerun)
     try:
         # what the script says, as Slurm holds it (the cluster's default would be 1 for both)

@@ -18,13 +18,12 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
-from tests.local_jobs import wait_for
+from tests.local_jobs import submit, wait_for
 from tests.test_hardening_round4 import _killing_python
 from tests.test_slurm_requeue import (
     _job_id,
     _started,
     _status,
-    _submit,
     job_field,
     scontrol,
     start_now,
@@ -67,7 +66,7 @@ def test_a_sigkilled_rank_is_said_so_without_its_progress_bar(
 def test_status_of_a_requeued_job_says_where_its_logs_are_and_why_it_failed(
     slurm_cluster, tmp_path, capsys
 ) -> None:
-    job = _submit(
+    job = submit(
         capsys,
         SMOKE,
         "backend=slurm",

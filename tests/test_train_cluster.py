@@ -15,8 +15,7 @@ import torch
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
-from tests.local_jobs import wait_for
-from tests.test_e2e_cluster import _submit
+from tests.local_jobs import submit, wait_for
 from tests.test_slurm_requeue import start_now
 from tests.test_train_job import _args, _losses, _weights, corpus  # noqa: F401 - fixture
 
@@ -45,7 +44,7 @@ def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_pa
     # the requeue could land while the job ended)
     steps = ["task.max_steps=20", "task.checkpoint_every=2", "slurm.requeue=true"]
     shape = ["nodes=4", "tasks_per_node=1", "timeout=120", *steps]
-    job = _submit(
+    job = submit(
         capsys,
         *_args(tmp_path / "job", corpus, *shape),
         "backend=slurm",
