@@ -46,9 +46,12 @@ STATS = CommStats()
 class PendingExchange:
     """Posted transfers; after ``wait``, ``received`` holds the block that came in."""
 
-    def __init__(self, requests: list, received: Sequence[torch.Tensor]) -> None:
+    def __init__(
+        self, requests: list, received: Sequence[torch.Tensor], sent: Sequence[torch.Tensor] = ()
+    ) -> None:
         self._requests = requests
         self.received = tuple(received)
+        self._sent = tuple(sent)  # alive until the transfer is done (a copy made to send)
 
     def wait(self) -> None:
         start = time.perf_counter() if STATS.enabled else 0.0
@@ -130,7 +133,8 @@ class RingComm:
         borrow: bool = False,
     ) -> PendingExchange:
         """Send the tensors ``send`` to the next rank and receive the previous rank's into
-        ``recv`` (same shapes), all at once; no tensor is copied or packed. ``shift`` other
+        ``recv`` (same shapes), all at once; no tensor is copied or packed unless it is
+        strided (some rows of a batch's block). ``shift`` other
         than 1: to rank + shift, from rank - shift (a windowed ring's backward leg, and the
         accumulators' trip home). After ``wait`` the block is the exchange's ``received``.
 
@@ -150,10 +154,11 @@ class RingComm:
         if STATS.enabled:
             STATS.bytes_sent += sum(t.numel() * t.element_size() for t in send)
             STATS.exchanges += 1
+        send = [t.contiguous() for t in send]  # a block's rows of a batch: strided
         if self._batched:
             ops = [dist.P2POp(dist.isend, t, to, self.group) for t in send]
             ops += [dist.P2POp(dist.irecv, t, source, self.group) for t in recv]
-            return PendingExchange(dist.batch_isend_irecv(ops), recv)
+            return PendingExchange(dist.batch_isend_irecv(ops), recv, send)
         requests = [dist.isend(t, to, group=self.group, tag=tag) for t in send]
         requests += [dist.irecv(t, source, group=self.group, tag=tag) for t in recv]
-        return PendingExchange(requests, recv)
+        return PendingExchange(requests, recv, send)

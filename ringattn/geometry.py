@@ -430,6 +430,34 @@ class SequenceLayout:
             self._plans[key] = _reach(self, causal, window)
         return self._plans[key]
 
+    def kv_rows(
+        self, owner: int, shift: int, hop: int, hops: int, causal: bool, window: int | None
+    ) -> slice:
+        """The rows of ``owner``'s K/V block that the ranks holding it at hops ``hop`` ..
+        ``hops`` of a leg (``shift``: +1 forward, -1 backward) read: what travels to the
+        holder of hop ``hop``. A window's neighbour reads only the block's last ``window``
+        rows, a zigzag rank after the owner only its early half; the rest need not travel.
+        One row where no holder reads any, one the hop before carried (a transfer of nothing
+        is not worth its own path through every backend)."""
+        key = ("kv_rows", owner, shift, hop, hops, causal, window)
+        if key not in self._plans:
+            starts, stops = [], []
+            for j in range(hop, hops + 1):
+                holder, step = (owner + shift * j) % self.world_size, (shift * j) % self.world_size
+                for blk in self.plan(step, holder, causal, window):
+                    starts.append(blk.kv.start)
+                    stops.append(blk.kv.stop)
+            if starts:
+                self._plans[key] = slice(min(starts), max(stops))
+            else:  # the first row of what the hop before carried (it holds that one)
+                first = (
+                    self.kv_rows(owner, shift, hop - 1, hops, causal, window).start
+                    if hop > 1
+                    else 0
+                )
+                self._plans[key] = slice(first, first + 1)
+        return self._plans[key]
+
 
 def _plan(layout: SequenceLayout, src: int, rank: int, causal: bool, window) -> tuple[Block, ...]:
     cut = layout.window_cuts(causal, window)

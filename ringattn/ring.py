@@ -22,7 +22,11 @@ Where every token lives and which part of a block is needed is the ring's ``Sequ
 skipped, so their FLOPs are never spent; in the zigzag layout every step after the first costs
 every rank exactly half a block. Packed documents (``cu_seqlens``) are the same loop over a
 packed layout: pairs of blocks of different documents are never computed, and a ring step
-that carries nothing any rank needs is not made. Under a sliding window, blocks
+that carries nothing any rank needs is not made. A hop carries only the rows of a block that
+its next holders read (``SequenceLayout.kv_rows``): under a window of W the neighbour reads
+the block's last W - 1 rows, not the whole block; in zigzag the ranks after a block's owner
+read only its early half, so at P = 2 one rank sends half a block. A one-hop leg's dK/dV
+accumulator covers the rows its one visitor read. Under a sliding window, blocks
 entirely behind the window are skipped too and the boundary pieces go to ``BandedKernel``; the
 merge then starts from (0, -inf), since the first piece computed may not cover every row.
 
@@ -85,31 +89,90 @@ def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
 class _Rotation:
     """The block held now, and where the next one lands.
 
-    Blocks land alternately in two buffers. When the first block held is the caller's
-    (``owned=False``: K and V, saved for backward) both landing buffers are ours, the second
-    allocated only when the ring needs it; when it is ours (the dK/dV accumulators), it becomes
-    the second landing buffer once it has been sent on. A transport may deliver a borrowed
-    block somewhere else (``Endpoint.exchange``'s ``borrow``): the block held is then what
-    the exchange received, and the landing buffer stays untouched (never paged in).
+    Blocks land alternately in two buffers, each as large as the largest block that lands in
+    it (``arrivals``: the rows of each, in order; a block carries only the rows its holders
+    read, ``_LegRows``). When the first block held is the caller's (``owned=False``: K and V,
+    saved for backward) both landing buffers are ours, the second allocated only when the ring
+    needs it; when it is ours (the dK/dV accumulators, every one whole), it becomes the second
+    landing buffer once it has been sent on. A transport may deliver a borrowed block
+    somewhere else (``Endpoint.exchange``'s ``borrow``): the block held is then what the
+    exchange received, and the landing buffer stays untouched (never paged in).
     """
 
-    def __init__(self, tensors: tuple[torch.Tensor, ...], transfers: int, owned: bool) -> None:
+    def __init__(self, tensors: tuple[torch.Tensor, ...], arrivals: list[int], owned: bool):
         self.held = tensors
-        n_new = min(2, transfers) if not owned else min(1, transfers)
-        self._recv = [tuple(torch.empty_like(t) for t in tensors) for _ in range(n_new)]
-        if owned and transfers > 1:
-            self._recv.append(tensors)
+        self._like, self._arrivals = tensors, arrivals
+        n_new = min(2, len(arrivals)) if not owned else min(1, len(arrivals))
+        self._recv = [
+            tuple(_flat_buffer(t, max(arrivals[i::2])) for t in tensors) for i in range(n_new)
+        ]
+        if owned and len(arrivals) > 1:
+            if max(arrivals[1::2]) > tensors[0].shape[1]:
+                raise AssertionError("a dK/dV accumulator lands in one smaller than itself")
+            self._recv.append(tuple(t.view(-1) for t in tensors))
         self._arrived = 0
         self.borrowed = False  # is the block held the transport's (valid during the call)?
 
     def landing(self) -> tuple[torch.Tensor, ...]:
-        return self._recv[self._arrived % len(self._recv)]
+        rows = self._arrivals[self._arrived]
+        flats = self._recv[self._arrived % len(self._recv)]
+        return tuple(_rows_of(f, like, rows) for f, like in zip(flats, self._like, strict=True))
 
     def advance(self, pending) -> None:
         """Hold the block ``pending`` (an exchange into ``landing()``, waited on) received."""
-        self.borrowed = pending.received[0] is not self.landing()[0]
+        flats = self._recv[self._arrived % len(self._recv)]
+        self.borrowed = pending.received[0].data_ptr() != flats[0].data_ptr()
         self.held = pending.received
         self._arrived += 1
+
+
+def _flat_buffer(like: torch.Tensor, rows: int) -> torch.Tensor:
+    """Room for ``rows`` rows (dim 1) of tensors shaped as ``like``, flat."""
+    return torch.empty(like[:, :1].numel() * rows, dtype=like.dtype, device=like.device)
+
+
+def _rows_of(flat: torch.Tensor, like: torch.Tensor, rows: int) -> torch.Tensor:
+    """The start of ``flat`` as a contiguous tensor shaped as ``like`` with ``rows`` rows."""
+    shape = (like.shape[0], rows, *like.shape[2:])
+    return flat[: like[:, :1].numel() * rows].view(shape)
+
+
+@dataclass(frozen=True)
+class _LegRows:
+    """Which rows of K/V blocks travel on one leg, as one rank sees it (rows of the block's
+    owner; ``SequenceLayout.kv_rows``): ``held[h]``, those of the block held after hop h
+    (all of the own block at hop 0); ``sent[h]``, those of it sent on at hop h (what its next
+    holder reads); ``home``, those of this rank's own block its one visitor reads (a one-hop
+    leg's dK/dV accumulator, coming home, covers those)."""
+
+    held: tuple[slice, ...]
+    sent: tuple[slice, ...]
+    home: slice
+
+    @classmethod
+    def of(cls, setup: RingSetup, rank: int, rows: int, shift: int, hops: int) -> _LegRows:
+        world, geo = setup.geometry.world_size, setup.geometry
+        causal, window = setup.causal, setup.window
+        held = [slice(0, rows)]
+        sent = []
+        for hop in range(1, hops + 1):
+            owner = (rank - shift * (hop - 1)) % world  # of the block held before this hop
+            sent.append(geo.kv_rows(owner, shift, hop, hops, causal, window))
+            held.append(geo.kv_rows((rank - shift * hop) % world, shift, hop, hops, causal, window))
+        home = geo.kv_rows(rank, shift, 1, hops, causal, window) if hops else slice(0, rows)
+        return cls(tuple(held), tuple(sent), home)
+
+    def arrivals(self) -> list[int]:
+        return [s.stop - s.start for s in self.held[1:]]
+
+
+def _moved(rows: slice, base: int) -> slice:
+    """``rows`` of a block counted from ``base`` (the first row a trimmed copy holds)."""
+    return slice(rows.start - base, rows.stop - base)
+
+
+def _rows_sent(held: tuple[torch.Tensor, ...], rows: slice, base: int):
+    return tuple(t[:, _moved(rows, base)] for t in held)
 
 
 @dataclass(frozen=True)
@@ -202,16 +265,20 @@ def ring_forward(
         out, lse = _empty_result(q)
         merge = _merge_any
     for leg, (shift, hops) in enumerate(setup.legs()):
-        kv = _Rotation(own, transfers=hops, owned=False)
+        rows = _LegRows.of(setup, comm.rank, k.shape[1], shift, hops)
+        kv = _Rotation(own, rows.arrivals(), owned=False)
         for hop, step in enumerate(_leg_steps(shift, hops, world)):
             k_blk, v_blk = kv.held
+            base = rows.held[hop].start
             pending = None
             if hop < hops:  # the next block travels while this one is computed
-                pending = comm.exchange(kv.held, kv.landing(), shift=shift, borrow=True)
+                sent = _rows_sent(kv.held, rows.sent[hop], base)
+                pending = comm.exchange(sent, kv.landing(), shift=shift, borrow=True)
             blocks = setup.plan(step, comm.rank)
             for blk in blocks if leg == 0 or hop else ():  # the own block: once, in leg 0
+                kv_rows = _moved(blk.kv, base)
                 block_out, block_lse = _block_forward(
-                    setup, q[:, blk.q], k_blk[:, blk.kv], v_blk[:, blk.kv], blk
+                    setup, q[:, blk.q], k_blk[:, kv_rows], v_blk[:, kv_rows], blk
                 )
                 if out is None:  # without a window, step 0 always covers every query row
                     out, lse = block_out.to(_accum_dtype(q.dtype)), block_lse  # ours: fresh
@@ -269,25 +336,34 @@ def _backward_leg(saved, dq, *, setup: RingSetup, comm, shift: int, hops: int, o
     """
     _, q, k, v, _, _ = saved
     acc = _accum_dtype(q.dtype)
-    kv = _Rotation((k.contiguous(), v.contiguous()), transfers=hops, owned=False)
+    rows = _LegRows.of(setup, comm.rank, k.shape[1], shift, hops)
+    kv = _Rotation((k.contiguous(), v.contiguous()), rows.arrivals(), owned=False)
     keep_own = hops == 1
+    whole = slice(0, k.shape[1])
     own = dkv = dkv_pending = None
     for hop, step in enumerate(_leg_steps(shift, hops, comm.world_size)):
+        base = rows.held[hop].start
         kv_pending = None
         if hop < hops:
-            kv_pending = comm.exchange(kv.held, kv.landing(), tag=0, shift=shift, borrow=True)
+            sent = _rows_sent(kv.held, rows.sent[hop], base)
+            kv_pending = comm.exchange(sent, kv.landing(), tag=0, shift=shift, borrow=True)
         blocks = setup.plan(step, comm.rank) if own_block or hop else ()
-        dq, grads = _block_grads(setup, saved, kv.held, dq, acc, blocks)
+        dq, grads = _block_grads(setup, saved, kv.held, base, dq, acc, blocks)
         if hop == 0 and keep_own:
-            own = _fold(None, grads, k, acc) if grads else None
+            own = _fold(None, grads, whole, k, acc) if grads else None
         elif dkv is None:  # this hop's block's accumulator starts here
-            # hops + 1 transfers from the owner (the last one home), one from the one visitor
-            transfers = 1 if keep_own else (hops + 1 if hops else 0)
-            dkv = _Rotation(_fold(None, grads, k, acc), transfers=transfers, owned=True)
+            # One hop: the one visitor's, over the rows it read, home once, and this rank's
+            # own comes home over the rows its visitor read. More: whole, from the owner,
+            # hops + 1 transfers (the last one home).
+            if keep_own:
+                start, arrivals = rows.held[hop], [rows.home.stop - rows.home.start]
+            else:
+                start, arrivals = whole, [k.shape[1]] * (hops + 1 if hops else 0)
+            dkv = _Rotation(_fold(None, grads, start, k, acc), arrivals, owned=True)
         else:  # the accumulator of the block held now arrived during this hop's compute
             yield dkv_pending
             dkv.advance(dkv_pending)
-            _fold(dkv.held, grads, k, acc)
+            _fold(dkv.held, grads, whole, k, acc)
         del grads
         if dkv is not None and hops:
             dkv_pending = _pass_on(comm, dkv, shift, hops, home=hop == hops, keep_own=keep_own)
@@ -297,7 +373,7 @@ def _backward_leg(saved, dq, *, setup: RingSetup, comm, shift: int, hops: int, o
     if dkv_pending is not None:
         yield dkv_pending
         dkv.advance(dkv_pending)
-    return dq, _leg_gradients(own, dkv)
+    return dq, _leg_gradients(own, dkv, rows.home if keep_own else whole, k.shape[1])
 
 
 def _pass_on(comm, dkv, shift: int, hops: int, *, home: bool, keep_own: bool):
@@ -314,29 +390,40 @@ def _pass_on(comm, dkv, shift: int, hops: int, *, home: bool, keep_own: bool):
     )
 
 
-def _leg_gradients(own, dkv):
-    """This rank's block's dK/dV from the leg: the accumulator that came home, plus what the
-    owner kept of its own gradients on a one-hop leg. A one-hop leg's accumulator may be a
-    borrowed block (``_pass_on``), valid only during the call: it is copied when the owner
-    kept nothing to add it to."""
-    if own is None:
+def _leg_gradients(own, dkv, home: slice, rows: int):
+    """This rank's block's dK/dV from the leg: the accumulator that came home (over the rows
+    ``home`` of ``rows``), plus what the owner kept of its own gradients on a one-hop leg. A
+    one-hop leg's accumulator may be a borrowed block (``_pass_on``), valid only during the
+    call: it is copied when the owner kept nothing to add it to."""
+    if own is not None:
+        own[0][:, home].add_(dkv.held[0])
+        own[1][:, home].add_(dkv.held[1])
+        return own
+    if (home.start, home.stop) == (0, rows):
         return tuple(t.clone() for t in dkv.held) if dkv.borrowed else dkv.held
-    return own[0].add_(dkv.held[0]), own[1].add_(dkv.held[1])
+    placed = []
+    for t in dkv.held:
+        whole = t.new_zeros((t.shape[0], rows, *t.shape[2:]))
+        whole[:, home] = t
+        placed.append(whole)
+    return tuple(placed)
 
 
-def _block_grads(setup: RingSetup, saved, held, dq, acc, blocks):
-    """The gradients of this hop's blocks against the K/V block ``held``: dq accumulated (a
-    new accumulator when None), and [(kv rows, dK, dV)] of each block."""
+def _block_grads(setup: RingSetup, saved, held, base: int, dq, acc, blocks):
+    """The gradients of this hop's blocks against the K/V block ``held`` (its owner's rows
+    from ``base`` on): dq accumulated (a new accumulator when None), and [(rows of the
+    owner's block, dK, dV)] of each block."""
     dout, q, _, _, out, lse = saved
     k_blk, v_blk = held
     grads = []
     for blk in blocks:
+        kv_rows = _moved(blk.kv, base)
         dq_b, dk_b, dv_b = _block_backward(
             setup,
             dout[:, blk.q],
             q[:, blk.q],
-            k_blk[:, blk.kv],
-            v_blk[:, blk.kv],
+            k_blk[:, kv_rows],
+            v_blk[:, kv_rows],
             out[:, blk.q],
             lse[:, :, blk.q],
             blk,
@@ -346,15 +433,17 @@ def _block_grads(setup: RingSetup, saved, held, dq, acc, blocks):
     return dq, grads
 
 
-def _fold(pair, grads, like: torch.Tensor, dtype: torch.dtype):
-    """Add each (kv rows, dK, dV) of ``grads`` into the accumulator pair (None: a new one shaped
-    like ``like``, zeros where no gradient lands); returns the pair."""
+def _fold(pair, grads, span: slice, like: torch.Tensor, dtype: torch.dtype):
+    """Add each (rows of the owner's block, dK, dV) of ``grads`` into the accumulator pair,
+    which covers the rows ``span`` of that block (None: a new one, shaped like ``like`` over
+    those rows, zeros where no gradient lands); returns the pair."""
     dk, dv = pair if pair is not None else (None, None)
+    shape = (like.shape[0], span.stop - span.start, *like.shape[2:])
     for rows, dk_b, dv_b in grads:
-        dk = _add_rows(dk, rows, dk_b, like.shape, dtype)
-        dv = _add_rows(dv, rows, dv_b, like.shape, dtype)
+        dk = _add_rows(dk, _moved(rows, span.start), dk_b, shape, dtype)
+        dv = _add_rows(dv, _moved(rows, span.start), dv_b, shape, dtype)
     if dk is None:
-        dk = torch.zeros(like.shape, dtype=dtype, device=like.device)
+        dk = torch.zeros(shape, dtype=dtype, device=like.device)
         dv = torch.zeros_like(dk)
     return dk, dv
 

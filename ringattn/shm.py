@@ -13,7 +13,9 @@ slot goes back to its sender at the next read on its channel or when the call en
 ahead (the ring posts the next transfer before it computes on the block it holds). The
 tokens (a few bytes) travel by gloo's point-to-point: a rank waiting for one sleeps instead
 of spinning on a core its peer computes on, and the system calls order the slot's writes
-before the token on any memory model.
+before the token on any memory model. A token also says how many bytes the message holds; the
+receiver refuses one that is not the block it expects (a slot read with the wrong shape would
+be a wrong number, not an error).
 
 A slot file is made by its sender, under a name the token gives (re-made larger when a bigger
 message comes), and unlinked by the receiver once both have it mapped, so nothing stays in
@@ -121,10 +123,9 @@ class _Channel:
                 slot.generation + 1,
                 create=True,
             )
-        for offset, src in zip(offsets, tensors, strict=True):
-            flat = src.reshape(-1).view(torch.uint8)
-            slot.view[offset : offset + flat.numel()].copy_(flat)
-        token = torch.tensor([len(slot.map), slot.generation], dtype=torch.int64)
+        for offset, src in zip(offsets, tensors, strict=True):  # strided (a batch's rows) too
+            slot.view[offset : offset + _bytes(src)].view(src.dtype).view(src.shape).copy_(src)
+        token = torch.tensor([len(slot.map), slot.generation, need], dtype=torch.int64)
         self.ring.token_send(token, self.dst, 2 * self.tag)
         freed = torch.empty(1, dtype=torch.int64)  # lives as long as its receive
         slot.pending_free = (freed, self.ring.token_recv(freed, self.dst, 2 * self.tag + 1))
@@ -132,7 +133,7 @@ class _Channel:
 
     def post_recv(self):
         """The token of the next message from ``src`` (posted early, waited on by read)."""
-        token = torch.empty(2, dtype=torch.int64)
+        token = torch.empty(3, dtype=torch.int64)
         return token, self.ring.token_recv(token, self.src, 2 * self.tag)
 
     def read(self, posted, recv: Sequence[torch.Tensor], borrow: bool) -> tuple:
@@ -143,13 +144,19 @@ class _Channel:
         self.give_back()
         token, request = posted
         request.wait()
-        size, generation = (int(x) for x in token.tolist())
+        size, generation, sent = (int(x) for x in token.tolist())
+        offsets, need = _offsets(recv)
+        if sent != need:  # both sides derive a block's rows from the layout: never, but a
+            # slot read with the wrong shape would be a wrong number, not an error
+            raise RuntimeError(
+                f"ringattn shm: rank {self.src} sent {sent} bytes on stream {self.tag}, rank "
+                f"{self.dst} expected {need} (the ranks disagree on the ring's layout)"
+            )
         index = self.count % 2
         slot = self.slots[index]
         if generation != slot.generation:
             slot.attach(self._path(index, generation), size, generation, create=False)
         self.count += 1
-        offsets, _ = _offsets(recv)
         views = [
             slot.view[offset : offset + _bytes(t)].view(t.dtype).view(t.shape)
             for offset, t in zip(offsets, recv, strict=True)
@@ -177,12 +184,13 @@ class _Pending:
     transfers (a pair on different hosts) and reads a shared-memory block from the previous
     rank; ``received`` then holds the block (``recv``, or views of a borrowed slot)."""
 
-    __slots__ = ("borrow", "channel", "posted", "received", "requests")
+    __slots__ = ("borrow", "channel", "kept", "posted", "received", "requests")
 
     def __init__(
         self, channel: _Channel | None, recv: Sequence[torch.Tensor], borrow: bool
     ) -> None:
         self.channel, self.received, self.requests, self.borrow = channel, tuple(recv), [], borrow
+        self.kept: Sequence[torch.Tensor] = ()  # tensors sent through gloo, until done
         self.posted = channel.post_recv() if channel is not None else None
 
     def wait(self) -> None:
@@ -283,6 +291,8 @@ class RingShm(RingComm):
         if self.shared[to]:
             self._channel(self.rank, to, tag).send(send)
         else:
+            send = [t.contiguous() for t in send]  # kept alive by the pending exchange
+            pending.kept = send
             pending.requests += [
                 dist.isend(t, self._global(to), group=self.group, tag=tag) for t in send
             ]

@@ -18,7 +18,7 @@ import math
 import pytest
 
 import ringattn.layouts as layouts
-from ringattn.geometry import ring_reach
+from ringattn.geometry import hybrid_grid, plain_layout
 from ringattn.hybrid import kv_heads_per_member
 from tests.attention_reference import Case, compare, failures
 from tests.distributed import run_distributed
@@ -77,11 +77,23 @@ def test_hybrid_matches_float64_reference(hybrid_results):
     print(f"P={world}: worst float32 relative error {worst:.2e}")
 
 
+def _ring_rows_sent(ring: int, seq_local: int, layout: str, causal: bool, window, rank: int):
+    """Rows of K/V blocks ring rank ``rank`` sends in one forward: on each leg, every hop
+    carries the rows its next holders read (``SequenceLayout.kv_rows``, checked by hand in
+    test_ring_window), a windowed ring only the hops its window needs."""
+    lay = plain_layout(ring * seq_local, ring, layout)
+    rows = 0
+    for shift, hops in zip((1, -1), lay.reach(causal, window), strict=True):
+        for hop in range(hops):
+            span = lay.kv_rows((rank - shift * hop) % ring, shift, hop + 1, hops, causal, window)
+            rows += span.stop - span.start
+    return rows
+
+
 def test_only_the_members_kv_heads_travel_the_ring(hybrid_results):
     """Forward bytes per rank, exactly: the ring carries K and V of kv_heads/U heads (or one,
-    replicated) for the group's U x seq_local tokens, over R - 1 hops (fewer for a short
-    window); the all-to-alls carry (U-1)/U of q, the
-    (replicated) k and v, and the output."""
+    replicated) for the rows of the group's U x seq_local tokens its next holders read; the
+    all-to-alls carry (U-1)/U of q, the (replicated) k and v, and the output."""
     world, grids, per_rank = hybrid_results
     for degree, cases in grids:
         ring = world // degree
@@ -91,17 +103,20 @@ def test_only_the_members_kv_heads_travel_the_ring(hybrid_results):
             kv_member = kv_heads_per_member(case.kv_heads, degree)
             kv_sent = max(case.kv_heads, degree)  # replicated up to U when fewer
             per_head = case.batch * local * case.head_dim * item
-            # A windowed ring makes only the hops its window needs (ringattn.geometry.ring_reach).
-            hops = sum(
-                ring_reach(
-                    ring, degree * local, True, layouts.ring_layout_of(case.layout), case.window
-                )
-            )
-            ring_bytes = hops * 2 * degree * kv_member * per_head
+            per_row = case.batch * case.head_dim * item
             a2a_bytes = (degree - 1) * (2 * case.heads + 2 * kv_sent) * per_head // degree
             for rank, r in enumerate(per_rank):
+                _, ring_rank, _ = hybrid_grid(world, degree, rank)
+                rows = _ring_rows_sent(
+                    ring,
+                    degree * local,
+                    layouts.ring_layout_of(case.layout),
+                    case.causal,
+                    case.window,
+                    ring_rank,
+                )
                 got = r[(degree, case.id)]
-                assert got["ring_bytes"] == ring_bytes, (degree, case.id, rank)
+                assert got["ring_bytes"] == rows * 2 * kv_member * per_row, (degree, case.id, rank)
                 assert got["a2a_bytes"] == a2a_bytes, (degree, case.id, rank)
 
 

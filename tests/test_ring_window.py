@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ringattn import block_plan
-from ringattn.geometry import ring_reach, shard_runs
+from ringattn.geometry import plain_layout, ring_reach, shard_runs
 from ringattn.kernels import BandedKernel, ChunkedKernel
 from tests.attention_reference import (
     Case,
@@ -326,24 +326,55 @@ def _bytes_sent(rank: int, world: int, window) -> tuple[int, int]:
 
 
 def test_a_short_window_sends_only_the_blocks_it_needs():
-    """P = 8 zigzag, 32 tokens per rank, window 8: one hop each way instead of 7 round the ring.
-    Forward: 2 K/V blocks instead of 7. Backward: 2 K/V blocks, and each one-hop leg's
-    accumulator straight home from its one visitor (2 dK/dV blocks), instead of 7 K/V and 8
-    dK/dV."""
+    """P = 8 zigzag, 32 tokens per rank (chunks of 16), window 8: one hop each way instead of
+    7 round the ring, and only the rows the next rank reads. Rank 0 holds chunks 0 and 15.
+    Forward: its block to rank 1, whose chunk-1 queries read chunk 0 (keys 9..15, computed as
+    one masked band over the chunk's 16 rows: a window this short is not cut finer), and to
+    rank 7 (chunks 7, 8), which reads none of it (one row: a transfer of nothing is not made a
+    special case). Backward: the same K/V, and each one-hop leg's accumulator straight home
+    from its one visitor over the rows it read: rank 1's block (its chunk 14, 16 rows, read by
+    chunk 15) and rank 7's (none read: one row).
+
+    The plain ring (no window) sends 6.5 blocks forward, not 7: every rank after rank 0 reads
+    only its block's early half (chunk 0; chunk 15 is later than all their queries)."""
     world = 8
     block = 1 * 32 * 2 * 16 * 4 * 2  # B x S_local x kv_heads x D x float32 bytes, K and V
+    row = block // 32
     windowed, plain = (
         run_distributed(_bytes_sent, world, 8)[0],
         run_distributed(_bytes_sent, world, None)[0],
     )
-    assert plain == (7 * block, 7 * block + 7 * block + 8 * block)
-    assert windowed == (2 * block, 2 * block + 2 * block + 2 * block)
+    half = block // 2
+    assert plain == (6 * block + half, 2 * (6 * block + half) + 8 * block)
+    kv = (16 + 1) * row
+    assert windowed == (kv, kv + kv + (16 + 1) * row)
+
+
+def test_a_window_sends_its_neighbour_only_the_rows_it_reads():
+    """Mistral's window (4096) over 256k tokens on 4 zigzag ranks, chunks of 32768 (rank r
+    holds chunks r and 7 - r): the ring reaches one rank each way, and a neighbour's queries
+    read only the last W - 1 = 4095 keys of the chunk before them, so a hop carries 4095 of a
+    block's 65536 rows (1/16 of the K/V bytes, and of the landing buffer)."""
+    lay = plain_layout(4 * 65536, 4, "zigzag")
+    assert lay.reach(True, 4096) == (1, 1)
+    rows = {o: lay.kv_rows(o, 1, 1, 1, True, 4096) for o in range(4)}  # to rank o + 1
+    back = {o: lay.kv_rows(o, -1, 1, 1, True, 4096) for o in range(4)}  # to rank o - 1
+    # forward: chunk o's tail (block rows 28673..32767), read by rank o + 1's chunk o + 1;
+    # rank 3's block goes to rank 0 (chunks 0 and 7), which reads none of it: one row
+    assert rows == {o: slice(28673, 32768) for o in range(3)} | {3: slice(0, 1)}
+    # backward: chunk 7 - o's tail (block rows 61441..65535), read by rank o - 1's chunk
+    # 8 - o; rank 0's block goes to rank 3 (chunks 3 and 4), which reads none of it
+    assert back == {0: slice(0, 1)} | {o: slice(61441, 65536) for o in range(1, 4)}
 
 
 def test_a_ring_of_two_sends_one_accumulator():
     """P = 2, 32 tokens per rank: the forward sends K/V once; the backward K/V once and one
     dK/dV accumulator, the visitor's gradients straight home (the owner keeps its own): three
-    blocks a step, not four (a quarter of the bytes gloo copies with the computing cores)."""
+    blocks a step, not four (a quarter of the bytes gloo copies with the computing cores).
+    And only the rows read: rank 1 (chunks 1, 2) reads only rank 0's chunk 0, the early half
+    of its block, so K/V from rank 0 and rank 0's dK/dV coming home are half a block."""
     block = 1 * 32 * 2 * 16 * 4 * 2  # B x S_local x kv_heads x D x float32 bytes, K and V
-    for rank, sent in enumerate(run_distributed(_bytes_sent, 2, None)):
-        assert sent == (block, block + block + block), rank
+    half = block // 2
+    sent = run_distributed(_bytes_sent, 2, None)
+    assert sent[0] == (half, half + half + block)
+    assert sent[1] == (block, block + block + half)

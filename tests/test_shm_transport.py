@@ -179,3 +179,38 @@ def test_each_wait_is_counted_once(elsewhere):
     where a pair also goes through gloo (a wait was once counted twice there)."""
     per_rank = run_distributed(_counted_waits, 3, elsewhere, transport="auto")
     assert per_rank == [{"waits": 3, "exchanges": 3}] * 3, per_rank
+
+
+def _strided_and_mismatched(rank: int, world: int) -> dict:
+    """Rows 3..9 of a batch of 2 (a strided view, as a ring hop of a batched block sends),
+    then a message whose receiver expects one row more than is sent."""
+    import torch.distributed as dist
+
+    from ringattn.shm import ring_transport
+
+    ring = ring_transport(None)
+    block = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4) + 1000 * rank
+    recv = torch.empty(2, 6, 4)
+    ring.exchange([block[:, 3:9]], [recv]).wait()
+    source = (rank - 1) % world
+    want = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4) + 1000 * source
+    intact = torch.equal(recv, want[:, 3:9])
+    pending = ring.exchange([block[:, :6]], [torch.empty(2, 7, 4)])
+    try:
+        pending.wait()
+        refused = ""
+    except RuntimeError as err:
+        refused = str(err)
+    dist.barrier()
+    return {"chosen": type(ring).__name__, "intact": intact, "refused": refused}
+
+
+def test_a_strided_block_arrives_intact_and_a_wrong_size_is_refused():
+    """A batched block's rows are a strided view: the sender copies it into its slot as it is.
+    Both sides derive a hop's rows from the layout; were they ever to disagree, the receiver
+    refuses the message by name instead of reading the slot with the wrong shape."""
+    per_rank = run_distributed(_strided_and_mismatched, 2, transport="shm")
+    for r in per_rank:
+        assert r["chosen"] == "RingShm" and r["intact"], r
+        assert "sent 192 bytes on stream 0" in r["refused"], r  # 2 x 6 x 4 float32
+        assert "expected 256" in r["refused"], r  # 2 x 7 x 4 float32, 64-byte aligned

@@ -39,7 +39,7 @@ from .memory import (
     state_parts,
 )
 from .model import ModelShape
-from .window import layer_windows, ring_stages
+from .window import layer_windows, ring_stages, rows_carried
 
 GIB = 1024**3
 
@@ -304,11 +304,17 @@ def _window_ring(w: Workload, ranks: int, window: int, device: Device, ranks_on_
     ]
 
 
-def _transfer_seconds(w: Workload, ranks: int, link: Link):
-    """Seconds of one layer's hop over the bottleneck: (K/V block, float32 dK/dV accumulator)."""
+def _transfer_seconds(w: Workload, ranks: int, link: Link, rows=None):
+    """Seconds of one layer's hop over the bottleneck: (K/V block, float32 dK/dV accumulator),
+    of ``rows`` = (K/V rows, dK/dV rows) where a hop carries only part of a block (a window:
+    ``rows_carried``), else the whole block."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
-    kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
-    return kv / link.bytes_per_s + link.latency_s, kv * 4 / b / link.bytes_per_s + link.latency_s
+    kv_rows, dkv_rows = rows if rows is not None else (n, n)
+    row = 2 * w.batch * w.kv_heads * w.head_dim * b
+    return (
+        kv_rows * row / link.bytes_per_s + link.latency_s,
+        dkv_rows * row * 4 / b / link.bytes_per_s + link.latency_s,
+    )
 
 
 def _dkv_rides_along(hops: int) -> bool:
@@ -362,16 +368,21 @@ def _ring_times(
     total_f = total_b = 0.0
     typical = {}  # the step a transfer hides behind, by kind of ring
     for window, count in layer_windows(w):
+        hop = (t_kv, t_dkv)
         if window is None:
             legs = _full_ring(w, ranks, device, ranks_on_host)
         else:
             legs = _window_ring(w, ranks, window, device, ranks_on_host)
+            if ranks > 1:
+                carried = rows_carried(ranks, w.seq_len // ranks, w.layout, window)
+                hop = _transfer_seconds(w, ranks, link, carried)
         legs = [[(f + over[0], b + over[1]) for f, b in stages] for stages in legs]
-        fwd, bwd = _legs_total(legs, t_kv, t_dkv, on_cores)
+        fwd, bwd = _legs_total(legs, *hop, on_cores)
         total_f, total_b = total_f + count * fwd, total_b + count * bwd
         # full ring: an off-diagonal step; windowed: its first step (the own block)
-        typical["full" if window is None else "window"] = legs[0][-1 if window is None else 0]
-    typical = typical.get("full", typical.get("window"))
+        kind, stage = ("full", -1) if window is None else ("window", 0)
+        typical[kind] = (legs[0][stage], hop)
+    typical, (t_kv, t_dkv) = typical.get("full", typical.get("window"))
     est.total_s = {"forward": total_f}
     if w.trains:
         est.total_s.update({"backward": total_b, "forward+backward": total_f + total_b})

@@ -119,3 +119,21 @@ def largest_chunk(world: int, seq_local: int, layout: str, window: int, rows: in
         ),
         default=0,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def rows_carried(world: int, seq_local: int, layout: str, window: int) -> tuple[int, int]:
+    """(K/V rows, dK/dV rows) of the blocks the busiest rank receives (the ring waits for it,
+    as ``ring_stages`` prices it): the engine sends a hop only the rows its next holders read
+    (``SequenceLayout.kv_rows``), and a one-hop leg's dK/dV accumulator covers the rows its
+    one visitor read (else the whole block: ringattn.ring._backward_leg). The most over the
+    rank's hops."""
+    lay = plain_layout(world * seq_local, world, layout)
+    rank = busiest_rank(world, seq_local, layout, window)
+    kv = dkv = 0
+    for shift, hops in zip((1, -1), lay.reach(True, window), strict=True):
+        for hop in range(1, hops + 1):
+            span = lay.kv_rows((rank - shift * hop) % world, shift, hop, hops, True, window)
+            kv = max(kv, span.stop - span.start)
+            dkv = max(dkv, span.stop - span.start if hops == 1 else seq_local)
+    return kv, dkv
