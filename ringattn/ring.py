@@ -22,11 +22,11 @@ Where every token lives and which part of a block is needed is the ring's ``Sequ
 skipped, so their FLOPs are never spent; in the zigzag layout every step after the first costs
 every rank exactly half a block. Packed documents (``cu_seqlens``) are the same loop over a
 packed layout: pairs of blocks of different documents are never computed, and a ring step
-that carries nothing any rank needs is not made. A hop carries only the rows of a block that
-its next holders read (``SequenceLayout.kv_rows``): under a window of W the neighbour reads
-the block's last W - 1 rows, not the whole block; in zigzag the ranks after a block's owner
-read only its early half, so at P = 2 one rank sends half a block. A one-hop leg's dK/dV
-accumulator covers the rows its one visitor read. Under a sliding window, blocks
+that carries nothing any rank needs is not made. On a leg of one hop (a window's ring, or
+P = 2) a block carries only the rows its one holder reads (``SequenceLayout.kv_rows``): under
+a window of W the neighbour reads the block's last W - 1 rows, not the whole block; in zigzag
+the rank after the owner reads only its early half, so at P = 2 one rank sends half a block.
+The leg's dK/dV accumulator covers those rows. Under a sliding window, blocks
 entirely behind the window are skipped too and the boundary pieces go to ``BandedKernel``; the
 merge then starts from (0, -inf), since the first piece computed may not cover every row.
 
@@ -140,10 +140,10 @@ def _rows_of(flat: torch.Tensor, like: torch.Tensor, rows: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class _LegRows:
     """Which rows of K/V blocks travel on one leg, as one rank sees it (rows of the block's
-    owner; ``SequenceLayout.kv_rows``): ``held[h]``, those of the block held after hop h
-    (all of the own block at hop 0); ``sent[h]``, those of it sent on at hop h (what its next
-    holder reads); ``home``, those of this rank's own block its one visitor reads (a one-hop
-    leg's dK/dV accumulator, coming home, covers those)."""
+    owner; ``SequenceLayout.kv_rows``: on a one-hop leg those the holder reads, else all):
+    ``held[h]``, those of the block held after hop h (all of the own block at hop 0);
+    ``sent[h]``, those of it sent on at hop h; ``home``, those of this rank's own block its one
+    visitor reads (a one-hop leg's dK/dV accumulator, coming home, covers those)."""
 
     held: tuple[slice, ...]
     sent: tuple[slice, ...]

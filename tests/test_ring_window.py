@@ -335,8 +335,8 @@ def test_a_short_window_sends_only_the_blocks_it_needs():
     from its one visitor over the rows it read: rank 1's block (its chunk 14, 16 rows, read by
     chunk 15) and rank 7's (none read: one row).
 
-    The plain ring (no window) sends 6.5 blocks forward, not 7: every rank after rank 0 reads
-    only its block's early half (chunk 0; chunk 15 is later than all their queries)."""
+    The plain ring (no window, a leg of 7 hops) sends whole blocks: 7 forward; backward 7 K/V
+    and 8 dK/dV (7 along, 1 home)."""
     world = 8
     block = 1 * 32 * 2 * 16 * 4 * 2  # B x S_local x kv_heads x D x float32 bytes, K and V
     row = block // 32
@@ -344,8 +344,7 @@ def test_a_short_window_sends_only_the_blocks_it_needs():
         run_distributed(_bytes_sent, world, 8)[0],
         run_distributed(_bytes_sent, world, None)[0],
     )
-    half = block // 2
-    assert plain == (6 * block + half, 2 * (6 * block + half) + 8 * block)
+    assert plain == (7 * block, 7 * block + 7 * block + 8 * block)
     kv = (16 + 1) * row
     assert windowed == (kv, kv + kv + (16 + 1) * row)
 

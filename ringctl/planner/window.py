@@ -124,10 +124,10 @@ def largest_chunk(world: int, seq_local: int, layout: str, window: int, rows: in
 @functools.lru_cache(maxsize=4096)
 def rows_carried(world: int, seq_local: int, layout: str, window: int) -> tuple[int, int]:
     """(K/V rows, dK/dV rows) of the blocks the busiest rank receives (the ring waits for it,
-    as ``ring_stages`` prices it): the engine sends a hop only the rows its next holders read
-    (``SequenceLayout.kv_rows``), and a one-hop leg's dK/dV accumulator covers the rows its
-    one visitor read (else the whole block: ringattn.ring._backward_leg). The most over the
-    rank's hops."""
+    as ``ring_stages`` prices it), the most over its hops: on a one-hop leg the engine sends
+    only the rows the one holder reads (``SequenceLayout.kv_rows``: a window's last W - 1),
+    and the dK/dV accumulator comes home over those rows; a longer leg carries whole blocks
+    (ringattn.ring._backward_leg)."""
     lay = plain_layout(world * seq_local, world, layout)
     rank = busiest_rank(world, seq_local, layout, window)
     kv = dkv = 0
