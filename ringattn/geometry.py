@@ -435,8 +435,9 @@ class SequenceLayout:
     ) -> slice:
         """The rows of ``owner``'s K/V block that travel to the rank holding it at hop ``hop``
         of a leg of ``hops`` (``shift``: +1 forward, -1 backward). On a one-hop leg (a
-        window's ring, or P = 2) those its one holder reads: a window's neighbour reads only
-        the block's last W - 1 rows, the rank after a zigzag owner only its early half. One
+        window's ring, or P = 2) those its one holder's plan reads: under a window of W >=
+        ``SPLIT_WINDOW`` the block's last W - 1 rows (a shorter window is one masked band over
+        the whole chunk); without one, at P = 2 in zigzag, rank 0's early half. One
         row where it reads none (a transfer of nothing is not worth its own path through
         every backend). On a longer leg the whole block: which rows the later holders read
         would take every rank's plans against every block, P^2 of them per layout (0.6 s

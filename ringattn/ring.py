@@ -24,8 +24,9 @@ every rank exactly half a block. Packed documents (``cu_seqlens``) are the same 
 packed layout: pairs of blocks of different documents are never computed, and a ring step
 that carries nothing any rank needs is not made. On a leg of one hop (a window's ring, or
 P = 2) a block carries only the rows its one holder reads (``SequenceLayout.kv_rows``): under
-a window of W the neighbour reads the block's last W - 1 rows, not the whole block; in zigzag
-the rank after the owner reads only its early half, so at P = 2 one rank sends half a block.
+a window of W >= ``SPLIT_WINDOW`` the neighbour reads the block's last W - 1 rows, not the
+whole block (a shorter window is one masked band over the whole chunk, which travels); in a
+causal zigzag ring of 2 without a window rank 1 reads only the early half of rank 0's block.
 The leg's dK/dV accumulator covers those rows. Under a sliding window, blocks
 entirely behind the window are skipped too and the boundary pieces go to ``BandedKernel``; the
 merge then starts from (0, -inf), since the first piece computed may not cover every row.
@@ -93,10 +94,11 @@ class _Rotation:
     it (``arrivals``: the rows of each, in order; a block carries only the rows its holders
     read, ``_LegRows``). When the first block held is the caller's (``owned=False``: K and V,
     saved for backward) both landing buffers are ours, the second allocated only when the ring
-    needs it; when it is ours (the dK/dV accumulators, every one whole), it becomes the second
-    landing buffer once it has been sent on. A transport may deliver a borrowed block
-    somewhere else (``Endpoint.exchange``'s ``borrow``): the block held is then what the
-    exchange received, and the landing buffer stays untouched (never paged in).
+    needs it; when it is ours (the dK/dV accumulators), it becomes the second landing buffer
+    once it has been sent on (on legs of several hops, where every accumulator is whole). A
+    transport may deliver a borrowed block somewhere else (``Endpoint.exchange``'s
+    ``borrow``): the block held is then what the exchange received, and the landing buffer
+    stays untouched (never paged in).
     """
 
     def __init__(self, tensors: tuple[torch.Tensor, ...], arrivals: list[int], owned: bool):
@@ -111,17 +113,20 @@ class _Rotation:
                 raise AssertionError("a dK/dV accumulator lands in one smaller than itself")
             self._recv.append(tuple(t.view(-1) for t in tensors))
         self._arrived = 0
+        self._landing: tuple[torch.Tensor, ...] = ()  # what landing() last handed out
         self.borrowed = False  # is the block held the transport's (valid during the call)?
 
     def landing(self) -> tuple[torch.Tensor, ...]:
         rows = self._arrivals[self._arrived]
         flats = self._recv[self._arrived % len(self._recv)]
-        return tuple(_rows_of(f, like, rows) for f, like in zip(flats, self._like, strict=True))
+        self._landing = tuple(
+            _rows_of(f, like, rows) for f, like in zip(flats, self._like, strict=True)
+        )
+        return self._landing
 
     def advance(self, pending) -> None:
         """Hold the block ``pending`` (an exchange into ``landing()``, waited on) received."""
-        flats = self._recv[self._arrived % len(self._recv)]
-        self.borrowed = pending.received[0].data_ptr() != flats[0].data_ptr()
+        self.borrowed = pending.received[0] is not self._landing[0]
         self.held = pending.received
         self._arrived += 1
 

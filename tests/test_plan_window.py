@@ -210,3 +210,15 @@ def _cpu_device_file(path):
     entry = {"mem_gib": 64, "block_seconds": blocks, "cores": 4, "calib_shape": [1, 8, 64]}
     path.write_text(json.dumps({"cpu-test": entry}))
     return path
+
+
+def test_a_windowed_hop_is_priced_by_the_largest_block_any_rank_sends():
+    """P = 2 zigzag, 6144 rows per rank (chunks of 3072: rank 0 holds chunks 0 and 3, rank 1
+    chunks 1 and 2), W = 4096. Rank 1 reads all 3072 rows of rank 0's chunk 0 (its chunk-1
+    queries reach 4095 keys back); rank 0's chunk 3 (queries from 9216) reads rank 1's keys
+    from 5121 on: chunk 1's last 1023 rows and all of chunk 2, 4095 rows, and its dK/dV
+    comes home over them. The ring waits for the larger transfer (the planner once priced
+    only what the busiest rank, 1, receives: 3072 rows)."""
+    assert pw.rows_carried(2, 6144, "zigzag", 4096) == (4095, 4095)
+    # Mistral's W at 256k tokens on 4 ranks: one hop each way, W - 1 rows a hop
+    assert pw.rows_carried(4, 65536, "zigzag", 4096) == (4095, 4095)

@@ -123,17 +123,15 @@ def largest_chunk(world: int, seq_local: int, layout: str, window: int, rows: in
 
 @functools.lru_cache(maxsize=4096)
 def rows_carried(world: int, seq_local: int, layout: str, window: int) -> tuple[int, int]:
-    """(K/V rows, dK/dV rows) of the blocks the busiest rank receives (the ring waits for it,
-    as ``ring_stages`` prices it), the most over its hops: on a one-hop leg the engine sends
-    only the rows the one holder reads (``SequenceLayout.kv_rows``: a window's last W - 1),
-    and the dK/dV accumulator comes home over those rows; a longer leg carries whole blocks
-    (ringattn.ring._backward_leg)."""
+    """(K/V rows, dK/dV rows) a hop of the windowed ring carries: the most over every rank's
+    hops, since the ring moves in lock step and waits for the largest transfer. On a one-hop
+    leg the engine sends only the rows the one holder reads (``SequenceLayout.kv_rows``), and
+    the leg's dK/dV accumulator comes home over the same rows; a longer leg carries whole
+    blocks (ringattn.ring._backward_leg)."""
     lay = plain_layout(world * seq_local, world, layout)
-    rank = busiest_rank(world, seq_local, layout, window)
-    kv = dkv = 0
+    most = 0
     for shift, hops in zip((1, -1), lay.reach(True, window), strict=True):
-        for hop in range(1, hops + 1):
-            span = lay.kv_rows((rank - shift * hop) % world, shift, hop, hops, True, window)
-            kv = max(kv, span.stop - span.start)
-            dkv = max(dkv, span.stop - span.start if hops == 1 else seq_local)
-    return kv, dkv
+        for owner in range(world) if hops else ():
+            span = lay.kv_rows(owner, shift, 1, hops, True, window)
+            most = max(most, span.stop - span.start)
+    return most, most
