@@ -430,11 +430,9 @@ class SequenceLayout:
             self._plans[key] = _reach(self, causal, window)
         return self._plans[key]
 
-    def kv_rows(
-        self, owner: int, shift: int, hop: int, hops: int, causal: bool, window: int | None
-    ) -> slice:
-        """The rows of ``owner``'s K/V block that travel to the rank holding it at hop ``hop``
-        of a leg of ``hops`` (``shift``: +1 forward, -1 backward). On a one-hop leg (a
+    def kv_rows(self, owner: int, shift: int, hops: int, causal: bool, window: int | None) -> slice:
+        """The rows of ``owner``'s K/V block that travel on a leg of ``hops`` (``shift``: +1
+        forward, -1 backward), at every hop of it. On a one-hop leg (a
         window's ring, or P = 2) those its one holder's plan reads: under a window of W >=
         ``SPLIT_WINDOW`` the block's last W - 1 rows (a shorter window is one masked band over
         the whole chunk); without one, at P = 2 in zigzag, rank 0's early half. One

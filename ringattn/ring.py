@@ -162,9 +162,9 @@ class _LegRows:
         sent = []
         for hop in range(1, hops + 1):
             owner = (rank - shift * (hop - 1)) % world  # of the block held before this hop
-            sent.append(geo.kv_rows(owner, shift, hop, hops, causal, window))
-            held.append(geo.kv_rows((rank - shift * hop) % world, shift, hop, hops, causal, window))
-        home = geo.kv_rows(rank, shift, 1, hops, causal, window) if hops else slice(0, rows)
+            sent.append(geo.kv_rows(owner, shift, hops, causal, window))
+            held.append(geo.kv_rows((rank - shift * hop) % world, shift, hops, causal, window))
+        home = geo.kv_rows(rank, shift, hops, causal, window) if hops else slice(0, rows)
         return cls(tuple(held), tuple(sent), home)
 
     def arrivals(self) -> list[int]:
@@ -401,17 +401,12 @@ def _leg_gradients(own, dkv, home: slice, rows: int):
     one-hop leg's accumulator may be a borrowed block (``_pass_on``), valid only during the
     call: it is copied when the owner kept nothing to add it to."""
     if own is not None:
-        own[0][:, home].add_(dkv.held[0])
-        own[1][:, home].add_(dkv.held[1])
-        return own
-    if (home.start, home.stop) == (0, rows):
-        return tuple(t.clone() for t in dkv.held) if dkv.borrowed else dkv.held
-    placed = []
-    for t in dkv.held:
-        whole = t.new_zeros((t.shape[0], rows, *t.shape[2:]))
-        whole[:, home] = t
-        placed.append(whole)
-    return tuple(placed)
+        pairs = zip(own, dkv.held, strict=True)
+        return tuple(_add_rows(o, home, t, o.shape, o.dtype) for o, t in pairs)
+    held = dkv.held
+    if dkv.borrowed and (home.start, home.stop) == (0, rows):  # _add_rows would keep the view
+        held = tuple(t.clone() for t in held)
+    return tuple(_add_rows(None, home, t, (t.shape[0], rows, *t.shape[2:]), t.dtype) for t in held)
 
 
 def _block_grads(setup: RingSetup, saved, held, base: int, dq, acc, blocks):

@@ -85,7 +85,7 @@ def _ring_rows_sent(ring: int, seq_local: int, layout: str, causal: bool, window
     rows = 0
     for shift, hops in zip((1, -1), lay.reach(causal, window), strict=True):
         for hop in range(hops):
-            span = lay.kv_rows((rank - shift * hop) % ring, shift, hop + 1, hops, causal, window)
+            span = lay.kv_rows((rank - shift * hop) % ring, shift, hops, causal, window)
             rows += span.stop - span.start
     return rows
 

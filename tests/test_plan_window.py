@@ -219,6 +219,6 @@ def test_a_windowed_hop_is_priced_by_the_largest_block_any_rank_sends():
     from 5121 on: chunk 1's last 1023 rows and all of chunk 2, 4095 rows, and its dK/dV
     comes home over them. The ring waits for the larger transfer (the planner once priced
     only what the busiest rank, 1, receives: 3072 rows)."""
-    assert pw.rows_carried(2, 6144, "zigzag", 4096) == (4095, 4095)
+    assert pw.rows_carried(2, 6144, "zigzag", 4096) == 4095
     # Mistral's W at 256k tokens on 4 ranks: one hop each way, W - 1 rows a hop
-    assert pw.rows_carried(4, 65536, "zigzag", 4096) == (4095, 4095)
+    assert pw.rows_carried(4, 65536, "zigzag", 4096) == 4095

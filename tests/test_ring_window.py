@@ -356,8 +356,8 @@ def test_a_window_sends_its_neighbour_only_the_rows_it_reads():
     block's 65536 rows (1/16 of the K/V bytes, and of the landing buffer)."""
     lay = plain_layout(4 * 65536, 4, "zigzag")
     assert lay.reach(True, 4096) == (1, 1)
-    rows = {o: lay.kv_rows(o, 1, 1, 1, True, 4096) for o in range(4)}  # to rank o + 1
-    back = {o: lay.kv_rows(o, -1, 1, 1, True, 4096) for o in range(4)}  # to rank o - 1
+    rows = {o: lay.kv_rows(o, 1, 1, True, 4096) for o in range(4)}  # to rank o + 1
+    back = {o: lay.kv_rows(o, -1, 1, True, 4096) for o in range(4)}  # to rank o - 1
     # forward: chunk o's tail (block rows 28673..32767), read by rank o + 1's chunk o + 1;
     # rank 3's block goes to rank 0 (chunks 0 and 7), which reads none of it: one row
     assert rows == {o: slice(28673, 32768) for o in range(3)} | {3: slice(0, 1)}

@@ -304,17 +304,13 @@ def _window_ring(w: Workload, ranks: int, window: int, device: Device, ranks_on_
     ]
 
 
-def _transfer_seconds(w: Workload, ranks: int, link: Link, rows=None):
+def _transfer_seconds(w: Workload, ranks: int, link: Link, rows: float | None = None):
     """Seconds of one layer's hop over the bottleneck: (K/V block, float32 dK/dV accumulator),
-    of ``rows`` = (K/V rows, dK/dV rows) where a hop carries only part of a block (a window:
-    ``rows_carried``), else the whole block."""
+    of ``rows`` rows where a hop carries only part of a block (a window: ``rows_carried``),
+    else the whole block."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
-    kv_rows, dkv_rows = rows if rows is not None else (n, n)
-    row = 2 * w.batch * w.kv_heads * w.head_dim * b
-    return (
-        kv_rows * row / link.bytes_per_s + link.latency_s,
-        dkv_rows * row * 4 / b / link.bytes_per_s + link.latency_s,
-    )
+    kv = 2 * w.batch * (n if rows is None else rows) * w.kv_heads * w.head_dim * b
+    return kv / link.bytes_per_s + link.latency_s, kv * 4 / b / link.bytes_per_s + link.latency_s
 
 
 def _dkv_rides_along(hops: int) -> bool:

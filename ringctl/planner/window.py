@@ -122,8 +122,8 @@ def largest_chunk(world: int, seq_local: int, layout: str, window: int, rows: in
 
 
 @functools.lru_cache(maxsize=4096)
-def rows_carried(world: int, seq_local: int, layout: str, window: int) -> tuple[int, int]:
-    """(K/V rows, dK/dV rows) a hop of the windowed ring carries: the most over every rank's
+def rows_carried(world: int, seq_local: int, layout: str, window: int) -> int:
+    """The rows of a block a hop of the windowed ring carries: the most over every rank's
     hops, since the ring moves in lock step and waits for the largest transfer. On a one-hop
     leg the engine sends only the rows the one holder reads (``SequenceLayout.kv_rows``), and
     the leg's dK/dV accumulator comes home over the same rows; a longer leg carries whole
@@ -132,6 +132,6 @@ def rows_carried(world: int, seq_local: int, layout: str, window: int) -> tuple[
     most = 0
     for shift, hops in zip((1, -1), lay.reach(True, window), strict=True):
         for owner in range(world) if hops else ():
-            span = lay.kv_rows(owner, shift, 1, hops, True, window)
+            span = lay.kv_rows(owner, shift, hops, True, window)
             most = max(most, span.stop - span.start)
-    return most, most
+    return most
