@@ -163,6 +163,7 @@ def pytest_configure(config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     items[:] = [i for i in items if not i.get_closest_marker("run_last")] + [
         i for i in items if i.get_closest_marker("run_last")
@@ -173,3 +174,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.slurm)
         if "ssh_login" in names:
             item.add_marker(pytest.mark.ssh)
+        if any(item.get_closest_marker(m) for m in ("slurm", "ssh", "run_last")):
+            # Under `pytest -n N --dist loadgroup` (scripts/test) the tests that use the one
+            # test cluster run in one worker, in this order: one of them takes a node down,
+            # and a run_last test waits on a job its module submitted at the start.
+            item.add_marker(pytest.mark.xdist_group("cluster"))
