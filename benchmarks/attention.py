@@ -198,6 +198,8 @@ def _ring_result(cfg: Config, world: int, args, raw: dict) -> Result:
     )
     if raw.get("no_transfer_s"):
         result.extra["no_transfer_fwd_bwd_s"] = raw["no_transfer_s"]
+        result.extra["bytes_sent"] = raw.get("bytes_sent")
+        result.extra["bytes_alone"] = raw.get("bytes_alone")
     if args.predict and cfg.impl == "ringattn":
         result.extra.update(predict(cfg, world, args.predict))
     return result

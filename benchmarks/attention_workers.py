@@ -124,7 +124,12 @@ def _ring_worker(
     import torch.distributed as dist
 
     import ringattn
-    from ringattn.comm import STATS, RingComm
+    from ringattn.comm import STATS
+
+    try:
+        from ringattn.shm import ring_transport
+    except ImportError:  # an engine (--engine) from before the shared-memory transport
+        from ringattn.comm import RingComm as ring_transport
 
     torch.set_num_threads(threads)
     if device_kind == "cuda":  # one GPU per rank, NCCL; flash-attn kernels where installed
@@ -142,7 +147,7 @@ def _ring_worker(
             break
         try:
             res = _ring_measure(
-                cfg, rank, world, torch, dist, ringattn, STATS, RingComm, device_kind
+                cfg, rank, world, torch, dist, ringattn, STATS, ring_transport, device_kind
             )
             results.put((rank, "ok", res))
         except Exception:
@@ -200,7 +205,55 @@ def _sync(torch, device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls, device_kind):
+def _record_exchanges(step, ring_transport) -> tuple:
+    """(the transport a ring runs on by default, every exchange one forward+backward step of
+    it makes on that transport: (what it sends, what it receives, its keywords))."""
+    transport = ring_transport(None)
+    calls: list[tuple] = []
+    passed_on = transport.exchange
+
+    def recording(send, recv, **kw):
+        shapes = ([(t.shape, t.dtype) for t in send], [(t.shape, t.dtype) for t in recv])
+        calls.append((*shapes, kw))
+        return passed_on(send, recv, **kw)
+
+    transport.exchange = recording  # on this instance only: the ring calls comm.exchange
+    try:
+        step(True, comm=transport)
+    finally:
+        del transport.exchange
+    return transport, calls
+
+
+def _transfers_alone(transport, calls, torch, device, dist, clock, repeats: int) -> float:
+    """Seconds of the recorded exchanges replayed in order with nothing computed (median of
+    ``repeats``), each waited on before the next, settled as a ring call is (``drive``). A
+    strided send (some rows of a batch's block) is replayed contiguous: its copy is not in it."""
+
+    def made(specs):
+        return [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in specs]
+
+    tensors = [(made(send), made(recv), kw) for send, recv, kw in calls]
+
+    def replay():
+        for send, recv, kw in tensors:
+            yield transport.exchange(send, recv, **kw)
+
+    samples = []
+    for _ in range(repeats):
+        dist.barrier()
+        _sync(torch, device)
+        clock.start()
+        if hasattr(transport, "drive"):
+            transport.drive([replay()], device)
+        else:  # an engine from before transports drove the ring's loops
+            for pending in replay():
+                pending.wait()
+        samples.append(clock.stop())
+    return statistics.median(samples)
+
+
+def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_transport, device_kind):
     dtype = getattr(torch, cfg.dtype)
     device = torch.device("cuda", rank) if device_kind == "cuda" else torch.device("cpu")
     local = cfg.seq // world
@@ -259,6 +312,7 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
         stats.reset(enabled=True)
         fwd_bwd.append(step(True))
         waits.append(stats.wait_s)
+    bytes_sent = stats.bytes_sent  # by one step (every step sends the same)
     stats.reset(enabled=False)
     # The same ring with its transfers taken out: what the step costs in compute alone.
     no_transfer = []
@@ -268,32 +322,23 @@ def _ring_measure(cfg, rank, world, torch, dist, ringattn, stats, ring_comm_cls,
     with _peak_above_now(device) as peak:
         step(True)
 
-    # The same transfers alone: P-1 K/V hops forward and backward, P dK/dV hops backward (one
-    # at P = 2, where the owner keeps its own gradients: ringattn.ring._backward_leg).
-    comm = ring_comm_cls(None)
-    comm_alone = 0.0
+    # The same transfers alone: the exchanges one step made (each hop as large as it was: a
+    # one-hop leg carries only the rows its holder reads), replayed on the ring's transport.
+    comm_alone, bytes_alone = 0.0, 0
     if world > 1:
-        kv = (k, v)
-        kv_in = (torch.empty_like(k), torch.empty_like(v))
-        dkv = (torch.zeros(k.shape, device=device), torch.zeros(v.shape, device=device))
-        dkv_in = (torch.empty_like(dkv[0]), torch.empty_like(dkv[1]))
-        samples = []
-        for _ in range(cfg.repeats):
-            dist.barrier()
-            _sync(torch, device)
-            clock.start()
-            for _ in range(2 * (world - 1)):
-                comm.exchange(kv, kv_in).wait()
-            for _ in range(1 if world == 2 else world):
-                comm.exchange(dkv, dkv_in, tag=1).wait()
-            samples.append(clock.stop())
-        comm_alone = statistics.median(samples)
+        transport, calls = _record_exchanges(step, ring_transport)
+        comm_alone = _transfers_alone(transport, calls, torch, device, dist, clock, cfg.repeats)
+        bytes_alone = sum(
+            shape.numel() * dtype.itemsize for send, _, _ in calls for shape, dtype in send
+        )
     return {
         "fwd_s": statistics.median(fwd),
         "fwd_bwd_s": statistics.median(fwd_bwd),
         "wait_s": statistics.median(waits),
         "no_transfer_s": statistics.median(no_transfer) if no_transfer else None,
         "comm_alone_s": comm_alone,
+        "bytes_sent": bytes_sent,
+        "bytes_alone": bytes_alone,
         "peak_mib": peak.mib,
     }
 
@@ -417,6 +462,9 @@ class RingPool:
             "wait_s": max(r["wait_s"] for r in per_rank),
             "no_transfer_s": per_rank[0].get("no_transfer_s"),
             "comm_alone_s": max(r["comm_alone_s"] for r in per_rank),
+            # per rank: what a step sent, and what its transfers alone sent (the same)
+            "bytes_sent": [r.get("bytes_sent") for r in per_rank],
+            "bytes_alone": [r.get("bytes_alone") for r in per_rank],
             "peak_mib": max(r["peak_mib"] for r in per_rank),
         }
 

@@ -52,3 +52,10 @@ def test_a_full_measurement_times_the_ring_without_its_transfers(tmp_path):
     (row,) = json.loads(out.read_text())["results"]
     assert row["fwd_bwd_s"] > 0 and row["extra"]["no_transfer_fwd_bwd_s"] > 0, row
     assert row["hidden_comm"] is not None, row
+    # The transfers timed alone are the step's own, rank by rank: at P = 2 a leg of one hop
+    # carries only the rows its holder reads, so each rank sends less than whole blocks
+    # would be (K/V forward, K/V backward, dK/dV home: 6 tensors of a block's size).
+    sent, alone = row["extra"]["bytes_sent"], row["extra"]["bytes_alone"]
+    assert sent == alone and all(sent), row["extra"]
+    block = 64 // 2 * 8 * 64 * 4  # a rank's K (or V): 32 rows, 8 heads of 64, float32
+    assert max(sent) < 6 * block, sent
