@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 
-from ringattn.geometry import band_chunk_shapes, plain_layout, prefix_keys
+from ringattn.geometry import SPLIT_WINDOW, band_chunk_shapes, plain_layout, prefix_keys
 
 
 def layer_windows(w) -> list[tuple[int | None, int]]:
@@ -108,7 +108,12 @@ def ring_stages(world: int, seq_local: int, layout: str, window: int, rows: int)
 
 
 def largest_chunk(world: int, seq_local: int, layout: str, window: int, rows: int) -> int:
-    """Scores of the largest banded chunk the busiest rank computes (0: none)."""
+    """Scores of the largest banded chunk the busiest rank computes (0: none). A window of
+    ``SPLIT_WINDOW`` keys or more is cut into unmasked pieces (``geometry._window_piece``):
+    no banded chunk, found without building the ring's plans (O(N / R) pieces each, which
+    a budget's search over N took 24 s to build for a 2048-key window)."""
+    if window >= SPLIT_WINDOW:
+        return 0
     return max(
         (
             r * keys
