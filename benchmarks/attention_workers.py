@@ -158,15 +158,24 @@ def _ring_worker(
 def _no_transfer_comm(group):
     """ringattn's RingComm with nothing sent, to time a ring's compute alone: the same loop and
     shapes, given as ring_attention's ``comm``. Landing buffers get real data once, so no step
-    computes on garbage."""
+    computes on garbage. A borrowing exchange gets a block of this comm's own, filled once, as
+    the shared-memory transport hands over its slot: the ring then never writes (pages in) its
+    landing buffer, as on shm, and this stays a floor of the shm ring."""
     from ringattn.comm import PendingExchange, RingComm
 
     class NoTransfer(RingComm):
         def __init__(self, group) -> None:
             super().__init__(group)
             self._filled: set[int] = set()
+            self._lent: dict[tuple, tuple] = {}
 
         def exchange(self, send, recv, *, tag: int = 0, shift: int = 1, borrow: bool = False):
+            if borrow:
+                key = (tag, shift, *((tuple(r.shape), r.dtype) for r in recv))
+                if key not in self._lent:
+                    pairs = zip(send, recv, strict=True)
+                    self._lent[key] = tuple(_filled_like(r, s) for s, r in pairs)
+                return PendingExchange([], self._lent[key])
             for s, r in zip(send, recv, strict=True):  # a hop may carry fewer rows than sent
                 if (r.data_ptr(), r.numel()) not in self._filled:
                     r.copy_(s) if r.shape == s.shape else r.normal_()
@@ -174,6 +183,11 @@ def _no_transfer_comm(group):
             return PendingExchange([], recv)
 
     return NoTransfer(group)
+
+
+def _filled_like(recv, send):
+    """A new tensor shaped as ``recv`` holding real data: ``send`` where the shapes agree."""
+    return send.clone() if send.shape == recv.shape else recv.new_empty(recv.shape).normal_()
 
 
 class _Clock:
