@@ -174,20 +174,21 @@ def _no_transfer_comm(group):
                 key = (tag, shift, *((tuple(r.shape), r.dtype) for r in recv))
                 if key not in self._lent:
                     pairs = zip(send, recv, strict=True)
-                    self._lent[key] = tuple(_filled_like(r, s) for s, r in pairs)
+                    self._lent[key] = tuple(_fill(r.new_empty(r.shape), s) for s, r in pairs)
                 return PendingExchange([], self._lent[key])
-            for s, r in zip(send, recv, strict=True):  # a hop may carry fewer rows than sent
+            for s, r in zip(send, recv, strict=True):
                 if (r.data_ptr(), r.numel()) not in self._filled:
-                    r.copy_(s) if r.shape == s.shape else r.normal_()
+                    _fill(r, s)
                     self._filled.add((r.data_ptr(), r.numel()))
             return PendingExchange([], recv)
 
     return NoTransfer(group)
 
 
-def _filled_like(recv, send):
-    """A new tensor shaped as ``recv`` holding real data: ``send`` where the shapes agree."""
-    return send.clone() if send.shape == recv.shape else recv.new_empty(recv.shape).normal_()
+def _fill(recv, send):
+    """``recv`` filled with real data: ``send`` where the shapes agree, else random (a hop may
+    carry fewer rows than were sent)."""
+    return recv.copy_(send) if recv.shape == send.shape else recv.normal_()
 
 
 class _Clock:

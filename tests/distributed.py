@@ -21,8 +21,10 @@ import torch.multiprocessing as mp
 
 # Ranks fork from one server that has imported torch and transformers once, instead of each
 # importing them anew (2-5 s of CPU a rank on this 2-core machine, hundreds of ranks a suite).
-# The server imports nothing else and starts no thread, so a fork of it is a fresh process
-# but for those modules; each rank takes the caller's environment as it is at the call.
+# The server imports nothing else and runs no Python thread (its native threads are numpy's
+# and scipy's OpenBLAS servers, idle, which OpenBLAS stops around a fork), so a fork of it
+# is a fresh process but for those modules; each rank takes the caller's environment as it
+# is at the call.
 mp.set_forkserver_preload(
     [
         "torch",

@@ -224,21 +224,6 @@ def test_a_windowed_hop_is_priced_by_the_largest_block_any_rank_sends():
     assert pw.rows_carried(4, 65536, "zigzag", 4096) == 4095
 
 
-def _banded_chunks_in_plans(world: int, seq_local: int, layout: str, window: int, rows: int):
-    """The largest banded chunk of the busiest rank's plans, read off every stage."""
-    stages = pw.ring_stages(world, seq_local, layout, window, rows)
-    return max(
-        (
-            r * keys
-            for _, leg in stages
-            for pieces in leg
-            for (kind, r, keys), _ in pieces
-            if kind == "banded"
-        ),
-        default=0,
-    )
-
-
 def test_a_window_the_engine_cuts_has_no_banded_chunk_and_builds_no_plan():
     """A window of SPLIT_WINDOW keys or more runs as unmasked pieces, so the banded kernel's
     workspace is 0, known without building the ring's plans: a budget's search over N once
@@ -247,7 +232,7 @@ def test_a_window_the_engine_cuts_has_no_banded_chunk_and_builds_no_plan():
     for world, layout in [(2, "zigzag"), (3, "zigzag"), (4, "contiguous")]:
         for window in (64, 255, geometry.SPLIT_WINDOW, 1000):
             seq_local = 6 * window
-            found = _banded_chunks_in_plans(world, seq_local, layout, window, 64)
+            found = pw.banded_chunk_in_plans(world, seq_local, layout, window, 64)
             assert (found > 0) == (window < geometry.SPLIT_WINDOW), (world, layout, window)
             assert pw.largest_chunk(world, seq_local, layout, window, 64) == found
     pw.step_pieces.cache_clear()

@@ -114,6 +114,12 @@ def largest_chunk(world: int, seq_local: int, layout: str, window: int, rows: in
     a budget's search over N took 24 s to build for a 2048-key window)."""
     if window >= SPLIT_WINDOW:
         return 0
+    return banded_chunk_in_plans(world, seq_local, layout, window, rows)
+
+
+def banded_chunk_in_plans(world: int, seq_local: int, layout: str, window: int, rows: int) -> int:
+    """Scores of the largest banded chunk in the busiest rank's ring plans, read off every
+    stage (``largest_chunk`` without its shortcut)."""
     return max(
         (
             r * keys
