@@ -51,16 +51,28 @@ def _messages(rank: int, world: int, elsewhere: int | None = None) -> dict:
         ring.drive([])
         shared = ring.shared
     dist.barrier()
-    return {"chosen": chosen, "all_ok": all(got), "shared": shared}
+    return {"chosen": chosen, "all_ok": all(got), "shared": shared, "pid": os.getpid()}
+
+
+def _files_made_by(pids: set[int]) -> list[str]:
+    """Slot files whose sender (the pid in the name) is one of ``pids``: only this test's own,
+    since other pytest workers run shared-memory rings at the same time."""
+    from ringattn import shm
+
+    made = []
+    for path in glob.glob(f"/dev/shm/{shm.PREFIX}-*"):
+        parts = os.path.basename(path).split("-")
+        if len(parts) > 3 and parts[3].isdigit() and int(parts[3]) in pids:
+            made.append(path)
+    return made
 
 
 @pytest.mark.parametrize("transport", ["auto", "shm", "gloo"])
 def test_messages_arrive_intact_and_nothing_is_left(transport):
-    before = set(glob.glob("/dev/shm/ringattn-shm-*"))
     per_rank = run_distributed(_messages, 3, transport=transport)
     want = "RingComm" if transport == "gloo" else "RingShm"
     assert all(r["chosen"] == want and r["all_ok"] for r in per_rank), per_rank
-    assert set(glob.glob("/dev/shm/ringattn-shm-*")) <= before
+    assert _files_made_by({r["pid"] for r in per_rank}) == []
 
 
 def test_a_bad_setting_is_one_line(monkeypatch):
