@@ -41,8 +41,12 @@ def backend_status(job):
 
 def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_path, capsys):  # noqa: F811
     # 20 steps: Slurm requeues the job while it runs, well after its first checkpoint (with 10
-    # the requeue could land while the job ended)
-    steps = ["task.max_steps=20", "task.checkpoint_every=2", "slurm.requeue=true"]
+    # the requeue could land while the job ended). One thread per rank in both runs: the local
+    # backend gives each of 4 ranks 2 cores // 4 = 1, Slurm sets none (torch takes the node's
+    # 2), and the CPU kernels' rounding depends on their thread count (here step 13's loss
+    # moved by 3e-8 with 2 threads against 1, as a local run with 2 threads showed).
+    threads = "env.vars.OMP_NUM_THREADS=1"
+    steps = ["task.max_steps=20", "task.checkpoint_every=2", threads, "slurm.requeue=true"]
     shape = ["nodes=4", "tasks_per_node=1", "timeout=120", *steps]
     job = submit(
         capsys,
@@ -59,7 +63,7 @@ def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_pa
     assert status.state is JobState.COMPLETED, status
     assert any(p.name.startswith("requeue-") for p in (job / "attempts").iterdir())
     whole = tmp_path / "whole"
-    assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=4", *steps[:2])]) == 0
+    assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=4", *steps[:3])]) == 0
     assert _losses(job) == _losses(whole)
     ours, theirs = _weights(job, tmp_path / "a"), _weights(whole, tmp_path / "b")
     assert all(torch.equal(ours[name], want) for name, want in theirs.items())
