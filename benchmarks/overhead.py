@@ -11,6 +11,14 @@ rank for times, the largest for counts):
 
 * step / floor, by the wall clock (``wall x``) and by CPU time (``cpu x``: the whole
   process's CPU time over the replay's, which other jobs on the machine disturb less);
+* ``same x``: the floor replayed a second time over the first, the harness against itself:
+  what ``wall x`` reads where the step costs exactly its floor, so its spread over the
+  repetitions (in the JSON and markdown) is the machine's noise, the resolution of ``wall x``;
+* ``in-step x``: the step over the wall time of its own kernel calls in that same step (the
+  busiest rank's of each): host work, waiting and imbalance, against kernels timed in the same
+  seconds, so a machine whose speed drifts from one second to the next moves it least. It
+  cannot see kernels that run slower because of the ring (copy threads beside them, cold
+  memory): ``wall x`` and ``cpu x`` can, to their resolution;
 * extra %: the step's CPU time beyond its own kernel calls, in % of theirs: host + comm over
   the kernels' CPU time in the same step, the figure least disturbed by other jobs;
 * host ms: CPU time of the calling thread outside kernel calls (checks, plans, merges,
@@ -84,8 +92,12 @@ class Row:
     page_faults: int
     aten_ops: int
     plan_misses: int | None  # plans computed in the measured calls (None: no counter)
+    in_step_x: float  # step / the same step's kernel calls, wall clock (busiest rank each)
+    same_x: float  # the floor timed again / the floor: the harness against itself
     wall_x_each: list[float]  # every repetition's ratios: how far to trust the medians
     cpu_x_each: list[float]
+    in_step_x_each: list[float]
+    same_x_each: list[float]
     outside_cores: float | None = None  # other jobs' CPU use during the engine's run
 
 
@@ -253,6 +265,8 @@ def measure(torch, dist, ringattn, probe: Probe, cfg: dict, rank: int, world: in
         calls, probe.calls = probe.calls, []
         dist.barrier()
         sample["floor_s"], sample["floor_cpu_s"] = _replay(calls)
+        dist.barrier()
+        sample["floor_again_s"], _ = _replay(calls)
         samples.append(sample)
         del calls
     STATS.reset(enabled=False)
@@ -326,6 +340,7 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
 
     step, floor = largest(lambda s: s["step_s"]), largest(lambda s: s["floor_s"])
     cpu_x = largest(lambda s: s["proc_cpu_s"] / s["floor_cpu_s"])
+    kernels, again = largest(lambda s: s["kernel_wall_s"]), largest(lambda s: s["floor_again_s"])
     first = [r["samples"][0] for r in ranks]
     misses = [s["plan_misses"] for s in first]
     return Row(
@@ -350,8 +365,12 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
         page_faults=int(med(largest(lambda s: s["page_faults"]))),
         aten_ops=max(r["aten_ops"] for r in ranks),
         plan_misses=None if None in misses else max(misses),
+        in_step_x=statistics.median(step(i) / kernels(i) for i in reps),
+        same_x=statistics.median(again(i) / floor(i) for i in reps),
         wall_x_each=[step(i) / floor(i) for i in reps],
         cpu_x_each=[cpu_x(i) for i in reps],
+        in_step_x_each=[step(i) / kernels(i) for i in reps],
+        same_x_each=[again(i) / floor(i) for i in reps],
     )
 
 
@@ -362,6 +381,8 @@ COLUMNS = [
     ("step ms", ">9", "step_ms"),
     ("floor ms", ">9", "floor_ms"),
     ("wall x", ">7", "wall_x"),
+    ("same x", ">7", "same_x"),
+    ("in-step x", ">9", "in_step_x"),
     ("cpu x", ">6", "cpu_x"),
     ("extra %", ">7", "extra_pct"),
     ("host ms", ">8", "host_ms"),
@@ -382,7 +403,7 @@ def _cell(row: Row, attr: str) -> str:
     value = getattr(row, attr)
     if attr == "causal":
         return "causal" if value else "full"
-    if attr in ("wall_x", "cpu_x"):
+    if attr in ("wall_x", "same_x", "in_step_x", "cpu_x"):
         return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
@@ -422,6 +443,15 @@ def write_markdown(rows: list[Row], path: Path, argv: list[str]) -> None:
         "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt, _ in COLUMNS) + "|",
     ]
     lines += ["| " + " | ".join(_cell(r, attr) for _, _, attr in COLUMNS) + " |" for r in rows]
+    lines += ["", "Every repetition (the medians' spread; `same x` is the machine's noise):", ""]
+    for r in rows:
+        label = f"{r.engine} {r.seq} {_cell(r, 'causal')}"
+        for name, each in (
+            ("wall x", r.wall_x_each),
+            ("same x", r.same_x_each),
+            ("in-step x", r.in_step_x_each),
+        ):
+            lines.append(f"- {label}, {name}: " + ", ".join(f"{x:.3f}" for x in each))
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -19,7 +19,9 @@ pairings of the ring's time over its pairing's SDPA time; and *bracketed*: each 
 times SDPA again after each ring run, and the ring's time is divided by the faster of the two
 SDPA timings around it (the median over the pairings). The second reads a machine that sped
 up or slowed down during the pairing in SDPA's favour; where the two differ, the machine
-drifted within a pairing.
+drifted within a pairing. *SDPA again* lists, per pairing, the SDPA timing after the ring
+over the one before it: the same work timed twice, so its spread is the resolution of both
+ratios on this machine at this time.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class PairRow:
     ratio: float  # median over the pairings of ring / SDPA
     ratios: list[float]
     bracketed: float  # median over the pairings of ring / the faster SDPA around it
+    sdpa_again: list[float]  # per pairing, SDPA after this ring / SDPA before it: the noise
     outside_cores: float | None  # the most any pairing saw
     disturbed: bool
 
@@ -110,8 +113,8 @@ def _pool(ctx, world, threads, tmp, kind, engine, transport) -> RingPool:
 def _pair(args, world: int, cfg: Config, sdpa, pools, labels) -> list[PairRow]:
     """``args.pairings`` pairings of one configuration, the order rotating; one row per ring.
     A pairing: SDPA, then each ring followed by SDPA again (the bracket around each ring)."""
-    times: dict = {side: [] for side in range(len(pools))}
-    sdpa_first, brackets, loads = [], {side: [] for side in range(len(pools))}, []
+    times, brackets, agains = ({side: [] for side in range(len(pools))} for _ in range(3))
+    sdpa_first, loads = [], []
     for i in range(args.pairings):
         order = list(range(len(pools)))
         order = order[i % len(order) :] + order[: i % len(order)]
@@ -123,6 +126,7 @@ def _pair(args, world: int, cfg: Config, sdpa, pools, labels) -> list[PairRow]:
                 after = _sdpa_s(sdpa, cfg)
                 times[side].append(ring)
                 brackets[side].append(ring / min(before, after))
+                agains[side].append(after / before)
                 before = after
         loads.append(load.reading.outside_cores)
     known = [c for c in loads if c is not None]
@@ -143,6 +147,7 @@ def _pair(args, world: int, cfg: Config, sdpa, pools, labels) -> list[PairRow]:
                 statistics.median(ratios),
                 ratios,
                 statistics.median(brackets[side]),
+                agains[side],
                 worst,
                 worst is not None and worst > args.load_threshold,
             )
@@ -166,6 +171,7 @@ COLUMNS = [
     ("ring/SDPA", ">9", "ratio"),
     ("pairings", "<24", "ratios"),
     ("bracketed", ">9", "bracketed"),
+    ("SDPA again", "<24", "sdpa_again"),
     ("outside", ">7", "outside_cores"),
 ]
 
@@ -176,7 +182,7 @@ def _cell(row: PairRow, attr: str) -> str:
         return "causal" if value else "full"
     if attr in ("ratio", "bracketed"):
         return f"{value:.3f}x"
-    if attr == "ratios":
+    if attr in ("ratios", "sdpa_again"):
         return " ".join(f"{r:.3f}" for r in value)
     if attr == "outside_cores":
         return "" if value is None else f"{value:.2f}" + ("!" if row.disturbed else "")
@@ -190,7 +196,9 @@ def write_markdown(rows: list[PairRow], path: Path, argv: list[str]) -> None:
         f"`python -m benchmarks.attention {' '.join(argv)}`. Each pairing times SDPA and every "
         "ring back to back (order rotating); ring/SDPA is the median of the pairings' "
         "ratios. Each ring run is followed by SDPA again; bracketed divides it by the faster "
-        "of the two SDPA timings around it (the median over the pairings).",
+        "of the two SDPA timings around it (the median over the pairings). SDPA again: "
+        "each pairing's SDPA after the ring over SDPA before it, the same work timed twice: "
+        "how far the machine moves within a pairing, the resolution of both ratios.",
         "",
         "| " + " | ".join(name for name, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt, _ in COLUMNS) + "|",

@@ -25,13 +25,15 @@ def test_overhead_counts_a_ring_call_exactly(tmp_path):
         assert r["mib_sent"] * 2**20 == blocks * 2 * 32 * 8 * 64 * 4, r
         assert r["plan_misses"] == 0, r
         assert r["floor_ms"] > 0 and r["wall_x"] > 0 and r["cpu_x"] > 0, r
+        assert r["same_x"] > 0 and r["in_step_x"] >= 1, r
         assert r["host_ms"] >= 0 and r["aten_ops"] > 0, r
     assert (tmp_path / "overhead.md").read_text().count("| 64 |") == 2
 
 
 def test_pairings_time_ring_and_sdpa_side_by_side(tmp_path):
     """`--pairings` with this checkout named as the engine: one row per configuration, each
-    with one ring/SDPA ratio per pairing, their median reported."""
+    with one ring/SDPA ratio per pairing, their median reported, and SDPA timed again after the
+    ring in each pairing (the harness against itself)."""
     out = tmp_path / "pairs.json"
     argv = "--seq 64 --causal true --pairings 2 --repeats 1 --engine .".split()
     argv += ["--json", str(out)]
@@ -40,6 +42,7 @@ def test_pairings_time_ring_and_sdpa_side_by_side(tmp_path):
     assert (row["ranks"], row["threads"], row["seq"], row["causal"]) == (2, 1, 64, True)
     assert len(row["ratios"]) == 2 and min(row["ratios"]) <= row["ratio"] <= max(row["ratios"])
     assert row["ring_ms"] > 0 and row["sdpa_ms"] > 0
+    assert len(row["sdpa_again"]) == 2 and all(x > 0 for x in row["sdpa_again"]), row
     assert "ring/SDPA" in (tmp_path / "pairs.md").read_text()
 
 
