@@ -20,11 +20,12 @@ be a wrong number, not an error).
 A slot file is made by its sender, under a name the token gives (re-made larger when a bigger
 message comes), and unlinked by the receiver once both have it mapped, so nothing stays in
 ``/dev/shm`` after a clean run; a set-up removes files left by processes that died between
-the two. Setting up is two small collectives on the group (``RingShm.for_group``, cached per
-group): ranks with the same host name and boot id check that they see a file the lowest of
-them made (containers with their own /dev/shm do not). Two neighbours that share a /dev/shm
-exchange through it; any other pair (ranks on different hosts) through gloo's point-to-point,
-as ``RingComm``. Collectives (the engine's shape check) stay on gloo.
+the two (only files made in its own pid namespace: a container sharing the host's /dev/shm
+keeps its files). Setting up is two small collectives on the group (``RingShm.for_group``,
+cached per group): ranks with the same host name and boot id check that they see a file the
+lowest of them made (containers with their own /dev/shm do not). Two neighbours that share a
+/dev/shm exchange through it; any other pair (ranks on different hosts) through gloo's
+point-to-point, as ``RingComm``. Collectives (the engine's shape check) stay on gloo.
 
 ``RINGATTN_TRANSPORT``: ``auto`` (default: shared memory for a gloo group whose ranks share a
 host), ``gloo`` (never), ``shm`` (required: an error where the ranks do not share a host).
@@ -104,11 +105,9 @@ class _Channel:
         self.borrowed = False  # receiver: the ring holds views of the last message's slot
 
     def _path(self, index: int, generation: int) -> str:
-        return os.path.join(
-            _shm_root(),
-            f"{PREFIX}-{self.ring.token}-{self.ring.pids[self.src]}-"
-            f"{self.src}-{self.dst}-{self.tag}-{index}-{generation}",
-        )
+        sender = self.ring.pids[self.src]
+        names = (self.src, self.dst, self.tag, index, generation)
+        return os.path.join(_shm_root(), slot_name(self.ring.token, sender, *names))
 
     def send(self, tensors: Sequence[torch.Tensor]) -> None:
         index = self.count % 2
@@ -352,12 +351,30 @@ def _agree(group: dist.ProcessGroup | None) -> tuple[str, list[int], list[bool]]
     return token, [h[1] for h in hosts], shared
 
 
+def slot_name(token: str, sender_pid: int, *where: int) -> str:
+    """A slot file's name: the ring's token, the sender's pid and pid namespace (what
+    ``remove_orphans`` judges it by), then ``where`` (src, dst, stream, slot, generation)."""
+    return "-".join((PREFIX, token, str(sender_pid), _pid_namespace(), *map(str, where)))
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace ('ns' and its inode; 'ns0' where /proc has none). A
+    container run with the host's /dev/shm (``--ipc=host``) has a namespace of its own, in
+    which the pids of the other containers' ranks do not exist."""
+    try:
+        return f"ns{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return "ns0"
+
+
 def remove_orphans() -> None:
     """Slot files whose sender (the pid in the name) no longer runs: a crash between a slot's
-    creation and its receiver mapping it."""
+    creation and its receiver mapping it. Only files made in this pid namespace: another's
+    pids cannot be looked up from here (a live ring in another container would lose its
+    files)."""
     for path in glob.glob(os.path.join(_shm_root(), f"{PREFIX}-*")):
         parts = os.path.basename(path).split("-")
-        if len(parts) < 4 or not parts[3].isdigit():
+        if len(parts) < 5 or not parts[3].isdigit() or parts[4] != _pid_namespace():
             continue
         try:
             os.kill(int(parts[3]), 0)

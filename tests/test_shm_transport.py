@@ -85,22 +85,27 @@ def test_a_bad_setting_is_one_line(monkeypatch):
 
 def test_orphaned_slot_files_are_removed(tmp_path):
     """A slot file whose sender is gone (a crash before its receiver mapped it) is removed by
-    the next set-up; one of a live process stays."""
+    the next set-up; one of a live process stays, and so does one made in another pid
+    namespace (a container sharing the host's /dev/shm), whose sender's pid means nothing
+    here: removing it would break that container's live ring."""
     from ringattn import shm
 
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm on this machine")
     dead = _a_dead_pid()
-    orphan = f"/dev/shm/{shm.PREFIX}-feedbeef0000-{dead}-0-1-0-0-0"
-    alive = f"/dev/shm/{shm.PREFIX}-feedbeef0000-{os.getpid()}-0-1-0-0-0"
-    for path in (orphan, alive):
+    orphan = f"/dev/shm/{shm.slot_name('feedbeef0000', dead, 0, 1, 0, 0, 0)}"
+    alive = f"/dev/shm/{shm.slot_name('feedbeef0000', os.getpid(), 0, 1, 0, 0, 0)}"
+    elsewhere = orphan.replace(f"-{shm._pid_namespace()}-", "-ns1-")
+    assert elsewhere != orphan
+    for path in (orphan, alive, elsewhere):
         with open(path, "wb") as f:
             f.write(b"x")
     try:
         shm.remove_orphans()
-        assert not os.path.exists(orphan) and os.path.exists(alive)
+        assert not os.path.exists(orphan) and os.path.exists(alive), "judged by the pid"
+        assert os.path.exists(elsewhere), "a file of another pid namespace was removed"
     finally:
-        for path in (orphan, alive):
+        for path in (orphan, alive, elsewhere):
             if os.path.exists(path):
                 os.unlink(path)
 
