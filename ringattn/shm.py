@@ -351,10 +351,21 @@ def _agree(group: dist.ProcessGroup | None) -> tuple[str, list[int], list[bool]]
     return token, [h[1] for h in hosts], shared
 
 
-def slot_name(token: str, sender_pid: int, *where: int) -> str:
-    """A slot file's name: the ring's token, the sender's pid and pid namespace (what
-    ``remove_orphans`` judges it by), then ``where`` (src, dst, stream, slot, generation)."""
-    return "-".join((PREFIX, token, str(sender_pid), _pid_namespace(), *map(str, where)))
+def slot_name(token: str, sender_pid: int, *where: int, namespace: str | None = None) -> str:
+    """A slot file's name: the ring's token, the sender's pid and pid namespace (this
+    process's unless given: what ``remove_orphans`` judges it by), then ``where`` (src, dst,
+    stream, slot, generation). ``slot_sender`` reads it back."""
+    namespace = namespace or _pid_namespace()
+    return "-".join((PREFIX, token, str(sender_pid), namespace, *map(str, where)))
+
+
+def slot_sender(path: str) -> tuple[int, str] | None:
+    """(sender's pid, its pid namespace) from a slot file's name (``slot_name``); None for
+    another file (a set-up's probe file)."""
+    parts = os.path.basename(path).split("-")
+    if len(parts) < 5 or parts[:2] != PREFIX.split("-") or not parts[3].isdigit():
+        return None
+    return int(parts[3]), parts[4]
 
 
 def _pid_namespace() -> str:
@@ -372,12 +383,13 @@ def remove_orphans() -> None:
     creation and its receiver mapping it. Only files made in this pid namespace: another's
     pids cannot be looked up from here (a live ring in another container would lose its
     files)."""
+    here = _pid_namespace()
     for path in glob.glob(os.path.join(_shm_root(), f"{PREFIX}-*")):
-        parts = os.path.basename(path).split("-")
-        if len(parts) < 5 or not parts[3].isdigit() or parts[4] != _pid_namespace():
+        sender = slot_sender(path)
+        if sender is None or sender[1] != here:
             continue
         try:
-            os.kill(int(parts[3]), 0)
+            os.kill(sender[0], 0)
         except ProcessLookupError:
             try:
                 os.unlink(path)

@@ -59,12 +59,8 @@ def _files_made_by(pids: set[int]) -> list[str]:
     since other pytest workers run shared-memory rings at the same time."""
     from ringattn import shm
 
-    made = []
-    for path in glob.glob(f"/dev/shm/{shm.PREFIX}-*"):
-        parts = os.path.basename(path).split("-")
-        if len(parts) > 3 and parts[3].isdigit() and int(parts[3]) in pids:
-            made.append(path)
-    return made
+    senders = {path: shm.slot_sender(path) for path in glob.glob(f"/dev/shm/{shm.PREFIX}-*")}
+    return [path for path, sender in senders.items() if sender and sender[0] in pids]
 
 
 @pytest.mark.parametrize("transport", ["auto", "shm", "gloo"])
@@ -95,8 +91,9 @@ def test_orphaned_slot_files_are_removed(tmp_path):
     dead = _a_dead_pid()
     orphan = f"/dev/shm/{shm.slot_name('feedbeef0000', dead, 0, 1, 0, 0, 0)}"
     alive = f"/dev/shm/{shm.slot_name('feedbeef0000', os.getpid(), 0, 1, 0, 0, 0)}"
-    elsewhere = orphan.replace(f"-{shm._pid_namespace()}-", "-ns1-")
-    assert elsewhere != orphan
+    elsewhere = f"/dev/shm/{shm.slot_name('feedbeef0000', dead, 0, 1, 0, 0, 0, namespace='ns1')}"
+    assert shm.slot_sender(elsewhere) == (dead, "ns1"), "slot_sender reads what slot_name wrote"
+    assert shm.slot_sender(orphan)[1] != "ns1", "this test runs in pid namespace ns1"
     for path in (orphan, alive, elsewhere):
         with open(path, "wb") as f:
             f.write(b"x")
