@@ -341,6 +341,9 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
     step, floor = largest(lambda s: s["step_s"]), largest(lambda s: s["floor_s"])
     cpu_x = largest(lambda s: s["proc_cpu_s"] / s["floor_cpu_s"])
     kernels, again = largest(lambda s: s["kernel_wall_s"]), largest(lambda s: s["floor_again_s"])
+    wall_x = [step(i) / floor(i) for i in reps]
+    in_step_x = [step(i) / kernels(i) for i in reps]
+    same_x = [again(i) / floor(i) for i in reps]
     first = [r["samples"][0] for r in ranks]
     misses = [s["plan_misses"] for s in first]
     return Row(
@@ -351,7 +354,7 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
         cfg["layout"],
         step_ms=1e3 * med(step),
         floor_ms=1e3 * med(floor),
-        wall_x=statistics.median(step(i) / floor(i) for i in reps),
+        wall_x=statistics.median(wall_x),
         cpu_x=med(cpu_x),
         extra_pct=100 * med(largest(lambda s: s["proc_cpu_s"] / s["kernel_cpu_s"] - 1)),
         host_ms=1e3 * med(largest(lambda s: s["main_cpu_s"] - s["kernel_cpu_s"])),
@@ -365,12 +368,12 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
         page_faults=int(med(largest(lambda s: s["page_faults"]))),
         aten_ops=max(r["aten_ops"] for r in ranks),
         plan_misses=None if None in misses else max(misses),
-        in_step_x=statistics.median(step(i) / kernels(i) for i in reps),
-        same_x=statistics.median(again(i) / floor(i) for i in reps),
-        wall_x_each=[step(i) / floor(i) for i in reps],
+        in_step_x=statistics.median(in_step_x),
+        same_x=statistics.median(same_x),
+        wall_x_each=wall_x,
         cpu_x_each=[cpu_x(i) for i in reps],
-        in_step_x_each=[step(i) / kernels(i) for i in reps],
-        same_x_each=[again(i) / floor(i) for i in reps],
+        in_step_x_each=in_step_x,
+        same_x_each=same_x,
     )
 
 
