@@ -249,11 +249,14 @@ def run(job_dir: Path) -> dict:
     if ident.plan_entry:
         for key, value in (ident.plan_entry.get("env") or {}).items():
             os.environ[str(key)] = str(value)
+    import torch
+
     print(
         f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
         f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"
         f"{' (from placement.json)' if ident.plan_entry else ''}; rendezvous "
-        f"{ident.master_addr}:{ident.master_port}; collective timeout {cfg.timeout:g}s",
+        f"{ident.master_addr}:{ident.master_port}; collective timeout {cfg.timeout:g}s; "
+        f"CPU threads: {torch.get_num_threads()}",
         flush=True,
     )
     stop = [False]

@@ -17,7 +17,6 @@ time and command line recorded with it (`ProcessRecord`), so a reused pid is nev
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -27,11 +26,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from subprocess import Popen
 
 from ..errors import UserError, with_filename
 from ..jobdir import JobDir
 from .base import Backend, JobState, JobStatus
 from .joblogs import is_peer_loss, killed_by, no_result_reason, ranks_without_result
+from .launch import ForkedRank, die_with_parent, exec_reason, fork_rank, warm_up
 from .shell import LocalShell
 
 KILL_GRACE_S = 5.0
@@ -134,19 +135,10 @@ def _read_record(job: JobDir) -> ProcessRecord | None:
     try:
         data = json.loads(text)
         if isinstance(data, int):  # a 0.1 job directory: a bare pid, identity unknown
-            return ProcessRecord(data, None, f"supervise {job.path.resolve()}")
+            return ProcessRecord(data, None, supervisor_marker(job))
         return ProcessRecord(int(data["pid"]), data.get("start"), str(data["marker"]))
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent (the supervisor) dies."""
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the process group still lets cancel reach every worker
 
 
 # -- the backend -----------------------------------------------------------------------------
@@ -179,7 +171,7 @@ class LocalBackend(Backend):
                 start_new_session=True,  # survives the terminal; cancel signals its group
                 close_fds=True,
             )
-        record = ProcessRecord.of(proc.pid, f"supervise {job.path}")
+        record = ProcessRecord.of(proc.pid, supervisor_marker(job))
         try:
             job.supervisor_file.write_text(json.dumps(asdict(record)) + "\n")
         except OSError as err:  # a full disk: nothing could cancel it, so nothing runs
@@ -222,13 +214,26 @@ class LocalBackend(Backend):
             job.write_state(state)
 
 
+def supervisor_marker(job: JobDir) -> str:
+    """What the supervisor's command line contains (and a forked rank's: it is its copy)."""
+    return f"supervise {job.path.resolve()}"
+
+
+def worker_marker(job: JobDir, launch: str) -> str:
+    """What a rank's command line contains: a new interpreter's names the worker module, a
+    forked rank's is the supervisor's (its pid and start time tell it from the supervisor)."""
+    if launch == "fork":
+        return supervisor_marker(job)
+    return f"ringctl.worker {job.path.resolve()}"
+
+
 def live_workers(job: JobDir) -> list[ProcessRecord]:
     """Workers recorded in state.json that still run (same pid, start time and job)."""
     state = job.read_state() or {}
-    marker = f"ringctl.worker {job.path.resolve()}"
     found = []
     for info in state.get("ranks", {}).values():
         if isinstance(info, dict) and info.get("pid"):
+            marker = worker_marker(job, info.get("launch", "exec"))
             record = ProcessRecord(int(info["pid"]), info.get("start"), marker)
             if record.alive():
                 found.append(record)
@@ -260,7 +265,7 @@ class Supervisor:
         self.job = job
         self.cfg = load_resolved(job.config)
         self.world = world_size(self.cfg)
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, Popen | ForkedRank] = {}
         self.codes: dict[int, int] = {}
         self.killed: set[int] = set()
         self.failed: list[int] = []
@@ -284,7 +289,9 @@ class Supervisor:
         self.job.out.mkdir(exist_ok=True)
         port = _free_port()
         self.state["master_port"] = port
-        threads = str(max(1, (os.cpu_count() or 1) // self.world))
+        threads = self.cfg.env.vars.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+        threads = str(threads or max(1, (os.cpu_count() or 1) // self.world))
+        launch = self._choose_launch(threads)
         for rank in range(self.world):
             extra = {
                 "MASTER_ADDR": "127.0.0.1",
@@ -294,19 +301,39 @@ class Supervisor:
                 "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(self.world),
                 **{str(k): str(v) for k, v in self.cfg.env.vars.items()},
+                "OMP_NUM_THREADS": threads,
             }
-            extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", threads))
-            self.procs[rank] = self._spawn(rank, extra)
+            self.procs[rank] = self._spawn(rank, extra, launch)
             pid = self.procs[rank].pid
             self.state["ranks"][str(rank)] = {
                 "pid": pid,
                 "start": _start_time(pid),
                 "state": "RUNNING",
+                "launch": launch,
             }
         self.job.write_state(self.state)
-        print(f"supervisor {os.getpid()}: started {self.world} ranks on port {port}", flush=True)
+        print(
+            f"supervisor {os.getpid()}: started {self.world} ranks ({launch}) on port {port}",
+            flush=True,
+        )
 
-    def _spawn(self, rank: int, extra: dict[str, str]) -> subprocess.Popen:
+    def _choose_launch(self, threads: str) -> str:
+        """How the ranks start: forked from this process once it has imported what their task
+        imports ("fork"), or each as a new interpreter ("exec"); the log says which and why."""
+        from ..tasks import get_task
+
+        reason = exec_reason(self.cfg, threads)
+        if reason is not None:
+            print(f"supervisor: ranks start as new interpreters: {reason}", flush=True)
+            return "exec"
+        loaded = warm_up(get_task(self.cfg.task.name).start_imports)
+        print(f"supervisor: ranks forked after importing {', '.join(loaded)}", flush=True)
+        return "fork"
+
+    def _spawn(self, rank: int, extra: dict[str, str], launch: str) -> Popen | ForkedRank:
+        if launch == "fork":
+            out, err = self.job.rank_log(rank, "out"), self.job.rank_log(rank, "err")
+            return fork_rank(str(self.job.path), _child_env(extra), out, err)
         python = self.cfg.env.python or sys.executable
         with (
             open(self.job.rank_log(rank, "out"), "ab") as out,
@@ -319,7 +346,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
 
     def watch(self) -> None:

@@ -70,6 +70,9 @@ class Task(ABC):
     # Optional packages the ranks need: (module, how to install it). Checked at submit, so a
     # missing one is a one-line refusal instead of a traceback from every started rank.
     packages: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # What its ranks import first, which the local supervisor imports once before forking them
+    # (ringctl.backends.launch): the slow imports, so each rank does not repeat them.
+    start_imports: ClassVar[tuple[str, ...]] = ("torch", "torch.distributed", "ringctl.worker")
 
     def check(self, cfg, bad: Callable[[str, str], Exception]) -> None:
         """Raise bad("task.x", "why") for an impossible value (at load, before submission)."""

@@ -100,6 +100,15 @@ class CorpusTask(Task):
 
     params = CorpusParams
     packages = (("transformers", HF_INSTALL), ("tokenizers", HF_INSTALL))
+    start_imports = (
+        *Task.start_imports,
+        "safetensors.torch",
+        "transformers",
+        "transformers.modeling_utils",
+        "transformers.masking_utils",
+        "transformers.modeling_layers",
+        "transformers.models.auto.modeling_auto",
+    )
 
     def params_of(self, cfg):
         """The job's parameters, the layout resolved (``task.layout`` or ``ring.layout``)."""
@@ -279,6 +288,7 @@ class LongDocTask(CorpusTask):
 
     name = "longdoc"
     params = LongDocParams
+    start_imports = (*CorpusTask.start_imports, "ringctl.longdoc.run")
     sections = {"model": ModelSection}
 
     def check(self, cfg, bad) -> None:

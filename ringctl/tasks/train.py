@@ -53,6 +53,7 @@ class TrainTask(CorpusTask):
 
     name = "train"
     params = TrainParams
+    start_imports = (*CorpusTask.start_imports, "ringctl.train.run")
     sections = {"model": TrainModelSection}
 
     def check(self, cfg, bad) -> None:

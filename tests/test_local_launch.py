@@ -1,0 +1,131 @@
+"""How the local backend starts ranks (ringctl.backends.launch): forked from the supervisor,
+which imported their task's modules once, unless something the job asks for acts at an
+interpreter's start-up; then each rank is a new interpreter, and the supervisor says why.
+
+Real jobs on real processes; a forked rank must be what a new interpreter would be: its own
+environment, thread count and random seeds, found by `live_workers`, and killed with its
+supervisor. That the forked ranks compute the same numbers is what every other job-level test
+checks (they fork by default); test_train_cluster compares a local training job (forked) with
+the same job on Slurm (new interpreters) bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from ringctl.backends.launch import _as_a_new_interpreter, exec_reason
+from ringctl.backends.local import live_workers
+from ringctl.cli import main
+from ringctl.config import load_job
+from ringctl.jobdir import JobDir
+from tests.local_jobs import local_state, submit, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "jobs" / "smoke.yaml")
+SMALL = ["nodes=1", "tasks_per_node=2", "task.steps=1", "timeout=60"]
+
+
+def _run_smoke(tmp_path: Path, capsys, *overrides: str) -> tuple[dict, str, list[str]]:
+    """Run the smoke job: (state.json, the supervisor's log, each rank's first log line)."""
+    job = tmp_path / "job"
+    assert main(["run", SMOKE, f"job_dir={job}", *SMALL, *overrides]) == 0, capsys.readouterr()
+    state = json.loads((job / "state.json").read_text())
+    firsts = [(job / "logs" / f"rank-{r}.out").read_text().splitlines()[0] for r in range(2)]
+    return state, (job / "logs" / "supervisor.log").read_text(), firsts
+
+
+def test_ranks_fork_and_take_the_jobs_thread_count(tmp_path, capsys):
+    state, log, firsts = _run_smoke(tmp_path, capsys, "env.vars.OMP_NUM_THREADS=2")
+    assert state["state"] == "COMPLETED"  # the smoke task checks its ring against a reference
+    assert [r["launch"] for r in state["ranks"].values()] == ["fork", "fork"]
+    assert "ranks forked after importing torch" in log
+    assert all(line.endswith("; CPU threads: 2") for line in firsts), firsts
+
+
+def test_a_variable_that_acts_at_start_up_starts_new_interpreters(tmp_path, capsys):
+    extra = ["env.vars.MALLOC_ARENA_MAX=2", "env.vars.OMP_NUM_THREADS=2"]
+    state, log, firsts = _run_smoke(tmp_path, capsys, *extra)
+    assert state["state"] == "COMPLETED"
+    assert [r["launch"] for r in state["ranks"].values()] == ["exec", "exec"]
+    assert "new interpreters: env.vars.MALLOC_ARENA_MAX may act at start-up" in log
+    assert all(line.endswith("; CPU threads: 2") for line in firsts), firsts
+
+
+def _cfg(*overrides: str):
+    return load_job(SMOKE, list(overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides, environ, threads, why",
+    [
+        ([], {}, "1", None),
+        (["env.vars.NCCL_DEBUG=INFO", "env.vars.RINGATTN_TRANSPORT=shm"], {}, "4", None),
+        (["env.vars.HF_HUB_OFFLINE=1"], {}, "1", None),
+        (["env.vars.HF_HUB_OFFLINE=0"], {}, "1", "env.vars.HF_HUB_OFFLINE may act at start-up"),
+        (["env.vars.LD_PRELOAD=/x.so"], {}, "1", "env.vars.LD_PRELOAD may act at start-up"),
+        (
+            ["env.python=/usr/bin/python3"],
+            {},
+            "1",
+            "env.python names an interpreter (/usr/bin/python3)",
+        ),
+        ([], {}, "4,2", "OMP_NUM_THREADS='4,2' is not a plain thread count"),
+        ([], {"RINGCTL_LOCAL_LAUNCH": "exec"}, "1", "RINGCTL_LOCAL_LAUNCH=exec"),
+        ([], {"RINGCTL_LOCAL_LAUNCH": "spawn"}, "1", "RINGCTL_LOCAL_LAUNCH=spawn (fork or exec)"),
+    ],
+)
+def test_what_makes_ranks_new_interpreters(overrides, environ, threads, why, monkeypatch):
+    monkeypatch.delenv("RINGCTL_LOCAL_LAUNCH", raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert exec_reason(_cfg(*overrides), threads) == why
+
+
+def test_a_forked_process_gets_its_own_seeds():
+    """Two forks of one process, each made a new interpreter's: different torch seeds (a new
+    interpreter's is drawn from the OS), and the thread count asked for."""
+    import torch
+
+    seeds = []
+    for _ in range(2):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.close(read)
+            _as_a_new_interpreter(1)
+            os.write(write, f"{torch.initial_seed()} {torch.get_num_threads()}".encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as fh:
+            seeds.append(fh.read())
+        os.waitpid(pid, 0)
+    assert seeds[0] != seeds[1] and seeds[0].endswith(" 1"), seeds
+    assert str(torch.initial_seed()) not in (s.split()[0] for s in seeds)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_forked_ranks_are_found_and_die_with_their_supervisor(tmp_path, capsys):
+    hang = ["task.fault_rank=1", "task.fault=hang", "timeout=120"]
+    job = submit(capsys, SMOKE, f"job_dir={tmp_path / 'job'}", *SMALL, *hang)
+    state = wait_for(
+        lambda: len(local_state(job).get("ranks", {})) == 2 and local_state(job), 60, "ranks"
+    )
+    pids = sorted(int(r["pid"]) for r in state["ranks"].values())
+    assert sorted(r.pid for r in live_workers(JobDir(job))) == pids
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: all(_gone(pid) for pid in pids), 30, "the ranks to die with the supervisor")
+    time.sleep(0.1)
+    assert live_workers(JobDir(job)) == []
