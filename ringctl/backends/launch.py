@@ -7,13 +7,13 @@ each rank from itself; the rank then takes its own environment and thread count 
 same `ringctl.worker.main` a new interpreter would.
 
 A fork inherits what the interpreter and its libraries decided at start-up, so it is used only
-when nothing the job asks for acts there (`exec_reason`): `env.python` unset, and every
-`env.vars` entry one that is read after start-up (OMP_NUM_THREADS, which the rank applies with
-torch.set_num_threads; the communication libraries' NCCL_*, GLOO_*, TORCH_NCCL_* and ringattn's
-RINGATTN_*, read when used; HF_HUB_OFFLINE=1, which `warm_up` sets too). Anything else
-(LD_PRELOAD, GLIBC_TUNABLES, MALLOC_*, PYTHON*, ...) starts every rank as a new interpreter, as
-before, and the supervisor's log says why; so does RINGCTL_LOCAL_LAUNCH=exec in the environment
-`ringctl submit` runs in.
+when nothing the job asks for acts there (`exec_reason`): no GPU on the machine (CUDA cannot
+start in a fork), `env.python` unset, and every `env.vars` entry one that is read after
+start-up (OMP_NUM_THREADS, which the rank applies with torch.set_num_threads; the
+communication libraries' NCCL_*, GLOO_*, TORCH_NCCL_* and ringattn's RINGATTN_*, read when
+used; HF_HUB_OFFLINE=1, which `warm_up` sets too). Anything else (LD_PRELOAD, GLIBC_TUNABLES,
+MALLOC_*, PYTHON*, ...) starts every rank as a new interpreter, as before, and the supervisor's
+log says why; so does RINGCTL_LOCAL_LAUNCH=exec in the environment `ringctl submit` runs in.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def exec_reason(cfg, threads: str) -> str | None:
     chosen = os.environ.get("RINGCTL_LOCAL_LAUNCH", "fork") or "fork"
     if chosen != "fork":
         return f"RINGCTL_LOCAL_LAUNCH={chosen}" + ("" if chosen == "exec" else " (fork or exec)")
+    if gpu := gpu_device_node():
+        return f"a GPU is here ({gpu}): CUDA cannot start in a fork of a process that asked for it"
     if not threads.isdigit() or int(threads) < 1:
         return f"OMP_NUM_THREADS={threads!r} is not a plain thread count"
     if cfg.env.python:
@@ -51,6 +53,17 @@ def exec_reason(cfg, threads: str) -> str | None:
             continue
         return f"env.vars.{name} may act at start-up"
     return None
+
+
+# Device nodes of the GPU drivers torch can use (NVIDIA, AMD's ROCm, WSL's): where one exists a
+# rank may use CUDA, which refuses to start in a fork once its parent asked about devices (the
+# imports in `warm_up` may: torch.cuda.is_available()), so such ranks start as new interpreters.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_device_node() -> str | None:
+    """The first GPU driver device node on this machine, or None."""
+    return next((path for path in GPU_DEVICE_NODES if os.path.exists(path)), None)
 
 
 def warm_up(modules: tuple[str, ...]) -> list[str]:
