@@ -45,11 +45,12 @@ def _run_smoke(tmp_path: Path, capsys, *overrides: str) -> tuple[dict, str, list
 
 
 @needs_no_gpu
-def test_ranks_fork_and_take_the_jobs_thread_count(tmp_path, capsys):
+def test_ranks_fork_and_take_the_jobs_thread_count(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RINGCTL_LOCAL_LAUNCH", raising=False)
     state, log, firsts = _run_smoke(tmp_path, capsys, "env.vars.OMP_NUM_THREADS=2")
     assert state["state"] == "COMPLETED"  # the smoke task checks its ring against a reference
     assert [r["launch"] for r in state["ranks"].values()] == ["fork", "fork"]
-    assert "ranks forked after importing torch" in log
+    assert "ranks forked after importing" in log
     assert all(line.endswith("; CPU threads: 2") for line in firsts), firsts
 
 
@@ -96,26 +97,33 @@ def test_what_makes_ranks_new_interpreters(overrides, environ, threads, why, mon
     assert reason == why or (why and reason.startswith(why)), reason
 
 
-def test_a_forked_process_gets_its_own_seeds():
-    """Two forks of one process, each made a new interpreter's: different torch seeds (a new
-    interpreter's is drawn from the OS), and the thread count asked for."""
+def test_a_forked_process_gets_its_own_seeds_and_threads():
+    """Two forks of one process, each made a new interpreter's: different torch and numpy seeds
+    (a new interpreter's are drawn from the OS), and the thread count asked for."""
+    import numpy
     import torch
 
-    seeds = []
+    threads = torch.get_num_threads() + 1  # not the parent's, so it must have been set
+    seen = []
     for _ in range(2):
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            os.close(read)
-            _as_a_new_interpreter(1)
-            os.write(write, f"{torch.initial_seed()} {torch.get_num_threads()}".encode())
-            os._exit(0)
+            try:
+                os.close(read)
+                _as_a_new_interpreter(threads)
+                text = f"{torch.initial_seed()} {numpy.random.randint(1 << 30)} "
+                os.write(write, f"{text}{torch.get_num_threads()}".encode())
+            finally:
+                os._exit(0)
         os.close(write)
         with os.fdopen(read) as fh:
-            seeds.append(fh.read())
+            seen.append(fh.read().split())
         os.waitpid(pid, 0)
-    assert seeds[0] != seeds[1] and seeds[0].endswith(" 1"), seeds
-    assert str(torch.initial_seed()) not in (s.split()[0] for s in seeds)
+    (torch_a, numpy_a, threads_a), (torch_b, numpy_b, threads_b) = seen
+    assert torch_a != torch_b and numpy_a != numpy_b, seen
+    assert str(torch.initial_seed()) not in (torch_a, torch_b)
+    assert threads_a == threads_b == str(threads)
 
 
 def _gone(pid: int) -> bool:
@@ -127,15 +135,39 @@ def _gone(pid: int) -> bool:
 
 
 @needs_no_gpu
-def test_forked_ranks_are_found_and_die_with_their_supervisor(tmp_path, capsys):
+def test_forked_ranks_are_found_and_die_with_their_supervisor(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RINGCTL_LOCAL_LAUNCH", raising=False)
     hang = ["task.fault_rank=1", "task.fault=hang", "timeout=120"]
     job = submit(capsys, SMOKE, f"job_dir={tmp_path / 'job'}", *SMALL, *hang)
     state = wait_for(
         lambda: len(local_state(job).get("ranks", {})) == 2 and local_state(job), 60, "ranks"
     )
+    assert [r["launch"] for r in state["ranks"].values()] == ["fork", "fork"]
     pids = sorted(int(r["pid"]) for r in state["ranks"].values())
+    assert all(Path(f"/proc/{pid}/comm").read_text().strip() == "ringctl-rank" for pid in pids)
     assert sorted(r.pid for r in live_workers(JobDir(job))) == pids
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     wait_for(lambda: all(_gone(pid) for pid in pids), 30, "the ranks to die with the supervisor")
     time.sleep(0.1)
     assert live_workers(JobDir(job)) == []
+
+
+def test_a_failed_warm_up_import_leaves_ranks_to_new_interpreters(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    reason = launch.warm_up(("json", "ringctl.no_such_module"), "1")
+    assert reason == "importing ringctl.no_such_module failed (ModuleNotFoundError)"
+    assert os.environ["OMP_NUM_THREADS"] == "7"  # the environment is put back
+
+
+@needs_no_gpu
+def test_a_forked_rank_exits_with_the_workers_status(tmp_path):
+    """A rank that fails (here: no job in its directory) exits 1 with the worker's one-line
+    error last in its stderr, as a new interpreter's does."""
+    logs = (tmp_path / "out", tmp_path / "err")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": "0", "WORLD_SIZE": "1"}
+    rank = launch.start_rank(launch.FORK, str(tmp_path), env, logs, "unused")
+    assert isinstance(rank, launch.ForkedRank)
+    code = wait_for(lambda: rank.poll() is not None and str(rank.returncode), 60, "the rank")
+    assert code == "1"
+    last = logs[1].read_text().strip().splitlines()[-1]
+    assert last.startswith("ringctl.worker: rank ? failed: "), last

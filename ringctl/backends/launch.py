@@ -13,7 +13,12 @@ start-up (OMP_NUM_THREADS, which the rank applies with torch.set_num_threads; th
 communication libraries' NCCL_*, GLOO_*, TORCH_NCCL_* and ringattn's RINGATTN_*, read when
 used; HF_HUB_OFFLINE=1, which `warm_up` sets too). Anything else (LD_PRELOAD, GLIBC_TUNABLES,
 MALLOC_*, PYTHON*, ...) starts every rank as a new interpreter, as before, and the supervisor's
-log says why; so does RINGCTL_LOCAL_LAUNCH=exec in the environment `ringctl submit` runs in.
+log says why; so does RINGCTL_LOCAL_LAUNCH=exec in the environment `ringctl submit` runs in,
+and so does any platform but Linux (macOS's system libraries are not safe to fork once used).
+
+What a fork still shares with its siblings: Python's string-hash seed (PYTHONHASHSEED is read at
+start-up), so set and dict-of-str iteration orders agree across forked ranks where new
+interpreters' may not; nothing in ringctl depends on either.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ import ctypes
 import importlib
 import os
 import signal
+import subprocess
 import sys
 import traceback
+
+FORK = "fork"  # the rank is a fork of the supervisor
+EXEC = "exec"  # the rank is a new interpreter: python -m ringctl.worker JOB_DIR
 
 # Variables a fork can honour: read after start-up, or applied by the rank itself (threads).
 AFTER_START_VARS = frozenset({"OMP_NUM_THREADS"})
@@ -31,17 +40,29 @@ AFTER_START_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "RINGATTN_")
 # Set by `warm_up` before its imports, as every rank sets it before importing transformers: a
 # job's variable with this same value changes nothing a fork inherits.
 WARM_UP_ENV = {"HF_HUB_OFFLINE": "1"}
+# Device nodes of the GPU drivers torch can use (NVIDIA, AMD's ROCm, WSL's): where one exists a
+# rank may use CUDA, which refuses to start in a fork once its parent asked about devices (the
+# imports in `warm_up` may: torch.cuda.is_available()), so such ranks start as new interpreters.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def plain_count(text: str) -> bool:
+    """A thread count as OMP_NUM_THREADS may hold one and int() reads: ASCII digits, >= 1."""
+    return text.isascii() and text.isdigit() and int(text) >= 1
 
 
 def exec_reason(cfg, threads: str) -> str | None:
     """Why this job's ranks must start as new interpreters, or None when they can be forked.
     `threads`: the ranks' OMP_NUM_THREADS, which a fork applies as a plain count only."""
-    chosen = os.environ.get("RINGCTL_LOCAL_LAUNCH", "fork") or "fork"
-    if chosen != "fork":
-        return f"RINGCTL_LOCAL_LAUNCH={chosen}" + ("" if chosen == "exec" else " (fork or exec)")
+    chosen = os.environ.get("RINGCTL_LOCAL_LAUNCH", FORK) or FORK
+    if chosen != FORK:
+        return f"RINGCTL_LOCAL_LAUNCH={chosen}" + ("" if chosen == EXEC else " (fork or exec)")
+    if not sys.platform.startswith("linux"):
+        return f"forking ranks is done on Linux only (this is {sys.platform})"
     if gpu := gpu_device_node():
         return f"a GPU is here ({gpu}): CUDA cannot start in a fork of a process that asked for it"
-    if not threads.isdigit() or int(threads) < 1:
+    if not plain_count(threads):
         return f"OMP_NUM_THREADS={threads!r} is not a plain thread count"
     if cfg.env.python:
         return f"env.python names an interpreter ({cfg.env.python})"
@@ -55,41 +76,67 @@ def exec_reason(cfg, threads: str) -> str | None:
     return None
 
 
-# Device nodes of the GPU drivers torch can use (NVIDIA, AMD's ROCm, WSL's): where one exists a
-# rank may use CUDA, which refuses to start in a fork once its parent asked about devices (the
-# imports in `warm_up` may: torch.cuda.is_available()), so such ranks start as new interpreters.
-GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
-
-
 def gpu_device_node() -> str | None:
     """The first GPU driver device node on this machine, or None."""
     return next((path for path in GPU_DEVICE_NODES if os.path.exists(path)), None)
 
 
-def warm_up(modules: tuple[str, ...]) -> list[str]:
-    """Import what the ranks will import, once, here (those that fail are left to the ranks,
-    which report them). HF_HUB_OFFLINE is set first, as every rank sets it before importing
-    transformers: ranks read models from local paths only; the environment is then put back,
-    so a rank's is what a new interpreter's would be."""
+def warm_up(modules: tuple[str, ...], threads: str) -> str | None:
+    """Import what the ranks will import, once, here, as a rank would: with its thread count
+    (numpy's and scipy's BLAS size their pools from OMP_NUM_THREADS when they load, and
+    torch.set_num_threads does not reach them) and HF_HUB_OFFLINE=1 (every rank sets it before
+    importing transformers). The environment is then put back, so a rank's own is what a new
+    interpreter's would be. Returns the failure that leaves ranks to start as new interpreters
+    (a module half imported is a state no new interpreter has, and the rank says what failed)."""
     saved = dict(os.environ)
-    os.environ.update(WARM_UP_ENV)
-    loaded = []
+    os.environ.update(WARM_UP_ENV, OMP_NUM_THREADS=threads)
     try:
         for name in modules:
             try:
                 importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - the rank imports it again and says what failed
-                continue
-            loaded.append(name)
+            except Exception as err:  # noqa: BLE001 - the rank imports it again and says why
+                return f"importing {name} failed ({type(err).__name__})"
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    return loaded
+    return None
+
+
+def die_with_parent() -> None:
+    """In a rank: SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), even by SIGKILL."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process group still lets cancel reach every worker
+
+
+def start_rank(how: str, job_path: str, env: dict[str, str], logs: tuple, python: str):
+    """Start one rank of the job in `job_path` (its cwd) with exactly `env` as its environment,
+    stdin from /dev/null, stdout and stderr appended to `logs` (out, err), dying with this
+    process: a fork (`how` FORK; a `ForkedRank`) or `python -m ringctl.worker` (a Popen)."""
+    fds = [os.open(os.devnull, os.O_RDONLY)]
+    try:
+        fds += [os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666) for log in logs]
+        if how == FORK:
+            return _fork(job_path, env, fds)
+        return subprocess.Popen(
+            [python, "-m", "ringctl.worker", job_path],
+            cwd=job_path,
+            env=env,
+            stdin=fds[0],
+            stdout=fds[1],
+            stderr=fds[2],
+            preexec_fn=die_with_parent,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class ForkedRank:
-    """A rank forked by `fork_rank`, with the part of subprocess.Popen's interface the
-    supervisor uses (pid, poll, terminate, kill); returncode is -N for a signal N, as Popen's."""
+    """A rank started by `_fork`, with the part of subprocess.Popen's interface the supervisor
+    uses (pid, poll, terminate, kill); returncode is -N for a signal N, as Popen's."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -97,7 +144,10 @@ class ForkedRank:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its status is lost (Popen says 0)
+                pid, status = self.pid, 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -116,60 +166,73 @@ class ForkedRank:
                 pass
 
 
-def die_with_parent() -> None:
-    """In a rank: SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), even by SIGKILL."""
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: the process group still lets cancel reach every worker
-
-
-def fork_rank(job_path: str, env: dict[str, str], out_path, err_path) -> ForkedRank:
-    """Fork a rank that runs `ringctl.worker.main([job_path])` in `job_path` with exactly `env`
-    as its environment, stdout and stderr appended to the two logs, stdin from /dev/null."""
-    fds = [
-        os.open(os.devnull, os.O_RDONLY),
-        os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666),
-        os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666),
-    ]
+def _fork(job_path: str, env: dict[str, str], fds: list[int]) -> ForkedRank:
+    """The fork. SIGTERM and SIGINT are held until the child has its own handlers (one
+    arriving in between would otherwise run the supervisor's handler in the rank)."""
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            _become_rank(job_path, env, fds, parent)
-        finally:
-            os._exit(1)  # _become_rank never returns; this is only for its own failure
-    for fd in fds:
-        os.close(fd)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _become_rank(job_path, env, fds, parent, held)
+            finally:
+                os._exit(code)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # the parent's (the child exits above)
     return ForkedRank(pid)
 
 
-def _become_rank(job_path: str, env: dict[str, str], fds: list[int], parent: int) -> None:
-    """In the forked child: what exec would have reset, then the worker (which ends the
-    process itself, os._exit, after writing its result)."""
+def _become_rank(job_path: str, env: dict[str, str], fds: list[int], parent: int, mask) -> int:
+    """In the forked child: what exec would have reset, then the worker's main (which ends the
+    process itself after writing its result); its exit status."""
     for fd_from, fd_to in zip(fds, (0, 1, 2), strict=True):
         os.dup2(fd_from, fd_to)
-        os.close(fd_from)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
+    _fresh_stdio()
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)  # the supervisor's handlers are not the rank's
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a new interpreter has them
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         die_with_parent()
         if os.getppid() != parent:
-            return  # the supervisor died before the line above took effect
+            return 1  # the supervisor died before the line above took effect
+        _name_process(b"ringctl-rank")
         os.chdir(job_path)
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [sys.argv[0], job_path]
-        _as_a_new_interpreter(int(env["OMP_NUM_THREADS"]))  # a count: checked by exec_reason
+        _as_a_new_interpreter(int(env["OMP_NUM_THREADS"]))  # plain_count, by exec_reason
         from ..worker import main
 
-        main([job_path])
+        code = main([job_path])
     except BaseException:  # noqa: BLE001 - the rank's stderr is its log
         traceback.print_exc()
-        sys.stderr.flush()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _fresh_stdio() -> None:
+    """sys.stdin/stdout/stderr on fds 0-2, buffered as a new interpreter's (the supervisor's
+    may be other objects: a rank's output must reach its logs)."""
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+
+
+def _name_process(name: bytes) -> None:
+    """The name `ps -e` and `top` show (PR_SET_NAME; the command line stays the supervisor's)."""
+    PR_SET_NAME = 15
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]))
+    except (OSError, AttributeError):
+        pass
 
 
 def _as_a_new_interpreter(threads: int) -> None:

@@ -2,7 +2,8 @@
 
 `submit` starts a detached supervisor (`python -m ringctl.backends.local supervise JOB_DIR`, in a
 session of its own) and returns at once. The supervisor (`Supervisor`) starts P = nodes x
-tasks_per_node workers (`python -m ringctl.worker JOB_DIR`, as on Slurm) with
+tasks_per_node workers running `ringctl.worker` as on Slurm (forked from the supervisor once it
+has imported what they import, else as `python -m ringctl.worker JOB_DIR`: `launch`) with
 MASTER_ADDR=127.0.0.1, a free port, RANK / WORLD_SIZE / LOCAL_RANK, and no Slurm variables (so
 they form one node named after this host). Each rank writes logs/rank-<R>.out and .err. The
 supervisor records the state in JOB_DIR/state.json, so `ringctl status`, `logs` and `cancel`
@@ -32,7 +33,7 @@ from ..errors import UserError, with_filename
 from ..jobdir import JobDir
 from .base import Backend, JobState, JobStatus
 from .joblogs import is_peer_loss, killed_by, no_result_reason, ranks_without_result
-from .launch import ForkedRank, die_with_parent, exec_reason, fork_rank, warm_up
+from .launch import EXEC, FORK, ForkedRank, exec_reason, start_rank, warm_up
 from .shell import LocalShell
 
 KILL_GRACE_S = 5.0
@@ -222,7 +223,7 @@ def supervisor_marker(job: JobDir) -> str:
 def worker_marker(job: JobDir, launch: str) -> str:
     """What a rank's command line contains: a new interpreter's names the worker module, a
     forked rank's is the supervisor's (its pid and start time tell it from the supervisor)."""
-    if launch == "fork":
+    if launch == FORK:
         return supervisor_marker(job)
     return f"ringctl.worker {job.path.resolve()}"
 
@@ -233,7 +234,7 @@ def live_workers(job: JobDir) -> list[ProcessRecord]:
     found = []
     for info in state.get("ranks", {}).values():
         if isinstance(info, dict) and info.get("pid"):
-            marker = worker_marker(job, info.get("launch", "exec"))
+            marker = worker_marker(job, info.get("launch", EXEC))
             record = ProcessRecord(int(info["pid"]), info.get("start"), marker)
             if record.alive():
                 found.append(record)
@@ -319,35 +320,22 @@ class Supervisor:
 
     def _choose_launch(self, threads: str) -> str:
         """How the ranks start: forked from this process once it has imported what their task
-        imports ("fork"), or each as a new interpreter ("exec"); the log says which and why."""
+        imports (FORK), or each as a new interpreter (EXEC); the log says which and why."""
         from ..tasks import get_task
 
         reason = exec_reason(self.cfg, threads)
+        if reason is None:
+            reason = warm_up(get_task(self.cfg.task.name).start_imports, threads)
         if reason is not None:
             print(f"supervisor: ranks start as new interpreters: {reason}", flush=True)
-            return "exec"
-        loaded = warm_up(get_task(self.cfg.task.name).start_imports)
-        print(f"supervisor: ranks forked after importing {', '.join(loaded)}", flush=True)
-        return "fork"
+            return EXEC
+        print("supervisor: ranks forked after importing what their task imports", flush=True)
+        return FORK
 
     def _spawn(self, rank: int, extra: dict[str, str], launch: str) -> Popen | ForkedRank:
-        if launch == "fork":
-            out, err = self.job.rank_log(rank, "out"), self.job.rank_log(rank, "err")
-            return fork_rank(str(self.job.path), _child_env(extra), out, err)
+        logs = (self.job.rank_log(rank, "out"), self.job.rank_log(rank, "err"))
         python = self.cfg.env.python or sys.executable
-        with (
-            open(self.job.rank_log(rank, "out"), "ab") as out,
-            open(self.job.rank_log(rank, "err"), "ab") as err,
-        ):
-            return subprocess.Popen(
-                [python, "-m", "ringctl.worker", str(self.job.path)],
-                cwd=self.job.path,
-                env=_child_env(extra),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                preexec_fn=die_with_parent,
-            )
+        return start_rank(launch, str(self.job.path), _child_env(extra), logs, python)
 
     def watch(self) -> None:
         """Until every rank has exited: record exits, end the rest after a failure/cancel."""
