@@ -67,6 +67,9 @@ def _cfg(*overrides: str):
     return load_job(SMOKE, list(overrides))
 
 
+OFFLINE = {"HF_HUB_OFFLINE": "1"}  # a model task's start_env
+
+
 @pytest.mark.parametrize(
     "overrides, environ, threads, why",
     [
@@ -93,7 +96,7 @@ def test_what_makes_ranks_new_interpreters(overrides, environ, threads, why, mon
     monkeypatch.setattr(launch, "GPU_DEVICE_NODES", (environ.pop("GPU", "/nonexistent"),))
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    reason = exec_reason(_cfg(*overrides), threads)
+    reason = exec_reason(_cfg(*overrides), threads, OFFLINE)
     assert reason == why or (why and reason.startswith(why)), reason
 
 
@@ -154,7 +157,7 @@ def test_forked_ranks_are_found_and_die_with_their_supervisor(tmp_path, capsys, 
 
 def test_a_failed_warm_up_import_leaves_ranks_to_new_interpreters(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
-    reason = launch.warm_up(("json", "ringctl.no_such_module"), "1")
+    reason = launch.warm_up(("json", "ringctl.no_such_module"), {"OMP_NUM_THREADS": "1"})
     assert reason == "importing ringctl.no_such_module failed (ModuleNotFoundError)"
     assert os.environ["OMP_NUM_THREADS"] == "7"  # the environment is put back
 
@@ -171,3 +174,14 @@ def test_a_forked_rank_exits_with_the_workers_status(tmp_path):
     assert code == "1"
     last = logs[1].read_text().strip().splitlines()[-1]
     assert last.startswith("ringctl.worker: rank ? failed: "), last
+
+
+def test_the_model_tasks_go_offline_before_their_imports():
+    """The warm-up sets what the model tasks' ranks set before importing transformers, from
+    the one place that says it (a job's HF_HUB_OFFLINE=1 then changes nothing for a fork)."""
+    from ringctl.longdoc.model.hub import OFFLINE_ENV
+    from ringctl.tasks import get_task
+
+    assert get_task("longdoc").start_env is OFFLINE_ENV is get_task("train").start_env
+    assert get_task("attention").start_env == {}
+    assert "transformers" in get_task("longdoc").start_imports

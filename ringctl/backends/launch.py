@@ -11,7 +11,8 @@ when nothing the job asks for acts there (`exec_reason`): no GPU on the machine 
 start in a fork), `env.python` unset, and every `env.vars` entry one that is read after
 start-up (OMP_NUM_THREADS, which the rank applies with torch.set_num_threads; the
 communication libraries' NCCL_*, GLOO_*, TORCH_NCCL_* and ringattn's RINGATTN_*, read when
-used; HF_HUB_OFFLINE=1, which `warm_up` sets too). Anything else (LD_PRELOAD, GLIBC_TUNABLES,
+used; what the task's ranks set themselves before importing, `Task.start_env`, which
+`warm_up` sets too: HF_HUB_OFFLINE=1). Anything else (LD_PRELOAD, GLIBC_TUNABLES,
 MALLOC_*, PYTHON*, ...) starts every rank as a new interpreter, as before, and the supervisor's
 log says why; so does RINGCTL_LOCAL_LAUNCH=exec in the environment `ringctl submit` runs in,
 and so does any platform but Linux (macOS's system libraries are not safe to fork once used).
@@ -37,9 +38,6 @@ EXEC = "exec"  # the rank is a new interpreter: python -m ringctl.worker JOB_DIR
 # Variables a fork can honour: read after start-up, or applied by the rank itself (threads).
 AFTER_START_VARS = frozenset({"OMP_NUM_THREADS"})
 AFTER_START_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "RINGATTN_")
-# Set by `warm_up` before its imports, as every rank sets it before importing transformers: a
-# job's variable with this same value changes nothing a fork inherits.
-WARM_UP_ENV = {"HF_HUB_OFFLINE": "1"}
 # Device nodes of the GPU drivers torch can use (NVIDIA, AMD's ROCm, WSL's): where one exists a
 # rank may use CUDA, which refuses to start in a fork once its parent asked about devices (the
 # imports in `warm_up` may: torch.cuda.is_available()), so such ranks start as new interpreters.
@@ -52,9 +50,11 @@ def plain_count(text: str) -> bool:
     return text.isascii() and text.isdigit() and int(text) >= 1
 
 
-def exec_reason(cfg, threads: str) -> str | None:
+def exec_reason(cfg, threads: str, start_env: dict[str, str]) -> str | None:
     """Why this job's ranks must start as new interpreters, or None when they can be forked.
-    `threads`: the ranks' OMP_NUM_THREADS, which a fork applies as a plain count only."""
+    `threads`: the ranks' OMP_NUM_THREADS, which a fork applies as a plain count only;
+    `start_env`: what the task's ranks set before their imports (`Task.start_env`), which
+    `warm_up` sets too, so a job's variable of the same value changes nothing a fork inherits."""
     chosen = os.environ.get("RINGCTL_LOCAL_LAUNCH", FORK) or FORK
     if chosen != FORK:
         return f"RINGCTL_LOCAL_LAUNCH={chosen}" + ("" if chosen == EXEC else " (fork or exec)")
@@ -70,7 +70,7 @@ def exec_reason(cfg, threads: str) -> str | None:
         name = str(name)
         if name in AFTER_START_VARS or name.startswith(AFTER_START_PREFIXES):
             continue
-        if WARM_UP_ENV.get(name) == str(value):
+        if start_env.get(name) == str(value):
             continue
         return f"env.vars.{name} may act at start-up"
     return None
@@ -81,15 +81,16 @@ def gpu_device_node() -> str | None:
     return next((path for path in GPU_DEVICE_NODES if os.path.exists(path)), None)
 
 
-def warm_up(modules: tuple[str, ...], threads: str) -> str | None:
-    """Import what the ranks will import, once, here, as a rank would: with its thread count
-    (numpy's and scipy's BLAS size their pools from OMP_NUM_THREADS when they load, and
-    torch.set_num_threads does not reach them) and HF_HUB_OFFLINE=1 (every rank sets it before
-    importing transformers). The environment is then put back, so a rank's own is what a new
-    interpreter's would be. Returns the failure that leaves ranks to start as new interpreters
-    (a module half imported is a state no new interpreter has, and the rank says what failed)."""
+def warm_up(modules: tuple[str, ...], env: dict[str, str]) -> str | None:
+    """Import what the ranks will import, once, here, in the environment `env` adds to this
+    one: the ranks' thread count (numpy's and scipy's BLAS size their pools from
+    OMP_NUM_THREADS when they load, and torch.set_num_threads does not reach them) and the
+    task's `start_env` (HF_HUB_OFFLINE=1: read when huggingface_hub is imported). The
+    environment is then put back, so a rank's own is what a new interpreter's would be. Returns
+    the failure that leaves ranks to start as new interpreters (a module half imported is a
+    state no new interpreter has, and the rank says what failed)."""
     saved = dict(os.environ)
-    os.environ.update(WARM_UP_ENV, OMP_NUM_THREADS=threads)
+    os.environ.update(env)
     try:
         for name in modules:
             try:

@@ -323,9 +323,10 @@ class Supervisor:
         imports (FORK), or each as a new interpreter (EXEC); the log says which and why."""
         from ..tasks import get_task
 
-        reason = exec_reason(self.cfg, threads)
+        task = get_task(self.cfg.task.name)
+        reason = exec_reason(self.cfg, threads, task.start_env)
         if reason is None:
-            reason = warm_up(get_task(self.cfg.task.name).start_imports, threads)
+            reason = warm_up(task.start_imports, {**task.start_env, "OMP_NUM_THREADS": threads})
         if reason is not None:
             print(f"supervisor: ranks start as new interpreters: {reason}", flush=True)
             return EXEC

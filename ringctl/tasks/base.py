@@ -73,6 +73,8 @@ class Task(ABC):
     # What its ranks import first, which the local supervisor imports once before forking them
     # (ringctl.backends.launch): the slow imports, so each rank does not repeat them.
     start_imports: ClassVar[tuple[str, ...]] = ("torch", "torch.distributed", "ringctl.worker")
+    # What its ranks set in their environment before those imports (the supervisor too).
+    start_env: ClassVar[dict[str, str]] = {}
 
     def check(self, cfg, bad: Callable[[str, str], Exception]) -> None:
         """Raise bad("task.x", "why") for an impossible value (at load, before submission)."""

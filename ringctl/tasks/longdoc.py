@@ -30,6 +30,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..longdoc.model.hub import OFFLINE_ENV
 from ..longdoc.params import CorpusParams, LongDocParams
 from .base import Gatherer, Task, importable
 
@@ -100,6 +101,7 @@ class CorpusTask(Task):
 
     params = CorpusParams
     packages = (("transformers", HF_INSTALL), ("tokenizers", HF_INSTALL))
+    start_env = OFFLINE_ENV
     start_imports = (
         *Task.start_imports,
         "safetensors.torch",

@@ -52,6 +52,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .hub import go_offline
+
 FORMAT = 2  # what a conversion writes; a change makes new entries (2: a tied weight under
 # its parameter's name)
 GGUF_INSTALL = "pip install 'ringctl[gguf]'"
@@ -238,7 +240,7 @@ def write_converted(path: Path, dest: Path) -> None:
     transformers, its config without the GGUF quantisation entry, the tokenizer from the same
     file. Loaded from a folder holding nothing but a link to the file, so nothing else beside
     it (another model's config.json) can be read with it."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    go_offline()
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -30,7 +30,6 @@ model is built, so every rank builds identical weights; ``check_same_weights`` v
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -40,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from .gguf_file import GGUF_INSTALL
+from .hub import go_offline
 
 DTYPES = {
     "float32": torch.float32,
@@ -177,7 +177,7 @@ def load_config(model_path: str | Path | None, overrides: dict | None = None):
             f"model_path {str(model_path)!r} is not a local directory, .gguf file or .json "
             "config (no download is done)"
         )
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    go_offline()
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)

@@ -28,12 +28,12 @@ as U+FFFD, 3 bytes each); fewer than 2 tokens score nothing (None).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from .gguf_file import converted, is_gguf
+from .hub import go_offline
 
 
 class ByteTokenizer:
@@ -61,7 +61,7 @@ class HFTokenizer:
                 f"tokenizer_path {str(path)!r} is not a local directory (no download is done: "
                 "save the tokenizer with save_pretrained and give its directory)"
             )
-        os.environ["HF_HUB_OFFLINE"] = "1"
+        go_offline()
         from transformers import AutoTokenizer
 
         self.path = str(path)
