@@ -29,7 +29,7 @@ def _documents(root: Path) -> Path:
     docs = root / "docs"
     docs.mkdir()
     for i in range(N_DOCS):
-        text = " ".join(rng.choice(words) for _ in range(4000))  # ~30k bytes: ~1-2 s per document
+        text = " ".join(rng.choice(words) for _ in range(2000))  # ~15k bytes: ~1 s per document
         (docs / f"doc{i}.txt").write_text(text)
     return docs
 
