@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ringctl.backends import launch
-from ringctl.backends.launch import _as_a_new_interpreter, exec_reason
+from ringctl.backends.launch import as_a_new_interpreter, exec_reason
 from ringctl.backends.local import live_workers
 from ringctl.cli import main
 from ringctl.config import load_job
@@ -114,7 +114,7 @@ def test_a_forked_process_gets_its_own_seeds_and_threads():
         if pid == 0:  # pragma: no cover - the child
             try:
                 os.close(read)
-                _as_a_new_interpreter(threads)
+                as_a_new_interpreter(threads)
                 text = f"{torch.initial_seed()} {numpy.random.randint(1 << 30)} "
                 os.write(write, f"{text}{torch.get_num_threads()}".encode())
             finally:
@@ -129,14 +129,6 @@ def test_a_forked_process_gets_its_own_seeds_and_threads():
     assert threads_a == threads_b == str(threads)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-
 @needs_no_gpu
 def test_forked_ranks_are_found_and_die_with_their_supervisor(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RINGCTL_LOCAL_LAUNCH", raising=False)
@@ -148,9 +140,10 @@ def test_forked_ranks_are_found_and_die_with_their_supervisor(tmp_path, capsys, 
     assert [r["launch"] for r in state["ranks"].values()] == ["fork", "fork"]
     pids = sorted(int(r["pid"]) for r in state["ranks"].values())
     assert all(Path(f"/proc/{pid}/comm").read_text().strip() == "ringctl-rank" for pid in pids)
-    assert sorted(r.pid for r in live_workers(JobDir(job))) == pids
+    workers = live_workers(JobDir(job))
+    assert sorted(r.pid for r in workers) == pids
     os.kill(state["supervisor_pid"], signal.SIGKILL)
-    wait_for(lambda: all(_gone(pid) for pid in pids), 30, "the ranks to die with the supervisor")
+    wait_for(lambda: not any(r.alive() for r in workers), 30, "the ranks to die with it")
     time.sleep(0.1)
     assert live_workers(JobDir(job)) == []
 

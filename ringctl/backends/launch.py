@@ -104,12 +104,17 @@ def warm_up(modules: tuple[str, ...], env: dict[str, str]) -> str | None:
 
 
 def die_with_parent() -> None:
-    """In a rank: SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), even by SIGKILL."""
-    PR_SET_PDEATHSIG = 1
+    """In a rank: SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), even by SIGKILL. Not on
+    Linux: nothing, and the process group still lets cancel reach every worker."""
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _prctl(option: int, arg) -> None:
+    """Linux's prctl(option, arg); nothing where there is none."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg)
     except (OSError, AttributeError):
-        pass  # not Linux: the process group still lets cancel reach every worker
+        pass
 
 
 def start_rank(how: str, job_path: str, env: dict[str, str], logs: tuple, python: str):
@@ -207,7 +212,7 @@ def _become_rank(job_path: str, env: dict[str, str], fds: list[int], parent: int
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [sys.argv[0], job_path]
-        _as_a_new_interpreter(int(env["OMP_NUM_THREADS"]))  # plain_count, by exec_reason
+        as_a_new_interpreter(int(env["OMP_NUM_THREADS"]))  # plain_count, by exec_reason
         from ..worker import main
 
         code = main([job_path])
@@ -222,21 +227,17 @@ def _become_rank(job_path: str, env: dict[str, str], fds: list[int], parent: int
 def _fresh_stdio() -> None:
     """sys.stdin/stdout/stderr on fds 0-2, buffered as a new interpreter's (the supervisor's
     may be other objects: a rank's output must reach its logs)."""
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stdin = open(0, closefd=False)  # each lives as long as the process
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
 
 
 def _name_process(name: bytes) -> None:
     """The name `ps -e` and `top` show (PR_SET_NAME; the command line stays the supervisor's)."""
-    PR_SET_NAME = 15
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]))
-    except (OSError, AttributeError):
-        pass
+    _prctl(15, ctypes.c_char_p(name[:15]))  # PR_SET_NAME
 
 
-def _as_a_new_interpreter(threads: int) -> None:
+def as_a_new_interpreter(threads: int) -> None:
     """What a new interpreter would have that a fork shares with its parent and siblings: its
     own thread count, and its own random seeds (torch's and numpy's global generators are
     seeded from the OS at start-up; Python's `random` reseeds itself after a fork)."""

@@ -27,7 +27,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from subprocess import Popen
 
 from ..errors import UserError, with_filename
 from ..jobdir import JobDir
@@ -266,7 +265,7 @@ class Supervisor:
         self.job = job
         self.cfg = load_resolved(job.config)
         self.world = world_size(self.cfg)
-        self.procs: dict[int, Popen | ForkedRank] = {}
+        self.procs: dict[int, subprocess.Popen | ForkedRank] = {}
         self.codes: dict[int, int] = {}
         self.killed: set[int] = set()
         self.failed: list[int] = []
@@ -333,7 +332,9 @@ class Supervisor:
         print("supervisor: ranks forked after importing what their task imports", flush=True)
         return FORK
 
-    def _spawn(self, rank: int, extra: dict[str, str], launch: str) -> Popen | ForkedRank:
+    def _spawn(
+        self, rank: int, extra: dict[str, str], launch: str
+    ) -> subprocess.Popen | ForkedRank:
         logs = (self.job.rank_log(rank, "out"), self.job.rank_log(rank, "err"))
         python = self.cfg.env.python or sys.executable
         return start_rank(launch, str(self.job.path), _child_env(extra), logs, python)
