@@ -73,9 +73,10 @@ def _job_id(job_dir: Path) -> str:
 
 
 def _started(job_dir: Path) -> bool:
-    """Both ranks are in (one hangs, one waits for it): the run has logs worth keeping."""
+    """Both ranks are in their task (one hangs, one waits for it): the run has logs worth
+    keeping, and writes no more to them (the worker's first line comes before the task's)."""
     logs = [job_dir / "logs" / f"rank-{r}.out" for r in (0, 1)]
-    return all(log.exists() and "ring rank" in log.read_text() for log in logs)
+    return all(log.exists() and "] attention: " in log.read_text() for log in logs)
 
 
 def _reran(job_dir: Path, job_id: str, restart: int) -> bool:
