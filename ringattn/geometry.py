@@ -257,8 +257,9 @@ def _window_piece(q: Run, k: Run, window: int) -> list[Block]:
     With delta = q.start - k.start, query row a sees key row b iff
     ``a + delta - window < b <= a + delta``. Where the window cuts no visible pair (the
     newest query is within W of the oldest key), the plain causal pieces; a window shorter than
-    ``SPLIT_WINDOW``, one masked band; else the band cut into unmasked pieces
-    (``_band_pieces``)."""
+    ``SPLIT_WINDOW``, one masked band over the keys some query row sees (a neighbour's block
+    then travels as its last W - 1 rows, not the whole chunk: ``SequenceLayout.kv_rows``);
+    else the band cut into unmasked pieces (``_band_pieces``)."""
     delta = q.start - k.start
     newest = q.length - 1 + delta  # the latest key row any query row may see
     oldest = delta - window + 1  # the earliest key row any query row may see
@@ -267,7 +268,8 @@ def _window_piece(q: Run, k: Run, window: int) -> list[Block]:
     if newest < window:  # the window cuts nothing here
         return _causal_pieces(q, k)
     if window < SPLIT_WINDOW:
-        return [Block(q.rows, k.rows, True, offset=delta, window=window)]
+        seen = _clip(k, q.start - window + 1, q.end)  # not None: checked just above
+        return [Block(q.rows, seen.rows, True, offset=q.start - seen.start, window=window)]
     return _band_pieces(q, k, window)
 
 
@@ -432,10 +434,9 @@ class SequenceLayout:
 
     def kv_rows(self, owner: int, shift: int, hops: int, causal: bool, window: int | None) -> slice:
         """The rows of ``owner``'s K/V block that travel on a leg of ``hops`` (``shift``: +1
-        forward, -1 backward), at every hop of it. On a one-hop leg (a
-        window's ring, or P = 2) those its one holder's plan reads: under a window of W >=
-        ``SPLIT_WINDOW`` the block's last W - 1 rows (a shorter window is one masked band over
-        the whole chunk); without one, at P = 2 in zigzag, rank 0's early half. One
+        forward, -1 backward), at every hop of it. On a one-hop leg (a window's ring, or
+        P = 2) those its one holder's plan reads: under a window of W, the rows within W - 1
+        of the holder's queries; without one, at P = 2 in zigzag, rank 0's early half. One
         row where it reads none (a transfer of nothing is not worth its own path through
         every backend). On a longer leg the whole block: which rows the later holders read
         would take every rank's plans against every block, P^2 of them per layout (0.6 s

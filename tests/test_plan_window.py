@@ -74,16 +74,17 @@ def test_a_windowed_ring_is_priced_stage_by_stage_by_hand():
     sees 4 keys) computes, with banded chunks of 64 rows: at step 0 its two diagonals (8 x 8
     scores each) and chunk 4 against chunk 3 (8 x 3: keys 29..31), at step 1 chunk 3 against
     rank 2's chunk 2 (8 x 3); the backward leg has nothing for it, and its first hop computes
-    nothing at all: that transfer is exposed. A hop carries only the chunk the neighbour reads
-    (8 of a block's 16 rows: a window this short is one masked band over the chunk), and a
-    one-hop leg's accumulator comes home over those 8 rows."""
+    nothing at all: that transfer is exposed. A hop carries only the rows the neighbour reads
+    (W - 1 = 3 of a block's 16: the masked band of a window this short covers only the keys
+    its queries see; it once covered the whole chunk, 8 rows), and a one-hop leg's
+    accumulator comes home over those 3 rows."""
     w = _tiny(window=4)
     link = Link("slow", 0.05, 1e-6)
     peak = H100.tflops["bfloat16"] * 1e12
     per_score = 4 * 1 * 4 * 16
     s_f = per_score / (peak * H100.attention_efficiency[0])
     s_b = 2.5 * per_score / (peak * H100.attention_efficiency[1])
-    kv = 2 * 8 * 2 * 16 * 2  # K and V of the 8 rows read, 2 heads of 16, 2 bytes
+    kv = 2 * 3 * 2 * 16 * 2  # K and V of the 3 rows read, 2 heads of 16, 2 bytes
     t = kv * 8 / 0.05e9 + 1e-6
     t_d = kv * 2 * 8 / 0.05e9 + 1e-6  # float32 accumulators: twice the bf16 bytes
     fwd = max(152 * s_f, t) + 24 * s_f + t

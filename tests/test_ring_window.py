@@ -328,12 +328,13 @@ def _bytes_sent(rank: int, world: int, window) -> tuple[int, int]:
 def test_a_short_window_sends_only_the_blocks_it_needs():
     """P = 8 zigzag, 32 tokens per rank (chunks of 16), window 8: one hop each way instead of
     7 round the ring, and only the rows the next rank reads. Rank 0 holds chunks 0 and 15.
-    Forward: its block to rank 1, whose chunk-1 queries read chunk 0 (keys 9..15, computed as
-    one masked band over the chunk's 16 rows: a window this short is not cut finer), and to
-    rank 7 (chunks 7, 8), which reads none of it (one row: a transfer of nothing is not made a
-    special case). Backward: the same K/V, and each one-hop leg's accumulator straight home
-    from its one visitor over the rows it read: rank 1's block (its chunk 14, 16 rows, read by
-    chunk 15) and rank 7's (none read: one row).
+    Forward: its block to rank 1, whose chunk-1 queries read chunk 0's keys 9..15 (7 rows: a
+    window this short is one masked band, over the keys some query sees; it once covered the
+    whole chunk, and the whole chunk travelled), and to rank 7 (chunks 7, 8), which reads none
+    of it (one row: a transfer of nothing is not made a special case). Backward: the same K/V,
+    and each one-hop leg's accumulator straight home from its one visitor over the rows it
+    read: rank 1's block (its chunk 14's last 7 rows, read by chunk 15) and rank 7's (none
+    read: one row).
 
     The plain ring (no window, a leg of 7 hops) sends whole blocks: 7 forward; backward 7 K/V
     and 8 dK/dV (7 along, 1 home)."""
@@ -345,25 +346,29 @@ def test_a_short_window_sends_only_the_blocks_it_needs():
         run_distributed(_bytes_sent, world, None)[0],
     )
     assert plain == (7 * block, 7 * block + 7 * block + 8 * block)
-    kv = (16 + 1) * row
-    assert windowed == (kv, kv + kv + (16 + 1) * row)
+    kv = (7 + 1) * row
+    assert windowed == (kv, kv + kv + (7 + 1) * row)
 
 
 def test_a_window_sends_its_neighbour_only_the_rows_it_reads():
     """Mistral's window (4096) over 256k tokens on 4 zigzag ranks, chunks of 32768 (rank r
     holds chunks r and 7 - r): the ring reaches one rank each way, and a neighbour's queries
     read only the last W - 1 = 4095 keys of the chunk before them, so a hop carries 4095 of a
-    block's 65536 rows (1/16 of the K/V bytes, and of the landing buffer)."""
+    block's 65536 rows (1/16 of the K/V bytes, and of the landing buffer). gpt-oss's window
+    (128, shorter than SPLIT_WINDOW: one masked band per block) carries its last 127 rows."""
     lay = plain_layout(4 * 65536, 4, "zigzag")
-    assert lay.reach(True, 4096) == (1, 1)
-    rows = {o: lay.kv_rows(o, 1, 1, True, 4096) for o in range(4)}  # to rank o + 1
-    back = {o: lay.kv_rows(o, -1, 1, True, 4096) for o in range(4)}  # to rank o - 1
-    # forward: chunk o's tail (block rows 28673..32767), read by rank o + 1's chunk o + 1;
-    # rank 3's block goes to rank 0 (chunks 0 and 7), which reads none of it: one row
-    assert rows == {o: slice(28673, 32768) for o in range(3)} | {3: slice(0, 1)}
-    # backward: chunk 7 - o's tail (block rows 61441..65535), read by rank o - 1's chunk
-    # 8 - o; rank 0's block goes to rank 3 (chunks 3 and 4), which reads none of it
-    assert back == {0: slice(0, 1)} | {o: slice(61441, 65536) for o in range(1, 4)}
+    for window in (4096, 128):
+        assert lay.reach(True, window) == (1, 1)
+        rows = {o: lay.kv_rows(o, 1, 1, True, window) for o in range(4)}  # to rank o + 1
+        back = {o: lay.kv_rows(o, -1, 1, True, window) for o in range(4)}  # to rank o - 1
+        # forward: chunk o's tail (block rows 32769 - W..32767), read by rank o + 1's chunk
+        # o + 1; rank 3's block goes to rank 0 (chunks 0 and 7), which reads none of it: one row
+        tail = slice(32769 - window, 32768)
+        assert rows == {o: tail for o in range(3)} | {3: slice(0, 1)}, window
+        # backward: chunk 7 - o's tail (block rows 65537 - W..65535), read by rank o - 1's
+        # chunk 8 - o; rank 0's block goes to rank 3 (chunks 3 and 4), which reads none of it
+        tail = slice(65537 - window, 65536)
+        assert back == {0: slice(0, 1)} | {o: tail for o in range(1, 4)}, window
 
 
 def test_a_ring_of_two_sends_one_accumulator():
