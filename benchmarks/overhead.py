@@ -14,6 +14,14 @@ rank for times, the largest for counts):
 * ``same x``: the floor replayed a second time over the first, the harness against itself:
   what ``wall x`` reads where the step costs exactly its floor, so its spread over the
   repetitions (in the JSON and markdown) is the machine's noise, the resolution of ``wall x``;
+* ``bracket x``: the step over the mean of the floor timed just before it (the previous
+  step's kernel calls: same inputs, same kernels) and the floor just after it; a machine
+  whose speed drifts steadily through a repetition moves ``wall x`` (the floor always
+  follows the step) but not this. ``cpu bracket``: the same by CPU time;
+* ``wall x 95%``, ``same x 95%`` and each ``95%`` column: the distribution-free 95% interval
+  of the median beside it (``benchmarks.median_interval``; from 6 repetitions on): a goal
+  such as wall x <= 1.02 is shown where the interval's upper end is at or below it, however
+  noisy one repetition is;
 * ``in-step x``: the step over the wall time of its own kernel calls in that same step (the
   busiest rank's of each): host work, waiting and imbalance, against kernels timed in the same
   seconds, so a machine whose speed drifts from one second to the next moves it least. It
@@ -62,6 +70,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.median_interval import MedianInterval, median_interval
 from benchmarks.outside_load import OutsideLoad
 from benchmarks.results_file import write_results
 
@@ -94,10 +103,17 @@ class Row:
     plan_misses: int | None  # plans computed in the measured calls (None: no counter)
     in_step_x: float  # step / the same step's kernel calls, wall clock (busiest rank each)
     same_x: float  # the floor timed again / the floor: the harness against itself
+    wall_x_ci: MedianInterval | None  # 95% interval of wall_x (None: under 6 repetitions)
+    bracket_x: float  # step / the mean of the floors timed just before and just after it
+    bracket_x_ci: MedianInterval | None
+    cpu_bracket_x: float  # the same by CPU time
+    cpu_bracket_x_ci: MedianInterval | None
+    same_x_ci: MedianInterval | None
     wall_x_each: list[float]  # every repetition's ratios: how far to trust the medians
     cpu_x_each: list[float]
     in_step_x_each: list[float]
     same_x_each: list[float]
+    bracket_x_each: list[float]
     outside_cores: float | None = None  # other jobs' CPU use during the engine's run
 
 
@@ -258,8 +274,14 @@ def measure(torch, dist, ringattn, probe: Probe, cfg: dict, rank: int, world: in
     tensors = _inputs(torch, cfg, rank, world)
     for _ in range(2):  # warm-up: allocator, gloo pairs, caches
         _step(ringattn, tensors, cfg)
+    _timed_step(ringattn, tensors, cfg, probe, STATS)  # the first floor's calls
+    calls, probe.calls = probe.calls, []
     samples = []
     for _ in range(cfg["repeats"]):
+        # the floor before the step: the previous step's calls (same inputs, same kernels)
+        dist.barrier()
+        before, before_cpu = _replay(calls)
+        del calls  # not held through the step: it would change what the step allocates
         dist.barrier()
         sample = _timed_step(ringattn, tensors, cfg, probe, STATS)
         calls, probe.calls = probe.calls, []
@@ -267,8 +289,9 @@ def measure(torch, dist, ringattn, probe: Probe, cfg: dict, rank: int, world: in
         sample["floor_s"], sample["floor_cpu_s"] = _replay(calls)
         dist.barrier()
         sample["floor_again_s"], _ = _replay(calls)
+        sample["floor_before_s"], sample["floor_before_cpu_s"] = before, before_cpu
         samples.append(sample)
-        del calls
+    del calls
     STATS.reset(enabled=False)
     mode = fresh_tensors_mode()
     with mode:
@@ -341,7 +364,12 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
     step, floor = largest(lambda s: s["step_s"]), largest(lambda s: s["floor_s"])
     cpu_x = largest(lambda s: s["proc_cpu_s"] / s["floor_cpu_s"])
     kernels, again = largest(lambda s: s["kernel_wall_s"]), largest(lambda s: s["floor_again_s"])
+    before = largest(lambda s: s["floor_before_s"])
+    cpu_bracket_x = largest(
+        lambda s: 2 * s["proc_cpu_s"] / (s["floor_before_cpu_s"] + s["floor_cpu_s"])
+    )
     wall_x = [step(i) / floor(i) for i in reps]
+    bracket_x = [2 * step(i) / (before(i) + floor(i)) for i in reps]
     in_step_x = [step(i) / kernels(i) for i in reps]
     same_x = [again(i) / floor(i) for i in reps]
     first = [r["samples"][0] for r in ranks]
@@ -370,10 +398,17 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
         plan_misses=None if None in misses else max(misses),
         in_step_x=statistics.median(in_step_x),
         same_x=statistics.median(same_x),
+        wall_x_ci=median_interval(wall_x),
+        bracket_x=statistics.median(bracket_x),
+        bracket_x_ci=median_interval(bracket_x),
+        cpu_bracket_x=med(cpu_bracket_x),
+        cpu_bracket_x_ci=median_interval([cpu_bracket_x(i) for i in reps]),
+        same_x_ci=median_interval(same_x),
         wall_x_each=wall_x,
         cpu_x_each=[cpu_x(i) for i in reps],
         in_step_x_each=in_step_x,
         same_x_each=same_x,
+        bracket_x_each=bracket_x,
     )
 
 
@@ -384,7 +419,13 @@ COLUMNS = [
     ("step ms", ">9", "step_ms"),
     ("floor ms", ">9", "floor_ms"),
     ("wall x", ">7", "wall_x"),
+    ("wall x 95%", ">11", "wall_x_ci"),
+    ("bracket x", ">9", "bracket_x"),
+    ("95%", ">11", "bracket_x_ci"),
+    ("cpu bracket", ">11", "cpu_bracket_x"),
+    ("95%", ">11", "cpu_bracket_x_ci"),
     ("same x", ">7", "same_x"),
+    ("same x 95%", ">11", "same_x_ci"),
     ("in-step x", ">9", "in_step_x"),
     ("cpu x", ">6", "cpu_x"),
     ("extra %", ">7", "extra_pct"),
@@ -406,11 +447,11 @@ def _cell(row: Row, attr: str) -> str:
     value = getattr(row, attr)
     if attr == "causal":
         return "causal" if value else "full"
-    if attr in ("wall_x", "same_x", "in_step_x", "cpu_x"):
+    if attr in ("wall_x", "same_x", "in_step_x", "cpu_x", "bracket_x", "cpu_bracket_x"):
         return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
-    return "-" if value is None else str(value)
+    return "-" if value is None else str(value)  # an interval prints as low-high
 
 
 def engine_label(engine: str | None) -> str:
@@ -452,6 +493,7 @@ def write_markdown(rows: list[Row], path: Path, argv: list[str]) -> None:
         for name, each in (
             ("wall x", r.wall_x_each),
             ("same x", r.same_x_each),
+            ("bracket x", r.bracket_x_each),
             ("in-step x", r.in_step_x_each),
         ):
             lines.append(f"- {label}, {name}: " + ", ".join(f"{x:.3f}" for x in each))

@@ -21,7 +21,9 @@ SDPA timings around it (the median over the pairings). The second reads a machin
 up or slowed down during the pairing in SDPA's favour; where the two differ, the machine
 drifted within a pairing. *SDPA again* lists, per pairing, the SDPA timing after the ring
 over the one before it: the same work timed twice, so its spread is the resolution of both
-ratios on this machine at this time.
+ratios on this machine at this time. Each median comes with its distribution-free 95%
+interval (``benchmarks.median_interval``, from 6 pairings on): the ring at or below SDPA is
+shown where the ratio's interval ends at or below 1.0; SDPA again's interval should hold 1.0.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.attention_workers import Config, RingPool, SdpaProcess, device_kind
+from benchmarks.median_interval import MedianInterval, median_interval
 from benchmarks.outside_load import OutsideLoad
 from benchmarks.overhead import engine_label
 
@@ -50,8 +53,11 @@ class PairRow:
     ring_ms: float
     ratio: float  # median over the pairings of ring / SDPA
     ratios: list[float]
+    ratio_ci: MedianInterval | None  # the median's 95% interval (None: under 6 pairings)
     bracketed: float  # median over the pairings of ring / the faster SDPA around it
+    bracketed_ci: MedianInterval | None
     sdpa_again: list[float]  # per pairing, SDPA after this ring / SDPA before it: the noise
+    sdpa_again_ci: MedianInterval | None  # should hold 1.0: else the harness is biased
     outside_cores: float | None  # the most any pairing saw
     disturbed: bool
 
@@ -146,8 +152,11 @@ def _pair(args, world: int, cfg: Config, sdpa, pools, labels) -> list[PairRow]:
                 1e3 * statistics.median(times[side]),
                 statistics.median(ratios),
                 ratios,
+                median_interval(ratios),
                 statistics.median(brackets[side]),
+                median_interval(brackets[side]),
                 agains[side],
+                median_interval(agains[side]),
                 worst,
                 worst is not None and worst > args.load_threshold,
             )
@@ -169,9 +178,12 @@ COLUMNS = [
     ("SDPA f+b ms", ">11", "sdpa_ms"),
     ("ring f+b ms", ">11", "ring_ms"),
     ("ring/SDPA", ">9", "ratio"),
+    ("95%", ">11", "ratio_ci"),
     ("pairings", "<24", "ratios"),
     ("bracketed", ">9", "bracketed"),
+    ("95%", ">11", "bracketed_ci"),
     ("SDPA again", "<24", "sdpa_again"),
+    ("95%", ">11", "sdpa_again_ci"),
     ("outside", ">7", "outside_cores"),
 ]
 
@@ -186,6 +198,8 @@ def _cell(row: PairRow, attr: str) -> str:
         return " ".join(f"{r:.3f}" for r in value)
     if attr == "outside_cores":
         return "" if value is None else f"{value:.2f}" + ("!" if row.disturbed else "")
+    if attr.endswith("_ci"):
+        return "-" if value is None else str(value)
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
@@ -198,7 +212,9 @@ def write_markdown(rows: list[PairRow], path: Path, argv: list[str]) -> None:
         "ratios. Each ring run is followed by SDPA again; bracketed divides it by the faster "
         "of the two SDPA timings around it (the median over the pairings). SDPA again: "
         "each pairing's SDPA after the ring over SDPA before it, the same work timed twice: "
-        "how far the machine moves within a pairing, the resolution of both ratios.",
+        "how far the machine moves within a pairing, the resolution of both ratios. "
+        "95%: the median's distribution-free 95% interval (order statistics; from 6 "
+        "pairings on).",
         "",
         "| " + " | ".join(name for name, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if fmt.startswith("<") else "---:" for _, fmt, _ in COLUMNS) + "|",

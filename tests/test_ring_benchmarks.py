@@ -26,6 +26,8 @@ def test_overhead_counts_a_ring_call_exactly(tmp_path):
         assert r["plan_misses"] == 0, r
         assert r["floor_ms"] > 0 and r["wall_x"] > 0 and r["cpu_x"] > 0, r
         assert r["same_x"] > 0 and r["in_step_x"] >= 1, r
+        assert r["bracket_x"] > 0 and r["cpu_bracket_x"] > 0, r
+        assert r["wall_x_ci"] is None, r  # one repetition: no interval claimed
         assert r["host_ms"] >= 0 and r["aten_ops"] > 0, r
     assert (tmp_path / "overhead.md").read_text().count("| 64 |") == 2
 
@@ -62,3 +64,19 @@ def test_a_full_measurement_times_the_ring_without_its_transfers(tmp_path):
     assert sent == alone and all(sent), row["extra"]
     block = 64 // 2 * 8 * 64 * 4  # a rank's K (or V): 32 rows, 8 heads of 64, float32
     assert max(sent) < 6 * block, sent
+
+
+def test_a_median_interval_is_the_order_statistics_of_the_binomial_table():
+    """The distribution-free 95% interval for a median: the k-th smallest and largest of n
+    samples, k from the binomial table (n = 10: 2nd and 9th, coverage 0.979; 20: 6th and
+    15th, 0.959; 30: 10th and 21st, 0.957); under 6 samples no interval reaches 95%."""
+    from benchmarks.median_interval import median_interval
+
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    for n, k, coverage in ((6, 1, 0.969), (10, 2, 0.979), (20, 6, 0.959), (30, 10, 0.957)):
+        samples = [float(x) for x in reversed(range(1, n + 1))]  # order must not matter
+        got = median_interval(samples)
+        assert (got.low, got.high) == (k, n + 1 - k), (n, got)
+        assert abs(got.coverage - coverage) < 5e-4, (n, got)
+        wider = median_interval(samples, level=0.99)  # 6 samples reach 96.9% at most
+        assert wider is None if n == 6 else wider.low < got.low < got.high < wider.high
