@@ -260,7 +260,10 @@ def _timed_step(ringattn, tensors, cfg, probe: Probe, stats) -> dict:
 
 
 def _replay(calls) -> tuple[float, float]:
-    """(wall, CPU) seconds of the kernel calls alone, back to back."""
+    """(wall, CPU) seconds of the kernel calls alone, back to back. A call's recorded inputs
+    may be views of a landing buffer or shared-memory slot that later hops of the step (or,
+    for the floor timed before a step, the previous step's) wrote over: the same shapes and
+    finite values, so the kernels' time is the step's, not their data."""
     wall, cpu = time.perf_counter(), time.process_time()
     for fn, args, kwargs in calls:
         fn(*args, **kwargs)

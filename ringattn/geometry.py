@@ -258,7 +258,7 @@ def _window_piece(q: Run, k: Run, window: int) -> list[Block]:
     ``a + delta - window < b <= a + delta``. Where the window cuts no visible pair (the
     newest query is within W of the oldest key), the plain causal pieces; a window shorter than
     ``SPLIT_WINDOW``, one masked band over the keys some query row sees (a neighbour's block
-    then travels as its last W - 1 rows, not the whole chunk: ``SequenceLayout.kv_rows``);
+    then travels as the W - 1 rows before the queries, not the whole chunk: ``kv_rows``);
     else the band cut into unmasked pieces (``_band_pieces``)."""
     delta = q.start - k.start
     newest = q.length - 1 + delta  # the latest key row any query row may see

@@ -24,9 +24,9 @@ every rank exactly half a block. Packed documents (``cu_seqlens``) are the same 
 packed layout: pairs of blocks of different documents are never computed, and a ring step
 that carries nothing any rank needs is not made. On a leg of one hop (a window's ring, or
 P = 2) a block carries only the rows its one holder reads (``SequenceLayout.kv_rows``): under
-a window of W keys the neighbour reads the block's last W - 1 rows, not the whole block; in a
-causal zigzag ring of 2 without a window rank 1 reads only the early half of rank 0's block.
-The leg's dK/dV accumulator covers those rows. Under a sliding window, blocks
+a window of W keys the neighbour reads the W - 1 rows before its queries, not the whole
+block; in a causal zigzag ring of 2 without a window rank 1 reads only the early half of rank
+0's block. The leg's dK/dV accumulator covers those rows. Under a sliding window, blocks
 entirely behind the window are skipped too and the boundary pieces go to ``BandedKernel``; the
 merge then starts from (0, -inf), since the first piece computed may not cover every row.
 
