@@ -25,6 +25,10 @@ from ringctl.longdoc.output.gather import gather
 from tests.distributed import run_distributed
 from tests.longdoc_reference import reference, rel_err
 
+# One pytest-xdist worker runs this file: its tests share the jobs of every ring size (a
+# module fixture, 10-20 s), which a second worker would run again.
+pytestmark = pytest.mark.xdist_group("longdoc_rings")
+
 TOL, GRAD_TOL = 1e-5, 1e-4
 BUDGET = 200  # tokens per rank: 1 rank holds <= 200, a ring of 2 <= 400, of 4 <= 800 (zigzag)
 TEXTS = {  # bytes = tokens (the bundled byte model); the ring auto must choose

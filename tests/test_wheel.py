@@ -21,6 +21,10 @@ from pathlib import Path
 
 import pytest
 
+# One pytest-xdist worker runs this file, in order: its tests share the wheel and the venv
+# (module fixtures), which a second worker would build again (50 s), and the plain test
+# must run before the hf extra is added.
+pytestmark = pytest.mark.xdist_group("wheel")
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_VERSION = "2.13.0"
 _NOT_SOURCE = (".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*_cache", "results")
