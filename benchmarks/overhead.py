@@ -18,6 +18,8 @@ rank for times, the largest for counts):
   step's kernel calls: same inputs, same kernels) and the floor just after it; a machine
   whose speed drifts steadily through a repetition moves ``wall x`` (the floor always
   follows the step) but not this. ``cpu bracket``: the same by CPU time;
+* ``fwd k x`` / ``bwd k x``: the forward (backward) kernel calls' wall time in the step over
+  the same calls' in the floor replayed after it: which kernels run slower inside the step;
 * ``wall x 95%``, ``same x 95%`` and each ``95%`` column: the distribution-free 95% interval
   of the median beside it (``benchmarks.median_interval``; from 6 repetitions on): a goal
   such as wall x <= 1.02 is shown where the interval's upper end is at or below it, however
@@ -114,6 +116,11 @@ class Row:
     in_step_x_each: list[float]
     same_x_each: list[float]
     bracket_x_each: list[float]
+    # the forward (backward) kernel calls' wall in the step over the same calls replayed
+    fwd_kernel_x: float | None
+    fwd_kernel_x_ci: MedianInterval | None
+    bwd_kernel_x: float | None
+    bwd_kernel_x_ci: MedianInterval | None
     outside_cores: float | None = None  # other jobs' CPU use during the engine's run
 
 
@@ -172,9 +179,10 @@ class TimedKernel:
         wall, cpu = time.perf_counter(), time.thread_time()
         result = fn(*args, **kwargs)
         if self.probe.active:
-            self.probe.kernel_wall += time.perf_counter() - wall
+            took = time.perf_counter() - wall
+            self.probe.kernel_wall += took
             self.probe.kernel_cpu += time.thread_time() - cpu
-            self.probe.calls.append((fn, args, kwargs))
+            self.probe.calls.append((fn, args, kwargs, method, took))
         return result
 
     def forward(self, *args, **kwargs):
@@ -259,14 +267,19 @@ def _timed_step(ringattn, tensors, cfg, probe: Probe, stats) -> dict:
     }
 
 
-def _replay(calls) -> tuple[float, float]:
-    """(wall, CPU) seconds of the kernel calls alone, back to back. A call's recorded inputs
+def _replay(calls, by_method: dict | None = None) -> tuple[float, float]:
+    """(wall, CPU) seconds of the kernel calls alone, back to back; ``by_method`` gets each
+    method's (forward, backward) in-step and replayed wall seconds. A call's recorded inputs
     may be views of a landing buffer or shared-memory slot that later hops of the step (or,
     for the floor timed before a step, the previous step's) wrote over: the same shapes and
     finite values, so the kernels' time is the step's, not their data."""
     wall, cpu = time.perf_counter(), time.process_time()
-    for fn, args, kwargs in calls:
+    for fn, args, kwargs, method, in_step in calls:
+        start = time.perf_counter()
         fn(*args, **kwargs)
+        if by_method is not None:
+            step_s, replay_s = by_method.get(method, (0.0, 0.0))
+            by_method[method] = (step_s + in_step, replay_s + time.perf_counter() - start)
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -289,7 +302,8 @@ def measure(torch, dist, ringattn, probe: Probe, cfg: dict, rank: int, world: in
         sample = _timed_step(ringattn, tensors, cfg, probe, STATS)
         calls, probe.calls = probe.calls, []
         dist.barrier()
-        sample["floor_s"], sample["floor_cpu_s"] = _replay(calls)
+        sample["by_method"] = {}  # kernel seconds in the step and replayed, per method
+        sample["floor_s"], sample["floor_cpu_s"] = _replay(calls, sample["by_method"])
         dist.barrier()
         sample["floor_again_s"], _ = _replay(calls)
         sample["floor_before_s"], sample["floor_before_cpu_s"] = before, before_cpu
@@ -375,6 +389,10 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
     bracket_x = [2 * step(i) / (before(i) + floor(i)) for i in reps]
     in_step_x = [step(i) / kernels(i) for i in reps]
     same_x = [again(i) / floor(i) for i in reps]
+    kernel_x = {  # per method: its kernels' wall in the step over the same calls replayed
+        m: [largest(lambda s, m=m: s["by_method"][m][0] / s["by_method"][m][1])(i) for i in reps]
+        for m in ranks[0]["samples"][0]["by_method"]
+    }
     first = [r["samples"][0] for r in ranks]
     misses = [s["plan_misses"] for s in first]
     return Row(
@@ -412,6 +430,10 @@ def _row(label: str, world: int, cfg: dict, per_rank: dict) -> Row:
         in_step_x_each=in_step_x,
         same_x_each=same_x,
         bracket_x_each=bracket_x,
+        fwd_kernel_x=statistics.median(kernel_x["forward"]) if "forward" in kernel_x else None,
+        fwd_kernel_x_ci=median_interval(kernel_x.get("forward", [])),
+        bwd_kernel_x=statistics.median(kernel_x["backward"]) if "backward" in kernel_x else None,
+        bwd_kernel_x_ci=median_interval(kernel_x.get("backward", [])),
     )
 
 
@@ -428,6 +450,10 @@ COLUMNS = [
     ("cpu bracket", ">11", "cpu_bracket_x"),
     ("95%", ">11", "cpu_bracket_x_ci"),
     ("same x", ">7", "same_x"),
+    ("fwd k x", ">7", "fwd_kernel_x"),
+    ("95%", ">11", "fwd_kernel_x_ci"),
+    ("bwd k x", ">7", "bwd_kernel_x"),
+    ("95%", ">11", "bwd_kernel_x_ci"),
     ("same x 95%", ">11", "same_x_ci"),
     ("in-step x", ">9", "in_step_x"),
     ("cpu x", ">6", "cpu_x"),
@@ -450,7 +476,16 @@ def _cell(row: Row, attr: str) -> str:
     value = getattr(row, attr)
     if attr == "causal":
         return "causal" if value else "full"
-    if attr in ("wall_x", "same_x", "in_step_x", "cpu_x", "bracket_x", "cpu_bracket_x"):
+    if value is not None and attr in (
+        "wall_x",
+        "same_x",
+        "in_step_x",
+        "cpu_x",
+        "bracket_x",
+        "cpu_bracket_x",
+        "fwd_kernel_x",
+        "bwd_kernel_x",
+    ):
         return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:.1f}" if value >= 10 else f"{value:.2f}"

@@ -28,6 +28,7 @@ def test_overhead_counts_a_ring_call_exactly(tmp_path):
         assert r["same_x"] > 0 and r["in_step_x"] >= 1, r
         assert r["bracket_x"] > 0 and r["cpu_bracket_x"] > 0, r
         assert r["wall_x_ci"] is None, r  # one repetition: no interval claimed
+        assert r["fwd_kernel_x"] > 0 and r["bwd_kernel_x"] > 0, r
         assert r["host_ms"] >= 0 and r["aten_ops"] > 0, r
     assert (tmp_path / "overhead.md").read_text().count("| 64 |") == 2
 
