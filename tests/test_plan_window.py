@@ -239,3 +239,29 @@ def test_a_window_the_engine_cuts_has_no_banded_chunk_and_builds_no_plan():
     pw.step_pieces.cache_clear()
     assert pw.largest_chunk(8, 1 << 22, "zigzag", 2048, 1024) == 0
     assert pw.step_pieces.cache_info().misses == 0  # no plan built
+
+
+def _carried_on_the_whole_ring(world: int, seq_local: int, layout: str, window: int) -> int:
+    lay = geometry.plain_layout(world * seq_local, world, layout)
+    spans = [
+        lay.kv_rows(owner, shift, hops, True, window)
+        for shift, hops in zip((1, -1), lay.reach(True, window), strict=True)
+        for owner in (range(world) if hops else ())
+    ]
+    return max((s.stop - s.start for s in spans), default=0)
+
+
+def test_rows_carried_read_off_four_ranks_are_those_of_any_larger_ring():
+    """``rows_carried`` builds a ring of RANKS_ALIKE_FROM ranks however many the plan has (the
+    memory search asks at up to 65536: a second each, built whole); every larger ring here
+    carries the same rows, its own plans read rank by rank."""
+    assert pw.RANKS_ALIKE_FROM == 4
+    for layout in ("zigzag", "contiguous"):
+        for seq_local in (2, 8, 64, 100, 256):
+            if layout == "zigzag" and seq_local % 2:
+                continue
+            for window in (1, 2, 5, 32, 63, 64, 65, 127, 129, 255, 300, 1000):
+                for world in (4, 5, 7, 8, 16, 33):
+                    want = _carried_on_the_whole_ring(world, seq_local, layout, window)
+                    got = pw.rows_carried(world, seq_local, layout, window)
+                    assert got == want, (layout, seq_local, window, world)

@@ -39,7 +39,7 @@ from .memory import (
     state_parts,
 )
 from .model import ModelShape
-from .window import layer_windows, ring_stages, rows_carried
+from .window import layer_windows, ring_stages, rows_carried, trimmed_hops
 
 GIB = 1024**3
 
@@ -156,17 +156,26 @@ def attention_view(w: Workload, ranks: int) -> tuple[Workload, int]:
 
 def _attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, float]:
     """The ring's own buffers for one attention call (the layer being computed); ``cpu``:
-    ranks on host CPUs (the banded kernel's fused path, for a sliding window)."""
+    ranks on host CPUs (the banded kernel's fused path, for a sliding window).
+
+    Blocks land in at most two buffers a leg (ringattn.ring._Rotation); backward, a leg of
+    several hops holds this rank's accumulator and two travelling, ``1 + min(2, P)`` whole
+    blocks in float32. Where a window keeps every leg to one hop carrying part of a block
+    (``window.trimmed_hops``), a leg lands its one block in one buffer of the rows carried;
+    backward (``_backward_leg``) the owner keeps its own gradients whole and the visitor's
+    accumulator comes home over the rows carried (two of them alive), while an earlier
+    leg's whole result waits beside a later one's: one whole a leg and two carried."""
     n, b = w.seq_len / ranks, DTYPE_BYTES[w.dtype]
     q = w.batch * n * w.heads * w.head_dim * b
     kv = 2 * w.batch * n * w.kv_heads * w.head_dim * b
     kv_f32 = kv * 4 / b
-    in_flight = min(2, ranks - 1)
+    trimmed = trimmed_hops(w, ranks)
+    in_flight, carried = (trimmed[0], trimmed[1] / n) if trimmed else (min(2, ranks - 1), 1.0)
     parts = {
         "q, k, v shards": q + kv,
         "output shard": q,
         "log-sum-exp": w.batch * w.heads * n * 4,
-        "K/V blocks in flight": in_flight * kv,
+        "K/V blocks in flight": in_flight * kv * carried,
         "block kernel workspace": q * 4 / b,  # one block's output in float32, merged in place
     }
     window = layer_windows(w)[0][0]
@@ -176,7 +185,8 @@ def _attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, fl
     if w.trains:
         parts |= {
             "dout + dQ (float32 accumulator)": q + q * 4 / b,
-            "dK/dV accumulators (float32, travelling)": (1 + min(2, ranks)) * kv_f32,
+            "dK/dV accumulators (float32, travelling)": kv_f32
+            * (in_flight + 2 * carried if trimmed else 1 + min(2, ranks)),
             "dQ, dK, dV results": q + kv,
         }
     return parts

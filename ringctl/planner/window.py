@@ -132,13 +132,24 @@ def banded_chunk_in_plans(world: int, seq_local: int, layout: str, window: int, 
     )
 
 
+# From this many ranks on, the ranks of one document's ring are alike in what a one-hop
+# neighbour reads of their blocks: each chunk a rank holds borders the same neighbours' chunks
+# whatever P (in zigzag, rank r's chunks r and 2P - 1 - r border those of r - 1 and r + 1).
+# Fewer differ: at P = 2 one rank is the neighbour on both sides, at P = 3 the two legs meet
+# (the plain ring). tests/test_plan_window.py checks P = 4 against P up to 100.
+RANKS_ALIKE_FROM = 4
+
+
 @functools.lru_cache(maxsize=4096)
 def rows_carried(world: int, seq_local: int, layout: str, window: int) -> int:
     """The rows of a block a hop of the windowed ring carries: the most over every rank's
     hops, since the ring moves in lock step and waits for the largest transfer. On a one-hop
     leg the engine sends only the rows the one holder reads (``SequenceLayout.kv_rows``), and
     the leg's dK/dV accumulator comes home over the same rows; a longer leg carries whole
-    blocks (ringattn.ring._backward_leg)."""
+    blocks (ringattn.ring._backward_leg). Read off a ring of ``RANKS_ALIKE_FROM`` ranks when
+    there are more (the memory search asks at up to 65536 ranks: 1 s a question, built
+    whole)."""
+    world = min(world, RANKS_ALIKE_FROM)
     lay = plain_layout(world * seq_local, world, layout)
     most = 0
     for shift, hops in zip((1, -1), lay.reach(True, window), strict=True):
@@ -146,3 +157,23 @@ def rows_carried(world: int, seq_local: int, layout: str, window: int) -> int:
             span = lay.kv_rows(owner, shift, hops, True, window)
             most = max(most, span.stop - span.start)
     return most
+
+
+def trimmed_hops(w, ranks: int) -> tuple[int, int] | None:
+    """(legs, rows a hop carries) of a ``cost.Workload``'s ring (its attention view) where
+    every layer's window keeps each leg to one hop carrying part of a block
+    (``rows_carried``); None where whole blocks travel (a layer without a window, or a leg
+    of several hops)."""
+    seq_local = int(w.seq_len // ranks)
+    windows = [window for window, _ in layer_windows(w)]
+    if ranks < 2 or None in windows:
+        return None
+    legs = rows = 0
+    for window in windows:
+        carried = rows_carried(ranks, seq_local, w.layout, window)
+        if carried >= seq_local:
+            return None
+        world = min(ranks, RANKS_ALIKE_FROM)
+        reach = plain_layout(world * seq_local, world, w.layout).reach(True, window)
+        legs, rows = max(legs, sum(1 for hops in reach if hops)), max(rows, carried)
+    return legs, rows
