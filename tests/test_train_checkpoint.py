@@ -122,3 +122,160 @@ def test_a_hostile_train_state_is_one_line(tmp_path):
         (step / "train_state.json").write_text(bad)
         with pytest.raises(ValueError, match="train_state.json"):
             CheckpointDir(tmp_path).latest()
+
+
+class _RunsCode:
+    """Pickles as a call of os.system: what a crafted checkpoint file would carry."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _saved(folder, state: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+
+
+def test_a_checkpoints_metadata_runs_no_code(tmp_path):
+    """DCP unpickles ``.metadata`` with plain pickle: a crafted one ran os.system when a
+    resume or `ringctl gather` loaded the checkpoint. It is refused by name, nothing run."""
+    import pickle
+
+    from ringctl.train import dcp_reader
+
+    folder, marker = tmp_path / "step-0000001", tmp_path / "ran"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCode(marker)))
+    with pytest.raises(ValueError, match=r"\.metadata: not a checkpoint's metadata.*system"):
+        dcp_reader.load({"w": torch.zeros(2)}, folder, no_dist=True)
+    assert not marker.exists()
+
+
+def test_a_checkpoints_values_run_no_code(tmp_path):
+    """A non-tensor value (an optimizer's step count, its betas) DCP loads with
+    torch.load(weights_only=False): one that pickles a call is refused, nothing run; plain
+    values still load."""
+    from ringctl.train import dcp_reader
+
+    marker = tmp_path / "ran"
+    _saved(tmp_path / "bad", {"w": torch.ones(2), "extra": _RunsCode(marker)})
+    with pytest.raises(ValueError, match=r"bad: extra: not a plain value"):
+        dcp_reader.load({"w": torch.zeros(2), "extra": None}, tmp_path / "bad", no_dist=True)
+    assert not marker.exists()
+    _saved(tmp_path / "good", {"w": torch.ones(2), "step": 3, "name": "adamw"})
+    state = {"w": torch.zeros(2), "step": 0, "name": ""}
+    dcp_reader.load(state, tmp_path / "good", no_dist=True)
+    assert (state["step"], state["name"], state["w"].sum()) == (3, "adamw", 2)
+
+
+def test_a_checkpoint_reads_no_file_outside_its_folder(tmp_path):
+    """Each storage entry of the metadata names the file it is in: one naming ../x, or a
+    link, is refused before anything is read."""
+    import pickle
+
+    from ringctl.train import dcp_reader
+
+    folder = tmp_path / "ck"
+    _saved(folder, {"w": torch.ones(2)})
+    metadata = pickle.loads((folder / ".metadata").read_bytes())
+    (entry,) = metadata.storage_data.values()
+    outside = tmp_path / "outside.distcp"
+    outside.write_bytes((folder / entry.relative_path).read_bytes())
+    for name in ("../outside.distcp", str(outside)):
+        entry.relative_path = name
+        (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+        with pytest.raises(ValueError, match="a storage entry names .*not a file here"):
+            dcp_reader.load({"w": torch.zeros(2)}, folder, no_dist=True)
+    (folder / "linked.distcp").symlink_to(outside)
+    entry.relative_path = "linked.distcp"
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(ValueError, match="linked.distcp: not a regular file"):
+        dcp_reader.load({"w": torch.zeros(2)}, folder, no_dist=True)
+
+
+def _complete(folder, step: int) -> None:
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"")
+    cursor = {"epoch": 0, "index": 0, "offset": 0}
+    (folder / "train_state.json").write_text(
+        json.dumps({"step": step, "cursor": cursor, "scheduler": {}, "run": {}})
+    )
+
+
+def test_latest_is_read_as_hostile(tmp_path):
+    """``latest`` a link to /dev/zero hung the resume; a folder that is a link pointed it
+    outside checkpoints/; Unicode digits passed for a step."""
+    from ringctl.train.checkpoint import CheckpointDir
+
+    _complete(tmp_path / "elsewhere", 3)
+    (tmp_path / "step-0000003").symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "latest").write_text("step-0000003")
+    with pytest.raises(ValueError, match="a link"):
+        CheckpointDir(tmp_path).latest()
+    assert CheckpointDir(tmp_path).complete() == []
+    (tmp_path / "latest").write_text("step-\u0660\u0660\u0660\u0660\u0660\u0660\u0663")
+    with pytest.raises(ValueError, match="not a checkpoint name"):
+        CheckpointDir(tmp_path).latest()
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="latest: a link, not followed"):
+        CheckpointDir(tmp_path).latest()
+
+
+def test_a_train_states_schedule_and_cursor_are_checked_against_the_job():
+    """A schedule read back with NaN rates, another step, missing keys or state for the
+    factor was loaded as it came (a NaN learning rate, a restarted warmup, a traceback);
+    a cursor past the documents raised IndexError mid-run. Each is named instead."""
+    from ringctl.train.data import Cursor, SequenceStream
+    from ringctl.train.optim import make_optimizer, make_scheduler, scheduler_state_problem
+
+    opt = make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, weight_decay=0.1)
+    sched = make_scheduler(opt, warmup_steps=2, max_steps=10, min_lr_ratio=0.1)
+    live = sched.state_dict()
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    saved = sched.state_dict()
+    assert scheduler_state_problem(saved, live, 3) is None
+    for change, said in [
+        ({"base_lrs": [float("nan"), 1e-3]}, "base_lrs must be 2 finite numbers"),
+        ({"_last_lr": [1e-3]}, "_last_lr must be 2 finite numbers"),
+        ({"last_epoch": 0}, "last_epoch / _step_count 0 / 4, not 3 / 4"),
+        ({"lr_lambdas": [{"optimizer": 1}, None]}, "lr_lambdas must be empty"),
+        ({"_is_initial": "no"}, "_is_initial must be true or false"),
+    ]:
+        assert said in scheduler_state_problem(saved | change, live, 3), change
+    assert "keys" in scheduler_state_problem({"base_lrs": [1, 1]}, live, 3)
+
+    docs = [torch.arange(5), torch.arange(3)]
+    stream = SequenceStream(lambda i: docs[i], count=2, seq_len=4, seed=0)
+    assert stream.check(Cursor(0, 1, 2)) is None
+    assert stream.check(Cursor(0, 2, 0)) == "document 2 of an epoch of 2"
+    length = len(docs[stream._order(0)[1]])
+    assert stream.check(Cursor(0, 1, length)) == f"token {length} of a document of {length}"
+
+
+def test_gather_reads_the_checkpoints_model_config_as_hostile(tmp_path):
+    """config.json beside a checkpoint builds the exported model: `[]`, broken JSON or a link
+    gave tracebacks, and an ``auto_map`` reached transformers, which offered to run the named
+    directory's code. Now: one line naming the file; auto_map dropped before transformers."""
+    from ringctl.errors import UserError
+    from ringctl.train.export import _model_config
+
+    path = tmp_path / "config.json"
+    for text, said in [("[]", "a JSON object with a model_type"), ("{", "config.json: ")]:
+        path.write_text(text)
+        with pytest.raises(UserError, match=said):
+            _model_config(path)
+    path.write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}))
+    assert _model_config(path) == {"model_type": "llama"}
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    with pytest.raises(UserError, match="config.json: a link, not followed"):
+        _model_config(path)

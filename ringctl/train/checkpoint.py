@@ -17,8 +17,9 @@ hand-written format) because it reshards: a checkpoint saved by 4 ranks under FS
 on 8, or unsharded, and the same job resumes on another shape.
 
 Every name read back (``latest``'s content, folder names) is checked to be a plain
-``step-NNNNNNN`` inside ``checkpoints/``: a remote-writable file cannot point a resume at
-another path.
+``step-NNNNNNN`` (ASCII digits, as ``step_name`` writes it) inside ``checkpoints/``, and
+neither a folder nor a file read is a link: a remote-writable file cannot point a resume at
+another path. The DCP files themselves are read through ``dcp_reader`` (no pickle runs).
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write, atomic_write_json
+from ..bounded_read import read_regular
 
-STEP_NAME = re.compile(r"step-(\d{7,12})")
+STEP_NAME = re.compile(r"step-([0-9]{7,12})")
 TRAIN_STATE = "train_state.json"
 MODEL_CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 LATEST = "latest"
 STATE_KEYS = {"step", "cursor", "scheduler", "run"}
+MAX_POINTER_BYTES = 64
+MAX_STATE_BYTES = 4 << 20
 
 
 def step_name(step: int) -> str:
@@ -64,17 +68,20 @@ class CheckpointDir:
     def latest(self) -> Checkpoint | None:
         """The checkpoint ``latest`` names (None: no checkpoint yet), checked."""
         pointer = self.root / LATEST
-        if not pointer.exists():
+        if not pointer.exists() and not pointer.is_symlink():
             return None
-        name = pointer.read_text(encoding="utf-8", errors="replace").strip()
+        raw = read_regular(pointer, MAX_POINTER_BYTES)
+        name = raw.decode("utf-8", errors="replace").strip()
         return self.read(name, where=f"{pointer}")
 
     def read(self, name: str, *, where: str) -> Checkpoint:
         match = STEP_NAME.fullmatch(name)
-        if match is None:
+        if match is None or name != step_name(int(match.group(1))):
             raise ValueError(f"{where}: {name[:80]!r} is not a checkpoint name (step-NNNNNNN)")
         path = self.root / name
-        if not (path / TRAIN_STATE).is_file() or not (path / ".metadata").is_file():
+        if path.is_symlink() or not (path / TRAIN_STATE).is_file():
+            raise ValueError(f"{where}: names {name}, which is missing, incomplete or a link")
+        if not (path / ".metadata").is_file():
             raise ValueError(f"{where}: names {name}, which is missing or incomplete")
         state = read_train_state(path / TRAIN_STATE)
         if state["step"] != int(match.group(1)):
@@ -83,7 +90,11 @@ class CheckpointDir:
 
     def complete(self) -> list[Path]:
         """Complete checkpoint folders, oldest first."""
-        found = [p for p in self.root.glob("step-*") if STEP_NAME.fullmatch(p.name)]
+        found = [
+            p
+            for p in self.root.glob("step-*")
+            if STEP_NAME.fullmatch(p.name) and not p.is_symlink() and p.is_dir()
+        ]
         return sorted(found, key=lambda p: int(STEP_NAME.fullmatch(p.name).group(1)))
 
     # ----------------------------------------------------------------------------- writing
@@ -123,9 +134,10 @@ class CheckpointDir:
 
 def read_train_state(path: Path) -> dict[str, Any]:
     """train_state.json, validated: step (int >= 0), cursor, scheduler and run (mappings)."""
+    raw = read_regular(path, MAX_STATE_BYTES)  # ValueError naming the file
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as err:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as err:
         raise ValueError(f"{path}: not readable as JSON ({type(err).__name__})") from None
     if not isinstance(data, dict) or set(data) != STATE_KEYS:
         raise ValueError(f"{path}: must hold exactly the keys {sorted(STATE_KEYS)}")
@@ -178,13 +190,15 @@ def save(
 
 def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
     """Every rank: the model's and the optimizer's state from ``checkpoint``, resharded to
-    however this job holds them (DCP). Collective over the job."""
-    import torch.distributed.checkpoint as dcp
+    however this job holds them (DCP, read through ``dcp_reader``: its files may be
+    hostile). Collective over the job."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from . import dcp_reader
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(checkpoint.path), process_group=group)
+    dcp_reader.load(state, checkpoint.path, process_group=group)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
@@ -194,12 +208,12 @@ def load_weights(model, checkpoint: Checkpoint) -> None:
     """One process, no process group: the model's weights alone (gather's export)."""
     import warnings
 
-    import torch.distributed.checkpoint as dcp
+    from . import dcp_reader
 
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # "torch.distributed is disabled ...": it is, on purpose
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(checkpoint.path), no_dist=True)
+        dcp_reader.load(state, checkpoint.path, no_dist=True)
     model.load_state_dict(state["model"])
 
 

@@ -109,6 +109,16 @@ class SequenceStream:
             self._held = (doc, self._tokens(doc).reshape(-1).long())
         return self._held[1]
 
+    def check(self, cursor: Cursor) -> str | None:
+        """What is wrong with ``cursor`` for these documents (None: it points into them): a
+        cursor read back from a checkpoint must name a document and a token of it."""
+        if cursor.index >= self.count:
+            return f"document {cursor.index} of an epoch of {self.count}"
+        length = len(self._document(self._order(cursor.epoch)[cursor.index]))
+        if cursor.offset and cursor.offset >= length:
+            return f"token {cursor.offset} of a document of {length}"
+        return None
+
     def take(self, cursor: Cursor, count: int) -> tuple[list[PackedSequence], Cursor]:
         """The next ``count`` sequences from ``cursor``, and the cursor after them."""
         out = []

@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..bounded_read import read_regular
 from ..errors import UserError, with_filename
 from ..jobdir import JobDir
 from ..output_dir import (
@@ -34,6 +35,7 @@ from ..output_dir import (
 from . import checkpoint, metrics
 
 TASK = "train"
+MAX_CONFIG_BYTES = 1 << 20
 
 
 @dataclass
@@ -89,7 +91,10 @@ def gather(job_dir, out=None, *, force: bool = False, job_config=None, **_ignore
 
 
 def _write(tmp: Path, job: JobDir, found, job_config) -> tuple[list[str], float | None, list]:
-    records, bad = metrics.read(job.metrics)
+    try:
+        records, bad = metrics.read(job.metrics)
+    except ValueError as err:  # not a regular file: named
+        raise UserError(str(err)) from None
     records = [r for r in records if r.step <= found.step]
     (tmp / "metrics.jsonl").write_text("".join(json.dumps(r.__dict__) + "\n" for r in records))
     notes = [f"{job.metrics}: {bad} unreadable line(s) skipped"] if bad else []
@@ -106,18 +111,21 @@ def _write(tmp: Path, job: JobDir, found, job_config) -> tuple[list[str], float 
 
 
 def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | None) -> None:
-    """The checkpoint's weights, consolidated in this process, as a transformers directory."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The checkpoint's weights, consolidated in this process, as a transformers directory
+    (its config.json built by transformers' own classes: no ``auto_map`` code ever runs)."""
+    from transformers import AutoModelForCausalLM
 
-    data = json.loads((found.path / checkpoint.MODEL_CONFIG).read_text(encoding="utf-8"))
-    for key in ("_attn_implementation", "attn_implementation", "_attn_implementation_internal"):
-        data.pop(key, None)  # ringattn is the job's; the export loads with transformers' own
-    kind = data.pop("model_type", None)
-    if not isinstance(kind, str):
-        raise UserError(f"{found.path / checkpoint.MODEL_CONFIG}: no model_type")
-    config = AutoConfig.for_model(kind, **data)
-    model = AutoModelForCausalLM.from_config(config)
-    checkpoint.load_weights(model, found)
+    from ..longdoc.model.load import config_from_fields
+
+    path = found.path / checkpoint.MODEL_CONFIG
+    data = _model_config(path)
+    try:
+        config, _ = config_from_fields(data, path)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+        checkpoint.load_weights(model, found)
+    except (ValueError, TypeError, KeyError) as err:
+        said = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise UserError(said if said.startswith(str(found.path)) else f"{path}: {said}") from None
     model.save_pretrained(where, safe_serialization=True)
     if tokenizer is not None:
         from ..longdoc.model.tokenize import TOKENIZER_FILES
@@ -125,6 +133,25 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
         for name in TOKENIZER_FILES:
             if (tokenizer / name).is_file():
                 shutil.copyfile(tokenizer / name, where / name)
+
+
+def _model_config(path: Path) -> dict:
+    """config.json as written beside the checkpoint, read as hostile: a JSON object with a
+    model_type; the fields that would choose code or an attention implementation dropped
+    (``_``-keys go in ``config_from_fields``; ``auto_map`` here: the job's model was
+    transformers' own)."""
+    try:
+        data = json.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except RecursionError:
+        raise UserError(f"{path}: not a model config (nested too deeply)") from None
+    except ValueError as err:
+        said = str(err)
+        raise UserError(said if said.startswith(str(path)) else f"{path}: {said}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise UserError(f"{path}: a model config is a JSON object with a model_type")
+    for key in ("auto_map", "attn_implementation"):
+        data.pop(key, None)
+    return data
 
 
 def _tokenizer_dir(job_config) -> Path | None:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..atomic import atomic_write
+from ..bounded_read import regular_file
 
 MAX_LINE = 4096  # bytes: a record is about 200
 
@@ -45,11 +46,17 @@ def append(path: Path, record: StepMetrics) -> None:
 
 def read(path: Path) -> tuple[list[StepMetrics], int]:
     """(the valid records in file order, how many lines were not), [] for a missing file."""
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return [], 0
+    regular_file(path)  # not a link, a device or a pipe: ValueError naming it
     good, bad = [], 0
     with open(path, "rb") as f:
-        for raw in f:
+        while raw := f.readline(MAX_LINE + 1):
+            if len(raw) > MAX_LINE:  # read no more of an overlong line than the limit
+                while raw and not raw.endswith(b"\n"):
+                    raw = f.readline(MAX_LINE + 1)
+                bad += 1
+                continue
             record = _parse(raw)
             if record is None:
                 bad += raw.strip() != b""

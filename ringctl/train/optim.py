@@ -45,3 +45,31 @@ def make_scheduler(optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio
         )
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def scheduler_state_problem(saved: dict, live: dict, step: int) -> str | None:
+    """What is wrong with a schedule's state read back from a checkpoint of step ``step``
+    against the job's own (``live``: a fresh scheduler's state_dict), None if nothing: the
+    same keys, the step it says it is at, finite learning rates one per parameter group, and
+    no state for the factor (the job's own function, never replaced by a file's)."""
+    if set(saved) != set(live):
+        return f"keys {sorted(saved)[:8]}, not {sorted(live)}"
+    if saved.get("last_epoch") != step or saved.get("_step_count") != step + 1:
+        return f"last_epoch / _step_count {saved.get('last_epoch')!r} / " + (
+            f"{saved.get('_step_count')!r}, not {step} / {step + 1}"
+        )
+    groups = len(live["base_lrs"])
+    for key in ("base_lrs", "_last_lr"):
+        rates = saved.get(key)
+        finite = isinstance(rates, list) and all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
+            for r in rates
+        )
+        if not finite or len(rates) != groups:
+            return f"{key} must be {groups} finite numbers"
+    if saved.get("lr_lambdas") != [None] * groups:
+        return "lr_lambdas must be empty (the schedule is the job's own)"
+    for key, value in saved.items():
+        if key.startswith("_") and isinstance(live[key], bool) and not isinstance(value, bool):
+            return f"{key} must be true or false"
+    return None

@@ -30,7 +30,7 @@ from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import any_has
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
-from .optim import make_optimizer, make_scheduler
+from .optim import make_optimizer, make_scheduler, scheduler_state_problem
 from .params import TrainParams
 from .step import RingSeat, StepOptions, train_step
 
@@ -119,7 +119,7 @@ def _stream(params: TrainParams, tokenizer) -> SequenceStream:
     return SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
 
 
-def _resume(ckdir, model, optimizer, scheduler, params, opts) -> tuple[int, Cursor]:
+def _resume(ckdir, model, optimizer, scheduler, stream, params, opts) -> tuple[int, Cursor]:
     """Step 3: (step, cursor) to start from; the checkpoint's state loaded into the model,
     optimizer and schedule, and the metrics restored to its history."""
     found = ckdir.latest()
@@ -134,12 +134,33 @@ def _resume(ckdir, model, optimizer, scheduler, params, opts) -> tuple[int, Curs
             f"{want[key]!r}: resume continues the same run (ranks and rings may change, "
             f"{', '.join(sorted(want))} may not)"
         )
+    cursor = _checked_state(found, scheduler, stream, params)
     checkpoint.load(model, optimizer, found)
     scheduler.load_state_dict(found.state["scheduler"])
     if opts.rank == 0:
         metrics.restore(JobDir(opts.job_dir).metrics, found.path / checkpoint.METRICS)
     opts.log(f"resumed from {found.path.name} (step {found.step})")
-    return found.step, Cursor.from_dict(found.state["cursor"])
+    return found.step, cursor
+
+
+def _checked_state(found, scheduler, stream, params) -> Cursor:
+    """The checkpoint's data cursor, once its step, schedule and cursor are checked against
+    this job (before anything is loaded): a file that says otherwise is refused by name."""
+    where = found.path / checkpoint.TRAIN_STATE
+    if found.step > params.max_steps:
+        raise ValueError(f"{where}: step {found.step} is past task.max_steps={params.max_steps}")
+    live = scheduler.state_dict()
+    wrong = scheduler_state_problem(found.state["scheduler"], live, found.step)
+    if wrong:
+        raise ValueError(f"{where}: scheduler: {wrong}")
+    try:
+        cursor = Cursor.from_dict(found.state["cursor"])
+    except ValueError as err:
+        raise ValueError(f"{where}: cursor: {err}") from None
+    wrong = stream.check(cursor)
+    if wrong:
+        raise ValueError(f"{where}: cursor: points at {wrong}")
+    return cursor
 
 
 def _agree_stop(wanted: bool) -> bool:
@@ -161,8 +182,9 @@ def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
     )
     job = JobDir(opts.job_dir)
     ckdir = checkpoint.CheckpointDir(job.checkpoints)
-    step, cursor = _resume(ckdir, model, optimizer, scheduler, params, opts)
-    loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, _stream(params, tokenizer))
+    stream = _stream(params, tokenizer)
+    step, cursor = _resume(ckdir, model, optimizer, scheduler, stream, params, opts)
+    loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, stream)
     return loop.run(step, cursor)
 
 

@@ -1,0 +1,41 @@
+"""Reading a file that may be hostile: a regular file, not through a link, and no more of it
+than a limit. A checkpoint's pointer or state, or a job's metrics, may have been written by
+anyone who could write the job's directory (on a cluster, any of its nodes): a symlink to
+/dev/zero or a FIFO would hang a plain read, one to another file would read outside.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+
+def regular_file(path: Path) -> os.stat_result:
+    """``path``'s own status (not a link's target); ValueError unless it is a regular file."""
+    try:
+        info = path.lstat()
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path}: not a regular file (a link, a device, a pipe or a folder)")
+    return info
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (opened without following a link, and without
+    blocking on a pipe), ValueError where it is not one or is longer than ``limit``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ValueError(f"{path}: a link, not followed (not a regular file)") from None
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path}: not a regular file (a device, a pipe or a folder)")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path}: longer than {limit} bytes")
+    return data
