@@ -95,8 +95,10 @@ def script_names() -> dict[str, str]:
 # Files a job's own processes (or a remote copy of the directory) may never replace: they say
 # what was asked, where it runs and how to reach it.
 CONTROL_FILES = frozenset({CONFIG, SCRIPT, META, STATE, SUPERVISOR, LOCK})
-# What a directory keeps across attempts; everything else belongs to one attempt.
-KEPT_ACROSS_ATTEMPTS = frozenset({CONFIG, SCRIPT, META, LOCK, OUT, PROBES, ATTEMPTS})
+# What a directory keeps across attempts; everything else belongs to one attempt. A training
+# job's checkpoints are what its next attempt resumes from (moved with the logs, every
+# `ringctl resume` of a training job started again at step 0).
+KEPT_ACROSS_ATTEMPTS = frozenset({CONFIG, SCRIPT, META, LOCK, OUT, PROBES, ATTEMPTS, CHECKPOINTS})
 
 
 def rank_log_file(rank: int | str, ext: str) -> str:

@@ -11,6 +11,7 @@ the previous checkpoint, which loads; the next save removes the half-written fol
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -279,3 +280,44 @@ def test_gather_reads_the_checkpoints_model_config_as_hostile(tmp_path):
     path.symlink_to("/dev/zero")
     with pytest.raises(UserError, match="config.json: a link, not followed"):
         _model_config(path)
+
+
+def test_a_resume_on_other_documents_or_hyperparameters_is_refused(tmp_path):
+    """The run signature a checkpoint keeps now holds the documents' listing signature (a
+    file added to an input folder reshuffled every epoch: the saved cursor then pointed into
+    other data) and the optimizer's hyperparameters (a resume loads the optimizer's groups
+    from the checkpoint: a changed lr was silently ignored)."""
+    from types import SimpleNamespace
+
+    from ringctl.train.data import listing_signature
+    from ringctl.train.params import TrainParams
+    from ringctl.train.run import _resume
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    for name, text in (("a.txt", "first"), ("b.txt", "second")):
+        (root / name).write_text(text)
+    docs = [SimpleNamespace(key=p.name, nbytes=p.stat().st_size) for p in sorted(root.iterdir())]
+    two = listing_signature(docs)
+    assert two.startswith("2:") and listing_signature(docs) == two
+    assert listing_signature(docs[::-1]) != two
+    assert listing_signature(docs + [SimpleNamespace(key="c.txt", nbytes=1)]) != two
+    assert listing_signature([docs[0], SimpleNamespace(key="b.txt", nbytes=7)]) != two
+
+    params = TrainParams()
+    saved = params.run_signature() | {"documents": two}
+    assert {"lr", "weight_decay", "warmup_steps", "min_lr_ratio"} <= set(saved)
+    ckroot = tmp_path / "checkpoints"
+    ckroot.mkdir()
+    _complete(ckroot / "step-0000003", 3)
+    state = json.loads((ckroot / "step-0000003" / "train_state.json").read_text())
+    (ckroot / "step-0000003" / "train_state.json").write_text(json.dumps(state | {"run": saved}))
+    (ckroot / "latest").write_text("step-0000003")
+    from ringctl.train.checkpoint import CheckpointDir
+
+    for change, said in [
+        ({"documents": "3:abc"}, "with the input documents (listed: count and digest)="),
+        ({"lr": 1.0}, "with task.lr=0.0003; this one has 1.0"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            _resume(CheckpointDir(ckroot), None, None, None, None, saved | change, params, None)

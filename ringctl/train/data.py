@@ -20,11 +20,14 @@ the next sequence as a piece of its own.
 Sequence g of the run is the g-th of this stream; optimizer step s trains on sequences
 ``[s x batch, (s + 1) x batch)``, however many rings share them. A ``Cursor`` (epoch, index in
 the epoch's order, tokens of that document already used) is where the stream stands; the
-checkpoint keeps it, so a resumed run packs exactly what the uninterrupted one would have.
+checkpoint keeps it, so a resumed run packs exactly what the uninterrupted one would have,
+provided the documents are the same ones: the checkpoint also keeps ``listing_signature`` of
+them (a file added to an input folder reshuffles every epoch), and a resume checks it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -81,6 +84,17 @@ def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
     order = list(range(count))
     random.Random(f"ringctl-train:{seed}:{epoch}").shuffle(order)
     return order
+
+
+def listing_signature(documents) -> str:
+    """The documents' identity as the stream sees them, cheaply: each one's key and size in
+    listing order (the order ``epoch_order`` shuffles), hashed. A document added, removed,
+    renamed, reordered or resized changes it; one edited in place to the same size does not
+    (reading every document again at each resume is what that would take)."""
+    digest = hashlib.sha256()
+    for doc in documents:
+        digest.update(f"{doc.key}\t{doc.nbytes}\n".encode())
+    return f"{len(documents)}:{digest.hexdigest()[:32]}"
 
 
 class SequenceStream:

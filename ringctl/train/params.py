@@ -97,4 +97,11 @@ class TrainParams(CorpusParams):
             "batch_sequences": self.batch_sequences,
             "seed": self.seed,
             "dtype": self.dtype,
+            # the optimizer's hyperparameters and the schedule's shape: a resume loads the
+            # optimizer's own groups (lr, weight decay) from the checkpoint, so a changed value
+            # here would be silently ignored; max_steps may grow (the cosine stretches)
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            "warmup_steps": self.warmup_steps,
+            "min_lr_ratio": self.min_lr_ratio,
         }

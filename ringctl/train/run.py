@@ -29,7 +29,7 @@ from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import any_has
 from . import checkpoint, metrics
-from .data import Cursor, SequenceStream, ring_share
+from .data import Cursor, SequenceStream, listing_signature, ring_share
 from .optim import make_optimizer, make_scheduler, scheduler_state_problem
 from .params import TrainParams
 from .step import RingSeat, StepOptions, train_step
@@ -109,28 +109,36 @@ def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
     return agreed.tokenizer, model, agreed.probe
 
 
-def _stream(params: TrainParams, tokenizer) -> SequenceStream:
+def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
+    """The run's sequence stream and its signature: what a checkpoint records and a resume
+    must match (``params.run_signature`` and the documents' ``listing_signature``)."""
     listing = params.list_inputs(params.input_paths())
     docs = listing.documents
 
     def tokens(i: int) -> torch.Tensor:
         return tokenizer.encode(docs[i].read_bytes())
 
-    return SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
+    stream = SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
+    return stream, params.run_signature() | {"documents": listing_signature(docs)}
 
 
-def _resume(ckdir, model, optimizer, scheduler, stream, params, opts) -> tuple[int, Cursor]:
+def _resume(ckdir, model, optimizer, scheduler, stream, run, params, opts) -> tuple[int, Cursor]:
     """Step 3: (step, cursor) to start from; the checkpoint's state loaded into the model,
     optimizer and schedule, and the metrics restored to its history."""
     found = ckdir.latest()
     if found is None:
         return 0, Cursor()
-    want, had = params.run_signature(), found.state["run"]
+    want, had = run, found.state["run"]
     changed = sorted(k for k in want if want[k] != had.get(k))
     if changed:
         key = changed[0]
+        what = (
+            "the input documents (listed: count and digest)"
+            if key == "documents"
+            else (f"task.{key}")
+        )
         raise ValueError(
-            f"{found.path}: written by a run with task.{key}={had.get(key)!r}; this one has "
+            f"{found.path}: written by a run with {what}={had.get(key)!r}; this one has "
             f"{want[key]!r}: resume continues the same run (ranks and rings may change, "
             f"{', '.join(sorted(want))} may not)"
         )
@@ -182,17 +190,17 @@ def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
     )
     job = JobDir(opts.job_dir)
     ckdir = checkpoint.CheckpointDir(job.checkpoints)
-    stream = _stream(params, tokenizer)
-    step, cursor = _resume(ckdir, model, optimizer, scheduler, stream, params, opts)
-    loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, stream)
+    stream, run = _stream(params, tokenizer)
+    step, cursor = _resume(ckdir, model, optimizer, scheduler, stream, run, params, opts)
+    loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, stream, run)
     return loop.run(step, cursor)
 
 
 class _Loop:
     """Step 4: the steps, their records and the checkpoints."""
 
-    def __init__(self, params, opts, seat, model, optimizer, scheduler, ckdir, stream) -> None:
-        self.params, self.opts, self.seat = params, opts, seat
+    def __init__(self, params, opts, seat, model, optimizer, scheduler, ckdir, stream, run):
+        self.params, self.opts, self.seat, self.run_signature = params, opts, seat, run
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.ckdir, self.stream = ckdir, stream
         self.step_opts = StepOptions(
@@ -253,7 +261,7 @@ class _Loop:
 
     def _save(self, step: int, cursor: Cursor) -> None:
         state = checkpoint.train_state(
-            step, cursor.to_dict(), self.scheduler.state_dict(), self.params.run_signature()
+            step, cursor.to_dict(), self.scheduler.state_dict(), self.run_signature
         )
         folder = checkpoint.save(
             self.model,
