@@ -1,10 +1,13 @@
 """Files that exist whole or not at all: a killed job never leaves a half file that looks whole.
 
 Write to a temporary file in the same directory, fsync, then rename over the target (rename
-is atomic within a filesystem). The temporary file is made by mkstemp, which creates it 0600;
-before the rename it gets the mode a plain `open` would give (0666 less the umask), so shards,
-manifests and control files are as readable as the user's other files (group-shared project
-directories), and private under umask 077.
+is atomic within a filesystem). A killed process never leaves a half file; a machine that
+crashes may come back with a rename undone unless the directory is synced too (``fsync_dir``,
+which a checkpoint's publication calls: a sync per progress record would cost a metadata
+server's round trip on a cluster's shared filesystem). The temporary file is
+made by mkstemp, which creates it 0600; before the rename it gets the mode a plain `open`
+would give (0666 less the umask), so shards, manifests and control files are as readable as
+the user's other files (group-shared project directories), and private under umask 077.
 
 A write that fails (disk full, quota, read-only file system) raises OSError with the target's
 path as its filename: the command line reports it in one line naming the file.
@@ -26,6 +29,7 @@ __all__ = [
     "current_umask",
     "default_dir_mode",
     "default_file_mode",
+    "fsync_dir",
 ]
 
 
@@ -53,6 +57,21 @@ def default_dir_mode() -> int:
     """The mode `mkdir` gives a new directory (0777 less the umask); also that of an executable
     such as job.sh, which holds env.vars (tokens): private under umask 077."""
     return 0o777 & ~current_umask()
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make the entries of directory ``path`` (a rename into it) durable. Best effort: some
+    filesystems refuse fsync on a directory (EINVAL), where there is nothing more to do."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> Path:

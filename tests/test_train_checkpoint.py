@@ -320,4 +320,50 @@ def test_a_resume_on_other_documents_or_hyperparameters_is_refused(tmp_path):
         ({"lr": 1.0}, "with task.lr=0.0003; this one has 1.0"),
     ]:
         with pytest.raises(ValueError, match=re.escape(said)):
-            _resume(CheckpointDir(ckroot), None, None, None, None, saved | change, params, None)
+            found = CheckpointDir(ckroot).latest()
+            _resume(found, None, None, None, None, saved | change, params, None)
+
+
+def test_a_model_that_trains_with_dropout_is_refused_naming_its_fields():
+    """Dropout draws masks from each rank's generator, which no checkpoint keeps: the losses
+    would depend on the ranks and a resume would not repeat the run."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ringctl.train.run import _refuse_dropout
+
+    shape = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)
+    neox = AutoConfig.for_model("gpt_neox", intermediate_size=64, hidden_dropout=0.1, **shape)
+    with pytest.raises(
+        ValueError, match=r"dropout \(hidden_dropout=0.1\).*overrides.hidden_dropout=0"
+    ):
+        _refuse_dropout(AutoModelForCausalLM.from_config(neox))
+    neox.hidden_dropout = 0.0  # classifier_dropout stays 0.1: no such head in a causal LM
+    _refuse_dropout(AutoModelForCausalLM.from_config(neox))
+
+
+def _agreed(rank: int, world: int, roots: list[str]):
+    from pathlib import Path
+
+    from ringctl.train.checkpoint import CheckpointDir
+    from ringctl.train.run import agreed_latest
+
+    try:
+        return agreed_latest(CheckpointDir(Path(roots[rank]))).step
+    except ValueError as err:
+        return str(err)
+
+
+def test_every_rank_resumes_from_the_checkpoint_rank_0s_latest_names(tmp_path):
+    """Ranks that read ``latest`` each on their own could load different steps (a shared
+    filesystem's cached entries): here rank 1's pointer says step 5, rank 0's step 3, and
+    both load step 3. A pointer rank 0 refuses is refused on both (none left waiting)."""
+    roots = [tmp_path / "seen-by-0", tmp_path / "seen-by-1"]
+    for root, latest in zip(roots, ("step-0000003", "step-0000005"), strict=True):
+        root.mkdir()
+        _complete(root / "step-0000003", 3)
+        _complete(root / "step-0000005", 5)
+        (root / "latest").write_text(latest)
+    assert run_distributed(_agreed, 2, [str(r) for r in roots]) == [3, 3]
+    (roots[0] / "latest").write_text("../../etc")
+    said = run_distributed(_agreed, 2, [str(r) for r in roots])
+    assert said[0] == said[1] and "is not a checkpoint name" in said[0], said

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write, atomic_write_json
+from ..atomic import atomic_write, atomic_write_json, fsync_dir
 from ..bounded_read import read_regular
 
 STEP_NAME = re.compile(r"step-([0-9]{7,12})")
@@ -117,7 +117,9 @@ class CheckpointDir:
         if final.exists():  # a rerun of a step saved before (after a resume): replace it
             shutil.rmtree(final)
         staged.rename(final)
+        fsync_dir(self.root)  # the rename durable before latest names it
         atomic_write(self.root / LATEST, final.name + "\n")
+        fsync_dir(self.root)
         self.prune(keep)
         return final
 

@@ -92,6 +92,29 @@ def _load(params: TrainParams, opts: TrainOptions, seat: RingSeat):
     )
 
 
+def _refuse_dropout(model) -> None:
+    """A model that trains with dropout draws masks from each rank's generator, which the
+    checkpoints do not keep: its losses would depend on the ranks and rings, and a resumed
+    run would not repeat the uninterrupted one. Refused, naming the config's fields to set
+    to 0 (task.model_overrides)."""
+    if not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return
+    config = getattr(model, "config", None)
+    fields = config.to_dict() if config is not None else {}
+    heads = ("classifier_", "summary_")  # heads a causal LM does not have
+    keys = sorted(
+        k
+        for k, v in fields.items()
+        if "drop" in k and not k.startswith(heads) and isinstance(v, float) and v > 0
+    )
+    hint = ", ".join(f"task.model_overrides.{k}=0" for k in keys) or "dropout off"
+    found = ", ".join(f"{k}={fields[k]}" for k in keys) or "a Dropout layer"
+    raise ValueError(
+        f"the model trains with dropout ({found}): training here keeps no random state, so "
+        f"losses would depend on the ranks and a resume would not repeat the run; set {hint}"
+    )
+
+
 def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
     """Step 2: (tokenizer, model in training mode, probe line)."""
     checked = dataclasses.replace(params, dtype="float32")  # the weights the probe compares
@@ -103,6 +126,7 @@ def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
         log=opts.log,
     )
     model = agreed.model
+    _refuse_dropout(model)
     if params.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -122,10 +146,31 @@ def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
     return stream, params.run_signature() | {"documents": listing_signature(docs)}
 
 
-def _resume(ckdir, model, optimizer, scheduler, stream, run, params, opts) -> tuple[int, Cursor]:
-    """Step 3: (step, cursor) to start from; the checkpoint's state loaded into the model,
-    optimizer and schedule, and the metrics restored to its history."""
-    found = ckdir.latest()
+def agreed_latest(ckdir) -> checkpoint.Checkpoint | None:
+    """The checkpoint rank 0's ``latest`` names, read by every rank by that name. Ranks
+    reading the pointer each on its own could see different ones (a shared filesystem's
+    cached entries, a save published meanwhile) and load different steps. A pointer rank 0
+    refuses is refused on every rank, in the same words (none waits for the others)."""
+    said: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            found = ckdir.latest()
+            said = [("ok", found.path.name if found else None)]
+        except ValueError as err:
+            said = [("refused", str(err))]
+    dist.broadcast_object_list(said, src=0)
+    kind, value = said[0]
+    if kind == "refused":
+        raise ValueError(value)
+    if value is None:
+        return None
+    return ckdir.read(value, where=f"{ckdir.root / checkpoint.LATEST} (as rank 0 read it)")
+
+
+def _resume(found, model, optimizer, scheduler, stream, run, params, opts) -> tuple[int, Cursor]:
+    """Step 3: (step, cursor) to start from ``found`` (``agreed_latest``; None: step 0); the
+    checkpoint's state loaded into the model, optimizer and schedule, and the metrics
+    restored to its history."""
     if found is None:
         return 0, Cursor()
     want, had = run, found.state["run"]
@@ -191,7 +236,8 @@ def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
     job = JobDir(opts.job_dir)
     ckdir = checkpoint.CheckpointDir(job.checkpoints)
     stream, run = _stream(params, tokenizer)
-    step, cursor = _resume(ckdir, model, optimizer, scheduler, stream, run, params, opts)
+    found = agreed_latest(ckdir)
+    step, cursor = _resume(found, model, optimizer, scheduler, stream, run, params, opts)
     loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, stream, run)
     return loop.run(step, cursor)
 
