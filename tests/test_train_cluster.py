@@ -62,6 +62,8 @@ def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_pa
     status = wait_for(lambda: _ended(job, job_id), 400, "the requeued run to end")
     assert status.state is JobState.COMPLETED, status
     assert any(p.name.startswith("requeue-") for p in (job / "attempts").iterdir())
+    # the rerun continued from a checkpoint (a restart from step 0 has the same losses)
+    assert "] resumed from step-" in (job / "logs" / "rank-0.out").read_text()
     whole = tmp_path / "whole"
     assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=4", *steps[:3])]) == 0
     assert _losses(job) == _losses(whole)
