@@ -166,6 +166,7 @@ class CorpusTask(Task):
         """The model and tokenizer, from config.json (transformers only for overrides and for
         a directory with its own code: their fields and classes are transformers')."""
         from ..longdoc.model.compat import config_refusal, read_model_config
+        from ..longdoc.model.directory import check_model_directory
         from ..longdoc.model.overrides import merge, problem
         from ..longdoc.model.tokenize import TOKENIZER_FILES, resolve_tokenizer_path
 
@@ -190,6 +191,12 @@ class CorpusTask(Task):
                 f"({', '.join(TOKENIZER_FILES)}): UTF-8 bytes (256 ids) would score garbage; "
                 "give the tokenizer's directory",
             )
+        for key, where in (("task.model_path", p.model_path), ("task.tokenizer_path", tokenizer)):
+            try:  # no file read from outside the directory (directory.py)
+                if where:
+                    check_model_directory(where)
+            except ValueError as err:
+                raise bad(key, str(err)) from None
         self.check_custom_code(p, config, tokenizer, bad)
 
     @staticmethod

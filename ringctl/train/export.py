@@ -130,9 +130,10 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
     if tokenizer is not None:
         from ..longdoc.model.tokenize import TOKENIZER_FILES
 
-        for name in TOKENIZER_FILES:
-            if (tokenizer / name).is_file():
-                shutil.copyfile(tokenizer / name, where / name)
+        for name in TOKENIZER_FILES:  # regular files only: a link is not followed out
+            source = tokenizer / name
+            if source.is_file() and not source.is_symlink():
+                shutil.copyfile(source, where / name)
 
 
 def _model_config(path: Path) -> dict:
@@ -159,10 +160,15 @@ def _tokenizer_dir(job_config) -> Path | None:
     tokenizer files), or None: UTF-8 bytes (nothing to copy)."""
     if job_config is None:
         return None
+    from ..longdoc.model.load import resolve_model_path
     from ..longdoc.model.tokenize import resolve_tokenizer_path
 
     task = job_config.task
-    path = resolve_tokenizer_path(task.get("tokenizer_path"), task.get("model_path"))
+    try:  # a reserved name (package:..., bundled:...) as the job's ranks resolved it
+        model_path = resolve_model_path(task.get("model_path"))
+    except ValueError as err:
+        raise UserError(f"task.model_path: {err}") from None
+    path = resolve_tokenizer_path(task.get("tokenizer_path"), model_path)
     return Path(path) if path and Path(path).is_dir() else None
 
 

@@ -458,7 +458,12 @@ def _parameters_on_meta():
 
 
 def checkpoint_files(path: Path) -> dict[str, Path]:
-    """{tensor name: safetensors file} of a model directory (index.json or one file)."""
+    """{tensor name: safetensors file} of a model directory (index.json or one file), the
+    directory checked first (``directory.check_model_directory``: nothing read from
+    elsewhere through a link)."""
+    from ..model.directory import check_model_directory
+
+    check_model_directory(path)
     index = path / INDEX_FILE
     if index.is_file():
         try:
@@ -559,11 +564,11 @@ def load_sharded_model(
     config or None (random weights): built whole on the host CPU with the seed (as every rank
     does unsharded), then sharded; the device only ever holds the shards.
     """
-    from ..model.load import load_model, model_directory, torch_dtype
+    from ..model.load import builds_random, load_model, model_directory, torch_dtype
 
     if check_mode(mode) == "none":
         raise ValueError("load_sharded_model: model.shard=none: use model.load_model")
-    if model_path is None or str(model_path).endswith(".json"):
+    if builds_random(model_path):
         model = load_model(
             model_path, dtype=dtype, attn_implementation=attn_implementation, overrides=overrides
         )

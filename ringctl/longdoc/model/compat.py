@@ -37,6 +37,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ...bounded_read import read_regular
+
 _OWN_ATTENTION = (
     "computes attention in its own code, not through transformers' attention interface, so "
     "ring attention would never run"
@@ -70,6 +72,7 @@ REFUSED: dict[str, str] = {
     "minimax": f"MiniMax {_RECURRENT}",
 }
 WINDOW_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; a file this large is not one
 # transformers' defaults that matter here, for hand-written config.json files that omit them
 # (a saved model's config.json has every field)
 DEFAULTS: dict[str, dict[str, Any]] = {"gemma2": {"attn_logit_softcapping": 50.0}}
@@ -126,12 +129,27 @@ def _size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+# Fields of a config.json that make transformers read other weights than the directory's
+# safetensors, or change them by the machine: refused by name. quantization_config: a
+# bitsandbytes one failed on the ranks with ImportError, an fp8 one quantizes on GPUs of
+# compute capability 8.9 and up but not on CPUs (a GGUF file's conversion drops it itself);
+# transformers_weights: whole loading read that file while sharded loading read
+# model.safetensors, so the numbers depended on model.shard.
+WEIGHT_FIELDS = {
+    "quantization_config": "quantized weights load differently by machine and library",
+    "transformers_weights": "it names another weights file than the one sharded loading reads",
+}
+
+
 def config_refusal(config: Any) -> str | None:
     """Why this model cannot be scored exactly on a ring (or built at all: ``size_refusal``),
     or None (config dict or object)."""
     bad_size = size_refusal(config)
     if bad_size:
         return bad_size
+    for key, why in WEIGHT_FIELDS.items():
+        if _get(config, key) is not None:
+            return f"model config field {key} (config.json): {why}: not supported"
     cfg = text_config(config)
     kind = model_type(config)
     if kind in REFUSED:
@@ -309,6 +327,7 @@ def context_note(config: Any, n_tokens: int) -> str:
 
 def _read_config_file(model_path: str | Path | None) -> dict:
     """A model path's config.json (a GGUF file's: its conversion's, made first if missing)."""
+    from .directory import followed
     from .gguf_file import converted, is_gguf
 
     if model_path is None:
@@ -317,12 +336,17 @@ def _read_config_file(model_path: str | Path | None) -> dict:
         path = converted(model_path) if is_gguf(model_path) else Path(model_path)
         if path.is_dir():
             path = path / "config.json"
+    if not path.exists() and not path.is_symlink():
+        raise ValueError(f"{path}: no model config here")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no model config here") from None
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path}: unreadable model config ({err})") from None
+        # a FIFO or /dev/zero: named; a link only into the model's own folder (a Hugging
+        # Face cache snapshot's files are links to its blobs)
+        data = json.loads(read_regular(followed(path), MAX_CONFIG_BYTES))
+    except ValueError as err:
+        said = str(err)
+        raise ValueError(
+            said if said.startswith(str(path)) else f"{path}: unreadable model config ({err})"
+        ) from None
     except RecursionError:  # json's parser recurses once per level of nesting
         raise ValueError(f"{path}: unreadable model config (nested too deeply to parse)") from None
     if not isinstance(data, dict):

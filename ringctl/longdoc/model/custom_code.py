@@ -16,6 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...bounded_read import read_regular
+
+MAX_JSON_BYTES = 256 << 20  # tokenizer_config.json with every added token: megabytes
+
 
 def auto_map(config: Mapping) -> list[str]:
     """The class references of a config's ``auto_map`` (dict or legacy list), or []."""
@@ -102,10 +106,17 @@ def _auto_tokenizer(config: Mapping) -> list[str]:
 
 def _json_object(file: Path) -> dict:
     """A JSON object from ``file``; {} for a missing or malformed one (transformers reports it
-    itself when the ranks load it), a ValueError for one nested too deeply to parse."""
+    itself when the ranks load it), a ValueError for one nested too deeply to parse, or that
+    is not a regular file (a FIFO hung the submit, /dev/zero filled its memory) or is larger
+    than any tokenizer's configuration."""
+    from .directory import followed  # a link only into the model's folder (an HF snapshot)
+
+    if not file.exists() and not file.is_symlink():
+        return {}
+    raw = read_regular(followed(file), MAX_JSON_BYTES)  # ValueError naming the file
     try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError):
+        data = json.loads(raw)
+    except ValueError:
         return {}
     except RecursionError:  # transformers' own parse would fail the same way on every rank
         raise ValueError(f"{file}: nested too deeply to parse") from None

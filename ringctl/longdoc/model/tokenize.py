@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from .directory import check_model_directory
 from .gguf_file import converted, is_gguf
 from .hub import go_offline
 
@@ -61,6 +62,7 @@ class HFTokenizer:
                 f"tokenizer_path {str(path)!r} is not a local directory (no download is done: "
                 "save the tokenizer with save_pretrained and give its directory)"
             )
+        check_model_directory(path)  # no file of it read from elsewhere
         go_offline()
         from transformers import AutoTokenizer
 

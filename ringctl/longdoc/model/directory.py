@@ -1,0 +1,92 @@
+"""A model directory read as hostile: every file transformers may read from it lies inside it.
+
+transformers refuses ``..`` and absolute names in a safetensors index, but follows links (its
+own cache is made of them) and joins ``tokenizer_config.json``'s ``fast_tokenizer_files`` onto
+the directory unchecked. So a directory whose ``model.safetensors`` or ``tokenizer.json`` is a
+link to another model's, or whose tokenizer config names ``../other/tokenizer.json``, made a job
+compute with weights or a tokenizer from elsewhere, silently. Here, before anything loads:
+
+* every entry of the directory that is a link resolves inside ``containment_root`` (the
+  directory, or a Hugging Face cache repository's folder for one of its snapshots, whose
+  files are links to ``../../blobs/``);
+* no entry is a pipe, a socket or a device (a FIFO named config.json hung the submit);
+* every file ``tokenizer_config.json``'s ``fast_tokenizer_files`` names is a plain name of a
+  file in the directory (its ``tokenizer_file`` / ``vocab_file`` transformers ignores, and real
+  directories carry the absolute paths of the machine that saved them: not refused).
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from ...bounded_read import read_regular
+from .custom_code import MAX_JSON_BYTES
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+FAST_TOKENIZER_FILES = "fast_tokenizer_files"
+
+
+def containment_root(directory: Path) -> Path:
+    """Where a model directory's files must resolve: the directory itself, or, for a Hugging
+    Face cache snapshot (``models--ORG--NAME/snapshots/REV/``), the repository's folder."""
+    real = directory.resolve()
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith("models--"):
+        return real.parent.parent
+    return real
+
+
+def check_model_directory(directory: str | Path) -> None:
+    """ValueError naming the entry where ``directory`` would have a model read from outside
+    it (module docstring); nothing for a path that is not a directory (a .json config, a
+    GGUF file: checked where they are read)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    root = containment_root(directory)
+    for entry in directory.iterdir():
+        _check_entry(entry, root)
+    _check_tokenizer_names(directory)
+
+
+def followed(entry: Path, root: Path | None = None) -> Path:
+    """``entry`` of a model directory, or where it links to: ValueError where that lies
+    outside ``root`` (default: the ``containment_root`` of the entry's directory)."""
+    if not entry.is_symlink():
+        return entry
+    target = entry.resolve()
+    if not target.is_relative_to(root or containment_root(entry.parent)):
+        raise ValueError(f"{entry}: a link to {target}, outside the model directory")
+    return target
+
+
+def _check_entry(entry: Path, root: Path) -> None:
+    followed(entry, root)
+    try:
+        mode = entry.stat().st_mode
+    except OSError as err:
+        raise ValueError(f"{entry}: cannot be read ({err.strerror})") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"{entry}: not a regular file (a pipe, a socket or a device)")
+
+
+def _check_tokenizer_names(directory: Path) -> None:
+    path = directory / TOKENIZER_CONFIG
+    if not path.exists():
+        return
+    try:
+        config = json.loads(read_regular(followed(path), MAX_JSON_BYTES))
+    except (ValueError, RecursionError):
+        return  # not this check's: the tokenizer's own loading reports it
+    if not isinstance(config, dict):
+        return
+    value = config.get(FAST_TOKENIZER_FILES)
+    if value is not None:
+        for name in value if isinstance(value, list) else [value]:
+            plain = isinstance(name, str) and name not in ("", ".", "..")
+            if not plain or Path(name).name != name or not (directory / name).is_file():
+                raise ValueError(
+                    f"{path}: {FAST_TOKENIZER_FILES} names {str(name)[:80]!r}, not a file of "
+                    "this directory"
+                )
