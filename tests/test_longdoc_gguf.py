@@ -218,3 +218,25 @@ def test_a_sharded_model_loads_from_a_gguf_file(tiny):
     ids, want = _own_logprobs(tiny, b"the cat in the hat sang. ")
     for got in run_distributed(_sharded_logprobs, 2, tiny, ids):
         assert (got - want).abs().max().item() < TOL
+
+
+def test_a_gguf_header_claiming_more_than_the_file_holds_is_refused_at_once(tmp_path):
+    """gguf's reader builds an object per element the header claims: a 94-byte file claiming
+    an array of 2**50 items hung the submit (and every rank) holding the conversion's lock.
+    The header's counts are checked against the file's size first (gguf_header.py)."""
+    import struct
+    import time
+
+    from ringctl.longdoc.model.gguf_file import converted
+
+    key = b"general.architecture"
+    head = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    path = tmp_path / "huge-array.gguf"
+    path.write_bytes(head + struct.pack("<IIQ", 9, 8, 2**50))
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"an array of 1,125,899,906,842,624 items needs"):
+        converted(path)
+    assert time.monotonic() - start < 5
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 10**12, 0))
+    with pytest.raises(ValueError, match=r"1,000,000,000,000 tensors need at least"):
+        converted(path)

@@ -281,6 +281,11 @@ def refusal(path: Path) -> str | None:
     dequantises every tensor with it)."""
     from gguf import GGUFReader
 
+    from .gguf_header import header_refusal
+
+    why = header_refusal(path)  # its counts against its size: gguf's reader trusts them
+    if why:
+        return why
     try:
         reader = GGUFReader(path)
         arch = str(reader.fields["general.architecture"].contents())
