@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,26 @@ def test_gather_exports_the_tokenizer_of_a_packaged_default(tmp_path):
     pytest.importorskip("gguf")
     found = _tokenizer_dir(OmegaConf.create({"task": {"model_path": name}}))
     assert found is not None and (found / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "field, said",
+    [
+        ({"text_config": "oops"}, "text_config = 'oops' (config.json): must be an object"),
+        ({"sliding_window": "4k"}, "sliding_window = '4k' (config.json or task.model_ov"),
+        ({"sliding_window": 1e999}, "sliding_window = inf"),
+        ({"_ringctl_seed": 1e999}, "_ringctl_seed = inf"),
+        ({"model_type": ["llama"]}, "model_type = ['llama'] (config.json): must be a name"),
+    ],
+)
+def test_a_config_value_no_rule_can_read_is_refused_at_submit(tmp_path, field, said):
+    """Before: AttributeError at submit, or ValueError / OverflowError on every rank."""
+    from ringctl.config import load_job
+    from ringctl.errors import UserError
+
+    doc, model = tmp_path / "doc.txt", tmp_path / "model.json"
+    doc.write_text("a short document")
+    model.write_text(json.dumps({**TINY, **field}))
+    args = [f"task.inputs=[{doc}]", f"task.model_path={model}"]
+    with pytest.raises(UserError, match=f"task.model_path: model config field {re.escape(said)}"):
+        load_job(ROOT / "jobs" / "longdoc.yaml", args)

@@ -141,10 +141,37 @@ WEIGHT_FIELDS = {
 }
 
 
+# Fields the window and length rules (and the random model's seed) read as whole numbers: a
+# string, NaN or 1e999 there passed the submit and raised ValueError or OverflowError on the
+# ranks. 0 and None mean "none" where transformers reads them so.
+COUNT_FIELDS = ("sliding_window", "attention_chunk_size", "floor_scale", "_ringctl_seed")
+
+
+def value_refusal(config: Any) -> str | None:
+    """The first field of a config.json whose type no rule here can read, in one line; or
+    None: model_type a name, text_config an object, the COUNT_FIELDS whole numbers >= 0."""
+    kind = _get(config, "model_type")
+    if kind is not None and not isinstance(kind, str):
+        return f"model config field model_type = {kind!r} (config.json): must be a name"
+    inner = _get(config, "text_config")
+    if isinstance(config, Mapping) and inner is not None and not isinstance(inner, Mapping):
+        return f"model config field text_config = {inner!r:.60} (config.json): must be an object"
+    for part in (config, inner):
+        for key in COUNT_FIELDS if isinstance(part, Mapping) else ():
+            value = part.get(key)
+            whole = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if value is not None and not whole:
+                return (
+                    f"model config field {key} = {value!r} (config.json or "
+                    "task.model_overrides): must be a whole number"
+                )
+    return None
+
+
 def config_refusal(config: Any) -> str | None:
-    """Why this model cannot be scored exactly on a ring (or built at all: ``size_refusal``),
-    or None (config dict or object)."""
-    bad_size = size_refusal(config)
+    """Why this model cannot be scored exactly on a ring (or built at all: ``size_refusal``,
+    ``value_refusal``), or None (config dict or object)."""
+    bad_size = value_refusal(config) or size_refusal(config)
     if bad_size:
         return bad_size
     for key, why in WEIGHT_FIELDS.items():
