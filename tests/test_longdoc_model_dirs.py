@@ -196,3 +196,12 @@ def test_a_config_value_no_rule_can_read_is_refused_at_submit(tmp_path, field, s
     args = [f"task.inputs=[{doc}]", f"task.model_path={model}"]
     with pytest.raises(UserError, match=f"task.model_path: model config field {re.escape(said)}"):
         load_job(ROOT / "jobs" / "longdoc.yaml", args)
+
+
+def test_a_peft_adapter_directory_is_refused(tmp_path):
+    """With peft installed, transformers loads the base model an adapter_config.json names
+    (from elsewhere) and the adapter on top: not the directory's weights."""
+    model_dir = _saved(tmp_path / "m")
+    (model_dir / "adapter_config.json").write_text('{"base_model_name_or_path": "/elsewhere"}')
+    with pytest.raises(ValueError, match="adapter_config.json: a PEFT adapter"):
+        load_model(model_dir)

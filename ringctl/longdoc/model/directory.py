@@ -10,6 +10,8 @@ compute with weights or a tokenizer from elsewhere, silently. Here, before anyth
   directory, or a Hugging Face cache repository's folder for one of its snapshots, whose
   files are links to ``../../blobs/``);
 * no entry is a pipe, a socket or a device (a FIFO named config.json hung the submit);
+* no ``adapter_config.json``: with peft installed, transformers loads the base model that file
+  names (from elsewhere) and the adapter on top, whichever the directory's own weights;
 * every file ``tokenizer_config.json``'s ``fast_tokenizer_files`` names is a plain name of a
   file in the directory (its ``tokenizer_file`` / ``vocab_file`` transformers ignores, and real
   directories carry the absolute paths of the machine that saved them: not refused).
@@ -26,6 +28,7 @@ from .custom_code import MAX_JSON_BYTES
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER_FILES = "fast_tokenizer_files"
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 def containment_root(directory: Path) -> Path:
@@ -45,6 +48,12 @@ def check_model_directory(directory: str | Path) -> None:
     if not directory.is_dir():
         return
     root = containment_root(directory)
+    if (directory / ADAPTER_CONFIG).exists():
+        raise ValueError(
+            f"{directory / ADAPTER_CONFIG}: a PEFT adapter, whose base model transformers "
+            "would load from where the file says: merge it into the weights first "
+            "(peft's merge_and_unload, then save_pretrained)"
+        )
     for entry in directory.iterdir():
         _check_entry(entry, root)
     _check_tokenizer_names(directory)
