@@ -198,6 +198,7 @@ def ring_attention_forward(
     sinks = _sinks(module, kwargs)
     extra = {} if sinks is None else {"sinks": sinks}
     cu_seqlens = _setting(kwargs, "cu_seqlens")
+    _check_packing(module, kwargs, cu_seqlens)
     if cu_seqlens is not None:
         extra["cu_seqlens"] = cu_seqlens
     for counter in _COUNTERS:
@@ -227,6 +228,63 @@ def ring_attention_forward(
             **extra,
         )
     return out, None
+
+
+# flash-attn's packing keywords, which transformers passes on from a packed batch (e.g. a
+# DataCollatorWithFlattening's): ring attention takes the packing from its settings only.
+_FLASH_PACKING = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def _check_packing(module: torch.nn.Module, kwargs: dict, cu_seqlens: Any) -> None:
+    """Packed documents reach ring attention one way: ``ring_settings(cu_seqlens=...)`` or
+    ``ring_cu_seqlens=``. Each of these attended across documents with no error before:
+    flash-attn's packing keywords (ignored); ``position_ids`` that restart within a row with
+    no cu_seqlens (the packing transformers infers from them was dropped); rows of a batch
+    with different ``position_ids`` under the one cu_seqlens; and RoPE scaled by the
+    sequence's length (``ring_settings(model=...)`` refuses it; without ``model`` it passed)."""
+    given = [key for key in _FLASH_PACKING if kwargs.get(key) is not None]
+    if given:
+        raise ValueError(
+            f"ringattn: packed-batch keywords ({', '.join(given)}) reached the attention layer; "
+            "ring attention ignores them: give the documents' boundaries as "
+            "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
+        )
+    pos = kwargs.get("position_ids")
+    if not isinstance(pos, torch.Tensor) or pos.shape[-1] < 2:
+        pos = None
+    if cu_seqlens is None:
+        if pos is not None and bool((pos[..., 1:] < pos[..., :-1]).any()):
+            raise ValueError(
+                "ringattn: position_ids restart within a row (packed documents) but no "
+                "cu_seqlens reached ring attention, which would attend across them: pass "
+                "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
+            )
+        return
+    if pos is not None and pos.dim() == 2 and not bool((pos == pos[:1]).all()):
+        raise ValueError(
+            "ringattn: the rows of a packed batch have different position_ids, but one "
+            "cu_seqlens packs every row: pack each row alike, or run them one at a time"
+        )
+    kind = _length_rope(getattr(module, "config", None))
+    if kind:
+        raise ValueError(
+            f"ringattn: the model scales RoPE by the sequence's length ({kind}); packed "
+            "documents would share one scaling: run them one per sequence"
+        )
+
+
+def _length_rope(config: Any) -> str | None:
+    """The length-dependent RoPE type a config names (rope_parameters, per layer type or
+    one), or None."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return None
+    found = [params] + [v for v in params.values() if isinstance(v, dict)]
+    for entry in found:
+        kind = str(entry.get("rope_type") or entry.get("type") or "")
+        if kind in LENGTH_DEPENDENT_ROPE or "dynamic" in kind:
+            return kind
+    return None
 
 
 def _autocast_inputs(q, k, v):

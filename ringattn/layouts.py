@@ -43,6 +43,7 @@ rows that is a multiple of U.
 
 from __future__ import annotations
 
+import operator
 import zlib
 from collections.abc import Sequence
 
@@ -118,7 +119,12 @@ def _cu_tuple(cu_seqlens) -> tuple[int, ...]:
                 f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
             )
         return tuple(cu_seqlens.tolist())
-    return tuple(int(c) for c in cu_seqlens)
+    try:  # operator.index: an integer of any kind, never a float silently cut (3.9 -> 3)
+        return tuple(operator.index(c) for c in cu_seqlens)
+    except TypeError:
+        raise ValueError(
+            f"cu_seqlens must hold integers [0, l1, l1+l2, ..., N], got {list(cu_seqlens)[:6]!r}"
+        ) from None
 
 
 def pack_sequence(
@@ -159,6 +165,12 @@ def ring_geometry(
             raise ValueError(
                 f"cu_seqlens was packed for a {geo.name!r} ring of {geo.world_size} ranks; "
                 f"this call is a {layout!r} layout over P={world_size} (U={ulysses_degree})"
+            )
+        if geo.rows % max(1, ulysses_degree):  # else each Ulysses rank's share drops rows
+            raise ValueError(
+                f"cu_seqlens was packed for a plain ring ({geo.rows} rows a ring rank, not a "
+                f"multiple of U={ulysses_degree}): pack it with pack_sequence(..., "
+                f"layout={layout!r}, ulysses_degree={ulysses_degree})"
             )
     else:
         geo = pack_sequence(

@@ -119,3 +119,42 @@ def test_length_dependent_rope_is_refused_for_packing():
     with pytest.raises(ValueError, match="scales RoPE by the sequence's length"):
         with ring_settings(layout="zigzag", cu_seqlens=[0, 5], model=model):
             pass
+
+
+def test_packing_that_would_attend_across_documents_is_refused():
+    """Each attended across documents with no error before (0.2 abs off each document alone,
+    from a review): packed position_ids with no cu_seqlens (transformers infers the packing
+    and ringattn dropped it), flash-attn's packing keywords (ignored), rows of a batch packed
+    differently under one cu_seqlens, and length-scaled RoPE given cu_seqlens without the
+    model (only ring_settings(model=...) refused it). One rank (a process group of one)."""
+    assert run_distributed(_packing_refusals, 1) == [True]
+
+
+def _packing_refusals(rank: int, world: int) -> bool:
+    from ringattn.hf import register, ring_settings
+
+    register()
+    model = _model(dict(model_type="llama"), "ringattn")
+    docs, cu = (5, 7, 4), [0, 5, 12, 16]
+    ids = _tokens()[:16][None]
+    pos = torch.cat([torch.arange(n) for n in docs])[None]
+    flat = torch.tensor(cu, dtype=torch.int32)
+    with torch.no_grad(), ring_settings(layout="contiguous"):
+        with pytest.raises(ValueError, match="position_ids restart within a row"):
+            model(input_ids=ids, position_ids=pos, use_cache=False)
+        with pytest.raises(ValueError, match=r"packed-batch keywords \(cu_seq_lens_q"):
+            model(input_ids=ids, position_ids=pos, cu_seq_lens_q=flat, cu_seq_lens_k=flat)
+        model(input_ids=ids, use_cache=False)  # one document: positions never restart
+    rows = torch.cat([pos, torch.cat([torch.arange(8), torch.arange(8)])[None]])
+    with torch.no_grad(), ring_settings(layout="contiguous", cu_seqlens=cu):
+        with pytest.raises(ValueError, match="rows of a packed batch have different"):
+            model(input_ids=ids.expand(2, -1), position_ids=rows, use_cache=False)
+        model(input_ids=ids, position_ids=pos, use_cache=False)
+    dynamic = _model(
+        dict(model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+        "ringattn",
+    )
+    with torch.no_grad(), ring_settings(layout="contiguous", cu_seqlens=cu):
+        with pytest.raises(ValueError, match=r"scales RoPE by the sequence's length \(dynamic"):
+            dynamic(input_ids=ids, position_ids=pos, use_cache=False)
+    return True

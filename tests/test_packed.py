@@ -213,6 +213,29 @@ def test_packing_for_one_ring_refused_on_another():
         )
 
 
+def test_a_plain_rings_packing_is_refused_by_a_hybrid_one_and_floats_are_refused():
+    """A plain ring's packing of 11 rows a rank given to a hybrid layout with U = 2 left
+    token 20 off every rank (each Ulysses rank took 11 // 2 rows); float cu_seqlens were cut
+    (3.9 -> 3). From a review; each is refused by name now."""
+    import numpy as np
+
+    plain = ringattn.pack_sequence([0, 4, 9, 21], world_size=2, layout="zigzag")
+    assert plain.rows == 11
+    with pytest.raises(ValueError, match="not a multiple of U=2.*ulysses_degree=2"):
+        ringattn.shard_sequence(
+            torch.zeros(1, 21),
+            world_size=4,
+            rank=0,
+            layout="hybrid-zigzag",
+            ulysses_degree=2,
+            cu_seqlens=plain,
+        )
+    for cu in ([0, 3.9, 8], np.array([0.0, 3.0, 8.0])):
+        with pytest.raises(ValueError, match="cu_seqlens must hold integers"):
+            ringattn.pack_sequence(cu, world_size=2, layout="zigzag")
+    assert ringattn.pack_sequence(np.array([0, 3, 8]), world_size=2, layout="zigzag").tokens == 8
+
+
 def test_balanced_window_packing_is_exact():
     """A layout balanced for a window (pack_sequence(balance_window=)) computes every window
     exactly; only where documents live changes."""
