@@ -54,7 +54,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .layouts import HYBRID_LAYOUTS
+from .geometry import PAD
+from .layouts import HYBRID_LAYOUTS, packed_tokens, ring_geometry
 from .ring import ring_attention
 
 DEFAULT_NAME = "ringattn"
@@ -265,12 +266,41 @@ def _check_packing(module: torch.nn.Module, kwargs: dict, cu_seqlens: Any) -> No
             "ringattn: the rows of a packed batch have different position_ids, but one "
             "cu_seqlens packs every row: pack each row alike, or run them one at a time"
         )
+    if pos is not None and _setting(kwargs, "ulysses_group") is None:
+        _check_positions_follow(pos, cu_seqlens, kwargs)
     kind = _length_rope(getattr(module, "config", None))
     if kind:
         raise ValueError(
             f"ringattn: the model scales RoPE by the sequence's length ({kind}); packed "
             "documents would share one scaling: run them one per sequence"
         )
+
+
+def _check_positions_follow(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> None:
+    """Within each run of one document on this rank, position_ids go up by one a row (from
+    wherever they start: a document's own positions or the sequence's, RoPE being relative):
+    position_ids that restart inside a document cu_seqlens says is one (restarting at 8 where
+    it says 5) mean the caller's documents and the ring's disagree, which RoPE would turn into
+    wrong numbers with no error."""
+    group = _setting(kwargs, "group")
+    world = _world(group)
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    layout = _setting(kwargs, "layout") or "contiguous"
+    geo = ring_geometry(
+        packed_tokens(cu_seqlens), world_size=world, layout=layout, cu_seqlens=cu_seqlens
+    )
+    steps = pos[..., 1:] - pos[..., :-1]
+    for run in geo.runs[rank]:
+        if run.doc == PAD or run.length < 2:
+            continue
+        inside = steps[..., run.local : run.local + run.length - 1]
+        if not bool((inside == 1).all()):
+            raise ValueError(
+                f"ringattn: position_ids jump inside document {run.doc} of cu_seqlens (local "
+                f"rows {run.local}-{run.local + run.length - 1}): the positions and cu_seqlens "
+                "pack different documents; give each row its position within its document "
+                "(ringattn.document_positions)"
+            )
 
 
 def _length_rope(config: Any) -> str | None:

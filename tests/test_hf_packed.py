@@ -125,8 +125,9 @@ def test_packing_that_would_attend_across_documents_is_refused():
     """Each attended across documents with no error before (0.2 abs off each document alone,
     from a review): packed position_ids with no cu_seqlens (transformers infers the packing
     and ringattn dropped it), flash-attn's packing keywords (ignored), rows of a batch packed
-    differently under one cu_seqlens, and length-scaled RoPE given cu_seqlens without the
-    model (only ring_settings(model=...) refused it). One rank (a process group of one)."""
+    differently under one cu_seqlens, position_ids restarting inside a document cu_seqlens
+    says is one, and length-scaled RoPE given cu_seqlens without the model (only
+    ring_settings(model=...) refused it). One rank (a process group of one)."""
     assert run_distributed(_packing_refusals, 1) == [True]
 
 
@@ -149,7 +150,10 @@ def _packing_refusals(rank: int, world: int) -> bool:
     with torch.no_grad(), ring_settings(layout="contiguous", cu_seqlens=cu):
         with pytest.raises(ValueError, match="rows of a packed batch have different"):
             model(input_ids=ids.expand(2, -1), position_ids=rows, use_cache=False)
+        with pytest.raises(ValueError, match=r"position_ids jump inside document 1 of cu_seq"):
+            model(input_ids=ids, position_ids=rows[1:], use_cache=False)  # restarts at 8
         model(input_ids=ids, position_ids=pos, use_cache=False)
+        model(input_ids=ids, position_ids=torch.arange(16)[None], use_cache=False)  # relative
     dynamic = _model(
         dict(model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
         "ringattn",

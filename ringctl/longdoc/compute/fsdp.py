@@ -66,9 +66,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..model.directory import INDEX_FILE, SINGLE_FILE, check_model_directory
+
 SHARD_MODES = ("none", "ring", "job")
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 
 
 @dataclass(frozen=True)
@@ -461,8 +461,6 @@ def checkpoint_files(path: Path) -> dict[str, Path]:
     """{tensor name: safetensors file} of a model directory (index.json or one file), the
     directory checked first (``directory.check_model_directory``: nothing read from
     elsewhere through a link)."""
-    from ..model.directory import check_model_directory
-
     check_model_directory(path)
     index = path / INDEX_FILE
     if index.is_file():

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...bounded_read import read_regular
-
-MAX_JSON_BYTES = 256 << 20  # tokenizer_config.json with every added token: megabytes
+from .directory import MAX_JSON_BYTES, followed
 
 
 def auto_map(config: Mapping) -> list[str]:
@@ -109,11 +108,10 @@ def _json_object(file: Path) -> dict:
     itself when the ranks load it), a ValueError for one nested too deeply to parse, or that
     is not a regular file (a FIFO hung the submit, /dev/zero filled its memory) or is larger
     than any tokenizer's configuration."""
-    from .directory import followed  # a link only into the model's folder (an HF snapshot)
-
     if not file.exists() and not file.is_symlink():
         return {}
-    raw = read_regular(followed(file), MAX_JSON_BYTES)  # ValueError naming the file
+    # ValueError naming the file; a link only into the model's folder (an HF snapshot)
+    raw = read_regular(followed(file), MAX_JSON_BYTES)
     try:
         data = json.loads(raw)
     except ValueError:

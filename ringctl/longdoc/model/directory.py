@@ -24,7 +24,10 @@ import stat
 from pathlib import Path
 
 from ...bounded_read import read_regular
-from .custom_code import MAX_JSON_BYTES
+
+MAX_JSON_BYTES = 256 << 20  # tokenizer_config.json with every added token: megabytes
+INDEX_FILE = "model.safetensors.index.json"  # the weights: sharded, or in one file
+SINGLE_FILE = "model.safetensors"
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER_FILES = "fast_tokenizer_files"

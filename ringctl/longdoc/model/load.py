@@ -246,8 +246,7 @@ def _pretrained(directory: Path, config, dtype: torch.dtype, attn_implementation
     where an index lies beside it (sharded loading reads the index): each refused by name."""
     from transformers import AutoModelForCausalLM
 
-    from ..compute.fsdp import INDEX_FILE, SINGLE_FILE
-    from .directory import check_model_directory
+    from .directory import INDEX_FILE, SINGLE_FILE, check_model_directory
 
     check_model_directory(directory)  # no file of it read from elsewhere
     if (directory / INDEX_FILE).exists() and (directory / SINGLE_FILE).exists():
