@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -251,23 +252,10 @@ def _check_packing(module: torch.nn.Module, kwargs: dict, cu_seqlens: Any) -> No
             "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
         )
     pos = kwargs.get("position_ids")
-    if not isinstance(pos, torch.Tensor) or pos.shape[-1] < 2:
-        pos = None
+    if isinstance(pos, torch.Tensor) and pos.shape[-1] > 1:
+        _check_positions_once(pos, cu_seqlens, kwargs)
     if cu_seqlens is None:
-        if pos is not None and bool((pos[..., 1:] < pos[..., :-1]).any()):
-            raise ValueError(
-                "ringattn: position_ids restart within a row (packed documents) but no "
-                "cu_seqlens reached ring attention, which would attend across them: pass "
-                "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
-            )
         return
-    if pos is not None and pos.dim() == 2 and not bool((pos == pos[:1]).all()):
-        raise ValueError(
-            "ringattn: the rows of a packed batch have different position_ids, but one "
-            "cu_seqlens packs every row: pack each row alike, or run them one at a time"
-        )
-    if pos is not None and _setting(kwargs, "ulysses_group") is None:
-        _check_positions_follow(pos, cu_seqlens, kwargs)
     kind = _length_rope(getattr(module, "config", None))
     if kind:
         raise ValueError(
@@ -276,12 +264,44 @@ def _check_packing(module: torch.nn.Module, kwargs: dict, cu_seqlens: Any) -> No
         )
 
 
-def _check_positions_follow(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> None:
+# The position_ids last checked (a weak reference, its version) and the settings they were
+# checked under: every attention layer of one forward gets the same tensor, which is checked
+# once, not once a layer (each check waits for the device).
+_POSITIONS_CHECKED: list = [None]
+_PACKING_SETTINGS = ("group", "layout", "ulysses_group")  # what else the check depends on
+
+
+def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> None:
+    """position_ids against the packing, once per tensor: restarting within a row with no
+    cu_seqlens (documents packed without saying so, attended across); under cu_seqlens, rows
+    of a batch that differ, or a jump inside a document it packs (``_position_jump``)."""
+    key = (pos._version, *(_setting(kwargs, s) for s in _PACKING_SETTINGS))
+    last = _POSITIONS_CHECKED[0]
+    if last is not None and last[0]() is pos and last[1] is cu_seqlens and last[2] == key:
+        return
+    if cu_seqlens is None:
+        if bool((pos[..., 1:] < pos[..., :-1]).any()):
+            raise ValueError(
+                "ringattn: position_ids restart within a row (packed documents) but no "
+                "cu_seqlens reached ring attention, which would attend across them: pass "
+                "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
+            )
+    elif pos.dim() == 2 and not bool((pos == pos[:1]).all()):
+        raise ValueError(
+            "ringattn: the rows of a packed batch have different position_ids, but one "
+            "cu_seqlens packs every row: pack each row alike, or run them one at a time"
+        )
+    elif _setting(kwargs, "ulysses_group") is None:
+        _position_jump(pos, cu_seqlens, kwargs)
+    _POSITIONS_CHECKED[0] = (weakref.ref(pos), cu_seqlens, key)
+
+
+def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> None:
     """Within each run of one document on this rank, position_ids go up by one a row (from
     wherever they start: a document's own positions or the sequence's, RoPE being relative):
     position_ids that restart inside a document cu_seqlens says is one (restarting at 8 where
     it says 5) mean the caller's documents and the ring's disagree, which RoPE would turn into
-    wrong numbers with no error."""
+    wrong numbers with no error. One comparison over the rows (one wait for the device)."""
     group = _setting(kwargs, "group")
     world = _world(group)
     rank = dist.get_rank(group) if dist.is_initialized() else 0
@@ -289,18 +309,18 @@ def _check_positions_follow(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) ->
     geo = ring_geometry(
         packed_tokens(cu_seqlens), world_size=world, layout=layout, cu_seqlens=cu_seqlens
     )
+    runs = [r for r in geo.runs[rank] if r.doc != PAD and r.length > 1]
     steps = pos[..., 1:] - pos[..., :-1]
-    for run in geo.runs[rank]:
-        if run.doc == PAD or run.length < 2:
-            continue
-        inside = steps[..., run.local : run.local + run.length - 1]
-        if not bool((inside == 1).all()):
-            raise ValueError(
-                f"ringattn: position_ids jump inside document {run.doc} of cu_seqlens (local "
-                f"rows {run.local}-{run.local + run.length - 1}): the positions and cu_seqlens "
-                "pack different documents; give each row its position within its document "
-                "(ringattn.document_positions)"
-            )
+    step_ok = (steps == 1).reshape(-1, steps.shape[-1]).all(0).cpu()  # row i -> i + 1
+    bad = next((r for r in runs if not bool(step_ok[r.local : r.local + r.length - 1].all())), None)
+    if bad is None:
+        return
+    raise ValueError(
+        f"ringattn: position_ids jump inside document {bad.doc} of cu_seqlens (local "
+        f"rows {bad.local}-{bad.local + bad.length - 1}): the positions and cu_seqlens "
+        "pack different documents; give each row its position within its document "
+        "(ringattn.document_positions)"
+    )
 
 
 def _length_rope(config: Any) -> str | None:
@@ -312,7 +332,7 @@ def _length_rope(config: Any) -> str | None:
     found = [params] + [v for v in params.values() if isinstance(v, dict)]
     for entry in found:
         kind = str(entry.get("rope_type") or entry.get("type") or "")
-        if kind in LENGTH_DEPENDENT_ROPE or "dynamic" in kind:
+        if scales_with_length(kind):
             return kind
     return None
 
@@ -355,6 +375,11 @@ def _hybrid(module, q, k, v, scaling, layout, ulysses, ring, sinks, window, cu_s
     )
 
 
+def scales_with_length(rope_type: str) -> bool:
+    """Whether a RoPE type's frequencies depend on the sequence's length."""
+    return rope_type in LENGTH_DEPENDENT_ROPE or "dynamic" in rope_type
+
+
 def rope_types(module: torch.nn.Module) -> dict[str, str]:
     """{attribute prefix: rope type} of a rotary-embedding module ({} for anything else)."""
     kind = getattr(module, "rope_type", None)
@@ -387,7 +412,7 @@ def _global_rope_hooks(model: torch.nn.Module, seq_len: int) -> list:
     hooks = []
     for module in model.modules():
         types = rope_types(module)
-        if not any(t in LENGTH_DEPENDENT_ROPE or "dynamic" in t for t in types.values()):
+        if not any(scales_with_length(t) for t in types.values()):
             continue
 
         def before(mod, args, kwargs, _types=types):
@@ -444,9 +469,7 @@ def ring_settings(
 def _refuse_packed_length_rope(model: torch.nn.Module) -> None:
     """RoPE scaled by the sequence's length cannot serve a pack: each document needs its own."""
     for module in model.modules():
-        kinds = [
-            t for t in rope_types(module).values() if t in LENGTH_DEPENDENT_ROPE or "dynamic" in t
-        ]
+        kinds = [t for t in rope_types(module).values() if scales_with_length(t)]
         if kinds:
             raise ValueError(
                 f"ringattn: {type(module).__name__} scales RoPE by the sequence's length "
