@@ -26,7 +26,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from ..bounded_read import regular_file
+from ..bounded_read import read_regular, regular_file
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30
@@ -68,10 +68,9 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_metadata(folder: Path) -> Metadata:
     """The checkpoint's ``.metadata``, unpickled through the allow-list and checked."""
     path = folder / METADATA
-    if regular_file(path).st_size > MAX_METADATA_BYTES:
-        raise Refused(f"{path}: over {MAX_METADATA_BYTES >> 20} MiB; not a checkpoint's")
+    raw = read_regular(path, MAX_METADATA_BYTES)  # a regular file, no link: ValueError naming it
     try:
-        metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        metadata = _MetadataUnpickler(io.BytesIO(raw)).load()
     except Exception as err:  # any malformed pickle: one line, naming the file
         raise Refused(f"{path}: not a checkpoint's metadata ({err})") from None
     if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
@@ -97,10 +96,14 @@ def _check_entry(folder: Path, where: Path, entry) -> None:
 
 
 class _Reader(FileSystemReader):
-    """DCP's file reader with the metadata read by ``read_metadata``."""
+    """DCP's file reader handing out the metadata ``read_metadata`` read and checked."""
+
+    def __init__(self, folder: Path, metadata: Metadata) -> None:
+        super().__init__(folder)
+        self._checked = metadata
 
     def read_metadata(self, *args) -> Metadata:  # no kwargs: no fallback to per-rank files
-        metadata = read_metadata(Path(self.path))
+        metadata = self._checked
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -126,9 +129,10 @@ def load(state: dict, folder: Path, **kwargs) -> None:
     process_group or no_dist, as dcp.load takes them)."""
     import torch.distributed.checkpoint as dcp
 
-    read_metadata(folder)  # refused here, by name, rather than through DCP's fallbacks
+    metadata = read_metadata(folder)  # refused here, by name, not through DCP's fallbacks
     try:
-        dcp.load(state, storage_reader=_Reader(folder), planner=_Planner(), **kwargs)
+        reader = _Reader(folder, metadata)
+        dcp.load(state, storage_reader=reader, planner=_Planner(), **kwargs)
     except CheckpointException as err:
         failures = getattr(err, "failures", {}) or {}
         first = next(iter(failures.values()), err)
