@@ -37,8 +37,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ...bounded_read import read_regular
-
 _OWN_ATTENTION = (
     "computes attention in its own code, not through transformers' attention interface, so "
     "ring attention would never run"
@@ -354,7 +352,7 @@ def context_note(config: Any, n_tokens: int) -> str:
 
 def _read_config_file(model_path: str | Path | None) -> dict:
     """A model path's config.json (a GGUF file's: its conversion's, made first if missing)."""
-    from .directory import followed
+    from .directory import read_model_file
     from .gguf_file import converted, is_gguf
 
     if model_path is None:
@@ -366,9 +364,7 @@ def _read_config_file(model_path: str | Path | None) -> dict:
     if not path.exists() and not path.is_symlink():
         raise ValueError(f"{path}: no model config here")
     try:
-        # a FIFO or /dev/zero: named; a link only into the model's own folder (a Hugging
-        # Face cache snapshot's files are links to its blobs)
-        data = json.loads(read_regular(followed(path), MAX_CONFIG_BYTES))
+        data = json.loads(read_model_file(path, MAX_CONFIG_BYTES))  # a FIFO, /dev/zero: named
     except ValueError as err:
         said = str(err)
         raise ValueError(

@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...bounded_read import read_regular
-from .directory import MAX_JSON_BYTES, followed
+from .directory import read_model_file
 
 
 def auto_map(config: Mapping) -> list[str]:
@@ -110,8 +109,7 @@ def _json_object(file: Path) -> dict:
     than any tokenizer's configuration."""
     if not file.exists() and not file.is_symlink():
         return {}
-    # ValueError naming the file; a link only into the model's folder (an HF snapshot)
-    raw = read_regular(followed(file), MAX_JSON_BYTES)
+    raw = read_model_file(file)  # ValueError naming the file
     try:
         data = json.loads(raw)
     except ValueError:

@@ -73,6 +73,13 @@ def followed(entry: Path, root: Path | None = None) -> Path:
     return target
 
 
+def read_model_file(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
+    """A model directory's file (config.json, tokenizer_config.json), read as hostile: a
+    regular file within ``limit`` bytes, through a link only into the model's own folder (a
+    Hugging Face cache snapshot's files are links to its blobs). ValueError naming it."""
+    return read_regular(followed(path), limit)
+
+
 def _check_entry(entry: Path, root: Path) -> None:
     followed(entry, root)
     try:
@@ -88,7 +95,7 @@ def _check_tokenizer_names(directory: Path) -> None:
     if not path.exists():
         return
     try:
-        config = json.loads(read_regular(followed(path), MAX_JSON_BYTES))
+        config = json.loads(read_model_file(path))
     except (ValueError, RecursionError):
         return  # not this check's: the tokenizer's own loading reports it
     if not isinstance(config, dict):
