@@ -56,7 +56,8 @@ import torch
 import torch.distributed as dist
 
 from .geometry import PAD
-from .layouts import HYBRID_LAYOUTS, packed_tokens, ring_geometry
+from .hybrid import hybrid_rank
+from .layouts import HYBRID_LAYOUTS, local_rows, packed_tokens, ring_geometry
 from .ring import ring_attention
 
 DEFAULT_NAME = "ringattn"
@@ -291,7 +292,7 @@ def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> N
             "ringattn: the rows of a packed batch have different position_ids, but one "
             "cu_seqlens packs every row: pack each row alike, or run them one at a time"
         )
-    elif _setting(kwargs, "ulysses_group") is None:
+    else:
         _position_jump(pos, cu_seqlens, kwargs)
     _POSITIONS_CHECKED[0] = (weakref.ref(pos), cu_seqlens, key)
 
@@ -302,25 +303,43 @@ def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> None:
     position_ids that restart inside a document cu_seqlens says is one (restarting at 8 where
     it says 5) mean the caller's documents and the ring's disagree, which RoPE would turn into
     wrong numbers with no error. One comparison over the rows (one wait for the device)."""
-    group = _setting(kwargs, "group")
-    world = _world(group)
-    rank = dist.get_rank(group) if dist.is_initialized() else 0
-    layout = _setting(kwargs, "layout") or "contiguous"
-    geo = ring_geometry(
-        packed_tokens(cu_seqlens), world_size=world, layout=layout, cu_seqlens=cu_seqlens
-    )
-    runs = [r for r in geo.runs[rank] if r.doc != PAD and r.length > 1]
     steps = pos[..., 1:] - pos[..., :-1]
     step_ok = (steps == 1).reshape(-1, steps.shape[-1]).all(0).cpu()  # row i -> i + 1
-    bad = next((r for r in runs if not bool(step_ok[r.local : r.local + r.length - 1].all())), None)
-    if bad is None:
-        return
-    raise ValueError(
-        f"ringattn: position_ids jump inside document {bad.doc} of cu_seqlens (local "
-        f"rows {bad.local}-{bad.local + bad.length - 1}): the positions and cu_seqlens "
-        "pack different documents; give each row its position within its document "
-        "(ringattn.document_positions)"
+    for doc, first, last in _document_runs(cu_seqlens, kwargs):
+        if not bool(step_ok[first:last].all()):
+            raise ValueError(
+                f"ringattn: position_ids jump inside document {doc} of cu_seqlens (local "
+                f"rows {first}-{last}): the positions and cu_seqlens pack different "
+                "documents; give each row its position within its document "
+                "(ringattn.document_positions)"
+            )
+
+
+def _document_runs(cu_seqlens: Any, kwargs: dict) -> Iterator[tuple[int, int, int]]:
+    """(document, first local row, last local row) of each run of one document, two rows or
+    more, on this rank: a plain ring's rank, or a hybrid grid's member (its share of its ring
+    rank's rows, as ``ringattn.layouts.sequence_positions`` gives it)."""
+    ring, ulysses = _setting(kwargs, "group"), _setting(kwargs, "ulysses_group")
+    degree = 1 if ulysses is None else _world(ulysses)
+    world = _world(ring) * degree
+    if ulysses is not None:
+        rank = hybrid_rank(ulysses, ring)
+    else:
+        rank = dist.get_rank(ring) if dist.is_initialized() else 0
+    layout = _setting(kwargs, "layout") or "contiguous"
+    geo = ring_geometry(
+        packed_tokens(cu_seqlens),
+        world_size=world,
+        layout=layout,
+        ulysses_degree=degree,
+        cu_seqlens=cu_seqlens,
     )
+    ring_rank, rows = local_rows(geo, world, rank, degree)
+    for run in geo.runs[ring_rank]:
+        first = max(run.local, rows.start) - rows.start
+        last = min(run.local + run.length, rows.stop) - 1 - rows.start
+        if run.doc != PAD and last > first:
+            yield run.doc, first, last
 
 
 def _length_rope(config: Any) -> str | None:

@@ -184,7 +184,7 @@ def ring_geometry(
     return geo
 
 
-def _local_rows(geo: SequenceLayout, world_size: int, rank: int, ulysses_degree: int):
+def local_rows(geo: SequenceLayout, world_size: int, rank: int, ulysses_degree: int):
     """(ring rank, the slice of its rows this hybrid rank holds)."""
     _, ring_rank, ulysses_rank = hybrid_grid(world_size, ulysses_degree, rank)
     piece = geo.rows // ulysses_degree
@@ -213,7 +213,7 @@ def sequence_positions(
         ulysses_degree=ulysses_degree,
         cu_seqlens=cu_seqlens,
     )
-    ring_rank, rows = _local_rows(geo, world_size, rank, ulysses_degree)
+    ring_rank, rows = local_rows(geo, world_size, rank, ulysses_degree)
     return torch.tensor(geo.positions(ring_rank)[rows], dtype=torch.long)
 
 
@@ -234,7 +234,7 @@ def document_positions(
         ulysses_degree=ulysses_degree,
         cu_seqlens=cu_seqlens,
     )
-    ring_rank, rows = _local_rows(geo, world_size, rank, ulysses_degree)
+    ring_rank, rows = local_rows(geo, world_size, rank, ulysses_degree)
     return torch.tensor(geo.document_positions(ring_rank)[rows], dtype=torch.long)
 
 

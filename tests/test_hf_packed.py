@@ -89,25 +89,65 @@ def _ranks(rank: int, world: int) -> dict:
 
 def test_packed_documents_equal_each_document_alone():
     per_rank = run_distributed(_ranks, 2)
-    ids, cu = _tokens(), _cu()
     for name, spec in MODELS.items():
-        vocab = BASE["vocab_size"]
-        full = torch.full((sum(DOCS), vocab), float("nan"))
-        for r in per_rank:
-            logits, positions = r[name]
-            keep = positions >= 0
-            full[positions[keep]] = logits[keep]
-        attn = "eager" if spec["model_type"] == "gpt_oss" else "sdpa"
-        model = _model(spec, attn)
-        worst = 0.0
-        for a, b in zip(cu, cu[1:], strict=False):
-            if b - a < 2:  # a one-token document predicts nothing
-                continue
-            with torch.no_grad():
-                alone = model(input_ids=ids[None, a:b], use_cache=False).logits[0]
-            err = (_logprobs(full[a:b], ids[a:b]) - _logprobs(alone, ids[a:b])).abs().max()
-            worst = max(worst, float(err))
-        assert worst <= TOL, f"{name}: {worst:.2e} > {TOL}"
+        _assert_each_document_alone(name, spec, [r[name] for r in per_rank])
+
+
+def _assert_each_document_alone(name: str, spec: dict, shards: list) -> None:
+    """Every document's log-probabilities from the ranks' (logits, global rows) shards equal
+    that document alone through the model's own attention, within TOL."""
+    ids, cu = _tokens(), _cu()
+    full = torch.full((sum(DOCS), BASE["vocab_size"]), float("nan"))
+    for logits, positions in shards:
+        keep = positions >= 0
+        full[positions[keep]] = logits[keep]
+    attn = "eager" if spec["model_type"] == "gpt_oss" else "sdpa"
+    model = _model(spec, attn)
+    worst = 0.0
+    for a, b in zip(cu, cu[1:], strict=False):
+        if b - a < 2:  # a one-token document predicts nothing
+            continue
+        with torch.no_grad():
+            alone = model(input_ids=ids[None, a:b], use_cache=False).logits[0]
+        err = (_logprobs(full[a:b], ids[a:b]) - _logprobs(alone, ids[a:b])).abs().max()
+        worst = max(worst, float(err))
+    assert worst <= TOL, f"{name}: {worst:.2e} > {TOL}"
+
+
+def test_hybrid_packing_is_exact_and_position_jumps_are_refused():
+    """A 2-rank Ulysses grid (U = 2): packed documents through the Hugging Face path equal each
+    document alone, and position_ids from another packing (restarting inside a document the
+    ring's cu_seqlens says is one, on each member's share of its rows) are refused by name.
+    Before, a hybrid grid's position_ids were not checked against cu_seqlens (plain rings'
+    were): the wrong positions ran, RoPE off, exit 0."""
+    per_rank = run_distributed(_hybrid_ranks, 2)
+    assert all(refused for _, refused in per_rank)
+    _assert_each_document_alone("llama, hybrid U=2", MODELS["llama"], [s for s, _ in per_rank])
+
+
+def _hybrid_ranks(rank: int, world: int):
+    import ringattn
+    from ringattn.hf import register, ring_settings
+    from ringattn.hybrid import hybrid_groups
+
+    register()
+    groups = hybrid_groups(2)
+    ids, cu, layout = _tokens(), _cu(), "hybrid-zigzag"
+    kw = dict(world_size=world, rank=groups.rank, layout=layout, ulysses_degree=2)
+    packing = ringattn.pack_sequence(cu, world_size=world, layout=layout, ulysses_degree=2)
+    shard_ids = ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw)
+    positions = ringattn.document_positions(packing, **kw).clamp(min=0)
+    wrong = torch.arange(positions.numel()) % 3  # restarts every third row
+    model = _model(MODELS["llama"], "ringattn")
+    settings = dict(group=groups.ring, ulysses_group=groups.ulysses, layout=layout)
+    with torch.no_grad(), ring_settings(cu_seqlens=packing, **settings):
+        with pytest.raises(ValueError, match=r"position_ids jump inside document \d+ of cu_"):
+            model(input_ids=shard_ids[None], position_ids=wrong[None], use_cache=False)
+        logits = model(
+            input_ids=shard_ids[None], position_ids=positions[None], use_cache=False
+        ).logits[0]
+    rows = ringattn.sequence_positions(sum(DOCS), cu_seqlens=packing, **kw)
+    return (logits, rows), True
 
 
 def test_length_dependent_rope_is_refused_for_packing():
