@@ -55,7 +55,9 @@ def _run(rank: int, world: int, ckroot: str, shard: bool, start: int, stop: int,
         for seqs in _steps()[start:stop]
     ]
     if save:
-        state = train_state(stop, {"epoch": 0, "index": 0, "offset": 0}, sched.state_dict(), {})
+        state = train_state(
+            stop, {"epoch": 0, "index": 0, "offset": 0, "held": ""}, sched.state_dict(), {}
+        )
         save_ckpt(model, opt, ckdir, stop, state, keep=2, metrics=Path(ckroot) / "none.jsonl")
     weights = {
         n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
@@ -203,7 +205,7 @@ def test_a_checkpoint_reads_no_file_outside_its_folder(tmp_path):
 def _complete(folder, step: int) -> None:
     folder.mkdir()
     (folder / ".metadata").write_bytes(b"")
-    cursor = {"epoch": 0, "index": 0, "offset": 0}
+    cursor = {"epoch": 0, "index": 0, "offset": 0, "held": ""}
     (folder / "train_state.json").write_text(
         json.dumps({"step": step, "cursor": cursor, "scheduler": {}, "run": {}})
     )
@@ -233,7 +235,7 @@ def test_a_train_states_schedule_and_cursor_are_checked_against_the_job():
     """A schedule read back with NaN rates, another step, missing keys or state for the
     factor was loaded as it came (a NaN learning rate, a restarted warmup, a traceback);
     a cursor past the documents raised IndexError mid-run. Each is named instead."""
-    from ringctl.train.data import Cursor, SequenceStream
+    from ringctl.train.data import Cursor, SequenceStream, token_digest
     from ringctl.train.optim import make_optimizer, make_scheduler, scheduler_state_problem
 
     opt = make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, weight_decay=0.1)
@@ -256,10 +258,11 @@ def test_a_train_states_schedule_and_cursor_are_checked_against_the_job():
 
     docs = [torch.arange(5), torch.arange(3)]
     stream = SequenceStream(lambda i: docs[i], count=2, seq_len=4, seed=0)
-    assert stream.check(Cursor(0, 1, 2)) is None
+    held = token_digest(docs[stream._order(0)[1]])
+    assert stream.check(Cursor(0, 1, 2, held)) is None
     assert stream.check(Cursor(0, 2, 0)) == "document 2 of an epoch of 2"
     length = len(docs[stream._order(0)[1]])
-    assert stream.check(Cursor(0, 1, length)) == f"token {length} of a document of {length}"
+    assert stream.check(Cursor(0, 1, length, held)) == f"token {length} of a document of {length}"
 
 
 def test_gather_reads_the_checkpoints_model_config_as_hostile(tmp_path):

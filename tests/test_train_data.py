@@ -67,10 +67,30 @@ def test_a_bad_cursor_is_refused():
         {"epoch": 0, "index": -1, "offset": 0},
         {"epoch": 0},
         [],
-        {"epoch": True, "index": 0, "offset": 0},
+        {"epoch": True, "index": 0, "offset": 0, "held": ""},
+        {"epoch": 0, "index": 0, "offset": 3, "held": ""},  # cut, but no digest of what
+        {"epoch": 0, "index": 0, "offset": 0, "held": "0" * 32},
+        {"epoch": 0, "index": 0, "offset": 3, "held": "Z" * 32},
     ):
         with pytest.raises(ValueError, match="cursor"):
             Cursor.from_dict(bad)
+
+
+def test_a_cut_document_edited_before_the_resume_is_refused():
+    """A checkpoint taken inside a document keeps the digest of its tokens: the same size
+    with other tokens (which the listing's key-and-size signature cannot see) would continue
+    the document from other text, silently. Refused, naming the token and the document."""
+    _, cursor = _stream().take(Cursor(), 3)
+    assert cursor.offset > 0 and Cursor.from_dict(cursor.to_dict()) == cursor
+    assert _stream().check(cursor) is None
+    edited = list(DOCS)
+    doc = epoch_order(len(DOCS), 0, cursor.epoch)[cursor.index]
+    edited[doc] = DOCS[doc].flip(0)
+    stream = SequenceStream(lambda i: edited[i], len(edited), 8, 0)
+    assert stream.check(cursor) == (
+        f"token {cursor.offset} of document {doc} of the listing, whose tokens changed since "
+        "its first part was trained on (the rest would come from other text)"
+    )
 
 
 def test_rings_share_a_step_in_order():

@@ -22,7 +22,10 @@ Sequence g of the run is the g-th of this stream; optimizer step s trains on seq
 the epoch's order, tokens of that document already used) is where the stream stands; the
 checkpoint keeps it, so a resumed run packs exactly what the uninterrupted one would have,
 provided the documents are the same ones: the checkpoint also keeps ``listing_signature`` of
-them (a file added to an input folder reshuffles every epoch), and a resume checks it.
+them (a file added to an input folder reshuffles every epoch), and a resume checks it, and the
+cursor keeps the digest of the document it stands inside (``Cursor.held``: its continuation
+must come from the same tokens). Documents the cursor has not reached are read as they are
+when reached, as an uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -40,25 +43,50 @@ IGNORE = -100  # a row with no label (cross_entropy's ignore_index)
 @dataclass(frozen=True)
 class Cursor:
     """Where the stream stands: document ``index`` of epoch ``epoch``'s order, ``offset``
-    tokens into it."""
+    tokens into it. ``held``: when ``offset`` > 0, the digest of that document's token ids
+    (``token_digest``), "" otherwise. A resume continues the document from ``offset``, which
+    means the same text only if its tokens are the ones cut: an edit to the same size passes
+    ``listing_signature``, and the continuation would come from other text (refused)."""
 
     epoch: int = 0
     index: int = 0
     offset: int = 0
+    held: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> Cursor:
-        fields = {"epoch", "index", "offset"}
+        fields = {"epoch", "index", "offset", "held"}
         if not isinstance(data, dict) or set(data) != fields:
             raise ValueError(f"a data cursor has exactly the keys {sorted(fields)}: got {data!r}")
         values = {k: data[k] for k in fields}
-        for value in values.values():
+        for key in ("epoch", "index", "offset"):
+            value = values[key]
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"a data cursor holds non-negative integers: got {data!r}")
+        held = values["held"]
+        digest = isinstance(held, str) and len(held) == DIGEST_CHARS and _is_hex(held)
+        if not (held == "" if values["offset"] == 0 else digest):
+            raise ValueError(
+                'a data cursor\'s held is a token digest when offset > 0 and "" when it is 0: '
+                f"got {data!r}"
+            )
         return cls(**values)
+
+
+DIGEST_CHARS = 32
+
+
+def token_digest(tokens: torch.Tensor) -> str:
+    """A document's token ids, hashed (sha256, int64 little-endian, first 32 hex digits)."""
+    raw = tokens.reshape(-1).to(torch.int64).contiguous().numpy().astype("<i8").tobytes()
+    return hashlib.sha256(raw).hexdigest()[:DIGEST_CHARS]
+
+
+def _is_hex(text: str) -> bool:
+    return all(ch in "0123456789abcdef" for ch in text)
 
 
 @dataclass
@@ -90,7 +118,9 @@ def listing_signature(documents) -> str:
     """The documents' identity as the stream sees them, cheaply: each one's key and size in
     listing order (the order ``epoch_order`` shuffles), hashed. A document added, removed,
     renamed, reordered or resized changes it; one edited in place to the same size does not
-    (reading every document again at each resume is what that would take)."""
+    (reading every document again at each resume is what that would take): the one a resume
+    continues inside is checked by its tokens (``Cursor.held``), the others are read as they
+    are when the stream reaches them, as in a run never interrupted."""
     digest = hashlib.sha256()
     for doc in documents:
         digest.update(f"{doc.key}\t{doc.nbytes}\n".encode())
@@ -128,9 +158,15 @@ class SequenceStream:
         cursor read back from a checkpoint must name a document and a token of it."""
         if cursor.index >= self.count:
             return f"document {cursor.index} of an epoch of {self.count}"
-        length = len(self._document(self._order(cursor.epoch)[cursor.index]))
-        if cursor.offset and cursor.offset >= length:
-            return f"token {cursor.offset} of a document of {length}"
+        doc = self._order(cursor.epoch)[cursor.index]
+        tokens = self._document(doc)
+        if cursor.offset and cursor.offset >= len(tokens):
+            return f"token {cursor.offset} of a document of {len(tokens)}"
+        if cursor.offset and cursor.held != token_digest(tokens):
+            return (
+                f"token {cursor.offset} of document {doc} of the listing, whose tokens changed "
+                "since its first part was trained on (the rest would come from other text)"
+            )
         return None
 
     def take(self, cursor: Cursor, count: int) -> tuple[list[PackedSequence], Cursor]:
@@ -158,7 +194,8 @@ class SequenceStream:
             if cursor.offset + take == len(tokens):
                 cursor = self._next(cursor)
             else:
-                cursor = Cursor(cursor.epoch, cursor.index, cursor.offset + take)
+                held = cursor.held or token_digest(tokens)
+                cursor = Cursor(cursor.epoch, cursor.index, cursor.offset + take, held)
         return _sequence(pieces, docs), cursor
 
     def _next(self, cursor: Cursor) -> Cursor:
