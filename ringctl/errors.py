@@ -49,3 +49,13 @@ def write_failure(err: BaseException) -> str | None:
         return None
     where = f"{err.filename}: " if err.filename is not None else ""
     return f"{where}{err.strerror or err}"
+
+
+def naming(path: str | Path, said: str, *, within: str | Path | None = None, what: str = "") -> str:
+    """``said`` as a line that names the file: unchanged when it starts with ``within``
+    (default ``path``: the reader below named it already), else ``"PATH: said"``, or
+    ``"PATH: what (said)"`` given ``what``. Readers that name their file are wrapped by callers
+    that add context; this keeps the file named once."""
+    if said.startswith(str(within if within is not None else path)):
+        return said
+    return f"{path}: {what} ({said})" if what else f"{path}: {said}"

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ..bounded_read import read_regular, regular_file
+from ..errors import naming
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30
@@ -139,7 +140,7 @@ def load(state: dict, folder: Path, **kwargs) -> None:
         cause = first[0] if isinstance(first, tuple) else first
         if isinstance(cause, ValueError):  # ours
             said = str(cause)
-            raise Refused(said if said.startswith(str(folder)) else f"{folder}: {said}") from None
+            raise Refused(naming(folder, said)) from None
         raise Refused(f"{folder}: cannot be loaded ({_one_line(cause)})") from None
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bounded_read import read_regular
-from ..errors import UserError, with_filename
+from ..errors import UserError, naming, with_filename
 from ..jobdir import JobDir
 from ..output_dir import (
     beside,
@@ -125,7 +125,7 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
         checkpoint.load_weights(model, found)
     except (ValueError, TypeError, KeyError) as err:
         said = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        raise UserError(said if said.startswith(str(found.path)) else f"{path}: {said}") from None
+        raise UserError(naming(path, said, within=found.path)) from None
     model.save_pretrained(where, safe_serialization=True)
     if tokenizer is not None:
         from ..longdoc.model.tokenize import TOKENIZER_FILES
@@ -146,8 +146,7 @@ def _model_config(path: Path) -> dict:
     except RecursionError:
         raise UserError(f"{path}: not a model config (nested too deeply)") from None
     except ValueError as err:
-        said = str(err)
-        raise UserError(said if said.startswith(str(path)) else f"{path}: {said}") from None
+        raise UserError(naming(path, str(err))) from None
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise UserError(f"{path}: a model config is a JSON object with a model_type")
     for key in ("auto_map", "attn_implementation"):

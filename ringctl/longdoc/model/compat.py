@@ -37,6 +37,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ...errors import naming
+
 _OWN_ATTENTION = (
     "computes attention in its own code, not through transformers' attention interface, so "
     "ring attention would never run"
@@ -366,10 +368,7 @@ def _read_config_file(model_path: str | Path | None) -> dict:
     try:
         data = json.loads(read_model_file(path, MAX_CONFIG_BYTES))  # a FIFO, /dev/zero: named
     except ValueError as err:
-        said = str(err)
-        raise ValueError(
-            said if said.startswith(str(path)) else f"{path}: unreadable model config ({err})"
-        ) from None
+        raise ValueError(naming(path, str(err), what="unreadable model config")) from None
     except RecursionError:  # json's parser recurses once per level of nesting
         raise ValueError(f"{path}: unreadable model config (nested too deeply to parse)") from None
     if not isinstance(data, dict):
