@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from . import sbatch
+from . import job_yaml, sbatch
 from .backends import BACKENDS, config_sections
 from .errors import UserError
 from .sbatch import slurm_time_seconds
@@ -198,25 +198,32 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> D
     from .resources import find_job
 
     path = find_job(path)
-    try:
-        raw = OmegaConf.load(path)
-    except Exception as err:  # yaml.YAMLError and friends
-        detail = str(err).strip().splitlines()
-        raise UserError(f"{path}: not valid YAML: {' '.join(s.strip() for s in detail)}") from None
-    if not isinstance(raw, DictConfig):
+    data = job_yaml.load_file(path)
+    if not isinstance(data, dict):
         raise UserError(f"{path}: a job file must be a YAML mapping of keys to values")
+    try:
+        raw = OmegaConf.create(data)
+    except OmegaConfBaseException as err:
+        raise UserError(f"{path}: {_first_line(err)}") from None
     layers: list[tuple[str, DictConfig]] = [(str(path), raw)]
     for item in overrides:
-        if "=" not in item or item.startswith("="):
-            raise UserError(f"override {item!r} is not of the form key=value (e.g. nodes=4)")
-        try:
-            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
-        except OmegaConfBaseException as err:
-            raise UserError(f"override {item!r}: {_first_line(err)}") from None
-        except Exception as err:  # the value is parsed as YAML
-            detail = " ".join(str(err).split())
-            raise UserError(f"override {item!r}: not a valid value: {detail}") from None
+        layers.append((f"override {item!r}", _override(item)))
     return _build(layers)
+
+
+def _override(item: str) -> DictConfig:
+    """``key=value`` as a one-key config; the value read by the job file's YAML rules."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"override {item!r} is not of the form key=value (e.g. nodes=4)")
+    source = f"override {item!r}"
+    value = job_yaml.load_text(text, source, what="not a valid value")
+    layer = OmegaConf.create()
+    try:
+        OmegaConf.update(layer, key, value, force_add=True)
+    except OmegaConfBaseException as err:
+        raise UserError(f"{source}: {_first_line(err)}") from None
+    return layer
 
 
 def load_job_from_dict(data: dict, *, source: str) -> DictConfig:
@@ -260,9 +267,72 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
             f"(set {'them' if len(missing) > 1 else 'it'} in the file or on the command line, "
             f"e.g. {missing[0]}=...)"
         )
+    _check_text_given_as_text(cfg, prepared)
     _check(cfg, lambda key: _source_of(prepared, key))
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _check_text_given_as_text(cfg: DictConfig, layers: list[tuple[str, DictConfig]]) -> None:
+    """A text field (a partition, an env var's value, a module) given a YAML boolean, float,
+    list or mapping: the schema would turn it into Python's spelling of it (``yes`` -> True,
+    ``false`` -> ``export X=False``, ``[0, 1]`` -> ``'[0, 1]'``, ``1e3`` -> ``1000.0``), which is
+    not what was written. Refused, naming the last file or override that set it; an integer
+    means its decimal digits."""
+    for key, value in _containers_in_text_slots(cfg, ""):
+        raise UserError(
+            f"{_source_of(layers, key)}: {key}: expected text, got the YAML "
+            f"{'list' if isinstance(value, list) else 'mapping'} {value!r}: quote it to mean "
+            "the text as written"
+        )
+    merged = OmegaConf.to_container(cfg, resolve=False)
+    seen: set[str] = set()
+    for source, layer in reversed(layers):
+        for key, given, have in _given_where_text(merged, _plain(layer), ""):
+            if key in seen:
+                continue
+            seen.add(key)
+            if isinstance(given, bool) or not isinstance(given, (str, int)):
+                kind = {bool: "boolean", float: "number", list: "list", dict: "mapping"}
+                raise UserError(
+                    f"{source}: {key}: expected text, got the YAML "
+                    f"{kind.get(type(given), type(given).__name__)} {given!r} (read as "
+                    f"{have!r}): quote it to mean the text as written"
+                )
+
+
+def _containers_in_text_slots(node: Any, prefix: str):
+    """(key, value) of each list or mapping the schema holds where it wants text (an env var's
+    value, a module): OmegaConf keeps them as containers there, and a template prints them."""
+    if not isinstance(node, (DictConfig, ListConfig)):
+        return
+    text = node._metadata.element_type is str
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        child = node._get_node(key)
+        path = f"{prefix}[{key}]" if isinstance(node, ListConfig) else _join(prefix, key)
+        if text and isinstance(child, (DictConfig, ListConfig)):
+            yield path, OmegaConf.to_container(child, resolve=False)
+        else:
+            yield from _containers_in_text_slots(child, path)
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _given_where_text(have: Any, given: Any, prefix: str):
+    """(key, value given, value merged) for each place a layer sets where the job holds text."""
+    if isinstance(have, str):
+        yield prefix, given, have
+    elif isinstance(have, dict) and isinstance(given, dict):
+        for key, value in given.items():
+            if key in have:
+                path = f"{prefix}.{key}" if prefix else str(key)
+                yield from _given_where_text(have[key], value, path)
+    elif isinstance(have, list) and isinstance(given, list) and len(have) == len(given):
+        for i, (a, b) in enumerate(zip(have, given, strict=True)):
+            yield from _given_where_text(a, b, f"{prefix}[{i}]")
 
 
 def _plain(node: Any) -> Any:
@@ -316,6 +386,30 @@ def _source_of(layers: list[tuple[str, DictConfig]], key: str) -> str:
 _ONE_LINE = re.compile(r"[^\n\r\x00]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_TIMEOUT_S = 365 * 86400.0
+MAX_RANKS = 1 << 20  # a job's world: a million ranks (the largest machines have ~10^5 GPUs)
+
+# Names the batch script (templates/slurm.sh.j2) sets or reads, and the ranks' identity: an
+# env.vars entry of one of them would change which directory runs, which nodes a probe
+# visits, the rendezvous, or a rank's place (tests/test_render.py reads the template's names).
+SCRIPT_NAMES = frozenset(
+    {
+        "JOB_DIR", "PY", "NODES", "NODE_ARGS", "CONTAINER", "RUN_ONE", "PLACED", "RC",
+        "RESTARTS", "KEPT", "BATCH_LOG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+        "LOCAL_RANK", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "SLURMD_NODENAME",
+        "SLURM_RESTART_COUNT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
+    }
+)  # fmt: skip
+SLURM_JOB_PREFIXES = ("SLURM_JOB_", "SLURM_STEP_")  # the job's own facts, set by Slurm
+
+
+def reserved_env_name(name: str) -> str | None:
+    """Why ``name`` cannot be an ``env.vars`` entry, or None."""
+    if name in SCRIPT_NAMES or name.startswith(SLURM_JOB_PREFIXES):
+        return (
+            "is set or read by the job's batch script or its ranks (the job's directory, nodes, "
+            "rendezvous or ranks); it cannot be given"
+        )
+    return None
 
 
 def _check(cfg: DictConfig, source_of) -> None:
@@ -329,11 +423,21 @@ def _check(cfg: DictConfig, source_of) -> None:
     for key, value in _leaves(OmegaConf.to_container(cfg, enum_to_str=True)):
         if isinstance(value, str) and not _ONE_LINE.fullmatch(value):
             raise bad(key, "must be a single line (no newline or NUL characters)")
+        if isinstance(value, str) and "${" in value:
+            raise bad(
+                key,
+                "holds '${' after interpolation (an escaped \\${...}): the job's config.yaml "
+                "is read again on the nodes, which would interpolate it there; write the "
+                "value without '${'",
+            )
     for var in cfg.env.vars:
         if not _ENV_NAME.fullmatch(str(var)):
             shown = var if _ONE_LINE.fullmatch(var) and var.isprintable() else repr(var)
             where = source_of(f"env.vars.{var}")
             raise UserError(f"{where}: env.vars.{shown}: is not a valid environment variable name")
+        why = reserved_env_name(str(var))
+        if why:
+            raise bad(f"env.vars.{var}", why)
     if not str(cfg.name).strip():
         raise bad("name", "must not be empty")
     _check_numbers(cfg, bad)
@@ -345,6 +449,8 @@ def _check(cfg: DictConfig, source_of) -> None:
         why = sbatch.path_problem(str(value)) if value is not None else None
         if why:
             raise bad(key, why)
+        if cfg.env.container_image and value is not None and set(str(value)) & {",", ":"}:
+            raise bad(key, "holds ',' or ':', which pyxis reads as --container-mounts separators")
     sbatch.check_config(cfg, bad)
     if cfg.slurm.signal and cfg.slurm.time:
         limit = slurm_time_seconds(cfg.slurm.time)
@@ -386,8 +492,20 @@ def _check_numbers(cfg: DictConfig, bad) -> None:
     for key in ("nodes", "tasks_per_node"):
         if cfg[key] < 1:
             raise bad(key, f"must be at least 1, got {cfg[key]}")
+    if cfg.nodes * cfg.tasks_per_node > MAX_RANKS:
+        raise bad(
+            "nodes",
+            f"{cfg.nodes} nodes x {cfg.tasks_per_node} tasks is more than {MAX_RANKS:,} ranks",
+        )
     if cfg.gpus_per_node < 0:
         raise bad("gpus_per_node", f"must be 0 or more, got {cfg.gpus_per_node}")
+    if 0 < cfg.gpus_per_node < cfg.tasks_per_node:
+        raise bad(
+            "tasks_per_node",
+            f"{cfg.tasks_per_node} ranks a node share {cfg.gpus_per_node} GPUs: each rank "
+            "takes one GPU (NCCL refuses two ranks on one); set tasks_per_node <= "
+            "gpus_per_node",
+        )
     if cfg.slurm.cpus_per_task is not None and cfg.slurm.cpus_per_task < 1:
         raise bad(
             "slurm.cpus_per_task", f"must be at least 1 (or null), got {cfg.slurm.cpus_per_task}"
@@ -395,8 +513,8 @@ def _check_numbers(cfg: DictConfig, bad) -> None:
     seconds = [f"{name}.{key}" for name, cls in config_sections().items() for key in cls.seconds]
     for key in ("timeout", "rendezvous_timeout", *seconds):
         value = OmegaConf.select(cfg, key)
-        if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
-            raise bad(key, f"must be a positive number of seconds (at most 365 days), got {value}")
+        if not (math.isfinite(value) and 1 <= value <= MAX_TIMEOUT_S):
+            raise bad(key, f"must be a number of seconds from 1 to 365 days, got {value}")
 
 
 def _leaves(node: Any, prefix: str = ""):

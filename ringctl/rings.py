@@ -13,6 +13,7 @@ the one meaning of "the ring sizes of a job": the planner prices these, no other
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,9 @@ from .errors import UserError
 
 
 def divisors(world: int) -> list[int]:
-    return [n for n in range(1, world + 1) if world % n == 0]
+    """world's divisors, ascending (pairs found up to its square root)."""
+    low = [n for n in range(1, math.isqrt(world) + 1) if world % n == 0]
+    return sorted({*low, *(world // n for n in low)})
 
 
 def ring_sizes(world: int, requested: int | str) -> list[int]:

@@ -219,12 +219,12 @@ def test_signal_lead_longer_than_the_time_limit_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("override", "key", "why"),
     [
-        ("timeout=nan", "timeout", "positive number of seconds"),
-        ("rendezvous_timeout=inf", "rendezvous_timeout", "positive number of seconds"),
+        ("timeout=nan", "timeout", "number of seconds from 1"),
+        ("rendezvous_timeout=inf", "rendezvous_timeout", "number of seconds from 1"),
         ("ssh.port=99999", "ssh.port", "1 to 65535"),
         ("ssh.port=-1", "ssh.port", "1 to 65535"),
-        ("ssh.connect_timeout=-1", "ssh.connect_timeout", "positive number of seconds"),
-        ("ssh.command_timeout=0", "ssh.command_timeout", "positive number of seconds"),
+        ("ssh.connect_timeout=-1", "ssh.connect_timeout", "number of seconds from 1"),
+        ("ssh.command_timeout=0", "ssh.command_timeout", "number of seconds from 1"),
         ("slurm.cpus_per_task=-3", "slurm.cpus_per_task", "at least 1"),
         ("slurm.signal=KILL", "slurm.signal", "cannot be caught"),
         ("slurm.signal=USR1@0", "slurm.signal", "1 to 65535 seconds"),
@@ -254,7 +254,7 @@ def test_a_bad_value_in_the_file_names_the_file(tmp_path):
     path = write(tmp_path, "name: a\ntimeout: .nan\nslurm:\n  partition: ${nowhere}\n")
     with pytest.raises(UserError, match=rf"^{path}: slurm\.partition: Interpolation key"):
         load_job(path)
-    with pytest.raises(UserError, match=rf"^{path}: timeout: must be a positive number"):
+    with pytest.raises(UserError, match=rf"^{path}: timeout: must be a number of seconds from 1"):
         load_job(path, ["slurm.partition=debug"])
     load_job(path, ["slurm.partition=debug", "timeout=30"])  # the override mends it
 

@@ -336,7 +336,7 @@ class Supervisor:
         self, rank: int, extra: dict[str, str], launch: str
     ) -> subprocess.Popen | ForkedRank:
         logs = (self.job.rank_log(rank, "out"), self.job.rank_log(rank, "err"))
-        python = self.cfg.env.python or sys.executable
+        python = os.path.expanduser(self.cfg.env.python or sys.executable)
         return start_rank(launch, str(self.job.path), _child_env(extra), logs, python)
 
     def watch(self) -> None:

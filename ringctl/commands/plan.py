@@ -31,6 +31,7 @@ from ..planner.cost import (
 from ..planner.devices import Device, get_device, save_user_device
 from ..planner.memory import TRAIN
 from ..sizing import config_section, job_workload, resolve_model, ring_size
+from .arg_types import finite, ranks, whole
 
 DEFAULT_DEVICE = "H100-SXM"
 
@@ -96,11 +97,20 @@ def register(subparsers) -> None:
 
 def _workload_flags(p) -> None:
     w = p.add_argument_group("workload")
-    w.add_argument("--seq", type=int, help="total sequence length N (tokens)")
-    w.add_argument("--batch", type=int, default=1)
-    w.add_argument("--heads", type=int, default=None, help="default: the model's, else 32")
-    w.add_argument("--kv-heads", type=int, default=None, help="default: the model's, else --heads")
-    w.add_argument("--head-dim", type=int, default=None, help="default: the model's, else 128")
+    w.add_argument("--seq", type=whole(), help="total sequence length N (tokens)")
+    w.add_argument("--batch", type=whole(1, 1 << 20), default=1)
+    w.add_argument(
+        "--heads", type=whole(1, 1 << 16), default=None, help="default: the model's, else 32"
+    )
+    w.add_argument(
+        "--kv-heads",
+        type=whole(1, 1 << 16),
+        default=None,
+        help="default: the model's, else --heads",
+    )
+    w.add_argument(
+        "--head-dim", type=whole(1, 1 << 16), default=None, help="default: the model's, else 128"
+    )
     w.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     w.add_argument(
         "--mode",
@@ -120,17 +130,17 @@ def _workload_flags(p) -> None:
         choices=["none", "weights", "full"],
         help="FSDP: weights only, or weights + gradients + optimizer state",
     )
-    w.add_argument("--shard-degree", type=int, help="ranks the shards span (default: --ranks)")
+    w.add_argument("--shard-degree", type=ranks, help="ranks the shards span (default: --ranks)")
     w.add_argument("--optimizer", choices=["adam"], help="float32 Adam moments + master weights")
     w.add_argument(
         "--lm-head-chunk",
-        type=int,
+        type=whole(0),
         default=4096,
         help="tokens per lm_head + log-softmax chunk (0: all tokens at once)",
     )
     w.add_argument(
         "--mlp-chunk",
-        type=int,
+        type=whole(0),
         default=0,
         help="tokens per MLP chunk, blockwise feedforward (0: all at once)",
     )
@@ -138,7 +148,7 @@ def _workload_flags(p) -> None:
     w.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous"])
     w.add_argument(
         "--ulysses",
-        type=int,
+        type=ranks,
         default=1,
         help="hybrid: heads split over U ranks of a node, ring across (1: flat)",
     )
@@ -147,10 +157,12 @@ def _workload_flags(p) -> None:
 def _model_flags(p) -> None:
     m = p.add_argument_group("model (optional: attention only without it)")
     m.add_argument("--model", help="a preset (see below) or a Hugging Face model directory")
-    m.add_argument("--layers", type=int)
-    m.add_argument("--hidden", type=int)
-    m.add_argument("--intermediate", type=int)
-    m.add_argument("--vocab", type=int, default=None, help="default: the model's, else 32000")
+    m.add_argument("--layers", type=whole(1, 1 << 16))
+    m.add_argument("--hidden", type=whole(1, 1 << 24))
+    m.add_argument("--intermediate", type=whole(1, 1 << 26))
+    m.add_argument(
+        "--vocab", type=whole(1, 1 << 26), default=None, help="default: the model's, else 32000"
+    )
     m.add_argument(
         "--attention-only",
         action="store_true",
@@ -160,17 +172,17 @@ def _model_flags(p) -> None:
 
 def _link_flags(p) -> None:
     r = p.add_argument_group("ranks, device and links")
-    r.add_argument("--ranks", type=int, help="ring size P")
-    r.add_argument("--nodes", type=int, default=1, help="nodes the ranks span")
+    r.add_argument("--ranks", type=ranks, help="ring size P")
+    r.add_argument("--nodes", type=ranks, default=1, help="nodes the ranks span")
     r.add_argument("--device", default=DEFAULT_DEVICE, help="device table entry (see below)")
     r.add_argument("--devices", type=Path, help="extra device table (JSON) overriding entries")
     r.add_argument("--topology", type=Path, help="a `ringctl topo` plan: use its bottleneck hop")
     r.add_argument(
-        "--link-gbit", type=float, help="bottleneck hop bandwidth in Gbit/s (overrides nominal)"
+        "--link-gbit", type=finite(), help="bottleneck hop bandwidth in Gbit/s (overrides nominal)"
     )
     r.add_argument(
         "--link-latency-us",
-        type=float,
+        type=finite(0.0, above=False),
         help="per-message latency of every link, microseconds (default: the device's)",
     )
     r.add_argument(
@@ -178,7 +190,7 @@ def _link_flags(p) -> None:
         metavar="FWD,BWD",
         help="share of peak of the attention kernel (default: the device's)",
     )
-    r.add_argument("--matmul-efficiency", type=float, help="share of peak of the matmuls")
+    r.add_argument("--matmul-efficiency", type=finite(), help="share of peak of the matmuls")
 
 
 def _latency(args) -> float | None:
@@ -316,6 +328,8 @@ def run(args) -> int:
     work = job or _workload(args)
     if not args.ranks:
         raise UserError("--ranks is required (ring size P)")
+    if args.nodes > args.ranks:
+        raise UserError(f"--nodes {args.nodes} is more than --ranks {args.ranks}")
     _check_split(work, args.ranks)
     device = _device(args)
     link = _link(args, device)
@@ -510,6 +524,9 @@ def _priced_for_device(args, job_dir: JobDir | None, schedule):
     return priced(schedule, partial(document_cost, w=work, device=device, nodes=int(cfg.nodes)))
 
 
+MAX_CORPUS = 100_000  # documents a paper corpus prices (each one scheduled and priced)
+
+
 def _print_corpus(args, work: Workload, device: Device) -> int:
     """``--corpus lognormal:COUNT:LOW:HIGH[:SEED]`` on ``--ranks`` (the job's W)."""
     from ..makespan import corpus_comparison
@@ -522,6 +539,8 @@ def _print_corpus(args, work: Workload, device: Device) -> int:
         raise UserError(
             f"--corpus {args.corpus!r}: expected lognormal:COUNT:LOW:HIGH[:SEED]"
         ) from None
+    if count > MAX_CORPUS:
+        raise UserError(f"--corpus {args.corpus!r}: at most {MAX_CORPUS:,} documents")
     if kind != "lognormal" or not 0 < low <= high or count < 1:
         raise UserError(f"--corpus {args.corpus!r}: expected lognormal:COUNT:LOW:HIGH[:SEED]")
     if not args.ranks:

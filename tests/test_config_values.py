@@ -1,0 +1,143 @@
+"""A job's values mean what was written (from a read-only review of config loading and
+rendering; each case below rendered or ran something else before, exit 0).
+
+* YAML 1.1's guesses: ``slurm.time: 1:30:00`` reached sbatch as ``--time=5400`` (base 60:
+  3.75 days), ``account: 0123`` as 83 (octal), ``partition: yes`` as True, ``name: 0x1F`` as 31
+  (ringctl/job_yaml.py: YAML 1.2's core scalars).
+* text fields given a boolean, float or list: ``export X=False``, ``'[0, 1]'``, ``1000.0``.
+* an escaped ``\\${...}`` was resolved again by render (a traceback) and on the nodes.
+* env.vars naming the batch script's own variables (JOB_DIR: another directory's config ran).
+* 30,000 nested brackets crashed the process (libyaml's C recursion), ``status`` with it.
+* more ranks a node than GPUs planned as fitting; a million-squared world hung ``divisors``;
+  a 1e-7 s timeout became 0 ms; ``env.python: ~/venv/bin/python`` was quoted with its ``~``.
+* ``ringctl plan`` printed negative GiB and NaN times with exit 0 for negative or NaN flags.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ringctl.cli import main
+from ringctl.config import MAX_RANKS, SCRIPT_NAMES, load_job, to_yaml
+from ringctl.errors import UserError
+from ringctl.render import render_script
+from ringctl.rings import divisors
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "jobs" / "smoke.yaml"
+TEMPLATE = REPO / "templates" / "slurm.sh.j2"
+
+
+def _job(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: t\n" + text)
+    return path
+
+
+def _header(cfg) -> dict[str, str]:
+    lines = render_script(cfg).splitlines()
+    return dict(m.groups() for m in map(re.compile(r"#SBATCH --([a-z-]+)=(.*)").match, lines) if m)
+
+
+def test_yaml_1_1_guesses_are_text_as_written(tmp_path):
+    text = "slurm:\n  time: 1:30:00\n  account: 0123\n  partition: yes\n  qos: off\n"
+    cfg = load_job(_job(tmp_path, text), ["backend=slurm"])
+    header = _header(cfg)
+    assert (header["time"], header["account"]) == ("1:30:00", "0123")
+    assert (header["partition"], header["qos"]) == ("yes", "off")
+    over = load_job(SMOKE, ["slurm.time=30:00", "name=0x1F", "slurm.account=2026-12-04"])
+    assert (over.slurm.time, over.name, over.slurm.account) == ("30:00", "0x1F", "2026-12-04")
+    with pytest.raises(UserError, match="nodes"):
+        load_job(SMOKE, ["nodes=0x10"])  # not 16
+    back = tmp_path / "back.yaml"  # a job directory's config.yaml reads back the same
+    back.write_text(to_yaml(cfg))
+    assert load_job(back) == cfg
+
+
+@pytest.mark.parametrize(
+    "override, shown",
+    [
+        ("env.vars.TOKENIZERS_PARALLELISM=false", "boolean False"),
+        ("env.vars.CUDA_VISIBLE_DEVICES=[0,1]", "list [0, 1]"),
+        ("env.vars.X=1e3", "number 1000.0"),
+        ("slurm.partition=true", "boolean True"),
+        ("env.modules=[[a,b]]", "list ['a', 'b']"),
+    ],
+)
+def test_text_given_as_another_yaml_type_is_refused(override, shown):
+    with pytest.raises(UserError, match=re.escape(f"expected text, got the YAML {shown}")):
+        load_job(SMOKE, [override])
+
+
+def test_an_integer_means_its_digits():
+    assert load_job(SMOKE, ["env.vars.PORT=8080"]).env.vars.PORT == "8080"
+    assert load_job(SMOKE, ["slurm.time=90"]).slurm.time == "90"
+
+
+def test_an_escaped_interpolation_is_refused(tmp_path):
+    path = _job(tmp_path, 'env:\n  vars:\n    P: "/opt/lib:\\\\${LD_LIBRARY_PATH}"\n')
+    with pytest.raises(UserError, match=r"env.vars.P: holds '\$\{' after interpolation"):
+        load_job(path)
+
+
+@pytest.mark.parametrize("name", ["JOB_DIR", "SLURM_JOB_NODELIST", "MASTER_PORT", "RANK"])
+def test_the_scripts_own_variables_cannot_be_given(name):
+    with pytest.raises(UserError, match=f"env.vars.{name}: is set or read by the job's batch"):
+        load_job(SMOKE, [f"env.vars.{name}=x"])
+
+
+def test_every_variable_the_template_assigns_is_reserved():
+    assigned = set(re.findall(r"^\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)=", TEMPLATE.read_text(), re.M))
+    assigned |= set(re.findall(r"mapfile -t ([A-Z_]+)", TEMPLATE.read_text()))
+    assert assigned - {"NCCL_DEBUG"} <= SCRIPT_NAMES, assigned - SCRIPT_NAMES
+
+
+def test_deep_nesting_is_one_line_not_a_crash(tmp_path):
+    deep = "[" * 30_000 + "]" * 30_000
+    with pytest.raises(UserError, match="nested more than 64 levels deep"):
+        load_job(_job(tmp_path, f"env:\n  modules: {deep}\n"))
+    with pytest.raises(UserError, match="not a valid value: nested more than"):
+        load_job(SMOKE, [f"env.modules={deep}"])
+
+
+def test_counts_that_cannot_run_as_planned_are_refused():
+    with pytest.raises(UserError, match=r"tasks_per_node: 8 ranks a node share 1 GPUs"):
+        load_job(SMOKE, ["tasks_per_node=8", "gpus_per_node=1"])
+    with pytest.raises(UserError, match=f"more than {MAX_RANKS:,} ranks"):
+        load_job(SMOKE, ["nodes=999983", "tasks_per_node=999979"])
+    with pytest.raises(UserError, match="rendezvous_timeout: must be a number of seconds from 1"):
+        load_job(SMOKE, ["rendezvous_timeout=1e-7"])
+    for n in (1, 2, 12, 97, 360, 1 << 20, 999983):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+def test_paths_the_nodes_read(tmp_path):
+    script = render_script(load_job(SMOKE, ["backend=slurm", "env.python=~/venv/bin/python"]))
+    assert 'PY="$HOME"/venv/bin/python' in script
+    with pytest.raises(UserError, match="output_dir: holds ',' or ':', which pyxis reads"):
+        load_job(SMOKE, ["env.container_image=img", "output_dir=/scratch/a,b"])
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        ("--seq -1024 --ranks 8", "argument --seq: must be from 1"),
+        ("--seq 8192 --ranks -8", "argument --ranks: must be from 1"),
+        ("--seq 8192 --ranks 8 --ulysses 0", "argument --ulysses: must be from 1"),
+        ("--seq 8192 --ranks 8 --heads 0", "argument --heads: must be from 1"),
+        ("--seq 8192 --ranks 8 --link-gbit nan", "argument --link-gbit: must be a finite"),
+        ("--seq 8192 --ranks 8 --link-latency-us -1", "--link-latency-us: must be a finite"),
+        ("--seq 8192 --ranks 8 --nodes 100", "--nodes 100 is more than --ranks 8"),
+        ("--model llama3-8b --ranks 8 --corpus lognormal:1000000000:1:2", "at most 100,000"),
+    ],
+)
+def test_plan_refuses_numbers_it_cannot_price(flags, said, capsys):
+    try:
+        code = main(["plan", *flags.split()])
+    except SystemExit as exit_:  # argparse's refusals
+        code = exit_.code
+    assert code == 2
+    assert said in capsys.readouterr().err
