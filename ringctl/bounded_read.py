@@ -23,19 +23,41 @@ def regular_file(path: Path) -> os.stat_result:
     return info
 
 
-def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file ``path`` (opened without following a link, and without
-    blocking on a pipe), ValueError where it is not one or is longer than ``limit``."""
+def open_regular(path: str | Path):
+    """``path`` opened for reading as a regular file: not through a link, without blocking on
+    a pipe (ValueError naming it otherwise; FileNotFoundError when it does not exist)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise ValueError(f"{path}: a link, not followed (not a regular file)") from None
         raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise ValueError(f"{path}: not a regular file (a device, a pipe or a folder)")
+    f = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise ValueError(f"{path}: not a regular file (a device, a pipe or a folder)")
+    return f
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path`` (opened without following a link, and without
+    blocking on a pipe), ValueError where it is not one or is longer than ``limit``."""
+    try:
+        f = open_regular(path)
+    except FileNotFoundError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
+    with f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise ValueError(f"{path}: longer than {limit} bytes")
     return data
+
+
+def read_range(f, size: int, offset: int, limit: int, tail: bool) -> bytes:
+    """At most ``limit`` bytes of an open file of ``size`` bytes: from ``offset`` on, or (tail)
+    its last ``limit`` bytes past ``offset``."""
+    start = max(offset, size - limit) if tail else offset
+    f.seek(start)
+    return f.read(max(0, min(limit, size - start)))

@@ -59,13 +59,16 @@ def is_gather_output(path: Path) -> bool:
     return marker_of(path) is not None
 
 
-def is_partial_output(path: Path) -> bool:
+def is_partial_output(path: Path, job: Path | None = None) -> bool:
     """Whether path is an earlier --partial output (a real directory whose marker says
-    partial): ours to replace by a later gather, without --force."""
+    partial) of ``job`` (given): ours to replace by a later gather of the same job, without
+    --force (another job's partial output under the same -o is not)."""
     if path.is_symlink() or not path.is_dir():
         return False
     marker = marker_of(path)
-    return marker is not None and marker.get("partial") is True
+    if marker is None or marker.get("partial") is not True:
+        return False
+    return job is None or marker.get("job_dir") == str(job)
 
 
 def check_target(target: Path, job: Path, *, force: bool) -> None:
@@ -74,8 +77,8 @@ def check_target(target: Path, job: Path, *, force: bool) -> None:
         raise UserError(f"{target}: holds the job directory {job}; choose another -o")
     if not target.exists() and not target.is_symlink():
         return
-    if not force and is_partial_output(target):
-        return  # an earlier partial gather: a later one replaces it
+    if not force and is_partial_output(target, job):
+        return  # an earlier partial gather of this job: a later one replaces it
     if not force:
         raise UserError(f"{target} exists already; remove it or pass --force to replace it")
     if target.is_symlink() or not target.is_dir():

@@ -26,10 +26,13 @@ class FakeShell:
         queue = self.answers[argv[0]]
         return queue.pop(0) if len(queue) > 1 else queue[0]
 
-    def read_from(self, path: str, offset: int = 0) -> bytes | None:
+    def read_from(
+        self, path: str, offset: int = 0, *, limit: int = 1 << 24, tail: bool = False
+    ) -> bytes | None:
         for suffix, text in self.files.items():
             if path.endswith(suffix):
-                return text.encode()[offset:]
+                data = text.encode()[offset:]
+                return data[-limit:] if tail else data[:limit]
         return None
 
     def listdir(self, path: str) -> list[str]:
@@ -210,6 +213,16 @@ def test_other_backend_refused(job_dir):
     (job_dir / "job.json").write_text(json.dumps({"backend": "local", "job_id": "local-1"}))
     with pytest.raises(UserError, match="submitted with the local backend"):
         SlurmBackend(FakeShell({})).status(job_dir)
+
+
+def test_a_job_id_that_is_not_digits_never_reaches_scancel(job_dir):
+    """job.json is in the job directory, which the job itself can write: a job_id of
+    "--user=me" went to scancel as an option (every job of the user cancelled)."""
+    shell = FakeShell({"scancel": [(0, "", "")]})
+    for bad in ("--user=me", "42 43", "\u0664\u0662"):
+        with pytest.raises(UserError, match="is not a Slurm job id"):
+            SlurmBackend(shell).cancel(submitted(job_dir, bad))
+    assert shell.calls == []
 
 
 def test_missing_sbatch_is_user_error(job_dir, monkeypatch):

@@ -445,3 +445,144 @@ def test_revocation_in_the_users_known_hosts_applies_to_another_file(
         assert "\n" not in str(err.value)
     user_file.write_text("")  # nothing revoked: the configured file's key is used
     connect(settings).close()
+
+
+# --- from a read-only review of the SSH backend and gathering (each reproduced first) -------
+
+
+def test_a_resume_replaces_a_remote_link_and_never_writes_through_it(settings, tmp_path):
+    """The job can write its remote directory: config.yaml made a link to a file outside it
+    sent the resume's upload (sftp.put) and chmod to that file. Now the upload is a new file
+    renamed over the entry: the link is replaced, its target untouched."""
+    from ringctl.jobdir import JobDir
+
+    job = JobDir.create(
+        {"config.yaml": "name: x\n", "job.sh": "#!/bin/bash\necho new\n"},
+        target=tmp_path / "relinked",
+        base=tmp_path,
+        stem="relinked",
+    )
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    victim.chmod(0o600)
+    remote = tmp_path / "remote-base" / "relinked"
+    with SSHBackend(settings) as b:
+        b._mkdirs(str(remote.parent))
+        b._upload(job.path, str(remote))
+        (remote / "config.yaml").unlink()
+        (remote / "config.yaml").symlink_to(victim)
+        b._resume_attempt = "1"
+        b._prepare_resumed(job)
+    assert victim.read_text() == "precious\n" and victim.stat().st_mode & 0o777 == 0o600
+    assert not (remote / "config.yaml").is_symlink()
+    assert (remote / "config.yaml").read_text() == "name: x\n"
+    assert [p.name for p in remote.iterdir() if p.name.endswith(".upload")] == []
+
+
+def test_logs_that_are_pipes_or_links_are_refused_not_read_forever(settings, tmp_path):
+    """A rank log made a FIFO blocked `status` and the local supervisor forever; one linked to
+    /dev/zero read until memory ran out (locally: MemoryError; over SFTP: for ever). Both
+    shells now read a regular file only, at most the limit asked (the tail of stderr)."""
+    from ringctl.backends.joblogs import rank_error
+    from ringctl.backends.shell import LocalShell
+
+    logs = tmp_path / "job" / "logs"
+    logs.mkdir(parents=True)
+    os.mkfifo(logs / "rank-0.err")
+    (logs / "rank-1.err").symlink_to("/dev/zero")
+    (logs / "rank-2.err").write_bytes(b"x" * (1 << 20) + b"\nValueError: the real cause\n")
+    with SSHBackend(settings) as b:
+        for shell in (LocalShell(), b.shell):
+            for rank in (0, 1):
+                with pytest.raises(UserError, match="not a regular file") as err:
+                    rank_error(shell, str(tmp_path / "job"), rank)
+                assert "\n" not in str(err.value)
+            assert rank_error(shell, str(tmp_path / "job"), 2) == "ValueError: the real cause"
+            tail = shell.read_from(str(logs / "rank-2.err"), limit=10, tail=True)
+            assert tail == b"eal cause\n"
+
+
+def test_fetch_bounds_what_it_reads_and_keeps_going_past_odd_entries(
+    settings, make_job_dir, tmp_path, capsys, monkeypatch
+):
+    """A listed file swapped for a FIFO or a /dev/zero link after the listing hung or streamed
+    for ever; a local folder in a file's place aborted the whole fetch and left a .tmp; local
+    folders were created through a local link before the path was refused; a remote file
+    larger than the local disk's free space was written until the disk filled."""
+    import ringctl.backends.ssh as ssh_backend
+
+    job_dir, remote = _remote_job(settings, make_job_dir, tmp_path, "odd-entries")
+    (remote / "logs").mkdir()
+    for name in ("rank-0.out", "rank-1.out", "rank-2.out"):
+        (remote / "logs" / name).write_text(f"{name}\n")
+    (remote / "out" / "folder-here.txt").write_text("remote\n")
+    (job_dir / "out" / "folder-here.txt").mkdir()
+    (remote / "logs" / "sub" / "deeper").mkdir(parents=True)
+    (remote / "logs" / "sub" / "deeper" / "f.txt").write_text("x\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (job_dir / "logs" / "sub").symlink_to(outside)
+    listed = SSHBackend._fetchable
+
+    def swapped_meanwhile(self, rdir):
+        for rpath, rel in listed(self, rdir):
+            if rel == "logs/rank-0.out":
+                os.unlink(rpath)
+                os.mkfifo(rpath)
+            elif rel == "logs/rank-1.out":
+                os.unlink(rpath)
+                os.symlink("/dev/zero", rpath)
+            yield rpath, rel
+
+    monkeypatch.setattr(SSHBackend, "_fetchable", swapped_meanwhile)
+    with SSHBackend(settings) as b:
+        fetched = b.fetch(job_dir)
+    assert sorted(fetched) == ["logs/rank-2.out", "out/ok.txt"]
+    err = capsys.readouterr().err
+    assert err.count("on the login node it is no longer a regular file") == 2, err
+    assert "did not fetch out/folder-here.txt: its local path leaves" in err
+    assert "did not fetch logs/sub/deeper/f.txt: its local path leaves" in err
+    assert list(outside.iterdir()) == []  # nothing created through the local link
+    assert not [p for p in job_dir.rglob("*.fetch.tmp")]
+
+    (remote / "out" / "sparse.bin").touch()
+    os.truncate(remote / "out" / "sparse.bin", 1 << 40)  # a terabyte that costs nothing
+    monkeypatch.setattr(SSHBackend, "_fetchable", listed)
+    with SSHBackend(settings) as b, pytest.raises(UserError, match=r"out/sparse.bin holds 1,0"):
+        b.fetch(job_dir)
+    assert not (job_dir / "out" / "sparse.bin").exists()
+    assert not [p for p in job_dir.rglob("*.fetch.tmp")]
+    assert ssh_backend.PREFETCH_REQUESTS <= 256  # paramiko's default has no bound
+
+
+def test_a_fetch_interrupted_by_the_connection_is_one_line(settings, make_job_dir, tmp_path):
+    """A connection that drops during a fetch raised paramiko's SSHException (not an OSError)
+    as a traceback; a timeout said nothing (its message is empty). The two errors are raised
+    where paramiko raises them (the SFTP client's calls): a real drop needs the server's
+    process killed mid-transfer, which the review did by hand."""
+    import paramiko
+
+    job_dir, remote = _remote_job(settings, make_job_dir, tmp_path, "dropped")
+    with SSHBackend(settings) as b:
+
+        def dropped(*_args, **_kwargs):
+            raise paramiko.SSHException("Server connection dropped: ")
+
+        b.shell.sftp.lstat = dropped
+        with pytest.raises(UserError, match="fetching .* failed after 0 files: Server conn"):
+            b.fetch(job_dir)
+
+        def silent(*_args, **_kwargs):
+            raise TimeoutError()
+
+        b.shell.sftp.lstat = silent
+        with pytest.raises(UserError, match=r"timed out \(no answer within"):
+            b.fetch(job_dir)
+
+
+def test_a_remote_dir_under_a_file_is_one_line(settings, make_job_dir, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder\n")
+    job_dir = make_job_dir("#!/bin/bash\ntrue\n", name="under-a-file")
+    bad = replace(settings, remote_dir=str(tmp_path / "a-file" / "jobs"))
+    with SSHBackend(bad) as b, pytest.raises(UserError, match="ssh.remote_dir: cannot create"):
+        b._prepare(job_dir)

@@ -370,3 +370,17 @@ def test_partial_still_refuses_what_is_wrong(jobs: dict, tmp_path: Path, capsys)
     shard.symlink_to(tmp_path / "elsewhere.safetensors")
     assert _cli([str(job), "--partial"]) == 3
     assert f"{shard} leads outside" in capsys.readouterr().err and not (job / "gathered").exists()
+
+
+def test_another_jobs_partial_output_is_not_replaced_without_force(tmp_path):
+    """A --partial output is replaced by a later gather without --force: only one of the same
+    job (-o shared between jobs replaced the other job's partial output)."""
+    from ringctl.errors import UserError
+    from ringctl.output_dir import check_target, write_marker
+
+    out = tmp_path / "out"
+    out.mkdir()
+    write_marker(out, tmp_path / "job-a", "longdoc", partial=True)
+    check_target(out, tmp_path / "job-a", force=False)
+    with pytest.raises(UserError, match="exists already"):
+        check_target(out, tmp_path / "job-b", force=False)

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from ..errors import WORKER_ERROR_PREFIX
 from ..jobdir import LOGS, RESULT, rank_log_file, rank_log_name, rank_stream_of
-from .shell import Shell
+from .shell import READ_LIMIT, Shell
 
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")
 _TAIL_BYTES = 64 * 1024
+_RESULT_BYTES = 1 << 20  # a rank's result.json: its error and a few counts
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,25 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace").rstrip("\r")
 
 
+def _pieces(shell: Shell, path: str, offset: int = 0) -> Iterator[bytes]:
+    """A log's bytes from ``offset`` to its end, in reads of at most READ_LIMIT."""
+    while True:
+        data = shell.read_from(path, offset) or b""
+        if data:
+            yield data
+        if len(data) < READ_LIMIT:
+            return
+        offset += len(data)
+
+
 def read_logs(source: LogSource, rank: int | None) -> Iterator[str]:
     for path, prefix in source.files(rank):
-        data = source.shell.read_from(path, 0) or b""
-        for line in data.decode("utf-8", errors="replace").splitlines():
+        rest = b""
+        for data in _pieces(source.shell, path):
+            whole, sep, rest = (rest + data).rpartition(b"\n")
+            for line in (whole + sep).decode("utf-8", errors="replace").splitlines():
+                yield prefix + line
+        for line in rest.decode("utf-8", errors="replace").splitlines():
             yield prefix + line
 
 
@@ -69,7 +85,7 @@ def follow_logs(
 
     def drain(final: bool) -> Iterator[str]:
         for path, prefix in source.files(rank):
-            data = source.shell.read_from(path, offsets.get(path, 0)) or b""
+            data = b"".join(_pieces(source.shell, path, offsets.get(path, 0)))
             if not data and not (final and partial.get(path)):
                 continue
             offsets[path] = offsets.get(path, 0) + len(data)
@@ -151,7 +167,7 @@ def is_peer_loss(error: str) -> bool:
 def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
     """Why rank (launch index) `rank` failed, in one line: its result file's error, else the
     worker's `ringctl.worker: ` line, else the last error-looking line of its stderr."""
-    raw = shell.read_from(f"{job_dir}/{rank_log_name(rank, RESULT)}", 0)
+    raw = shell.read_from(f"{job_dir}/{rank_log_name(rank, RESULT)}", 0, limit=_RESULT_BYTES)
     if raw:
         try:
             error = json.loads(raw.decode("utf-8", errors="replace")).get("error")
@@ -159,8 +175,9 @@ def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
             error = None
         if error:
             return " ".join(str(error).split())[:limit]
-    data = shell.read_from(f"{job_dir}/{rank_log_name(rank, 'err')}", 0) or b""
-    stderr = data[-_TAIL_BYTES:].decode("utf-8", errors="replace")
+    err = f"{job_dir}/{rank_log_name(rank, 'err')}"
+    data = shell.read_from(err, 0, limit=_TAIL_BYTES, tail=True) or b""
+    stderr = data.decode("utf-8", errors="replace")
     for line in reversed(stderr.splitlines()):
         if line.startswith(WORKER_ERROR_PREFIX):
             return line[len(WORKER_ERROR_PREFIX) :].strip()[:limit]

@@ -12,7 +12,10 @@ import subprocess
 from collections.abc import Sequence
 from typing import Protocol
 
+from ..bounded_read import open_regular, read_range
 from ..errors import UserError
+
+READ_LIMIT = 16 << 20  # bytes a read of a job's file returns at most (logs are read in pieces)
 
 
 class Shell(Protocol):
@@ -21,8 +24,13 @@ class Shell(Protocol):
     def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
         """Run argv (no shell); return (exit status, stdout, stderr)."""
 
-    def read_from(self, path: str, offset: int = 0) -> bytes | None:
-        """The bytes of the file from offset on; None when the file does not exist."""
+    def read_from(
+        self, path: str, offset: int = 0, *, limit: int = READ_LIMIT, tail: bool = False
+    ) -> bytes | None:
+        """At most ``limit`` bytes of the regular file from ``offset`` on (``tail``: its last
+        ``limit`` bytes past offset); None when the file does not exist. A link, a pipe or a
+        device is a UserError naming it (a job directory is written by the job: a log
+        linked to /dev/zero or made a FIFO read forever)."""
 
     def listdir(self, path: str) -> list[str]:
         """Names in a directory; [] when it does not exist."""
@@ -45,13 +53,17 @@ class LocalShell:
             raise UserError(f"`{argv[0]}` did not answer within {timeout:.0f}s") from None
         return proc.returncode, proc.stdout, proc.stderr
 
-    def read_from(self, path: str, offset: int = 0) -> bytes | None:
+    def read_from(
+        self, path: str, offset: int = 0, *, limit: int = READ_LIMIT, tail: bool = False
+    ) -> bytes | None:
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            f = open_regular(path)
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except ValueError as err:
+            raise UserError(f"{err}: not read") from None
+        with f:
+            return read_range(f, os.fstat(f.fileno()).st_size, offset, limit, tail)
 
     def listdir(self, path: str) -> list[str]:
         try:

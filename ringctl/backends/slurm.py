@@ -31,6 +31,7 @@ from .shell import LocalShell, Shell
 __all__ = ["LocalShell", "Shell", "SlurmBackend"]
 
 _TAIL_BYTES = 64 * 1024
+SLURM_JOB_ID = re.compile(r"[0-9]+")  # what sbatch --parsable prints first (ASCII digits)
 # How many failed tasks are read back (over SSH, one file each) to find one whose error is
 # not a peer loss; beyond it the first is blamed.
 BLAME_READS = 8
@@ -111,15 +112,16 @@ class SlurmBackend(Backend):
             raise UserError(
                 f"{job_dir}: submitted with the {data['backend']} backend, not {self.name}"
             )
+        if not SLURM_JOB_ID.fullmatch(str(job_id)):  # else an option to scancel/scontrol
+            raise UserError(f"{job_dir}: job.json's job_id {job_id!r} is not a Slurm job id")
         return str(job_id)
 
     def _read_text(self, path: str, *, tail: int | None = _TAIL_BYTES) -> str:
-        data = self.shell.read_from(path, 0)
-        if data is None:
-            return ""
-        if tail is not None and len(data) > tail:
-            data = data[-tail:]
-        return data.decode("utf-8", errors="replace")
+        if tail is None:
+            data = self.shell.read_from(path, 0)
+        else:
+            data = self.shell.read_from(path, 0, limit=tail, tail=True)
+        return "" if data is None else data.decode("utf-8", errors="replace")
 
     # -- Backend -----------------------------------------------------------------------------------
 
@@ -143,7 +145,7 @@ class SlurmBackend(Backend):
             raise UserError(f"sbatch refused the job: {one_line(err or out) or f'exit {rc}'}")
         lines = [ln for ln in out.strip().splitlines() if ln.strip()]
         job_id = lines[-1].split(";")[0].strip() if lines else ""
-        if not job_id.isdigit():
+        if not SLURM_JOB_ID.fullmatch(job_id):
             raise UserError(f"sbatch printed no job id: {one_line(out + ' ' + err)}")
         since = self._cluster_clock()
         job.record_submission(

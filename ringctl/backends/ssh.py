@@ -27,7 +27,9 @@ import binascii
 import hashlib
 import os
 import posixpath
+import secrets
 import shlex
+import shutil
 import socket
 import stat
 import sys
@@ -51,6 +53,7 @@ from ..jobdir import (
     JobDir,
     attempt_name,
 )
+from .shell import READ_LIMIT
 from .slurm import SlurmBackend, expected_ranks, one_line
 from .ssh_config import DEFAULT_KNOWN_HOSTS, SshConfig
 
@@ -83,7 +86,7 @@ class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
         raise _UnknownHost(
             f"ssh {s.target}: host {hostname} is not in {known} (it offers {_fingerprint(key)}); "
             f"if that is the right host, trust it with: "
-            f"ssh-keyscan {port}{shlex.quote(s.host)} >> {known}"
+            f"ssh-keyscan {port}{shlex.quote(s.host)} >> {shlex.quote(str(known))}"
             " (or set ssh.trust_unknown_host=true to add it on first connection)"
         )
 
@@ -278,19 +281,25 @@ class SSHShell:
             ) from None
         return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
-    def read_from(self, path: str, offset: int = 0) -> bytes | None:
+    def read_from(
+        self, path: str, offset: int = 0, *, limit: int = READ_LIMIT, tail: bool = False
+    ) -> bytes | None:
+        """As ``Shell.read_from``, over SFTP: the entry itself must be a regular file (lstat,
+        then the opened handle's fstat), and no more than ``limit`` bytes are asked for."""
         try:
-            with self.sftp.open(path, "rb") as f:
-                if offset:
-                    f.seek(offset)
-                f.prefetch()
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as err:
-            if getattr(err, "errno", None) == 2:
+            f = open_remote_regular(self.sftp, path)
+            if f is None:
                 return None
-            raise UserError(f"ssh {self.where}: reading {path}: {one_line(str(err))}") from None
+            with f:
+                size = f.stat().st_size or 0
+                start = max(offset, size - limit) if tail else offset
+                count = max(0, min(limit, size - start))
+                f.seek(start)
+                f.prefetch(start + count, max_concurrent_requests=PREFETCH_REQUESTS)
+                return f.read(count)
+        except SFTP_ERRORS as err:
+            why = sftp_failure(err, self.settings.command_timeout)
+            raise UserError(f"ssh {self.where}: reading {path}: {why}") from None
 
     def listdir(self, path: str) -> list[str]:
         """Names that decode as UTF-8 (others cannot be a log of ours); [] when the directory
@@ -300,8 +309,9 @@ class SSHShell:
             raw = listdir_raw(self.sftp, path)
         except FileNotFoundError:
             return []
-        except OSError as err:
-            raise UserError(f"ssh {self.where}: listing {path}: {one_line(str(err))}") from None
+        except SFTP_ERRORS as err:
+            why = sftp_failure(err, self.settings.command_timeout)
+            raise UserError(f"ssh {self.where}: listing {path}: {why}") from None
         return [n.decode() for n, _ in raw if n not in (b".", b"..") and _utf8(n)]
 
     def close(self) -> None:
@@ -345,7 +355,8 @@ def _connect_failure(err: BaseException, s: SSHSettings, waited: float) -> UserE
         return UserError(
             f"ssh {s.target}: the host key ({_fingerprint(err.key)}) does not match the one in "
             f"{known}: the host was reinstalled, or someone is in between; once sure, remove the "
-            f"old entry with: ssh-keygen -R {shlex.quote(_known_hosts_name(s))} -f {known}"
+            f"old entry with: ssh-keygen -R {shlex.quote(_known_hosts_name(s))} "
+            f"-f {shlex.quote(str(known))}"
         )
     if isinstance(err, paramiko.AuthenticationException):
         how = f"key {s.key}" if s.key else "the ssh-agent and ~/.ssh keys"
@@ -491,12 +502,24 @@ class SSHBackend(SlurmBackend):
             sftp.stat(remote)
         except FileNotFoundError:
             pass
+        except SFTP_ERRORS as err:
+            why = sftp_failure(err, self.settings.command_timeout)
+            raise UserError(
+                f"ssh {self.settings.target}: ssh.remote_dir: {remote}: {why}"
+            ) from None
         else:
             raise UserError(
                 f"ssh {self.settings.target}: {remote} already exists on the login node "
                 "(a job directory of the same name); remove it or rename the job"
             )
-        self._mkdirs(self.remote_base())
+        try:
+            self._mkdirs(self.remote_base())
+        except SFTP_ERRORS as err:
+            why = sftp_failure(err, self.settings.command_timeout)
+            raise UserError(
+                f"ssh {self.settings.target}: ssh.remote_dir: cannot create "
+                f"{self.remote_base()} on the login node ({why}: is part of it a file?)"
+            ) from None
         self._upload(Path(job_dir), remote)
         return remote
 
@@ -513,9 +536,8 @@ class SSHBackend(SlurmBackend):
                     pass
             sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(job.logs))
             for name in RESENT_ON_RESUME:
-                sftp.put(str(job.path / name), posixpath.join(remote, name))
-                sftp.chmod(posixpath.join(remote, name), _mode(job.path / name))
-        except OSError as err:
+                _replace_remote(sftp, job.path / name, posixpath.join(remote, name))
+        except SFTP_ERRORS as err:
             raise UserError(
                 f"ssh {self.settings.target}: preparing {remote} for the resumed job failed: "
                 f"{one_line(str(err))}"
@@ -580,9 +602,11 @@ class SSHBackend(SlurmBackend):
             for rpath, rel in self._fetchable(remote):
                 if fetch_one(self.shell.sftp, rpath, job.path, rel):
                     fetched.append(rel)
-        except OSError as err:
+        except SFTP_ERRORS as err:
+            why = sftp_failure(err, self.settings.command_timeout)
             raise UserError(
-                f"ssh {self.settings.target}: fetching {remote} failed: {one_line(str(err))}"
+                f"ssh {self.settings.target}: fetching {remote} failed after {len(fetched)} "
+                f"files: {why}"
             ) from None
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched
@@ -598,6 +622,26 @@ class SSHBackend(SlurmBackend):
         rpath = posixpath.join(remote, PLACEMENT)
         if _top_entry_is(sftp, rpath, stat.S_ISREG, PLACEMENT, "a regular file"):
             yield rpath, PLACEMENT
+
+
+def _replace_remote(sftp, local: Path, remote: str) -> None:
+    """``local``'s bytes and mode in place of the remote file, never through what is there: a
+    new file of an unguessable name (created exclusively: no link or file of that name is
+    opened), then renamed over the entry (a link there is replaced, not followed). The job
+    itself can write its directory: a config.yaml it made a link sent a resume's upload,
+    and its chmod, to any file the login node's user can write."""
+    tmp = posixpath.join(posixpath.dirname(remote), f".{secrets.token_hex(8)}.upload")
+    try:
+        with sftp.open(tmp, "wx") as f:  # O_CREAT | O_EXCL: never an existing entry
+            f.write(local.read_bytes())
+            f.chmod(_mode(local))
+        sftp.posix_rename(tmp, remote)
+    except BaseException:
+        try:
+            sftp.remove(tmp)
+        except SFTP_ERRORS:
+            pass
+        raise
 
 
 def _mode(local: str | Path) -> int:
@@ -675,6 +719,44 @@ def listdir_raw(sftp: paramiko.SFTPClient, path: str) -> list[tuple[bytes, SFTPA
     return entries
 
 
+# What an SFTP exchange raises: the server's refusals (OSError), a dropped connection
+# (paramiko's SSHException, EOFError: neither an OSError) and a timeout (an OSError).
+SFTP_ERRORS = (OSError, paramiko.SSHException, EOFError)
+PREFETCH_REQUESTS = 256  # SFTP reads in flight: paramiko's default is unbounded (a failed
+# local write then left millions queued, and closing the file never returned)
+
+
+def open_remote_regular(sftp, path: str):
+    """The remote file opened for reading if the entry itself (lstat: a link is not followed)
+    is a regular file and the opened handle is one too; None when absent. A link, pipe or
+    device is an OSError naming it: opening a FIFO blocks the server, /dev/zero never ends."""
+    try:
+        mode = sftp.lstat(path).st_mode or 0
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(mode):
+        raise NotRegular(f"{path} is not a regular file (a link, a pipe, a device or a folder)")
+    f = sftp.open(path, "rb")
+    if not stat.S_ISREG(f.stat().st_mode or 0):  # swapped between the lstat and the open
+        f.close()
+        raise NotRegular(f"{path} is not a regular file (it changed while being opened)")
+    return f
+
+
+class NotRegular(OSError):
+    """A remote entry that is not a regular file where one is read."""
+
+
+def sftp_failure(err: BaseException, timeout: float) -> str:
+    """What an SFTP failure says, in one line: a timeout says so (its message is empty), a
+    dropped connection too (paramiko's SSHException and EOFError are not OSErrors)."""
+    if isinstance(err, TimeoutError):
+        return f"timed out (no answer within {timeout:.0f}s)"
+    if isinstance(err, EOFError):
+        return "the connection closed"
+    return one_line(str(err)) or type(err).__name__
+
+
 def _top_entry_is(sftp, rpath: str, kind, rel: str, what: str) -> bool:
     """Whether the remote entry (not what a symlink there points to) exists and is of `kind`
     (stat.S_ISDIR, S_ISREG); anything else is skipped with a warning. Opening `attempts/` as a
@@ -703,7 +785,9 @@ def _walk_remote(sftp, rdir: str, rel: str, depth: int = 0) -> Iterator[tuple[st
             _warn(f"skipped the remote file {raw!r} in {rdir}: not a usable name")
             continue
         mode = entry.st_mode or 0
-        if stat.S_ISDIR(mode) and depth < _MAX_DEPTH:
+        if stat.S_ISDIR(mode) and depth >= _MAX_DEPTH:
+            _warn(f"did not fetch {rel}/{name}/: folders nest at most {_MAX_DEPTH} deep")
+        elif stat.S_ISDIR(mode):
             yield from _walk_remote(sftp, posixpath.join(rdir, name), f"{rel}/{name}", depth + 1)
         elif stat.S_ISREG(mode):  # symlinks and devices never come back
             yield posixpath.join(rdir, name), f"{rel}/{name}"
@@ -712,29 +796,72 @@ def _walk_remote(sftp, rdir: str, rel: str, depth: int = 0) -> Iterator[tuple[st
 def fetch_one(sftp, rpath: str, job_dir: Path, rel: str) -> bool:
     """Download one file to job_dir/rel through a temporary name; False (and a warning) when
     the local path would leave the job directory, pass through a symlink or replace a control
-    file."""
+    file or a folder, or the remote entry is no longer a regular file. The remote file's size
+    (its handle's fstat) bounds what is read, and must fit the local disk before anything is
+    written: a sparse terabyte on the login node, or a file swapped for /dev/zero, is refused."""
     from ..jobdir import CONTROL_FILES
 
     target = job_dir / rel
-    parent = target.parent
-    if rel in CONTROL_FILES or target.name in CONTROL_FILES and parent == job_dir:
+    if rel in CONTROL_FILES or target.name in CONTROL_FILES and target.parent == job_dir:
         _warn(f"did not fetch {rel}: a control file is never replaced from the remote copy")
         return False
-    parent.mkdir(parents=True, exist_ok=True)
-    resolved = parent.resolve() / target.name
-    if not resolved.is_relative_to(job_dir) or target.is_symlink() or parent.resolve() != parent:
-        _warn(f"did not fetch {rel}: its local path leaves {job_dir}")
+    if not _local_folders(job_dir, Path(rel).parent) or target.is_symlink() or target.is_dir():
+        _warn(f"did not fetch {rel}: its local path leaves {job_dir} or is not a file's")
         return False
-    tmp = parent / f".{target.name}.fetch.tmp"
     try:
-        sftp.get(rpath, str(tmp))
+        f = open_remote_regular(sftp, rpath)
     except FileNotFoundError:
-        # listed, then gone: a requeued run's script moves its earlier logs to attempts/
-        tmp.unlink(missing_ok=True)
+        f = None
+    except NotRegular:  # listed as a file, then made something else
+        _warn(f"did not fetch {rel}: on the login node it is no longer a regular file")
+        return False
+    if f is None:  # listed, then gone: a requeued run's script moves its earlier logs
         _warn(f"did not fetch {rel}: it was removed or moved on the login node meanwhile")
         return False
+    with f:
+        size = f.stat().st_size or 0
+        free = shutil.disk_usage(target.parent).free
+        if size + FETCH_HEADROOM > free:
+            raise OSError(
+                f"{rel} holds {size:,} bytes on the login node; {target.parent} has "
+                f"{free:,} free: nothing of it was written"
+            )
+        _download(f, size, target)
+    return True
+
+
+FETCH_HEADROOM = 64 << 20  # bytes a fetch leaves free on the local disk
+_WINDOW = 8 << 20  # bytes asked for at once: a failed write leaves at most this in flight
+_PIECE = 32 << 10  # one SFTP read (paramiko's own size; a larger read is reassembled slowly)
+
+
+def _download(f, size: int, target: Path) -> None:
+    """``size`` bytes of the open remote file into ``target``, through a temporary name that
+    is removed on any failure (a full disk, an interrupt): a file is whole or absent."""
+    tmp = target.parent / f".{target.name}.fetch.tmp"
+    try:
+        with open(tmp, "wb") as out:
+            for start in range(0, size, _WINDOW):  # a window's reads in flight at a time
+                stop = min(start + _WINDOW, size)
+                pieces = [(at, min(_PIECE, stop - at)) for at in range(start, stop, _PIECE)]
+                for (_, want), data in zip(pieces, f.readv(pieces, PREFETCH_REQUESTS), strict=True):
+                    if len(data) != want:
+                        raise OSError(f"{target.name}: the remote file ended early (it shrank)")
+                    out.write(data)
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, target)
-    return True
+
+
+def _local_folders(job_dir: Path, parent: Path) -> bool:
+    """Create ``job_dir/parent`` a folder at a time, each one a real folder (not a link, not
+    a file) inside ``job_dir``: False, creating nothing further, where one is not. Checking
+    before creating keeps a remote listing from making folders where a local link points."""
+    here = job_dir
+    for part in parent.parts:
+        here = here / part
+        if here.is_symlink() or (here.exists() and not here.is_dir()):
+            return False
+        here.mkdir(exist_ok=True)
+    return here.resolve() == here and here.is_relative_to(job_dir)
