@@ -298,8 +298,7 @@ class SSHShell:
                 f.prefetch(start + count, max_concurrent_requests=PREFETCH_REQUESTS)
                 return f.read(count)
         except SFTP_ERRORS as err:
-            why = sftp_failure(err, self.settings.command_timeout)
-            raise UserError(f"ssh {self.where}: reading {path}: {why}") from None
+            raise sftp_error(self.settings, f"reading {path}", err) from None
 
     def listdir(self, path: str) -> list[str]:
         """Names that decode as UTF-8 (others cannot be a log of ours); [] when the directory
@@ -310,8 +309,7 @@ class SSHShell:
         except FileNotFoundError:
             return []
         except SFTP_ERRORS as err:
-            why = sftp_failure(err, self.settings.command_timeout)
-            raise UserError(f"ssh {self.where}: listing {path}: {why}") from None
+            raise sftp_error(self.settings, f"listing {path}", err) from None
         return [n.decode() for n, _ in raw if n not in (b".", b"..") and _utf8(n)]
 
     def close(self) -> None:
@@ -503,10 +501,7 @@ class SSHBackend(SlurmBackend):
         except FileNotFoundError:
             pass
         except SFTP_ERRORS as err:
-            why = sftp_failure(err, self.settings.command_timeout)
-            raise UserError(
-                f"ssh {self.settings.target}: ssh.remote_dir: {remote}: {why}"
-            ) from None
+            raise sftp_error(self.settings, f"ssh.remote_dir: {remote}", err) from None
         else:
             raise UserError(
                 f"ssh {self.settings.target}: {remote} already exists on the login node "
@@ -515,11 +510,8 @@ class SSHBackend(SlurmBackend):
         try:
             self._mkdirs(self.remote_base())
         except SFTP_ERRORS as err:
-            why = sftp_failure(err, self.settings.command_timeout)
-            raise UserError(
-                f"ssh {self.settings.target}: ssh.remote_dir: cannot create "
-                f"{self.remote_base()} on the login node ({why}: is part of it a file?)"
-            ) from None
+            what = f"ssh.remote_dir: cannot create {self.remote_base()} (is part of it a file?)"
+            raise sftp_error(self.settings, what, err) from None
         self._upload(Path(job_dir), remote)
         return remote
 
@@ -603,11 +595,8 @@ class SSHBackend(SlurmBackend):
                 if fetch_one(self.shell.sftp, rpath, job.path, rel):
                     fetched.append(rel)
         except SFTP_ERRORS as err:
-            why = sftp_failure(err, self.settings.command_timeout)
-            raise UserError(
-                f"ssh {self.settings.target}: fetching {remote} failed after {len(fetched)} "
-                f"files: {why}"
-            ) from None
+            what = f"fetching {remote} failed after {len(fetched)} files"
+            raise sftp_error(self.settings, what, err) from None
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched
 
@@ -747,14 +736,17 @@ class NotRegular(OSError):
     """A remote entry that is not a regular file where one is read."""
 
 
-def sftp_failure(err: BaseException, timeout: float) -> str:
-    """What an SFTP failure says, in one line: a timeout says so (its message is empty), a
-    dropped connection too (paramiko's SSHException and EOFError are not OSErrors)."""
+def sftp_error(settings: SSHSettings, what: str, err: BaseException) -> UserError:
+    """An SFTP failure in one line, ``ssh TARGET: WHAT: WHY``: a timeout says so (its message
+    is empty), a dropped connection too (paramiko's SSHException and EOFError are not
+    OSErrors)."""
     if isinstance(err, TimeoutError):
-        return f"timed out (no answer within {timeout:.0f}s)"
-    if isinstance(err, EOFError):
-        return "the connection closed"
-    return one_line(str(err)) or type(err).__name__
+        why = f"timed out (no answer within {settings.command_timeout:.0f}s)"
+    elif isinstance(err, EOFError):
+        why = "the connection closed"
+    else:
+        why = one_line(str(err)) or type(err).__name__
+    return UserError(f"ssh {settings.target}: {what}: {why}")
 
 
 def _top_entry_is(sftp, rpath: str, kind, rel: str, what: str) -> bool:
