@@ -50,7 +50,7 @@ _REMOTE = re.compile(r"(?:[\w.-]+@)?[\w.-]+:(?!//).*", re.DOTALL)
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "gather",
-        help="verify a job's output shards and reassemble each document",
+        help="Verify a job's output shards and reassemble each document.",
         description=(
             "Check that every token position of every document is covered exactly once by "
             "shards with valid checksums, undo the sequence layout, and write one file per "

@@ -63,7 +63,7 @@ llama-30b (ringctl/planner/data/models.json), or a Hugging Face model directory.
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan",
-        help="estimate memory, step time and overlap before submitting",
+        help="Estimate memory, step time and overlap before submitting.",
         description=(
             "Estimate per-rank memory (broken down, with the dtype of each kind of tensor), the "
             "ring's per-step compute and transfer over its slowest hop, whether the transfer "

@@ -155,7 +155,7 @@ def register(subparsers) -> None:
     table = ", ".join(f"{k}={v:g}" for k, v in DEFAULT_BANDWIDTHS.items())
     p = subparsers.add_parser(
         "topo",
-        help="place the ring on the fastest links of nodes and switches",
+        help="Place the ring on the fastest links of nodes and switches.",
         description=DESCRIPTION,
         epilog=EPILOG.format(table=table),
         formatter_class=argparse.RawDescriptionHelpFormatter,
