@@ -34,8 +34,11 @@ host), ``gloo`` (never), ``shm`` (required: an error where the ranks do not shar
 from __future__ import annotations
 
 import glob
+import hashlib
 import mmap
 import os
+import secrets
+import stat
 import tempfile
 import time
 import uuid
@@ -60,6 +63,28 @@ def _bytes(t: torch.Tensor) -> int:
 ALIGN = 64  # each tensor of a message starts at a multiple of this in its slot
 
 
+TOKEN_WORDS = 4  # a message's token: slot file size, generation, nonce, tensor sizes
+
+
+def _sizes(tensors: Sequence[torch.Tensor]) -> int:
+    """The message's tensor sizes in bytes, as one 62-bit signature for its token: a receiver
+    whose tensors differ refuses the message (padded totals could agree where sizes do not:
+    6 rows read as 7 took a row the slot held from an earlier block)."""
+    text = ",".join(str(_bytes(t)) for t in tensors).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 2
+
+
+def _check_own_file(fd: int, path: str, size: int) -> None:
+    """A slot file the receiver opens must be this user's regular file of at least the size
+    the token says (the sender made it so: anything else was put there by someone else)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size < size:
+        raise RuntimeError(
+            f"ringattn shm: {path} is not the slot its sender made (another owner, kind or "
+            "size): refusing to read it"
+        )
+
+
 def _offsets(tensors: Sequence[torch.Tensor]) -> tuple[list[int], int]:
     """Where each tensor of a message starts in its slot, and the bytes the message needs:
     aligned, so a receiver's view of a slot has its dtype's alignment (and a cache line's)."""
@@ -78,14 +103,18 @@ class _Slot:
         self.view: torch.Tensor | None = None
         self.generation = -1
         self.pending_free = None  # sender: the receiver's "read it" token for this slot
+        self.nonce = 0  # the current file's nonce (its name's last part)
 
     def attach(self, path: str, size: int, generation: int, create: bool) -> None:
         # The old map is dropped, not closed: it unmaps when the last view of it goes.
         self.view, self.map = None, None
-        fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+        flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
         try:
             if create:
                 os.ftruncate(fd, size)
+            else:
+                _check_own_file(fd, path, size)
             self.map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
@@ -104,10 +133,16 @@ class _Channel:
         self.count = 0  # messages sent (sender) or read (receiver)
         self.borrowed = False  # receiver: the ring holds views of the last message's slot
 
-    def _path(self, index: int, generation: int) -> str:
-        sender = self.ring.pids[self.src]
-        names = (self.src, self.dst, self.tag, index, generation)
-        return os.path.join(_shm_root(), slot_name(self.ring.token, sender, *names))
+    def _path(self, index: int, generation: int, nonce: int) -> str:
+        """The slot file's name: the sender's pid and pid namespace (as the sender sees them:
+        ranks in containers sharing the host's /dev/shm each have their own), and a nonce the
+        sender drew for this file and sends in its token (a name nobody else can predict, and
+        so cannot take first: another user making it would fail the sender's O_EXCL)."""
+        sender, namespace = self.ring.pids[self.src], self.ring.namespaces[self.src]
+        names = (self.src, self.dst, self.tag, index, generation, nonce)
+        return os.path.join(
+            _shm_root(), slot_name(self.ring.token, sender, *names, namespace=namespace)
+        )
 
     def send(self, tensors: Sequence[torch.Tensor]) -> None:
         index = self.count % 2
@@ -116,15 +151,17 @@ class _Channel:
             slot.pending_free[1].wait()
         offsets, need = _offsets(tensors)
         if slot.map is None or len(slot.map) < need:
+            slot.nonce = secrets.randbits(62)
             slot.attach(
-                self._path(index, slot.generation + 1),
+                self._path(index, slot.generation + 1, slot.nonce),
                 max(need, 1),
                 slot.generation + 1,
                 create=True,
             )
         for offset, src in zip(offsets, tensors, strict=True):  # strided (a batch's rows) too
             slot.view[offset : offset + _bytes(src)].view(src.dtype).view(src.shape).copy_(src)
-        token = torch.tensor([len(slot.map), slot.generation, need], dtype=torch.int64)
+        sizes = _sizes(tensors)
+        token = torch.tensor([len(slot.map), slot.generation, slot.nonce, sizes], dtype=torch.int64)
         self.ring.token_send(token, self.dst, 2 * self.tag)
         freed = torch.empty(1, dtype=torch.int64)  # lives as long as its receive
         slot.pending_free = (freed, self.ring.token_recv(freed, self.dst, 2 * self.tag + 1))
@@ -132,7 +169,7 @@ class _Channel:
 
     def post_recv(self):
         """The token of the next message from ``src`` (posted early, waited on by read)."""
-        token = torch.empty(3, dtype=torch.int64)
+        token = torch.empty(TOKEN_WORDS, dtype=torch.int64)
         return token, self.ring.token_recv(token, self.src, 2 * self.tag)
 
     def read(self, posted, recv: Sequence[torch.Tensor], borrow: bool) -> tuple:
@@ -143,18 +180,21 @@ class _Channel:
         self.give_back()
         token, request = posted
         request.wait()
-        size, generation, sent = (int(x) for x in token.tolist())
-        offsets, need = _offsets(recv)
-        if sent != need:  # both sides derive a block's rows from the layout: never, but a
-            # slot read with the wrong shape would be a wrong number, not an error
+        size, generation, nonce, sent = (int(x) for x in token.tolist())
+        offsets, _ = _offsets(recv)
+        if sent != _sizes(recv):  # both sides derive a block's rows from the layout: never,
+            # but a slot read with another shape would be a wrong number, not an error
             raise RuntimeError(
-                f"ringattn shm: rank {self.src} sent {sent} bytes on stream {self.tag}, rank "
-                f"{self.dst} expected {need} (the ranks disagree on the ring's layout)"
+                f"ringattn shm: rank {self.src} sent tensors of other sizes on stream "
+                f"{self.tag} than rank {self.dst} expected "
+                f"({', '.join(str(_bytes(t)) for t in recv)} bytes: the ranks disagree on "
+                "the ring's layout)"
             )
         index = self.count % 2
         slot = self.slots[index]
         if generation != slot.generation:
-            slot.attach(self._path(index, generation), size, generation, create=False)
+            path = self._path(index, generation, nonce)
+            slot.attach(path, size, generation, create=False)
         self.count += 1
         views = [
             slot.view[offset : offset + _bytes(t)].view(t.dtype).view(t.shape)
@@ -209,10 +249,16 @@ class RingShm(RingComm):
     and transport (``exchange``, ``drive``); gloo carries the tokens and the collectives."""
 
     def __init__(
-        self, group: dist.ProcessGroup | None, token: str, pids: list[int], shared: list[bool]
+        self,
+        group: dist.ProcessGroup | None,
+        token: str,
+        pids: list[tuple[int, str]],
+        shared: list[bool],
     ) -> None:
         super().__init__(group)
-        self.token, self.pids = token, pids
+        self.token = token
+        self.pids = [pid for pid, _ in pids]  # each rank's pid and pid namespace
+        self.namespaces = [namespace for _, namespace in pids]
         self.shared = shared  # shared[r]: this rank and rank r share a /dev/shm
         self._channels: dict[tuple[int, int, int], _Channel] = {}
         self._sent: list = []  # token sends in flight (their tensors must live until done)
@@ -327,19 +373,22 @@ def _host() -> tuple[str, str]:
 
 
 def _agree(group: dist.ProcessGroup | None) -> tuple[str, list[int], list[bool]]:
-    """(a token naming this ring's files, every rank's pid, with which ranks this one shares
-    a /dev/shm). The lowest rank of each host makes a probe file; a rank shares with those
-    of its host that see it as it does."""
+    """(a token naming this ring's files, every rank's (pid, pid namespace), with which ranks
+    this one shares a /dev/shm). The lowest rank of each host makes a probe file (named as a
+    slot is: ``remove_orphans`` clears it if that rank dies before removing it); a rank shares
+    with those of its host that see it as it does."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     hosts: list = [None] * world
-    dist.all_gather_object(hosts, (_host(), os.getpid(), uuid.uuid4().hex[:12]), group=group)
+    me = (_host(), (os.getpid(), _pid_namespace()), uuid.uuid4().hex[:12])
+    dist.all_gather_object(hosts, me, group=group)
     token = hosts[0][2]
     leader = min(r for r in range(world) if hosts[r][0] == hosts[rank][0])
-    probe = os.path.join(_shm_root(), f"{PREFIX}-{token}-probe{leader}")
+    pid, namespace = hosts[leader][1]
+    probe = os.path.join(_shm_root(), slot_name(token, pid, leader, namespace=namespace))
     if rank == leader:
         remove_orphans()
-        with open(probe, "w"):
-            pass
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        os.close(os.open(probe, flags, 0o600))
     dist.barrier(group=group)
     sees: list = [None] * world
     dist.all_gather_object(sees, os.path.exists(probe), group=group)
@@ -360,8 +409,8 @@ def slot_name(token: str, sender_pid: int, *where: int, namespace: str | None = 
 
 
 def slot_sender(path: str) -> tuple[int, str] | None:
-    """(sender's pid, its pid namespace) from a slot file's name (``slot_name``); None for
-    another file (a set-up's probe file)."""
+    """(sender's pid, its pid namespace) from a slot file's name (``slot_name``; a set-up's
+    probe file is named alike); None for another file."""
     parts = os.path.basename(path).split("-")
     if len(parts) < 5 or parts[:2] != PREFIX.split("-") or not parts[3].isdigit():
         return None

@@ -198,8 +198,10 @@ def _init_distributed(cfg, ident: Identity):
     if cuda:
         entry = ident.plan_entry or {}
         gpu = entry.get("gpu")
-        index = int(gpu) if isinstance(gpu, int) else ident.local_rank
-        index %= torch.cuda.device_count()
+        count = torch.cuda.device_count()
+        if isinstance(gpu, int) and gpu >= count:  # two ranks would share a GPU
+            raise WorkerError(f"placement.json gives this rank GPU {gpu}; it sees {count}")
+        index = gpu if isinstance(gpu, int) else ident.local_rank % count
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
         backend = "nccl"

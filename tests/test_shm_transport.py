@@ -209,12 +209,19 @@ def _strided_and_mismatched(rank: int, world: int) -> dict:
     source = (rank - 1) % world
     want = torch.arange(2 * 16 * 4, dtype=torch.float32).reshape(2, 16, 4) + 1000 * source
     intact = torch.equal(recv, want[:, 3:9])
-    pending = ring.exchange([block[:, :6]], [torch.empty(2, 7, 4)])
-    try:
-        pending.wait()
-        refused = ""
-    except RuntimeError as err:
-        refused = str(err)
+    refused = []
+    for tag, sent, expected in (
+        (0, block[:, :6], torch.empty(2, 7, 4)),
+        # 6 rows of 16 bytes read as 7: the same total once padded to 64 bytes (the padded
+        # totals were compared: the 7th row came from whatever the slot held)
+        (1, torch.ones(6, 8, dtype=torch.bfloat16), torch.empty(7, 8, dtype=torch.bfloat16)),
+    ):
+        pending = ring.exchange([sent], [expected], tag=tag)
+        try:
+            pending.wait()
+            refused.append("")
+        except RuntimeError as err:
+            refused.append(str(err))
     dist.barrier()
     return {"chosen": type(ring).__name__, "intact": intact, "refused": refused}
 
@@ -226,5 +233,58 @@ def test_a_strided_block_arrives_intact_and_a_wrong_size_is_refused():
     per_rank = run_distributed(_strided_and_mismatched, 2, transport="shm")
     for r in per_rank:
         assert r["chosen"] == "RingShm" and r["intact"], r
-        assert "sent 192 bytes on stream 0" in r["refused"], r  # 2 x 6 x 4 float32
-        assert "expected 256" in r["refused"], r  # 2 x 7 x 4 float32, 64-byte aligned
+        whole, padded_alike = r["refused"]
+        assert "sent tensors of other sizes on stream 0" in whole, r
+        assert "expected (224 bytes" in whole, r  # 2 x 7 x 4 float32
+        assert "sent tensors of other sizes on stream 1" in padded_alike, r
+
+
+_PIDNS_RANK = """
+import os, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                        world_size=2, timeout=timedelta(seconds=30))
+from ringattn.shm import ring_transport
+ring = ring_transport(None)
+recv = [torch.empty(8)]
+ring.exchange([torch.full((8,), float(rank + 1))], recv).wait()
+ring.drive([])
+print(type(ring).__name__, recv[0].tolist(), flush=True)
+dist.barrier()
+"""
+
+
+def test_ranks_in_their_own_pid_namespaces_share_a_dev_shm():
+    """Two containers run with the host's /dev/shm and network (``--ipc=host
+    --network=host``, as for NCCL) each have a pid namespace: the receiver named the sender's
+    slot file with its own namespace, so every exchange failed (FileNotFoundError on both
+    ranks, the default transport). Rank 1 runs under ``unshare --pid --fork`` here."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode
+    ):
+        pytest.skip("unshare --pid needs root (or user namespaces) here")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "RINGATTN_TRANSPORT": "auto", "PYTHONPATH": os.getcwd()}
+    argv = [sys.executable, "-c", _PIDNS_RANK]
+    ranks = [
+        subprocess.Popen([*argv, "0", port], env=env, stdout=subprocess.PIPE, text=True),
+        subprocess.Popen(
+            ["unshare", "--pid", "--fork", *argv, "1", port],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        ),
+    ]
+    outs = [p.communicate(timeout=120)[0].strip() for p in ranks]
+    assert [p.returncode for p in ranks] == [0, 0], outs
+    assert outs == ["RingShm [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]", f"RingShm {[1.0] * 8}"]

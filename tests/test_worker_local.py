@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -150,7 +151,7 @@ def _plan(nodes: list[str], per_node: int, order: list[tuple[str, int]]) -> dict
             "gpu": None,
             "nic": None,
             "numa": None,
-            "env": {"RINGCTL_TEST_VAR": f"{n}/{lr}"},
+            "env": {"RINGCTL_CPU_AFFINITY": f"{n}:{lr}"},
         }
         for r, (n, lr) in enumerate(order)
     ]
@@ -177,7 +178,7 @@ def test_identify_takes_the_rank_from_the_plan(tmp_path, monkeypatch):
         ident = identify(tmp_path)
         assert ident.task_index == task and ident.world_size == 4
         seen[(node, local)] = ident.rank
-        assert ident.plan_entry["env"]["RINGCTL_TEST_VAR"] == f"{node}/{local}"
+        assert ident.plan_entry["env"]["RINGCTL_CPU_AFFINITY"] == f"{node}:{local}"
     assert seen == {("n2", 1): 0, ("n1", 0): 1, ("n1", 1): 2, ("n2", 0): 3}
 
     monkeypatch.setenv("SLURMD_NODENAME", "n9")
@@ -223,3 +224,50 @@ def test_the_ring_follows_the_plan(tmp_path):
     for name in ("out", "dq", "dk", "dv"):
         scale = want[name].abs().max()
         torch.testing.assert_close(got[name].double(), want[name], rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"env": {"LD_PRELOAD": "/tmp/evil.so"}}, "ring[1].env.'LD_PRELOAD': a placement sets"),
+        ({"env": {"PYTHONPATH": "/tmp/evil"}}, "ring[1].env.'PYTHONPATH': a placement sets"),
+        ({"env": {"NCCL_IB_HCA": "a b"}}, "ring[1].env.NCCL_IB_HCA: 'a b' is not a plain"),
+        ({"env": ["x"]}, "ring[1].env: expected a mapping"),
+        ({"rank": 1.0}, "ring[1].rank: expected a whole number"),
+        ({"local_rank": False}, "ring[1].local_rank: expected a whole number"),
+        ({"gpu": -1}, "ring[1].gpu: expected null or a whole number"),
+        ({"gpu": True}, "ring[1].gpu: expected null or a whole number"),
+        ({"node": "n1; rm"}, "ring[1].node: not a host name"),
+    ],
+)
+def test_a_plan_entry_a_worker_cannot_use_is_refused_naming_it(tmp_path, change, said):
+    """placement.json is written into the job directory, which the job (any node) can write:
+    its env was applied as it came (LD_PRELOAD, PYTHONPATH, NCCL_NET_PLUGIN: code into every
+    rank), and a rank of 0.0 or False passed the order check into init_process_group."""
+    from ringctl.errors import UserError
+    from ringctl.topology import load_plan
+
+    plan = _plan(["n1"], 2, [("n1", 0), ("n1", 1)])
+    plan["ring"][1].update(change)
+    (tmp_path / "placement.json").write_text(json.dumps(plan))
+    with pytest.raises(UserError, match=re.escape(said)) as err:
+        load_plan(tmp_path / "placement.json")
+    assert "\n" not in str(err.value)
+
+
+def test_placement_and_probes_that_are_pipes_or_links_are_refused(tmp_path):
+    """Every rank reads placement.json before any timeout applies, and the placement step
+    reads each node's probe: a FIFO there hung the whole job, a link to /dev/zero filled the
+    memory. Both are refused in one line now."""
+    from ringctl.errors import UserError
+    from ringctl.topology import load_plan
+    from ringctl.topology.nodes import load_node
+
+    os.mkfifo(tmp_path / "placement.json")
+    (tmp_path / "n1.json").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "n2.json")
+    with pytest.raises(UserError, match="placement.json: cannot read the plan .*not a regular"):
+        load_plan(tmp_path / "placement.json")
+    for probe in ("n1.json", "n2.json"):
+        with pytest.raises(UserError, match="not a regular file"):
+            load_node(tmp_path / probe)

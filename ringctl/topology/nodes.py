@@ -11,7 +11,8 @@ import json
 import re
 from pathlib import Path
 
-from ..errors import UserError
+from ..bounded_read import read_regular
+from ..errors import UserError, naming
 from .ibstat import parse_hca_text
 from .model import Hca, Nic, NodeTopology
 from .nvidia_smi import SmiTopology, parse_nvidia_smi
@@ -78,13 +79,18 @@ def build_node(
     return node
 
 
+MAX_TOOL_OUTPUT_BYTES = 64 << 20  # nvidia-smi/ibstat text, or a probe holding both
+
+
 def read_text(path: Path) -> str:
     """A tool output as text; a binary or non-UTF-8 file is refused in one line (the tools
-    print ASCII, so such a file is the wrong file, not a format to guess at)."""
+    print ASCII, so such a file is the wrong file, not a format to guess at). A regular file
+    (a link given is followed to one) within MAX_TOOL_OUTPUT_BYTES: the node probes in a job
+    directory are written by the nodes, and a FIFO or /dev/zero there hung the placement."""
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"{path}: cannot read ({err.strerror})") from None
+        data = read_regular(Path(path).resolve(), MAX_TOOL_OUTPUT_BYTES)
+    except ValueError as err:
+        raise UserError(naming(path, str(err))) from None
     nul = data.find(b"\0")
     if nul >= 0:
         raise UserError(

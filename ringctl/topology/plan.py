@@ -58,11 +58,14 @@ rank order, the ring a worker that ignores `ulysses` would run.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..bounded_read import read_regular
+from ..errors import UserError, naming
+from .nodes import NODE_NAME
 
 __all__ = [
     "PLAN_VERSION",
@@ -295,6 +298,8 @@ class RingPlan:
                 extra["ring_of_groups"] = RingOfGroups.from_dict(rog) if rog else None
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise UserError(f"{source}: not a ring plan ({err})") from None
+        for index, entry in enumerate(ring):
+            _check_entry(entry, f"{source}: ring[{index}]")
         if [e.rank for e in ring] != list(range(len(ring))):
             raise UserError(f"{source}: ranks must be 0..{len(ring) - 1} in ring order")
         seen = {(e.node, e.local_rank) for e in ring}
@@ -323,6 +328,52 @@ class RingPlan:
         if not isinstance(data, dict):
             raise UserError(f"{source}:1: expected a JSON object")
         return cls.from_dict(data, source)
+
+
+# The variables a plan may set for its rank (what placement.py and gdr.py write), each
+# value of a plain form: a worker applies them before torch and NCCL start, so a plan that
+# set LD_PRELOAD, PYTHONPATH or NCCL_NET_PLUGIN ran code of whoever wrote placement.json.
+PLAN_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NCCL_IB_HCA",
+        "NCCL_NET_GDR_LEVEL",
+        "NCCL_NET_GDR_READ",
+        "NCCL_P2P_PXN_LEVEL",
+        "RINGCTL_NUMA_NODE",
+        "RINGCTL_CPU_AFFINITY",
+    }
+)
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=-]{0,256}")
+MAX_GPU_INDEX = 4096
+
+
+def _whole(value: Any, least: int = 0, most: int | None = None) -> bool:
+    """An int (not a bool, not a float equal to one) in [least, most]."""
+    return type(value) is int and value >= least and (most is None or value <= most)
+
+
+def _check_entry(entry: RankEntry, where: str) -> None:
+    """A rank's entry as a worker will use it: counts are ints (0.0 and False passed the
+    order check, and reached init_process_group), a GPU index in range, the environment
+    only PLAN_ENV's names with plain values."""
+    for key in ("rank", "local_rank", "group"):
+        if not _whole(getattr(entry, key)):
+            raise UserError(f"{where}.{key}: expected a whole number >= 0")
+    for key in ("gpu", "numa", "nic_port"):
+        value = getattr(entry, key)
+        if value is not None and not _whole(value, 0, MAX_GPU_INDEX):
+            raise UserError(f"{where}.{key}: expected null or a whole number 0-{MAX_GPU_INDEX}")
+    if not isinstance(entry.node, str) or not NODE_NAME.fullmatch(entry.node):
+        raise UserError(f"{where}.node: not a host name")
+    if not isinstance(entry.env, dict):
+        raise UserError(f"{where}.env: expected a mapping of variables to values")
+    for name, value in entry.env.items():
+        if name not in PLAN_ENV:
+            allowed = ", ".join(sorted(PLAN_ENV))
+            raise UserError(f"{where}.env.{str(name)[:64]!r}: a placement sets only {allowed}")
+        if not isinstance(value, str) or not _ENV_VALUE.fullmatch(value):
+            raise UserError(f"{where}.env.{name}: {str(value)[:64]!r} is not a plain value")
 
 
 def _check_groups(groups: list[RingGroup], ring: list[RankEntry], source: str) -> None:
@@ -360,11 +411,16 @@ def _check_hybrid(
         )
 
 
+MAX_PLAN_BYTES = 256 << 20  # a 32,768-rank plan is ~10 MB written compact
+
+
 def load_plan(path: str | Path) -> RingPlan:
-    """Read a placement file written by `ringctl topo -o placement.json`."""
+    """Read a placement file written by `ringctl topo -o placement.json`: a regular file
+    (every rank reads it before any timeout applies: a FIFO there hung the whole job, a link
+    to /dev/zero filled its memory), UTF-8 JSON within MAX_PLAN_BYTES."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise UserError(f"{path}: cannot read the plan ({err.strerror})") from None
+        text = read_regular(path, MAX_PLAN_BYTES).decode("utf-8")
+    except ValueError as err:  # UnicodeDecodeError too
+        raise UserError(f"{path}: cannot read the plan ({naming(path, str(err))})") from None
     return RingPlan.from_json(text, str(path))
