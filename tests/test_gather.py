@@ -593,3 +593,47 @@ def test_an_entry_cannot_claim_any_padding(jobs: dict, tmp_path: Path, capsys) -
     assert _cli([str(job), "-o", str(tmp_path / "b")]) == 3
     err = capsys.readouterr().err
     assert "but rank 0 of the zigzag layout holds" in err and not (tmp_path / "b").exists()
+
+
+def test_a_shard_rewritten_consistently_is_still_checked_row_by_row(
+    jobs: dict, tmp_path: Path, capsys
+) -> None:
+    """A shard whose entry was rewritten to agree with it (bytes, sha256, shapes) passed the
+    checksum: a one-row token_logprob was broadcast over the shard's positions (perplexity
+    289.4 for 270.5, exit 0), a missing one a KeyError traceback. Every per-token tensor of
+    the task must now hold one row per position, of its dtype."""
+    import hashlib
+
+    from safetensors.torch import load, save
+
+    from ringctl.longdoc.inputs.documents import doc_key
+
+    job, shards = _copy_job(jobs, tmp_path)
+    folder = shards / doc_key("docs.jsonl#1")
+    original = (folder / "rank-00001.safetensors").read_bytes()
+    entry0 = json.loads((folder / "rank-00001.json").read_text())
+    cases = {
+        "one row": lambda t: {**t, "token_logprob": t["token_logprob"][:1].clone()},
+        "missing": lambda t: {k: v for k, v in t.items() if k != "token_logprob"},
+        "float64": lambda t: {**t, "token_logprob": t["token_logprob"].double()},
+    }
+    said = {
+        "one row": "token_logprob has shape [1], not one row per position",
+        "missing": "holds no token_logprob",
+        "float64": "token_logprob is float64, not float32",
+    }
+    for name, change in cases.items():
+        tensors = change(load(original))
+        data = save(tensors, metadata={"format": "ringctl.longdoc/1", "doc_id": "docs.jsonl#1"})
+        (folder / "rank-00001.safetensors").write_bytes(data)
+        specs = {
+            k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
+            for k, v in tensors.items()
+        }
+        entry = {**entry0, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (folder / "rank-00001.json").write_text(json.dumps({**entry, "tensors": specs}))
+        capsys.readouterr()
+        assert _cli([str(job), "-o", str(tmp_path / name)]) == 3, name
+        err = capsys.readouterr().err
+        assert said[name] in err and "Traceback" not in err, err
+        assert not (tmp_path / name).exists()

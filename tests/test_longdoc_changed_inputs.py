@@ -96,3 +96,31 @@ def test_a_resume_refuses_an_edited_input_when_asked(tmp_path, capsys) -> None:
     assert "FAILED" in err and "b.txt" in err, err
     assert "its input changed since its outputs were written" in err, err
     assert "refused (task.on_changed_input=stop" in err, err
+
+
+def test_a_resume_refuses_a_model_changed_at_the_same_path(tmp_path, capsys) -> None:
+    """run.json recorded the model's path, not its files: a checkpoint rewritten at the same
+    path (or a package upgraded) between attempts made a resume compute the rest with the new
+    model beside the old one's results, and gather vouched for both (a review found it: one
+    document's perplexity 169 beside the others' 4-10). run.json now records the sha256 of
+    the model's files; a resume with other files is refused, naming the model."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from ringctl.longdoc.model.load import BUNDLED_TRAINED, resolve_model_path
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_path(BUNDLED_TRAINED), model)
+    docs = _inputs(tmp_path)
+    job = tmp_path / "job"
+    args = [f"job_dir={job}", f"task.inputs=[{docs}]", f"task.model_path={model}"]
+    assert main(["run", JOB, *args]) == 0
+    run = json.loads((job / "out" / "longdoc" / "run.json").read_text())
+    assert len(run["model"]) == 32, run
+    weights = load_file(model / "model.safetensors")
+    save_file({k: v * 1.5 for k, v in weights.items()}, model / "model.safetensors")
+    capsys.readouterr()
+    assert main(["resume", str(job), "--force", "--follow"]) == 1
+    err = capsys.readouterr().err
+    assert "holds the results of a different run (model: '" in err, err

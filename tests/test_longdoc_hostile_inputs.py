@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 import time
@@ -276,9 +277,12 @@ def test_table_cells_keep_invalid_utf8_as_json_strings_do(tmp_path):
     column = pa.Array.from_buffers(pa.string(), 2, [None, offsets, data])
     path = tmp_path / "bytes.parquet"
     pq.write_table(pa.table({"text": column, "id": column}), path)
-    docs = list_documents(path, id_field="id").documents
+    docs = list_documents(path).documents
     assert [d.read_bytes() for d in docs] == [b"ok", b"\xff\xfebad"]
-    assert docs[1].id == b"\xff\xfebad".decode("utf-8", "surrogateescape")
+    # as an id it cannot be written (safetensors metadata, JSON: UTF-8): every rank failed at
+    # its first write, after the model had loaded; refused at listing, naming the record
+    with pytest.raises(DocumentError, match=r"bytes.parquet:2: the document id .* not valid Uni"):
+        list_documents(path, id_field="id")
 
 
 TEXTS = ["alpha", None, "gamma \u00e9", "delta" * 1000, "", "zeta"] * 20
@@ -365,3 +369,46 @@ def test_a_model_config_nested_too_deeply_is_one_line_at_submit(tmp_path):
         "to parse)"
     )
     assert "\n" not in str(err.value)
+
+
+def test_inputs_that_read_elsewhere_or_block_are_refused_by_name(tmp_path):
+    """From a review: a file of an input folder linked to /etc/passwd or /proc/self/environ
+    was read (and its bytes handed out by gather as token ids); a FIFO named as an input hung
+    listing on every rank; ids that are not valid Unicode (a JSON escape, a file name that is
+    not UTF-8) failed every rank at its first write; two ids sharing an output key (slug and
+    40 bits of hash) overwrote each other's shards, refused only by gather afterwards."""
+    import json as json_
+
+    from ringctl.longdoc.inputs import documents
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("fine\n")
+    (folder / "passwd.txt").symlink_to("/etc/passwd")
+    with pytest.raises(DocumentError, match=r"passwd.txt: a link to /etc/passwd, outside the"):
+        list_documents(folder)
+    (folder / "passwd.txt").unlink()
+    (folder / "inside.txt").symlink_to(folder / "a.txt")  # inside: read as any file
+    assert [d.id for d in list_documents(folder).documents] == ["a.txt", "inside.txt"]
+
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    with pytest.raises(DocumentError, match=r"pipe.jsonl: not a regular file"):
+        list_documents(tmp_path / "pipe.jsonl")
+
+    escaped = tmp_path / "escaped.jsonl"
+    records = [{"id": "\ud800", "text": "x"}, {"id": "fine", "text": "y"}]
+    escaped.write_text("".join(json_.dumps(r) + "\n" for r in records))
+    with pytest.raises(DocumentError, match=r"escaped.jsonl:1: the document id .* not valid"):
+        list_documents(escaped, id_field="id")
+    skipping = list_documents(escaped, id_field="id", on_bad_record="skip")
+    assert [d.id for d in skipping.documents] == ["fine"] and len(skipping.skipped) == 1
+
+    monkey = pytest.MonkeyPatch()
+    try:  # two ids whose keys collide (a hash collision, found by search in the review)
+        monkey.setattr(documents.Document, "key", property(lambda d: "same-key"))
+        both = tmp_path / "both.jsonl"
+        both.write_text("".join(json_.dumps({"id": i, "text": "t"}) + "\n" for i in "ab"))
+        with pytest.raises(DocumentError, match="'a' and 'b' share the output name 'same-key'"):
+            list_documents(both, id_field="id")
+    finally:
+        monkey.undo()

@@ -51,7 +51,8 @@ from .compute.scoring import ShardResult, comm_device, run_task
 from .consensus import agree, any_has, document_verdict
 from .inputs.documents import Document, DocumentError, Listing, input_identity
 from .model.compat import window_refusal
-from .model.load import load_model
+from .model.directory import model_identity
+from .model.load import bundled_config_path, load_model, resolve_model_path
 from .model.tokenize import load_tokenizer, resolve_tokenizer_path
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
@@ -324,6 +325,7 @@ class LongDocRun:
         self.tokenizer: Any = None
         self.model: Any = None
         self.inputs: dict[str, dict | None] = {}  # document id -> its input's identity, as read
+        self._identity: dict | None = None  # run_signature's model and tokenizer identity
 
     def run(self) -> LongDocSummary:
         """List, load and probe the model, find what is left, schedule the rings, score."""
@@ -353,7 +355,10 @@ class LongDocRun:
             error = str(err)
         if not error:
             assert listing is not None
-            error = other_run(self.store.root, params.signature())
+            try:
+                error = other_run(self.store.root, self.run_signature())
+            except RuntimeError as err:  # the model's files: every rank hears it
+                error = str(err)
             error = error or check_expected(self.store.root, listing.documents)
         agree(error, job.group)
         assert listing is not None
@@ -365,10 +370,29 @@ class LongDocRun:
             self._record_listing(inputs, listing)
         return listing
 
+    def run_signature(self) -> dict:
+        """What run.json records and a resume must match: the task's settings, and (rank 0,
+        which records it; computed once) the identity of the model and tokenizer files
+        (``model_identity``), so that a model changed at the same path is refused rather
+        than mixed into the results of the old one."""
+        if not self.job.lead:
+            return self.params.signature()
+        if self._identity is None:
+            params = self.params
+            model = resolve_model_path(params.model_path) or bundled_config_path()
+            try:
+                self._identity = {"model": model_identity(model)}
+                tokenizer = params.tokenizer_path
+                if tokenizer and Path(tokenizer) != Path(model):
+                    self._identity["tokenizer"] = model_identity(tokenizer, weights=False)
+            except (OSError, ValueError) as err:
+                raise RuntimeError(f"the model's files cannot be read: {err}") from None
+        return self.params.signature() | self._identity
+
     def _record_listing(self, inputs: list[str], listing: Listing) -> None:
         """Rank 0: the run's signature, the documents expected, and the listing's index."""
         root = self.store.root
-        write_run(root, run_record(self.job.world_size, self.params.signature()))
+        write_run(root, run_record(self.job.world_size, self.run_signature()))
         write_expected(root, listing.documents)
         write_documents(root, documents_record(inputs, listing))
 

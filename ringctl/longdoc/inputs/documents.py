@@ -61,6 +61,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...bounded_read import open_regular
 from .records import (
     MAX_RECORD_BYTES,
     PYARROW_INSTALL,
@@ -149,8 +150,13 @@ class Document:
     def read_bytes(self) -> bytes:
         """The document's raw bytes. A file gone since listing raises FileNotFoundError; a
         record changed since, a DocumentError."""
-        if self.line is None:
-            return Path(self.source).read_bytes()
+        if self.line is None:  # a regular file (a link given is followed to one)
+            try:
+                f = open_regular(Path(self.source).resolve())
+            except ValueError as err:
+                raise DocumentError(str(err)) from None
+            with f:
+                return f.read()
         where = f"{self.source}:{self.line}"
         if self.source.endswith(TABLE_SUFFIXES):
             record = {self.text_field: table_cell(self.source, self._offset, self.text_field)}
@@ -249,7 +255,7 @@ class Records:
             raise DocumentError(
                 f"{where}: id field {self.id_field!r} must be a non-empty string or an integer"
             )
-        return str(value)
+        return check_id(str(value), where)
 
 
 def _file_documents(path: Path, file_id: str, records: Records) -> list[Document]:
@@ -278,8 +284,44 @@ def _walk(root: Path, split: str | None, dicts: list[Path]) -> list[Path]:
             if p.is_dir() and not p.is_symlink():  # as Path.rglob: links to folders not followed
                 folders.append(p)
             elif p.is_file() and suffix_of(p) in SUFFIXES:
+                _check_link(p, root)
                 found.append(((p.relative_to(root).as_posix(), 0), p))
     return [p for _, p in sorted(found, key=lambda item: item[0])]
+
+
+def input_root(folder: Path) -> Path:
+    """Where a link in an input folder may lead: the folder itself, or, inside a Hugging Face
+    cache snapshot (``datasets--ORG--NAME/snapshots/REV/...``), the repository's folder (its
+    files are links to ``../../blobs/``)."""
+    real = folder.resolve()
+    for above in (real, *real.parents):
+        if above.parent.name == "snapshots" and "--" in above.parent.parent.name:
+            return above.parent.parent
+    return real
+
+
+def _check_link(path: Path, root: Path) -> None:
+    """A file of an input folder that is a link must lead inside the folder (``input_root``):
+    a dataset folder holding ``env.txt -> /proc/self/environ`` made the job read, and gather
+    hand out as token ids, any file its user can read."""
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(input_root(root)):
+            raise DocumentError(f"{path}: a link to {target}, outside the input folder {root}")
+
+
+def check_id(value: str, where: str) -> str:
+    """A document id as text that can be written (safetensors metadata and JSON are UTF-8):
+    a lone surrogate (a JSON escape "\\ud800", a byte that is not UTF-8 in an id field or a
+    file name) failed every rank at its first write, after the model had loaded."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DocumentError(
+            f"{where}: the document id {value!r} is not valid Unicode text (a lone "
+            "surrogate: an escape or a file name that is not UTF-8)"
+        ) from None
+    return value
 
 
 @dataclass
@@ -345,6 +387,8 @@ def _input_documents(path: Path, records: Records, split, dicts: list[Path]) -> 
             docs += _file_documents(f, f.relative_to(path).as_posix(), records)
         return docs
     if suffix_of(path) in SUFFIXES:
+        if not path.is_file():  # a FIFO named as an input hung listing, on every rank
+            raise DocumentError(f"{path}: not a regular file (a pipe, a device or a socket)")
         return _file_documents(path, path.name, records)
     expected = f"a directory or {', '.join(SUFFIXES)}"
     raise DocumentError(f"{path}: unsupported input (expected {expected})")
@@ -363,11 +407,23 @@ def _nothing_to_read(missing: list[str], skipped: list[str]) -> str:
 
 
 def _check_unique(docs: list[Document]) -> None:
+    """Ids unique, writable, and their output keys unique too, case aside (a key is a slug
+    and 40 bits of the id's hash: two ids of a large corpus can share one, and their shards
+    overwrote each other; refused then only by gather, after the whole job had run)."""
     seen: dict[str, str] = {}
+    keys: dict[str, str] = {}
     for d in docs:
+        check_id(d.id, d.source)
         if d.id in seen:
             raise DocumentError(
                 f"two inputs give the same document id {d.id!r}: {seen[d.id]} and {d.source} "
                 "(name the directory that holds them instead, or rename one)"
             )
         seen[d.id] = d.source
+        key = d.key.casefold()
+        if key in keys:
+            raise DocumentError(
+                f"the document ids {keys[key]!r} and {d.id!r} share the output name {d.key!r}: "
+                "rename one"
+            )
+        keys[key] = d.id

@@ -19,11 +19,12 @@ compute with weights or a tokenizer from elsewhere, silently. Here, before anyth
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 from pathlib import Path
 
-from ...bounded_read import read_regular
+from ...bounded_read import open_regular, read_regular
 
 MAX_JSON_BYTES = 256 << 20  # tokenizer_config.json with every added token: megabytes
 INDEX_FILE = "model.safetensors.index.json"  # the weights: sharded, or in one file
@@ -71,6 +72,56 @@ def followed(entry: Path, root: Path | None = None) -> Path:
     if not target.is_relative_to(root or containment_root(entry.parent)):
         raise ValueError(f"{entry}: a link to {target}, outside the model directory")
     return target
+
+
+# What a job reads from a model directory that shapes its numbers: the config, the weights,
+# and the tokenizer (its ids). A model's identity hashes their bytes.
+IDENTITY_FILES = frozenset(
+    {
+        "config.json",
+        INDEX_FILE,
+        TOKENIZER_CONFIG,
+        "tokenizer.json",
+        "tokenizer.model",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "merges.txt",
+    }
+)
+_HASH_PIECE = 8 << 20
+
+
+def _weights(entry: Path) -> bool:
+    return entry.suffix == ".safetensors"
+
+
+def model_identity(path: str | Path, *, weights: bool = True) -> str:
+    """The sha256 of what a job computes with at ``path`` (a model directory: its
+    IDENTITY_FILES and ``*.safetensors``, names and bytes, in name order; a file: its bytes).
+    run.json records it: a resume whose model changed at the same path (a checkpoint
+    rewritten, a package upgraded) mixed two models' results in one output, and gather
+    vouched for them. Reading the weights once more costs their size at disk or page-cache
+    speed (SmolLM2's 145 MB GGUF: a fraction of a second); rank 0 alone reads them.
+    ``weights=False``: a tokenizer's directory (its files but the config and weights)."""
+    path = Path(path)
+    if path.is_dir():
+        names = IDENTITY_FILES if weights else IDENTITY_FILES - {"config.json", INDEX_FILE}
+        chosen = (e for e in path.iterdir() if e.name in names or weights and _weights(e))
+        files = sorted(chosen, key=lambda e: e.name)
+    else:
+        files = [path]
+    digest = hashlib.sha256()
+    for entry in files:
+        digest.update(entry.name.encode("utf-8", "surrogateescape") + b"\0")
+        try:
+            f = open_regular(followed(entry) if path.is_dir() else entry.resolve())
+        except FileNotFoundError:
+            raise ValueError(f"{entry}: cannot be read (no such file)") from None
+        with f:
+            while piece := f.read(_HASH_PIECE):
+                digest.update(piece)
+    return digest.hexdigest()[:32]
 
 
 def read_model_file(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:

@@ -140,7 +140,33 @@ def _load_tensors(raw: bytes, entry: dict, data_path: Path) -> tuple[dict | None
     positions = tensors.get("positions")
     if positions is None or positions.dtype != torch.int64 or positions.dim() != 1:
         return None, f"{data_path} has no int64 positions vector"
-    return tensors, ""
+    problem = _per_token_problem(tensors, entry.get("task"), positions.numel())
+    return (None, f"{data_path}: {problem}") if problem else (tensors, "")
+
+
+# The tensors a shard holds one row of per position, and the dtype each must have (None: a
+# float of the job's dtype), by task. Without this check a shard whose entry agreed with a
+# one-row token_logprob was broadcast over every position, exit 0 (gather's _assemble).
+PER_TOKEN: dict[str, dict[str, torch.dtype | None]] = {
+    "score": {"input_ids": torch.int64, "token_logprob": torch.float32},
+    "grad": {"input_ids": torch.int64, "token_logprob": torch.float32},
+    "embed": {"input_ids": torch.int64, "hidden": None},
+}
+
+
+def _per_token_problem(tensors: dict, task: Any, rows: int) -> str:
+    """Why a shard's per-token tensors are not one row per position of the task's dtype."""
+    for name, dtype in PER_TOKEN.get(task, {}).items():
+        t = tensors.get(name)
+        if t is None:
+            return f"holds no {name} (a {task} shard's)"
+        if t.dim() == 0 or t.shape[0] != rows:
+            return f"{name} has shape {list(t.shape)}, not one row per position ({rows})"
+        if dtype is not None and t.dtype != dtype or dtype is None and not t.is_floating_point():
+            return (
+                f"{name} is {dtype_name(t.dtype)}, not {dtype_name(dtype) if dtype else 'a float'}"
+            )
+    return ""
 
 
 def _ranges_valid(ranges: Any, rows: int) -> bool:

@@ -160,9 +160,19 @@ def _assemble(shards: list[RankShard], n: int, name: str):
 
     first = shards[0].tensors[name]
     full = torch.empty((n, *first.shape[1:]), dtype=first.dtype)
-    for s in shards:
-        full[s.tensors["positions"]] = s.tensors[name]
+    for s in shards:  # rows per position and dtype checked per shard (completeness.PER_TOKEN)
+        part = s.tensors[name]
+        if part.dtype != first.dtype or part.shape[1:] != first.shape[1:]:
+            raise ShardsDisagree(
+                f"{name}: ranks wrote {first.dtype} {list(first.shape[1:])} "
+                f"and {part.dtype} {list(part.shape[1:])} rows"
+            )
+        full[s.tensors["positions"]] = part
     return full
+
+
+class ShardsDisagree(ValueError):
+    """The ranks' shards of one document hold rows of different dtypes or widths."""
 
 
 def _first_not_finite(t) -> int | None:
@@ -225,11 +235,17 @@ def _grad_row(shards: list[RankShard]) -> tuple[dict, str]:
 def _task_outputs(shards: list[RankShard], n: int, task: str) -> tuple[dict, dict, str]:
     """(tensors, summary fields, problem) of a verified document for its task: every value
     handed out is finite, or the document is refused saying why."""
-    out: dict[str, Any] = {"input_ids": _assemble(shards, n, "input_ids")}
+    try:
+        out: dict[str, Any] = {"input_ids": _assemble(shards, n, "input_ids")}
+    except ShardsDisagree as err:
+        return {}, {}, str(err)
     row: dict[str, Any] = {}
     parts = [_scores] if task in ("score", "grad") else [_embeddings] if task == "embed" else []
     for part in parts:
-        tensors, fields, problem = part(shards, n)
+        try:
+            tensors, fields, problem = part(shards, n)
+        except ShardsDisagree as err:
+            tensors, fields, problem = {}, {}, str(err)
         if problem:
             return {}, {}, problem
         out.update(tensors)

@@ -67,6 +67,9 @@ def write_run(root: Path, record: dict) -> None:
     atomic_write_json(OutputPaths(root).run_file, record, indent=1)
 
 
+IDENTITY_KEYS = ("model", "tokenizer")  # the files' sha256 (model.directory.model_identity)
+
+
 def other_run(root: Path, signature: dict) -> str:
     """Why root does not hold this run's results ("" when it does, or holds none). The job's
     size may differ (a resume on more or fewer ranks, or other ring sizes): each document's
@@ -83,7 +86,12 @@ def other_run(root: Path, signature: dict) -> str:
     diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
     if not diff:
         return ""
-    detail = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+    detail = ", ".join(
+        f"{k}: not recorded there (written before ringctl recorded it)"
+        if a is None and k in IDENTITY_KEYS
+        else f"{k}: {a!r} there, {b!r} now"
+        for k, (a, b) in diff.items()
+    )
     return (
         f"{root} holds the results of a different run ({detail}); use a new output "
         "directory, or the same settings to resume"
