@@ -47,17 +47,22 @@ def bundled_jobs() -> dict[str, Path]:
 
 
 def describe_job(path: Path) -> str:
-    """A job file's first comment line, for listings."""
+    """A job file's first sentence (of its leading comment), for listings: a whole sentence,
+    not its first line cut where the line ends."""
+    words: list[str] = []
     try:
         for line in path.read_text().splitlines():
             text = line.strip()
-            if text.startswith("#"):
-                return text.lstrip("#").strip()
-            if text:
+            if not text.startswith("#") or not text.lstrip("#").strip():
+                break
+            words += text.lstrip("#").split()
+            if words[-1].endswith("."):
                 break
     except OSError:
         pass
-    return ""
+    sentence = " ".join(words)
+    end = sentence.find(". ")
+    return sentence[: end + 1] if end >= 0 else sentence
 
 
 def find_job(name_or_path: str | Path) -> Path:

@@ -81,7 +81,11 @@ def test_a_rank_s_manifest_entry(tmp_path: Path) -> None:
     resume's reader) reads back and accepts: the entry as returned, and the tensors."""
     store = ShardStore(tmp_path)
     doc = {"id": "d/1", "key": doc_key("d/1"), "source": "x.txt", "line": None}
-    tensors = {"positions": torch.tensor([1, 2]), "token_logprob": torch.tensor([-0.5, -1.5])}
+    tensors = {  # a score shard's: one row per position of each (completeness.PER_TOKEN)
+        "positions": torch.tensor([1, 2]),
+        "input_ids": torch.tensor([5, 6]),
+        "token_logprob": torch.tensor([-0.5, -1.5]),
+    }
     entry = store.write_shard(
         doc=doc,
         rank=1,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import textwrap
 from pathlib import Path
 
 from ..errors import UserError, with_filename, write_failure
@@ -23,7 +24,10 @@ def cmd_example(args) -> int:
     if not args.name:
         width = max((len(n) for n in jobs), default=0)
         for name, path in jobs.items():
-            print(f"{name:<{width}}  {describe_job(path)}")
+            lines = textwrap.wrap(describe_job(path), 96 - width) or [""]
+            print(f"{name:<{width}}  {lines[0]}")
+            for more in lines[1:]:
+                print(f"{'':<{width}}  {more}")
         print("\nrun one by name (`ringctl run smoke`), or copy one to edit: ringctl example smoke")
         return 0
     stem = args.name[: -len(".yaml")] if args.name.endswith(".yaml") else args.name

@@ -57,7 +57,9 @@ def register(subparsers) -> None:
             "document plus summary.json / summary.csv (and, for score/grad, the mean loss by "
             "token position: loss-by-position.json and .png). Missing or corrupt shards are "
             "named and gather exits with status 3 without writing anything; --partial writes the "
-            "complete documents of a job that is still running, marked partial."
+            "complete documents of a job that is still running, marked partial. A training "
+            "job's gather writes metrics.jsonl, loss.png and model/ (the last checkpoint, as a "
+            "transformers directory); an attention job has no gather step."
         ),
     )
     p.add_argument("job_dir", metavar="JOBDIR", help="the job directory (or its out/ directory)")

@@ -390,7 +390,12 @@ def _register_job_file_verbs(subparsers) -> None:
 
     def job_parser(name: str, help_: str, func):
         p = subparsers.add_parser(name, help=help_, description=help_)
-        p.add_argument("job", metavar="JOB", help="a job file, e.g. jobs/smoke.yaml")
+        p.add_argument(
+            "job",
+            metavar="JOB",
+            help="a job file (e.g. jobs/smoke.yaml) or a bundled job's name (smoke, attention, "
+            "longdoc, train)",
+        )
         p.add_argument(
             "overrides",
             nargs="*",

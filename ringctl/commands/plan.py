@@ -82,7 +82,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--corpus",
         metavar="lognormal:COUNT:LOW:HIGH[:SEED]",
-        help="predicted makespan of a generated corpus: one ring vs ring.size=auto",
+        help="predicted makespan of a generated corpus (COUNT documents of LOW to HIGH "
+        "tokens): one ring vs ring.size=auto",
     )
     p.add_argument(
         "--schedule",
@@ -98,7 +99,9 @@ def register(subparsers) -> None:
 def _workload_flags(p) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--seq", type=whole(), help="total sequence length N (tokens)")
-    w.add_argument("--batch", type=whole(1, 1 << 20), default=1)
+    w.add_argument(
+        "--batch", type=whole(1, 1 << 20), default=1, help="sequences at once (default: 1)"
+    )
     w.add_argument(
         "--heads", type=whole(1, 1 << 16), default=None, help="default: the model's, else 32"
     )
@@ -111,11 +114,16 @@ def _workload_flags(p) -> None:
     w.add_argument(
         "--head-dim", type=whole(1, 1 << 16), default=None, help="default: the model's, else 128"
     )
-    w.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    w.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32"],
+        help="default: bfloat16",
+    )
     w.add_argument(
         "--mode",
         choices=["score", "embed", "train"],
-        help="inference (score, embed: one layer's activations) or train (autograd)",
+        help="inference (score, embed: one layer's activations) or train (autograd; the default)",
     )
     w.add_argument(
         "--task",
@@ -123,7 +131,12 @@ def _workload_flags(p) -> None:
         choices=["forward", "forward+backward"],
         help="older spelling of --mode: forward = score, forward+backward = train",
     )
-    w.add_argument("--checkpoint", default="none", choices=["none", "full", "selective"])
+    w.add_argument(
+        "--checkpoint",
+        default="none",
+        choices=["none", "full", "selective"],
+        help="activation checkpointing (default: none)",
+    )
     w.add_argument(
         "--shard",
         default="none",
@@ -145,7 +158,9 @@ def _workload_flags(p) -> None:
         help="tokens per MLP chunk, blockwise feedforward (0: all at once)",
     )
     w.add_argument("--no-causal", action="store_true", help="full (bidirectional) attention")
-    w.add_argument("--layout", default="zigzag", choices=["zigzag", "contiguous"])
+    w.add_argument(
+        "--layout", default="zigzag", choices=["zigzag", "contiguous"], help="default: zigzag"
+    )
     w.add_argument(
         "--ulysses",
         type=ranks,
@@ -157,9 +172,9 @@ def _workload_flags(p) -> None:
 def _model_flags(p) -> None:
     m = p.add_argument_group("model (optional: attention only without it)")
     m.add_argument("--model", help="a preset (see below) or a Hugging Face model directory")
-    m.add_argument("--layers", type=whole(1, 1 << 16))
-    m.add_argument("--hidden", type=whole(1, 1 << 24))
-    m.add_argument("--intermediate", type=whole(1, 1 << 26))
+    m.add_argument("--layers", type=whole(1, 1 << 16), help="decoder layers")
+    m.add_argument("--hidden", type=whole(1, 1 << 24), help="hidden size (model width)")
+    m.add_argument("--intermediate", type=whole(1, 1 << 26), help="MLP width (default: 4x hidden)")
     m.add_argument(
         "--vocab", type=whole(1, 1 << 26), default=None, help="default: the model's, else 32000"
     )
@@ -173,8 +188,15 @@ def _model_flags(p) -> None:
 def _link_flags(p) -> None:
     r = p.add_argument_group("ranks, device and links")
     r.add_argument("--ranks", type=ranks, help="ring size P")
-    r.add_argument("--nodes", type=ranks, default=1, help="nodes the ranks span")
-    r.add_argument("--device", default=DEFAULT_DEVICE, help="device table entry (see below)")
+    r.add_argument(
+        "--nodes",
+        type=ranks,
+        default=1,
+        help="nodes the ranks span (default: 1: every rank on one node's links)",
+    )
+    r.add_argument(
+        "--device", default=DEFAULT_DEVICE, help=f"device table entry (default: {DEFAULT_DEVICE})"
+    )
     r.add_argument("--devices", type=Path, help="extra device table (JSON) overriding entries")
     r.add_argument("--topology", type=Path, help="a `ringctl topo` plan: use its bottleneck hop")
     r.add_argument(
@@ -188,9 +210,11 @@ def _link_flags(p) -> None:
     r.add_argument(
         "--attention-efficiency",
         metavar="FWD,BWD",
-        help="share of peak of the attention kernel (default: the device's)",
+        help="share of peak of the attention kernel, each in (0, 1] (default: the device's)",
     )
-    r.add_argument("--matmul-efficiency", type=finite(), help="share of peak of the matmuls")
+    r.add_argument(
+        "--matmul-efficiency", type=finite(), help="share of peak of the matmuls, in (0, 1]"
+    )
 
 
 def _latency(args) -> float | None:

@@ -255,7 +255,7 @@ def _add_output(p) -> None:
         "--bandwidth",
         action="append",
         metavar="KIND=GBPS",
-        help="override a nominal bandwidth (repeatable)",
+        help="override a nominal bandwidth, in Gbit/s (repeatable)",
     )
 
 
