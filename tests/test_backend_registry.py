@@ -33,7 +33,7 @@ def test_each_name_is_its_backend_s_class():
 def test_the_config_reads_the_sections_the_backends_declare():
     types = {f.name: f.type for f in dataclasses.fields(job_schema("attention"))}
     assert {name: types[name] for name in config_sections()} == config_sections()
-    with pytest.raises(UserError, match="ssh.connect_timeout: must be a positive number of sec"):
+    with pytest.raises(UserError, match="ssh.connect_timeout: must be a number of seconds from 1"):
         load_job("smoke", ["ssh.connect_timeout=0"])  # a key the section says holds seconds
     with pytest.raises(UserError, match="ssh.host: is required with backend=ssh"):
         load_job("smoke", ["backend=ssh"])  # the section's own check
