@@ -412,3 +412,17 @@ def test_inputs_that_read_elsewhere_or_block_are_refused_by_name(tmp_path):
             list_documents(both, id_field="id")
     finally:
         monkey.undo()
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
+    """Some editors start UTF-8 files with a byte-order mark: a .jsonl's first record was a
+    bad record (skipped under on_bad_record=skip, the rest kept) and a .json was "not an
+    array". The mark is read past, in plain and gzip files alike."""
+    records = [{"text": "first record"}, {"text": "second"}]
+    lines = "".join(json.dumps(r) + "\n" for r in records).encode()
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + lines)
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(b"\xef\xbb\xbf" + lines))
+    (tmp_path / "a.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(records).encode())
+    for name in ("a.jsonl", "a.jsonl.gz", "a.json"):
+        docs = list_documents(tmp_path / name).documents
+        assert [d.read_bytes() for d in docs] == [b"first record", b"second"], name

@@ -176,6 +176,8 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes | None, in
     (``_blank_lines``)."""
     number = offset = 0
     while line := f.readline(limit + 1):
+        if number == 0 and line.startswith(BOM):  # a UTF-8 byte-order mark: not the record's
+            line, offset = line[len(BOM) :], len(BOM)
         number, length = number + 1, len(line)
         over = length > limit and not line.endswith(b"\n")
         while over and line and not line.endswith(b"\n"):  # read past the rest of it
@@ -189,6 +191,7 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, int, bytes | None, in
         number, offset = number + lines, offset + length + skipped
 
 
+BOM = b"\xef\xbb\xbf"  # some editors start UTF-8 files with it; a record never does
 _BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() strips: a line of only these is blank
 
 
@@ -312,7 +315,8 @@ def json_elements(source: str, chunks: Iterable[bytes], limit: int) -> Iterator[
     where the next one starts. What comes before an element (``[`` or ``,`` and whitespace)
     counts against its limit, and what comes after the last one against a limit of its own."""
     buf = _Text(chunks)
-    pos = _space(buf, 0, limit, source, "before the array")
+    start = 1 if buf.at(0) == "\ufeff" else 0  # a UTF-8 byte-order mark
+    pos = _space(buf, start, limit, source, "before the array")
     if buf.at(pos) != "[":
         raise DocumentError(f"{source}: a .json input must hold an array of records")
     pos, number = _space(buf, pos + 1, limit, source, "before element 1"), 0
