@@ -43,13 +43,16 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import atomic_write, atomic_write_json, default_dir_mode
-from .errors import SubmittedNotRecorded, UserError
+from .bounded_read import read_regular
+from .errors import SubmittedNotRecorded, UserError, naming, with_filename
+from .terminal import visible
 
 CONFIG = "config.yaml"
 SCRIPT = "job.sh"
@@ -273,9 +276,14 @@ class JobDir:
 
     # -- attempts ----------------------------------------------------------------------------
     def new_attempt(self) -> Path:
-        """attempts/<n> for n one above the highest present (a deleted one leaves a gap)."""
+        """attempts/<n> for n one above the highest present (a deleted one leaves a gap).
+        attempts/ must be a real folder: made a link, resume moved the attempt's files to
+        wherever it pointed."""
         self.attempts.mkdir(exist_ok=True)
-        numbers = [int(p.name) for p in self.attempts.iterdir() if p.name.isdigit()]
+        if self.attempts.is_symlink() or not self.attempts.is_dir():
+            raise UserError(f"{self.attempts}: not a folder (a link?); nothing was moved")
+        names = [p.name for p in self.attempts.iterdir()]
+        numbers = [int(n) for n in names if n.isascii() and n.isdigit()]
         target = self.attempts / str(max(numbers, default=0) + 1)
         target.mkdir()
         return target
@@ -306,7 +314,16 @@ class JobDir:
     def lock(self, verb: str) -> Iterator[None]:
         """Hold the directory's lock for a verb that changes it; refuse at once when another
         ringctl holds it (an flock: released by the kernel if the holder dies)."""
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:  # a .lock made a link had its target truncated and rewritten
+            fd = os.open(self.path / LOCK, flags, 0o644)
+        except OSError as err:
+            if err.errno != errno.ELOOP:
+                raise with_filename(err, self.path / LOCK) from None
+            raise UserError(f"{self.path / LOCK}: a link, not a lock file; remove it") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(f"{self.path / LOCK}: not a regular file; remove it")
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -314,6 +331,7 @@ class JobDir:
                 if err.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another ringctl"
+                holder = visible(holder)
                 raise UserError(
                     f"{self.path} is in use ({holder}); try again when that has finished"
                 ) from None
@@ -369,8 +387,8 @@ class JobDir:
         found = []
         for meta_path in root.glob(f"*/{META}"):
             try:
-                meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError, RecursionError):  # damaged or hostile: not listed
+                meta = _read_json_object(meta_path, missing={})
+            except (UserError, RecursionError):  # damaged or hostile: not listed
                 meta = {}
             if not isinstance(meta, dict) or (name is not None and meta.get("name") != name):
                 continue
@@ -419,13 +437,21 @@ def _rename_into_place(tmp: Path, target: Path | None, base: Path, stem: str) ->
     raise UserError(f"output_dir: cannot create a new job directory under {base}")
 
 
+MAX_CONTROL_BYTES = 16 << 20  # job.json, state.json: kilobytes (a rank's line each)
+
+
 def _read_json_object(path: Path, *, missing):
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    """A control file's JSON object: a regular file (no link followed: the job can write its
+    directory, and a FIFO there hung `status`, a link to /dev/zero filled the memory) within
+    MAX_CONTROL_BYTES."""
+    if not path.exists() and not path.is_symlink():
         return missing
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    try:
+        data = json.loads(read_regular(path, MAX_CONTROL_BYTES).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{path}: not valid JSON ({err})") from None
+    except ValueError as err:  # read_regular's: not a regular file, too long, unreadable
+        raise UserError(naming(path, str(err))) from None
     except RecursionError:
         raise UserError(f"{path}: not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):

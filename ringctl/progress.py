@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import atomic_write_json
+from .bounded_read import read_regular
 from .jsonsafe import finite_json
 
 COUNT_FIELDS = ("done", "total", "before")
@@ -61,7 +62,9 @@ def _is_count(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A non-negative number: every NUMBER_FIELDS value is a duration, a rate, a time or a
+    loss (an ETA of -3 h or -5e18 tokens/s was shown as it came)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
 
 
 def _field_problem(key: str, value) -> str:
@@ -71,7 +74,7 @@ def _field_problem(key: str, value) -> str:
     if key in COUNT_FIELDS and not _is_count(value):
         return "not a count"
     if key in NUMBER_FIELDS and not _is_number(value):
-        return "not a number"
+        return "not a number >= 0"
     if key == "unit" and not isinstance(value, str):
         return "not a string"
     if key == "members" and not (isinstance(value, list) and all(map(_is_count, value))):
@@ -95,18 +98,24 @@ def checked_progress(record, where: str, notes: list[str]) -> dict | None:
     if clean.get("done") is None or clean.get("total") is None:
         notes.append(f"{where}: no done/total counts; progress not shown")
         return None
+    if clean["done"] > clean["total"]:
+        notes.append(f"{where}: done {clean['done']} > total {clean['total']}; not shown")
+        return None
     return clean
+
+
+MAX_PROGRESS_BYTES = 1 << 20  # a progress record: a few hundred bytes
 
 
 def read_record(path: Path, notes: list[str]) -> dict | None:
     """A progress file, checked (None when absent: a job that has not reported yet). A file
     nested too deeply for the parser, or for the checks, is ignored with a note: the job, or
     anyone who can write an ssh job's remote directory, writes these files."""
-    try:
-        record = json.loads(path.read_text())
-        return checked_progress(record, str(path), notes)
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
+    try:  # a regular file within a limit: a FIFO there hung `status` (and --root's listing)
+        record = json.loads(read_regular(path, MAX_PROGRESS_BYTES))
+        return checked_progress(record, str(path), notes)
     except (OSError, ValueError) as err:
         notes.append(f"{path}: not readable JSON ({str(err)[:80]}); ignored")
     except RecursionError:

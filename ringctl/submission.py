@@ -269,13 +269,18 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
                 f"{job.path}: job {before.job_id} already COMPLETED; pass --force to run it "
                 "again (finished work is still kept)"
             )
+        running = backend.still_running(job)  # whatever state.json says (the job writes it)
+        if running:
+            raise UserError(f"{job.path}: {running}; cancel it first, or wait for it to end")
+        history = job.read_meta().get("attempts", [])
+        if not isinstance(history, list):  # checked before anything moves
+            raise UserError(f"{job.meta_file}: attempts must be a list")
         previous = job.archive_attempt()
         job.remove_stale_temporaries()
         if changed is not None:
             atomic_write(job.config, to_yaml(changed[0]))
             atomic_write(job.script, changed[1])
             job.script.chmod(default_dir_mode())  # as JobDir.create: the umask's say
-        history = job.read_meta().get("attempts", [])
         history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
         job.update_meta(attempts=history)
         backend.prepare_resume(job)

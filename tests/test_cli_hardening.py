@@ -263,7 +263,7 @@ def test_status_survives_wrong_types_in_progress_files(tmp_path, capsys, as_json
         f"{logs}/rings/b.json: members='all': not a list of ranks; shown as null",
         f"{logs}/rings/b.json: unit=5: not a string; shown as null",
         f"{logs}/rings/c.json: done: not a finite number; shown as null",
-        f"{logs}/rings/c.json: eta_s='soon': not a number; shown as null",
+        f"{logs}/rings/c.json: eta_s='soon': not a number >= 0; shown as null",
         f"{logs}/rings/c.json: no done/total counts; progress not shown",
         f"{logs}/progress.json: not a JSON object; ignored",
     ]

@@ -133,6 +133,11 @@ class Backend(ABC):
         """Bring the job's outputs and logs into the local directory; local files: nothing."""
         return []
 
+    def still_running(self, job: JobDir) -> str | None:
+        """What of the job still runs where this backend can tell it apart from its record
+        (the local supervisor), or None: a resume beside it would run two rings on out/."""
+        return None
+
     def prepare_resume(self, job: JobDir) -> None:
         """Forget the previous attempt's submission so that submit() accepts the directory."""
         job.update_meta(job_id=None)

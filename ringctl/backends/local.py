@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..bounded_read import read_regular
 from ..errors import UserError, with_filename
 from ..jobdir import JobDir
 from .base import Backend, JobState, JobStatus
@@ -73,6 +74,15 @@ def _free_port() -> int:
 # -- process identity ------------------------------------------------------------------------
 
 
+def _rank_error(job: JobDir, rank: int) -> str:
+    """Why a rank failed, as status tells it; its files' own fault said instead of ending
+    the supervisor without a final state (status then blamed a killed supervisor)."""
+    try:
+        return LocalBackend().rank_error(job.path, rank)
+    except UserError as err:
+        return f"its logs cannot be read ({err})"
+
+
 @dataclass(frozen=True)
 class ProcessRecord:
     """A pid with what makes it this process: its start time (clock ticks since boot, from
@@ -93,7 +103,7 @@ class ProcessRecord:
             return False
         if self.start is not None and stat[1] != self.start:
             return False  # the pid was reused
-        return self.marker in _cmdline(self.pid)
+        return _runs(_argv(self.pid), self.marker)
 
     def signal(self, sig: int, *, group: bool = False) -> bool:
         if not self.alive():
@@ -119,26 +129,41 @@ def _start_time(pid: int) -> int | None:
     return stat[1] if stat else None
 
 
-def _cmdline(pid: int) -> str:
+def _argv(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace")
+        return []
+    return raw.decode(errors="replace").split("\0")
+
+
+def _runs(argv: list[str], marker: str) -> bool:
+    """Whether ``argv`` holds the marker's words as whole arguments, in a row: "supervise
+    /runs/job-A" as a substring matched job A-2's supervisor too (cancel of A killed it)."""
+    words = marker.split(" ", 1)  # a verb or module, then a path (which may hold spaces)
+    return any(argv[i : i + len(words)] == words for i in range(len(argv)))
+
+
+MAX_RECORD_BYTES = 1 << 20  # supervisor.pid, state.json: a few hundred bytes a rank
 
 
 def _read_record(job: JobDir) -> ProcessRecord | None:
+    """The supervisor's record. Its marker is this job's, never the file's (a file saying
+    "marker": "" and "start": null named any process of the user, and cancel killed it);
+    a start time must be an int (only a 0.1 bare pid has none)."""
     try:
-        text = job.supervisor_file.read_text().strip()
-    except OSError:
+        data = json.loads(read_regular(job.supervisor_file, MAX_RECORD_BYTES).decode())
+    except (ValueError, RecursionError):  # unreadable, a link, a FIFO, not JSON: no record
         return None
-    try:
-        data = json.loads(text)
-        if isinstance(data, int):  # a 0.1 job directory: a bare pid, identity unknown
-            return ProcessRecord(data, None, supervisor_marker(job))
-        return ProcessRecord(int(data["pid"]), data.get("start"), str(data["marker"]))
-    except (ValueError, KeyError, TypeError):
+    if _whole(data):  # a 0.1 job directory: a bare pid, identity unknown
+        return ProcessRecord(data, None, supervisor_marker(job))
+    if not isinstance(data, dict) or not _whole(data.get("pid")) or not _whole(data.get("start")):
         return None
+    return ProcessRecord(data["pid"], data["start"], supervisor_marker(job))
+
+
+def _whole(value) -> bool:
+    return type(value) is int and value > 0
 
 
 # -- the backend -----------------------------------------------------------------------------
@@ -155,6 +180,9 @@ class LocalBackend(Backend):
     @classmethod
     def create(cls, cfg) -> LocalBackend:
         return cls(cfg)
+
+    def still_running(self, job: JobDir) -> str | None:
+        return _still_running(job)
 
     def submit(self, job_dir: Path) -> str:
         job = JobDir(Path(job_dir).resolve())
@@ -214,6 +242,22 @@ class LocalBackend(Backend):
             job.write_state(state)
 
 
+def _still_running(job: JobDir) -> str | None:
+    """The job's supervisor, verified (pid, start time, command line), when it still runs:
+    state.json (which the job can write) saying UNKNOWN or COMPLETED let a resume start a
+    second supervisor beside it. Workers that outlived theirs are stopped by the resume."""
+    record = _read_record(job)
+    deadline = time.monotonic() + SUPERVISOR_EXIT_S  # it writes its final state, then exits
+    while record is not None and record.alive():
+        if time.monotonic() > deadline:
+            return f"its supervisor (pid {record.pid}) is still running"
+        time.sleep(0.05)
+    return None
+
+
+SUPERVISOR_EXIT_S = 5.0
+
+
 def supervisor_marker(job: JobDir) -> str:
     """What the supervisor's command line contains (and a forked rank's: it is its copy)."""
     return f"supervise {job.path.resolve()}"
@@ -232,9 +276,9 @@ def live_workers(job: JobDir) -> list[ProcessRecord]:
     state = job.read_state() or {}
     found = []
     for info in state.get("ranks", {}).values():
-        if isinstance(info, dict) and info.get("pid"):
+        if isinstance(info, dict) and _whole(info.get("pid")) and _whole(info.get("start")):
             marker = worker_marker(job, info.get("launch", EXEC))
-            record = ProcessRecord(int(info["pid"]), info.get("start"), marker)
+            record = ProcessRecord(info["pid"], info["start"], marker)
             if record.alive():
                 found.append(record)
     return found
@@ -379,7 +423,7 @@ class Supervisor:
             first = self._first_failure()
             code = self.codes[first]
             how = killed_by(-code) if code < 0 else f"exited {code}"
-            error = LocalBackend().rank_error(self.job.path, first)
+            error = _rank_error(self.job, first)
             reason = f"rank {first} {how}" + (f": {error}" if error else "")
             self.state.update(state="FAILED", exit_code=code, reason=reason)
         elif missing := ranks_without_result(LocalShell(), str(self.job.path), self.world):
@@ -395,10 +439,10 @@ class Supervisor:
         """The rank whose failure caused the rest (see first_failure)."""
         failures = []
         for order, rank in enumerate(self.failed):
-            try:
-                rec = json.loads(self.job.rank_result(rank).read_text())
+            try:  # a FIFO there blocked the supervisor: the job stayed RUNNING for ever
+                rec = json.loads(read_regular(self.job.rank_result(rank), MAX_RECORD_BYTES))
                 rec = rec if isinstance(rec, dict) else {}
-            except (OSError, ValueError):
+            except (ValueError, RecursionError):
                 rec = {}
             try:
                 when = float(rec["failed_at"])
@@ -406,7 +450,7 @@ class Supervisor:
                 when = self.exited_at.get(rank, float("inf"))  # died without a word
             # What the rank said, as the reason reads it: its result, else its stderr (a rank
             # that aborted may have written only that).
-            error = LocalBackend().rank_error(self.job.path, rank)
+            error = _rank_error(self.job, rank)
             failures.append(RankFailure(rank, when, error, order))
         return first_failure(failures)
 

@@ -295,8 +295,8 @@ def cmd_status(args) -> int:
 
     dirs = _status_targets(args)
     if args.dir_only:
-        for job_dir in dirs:
-            print(job_dir)
+        for job_dir in dirs:  # a directory name may hold terminal escapes
+            print(visible(str(job_dir)))
         return 0 if dirs else 1
     rows = [job_row(d, single=True) if len(dirs) == 1 else listed_row(d) for d in dirs]
     if args.json:
