@@ -252,7 +252,8 @@ def _running(job: Path) -> subprocess.Popen:
     from ringctl.jobdir import JobDir
 
     marker = f"supervise {job.resolve()}"
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker])
+    argv = [sys.executable, "-c", "import time; time.sleep(300)", *marker.split(" ", 1)]
+    proc = subprocess.Popen(argv)  # the marker's words as whole arguments, as a supervisor's
     deadline = time.monotonic() + 10
     record = ProcessRecord.of(proc.pid, marker)
     while not record.alive() and time.monotonic() < deadline:  # until exec has happened
