@@ -57,7 +57,7 @@ import torch.distributed as dist
 
 from .geometry import PAD
 from .hybrid import hybrid_rank
-from .layouts import HYBRID_LAYOUTS, local_rows, packed_tokens, ring_geometry
+from .layouts import HYBRID_LAYOUTS, packed_share
 from .ring import ring_attention
 
 DEFAULT_NAME = "ringattn"
@@ -327,14 +327,9 @@ def _document_runs(cu_seqlens: Any, kwargs: dict) -> Iterator[tuple[int, int, in
     else:
         rank = dist.get_rank(ring) if dist.is_initialized() else 0
     layout = _setting(kwargs, "layout") or "contiguous"
-    geo = ring_geometry(
-        packed_tokens(cu_seqlens),
-        world_size=world,
-        layout=layout,
-        ulysses_degree=degree,
-        cu_seqlens=cu_seqlens,
+    geo, ring_rank, rows = packed_share(
+        cu_seqlens, world_size=world, rank=rank, layout=layout, ulysses_degree=degree
     )
-    ring_rank, rows = local_rows(geo, world, rank, degree)
     for run in geo.runs[ring_rank]:
         first = max(run.local, rows.start) - rows.start
         last = min(run.local + run.length, rows.stop) - 1 - rows.start

@@ -184,7 +184,7 @@ def ring_geometry(
     return geo
 
 
-def local_rows(geo: SequenceLayout, world_size: int, rank: int, ulysses_degree: int):
+def _local_rows(geo: SequenceLayout, world_size: int, rank: int, ulysses_degree: int):
     """(ring rank, the slice of its rows this hybrid rank holds)."""
     _, ring_rank, ulysses_rank = hybrid_grid(world_size, ulysses_degree, rank)
     piece = geo.rows // ulysses_degree
@@ -213,7 +213,7 @@ def sequence_positions(
         ulysses_degree=ulysses_degree,
         cu_seqlens=cu_seqlens,
     )
-    ring_rank, rows = local_rows(geo, world_size, rank, ulysses_degree)
+    ring_rank, rows = _local_rows(geo, world_size, rank, ulysses_degree)
     return torch.tensor(geo.positions(ring_rank)[rows], dtype=torch.long)
 
 
@@ -227,6 +227,17 @@ def document_positions(
 ) -> torch.Tensor:
     """Each local row's position within its own document (RoPE's ``position_ids`` for packed
     documents: every document starts at 0); -1 for padding."""
+    geo, ring_rank, rows = packed_share(
+        cu_seqlens, world_size=world_size, rank=rank, layout=layout, ulysses_degree=ulysses_degree
+    )
+    return torch.tensor(geo.document_positions(ring_rank)[rows], dtype=torch.long)
+
+
+def packed_share(
+    cu_seqlens: CuSeqlens, *, world_size: int, rank: int, layout: str, ulysses_degree: int = 1
+) -> tuple[SequenceLayout, int, slice]:
+    """(the ring's packed layout, ``rank``'s ring rank, the slice of that ring rank's rows
+    ``rank`` holds): a plain ring's rank holds them all, a hybrid grid's member its share."""
     geo = ring_geometry(
         packed_tokens(cu_seqlens),
         world_size=world_size,
@@ -234,8 +245,8 @@ def document_positions(
         ulysses_degree=ulysses_degree,
         cu_seqlens=cu_seqlens,
     )
-    ring_rank, rows = local_rows(geo, world_size, rank, ulysses_degree)
-    return torch.tensor(geo.document_positions(ring_rank)[rows], dtype=torch.long)
+    ring_rank, rows = _local_rows(geo, world_size, rank, ulysses_degree)
+    return geo, ring_rank, rows
 
 
 def packed_tokens(cu_seqlens: CuSeqlens) -> int:

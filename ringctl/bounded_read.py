@@ -55,9 +55,15 @@ def read_regular(path: Path, limit: int) -> bytes:
     return data
 
 
-def read_range(f, size: int, offset: int, limit: int, tail: bool) -> bytes:
-    """At most ``limit`` bytes of an open file of ``size`` bytes: from ``offset`` on, or (tail)
-    its last ``limit`` bytes past ``offset``."""
+def read_window(size: int, offset: int, limit: int, tail: bool) -> tuple[int, int]:
+    """(start, count) of what to read of a file of ``size`` bytes: at most ``limit`` bytes
+    from ``offset`` on, or (tail) its last ``limit`` bytes past ``offset``."""
     start = max(offset, size - limit) if tail else offset
+    return start, max(0, min(limit, size - start))
+
+
+def read_range(f, size: int, offset: int, limit: int, tail: bool) -> bytes:
+    """The ``read_window`` of an open file of ``size`` bytes."""
+    start, count = read_window(size, offset, limit, tail)
     f.seek(start)
-    return f.read(max(0, min(limit, size - start)))
+    return f.read(count)

@@ -328,8 +328,7 @@ def _given_where_text(have: Any, given: Any, prefix: str):
     elif isinstance(have, dict) and isinstance(given, dict):
         for key, value in given.items():
             if key in have:
-                path = f"{prefix}.{key}" if prefix else str(key)
-                yield from _given_where_text(have[key], value, path)
+                yield from _given_where_text(have[key], value, _join(prefix, key))
     elif isinstance(have, list) and isinstance(given, list) and len(have) == len(given):
         for i, (a, b) in enumerate(zip(have, given, strict=True)):
             yield from _given_where_text(a, b, f"{prefix}[{i}]")
@@ -346,7 +345,7 @@ def _shape_error(cfg: DictConfig, layer: DictConfig) -> str | None:
         if not isinstance(have, dict) or not isinstance(give, dict):
             return None
         for key, value in give.items():
-            path = f"{prefix}.{key}" if prefix else str(key)
+            path = _join(prefix, key)
             if key not in have:
                 continue
             old = have[key]
@@ -393,12 +392,32 @@ MAX_RANKS = 1 << 20  # a job's world: a million ranks (the largest machines have
 # visits, the rendezvous, or a rank's place (tests/test_render.py reads the template's names).
 SCRIPT_NAMES = frozenset(
     {
-        "JOB_DIR", "PY", "NODES", "NODE_ARGS", "CONTAINER", "RUN_ONE", "PLACED", "RC",
-        "RESTARTS", "KEPT", "BATCH_LOG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-        "LOCAL_RANK", "PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "SLURMD_NODENAME",
-        "SLURM_RESTART_COUNT", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS",
+        "JOB_DIR",
+        "PY",
+        "NODES",
+        "NODE_ARGS",
+        "CONTAINER",
+        "RUN_ONE",
+        "PLACED",
+        "RC",
+        "RESTARTS",
+        "KEPT",
+        "BATCH_LOG",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "PYTHONUNBUFFERED",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "SLURMD_NODENAME",
+        "SLURM_RESTART_COUNT",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_NODEID",
+        "SLURM_NTASKS",
     }
-)  # fmt: skip
+)
 SLURM_JOB_PREFIXES = ("SLURM_JOB_", "SLURM_STEP_")  # the job's own facts, set by Slurm
 
 
@@ -520,7 +539,7 @@ def _check_numbers(cfg: DictConfig, bad) -> None:
 def _leaves(node: Any, prefix: str = ""):
     if isinstance(node, dict):
         for k, v in node.items():
-            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+            yield from _leaves(v, _join(prefix, k))
     elif isinstance(node, list):
         for i, v in enumerate(node):
             yield from _leaves(v, f"{prefix}[{i}]")

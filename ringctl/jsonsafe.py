@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["finite_json"]
+__all__ = ["finite_json", "whole_number"]
 
 
 def finite_json(obj: Any, where: str = "") -> tuple[Any, list[str]]:
@@ -30,3 +30,8 @@ def _walk(obj: Any, where: str, replaced: list[str]) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_walk(v, f"{where}[{i}]", replaced) for i, v in enumerate(obj)]
     return obj
+
+
+def whole_number(value: Any, least: int = 0, most: int | None = None) -> bool:
+    """An int read from a file (not a bool, not a float equal to one) in [least, most]."""
+    return type(value) is int and value >= least and (most is None or value <= most)

@@ -17,7 +17,7 @@ from typing import Any
 
 from .atomic import atomic_write_json
 from .bounded_read import read_regular
-from .jsonsafe import finite_json
+from .jsonsafe import finite_json, whole_number
 
 COUNT_FIELDS = ("done", "total", "before")
 NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s", "loss")
@@ -58,7 +58,7 @@ def write_record(path: Path, record: dict) -> None:
 
 
 def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return whole_number(value)
 
 
 def _is_number(value) -> bool:

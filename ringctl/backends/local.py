@@ -31,6 +31,7 @@ from pathlib import Path
 from ..bounded_read import read_regular
 from ..errors import UserError, with_filename
 from ..jobdir import JobDir
+from ..jsonsafe import whole_number
 from .base import Backend, JobState, JobStatus
 from .joblogs import is_peer_loss, killed_by, no_result_reason, ranks_without_result
 from .launch import EXEC, FORK, ForkedRank, exec_reason, start_rank, warm_up
@@ -155,15 +156,15 @@ def _read_record(job: JobDir) -> ProcessRecord | None:
         data = json.loads(read_regular(job.supervisor_file, MAX_RECORD_BYTES).decode())
     except (ValueError, RecursionError):  # unreadable, a link, a FIFO, not JSON: no record
         return None
-    if _whole(data):  # a 0.1 job directory: a bare pid, identity unknown
+    if whole_number(data, 1):  # a 0.1 job directory: a bare pid, identity unknown
         return ProcessRecord(data, None, supervisor_marker(job))
-    if not isinstance(data, dict) or not _whole(data.get("pid")) or not _whole(data.get("start")):
+    if (
+        not isinstance(data, dict)
+        or not whole_number(data.get("pid"), 1)
+        or not whole_number(data.get("start"), 1)
+    ):
         return None
     return ProcessRecord(data["pid"], data["start"], supervisor_marker(job))
-
-
-def _whole(value) -> bool:
-    return type(value) is int and value > 0
 
 
 # -- the backend -----------------------------------------------------------------------------
@@ -242,6 +243,14 @@ class LocalBackend(Backend):
             job.write_state(state)
 
 
+def _identified(record) -> bool:
+    """A process record (supervisor.pid's, or a rank's in state.json) that names a pid and
+    its start time as whole numbers."""
+    return isinstance(record, dict) and all(
+        whole_number(record.get(key), 1) for key in ("pid", "start")
+    )
+
+
 def _still_running(job: JobDir) -> str | None:
     """The job's supervisor, verified (pid, start time, command line), when it still runs:
     state.json (which the job can write) saying UNKNOWN or COMPLETED let a resume start a
@@ -276,7 +285,11 @@ def live_workers(job: JobDir) -> list[ProcessRecord]:
     state = job.read_state() or {}
     found = []
     for info in state.get("ranks", {}).values():
-        if isinstance(info, dict) and _whole(info.get("pid")) and _whole(info.get("start")):
+        if (
+            isinstance(info, dict)
+            and whole_number(info.get("pid"), 1)
+            and whole_number(info.get("start"), 1)
+        ):
             marker = worker_marker(job, info.get("launch", EXEC))
             record = ProcessRecord(info["pid"], info["start"], marker)
             if record.alive():

@@ -43,6 +43,7 @@ from omegaconf import OmegaConf
 from paramiko import sftp as sftp_proto
 from paramiko.sftp_attr import SFTPAttributes
 
+from ..bounded_read import read_window
 from ..errors import UserError
 from ..jobdir import (
     ARCHIVED_ON_RESUME,
@@ -291,9 +292,7 @@ class SSHShell:
             if f is None:
                 return None
             with f:
-                size = f.stat().st_size or 0
-                start = max(offset, size - limit) if tail else offset
-                count = max(0, min(limit, size - start))
+                start, count = read_window(f.stat().st_size or 0, offset, limit, tail)
                 f.seek(start)
                 f.prefetch(start + count, max_concurrent_requests=PREFETCH_REQUESTS)
                 return f.read(count)
@@ -530,10 +529,8 @@ class SSHBackend(SlurmBackend):
             for name in RESENT_ON_RESUME:
                 _replace_remote(sftp, job.path / name, posixpath.join(remote, name))
         except SFTP_ERRORS as err:
-            raise UserError(
-                f"ssh {self.settings.target}: preparing {remote} for the resumed job failed: "
-                f"{one_line(str(err))}"
-            ) from None
+            what = f"preparing {remote} for the resumed job failed"
+            raise sftp_error(self.settings, what, err) from None
         self._resume_attempt = None
         return remote
 

@@ -65,6 +65,7 @@ from typing import Any
 
 from ..bounded_read import read_regular
 from ..errors import UserError, naming
+from ..jsonsafe import whole_number
 from .nodes import NODE_NAME
 
 __all__ = [
@@ -348,21 +349,16 @@ _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=-]{0,256}")
 MAX_GPU_INDEX = 4096
 
 
-def _whole(value: Any, least: int = 0, most: int | None = None) -> bool:
-    """An int (not a bool, not a float equal to one) in [least, most]."""
-    return type(value) is int and value >= least and (most is None or value <= most)
-
-
 def _check_entry(entry: RankEntry, where: str) -> None:
     """A rank's entry as a worker will use it: counts are ints (0.0 and False passed the
     order check, and reached init_process_group), a GPU index in range, the environment
     only PLAN_ENV's names with plain values."""
     for key in ("rank", "local_rank", "group"):
-        if not _whole(getattr(entry, key)):
+        if not whole_number(getattr(entry, key)):
             raise UserError(f"{where}.{key}: expected a whole number >= 0")
     for key in ("gpu", "numa", "nic_port"):
         value = getattr(entry, key)
-        if value is not None and not _whole(value, 0, MAX_GPU_INDEX):
+        if value is not None and not whole_number(value, 0, MAX_GPU_INDEX):
             raise UserError(f"{where}.{key}: expected null or a whole number 0-{MAX_GPU_INDEX}")
     if not isinstance(entry.node, str) or not NODE_NAME.fullmatch(entry.node):
         raise UserError(f"{where}.node: not a host name")
