@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ringctl.backends.local import LocalBackend, _still_running
+from ringctl.backends.local import LocalBackend
 from ringctl.cli import main
 from ringctl.errors import UserError
 from ringctl.jobdir import JobDir
@@ -80,7 +80,7 @@ def test_control_files_that_are_pipes_or_links_are_refused_not_read(tmp_path):
         job.read_meta()
     notes: list[str] = []
     assert read_record(job.path / "logs" / "progress.json", notes) is None and notes
-    assert _still_running(job) is None
+    assert LocalBackend().still_running(job) is None
     victim = tmp_path / "victim.txt"
     victim.write_text("important\n")
     (job.path / ".lock").symlink_to(victim)
