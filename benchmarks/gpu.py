@@ -140,11 +140,20 @@ def kernel_rows(cfg: dict, device: torch.device, timer: Timer) -> list[Row]:
         for kind, (sq, sk, causal) in kinds.items():
             if dtype_name == cfg["dtype"] or kind == "full":  # other dtypes: full block only
                 rows += _kernel_pair(cfg, device, timer, dtype_name, kind, sq, sk, causal)
+    if device.type == "cuda":  # the op cuDNN replaced, side by side on the same block
+        from ringattn.kernels import TorchCUDAKernel
+
+        flash = TorchCUDAKernel(ops=("flash",))
+        sq, sk, causal = kinds["full"]
+        rows += _kernel_pair(cfg, device, timer, cfg["dtype"], "full", sq, sk, causal, flash)
     return rows
 
 
-def _kernel_pair(cfg, device, timer: Timer, dtype_name, kind, sq, sk, causal) -> list[Row]:
-    """Forward and backward rows of the selected kernel and SDPA on one block shape."""
+def _kernel_pair(
+    cfg, device, timer: Timer, dtype_name, kind, sq, sk, causal, kernel=None
+) -> list[Row]:
+    """Forward and backward rows of a kernel (the selected one by default) and SDPA on one
+    block shape."""
     from ringattn.kernels import select_kernel
 
     h, hkv, d = cfg["heads"], cfg["kv_heads"], cfg["head_dim"]
@@ -152,7 +161,7 @@ def _kernel_pair(cfg, device, timer: Timer, dtype_name, kind, sq, sk, causal) ->
     q = torch.randn(1, sq, h, d, device=device, dtype=dtype)
     k = torch.randn(1, sk, hkv, d, device=device, dtype=dtype)
     v, dout = torch.randn_like(k), torch.randn_like(q)
-    kernel, scale = select_kernel(q), d**-0.5
+    kernel, scale = kernel or select_kernel(q), d**-0.5
     out, lse = kernel.forward(q, k, v, scale=scale, causal=causal)
 
     def fwd():
@@ -166,6 +175,8 @@ def _kernel_pair(cfg, device, timer: Timer, dtype_name, kind, sq, sk, causal) ->
     flops = _flops(1, h, sq, sk, d, causal)
     shape = f"{dtype_name} {kind} q{sq} kv{sk} h{h}/{hkv} d{d}"
     name = getattr(kernel, "name", type(kernel).__name__)
+    if hasattr(kernel, "op_for"):  # TorchCUDAKernel: which of its ops ran
+        name = f"{name}[{kernel.op_for(q, k)}]"
     target = KERNEL_TARGET if cfg["targets"] else None
     return [
         Row("kernel", f"{name} fwd", shape, t_fwd, s_fwd, flops, target=target),
@@ -391,6 +402,7 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
         env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
     return env
 
 

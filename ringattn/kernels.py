@@ -6,8 +6,8 @@ log-sum-exp (so partial results can be merged exactly), and the block's gradient
 that one small interface, so the ring loop is the same code on every device:
 
 * ``FlashAttnKernel``   flash-attn's CUDA kernels (fp16/bf16 on CUDA, when installed)
-* ``TorchCUDAKernel``   torch's own fused CUDA kernels (SDPA's flash and memory-efficient
-                        backends, called as the aten ops that return the lse)
+* ``TorchCUDAKernel``   torch's own fused CUDA kernels (SDPA's cuDNN, flash and
+                        memory-efficient backends, called as the aten ops that return the lse)
 * ``TorchCPUKernel``    torch's fused CPU flash kernel (a private aten op that returns the lse)
 * ``ChunkedKernel``     plain matmuls over query chunks; any device and dtype, the fallback
 * ``BandedKernel``      a sliding window's boundary blocks over the visible band (fused on CPU)
@@ -85,47 +85,80 @@ class TorchCPUKernel:
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
+# The fused CUDA ops TorchCUDAKernel can call, in the order it prefers them.
+CUDA_OPS = ("cudnn", "flash", "efficient")
+
+
 class TorchCUDAKernel:
     """torch's fused CUDA attention, as the private aten ops behind SDPA that return the lse.
 
-    * fp16/bf16 with head_dim a multiple of 8 up to 256: ``_scaled_dot_product_flash_attention``
-      (FlashAttention-2 inside torch). It takes grouped heads natively (kv heads dividing the
-      query heads, as flash-attn does), so K/V are used as they arrive and dK/dV come back
-      with kv_heads heads.
-    * otherwise (fp32, or a shape flash refuses): ``_scaled_dot_product_efficient_attention``
-      with ``compute_log_sumexp=True``. It needs equal head counts, so K/V are expanded to the
-      query heads after arrival and dK/dV summed over each group (in float32) before they
-      travel back: only kv_heads heads ever cross the ring. Its lse comes padded to a multiple
-      of 32 rows (not on ROCm); the backward is given the same padded shape.
-    * cuDNN's attention is not used: no GPU was at hand to measure it against these two.
+    Each block goes to the first op of ``ops`` (default ``CUDA_OPS``) that takes its inputs:
 
-    The ops' outputs are read by position, as in torch 2.4 .. 2.13 (flash: out, lse, cum_seq_q,
-    cum_seq_k, max_q, max_k, rng state, unused, debug mask; efficient: out, lse, seed, offset).
-    The backward needs the forward's rng placeholders (dropout is 0, so they are never read):
-    they come from one tiny forward per device and dtype.
+    * ``cudnn``: fp16/bf16, head_dim a multiple of 8 up to 128, at least two query rows and
+      two keys (its backward refused a one-by-one block on the H200: "s_q = s_kv = 1 is not
+      supported"; packed documents of one token make them), cuDNN 9 on an sm80+ GPU, and
+      SDPA's own cuDNN switch on (``torch.backends.cuda.enable_cudnn_sdp``: a user who turns it
+      off for SDPA turns it off here). ``_scaled_dot_product_cudnn_attention``: on an H200 it
+      ran at about twice the flash op's rate (gpu-check, 2026-12-04: flash 353 TFLOP/s against
+      SDPA's 684 on a bf16 block), which is why it comes first. Grouped heads natively; its
+      lse comes as (B, H, Sq, 1) and goes back to its backward in that shape.
+    * ``flash``: fp16/bf16 with head_dim a multiple of 8 up to 256:
+      ``_scaled_dot_product_flash_attention`` (FlashAttention-2 inside torch). Grouped heads
+      natively (kv heads dividing the query heads), so K/V are used as they arrive and dK/dV
+      come back with kv_heads heads.
+    * ``efficient`` (takes anything: fp32, or a shape the others refuse):
+      ``_scaled_dot_product_efficient_attention`` with ``compute_log_sumexp=True``. It needs
+      equal head counts, so K/V are expanded to the query heads after arrival and dK/dV summed
+      over each group (in float32) before they travel back: only kv_heads heads ever cross the
+      ring. Its lse comes padded to a multiple of 32 rows (not on ROCm); the backward is given
+      the same padded shape.
+
+    Every op hands the ring the same lse, (B, H, Sq) float32 natural-log, so a backward may run
+    on another op than its forward. The ops' outputs are read by position, as in torch 2.4 ..
+    2.13 (flash and cudnn: out, lse, cum_seq_q, cum_seq_k, max_q, max_k, rng state or philox
+    seed, unused or philox offset, debug mask; efficient: out, lse, seed, offset). The
+    backwards need the forward's rng placeholders (dropout is 0, so they are never read): they
+    come from one tiny forward per op, device and dtype.
     """
 
     name = "torch-cuda"
 
-    def __init__(self) -> None:
-        ops = torch.ops.aten
-        self._flash_fwd = ops._scaled_dot_product_flash_attention.default
-        self._flash_bwd = ops._scaled_dot_product_flash_attention_backward.default
-        self._eff_fwd = ops._scaled_dot_product_efficient_attention.default
-        self._eff_bwd = ops._scaled_dot_product_efficient_attention_backward.default
+    def __init__(self, ops: tuple[str, ...] = CUDA_OPS) -> None:
+        unknown = [op for op in ops if op not in CUDA_OPS]
+        if unknown or not ops:
+            raise ValueError(f"TorchCUDAKernel ops {ops!r}: each one of {', '.join(CUDA_OPS)}")
+        self.ops = tuple(ops)
+        aten = torch.ops.aten
+        self._cudnn_fwd = aten._scaled_dot_product_cudnn_attention.default
+        self._cudnn_bwd = aten._scaled_dot_product_cudnn_attention_backward.default
+        self._flash_fwd = aten._scaled_dot_product_flash_attention.default
+        self._flash_bwd = aten._scaled_dot_product_flash_attention_backward.default
+        self._eff_fwd = aten._scaled_dot_product_efficient_attention.default
+        self._eff_bwd = aten._scaled_dot_product_efficient_attention_backward.default
         self._probes: dict[tuple, tuple] = {}
 
-    @staticmethod
-    def uses_flash(q: Tensor) -> bool:
+    def op_for(self, q: Tensor, k: Tensor) -> str:
+        """The op a block of these queries and keys runs on: the first of ``ops`` that takes
+        it (the same for its forward and its backward)."""
         d = q.shape[-1]
-        return q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0 and d <= 256
+        half = q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0
+        rows = q.shape[1] > 1 and k.shape[1] > 1
+        takes = {
+            "cudnn": half and d <= 128 and rows and _cudnn_attention_usable(q.device),
+            "flash": half and d <= 256,
+            "efficient": True,
+        }
+        return next((op for op in self.ops if takes[op]), "efficient")
 
-    def _probe(self, flash: bool, device: torch.device, dtype: torch.dtype) -> tuple:
+    def _probe(self, op: str, device: torch.device, dtype: torch.dtype) -> tuple:
         """(rng seed, rng offset, lse row alignment) of the op, from a one-token forward."""
-        key = (flash, device, dtype)
+        key = (op, device, dtype)
         if key not in self._probes:
             x = torch.zeros(1, 1, 1, 64, device=device, dtype=dtype)
-            if flash:
+            if op == "cudnn":
+                res = self._cudnn_fwd(x, x, x, None, True, 0.0, False, False, scale=1.0)
+                self._probes[key] = (res[6], res[7], 1)
+            elif op == "flash":
                 res = self._flash_fwd(x, x, x, 0.0, False, False, scale=1.0)
                 self._probes[key] = (res[6], res[7], 1)
             else:
@@ -135,7 +168,11 @@ class TorchCUDAKernel:
 
     def forward(self, q, k, v, *, scale, causal):
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D)
-        if self.uses_flash(q):
+        op = self.op_for(q, k)
+        if op == "cudnn":
+            res = self._cudnn_fwd(qt, kt, vt, None, True, 0.0, causal, False, scale=scale)
+            return res[0].transpose(1, 2), res[1].reshape(res[1].shape[:3])
+        if op == "flash":
             res = self._flash_fwd(qt, kt, vt, 0.0, causal, False, scale=scale)
             return res[0].transpose(1, 2), res[1]
         heads = q.shape[2]
@@ -144,52 +181,67 @@ class TorchCUDAKernel:
         return res[0].transpose(1, 2), res[1][..., : q.shape[1]]
 
     def backward(self, dout, q, k, v, out, lse, *, scale, causal):
-        b, sq, heads, _ = q.shape
-        kv_heads, sk = k.shape[2], k.shape[1]
+        sq, sk = q.shape[1], k.shape[1]
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         dot, ot = dout.transpose(1, 2), out.transpose(1, 2)
-        flash = self.uses_flash(q)
-        seed, offset, align = self._probe(flash, q.device, q.dtype)
-        if flash:
-            dq, dk, dv = self._flash_bwd(
-                dot,
-                qt,
-                kt,
-                vt,
-                ot,
-                lse.contiguous(),
-                None,
-                None,
-                sq,
-                sk,
-                0.0,
-                causal,
-                seed,
-                offset,
+        op = self.op_for(q, k)
+        seed, offset, align = self._probe(op, q.device, q.dtype)
+        if op == "cudnn":
+            grads = self._cudnn_bwd(
+                *(dot, qt, kt, vt, ot, lse.unsqueeze(-1).contiguous(), seed, offset),
+                *(None, None, None, sq, sk, 0.0, causal),
                 scale=scale,
-            )[:3]
-            return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+            )
+        elif op == "flash":
+            grads = self._flash_bwd(
+                *(dot, qt, kt, vt, ot, lse.contiguous(), None, None, sq, sk, 0.0, causal),
+                *(seed, offset),
+                scale=scale,
+            )
+        else:
+            return self._efficient_backward(
+                dot, qt, kt, vt, ot, lse, seed, offset, align, scale, causal
+            )
+        dq, dk, dv = grads[:3]
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+    def _efficient_backward(self, dot, qt, kt, vt, ot, lse, seed, offset, align, scale, causal):
+        """The efficient op's backward: K/V repeated to the query heads, its lse padded to
+        its row alignment, dK/dV summed back over each group."""
+        b, heads, sq, _ = qt.shape
+        kv_heads = kt.shape[1]
         kt, vt = _repeat_heads(kt, heads), _repeat_heads(vt, heads)
         rows = -(-sq // align) * align
         lse_rows = lse.new_full((b, heads, rows), float("inf"))  # padding rows: p = 0
         lse_rows[..., :sq] = lse
         dq, dk, dv = self._eff_bwd(
-            dot,
-            qt,
-            kt,
-            vt,
-            None,
-            ot,
-            lse_rows,
-            seed,
-            offset,
-            0.0,
+            *(dot, qt, kt, vt, None, ot, lse_rows, seed, offset, 0.0),
             [True, True, True, False],
             causal,
             scale=scale,
         )[:3]
         dk, dv = _sum_groups(dk, kv_heads), _sum_groups(dv, kv_heads)
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+_CUDNN_USABLE: dict[torch.device, bool] = {}
+
+
+def _cudnn_attention_usable(device: torch.device) -> bool:
+    """cuDNN's fused attention can run here: SDPA's cuDNN switch on, and cuDNN 9+ on an sm80+
+    GPU. A meta device counts as such a GPU: the CPU suite runs the ring loop on meta tensors
+    to check the cuDNN op's calls (tests/test_cuda_meta.py)."""
+    if not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    if device.type == "meta":
+        return True
+    if device.type != "cuda":
+        return False
+    if device not in _CUDNN_USABLE:
+        version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        capability = torch.cuda.get_device_capability(device)
+        _CUDNN_USABLE[device] = (version or 0) >= 90000 and capability >= (8, 0)
+    return _CUDNN_USABLE[device]
 
 
 def _repeat_heads(t: Tensor, heads: int) -> Tensor:

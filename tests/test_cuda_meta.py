@@ -3,12 +3,13 @@ tensors.
 
 No GPU has run this code when these tests are written, and none may be at hand when the next
 change lands. torch's CPU build carries the meta functions of its CUDA attention ops
-(``_scaled_dot_product_flash_attention`` and ``_scaled_dot_product_efficient_attention`` with
-their backwards): they give each output's shape, dtype and strides without computing. So the
+(``_scaled_dot_product_cudnn_attention``, ``_scaled_dot_product_flash_attention`` and
+``_scaled_dot_product_efficient_attention`` with their backwards): they give each output's shape, dtype and strides without computing. So the
 ring loop runs here with ``TorchCUDAKernel`` forced (``RINGATTN_KERNEL=torch-cuda``) on a
 LocalRing of meta tensors, forward and backward: plain and packed sequences, causal and not,
 windows cut into unmasked pieces (with reversed blocks) and masked bands, sinks, GQA/MQA, fp32
-(the efficient kernel) and bf16/fp16 (the flash kernel). Checked: every output's shape, dtype
+(the efficient kernel) and bf16/fp16 (the cuDNN kernel; the flash kernel where cuDNN is
+switched off). Checked: every output's shape, dtype
 and layout; which kernel each block took; the lse each op returns (the efficient kernel pads
 its rows to a multiple of 32, the adapter hands the ring exactly Sq rows and the op's own
 padding back in backward).
@@ -43,14 +44,14 @@ def calls(monkeypatch):
     banded_fwd = BandedKernel.forward
 
     def forward(self, q, k, v, *, scale, causal):
-        seen["flash" if self.uses_flash(q) else "efficient", "forward", causal] += 1
+        seen[self.op_for(q, k), "forward", causal] += 1
         out, lse = fwd(self, q, k, v, scale=scale, causal=causal)
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, *, scale, causal):
-        seen["flash" if self.uses_flash(q) else "efficient", "backward", causal] += 1
+        seen[self.op_for(q, k), "backward", causal] += 1
         grads = bwd(self, dout, q, k, v, out, lse, scale=scale, causal=causal)
         assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
         return grads
@@ -92,8 +93,8 @@ def _run(world, n, heads, kv, dtype, *, causal=True, window=None, sinks=False, c
 
 
 @pytest.mark.parametrize(
-    "dtype,op", [(torch.float32, "efficient"), (torch.bfloat16, "flash"), (torch.float16, "flash")]
-)  # noqa: E501
+    "dtype,op", [(torch.float32, "efficient"), (torch.bfloat16, "cudnn"), (torch.float16, "cudnn")]
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_plain_ring_takes_the_cuda_kernels(calls, dtype, op, causal):
     _run(4, 512, 8, 2, dtype, causal=causal)
@@ -106,7 +107,7 @@ def test_long_windows_run_unmasked_on_the_cuda_kernels(calls):
     """W = 256 over 2048 tokens on 4 ranks: the band as rectangles, causal squares and
     reversed causal squares, all on the fused kernels; no masked band."""
     _run(4, 2048, 8, 2, torch.bfloat16, window=256, sinks=True)
-    assert calls["flash", "forward", True] and not calls["banded", "forward", True]
+    assert calls["cudnn", "forward", True] and not calls["banded", "forward", True]
     lay = geometry.plain_layout(2048, 4, "zigzag")
     assert any(b.reverse for r in range(4) for s in range(4) for b in lay.plan(s, r, True, 256))
 
@@ -121,7 +122,7 @@ def test_packed_documents_on_the_cuda_kernels(calls):
     _run(4, None, 8, 2, torch.bfloat16, cu=cu, sinks=True)
     _run(3, None, 8, 8, torch.float32, cu=cu, causal=False)
     _run(2, None, 4, 1, torch.float16, cu=cu, window=300)
-    assert calls["flash", "backward", True] and calls["efficient", "backward", False]
+    assert calls["cudnn", "backward", True] and calls["efficient", "backward", False]
 
 
 def test_the_efficient_kernels_lse_padding_is_handled():
@@ -134,7 +135,7 @@ def test_the_efficient_kernels_lse_padding_is_handled():
     qs = torch.empty(1, 100, 8, 64, device=META)
     out, lse = kernel.forward(qs, qs, qs, scale=0.125, causal=True)
     assert lse.shape == (1, 8, 100)
-    _, _, align = kernel._probe(False, META, torch.float32)  # noqa: SLF001 - the adapter's rule
+    _, _, align = kernel._probe("efficient", META, torch.float32)  # noqa: SLF001 - the adapter's rule
     assert align == 32
     dq, dk, dv = kernel.backward(out, qs, qs, qs, out, lse, scale=0.125, causal=True)
     assert dq.shape == dk.shape == dv.shape == qs.shape

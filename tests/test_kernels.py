@@ -53,27 +53,29 @@ def test_chunked_kernel_rectangular_block_equals_torch_kernel():
 # ----------------------------------------------------------------------------- TorchCUDAKernel
 # No GPU in CI: the adapter is checked against the installed torch's op schemas on meta
 # tensors (argument order, None for the dense path's cum_seq tensors, output positions and
-# shapes), and numerically on the CPU with the four op handles replaced by CPU stand-ins that
-# keep the real ops' contracts (equal heads for the efficient op, its lse padded to 32 rows).
+# shapes), and numerically on the CPU with the six op handles replaced by CPU stand-ins that
+# keep the real ops' contracts (equal heads for the efficient op, its lse padded to 32 rows;
+# cuDNN's lse as (B, H, Sq, 1)).
 # tests/gpu/ runs the real kernels against float64 where CUDA is.
 
 
 @pytest.mark.parametrize(
-    "dtype,heads,kv_heads,head_dim,flash",
+    "dtype,heads,kv_heads,head_dim,op",
     [
-        (torch.bfloat16, 8, 2, 128, True),
-        (torch.float16, 4, 1, 256, True),
-        (torch.bfloat16, 4, 4, 64, True),
-        (torch.float32, 8, 2, 64, False),  # fp32: the memory-efficient op
-        (torch.bfloat16, 4, 2, 264, False),  # head_dim > 256: flash refuses
+        (torch.bfloat16, 8, 2, 128, "cudnn"),
+        (torch.float16, 4, 1, 256, "flash"),  # head_dim > 128: cuDNN not asked
+        (torch.bfloat16, 4, 4, 64, "cudnn"),
+        (torch.float32, 8, 2, 64, "efficient"),  # fp32: the memory-efficient op
+        (torch.bfloat16, 4, 2, 264, "efficient"),  # head_dim > 256: flash refuses
+        (torch.bfloat16, 4, 2, 60, "efficient"),  # not a multiple of 8
     ],
 )
-def test_torch_cuda_kernel_calls_match_the_op_schemas(dtype, heads, kv_heads, head_dim, flash):
+def test_torch_cuda_kernel_calls_match_the_op_schemas(dtype, heads, kv_heads, head_dim, op):
     kernel = TorchCUDAKernel()
     q = torch.empty(2, 200, heads, head_dim, device="meta", dtype=dtype)  # 200: not 128k
     k = torch.empty(2, 100, kv_heads, head_dim, device="meta", dtype=dtype)
     v = torch.empty_like(k)
-    assert kernel.uses_flash(q) is flash
+    assert kernel.op_for(q, k) == op
     out, lse = kernel.forward(q, k, v, scale=0.1, causal=False)
     assert out.shape == q.shape and out.dtype == dtype
     assert lse.shape == (2, heads, 200) and lse.dtype == torch.float32
@@ -81,10 +83,44 @@ def test_torch_cuda_kernel_calls_match_the_op_schemas(dtype, heads, kv_heads, he
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
 
 
+def test_cudnn_is_asked_only_where_sdpa_may_use_it():
+    """SDPA's own cuDNN switch turns it off here too; a CPU tensor never asks for it; an
+    ops list without cuDNN skips it."""
+    q = torch.empty(1, 8, 4, 64, device="meta", dtype=torch.bfloat16)
+    assert TorchCUDAKernel().op_for(q, q) == "cudnn"
+    assert TorchCUDAKernel(ops=("flash", "efficient")).op_for(q, q) == "flash"
+    assert TorchCUDAKernel(ops=("cudnn",)).op_for(q.float(), q.float()) == "efficient"
+    cpu = torch.empty(1, 8, 4, 64, dtype=torch.bfloat16)
+    assert TorchCUDAKernel().op_for(cpu, cpu) == "flash"
+    # cuDNN's backward refuses a one-by-one block (a packed document of one token makes one)
+    one = q[:, :1]
+    assert TorchCUDAKernel().op_for(one, one) == "flash"
+    assert TorchCUDAKernel().op_for(one, q) == TorchCUDAKernel().op_for(q, one) == "flash"
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        assert TorchCUDAKernel().op_for(q, q) == "flash"
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(enabled)
+    with pytest.raises(ValueError, match="ops \\('math',\\): each one of cudnn, flash"):
+        TorchCUDAKernel(ops=("math",))
+
+
 def _cpu_stand_ins(kernel: TorchCUDAKernel, calls: list[str]) -> None:
     cpu_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     cpu_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     seed, offset = torch.empty((), dtype=torch.long), torch.empty((), dtype=torch.long)
+
+    def cudnn_fwd(q, k, v, bias, compute_lse, dropout, causal, debug, *, scale):
+        calls.append("cudnn")
+        assert compute_lse and bias is None
+        out, lse = cpu_fwd(q, k, v, dropout, causal, scale=scale)
+        return out, lse.unsqueeze(-1), None, None, q.shape[2], k.shape[2], seed, offset, None
+
+    def cudnn_bwd(do, q, k, v, o, lse, s, off, bias, cq, ck, mq, mk, dropout, causal, *, scale):
+        assert lse.shape == (*q.shape[:3], 1) and lse.is_contiguous()
+        assert bias is None and cq is None and ck is None and (mq, mk) == (q.shape[2], k.shape[2])
+        return cpu_bwd(do, q, k, v, o, lse.squeeze(-1), dropout, causal, scale=scale)
 
     def flash_fwd(q, k, v, dropout, causal, debug, *, scale):
         calls.append("flash")
@@ -109,17 +145,18 @@ def _cpu_stand_ins(kernel: TorchCUDAKernel, calls: list[str]) -> None:
         lse = lse[..., : q.shape[2]].contiguous()
         return (*cpu_bwd(do, q, k, v, o, lse, dropout, causal, scale=scale), None)
 
+    kernel._cudnn_fwd, kernel._cudnn_bwd = cudnn_fwd, cudnn_bwd
     kernel._flash_fwd, kernel._flash_bwd = flash_fwd, flash_bwd
     kernel._eff_fwd, kernel._eff_bwd = eff_fwd, eff_bwd
 
 
-@pytest.mark.parametrize("path", ["flash", "efficient"])
+@pytest.mark.parametrize("path", ["cudnn", "flash", "efficient"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (8, 2), (4, 1)])
 def test_torch_cuda_kernel_adapter_matches_reference_on_cpu(path, causal, heads, kv_heads):
     kernel, calls = TorchCUDAKernel(), []
     _cpu_stand_ins(kernel, calls)
-    kernel.uses_flash = lambda q: path == "flash"
+    kernel.op_for = lambda q, k: path
     case = Case(2, 50, heads, kv_heads, 32, "float32", causal, "contiguous", seed=7)
     inputs = make_inputs(case)
     ref = reference(inputs, causal)
@@ -141,3 +178,14 @@ def test_kernel_choice_by_environment(monkeypatch):
     monkeypatch.setenv("RINGATTN_KERNEL", "cudnn")
     with pytest.raises(ValueError, match="RINGATTN_KERNEL='cudnn': expected one of chunked, "):
         select_kernel(q)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["full", "one-row", "one-by-one"])
+def test_block_check_of_tests_gpu_holds_on_the_cpu(dtype, kind):
+    """tests/gpu's block check, on the CPU with the chunked kernel: the one-by-one block's dq
+    and dk are exactly zero, and the check measures them against the terms that cancel (on
+    the H200 it first divided by the zero reference and failed every kernel, SDPA's too)."""
+    from tests.gpu.test_cuda_kernels import check_block
+
+    check_block("chunked", dtype, 64, 8, 2, kind, device="cpu")
