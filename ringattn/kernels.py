@@ -560,8 +560,9 @@ _FORCED = {
 def select_kernel(q: Tensor) -> BlockKernel:
     """The fastest kernel that handles q's device and dtype (or the one RINGATTN_KERNEL names).
 
-    CUDA: flash-attn where installed (fp16/bf16), else torch's fused kernels (fp16/bf16/fp32,
-    head_dim a multiple of 8), else chunked matmuls. CPU: torch's fused CPU kernel.
+    CUDA: flash-attn where installed (fp16/bf16) unless cuDNN's attention beats it there,
+    else torch's fused kernels (fp16/bf16/fp32, head_dim a multiple of 8), else chunked
+    matmuls. CPU: torch's fused CPU kernel.
     """
     forced = os.environ.get("RINGATTN_KERNEL", "").strip().lower()
     if forced:
@@ -571,7 +572,8 @@ def select_kernel(q: Tensor) -> BlockKernel:
             )
         return _FORCED[forced]()
     if q.is_cuda:
-        if q.dtype in (torch.float16, torch.bfloat16) and _flash_attn_available():
+        half = q.dtype in (torch.float16, torch.bfloat16)
+        if half and _flash_attn_available() and not _cudnn_beats_flash_attn(q):
             return FlashAttnKernel()
         if q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.shape[-1] % 8 == 0:
             return _cached(TorchCUDAKernel)
@@ -581,6 +583,17 @@ def select_kernel(q: Tensor) -> BlockKernel:
     ):
         return TorchCPUKernel()
     return ChunkedKernel()
+
+
+def _cudnn_beats_flash_attn(q: Tensor) -> bool:
+    """cuDNN's attention ahead of flash-attn 2 on Hopper and later GPUs: on an H200 it ran bf16
+    blocks at 677 TFLOP/s where FlashAttention-2 (torch's copy of it) ran 352
+    (benchmarks/results/gpu-check-h200.md). Earlier GPUs keep flash-attn first: not measured."""
+    return (
+        q.shape[-1] <= 128
+        and _cudnn_attention_usable(q.device)
+        and torch.cuda.get_device_capability(q.device) >= (9, 0)
+    )
 
 
 _INSTANCES: dict[type, object] = {}

@@ -189,3 +189,27 @@ def test_block_check_of_tests_gpu_holds_on_the_cpu(dtype, kind):
     from tests.gpu.test_cuda_kernels import check_block
 
     check_block("chunked", dtype, 64, 8, 2, kind, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "capability,head_dim,chosen",
+    [((9, 0), 128, "torch-cuda"), ((9, 0), 256, "flash-attn"), ((8, 0), 128, "flash-attn")],
+)
+def test_cudnn_goes_ahead_of_flash_attn_on_hopper(monkeypatch, capability, head_dim, chosen):
+    """flash-attn 2 ran at half cuDNN's rate on an H200: with both at hand, sm90+ takes
+    cuDNN (through TorchCUDAKernel) where cuDNN takes the head size; older GPUs keep
+    flash-attn. CUDA tensors here are fake ones (FakeTensorMode on the CPU build)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ringattn import kernels
+
+    class StandIn:  # flash-attn is not installed here; only the choice is checked
+        name = "flash-attn"
+
+    monkeypatch.setattr(kernels, "_flash_attn_available", lambda: True)
+    monkeypatch.setattr(kernels, "FlashAttnKernel", StandIn)
+    monkeypatch.setattr(kernels, "_cudnn_attention_usable", lambda device: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q = torch.empty(1, 64, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+        assert select_kernel(q).name == chosen
