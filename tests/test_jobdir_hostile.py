@@ -123,3 +123,34 @@ def test_resume_refuses_a_live_supervisor_and_a_linked_attempts_folder(smoke, tm
     assert main(["resume", str(smoke), "--force"]) == 2
     assert "attempts: not a folder (a link?); nothing was moved" in capsys.readouterr().err
     assert list(outside.iterdir()) == [] and any((smoke / "logs").iterdir())
+
+
+@pytest.mark.parametrize(
+    "damage,key",
+    [
+        ({"state": "BOGUS"}, "state"),
+        ({"state": 5}, "state"),
+        ({"ranks": [1, 2]}, "ranks"),
+        ({"ranks": {"x": {}}}, "ranks"),
+        ({"ranks": {"0": "RUNNING"}}, "ranks"),
+        ({"started_at": "yesterday"}, "started_at"),
+        ({"ended_at": True}, "ended_at"),
+        ({"reason": ["a"]}, "reason"),
+        ({"exit_code": "0"}, "exit_code"),
+    ],
+)
+def test_state_values_of_another_type_are_named_not_tracebacks(smoke, capsys, damage, key):
+    """state.json's values were used as they came: status, cancel and resume of a job whose
+    state.json said {"state": 5}, ranks as a list or a start time as text were tracebacks
+    (ValueError, AttributeError, TypeError). Now status says UNKNOWN naming the key, and
+    cancel leaves the file as it found it."""
+    state_file = smoke / "state.json"
+    state = {**json.loads(state_file.read_text()), **damage}
+    state_file.write_text(json.dumps(state))
+    status = LocalBackend().status(smoke)
+    assert status.state.value == "UNKNOWN"
+    assert status.reason.startswith(f"{state_file}: {key}: expected ")
+    assert main(["status", str(smoke)]) == 1  # an UNKNOWN row: status's exit 1
+    assert "UNKNOWN" in capsys.readouterr().out
+    main(["cancel", str(smoke)])
+    assert json.loads(state_file.read_text()) == state

@@ -19,13 +19,14 @@ time and command line recorded with it (`ProcessRecord`), so a reused pid is nev
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..bounded_read import read_regular
@@ -213,20 +214,22 @@ class LocalBackend(Backend):
         job = JobDir(job_dir)
         record = _read_record(job)
         job_id = f"local-{record.pid}" if record else "local-?"
-        state = job.read_state()
+        try:
+            recorded = RecordedState.read(job)
+        except UserError as err:  # the job can write its directory: say so, no traceback
+            return JobStatus(job_id, JobState.UNKNOWN, str(err))
         alive = record is not None and record.alive()
-        if state is None:
+        if recorded is None:
             if alive:
                 return JobStatus(job_id, JobState.PENDING, "starting")
             return JobStatus(job_id, JobState.UNKNOWN, "no state recorded (not submitted?)")
-        st = JobState(state.get("state", "UNKNOWN"))
-        reason = state.get("reason", "")
-        started, ended = state.get("started_at"), state.get("ended_at")
+        st, reason = recorded.state, recorded.reason
+        started, ended = recorded.started_at, recorded.ended_at
         elapsed = (ended or time.time()) - started if started else None
         if not st.finished and not alive:
             st, reason = JobState.FAILED, "the local supervisor process is gone (killed?)"
-        ranks = {int(r): info.get("state", "?") for r, info in state.get("ranks", {}).items()}
-        return JobStatus(job_id, st, reason, state.get("exit_code"), elapsed, ranks)
+        ranks = {rank: info.get("state", "?") for rank, info in recorded.ranks.items()}
+        return JobStatus(job_id, st, reason, recorded.exit_code, elapsed, ranks)
 
     def cancel(self, job_dir: Path) -> None:
         job = JobDir(job_dir)
@@ -237,10 +240,72 @@ class LocalBackend(Backend):
                 time.sleep(0.1)
             record.signal(signal.SIGKILL, group=True)  # the supervisor leads its group
         stop_earlier_workers(job)
-        state = job.read_state() or {}
-        if not JobState(state.get("state", "UNKNOWN")).finished:
+        try:
+            recorded = RecordedState.read(job)
+        except UserError:  # damaged: left as found (status names the key), processes ended
+            return
+        if recorded is None or not recorded.state.finished:
+            state = job.read_state() or {}
             state.update(state="CANCELLED", reason="cancelled", ended_at=time.time())
             job.write_state(state)
+
+
+@dataclass(frozen=True)
+class RecordedState:
+    """state.json as the supervisor writes it, every value checked on reading: the job can
+    write its directory, and a value of another type (a state no JobState names, ranks as a
+    list, a start time as text) made status, cancel and resume tracebacks. A damaged value is
+    a UserError naming the file and the key."""
+
+    state: JobState
+    reason: str = ""
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    ranks: dict[int, dict] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, job: JobDir) -> RecordedState | None:
+        """The job's state.json, checked; None before the supervisor wrote one (or while a
+        damaged one waits to be rewritten: `JobDir.read_state`)."""
+        data = job.read_state()
+        return None if data is None else cls.parse(data, job.state_file)
+
+    @classmethod
+    def parse(cls, data: dict, path: Path) -> RecordedState:
+        def damaged(key: str, expected: str) -> UserError:
+            return UserError(f"{path}: {key}: expected {expected}, got {data.get(key)!r:.60}")
+
+        state = data.get("state", "UNKNOWN")
+        if state not in {s.value for s in JobState}:
+            raise damaged("state", "one of " + ", ".join(s.value for s in JobState))
+        if not isinstance(data.get("reason", ""), str):
+            raise damaged("reason", "text")
+        for key in ("started_at", "ended_at"):
+            value = data.get(key)
+            if value is not None and not _finite_time(value):
+                raise damaged(key, "seconds since the epoch")
+        code = data.get("exit_code")
+        if code is not None and not whole_number(code, -(2**31), 2**31):
+            raise damaged("exit_code", "a whole number")
+        ranks = data.get("ranks", {})
+        if not isinstance(ranks, dict) or not all(
+            str(r).isascii() and str(r).isdigit() and isinstance(info, dict)
+            for r, info in ranks.items()
+        ):
+            raise damaged("ranks", "an object of rank numbers to records")
+        return cls(
+            JobState(state),
+            data.get("reason", ""),
+            data.get("started_at"),
+            data.get("ended_at"),
+            code,
+            {int(r): info for r, info in ranks.items()},
+        )
+
+
+def _finite_time(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
 
 
 def _identified(record) -> bool:
@@ -283,8 +348,9 @@ def worker_marker(job: JobDir, launch: str) -> str:
 def live_workers(job: JobDir) -> list[ProcessRecord]:
     """Workers recorded in state.json that still run (same pid, start time and job)."""
     state = job.read_state() or {}
+    ranks = state.get("ranks")
     found = []
-    for info in state.get("ranks", {}).values():
+    for info in ranks.values() if isinstance(ranks, dict) else ():
         if (
             isinstance(info, dict)
             and whole_number(info.get("pid"), 1)
