@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..errors import WORKER_ERROR_PREFIX
+from ..errors import WORKER_ERROR_PREFIX, UserError
 from ..jobdir import LOGS, RESULT, rank_log_file, rank_log_name, rank_stream_of
 from .shell import READ_LIMIT, Shell
 
@@ -65,27 +65,54 @@ def _pieces(shell: Shell, path: str, offset: int = 0) -> Iterator[bytes]:
 
 
 def read_logs(source: LogSource, rank: int | None) -> Iterator[str]:
+    """Every line of the logs to show. A log that cannot be read (a link, a FIFO: the job
+    writes its directory) is one line saying so, and the logs after it are still shown."""
     for path, prefix in source.files(rank):
         rest = b""
-        for data in _pieces(source.shell, path):
-            whole, sep, rest = (rest + data).rpartition(b"\n")
-            for line in (whole + sep).decode("utf-8", errors="replace").splitlines():
-                yield prefix + line
+        try:
+            for data in _pieces(source.shell, path):
+                whole, sep, rest = (rest + data).rpartition(b"\n")
+                for line in (whole + sep).decode("utf-8", errors="replace").splitlines():
+                    yield prefix + line
+        except UserError as err:
+            yield prefix + _not_shown(err)
+            continue
         for line in rest.decode("utf-8", errors="replace").splitlines():
             yield prefix + line
+
+
+def _not_shown(err: UserError) -> str:
+    return f"(log not shown: {err})"
+
+
+TRUNCATED = "(log truncated: from its start again)"
 
 
 def follow_logs(
     source: LogSource, rank: int | None, is_finished: Callable[[], bool], *, poll_s: float = 0.5
 ) -> Iterator[str]:
     """Yield whole lines as they are written until the job is finished; a last unterminated
-    line comes out at the end. The state is read before each pass, so nothing is missed."""
+    line comes out at the end. The state is read before each pass, so nothing is missed. A log
+    cut shorter than what was shown (truncated, or replaced by a new file) is read from its
+    start again, after a line saying so, as `tail -F` does; one that cannot be read is a line
+    saying so, once."""
     offsets: dict[str, int] = {}
     partial: dict[str, bytes] = {}
+    unreadable: set[str] = set()
 
     def drain(final: bool) -> Iterator[str]:
         for path, prefix in source.files(rank):
-            data = b"".join(_pieces(source.shell, path, offsets.get(path, 0)))
+            if path in unreadable:
+                continue
+            try:
+                data, rewound = _new_bytes(source.shell, path, offsets.get(path, 0))
+            except UserError as err:
+                unreadable.add(path)
+                yield prefix + _not_shown(err)
+                continue
+            if rewound:
+                offsets[path], partial[path] = 0, b""
+                yield prefix + TRUNCATED
             if not data and not (final and partial.get(path)):
                 continue
             offsets[path] = offsets.get(path, 0) + len(data)
@@ -103,6 +130,16 @@ def follow_logs(
         if done:
             return
         time.sleep(poll_s)
+
+
+def _new_bytes(shell: Shell, path: str, offset: int) -> tuple[bytes, bool]:
+    """(the log's bytes past ``offset``, whether it was cut shorter than ``offset`` and these
+    are its bytes from the start). Only a pass that finds nothing new asks whether the byte
+    before ``offset`` still exists: one small read, where a file that is growing costs none."""
+    data = b"".join(_pieces(shell, path, offset))
+    if data or offset == 0 or shell.read_from(path, offset - 1, limit=1):
+        return data, False
+    return b"".join(_pieces(shell, path, 0)), True
 
 
 # A progress bar's frame (tqdm's "Loading weights: 100%|####| 2/2 [00:00<00:00, 3.1it/s]",

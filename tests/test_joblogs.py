@@ -1,0 +1,64 @@
+"""Reading and following a job's logs (backends/joblogs.py) on real files through LocalShell.
+
+The job writes its own logs/ folder: a log may be cut short while followed, or be a link or a
+FIFO. Each case here was reproduced before its fix (a truncated log followed showed nothing
+until it outgrew its old length; one unreadable log ended `logs` for every rank after it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ringctl.backends.joblogs import TRUNCATED, LogSource, follow_logs, read_logs
+from ringctl.backends.shell import LocalShell
+
+
+def _source(job: Path) -> LogSource:
+    (job / "logs").mkdir(parents=True, exist_ok=True)
+    return LogSource(LocalShell(), str(job))
+
+
+def _passes(actions):
+    """An is_finished for follow_logs: before each pass, the next action; done after them."""
+    pending = list(actions)
+
+    def is_finished() -> bool:
+        if pending:
+            pending.pop(0)()
+            return False
+        return True
+
+    return is_finished
+
+
+def test_a_truncated_log_is_followed_from_its_start_again(tmp_path):
+    source = _source(tmp_path)
+    log = tmp_path / "logs" / "rank-0.out"
+    steps = [
+        lambda: log.write_text("first line\nsecond line\n"),
+        lambda: log.write_text("new\n"),  # truncated to fewer bytes than were shown
+        lambda: log.write_text("new\nand more\n"),
+    ]
+    lines = list(follow_logs(source, 0, _passes(steps), poll_s=0))
+    assert lines == ["first line", "second line", TRUNCATED, "new", "and more"]
+
+
+def test_a_log_that_only_grows_is_never_rewound(tmp_path):
+    source = _source(tmp_path)
+    log = tmp_path / "logs" / "rank-0.out"
+    steps = [lambda: log.write_text("a\n"), lambda: None, lambda: log.write_text("a\nb\n")]
+    assert list(follow_logs(source, 0, _passes(steps), poll_s=0)) == ["a", "b"]
+
+
+def test_an_unreadable_log_is_named_and_the_others_still_shown(tmp_path):
+    source = _source(tmp_path)
+    logs = tmp_path / "logs"
+    os.mkfifo(logs / "rank-0.out")  # read as a file, it blocked `logs` for ever
+    (logs / "rank-0.err").symlink_to("/etc/hostname")
+    (logs / "rank-1.out").write_text("rank one speaks\n")
+    lines = list(read_logs(source, None))
+    assert lines[-1] == "[rank 1] rank one speaks"
+    assert [ln.split(":")[0] for ln in lines[:2]] == ["[rank 0] (log not shown"] * 2
+    assert str(logs / "rank-0.out") in lines[0] or str(logs / "rank-0.out") in lines[1]
+    followed = list(follow_logs(source, None, _passes([lambda: None, lambda: None]), poll_s=0))
+    assert followed == lines  # each unreadable log named once, not on every pass
