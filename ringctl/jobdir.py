@@ -444,7 +444,7 @@ def _read_json_object(path: Path, *, missing):
     """A control file's JSON object: a regular file (no link followed: the job can write its
     directory, and a FIFO there hung `status`, a link to /dev/zero filled the memory) within
     MAX_CONTROL_BYTES."""
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         return missing
     try:
         data = json.loads(read_regular(path, MAX_CONTROL_BYTES).decode())

@@ -75,7 +75,7 @@ def check_target(target: Path, job: Path, *, force: bool) -> None:
     """Refuse, in one line, an `out` gather may not write or replace."""
     if confined(job, target):
         raise UserError(f"{target}: holds the job directory {job}; choose another -o")
-    if not target.exists() and not target.is_symlink():
+    if not os.path.lexists(target):
         return
     if not force and is_partial_output(target, job):
         return  # an earlier partial gather of this job: a later one replaces it

@@ -11,6 +11,7 @@ passes it on, and what is wrong becomes null with a note, never a crash.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ def read_record(path: Path, notes: list[str]) -> dict | None:
     """A progress file, checked (None when absent: a job that has not reported yet). A file
     nested too deeply for the parser, or for the checks, is ignored with a note: the job, or
     anyone who can write an ssh job's remote directory, writes these files."""
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         return None
     try:  # a regular file within a limit: a FIFO there hung `status` (and --root's listing)
         record = json.loads(read_regular(path, MAX_PROGRESS_BYTES))

@@ -123,7 +123,7 @@ def load_placement(job_dir: Path):
     from .topology import load_plan
 
     path = JobDir(job_dir).placement
-    if not path.exists():
+    if not os.path.lexists(path):  # a link, even to nowhere, is read (and refused by name)
         return None
     try:
         return load_plan(path)

@@ -271,3 +271,15 @@ def test_placement_and_probes_that_are_pipes_or_links_are_refused(tmp_path):
     for probe in ("n1.json", "n2.json"):
         with pytest.raises(UserError, match="not a regular file"):
             load_node(tmp_path / probe)
+
+
+def test_a_placement_link_to_nowhere_is_refused_not_taken_for_no_placement(tmp_path):
+    """load_placement asked path.exists(), which follows the link: a placement.json linked to
+    a missing file was read as "no placement" and the ranks ran in launch order."""
+    from ringctl.worker import WorkerError, load_placement
+
+    (tmp_path / "placement.json").symlink_to(tmp_path / "missing.json")
+    with pytest.raises(WorkerError, match="placement.json: cannot read the plan .*a link"):
+        load_placement(tmp_path)
+    (tmp_path / "placement.json").unlink()
+    assert load_placement(tmp_path) is None

@@ -25,6 +25,7 @@ another path. The DCP files themselves are read through ``dcp_reader`` (no pickl
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import uuid
@@ -68,7 +69,7 @@ class CheckpointDir:
     def latest(self) -> Checkpoint | None:
         """The checkpoint ``latest`` names (None: no checkpoint yet), checked."""
         pointer = self.root / LATEST
-        if not pointer.exists() and not pointer.is_symlink():
+        if not os.path.lexists(pointer):
             return None
         raw = read_regular(pointer, MAX_POINTER_BYTES)
         name = raw.decode("utf-8", errors="replace").strip()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def append(path: Path, record: StepMetrics) -> None:
 
 def read(path: Path) -> tuple[list[StepMetrics], int]:
     """(the valid records in file order, how many lines were not), [] for a missing file."""
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         return [], 0
     regular_file(path)  # not a link, a device or a pipe: ValueError naming it
     good, bad = [], 0

@@ -32,6 +32,7 @@ attention calls of every forward (``scoring.forward_hidden``).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -363,7 +364,7 @@ def _read_config_file(model_path: str | Path | None) -> dict:
         path = converted(model_path) if is_gguf(model_path) else Path(model_path)
         if path.is_dir():
             path = path / "config.json"
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         raise ValueError(f"{path}: no model config here")
     try:
         data = json.loads(read_model_file(path, MAX_CONFIG_BYTES))  # a FIFO, /dev/zero: named

@@ -12,6 +12,7 @@ a directory that transformers cannot load without its code.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def _json_object(file: Path) -> dict:
     itself when the ranks load it), a ValueError for one nested too deeply to parse, or that
     is not a regular file (a FIFO hung the submit, /dev/zero filled its memory) or is larger
     than any tokenizer's configuration."""
-    if not file.exists() and not file.is_symlink():
+    if not os.path.lexists(file):
         return {}
     raw = read_model_file(file)  # ValueError naming the file
     try:

@@ -136,7 +136,7 @@ def entry_name(identity: FileIdentity) -> str:
 def _inside(entry: Path, root: Path) -> Path | None:
     """The entry, resolved, if it is a whole conversion directly inside the resolved root;
     None while it does not exist; ValueError for anything else found under its name."""
-    if not entry.exists() and not entry.is_symlink():
+    if not os.path.lexists(entry):
         return None
     real_root, real = root.resolve(), entry.resolve()
     if entry.is_symlink() or real.parent != real_root or not real.is_dir():

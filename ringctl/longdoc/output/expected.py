@@ -14,6 +14,7 @@ against an editor of the job directory, who can rewrite this file too.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def _differences(expected: list[dict], listed: list[dict]) -> list[str]:
 def read_expected(root: str | Path) -> tuple[dict | None, list[str]]:
     """(expected.json under root, []), (None, []) when there is none, or (None, problems)."""
     path = OutputPaths(root).expected_file
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         return None, []
     data, problem = read_json_object(path)
     if data is None:
