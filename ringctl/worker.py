@@ -187,6 +187,28 @@ def _write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
         pass
 
 
+def cuda_index(entry: dict, local_rank: int, count: int) -> int:
+    """The CUDA ordinal of this rank's GPU among the ``count`` it sees.
+
+    A plan that pins the rank to its GPU (``CUDA_VISIBLE_DEVICES``, set before torch starts)
+    leaves it one device, which CUDA numbers 0: the GPU's nvidia-smi index is not its ordinal
+    (taken as one, every rank off GPU 0 was refused). A plan's GPU without that pin is an
+    ordinal among the visible devices; without a plan, the local rank picks one."""
+    gpu = entry.get("gpu")
+    if isinstance(gpu, int) and "CUDA_VISIBLE_DEVICES" in (entry.get("env") or {}):
+        if count != 1:  # the pin did not take: two ranks could share a GPU
+            raise WorkerError(
+                f"placement.json pins this rank to GPU {gpu} (CUDA_VISIBLE_DEVICES); "
+                f"it sees {count} devices"
+            )
+        return 0
+    if isinstance(gpu, int):
+        if gpu >= count:  # two ranks would share a GPU
+            raise WorkerError(f"placement.json gives this rank GPU {gpu}; it sees {count}")
+        return gpu
+    return local_rank % count
+
+
 def _init_distributed(cfg, ident: Identity):
     import torch
     import torch.distributed as dist
@@ -196,12 +218,7 @@ def _init_distributed(cfg, ident: Identity):
     if want == "nccl" and not torch.cuda.is_available():
         raise WorkerError("ring.dist_backend=nccl but this rank sees no CUDA device")
     if cuda:
-        entry = ident.plan_entry or {}
-        gpu = entry.get("gpu")
-        count = torch.cuda.device_count()
-        if isinstance(gpu, int) and gpu >= count:  # two ranks would share a GPU
-            raise WorkerError(f"placement.json gives this rank GPU {gpu}; it sees {count}")
-        index = gpu if isinstance(gpu, int) else ident.local_rank % count
+        index = cuda_index(ident.plan_entry or {}, ident.local_rank, torch.cuda.device_count())
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
         backend = "nccl"

@@ -73,6 +73,7 @@ def test_dgx_a100_ring_all_nv12_and_rail_nics():
     assert nic_of == {g: f"mlx5_{g}" for g in range(8)}  # PXB NIC, one per GPU, never mlx5_8/9
     e0 = plan.entry_for("dgx", 0)
     assert e0.env["CUDA_VISIBLE_DEVICES"] == str(e0.gpu)
+    assert e0.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # nvidia-smi's order, not CUDA's
     assert e0.env["NCCL_IB_HCA"] == f"=mlx5_{e0.gpu}"
     assert e0.env["RINGCTL_NUMA_NODE"] == str([3, 3, 1, 1, 7, 7, 5, 5][e0.gpu])
 
@@ -368,3 +369,21 @@ def test_large_nodes_use_the_heuristic_and_still_keep_nvlink_islands():
     assert {h.link for h in plan.hops} == {"NV12"} and sorted(gpu_order(plan, "node")) == list(
         range(16)
     )
+
+
+def test_every_pinned_rank_takes_the_one_device_it_sees():
+    """The plan pins each rank with CUDA_VISIBLE_DEVICES=<its nvidia-smi index>; the worker
+    took that index as the CUDA ordinal, which under the pin is 0: every rank of the DGX
+    ring but GPU 0's was refused ("placement.json gives this rank GPU 3; it sees 1")."""
+    from ringctl.worker import WorkerError, cuda_index
+
+    plan = plan_ring([load_node_files(DGX, name="dgx")])
+    for entry in plan.ring:
+        record = {"gpu": entry.gpu, "env": dict(entry.env)}
+        assert cuda_index(record, entry.local_rank, 1) == 0  # one device visible: ordinal 0
+        with pytest.raises(WorkerError, match="pins this rank to GPU .* it sees 8 devices"):
+            cuda_index(record, entry.local_rank, 8)  # the pin did not take
+    assert cuda_index({"gpu": 3, "env": {}}, 0, 8) == 3  # unpinned: an ordinal
+    with pytest.raises(WorkerError, match="gives this rank GPU 9; it sees 8"):
+        cuda_index({"gpu": 9}, 0, 8)
+    assert cuda_index({}, 5, 4) == 1  # no plan: the local rank picks

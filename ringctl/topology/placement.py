@@ -207,8 +207,9 @@ class NodeCache:
 
 def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[str, str]:
     env: dict[str, str] = {}
-    if gpu is not None:
+    if gpu is not None:  # nvidia-smi's index counts in PCI bus order; CUDA's, fastest first
         env["CUDA_VISIBLE_DEVICES"] = str(gpu.index)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if nic is not None and gpu is not None:
         # '=' asks NCCL for an exact name: plain 'mlx5_1' would also match mlx5_10, mlx5_11.
         env["NCCL_IB_HCA"] = f"={nic.name}" + (f":{nic.port}" if nic.port else "")

@@ -336,6 +336,7 @@ class RingPlan:
 # set LD_PRELOAD, PYTHONPATH or NCCL_NET_PLUGIN ran code of whoever wrote placement.json.
 PLAN_ENV = frozenset(
     {
+        "CUDA_DEVICE_ORDER",
         "CUDA_VISIBLE_DEVICES",
         "NCCL_IB_HCA",
         "NCCL_NET_GDR_LEVEL",
