@@ -217,6 +217,10 @@ def _init_distributed(cfg, ident: Identity):
     cuda = torch.cuda.is_available() and want != "gloo"
     if want == "nccl" and not torch.cuda.is_available():
         raise WorkerError("ring.dist_backend=nccl but this rank sees no CUDA device")
+    gpu = (ident.plan_entry or {}).get("gpu")
+    if isinstance(gpu, int) and want != "gloo" and not torch.cuda.is_available():
+        # a pin to a GPU this step cannot see left none: the ring would run on the CPU
+        raise WorkerError(f"placement.json gives this rank GPU {gpu}; it sees no CUDA device")
     if cuda:
         index = cuda_index(ident.plan_entry or {}, ident.local_rank, torch.cuda.device_count())
         device = torch.device("cuda", index)

@@ -283,3 +283,24 @@ def test_a_placement_link_to_nowhere_is_refused_not_taken_for_no_placement(tmp_p
         load_placement(tmp_path)
     (tmp_path / "placement.json").unlink()
     assert load_placement(tmp_path) is None
+
+
+def test_a_planned_gpu_that_is_not_visible_is_refused_not_run_on_the_cpu():
+    """A plan that pins a rank to a GPU this step cannot see leaves it no CUDA device; with
+    ring.dist_backend=auto the rank fell back to gloo on the CPU, exit 0, many times slower.
+    (This machine has no CUDA: the same state as a pin to a GPU the step cannot see.)"""
+    import types
+
+    import torch
+
+    from ringctl.worker import Identity, WorkerError, _init_distributed
+
+    assert not torch.cuda.is_available()
+    ident = Identity("n1", 0, 0, 0, 1, "127.0.0.1", 1, plan_entry={"gpu": 3, "env": {}})
+    cfg = types.SimpleNamespace(
+        ring=types.SimpleNamespace(dist_backend=types.SimpleNamespace(value="auto")),
+        rendezvous_timeout=5,
+        timeout=5,
+    )
+    with pytest.raises(WorkerError, match="gives this rank GPU 3; it sees no CUDA device"):
+        _init_distributed(cfg, ident)
