@@ -51,6 +51,10 @@ _SLURM_SIGNALS = (
 # KILL and STOP cannot be caught: sent before the time limit, the workers could not finish the
 # current unit of work and write what they have, which is what slurm.signal is for.
 _UNCATCHABLE = ("KILL", "STOP")
+# The signals a worker takes as "finish the unit, save, stop" (it handles the one slurm.signal
+# names). URG and CONT are ignored by default and TSTP/TTIN/TTOU stop a process: as warnings
+# they did nothing or stalled the job until its limit, so they are refused.
+WORKER_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "ALRM", "XCPU", "QUIT", "ABRT")
 MAX_TIME_S = 365 * 86400  # far beyond any site's limit, far below a C int of seconds
 MAX_SIGNAL_LEAD_S = 0xFFFF  # sbatch keeps the lead time in 16 bits
 
@@ -101,6 +105,11 @@ def _signal_problem(text: str) -> str | None:
         return f"{text!r}: {name} is not a signal name Slurm knows ({known})"
     if name in _UNCATCHABLE:
         return f"{text!r}: SIG{name} cannot be caught, so the workers could not stop cleanly"
+    if name not in WORKER_SIGNALS:
+        return (
+            f"{text!r}: the workers do not take SIG{name} as a warning (they take "
+            f"{' '.join(WORKER_SIGNALS)})"
+        )
     if not 1 <= seconds <= MAX_SIGNAL_LEAD_S:
         return f"{text!r}: the lead time must be 1 to {MAX_SIGNAL_LEAD_S} seconds"
     return None

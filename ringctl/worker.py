@@ -105,8 +105,19 @@ class TaskContext:
             write_record(JobDir(self.job_dir).progress, record)
 
     def stop_requested(self) -> bool:
-        """True once Slurm's --signal (or SIGTERM) arrived: finish the unit, save, return."""
+        """True once the warning signal (slurm.signal's, `warning_signal`) arrived: finish the
+        unit, save, return."""
         return self._stop[0]
+
+
+def warning_signal(cfg) -> signal.Signals:
+    """The signal the job's slurm.signal sends before the time limit (SIGUSR1 without one):
+    the worker handled SIGUSR1 only, so a job given USR2@120 or TERM@120 died at the warning
+    with no checkpoint. sbatch.WORKER_SIGNALS lists the names slurm.signal may take."""
+    from .sbatch import signal_lead
+
+    parsed = signal_lead(str(cfg.slurm.signal)) if cfg.slurm.signal else None
+    return signal.Signals[f"SIG{parsed[0] if parsed else 'USR1'}"]
 
 
 def _env_int(*names: str) -> int | None:
@@ -288,7 +299,7 @@ def run(job_dir: Path) -> dict:
         stop[0] = True
         print(f"ringctl.worker: got signal {signum}: finishing up", flush=True)
 
-    signal.signal(signal.SIGUSR1, on_signal)
+    signal.signal(warning_signal(cfg), on_signal)
 
     import torch.distributed as dist
 

@@ -304,3 +304,39 @@ def test_a_planned_gpu_that_is_not_visible_is_refused_not_run_on_the_cpu():
     )
     with pytest.raises(WorkerError, match="gives this rank GPU 3; it sees no CUDA device"):
         _init_distributed(cfg, ident)
+
+
+def test_the_warning_signal_slurm_signal_names_checkpoints_and_stops(tmp_path, capsys):
+    """slurm.signal accepted USR2/TERM/HUP... but the worker handled SIGUSR1 only: a training
+    job given USR2@120 died at the warning with no checkpoint (FAILED, 'checkpoints: none').
+    The worker now takes the signal slurm.signal names; signals that cannot serve as a
+    warning (ignored or stopping by default) are refused when the job is read."""
+    import random
+    import signal
+
+    from ringctl.cli import main
+    from tests.local_jobs import local_state, wait_for
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(3)
+    for i in range(12):
+        (corpus / f"doc{i:02d}.txt").write_bytes(bytes(rng.randrange(256) for _ in range(400)))
+    job = tmp_path / "job"
+    argv = ["submit", "jobs/train.yaml", f"job_dir={job}", f"task.inputs=[{corpus}]"]
+    argv += ["task.seq_len=128", "task.batch_sequences=4", "task.max_steps=200"]
+    argv += ["task.checkpoint_every=1000", "task.chunk_size=64", "tasks_per_node=2"]
+    assert main([*argv, "timeout=60", "slurm.signal=USR2@120"]) == 0
+    metrics = job / "logs" / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 2, 180, "steps")
+    for info in local_state(job)["ranks"].values():  # what Slurm's --signal does to each task
+        os.kill(info["pid"], signal.SIGUSR2)
+    final = wait_for(lambda: local_state(job).get("ended_at") and local_state(job), 120, "end")
+    steps = len(metrics.read_text().splitlines())
+    checkpoint = job / "checkpoints" / f"step-{steps:07d}"
+    assert f"stopped on request at step {steps} of 200 (checkpoint {checkpoint})" in final["reason"]
+    assert (job / "checkpoints" / "latest").read_text().strip() == checkpoint.name
+    capsys.readouterr()
+    assert main(["render", "jobs/train.yaml", "backend=slurm", "slurm.signal=URG@120"]) == 2
+    err = capsys.readouterr().err
+    assert "slurm.signal" in err and "do not take SIGURG as a warning" in err
