@@ -93,3 +93,53 @@ def test_leaf_lookups_are_linear():
     assert len(order) == 200_000 and order[0] == "n1" and order[-1] == "n200000"
     assert leaves.count("leaf0") == leaves.count("leaf1") == 100_000
     assert path == ["leaf1", "spine"]
+
+
+def _island_node(n: int):
+    """One node of n GPUs: NVLink between GPUs i, j with i = j mod 4, PXB or SYS otherwise,
+    so index order is a bad ring and 2-opt has work to do (pairs of 8-GPU boards)."""
+    from ringctl.topology import build_node
+    from ringctl.topology.nvidia_smi import parse_nvidia_smi
+
+    def cell(i: int, j: int) -> str:
+        if i == j:
+            return "X"
+        return "NV12" if i % 4 == j % 4 else "PXB" if i % 2 == j % 2 else "SYS"
+
+    lines = ["\t" + "\t".join(f"GPU{i}" for i in range(n)) + "\tCPU Affinity\tNUMA Affinity"]
+    lines += [f"GPU{i}\t" + "\t".join(cell(i, j) for j in range(n)) + "\t0-15\t0" for i in range(n)]
+    return build_node("n1", parse_nvidia_smi("\n".join(lines) + "\n"))
+
+
+def test_the_heuristic_for_large_nodes_is_bounded(monkeypatch):
+    """f5: above EXACT_LIMIT every GPU was a starting point of greedy + 2-opt, each O(k^3) per
+    pass, with the incumbent's key recomputed per candidate: 64 GPUs 3.6 s, 96 GPUs 16.8 s.
+    The starts are capped (MAX_STARTS) and the incumbent's key kept; counted in key
+    evaluations, not seconds, so a loaded machine cannot flake it."""
+    from ringctl.topology import search
+
+    calls = 0
+    real_key = search.order_key
+
+    def counted(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return real_key(*args, **kwargs)
+
+    monkeypatch.setattr(search, "order_key", counted)
+    plan = plan_ring([_island_node(64)])
+    assert calls < 60_000  # 258,174 before
+    assert plan.bottleneck.link == "SYS" and [h.link for h in plan.hops].count("SYS") == 2
+    assert sorted(e.gpu for e in plan.ring) == list(range(64))
+
+
+def test_nodes_over_the_gpu_maximum_are_refused_at_once():
+    """f5: a node past MAX_NODE_GPUS (a generated or corrupt matrix: real ones hold 16 at most)
+    is refused in one line instead of searched for minutes."""
+    from ringctl.topology.placement import MAX_NODE_GPUS
+
+    node = _island_node(MAX_NODE_GPUS + 1)
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=f"^node n1 has {MAX_NODE_GPUS + 1} GPUs; at most 64 per"):
+        plan_ring([node])
+    assert time.perf_counter() - start < 1.0

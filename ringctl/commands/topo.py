@@ -7,16 +7,26 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..atomic import atomic_write
 from ..errors import UserError
 from ..topology.draw import draw_svg
 from ..topology.gdr import GDR_LEVELS, GDR_READ_CHOICES, GdrPolicy
 from ..topology.hybrid_place import plan_hybrid
 from ..topology.links import DEFAULT_BANDWIDTHS
-from ..topology.nodes import load_node, load_node_files, parse_node_arg, read_text
+from ..topology.nodes import (
+    MAX_TOOL_OUTPUT_BYTES,
+    decode_tool_output,
+    load_node,
+    load_node_files,
+    parse_node_arg,
+    read_text,
+)
 from ..topology.placement import plan_ring
+from ..topology.plan import RingPlan, parse_plan
 from ..topology.probe import write_probe
 from ..topology.report import print_plan
 from ..topology.slurm import SwitchTopology, parse_slurm_topology
+from ..topology.text import cut, is_ascii_number
 
 DESCRIPTION = """\
 Place the ring of ring attention where the links are fastest, and write the placement the workers
@@ -75,19 +85,44 @@ def _switches(arg: str | None) -> SwitchTopology | None:
     if arg is None:
         return None
     if arg == "-":
-        try:
-            text = sys.stdin.read()
-        except UnicodeDecodeError as err:
-            raise UserError(f"<stdin>: not UTF-8 text (byte {err.start})") from None
-        return parse_slurm_topology(text, "<stdin>")
+        return parse_slurm_topology(_read_stdin(), "<stdin>")
     return parse_slurm_topology(read_text(Path(arg)), arg)
 
 
+def _read_stdin() -> str:
+    """stdin as a file is read: at most MAX_TOOL_OUTPUT_BYTES, no NUL, UTF-8 (it was read
+    whole, so `--slurm-topology -` fed from a runaway pipe took all the memory)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream put in its place (tests, embedding)
+        data = sys.stdin.read(MAX_TOOL_OUTPUT_BYTES + 1).encode("utf-8", "surrogateescape")
+    else:
+        data = stream.read(MAX_TOOL_OUTPUT_BYTES + 1)
+    if len(data) > MAX_TOOL_OUTPUT_BYTES:
+        raise UserError(f"<stdin>: longer than {MAX_TOOL_OUTPUT_BYTES} bytes")
+    return decode_tool_output(data, "<stdin>")
+
+
 def _write(path: str, text: str) -> None:
+    """Write a whole new file and rename it over path: a link planted at path is replaced,
+    never followed (Path.write_text wrote through one, over the file it pointed to)."""
     try:
-        Path(path).write_text(text)
+        atomic_write(path, text)
     except OSError as err:
         raise UserError(f"{path}: cannot write ({err.strerror})") from None
+
+
+def _plan_text(plan: RingPlan, path: str) -> str:
+    """The plan file's text, read back through the workers' reader (`parse_plan`) first: a
+    plan they would refuse is not written (exit 2 here, not a failed job later)."""
+    text = plan.to_json() + "\n"
+    try:
+        parse_plan(text.encode("utf-8"), path)
+    except UserError as err:
+        raise UserError(f"{path}: not written, the workers would refuse this plan: {err}") from None
+    return text
+
+
+MAX_ULYSSES_DIGITS = 9  # a degree divides the ranks; str.isdigit() took '²' (see text.py)
 
 
 def _ulysses(args: argparse.Namespace) -> int | str | None:
@@ -101,8 +136,11 @@ def _ulysses(args: argparse.Namespace) -> int | str | None:
     value = args.ulysses.strip().lower()
     if value == "auto":
         return value
-    if not value.isdigit() or int(value) < 1:
-        raise UserError(f"--ulysses {args.ulysses}: expected auto or a positive integer")
+    if not is_ascii_number(value, MAX_ULYSSES_DIGITS) or int(value) < 1:
+        raise UserError(
+            f"--ulysses {cut(args.ulysses)}: expected auto or a positive integer "
+            f"(ASCII digits, at most {MAX_ULYSSES_DIGITS})"
+        )
     return int(value)
 
 
@@ -135,7 +173,7 @@ def run_topo(args: argparse.Namespace) -> int:
             nodes, ulysses=ulysses, heads=args.heads, kv_heads=args.kv_heads, **common
         )
     if args.output:
-        _write(args.output, plan.to_json() + "\n")
+        _write(args.output, _plan_text(plan, args.output))
     if args.svg:
         _write(args.svg, draw_svg(plan))
     if args.json:

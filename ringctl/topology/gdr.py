@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from ..errors import UserError
 from .links import link_gbps, normalise_token
 from .model import NodeTopology
+from .text import is_ascii_number
 
 __all__ = [
     "GDR",
@@ -157,7 +158,7 @@ def best_nic(
 
 def is_c2c(node: NodeTopology) -> bool:
     """A coherent NVLink-C2C node: nvidia-smi gives its GPUs their own NUMA node."""
-    return bool(node.gpus) and all((g.gpu_numa_id or "").isdigit() for g in node.gpus)
+    return bool(node.gpus) and all(is_ascii_number(g.gpu_numa_id or "", 5) for g in node.gpus)
 
 
 def gdr_env(policy: GdrPolicy, node: NodeTopology) -> dict[str, str]:

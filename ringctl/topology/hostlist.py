@@ -11,17 +11,26 @@ ranges first (no name is built), and an expression over MAX_HOSTS names is refus
 line. Without the count, `a[1-1000]b[1-1000]c[1-1000]` (10^9 names) would take gigabytes
 before failing; with it, a typo costs nothing. MAX_HOSTS is far above any real cluster (the
 largest have tens of thousands of nodes) and still leaves `n[1-1000000]` expandable.
+
+Numbers in brackets are ASCII digits, at most MAX_DIGITS of them (see text.py): '²' and '١'
+pass `str.isdigit()`, and `int()` refuses the one with a traceback and reads the other as 1.
+An error quotes at most ECHO_CHARS of the expression.
 """
 
 from __future__ import annotations
 
 import re
 
+from .text import echo, is_ascii_number
+
 __all__ = ["MAX_HOSTS", "HostlistError", "compress", "count", "expand"]
 
 MAX_HOSTS = 2_000_000
+# Digits of one bracket number: Slurm keeps them in an unsigned long (up to 20 digits); 18 keep
+# every count and range within 10^18, far past any padded node number.
+MAX_DIGITS = 18
 
-_TRAILING_DIGITS = re.compile(r"^(.*?)(\d+)$")
+_TRAILING_DIGITS = re.compile(r"^(.*?)([0-9]+)$")
 
 
 class HostlistError(ValueError):
@@ -35,16 +44,16 @@ def _split_top_level(expr: str) -> list[str]:
         if ch == "[":
             depth += 1
             if depth > 1:
-                raise HostlistError(f"nested '[' at position {i} in {expr!r}")
+                raise HostlistError(f"nested '[' at position {i} in {echo(expr)}")
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise HostlistError(f"']' without '[' at position {i} in {expr!r}")
+                raise HostlistError(f"']' without '[' at position {i} in {echo(expr)}")
         elif ch == "," and depth == 0:
             items.append(expr[start:i])
             start = i + 1
     if depth:
-        raise HostlistError(f"'[' not closed in {expr!r}")
+        raise HostlistError(f"'[' not closed in {echo(expr)}")
     items.append(expr[start:])
     return items
 
@@ -55,10 +64,13 @@ def _bracket_pieces(body: str, expr: str) -> list[tuple[str, str | None]]:
     for piece in body.split(","):
         piece = piece.strip()
         lo, sep, hi = piece.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise HostlistError(f"expected a number or a range a-b in [{body}] of {expr!r}")
+        if not is_ascii_number(lo, MAX_DIGITS) or (sep and not is_ascii_number(hi, MAX_DIGITS)):
+            raise HostlistError(
+                f"expected a number (ASCII digits, at most {MAX_DIGITS}) or a range a-b in "
+                f"{echo('[' + body + ']')} of {echo(expr)}"
+            )
         if sep and int(hi) < int(lo):
-            raise HostlistError(f"range {piece} runs backwards in {expr!r}")
+            raise HostlistError(f"range {piece} runs backwards in {echo(expr)}")
         pieces.append((lo, hi if sep else None))
     return pieces
 
@@ -87,7 +99,7 @@ def _parse_item(item: str, expr: str) -> list[str | list[tuple[str, str | None]]
         if part.startswith("["):
             parts.append(_bracket_pieces(part[1:-1], expr))
         elif "]" in part:
-            raise HostlistError(f"']' without '[' in {expr!r}")
+            raise HostlistError(f"']' without '[' in {echo(expr)}")
         elif part:
             parts.append(part)
     return parts
@@ -98,7 +110,7 @@ def _parse(expr: str) -> list[list[str | list[tuple[str, str | None]]]]:
     for item in _split_top_level(expr):
         item = item.strip()
         if not item:
-            raise HostlistError(f"empty item in {expr!r}")
+            raise HostlistError(f"empty item in {echo(expr)}")
         items.append(_parse_item(item, expr))
     return items
 
@@ -115,9 +127,8 @@ def _count_parsed(items, expr: str, limit: int) -> int:
                     break
         total += size
         if total > limit:
-            shown = expr if len(expr) <= 80 else expr[:77] + "..."
             raise HostlistError(
-                f"{shown!r} stands for more than {limit:,} host names; refusing to expand it"
+                f"{echo(expr)} stands for more than {limit:,} host names; refusing to expand it"
             )
     return total
 
@@ -161,7 +172,7 @@ def compress(names: list[str]) -> str:
     items: list[tuple[str, list[list[str]]]] = []  # (prefix, pieces [first, last-or-first])
     for name in names:
         if not name or any(c in name for c in "[],") or name != name.strip():
-            raise HostlistError(f"{name!r} cannot be written in a hostlist")
+            raise HostlistError(f"{echo(name)} cannot be written in a hostlist")
         m = _TRAILING_DIGITS.match(name)
         if not m:
             items.append((name, []))

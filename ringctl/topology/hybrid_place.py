@@ -34,6 +34,7 @@ from .placement import (
     assumption_notes,
     c2c_note,
     gpu_weights,
+    nic_name_notes,
     node_dict,
     nvlink_gbps,
     prepare_nodes,
@@ -121,6 +122,7 @@ def _chosen_nics(ring, where, placed) -> dict[str, dict[int, int | None]]:
 def _notes(hops, ordered, table, policy, given_net: bool, heads: int | None) -> list[str]:
     notes = assumption_notes(hops, table, given_net)
     notes += c2c_note(ordered, policy, any(h.link == "NET" for h in hops))
+    notes += nic_name_notes(ordered)
     if heads is None:
         notes.append(
             "heads not given: the Ulysses degree was not checked against the model "

@@ -6,7 +6,19 @@ parser state along.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
+
+# An RDMA device's name as the kernel spells it (mlx5_0, bnxt_re1, irdma0; at most 64, the
+# kernel's IB_DEVICE_NAME_MAX): a plan pins it in NCCL_IB_HCA, where ',' ':' '=' and blanks
+# separate names, so a name holding one would select some other device.
+NIC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# nvidia-smi's CPU Affinity, a list of CPU numbers and ranges (ASCII digits, at most 5 each:
+# Linux counts CPUs below 8,192). Up to MAX_CPU_LIST_CHARS long: a dual-socket host that numbers
+# its CPUs interleaved lists every other CPU one by one (0,2,4,...,222 is 392 characters), and
+# all 8,192 CPUs so listed take ~40,000; Linux takes 128 KiB in one environment variable.
+CPU_LIST = re.compile(r"[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*")
+MAX_CPU_LIST_CHARS = 65536
 
 
 @dataclass
@@ -58,20 +70,32 @@ class Gpu:
     def numa(self) -> int | None:
         """The single NUMA node to bind to, or None when the affinity is a range, list or N/A."""
         value = self.numa_affinity
-        return int(value) if value is not None and value.isdigit() else None
+        ok = value is not None and value.isascii() and value.isdigit() and len(value) <= 5
+        return int(value) if ok else None
 
 
 @dataclass
 class Nic:
-    """A NIC column of the matrix, joined with what ibstat says about it."""
+    """A NIC column of the matrix, joined with what ibstat says about it.
+
+    `name_from` says how the name is known: "nvidia-smi" (its NIC Legend, or an old driver's
+    column name), "ibstat" (an HCA only ibstat lists), "ibstat order" (a NICn column matched to
+    ibstat's HCAs by order, no legend) or "column label" (no legend, no ibstat: `name` is the
+    column's NICn, which no device is called, so no plan may pin it in NCCL_IB_HCA)."""
 
     name: str
-    label: str
+    label: str | None
     usable: bool = True
     why_unusable: str | None = None
     port: int | None = None
     rate_gbps: float | None = None
     link_layer: str | None = None
+    name_from: str = "nvidia-smi"
+
+    @property
+    def name_known(self) -> bool:
+        """Whether `name` is a device's real name (one NCCL_IB_HCA can select)."""
+        return self.name_from != "column label"
 
 
 @dataclass

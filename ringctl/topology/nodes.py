@@ -16,8 +16,18 @@ from ..errors import UserError, naming
 from .ibstat import parse_hca_text
 from .model import Hca, Nic, NodeTopology
 from .nvidia_smi import SmiTopology, parse_nvidia_smi
+from .text import cut, echo
 
-__all__ = ["build_node", "load_node", "load_node_files", "parse_node_arg", "read_text"]
+__all__ = [
+    "build_node",
+    "check_node_name",
+    "decode_tool_output",
+    "load_node",
+    "load_node_files",
+    "natural_key",
+    "parse_node_arg",
+    "read_text",
+]
 
 SMI_FILE = "nvidia-smi-topo.txt"
 HCA_FILES = ("ibstat.txt", "ibv_devinfo.txt")
@@ -46,6 +56,34 @@ def _nic_from_hca(name: str, label: str | None, hca: Hca | None, known: bool) ->
     return nic
 
 
+def natural_key(name: str) -> list[str | int]:
+    """Sort key reading digit runs as numbers: mlx5_2 before mlx5_10."""
+    return [int(p) if p.isdigit() else p for p in _DIGIT_RUNS.split(name)]
+
+
+_DIGIT_RUNS = re.compile(r"([0-9]+)")
+_COLUMN_LABEL = re.compile(r"NIC[0-9]+")
+
+
+def _nic_names(smi: SmiTopology, hcas: list[Hca] | None) -> tuple[list[str], str | None]:
+    """The NIC columns' names and how they are known when not from the matrix (None: from
+    it). NICn columns without their legend are matched to ibstat's HCAs by order when the
+    counts agree, in natural order (mlx5_2 before mlx5_10): the kernel numbers mlx5 devices as
+    it probes them, close to PCI order, the order of nvidia-smi's columns, while ibstat lists
+    them alphabetically (mlx5_10 before mlx5_2), which put NIC2 on mlx5_10. Without ibstat (or
+    with a count that differs) such a column's real name is unknown: "column label"."""
+    names = list(smi.nic_names)
+    placeholders = all(
+        n == lbl and _COLUMN_LABEL.fullmatch(lbl)
+        for n, lbl in zip(names, smi.nic_labels, strict=True)
+    )
+    if not names or not placeholders:
+        return names, None
+    if hcas is not None and len(hcas) == len(names):
+        return sorted((h.name for h in hcas), key=natural_key), "ibstat order"
+    return names, "column label"
+
+
 def build_node(
     name: str,
     smi: SmiTopology | None,
@@ -60,20 +98,16 @@ def build_node(
         node.gpus = list(smi.gpus)
         node.gpu_links = [list(r) for r in smi.gpu_links]
         node.gpu_nic_links = [list(r) for r in smi.gpu_nic_links]
-        names = list(smi.nic_names)
-        no_legend = all(n == lbl for n, lbl in zip(names, smi.nic_labels, strict=True))
-        if known and no_legend and names and all(n.startswith("NIC") for n in names):
-            # NICn columns without their legend: nvidia-smi and ibstat both list NICs in PCI
-            # order, so match by position when the counts agree.
-            hca_names = [h.name for h in hcas]
-            if len(hca_names) == len(names):
-                names = hca_names
+        names, name_from = _nic_names(smi, hcas)
         for label, nic_name in zip(smi.nic_labels, names, strict=True):
-            node.nics.append(_nic_from_hca(nic_name, label, by_name.get(nic_name), known))
-    listed = {n.name for n in node.nics}
+            nic = _nic_from_hca(nic_name, label, by_name.get(nic_name), known)
+            nic.name_from = name_from or nic.name_from
+            node.nics.append(nic)
+    listed = {n.name for n in node.nics if n.name_known}
     for hca in hcas or []:
         if hca.name not in listed:
             node.nics.append(_nic_from_hca(hca.name, None, hca, True))
+            node.nics[-1].name_from = "ibstat"
             for row in node.gpu_nic_links:
                 row.append(UNKNOWN_PATH)
     return node
@@ -83,38 +117,60 @@ MAX_TOOL_OUTPUT_BYTES = 64 << 20  # nvidia-smi/ibstat text, or a probe holding b
 
 
 def read_text(path: Path) -> str:
-    """A tool output as text; a binary or non-UTF-8 file is refused in one line (the tools
-    print ASCII, so such a file is the wrong file, not a format to guess at). A regular file
-    (a link given is followed to one) within MAX_TOOL_OUTPUT_BYTES: the node probes in a job
-    directory are written by the nodes, and a FIFO or /dev/zero there hung the placement."""
+    """A tool output as text (see `decode_tool_output`): a regular file, opened without
+    following a link (a link is refused, not resolved: the node probes in a job directory are
+    written by the nodes, and one linking outside was read as a node's layout), within
+    MAX_TOOL_OUTPUT_BYTES (a FIFO or /dev/zero there hung the placement)."""
     try:
-        data = read_regular(Path(path).resolve(), MAX_TOOL_OUTPUT_BYTES)
+        data = read_regular(Path(path), MAX_TOOL_OUTPUT_BYTES)
     except ValueError as err:
         raise UserError(naming(path, str(err))) from None
+    return decode_tool_output(data, str(path))
+
+
+def decode_tool_output(data: bytes, source: str) -> str:
+    """The bytes of a tool's output as text; a binary or non-UTF-8 input is refused in one
+    line (the tools print ASCII, so such a file is the wrong file, not a format to guess at)."""
     nul = data.find(b"\0")
     if nul >= 0:
         raise UserError(
-            f"{path}: a binary file (NUL byte at {nul}), expected the text output of the tool"
+            f"{source}: a binary file (NUL byte at {nul}), expected the text output of the tool"
         )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise UserError(
-            f"{path}: not UTF-8 text (byte {err.start}), expected the text output of the tool"
+            f"{source}: not UTF-8 text (byte {err.start}), expected the text output of the tool"
         ) from None
 
 
+def check_node_name(name: str, source: str) -> str:
+    """name, when it is a host name (NODE_NAME); else UserError naming where it came from.
+    Checked where it enters (--name, NAME=, a directory's or probe's name): the plan's reader
+    refuses any other, so a plan holding one was written and then refused by every worker."""
+    if not NODE_NAME.fullmatch(name):
+        raise UserError(
+            f"{source}: node name {echo(name)} is not a host name (letters, digits, '.', '_' "
+            "and '-', at most 253)"
+        )
+    return name
+
+
 def load_node_files(
-    nvidia_smi: str | Path | None, hca_file: str | Path | None = None, name: str = "node"
+    nvidia_smi: str | Path | None,
+    hca_file: str | Path | None = None,
+    name: str = "node",
+    name_source: str = "--name",
 ) -> NodeTopology:
-    """A node from an `nvidia-smi topo -m` file and optionally an ibstat/ibv_devinfo file."""
+    """A node from an `nvidia-smi topo -m` file and optionally an ibstat/ibv_devinfo file;
+    `name_source` says where `name` came from, for the error when it is no host name."""
     smi = None
     if nvidia_smi is not None:
         smi = parse_nvidia_smi(read_text(Path(nvidia_smi)), str(nvidia_smi))
     hcas = None
     if hca_file is not None:
         hcas = parse_hca_text(read_text(Path(hca_file)), str(hca_file))
-    return build_node(name, smi, hcas)
+    return build_node(check_node_name(name, name_source), smi, hcas)
 
 
 def _load_probe(path: Path, name: str | None) -> NodeTopology:
@@ -128,12 +184,7 @@ def _load_probe(path: Path, name: str | None) -> NodeTopology:
     for key in ("nvidia_smi_topo", "ibstat", "ibv_devinfo", "node"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise UserError(f"{path}: key {key} must be a string or null")
-    node_name = name or data.get("node") or path.stem
-    if not NODE_NAME.fullmatch(node_name):
-        raise UserError(
-            f"{path}: node name {node_name[:80]!r} is not a host name (letters, digits, "
-            "'.', '_' and '-')"
-        )
+    node_name = check_node_name(name or data.get("node") or path.stem, str(path))
     smi_text = data.get("nvidia_smi_topo")
     smi = parse_nvidia_smi(smi_text, f"{path}[nvidia_smi_topo]") if smi_text else None
     hcas = None
@@ -153,7 +204,8 @@ def load_node(path: str | Path, name: str | None = None) -> NodeTopology:
         if not smi_path.is_file():
             raise UserError(f"{path}: expected a probe JSON or a directory holding {SMI_FILE}")
         hca = next((path / f for f in HCA_FILES if (path / f).is_file()), None)
-        return load_node_files(smi_path, hca, name or path.name)
+        source = f"{path} (the directory's name; give NAME=PATH)" if name is None else "NAME="
+        return load_node_files(smi_path, hca, name or path.name, source)
     if not path.exists():
         raise UserError(f"{path}: no such file or directory")
     return _load_probe(path, name)
@@ -163,5 +215,5 @@ def parse_node_arg(arg: str) -> tuple[str | None, str]:
     """`NAME=PATH` -> (NAME, PATH); a bare PATH takes its name from the probe or directory."""
     name, sep, path = arg.partition("=")
     if sep and name and "/" not in name:
-        return name, path
+        return check_node_name(name, f"--node {cut(name)}=..."), path
     return None, arg

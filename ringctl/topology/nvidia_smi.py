@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 
 from ..errors import UserError
 from .links import is_link_token, normalise_token, nvlink_problem
-from .model import Gpu
+from .model import CPU_LIST, MAX_CPU_LIST_CHARS, NIC_NAME, Gpu
+from .text import cut, echo
 
 __all__ = ["SmiTopology", "parse_nvidia_smi"]
 
 # Known information columns, longest first so `GPU NUMA ID` is not read as `GPU`.
 _INFO_COLUMNS = [("GPU", "NUMA", "ID"), ("CPU", "Affinity"), ("NUMA", "Affinity")]
-_CPU_LIST = re.compile(r"^(\d+(-\d+)?)(,\d+(-\d+)?)*$")
-_GPU_LABEL = re.compile(r"^GPU(\d+)$")
-_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+# ASCII digits only (\d takes '١' too, which int() reads as 1); a GPU index of at most 4 digits
+_GPU_LABEL = re.compile(r"^GPU([0-9]{1,4})$")
+_NIC_LEGEND = re.compile(r"^\s*(NIC[0-9]+)\s*:\s*(\S+)\s*$")
 
 
 @dataclass
@@ -58,9 +59,13 @@ def _info_names(words: list[str]) -> list[str]:
 def _check_info(value: str, column: str, where: str) -> None:
     if value == "N/A":
         return
-    if column in ("CPU Affinity", "NUMA Affinity") and not _CPU_LIST.match(value):
+    if column not in ("CPU Affinity", "NUMA Affinity"):
+        return
+    if len(value) > MAX_CPU_LIST_CHARS:
+        raise UserError(f"{where}: {column} longer than {MAX_CPU_LIST_CHARS} characters")
+    if not CPU_LIST.fullmatch(value):
         raise UserError(
-            f"{where}: expected a {column} such as 0-15,32-47 or N/A, found {value!r} "
+            f"{where}: expected a {column} such as 0-15,32-47 or N/A, found {echo(value)} "
             "(a row longer than the header: columns cut or wrapped?)"
         )
 
@@ -76,7 +81,7 @@ def parse_nvidia_smi(text: str, source: str = "<nvidia-smi>") -> SmiTopology:
             f"{source}:{end + 1}: expected a row for {missing[0]} "
             f"(found {len(rows)} of {len(header.devices)} rows: matrix not square or truncated)"
         )
-    legend = _nic_legend(lines[end:])
+    legend = _nic_legend(lines, end, source)
     return _topology(header, rows, row_info, legend, source)
 
 
@@ -106,6 +111,12 @@ def _read_header(lines: list[str], source: str) -> _Header:
     devices = words[:n_dev]
     if len(set(devices)) != len(devices):
         raise UserError(f"{source}:{header_at + 1}: a device column appears twice in the header")
+    for d in devices:  # an old driver names NIC columns by device: the name NCCL_IB_HCA pins
+        if not _GPU_LABEL.match(d) and (d.startswith("GPU") or not NIC_NAME.fullmatch(d)):
+            raise UserError(
+                f"{source}:{header_at + 1}: device column {echo(d)} is neither GPU<n> (up to 4 "
+                "digits) nor a NIC name (letters, digits, '.', '_', '-')"
+            )
     return _Header(header_at, devices, _info_names(words[n_dev:]))
 
 
@@ -125,7 +136,7 @@ def _read_rows(lines: list[str], header: _Header, source: str):
             if len(cells) > 1 and (is_link_token(label) or is_link_token(cells[1])):
                 raise UserError(
                     f"{where}: expected a row starting with one of {devices[0]}..{devices[-1]}, "
-                    f"found {label!r} (header cut, or a row wrapped by a narrow terminal?)"
+                    f"found {echo(label)} (header cut, or a row wrapped by a narrow terminal?)"
                 )
             return rows, row_info, at
         if label in rows:
@@ -147,7 +158,7 @@ def _check_links(links: list[str], label: str, devices: list[str], where: str) -
     for col, token in zip(devices, links, strict=True):
         if not is_link_token(token):
             raise UserError(
-                f"{where}: unknown link token {token!r} in row {label}, column {col} "
+                f"{where}: unknown link token {echo(token)} in row {label}, column {col} "
                 "(expected X, NV<n>, PIX, PXB, PHB, NODE or SYS)"
             )
         if nvlink_problem(token):
@@ -165,13 +176,20 @@ def _row_values(rest: list[str], info: list[str], where: str) -> dict[str, str]:
     return values
 
 
-def _nic_legend(lines: list[str]) -> dict[str, str]:
-    """`NIC0: mlx5_0` lines after the matrix: the NICs' real names."""
+def _nic_legend(lines: list[str], start: int, source: str) -> dict[str, str]:
+    """`NIC0: mlx5_0` lines after the matrix (from line index `start`): the NICs' real names,
+    each one a device name (it is pinned in NCCL_IB_HCA, whose separators it may not hold)."""
     legend: dict[str, str] = {}
-    for line in lines:
-        m = _NIC_LEGEND.match(line)
-        if m:
-            legend[m.group(1)] = m.group(2)
+    for at in range(start, len(lines)):
+        m = _NIC_LEGEND.match(lines[at])
+        if not m:
+            continue
+        if not NIC_NAME.fullmatch(m.group(2)):
+            raise UserError(
+                f"{source}:{at + 1}: NIC Legend name {echo(m.group(2))} of {cut(m.group(1))} is "
+                "not a device name (letters, digits, '.', '_', '-'; at most 64)"
+            )
+        legend[m.group(1)] = m.group(2)
     return legend
 
 

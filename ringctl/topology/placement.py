@@ -34,7 +34,21 @@ from .plan import Hop, RankEntry, RingGroup, RingPlan
 from .search import best_order
 from .slurm import SwitchTopology
 
-__all__ = ["assign_nics", "nic_for_gpu", "order_gpus", "order_nodes", "plan_ring"]
+__all__ = [
+    "MAX_NODE_GPUS",
+    "assign_nics",
+    "nic_for_gpu",
+    "order_gpus",
+    "order_nodes",
+    "plan_ring",
+]
+
+# GPUs of one node that a plan places. No node built shows more than 16 in one nvidia-smi
+# matrix (DGX-2, HGX-2); multi-node NVLink domains are several nodes. Above EXACT_LIMIT the
+# search is a heuristic of O(k^3) per 2-opt pass and start: ~1 s for 64 GPUs of random links on
+# a 2-core machine, 4 s at 96 and more past it, so a larger matrix (a generated or corrupt
+# one) is refused in one line rather than left to run for minutes.
+MAX_NODE_GPUS = 64
 
 
 def assign_nics(node: NodeTopology) -> list[int | None]:
@@ -212,7 +226,10 @@ def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[st
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if nic is not None and gpu is not None:
         # '=' asks NCCL for an exact name: plain 'mlx5_1' would also match mlx5_10, mlx5_11.
-        env["NCCL_IB_HCA"] = f"={nic.name}" + (f":{nic.port}" if nic.port else "")
+        # A NIC known only by its column label (NIC0) is no device's name: `=NIC0` matched no
+        # HCA and NCCL fell back to sockets, so such a rank leaves the choice to NCCL.
+        if nic.name_known:
+            env["NCCL_IB_HCA"] = f"={nic.name}" + (f":{nic.port}" if nic.port else "")
         env.update(gdr_env(policy, node))
     if gpu is not None and gpu.numa is not None:
         env["RINGCTL_NUMA_NODE"] = str(gpu.numa)
@@ -269,6 +286,11 @@ def _check(nodes: Sequence[NodeTopology], ranks_per_node: int | None) -> None:
     if ranks_per_node is not None and ranks_per_node < 1:
         raise UserError("--ranks-per-node must be at least 1")
     for node in nodes:
+        if len(node.gpus) > MAX_NODE_GPUS:
+            raise UserError(
+                f"node {node.name} has {len(node.gpus)} GPUs; at most {MAX_NODE_GPUS} per node "
+                "are placed (a real node's nvidia-smi matrix holds 16 at most)"
+            )
         if node.gpus and ranks_per_node is not None and ranks_per_node > len(node.gpus):
             raise UserError(
                 f"node {node.name} has {len(node.gpus)} GPUs, fewer than "
@@ -355,7 +377,8 @@ def plan_ring(
         ring_size=layout.ring_size,
         gdr={"level": policy.modelled_level, "read": policy.read},
         assumptions=assumption_notes(hops, table, given_net)
-        + c2c_note(ordered, policy, any(h.link == "NET" for h in hops)),
+        + c2c_note(ordered, policy, any(h.link == "NET" for h in hops))
+        + nic_name_notes(ordered),
     )
 
 
@@ -513,6 +536,30 @@ def c2c_note(ordered, policy: GdrPolicy, has_net: bool) -> list[str]:
         "GPUDirect through C2C there (its default level P2C, left unpinned); their "
         "host-bounce ends are a lower bound"
     ]
+
+
+def nic_name_notes(ordered: Sequence[NodeTopology]) -> list[str]:
+    """What the plan assumed about NIC names no input gave: NICn columns matched to ibstat's
+    HCAs by order, and NICs whose name is unknown (not pinned in NCCL_IB_HCA)."""
+    notes = []
+    for how, note in (
+        (
+            "ibstat order",
+            "NIC columns matched to ibstat's HCAs by order, in natural order (mlx5_2 before "
+            "mlx5_10; no NIC Legend in the nvidia-smi output): check that NICn is the n-th HCA, "
+            "or capture the legend",
+        ),
+        (
+            "column label",
+            "NICs known only by their nvidia-smi column (no NIC Legend, no ibstat listing as "
+            "many HCAs): NCCL_IB_HCA is not pinned for their ranks (NCCL chooses the HCA); give "
+            "ibstat, or the legend",
+        ),
+    ):
+        nics = [f"{n.name}:{nic.label}" for n in ordered for nic in n.nics if nic.name_from == how]
+        if nics:
+            notes.append(f"{note} ({len(nics)} NIC(s), first {nics[0]})")
+    return notes
 
 
 def assumption_notes(hops: list[Hop], table, given_net: bool) -> list[str]:

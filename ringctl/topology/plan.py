@@ -66,6 +66,7 @@ from typing import Any
 from ..bounded_read import read_regular
 from ..errors import UserError, naming
 from ..jsonsafe import whole_number
+from .model import CPU_LIST, MAX_CPU_LIST_CHARS
 from .nodes import NODE_NAME
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "RingPlan",
     "UlyssesGroups",
     "load_plan",
+    "parse_plan",
 ]
 
 PLAN_VERSION = 1
@@ -350,6 +352,22 @@ _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=-]{0,256}")
 MAX_GPU_INDEX = 4096
 
 
+def _plain_env_value(name: str, value: object) -> bool:
+    """A value a worker may apply: plain characters up to 256, or for RINGCTL_CPU_AFFINITY
+    also a longer CPU list (digits, ',' and '-' only, up to MAX_CPU_LIST_CHARS). nvidia-smi
+    prints a dual-socket host's interleaved CPUs one by one (0,2,4,...: 392 characters for 112
+    CPUs); kept, not dropped, so a worker can still bind its rank to the GPU's CPUs."""
+    if not isinstance(value, str):
+        return False
+    if _ENV_VALUE.fullmatch(value):
+        return True
+    return (
+        name == "RINGCTL_CPU_AFFINITY"
+        and len(value) <= MAX_CPU_LIST_CHARS
+        and CPU_LIST.fullmatch(value) is not None
+    )
+
+
 def _check_entry(entry: RankEntry, where: str) -> None:
     """A rank's entry as a worker will use it: counts are ints (0.0 and False passed the
     order check, and reached init_process_group), a GPU index in range, the environment
@@ -369,7 +387,7 @@ def _check_entry(entry: RankEntry, where: str) -> None:
         if name not in PLAN_ENV:
             allowed = ", ".join(sorted(PLAN_ENV))
             raise UserError(f"{where}.env.{str(name)[:64]!r}: a placement sets only {allowed}")
-        if not isinstance(value, str) or not _ENV_VALUE.fullmatch(value):
+        if not _plain_env_value(name, value):
             raise UserError(f"{where}.env.{name}: {str(value)[:64]!r} is not a plain value")
 
 
@@ -417,7 +435,20 @@ def load_plan(path: str | Path) -> RingPlan:
     to /dev/zero filled its memory), UTF-8 JSON within MAX_PLAN_BYTES."""
     path = Path(path)
     try:
-        text = read_regular(path, MAX_PLAN_BYTES).decode("utf-8")
-    except ValueError as err:  # UnicodeDecodeError too
+        data = read_regular(path, MAX_PLAN_BYTES)
+    except ValueError as err:
         raise UserError(f"{path}: cannot read the plan ({naming(path, str(err))})") from None
-    return RingPlan.from_json(text, str(path))
+    return parse_plan(data, str(path))
+
+
+def parse_plan(data: bytes, source: str) -> RingPlan:
+    """A plan file's bytes as `load_plan` takes them (the reader of every worker). `ringctl
+    topo -o` passes its own output through it before writing, so a plan the workers would
+    refuse is never written (a long CPU Affinity once made one that every rank refused)."""
+    if len(data) > MAX_PLAN_BYTES:
+        raise UserError(f"{source}: cannot read the plan (longer than {MAX_PLAN_BYTES} bytes)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{source}: cannot read the plan ({source}: {err})") from None
+    return RingPlan.from_json(text, source)

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write
 from ..errors import UserError
 
 __all__ = ["collect_probe", "node_name", "write_probe"]
@@ -68,14 +69,16 @@ def collect_probe() -> dict[str, Any]:
 
 
 def write_probe(path: str | Path | None) -> dict[str, Any]:
-    """Collect and write the probe to `path` (stdout when None or '-')."""
+    """Collect and write the probe to `path` (stdout when None or '-'), as a new file renamed
+    into place: a link planted at path (a job directory is writable from every node) is
+    replaced, never written through."""
     record = collect_probe()
     text = json.dumps(record, indent=2) + "\n"
     if path in (None, "-"):
         print(text, end="")
     else:
         try:
-            Path(path).write_text(text)
+            atomic_write(path, text)
         except OSError as err:
             raise UserError(f"{path}: cannot write ({err.strerror})") from None
     return record

@@ -13,11 +13,14 @@ pass, not one scan of every group per node.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
-from .hostlist import HostlistError, expand
+from .hostlist import MAX_HOSTS, HostlistError, count, expand
+from .text import ascii_number, cut, echo
 
 __all__ = ["SwitchTopology", "Group", "parse_slurm_topology"]
 
@@ -48,27 +51,47 @@ class SwitchTopology:
         return [g for g in self.groups.values() if g.kind == kind]
 
     def _levels(self) -> dict[str, int]:
-        """Given levels, else 0 for a switch without child switches and 1 + the highest child."""
+        """Given levels, else 0 for a switch without child switches and 1 + the highest child
+        (a child that is not defined, or that closes a loop, counts 0). Walked with a stack,
+        not recursion: a chain of a few hundred switches passed Python's recursion limit."""
         levels: dict[str, int] = {}
-
-        def level(name: str, seen: frozenset[str] = frozenset()) -> int:
-            if name in levels:
-                return levels[name]
-            g = self.groups.get(name)
-            if g is None or name in seen:
-                return 0
-            if g.level is not None:
-                value = g.level
-            elif g.children:
-                value = 1 + max(level(c, seen | {name}) for c in g.children)
-            else:
-                value = 0
-            levels[name] = value
-            return value
-
         for name in self.groups:
-            level(name)
+            if name not in levels:
+                self._walk_levels(name, levels)
         return levels
+
+    def _walk_levels(self, root: str, levels: dict[str, int]) -> None:
+        """Fill `levels` for root and the switches under it: a depth-first walk, each switch
+        settled once all its children are (the recursion of old, with an explicit stack)."""
+        stack: list[tuple[str, Iterator[str]]] = []
+        highest: dict[str, int] = {}  # switch on the stack -> highest child level so far
+
+        def enter(name: str) -> int | None:
+            """name's level when known at once, else None (then it is pushed)."""
+            g = self.groups.get(name)
+            if name in levels or g is None or name in highest:
+                return levels.get(name, 0)  # settled, undefined, or a loop back: 0
+            if g.level is not None or not g.children:
+                levels[name] = g.level if g.level is not None else 0
+                return levels[name]
+            highest[name] = 0
+            stack.append((name, iter(g.children)))
+            return None
+
+        enter(root)
+        while stack:
+            name, children = stack[-1]
+            child = next(children, None)
+            if child is not None:
+                value = enter(child)
+                if value is not None:
+                    highest[name] = max(highest[name], value)
+                continue
+            stack.pop()
+            levels[name] = 1 + highest.pop(name)
+            if stack:
+                parent = stack[-1][0]
+                highest[parent] = max(highest[parent], levels[name])
 
     def _index(self) -> tuple[dict[str, str], dict[str, str], dict[str, int]]:
         """(leaf of each node, parent of each switch, level of each group), built once.
@@ -141,75 +164,130 @@ class SwitchTopology:
         return order
 
 
+# One `Key=value` word as Slurm's parse_config.c reads it: blanks may stand around '=', and a
+# value may be double-quoted (`Nodes="n[1-2]"`, the quotes not part of it). An unquoted value
+# holds no '=' or '"', so `Nodes= Level=0` is an empty Nodes= followed by Level=0.
+_PAIR = re.compile(r'([^\s="]+)\s*=\s*(?:"([^"]*)"|([^\s="]*))(?=\s|$)')
+_BLANKS = re.compile(r"\s*")
+_WORD = re.compile(r"\S*")
+# Digits of Level= and of a BlockSizes= entry: levels are a handful, block sizes node counts.
+MAX_NUMBER_DIGITS = 9
+
+
 def _words(line: str, where: str) -> list[tuple[str, str]]:
+    """(lowercase key, value) of each `Key=value` word of a line, quotes removed."""
     pairs = []
-    for word in line.split():
-        key, sep, value = word.partition("=")
-        if not sep or not key:
-            raise UserError(f"{where}: expected Key=value words, found {word!r}")
-        pairs.append((key.lower(), value))
+    at = _BLANKS.match(line).end()
+    while at < len(line):
+        m = _PAIR.match(line, at)
+        if not m:
+            word = _WORD.match(line, at).group()
+            raise UserError(f"{where}: expected Key=value words, found {echo(word)}")
+        key, quoted, plain = m.groups()
+        pairs.append((key.lower(), quoted if quoted is not None else plain))
+        at = _BLANKS.match(line, m.end()).end()
     return pairs
 
 
-def _hosts(value: str, where: str) -> list[str]:
+def _hosts(value: str, where: str, room: int) -> list[str]:
+    """The names of a hostlist value; refused when they pass `room`, what the file's total
+    cap (MAX_HOSTS for every Nodes= and Switches= together) leaves: the cap per expression
+    alone let N short lines hold N x 2,000,000 names."""
     try:
+        if count(value) > room:
+            raise UserError(
+                f"{where}: the file names more than {MAX_HOSTS:,} hosts in all "
+                "(Nodes= and Switches= together); refusing to expand more"
+            )
         return expand(value)
     except HostlistError as err:
         raise UserError(f"{where}: {err}") from None
 
 
-def parse_slurm_topology(text: str, source: str = "<topology>") -> SwitchTopology:
-    """Read topology.conf or `scontrol show topology` output; `source` names it in errors."""
-    topo = SwitchTopology()
-    lines: dict[str, int] = {}  # group name -> line, for errors found after reading
-    for n, raw in enumerate(text.splitlines(), 1):
+def _number(value: str, where: str, what: str) -> int:
+    """A Level= or BlockSizes= number: ASCII digits only (text.py says why)."""
+    number = ascii_number(value, MAX_NUMBER_DIGITS)
+    if number is None:
+        raise UserError(
+            f"{where}: expected {what} (ASCII digits, at most {MAX_NUMBER_DIGITS}), "
+            f"found {echo(value)}"
+        )
+    return number
+
+
+@dataclass
+class _Reader:
+    """The state of one file's reading: the groups so far, the line of each (for errors found
+    after reading) and the host names expanded so far (for the file's total cap)."""
+
+    source: str
+    topo: SwitchTopology = field(default_factory=SwitchTopology)
+    lines: dict[str, int] = field(default_factory=dict)
+    hosts: int = 0
+
+    def read(self, n: int, raw: str) -> None:
+        """Take line n: a group, BlockSizes=, or nothing (blank, comment, a shell prompt)."""
         line = raw.split("#", 1)[0].strip()
-        where = f"{source}:{n}"
+        where = f"{self.source}:{n}"
         if not line or line.startswith("$"):
-            continue
+            return
         pairs = _words(line, where)
-        first_key, first_value = pairs[0]
-        if first_key == "blocksizes":
-            try:
-                topo.block_sizes = [int(v) for v in first_value.split(",") if v]
-            except ValueError:
-                raise UserError(f"{where}: expected BlockSizes=N,N,...") from None
-            continue
-        if first_key == "topologyname":  # newer Slurm may name the topology first
+        if pairs[0][0] == "blocksizes":
+            values = [v for v in pairs[0][1].split(",") if v]
+            self.topo.block_sizes = [_number(v, where, "BlockSizes=N,N,...") for v in values]
+            return
+        if pairs[0][0] == "topologyname":  # newer Slurm may name the topology first
             pairs = pairs[1:]
             if not pairs:
-                continue
-            first_key, first_value = pairs[0]
+                return
+        group = self._group(pairs, where)
+        self.topo.groups[group.name] = group
+        self.lines[group.name] = n
+
+    def _group(self, pairs: list[tuple[str, str]], where: str) -> Group:
+        first_key, first_value = pairs[0]
         if first_key not in _KINDS:
             raise UserError(
                 f"{where}: expected a line starting with SwitchName=, BlockName=, RingName= "
-                f"or BlockSizes=, found {first_key}="
+                f"or BlockSizes=, found {cut(first_key)}="
             )
         if not first_value:
             raise UserError(f"{where}: {first_key} needs a name")
-        if first_value in topo.groups:
-            raise UserError(f"{where}: {first_value} is defined twice")
+        if first_value in self.topo.groups:
+            raise UserError(f"{where}: {cut(first_value)} is defined twice")
         group = Group(name=first_value, kind=_KINDS[first_key])
         for key, value in pairs[1:]:
-            if key == "nodes":
-                group.nodes = _hosts(value, where)
-            elif key == "switches":
-                group.children = _hosts(value, where)
+            if key in ("nodes", "switches"):
+                names = _hosts(value, where, MAX_HOSTS - self.hosts)
+                self.hosts += len(names)
+                if key == "nodes":
+                    group.nodes = names
+                else:
+                    group.children = names
             elif key == "level":
-                if not value.isdigit():
-                    raise UserError(f"{where}: expected Level=<number>, found {value!r}")
-                group.level = int(value)
+                group.level = _number(value, where, "Level=<number>")
             elif key == "linkspeed":
                 group.link_speed = value
             # other keys (BlockIndex, BlockSize, ...) are tolerated and ignored
         if not group.nodes and not group.children:
-            raise UserError(f"{where}: {group.name} has neither Nodes= nor Switches=")
-        topo.groups[group.name] = group
-        lines[group.name] = n
-    for g in topo.groups.values():
-        for child in g.children:
-            if child not in topo.groups:
-                raise UserError(
-                    f"{source}:{lines[g.name]}: switch {g.name} names an undefined switch {child}"
-                )
-    return topo
+            raise UserError(f"{where}: {cut(group.name)} has neither Nodes= nor Switches=")
+        return group
+
+    def check_children(self) -> None:
+        """Every child switch is defined (known only once the whole file is read)."""
+        for g in self.topo.groups.values():
+            for child in g.children:
+                if child not in self.topo.groups:
+                    raise UserError(
+                        f"{self.source}:{self.lines[g.name]}: switch {cut(g.name)} names an "
+                        f"undefined switch {cut(child)}"
+                    )
+
+
+def parse_slurm_topology(text: str, source: str = "<topology>") -> SwitchTopology:
+    """Read topology.conf or `scontrol show topology` output; `source` names it in errors."""
+    reader = _Reader(source)
+    for n, raw in enumerate(text.splitlines(), 1):
+        reader.read(n, raw)
+    reader.check_children()
+    return reader.topo
