@@ -265,6 +265,39 @@ def test_a_train_states_schedule_and_cursor_are_checked_against_the_job():
     assert stream.check(Cursor(0, 1, length, held)) == f"token {length} of a document of {length}"
 
 
+def test_a_train_states_base_rates_must_be_the_jobs():
+    """base_lrs edited to 1000 (finite) was loaded as it came: every later step ran at
+    lr 1000 x the factor. The fields the config fixes must equal a fresh scheduler's, and
+    the last rate lie within [0, the base rate]; a state the job's own schedule wrote (the
+    rates of tests/train_reference.lr, also after max_steps grew) passes at every step."""
+    from ringctl.train.optim import make_optimizer, make_scheduler, scheduler_state_problem
+    from tests.train_reference import lr as reference_lr
+
+    def scheduler(max_steps: int):
+        opt = make_optimizer(torch.nn.Linear(2, 2), lr=1e-3, weight_decay=0.1)
+        return opt, make_scheduler(opt, warmup_steps=2, max_steps=max_steps, min_lr_ratio=0.1)
+
+    opt, sched = scheduler(6)
+    for step in range(1, 10):
+        opt.step()
+        sched.step()
+        saved = json.loads(json.dumps(sched.state_dict()))  # as train_state.json has it
+        want = reference_lr(step, 1e-3, 2, 6, 0.1)
+        assert saved["_last_lr"] == pytest.approx([want, want], rel=1e-12)
+        for max_steps in (6, 12):  # a resume may stretch the cosine
+            live = scheduler(max_steps)[1].state_dict()
+            assert scheduler_state_problem(saved, live, step) is None, (step, max_steps)
+    live = scheduler(6)[1].state_dict()
+    for change, said in [
+        ({"base_lrs": [1000.0, 1000.0]}, "base_lrs [1000.0, 1000.0], not the job's [0.001"),
+        ({"base_lrs": [1e-3, 2e-3]}, "base_lrs [0.001, 0.002], not the job's"),
+        ({"_get_lr_called_within_step": True}, "_get_lr_called_within_step True, not"),
+        ({"_last_lr": [5.0, 1e-4]}, "_last_lr [5.0, 0.0001] outside [0, base_lrs"),
+        ({"_last_lr": [-1e-4, 1e-4]}, "_last_lr [-0.0001, 0.0001] outside"),
+    ]:
+        assert said in (scheduler_state_problem(saved | change, live, 9) or ""), change
+
+
 def test_gather_reads_the_checkpoints_model_config_as_hostile(tmp_path):
     """config.json beside a checkpoint builds the exported model: `[]`, broken JSON or a link
     gave tracebacks, and an ``auto_map`` reached transformers, which offered to run the named
@@ -344,6 +377,59 @@ def test_a_model_that_trains_with_dropout_is_refused_naming_its_fields():
     _refuse_dropout(AutoModelForCausalLM.from_config(neox))
 
 
+def _random_in_training(model) -> bool:
+    """The truth the refusal must tell: whether train-mode forwards of the same ids under
+    different generator seeds differ (dropout, whatever applies it; layerdrop's coin can
+    fall alike for two seeds, so eight)."""
+    ids = torch.randint(0, 64, (1, 24), generator=torch.Generator().manual_seed(0))
+    model.train()
+    outputs = []
+    with torch.no_grad():
+        for seed in range(8):
+            torch.manual_seed(seed)
+            outputs.append(model(ids).logits)
+    return any(not torch.equal(outputs[0], other) for other in outputs[1:])
+
+
+@pytest.mark.parametrize(
+    "model_type, fields, refused",
+    [
+        ("opt", {"dropout": 0.1}, "dropout=0.1"),
+        ("opt", {"dropout": 0.0, "layerdrop": 0.5}, "layerdrop=0.5"),
+        ("opt", {"dropout": 0.0}, None),
+        (
+            "biogpt",
+            {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.0},
+            "hidden_dropout_prob=0.1",
+        ),
+        ("biogpt", {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}, None),
+    ],
+)
+def test_dropout_applied_without_a_dropout_module_is_refused(model_type, fields, refused):
+    """OPT and BioGPT apply their config's dropout with nn.functional.dropout: no nn.Dropout
+    module to find, so an OPT config (dropout 0.1 by default) trained, its losses depending
+    on the ranks. The config's dropout fields are refused as well; the verdict is checked
+    against the model itself (two train-mode forwards under other seeds differ)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ringctl.train.run import _refuse_dropout
+
+    shape = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    if model_type == "opt":
+        shape |= dict(ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64)
+    else:
+        shape |= dict(intermediate_size=64, max_position_embeddings=64)
+    config = AutoConfig.for_model(model_type, **shape, **fields)
+    model = AutoModelForCausalLM.from_config(config)
+    assert _random_in_training(model) == (refused is not None)
+    if refused is None:
+        _refuse_dropout(model)
+        return
+    key = refused.split("=")[0]
+    with pytest.raises(ValueError, match=rf"\({re.escape(refused)}\).*overrides\.{key}=0$"):
+        _refuse_dropout(model)
+
+
 def _agreed(rank: int, world: int, roots: list[str]):
     from pathlib import Path
 
@@ -370,3 +456,20 @@ def test_every_rank_resumes_from_the_checkpoint_rank_0s_latest_names(tmp_path):
     (roots[0] / "latest").write_text("../../etc")
     said = run_distributed(_agreed, 2, [str(r) for r in roots])
     assert said[0] == said[1] and "is not a checkpoint name" in said[0], said
+
+
+def _weights_verdict(rank: int, world: int, poisoned: int | None):
+    from ringctl.train.run import _agree_not_finite
+
+    model = torch.nn.Linear(3, 2)
+    if rank == poisoned:
+        with torch.no_grad():
+            model.bias[1] = float("inf")
+    return _agree_not_finite(model)
+
+
+def test_weights_that_overflowed_on_one_rank_stop_every_ranks_save():
+    """A step whose loss and norm were finite can still leave weights that are not (a huge
+    lr): the save refuses them, every rank alike when one rank's shard holds them."""
+    assert run_distributed(_weights_verdict, 2, None) == [False, False]
+    assert run_distributed(_weights_verdict, 2, 1) == [True, True]

@@ -9,6 +9,8 @@ packs exactly what the uninterrupted one does.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -60,6 +62,37 @@ def test_nothing_to_train_on_is_one_line():
     stream = SequenceStream(lambda i: torch.tensor([7]), 3, 8, 0)
     with pytest.raises(ValueError, match="no input document has two tokens"):
         stream.take(Cursor(), 1)
+
+
+def test_nothing_to_train_on_is_refused_exactly_when_no_document_has_two_tokens():
+    """The count of skipped (one-token) documents in a row spanned an epoch's end, where the
+    order is reshuffled: a corpus whose one useful document came first in one epoch and last
+    in the next was refused mid-run. Truth: refused iff no document has two tokens (here
+    over random corpora, seeds and cursors through several epochs)."""
+    docs = [torch.tensor([7, 8, 9])] + [torch.tensor([5])] * 4
+    seed = next(
+        s for s in range(1000) if epoch_order(5, s, 0)[0] == 0 and epoch_order(5, s, 1)[4] == 0
+    )
+    stream = SequenceStream(lambda i: docs[i], 5, 2, seed)
+    seqs, cursor = stream.take(Cursor(), 6)
+    assert [s.ids.tolist() for s in seqs] == [[7, 8], [9, 7], [8, 9], [7, 8], [9, 7], [8, 9]]
+    assert cursor.epoch >= 3
+
+    rng = random.Random(7)
+    for _ in range(400):
+        lengths = [rng.choice([0, 1, 1, 1, 2, 3, 9]) for _ in range(rng.randint(1, 9))]
+        corpus = [torch.arange(n) + 100 * i for i, n in enumerate(lengths)]
+        usable = sum(n - 1 for n in lengths if n >= 2)  # labelled tokens per epoch
+        stream = SequenceStream(
+            lambda i, c=corpus: c[i], len(corpus), rng.randint(2, 6), rng.randint(0, 99)
+        )
+        if not usable:
+            with pytest.raises(ValueError, match="no input document has two tokens"):
+                stream.take(Cursor(), 1)
+            continue
+        seqs, cursor = stream.take(Cursor(), 12)
+        assert sum(s.predicted for s in seqs) > 0, lengths
+        assert all(len(corpus[d]) >= 2 for s in seqs for d, _ in s.docs), lengths
 
 
 def test_a_bad_cursor_is_refused():

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,70 @@ def test_submit_refuses_what_cannot_train(tmp_path, corpus, capsys):
         assert main(["submit", *_args(tmp_path / key, corpus, *extra)]) == 2, key
         err = capsys.readouterr().err
         assert key in err and "Traceback" not in err, err
+
+
+def test_a_resume_after_the_model_changed_at_the_same_path_is_refused(tmp_path, corpus, capsys):
+    """The run signature held only the model_path string: a JSON config edited at the same
+    path (rms_norm_eps, hidden_act: the same shapes) resumed silently, one run then training
+    two models. The checkpoint now records the model's files (``model_identity``): the
+    edited model is refused naming the path; the original bytes put back resume; a
+    checkpoint from before the record is refused by name (nothing to check against)."""
+    from ringctl.longdoc.model.directory import model_identity
+    from ringctl.longdoc.model.load import bundled_config_path
+
+    model = tmp_path / "model.json"
+    original = bundled_config_path().read_bytes()
+    model.write_bytes(original)
+    job = tmp_path / "job"
+    args = _args(job, corpus, f"task.model_path={model}", "tasks_per_node=1")
+    args = [a for a in args if not a.startswith(("task.model_path=null", "task.max_steps"))]
+    args += ["task.max_steps=2", "task.checkpoint_every=1"]
+    assert main(["run", *args]) == 0
+    edited = json.loads(original) | {"rms_norm_eps": 0.1, "hidden_act": "gelu"}
+    model.write_text(json.dumps(edited))
+    (job / "checkpoints" / "latest").write_text("step-0000001\n")
+    capsys.readouterr()
+    assert main(["resume", str(job), "--force", "--follow"]) == 1
+    err = capsys.readouterr().err
+    assert f"task.model_path='{model}'" in err and "changed since this run trained it" in err, err
+    model.write_bytes(original)
+    state = json.loads((job / "checkpoints" / "step-0000001" / "train_state.json").read_text())
+    assert state["run"]["model"] == model_identity(model)  # the sha256 of the file's bytes
+    (job / "checkpoints" / "latest").write_text("step-0000001\n")
+    assert main(["resume", str(job), "--force", "--follow"]) == 0
+    assert "resumed from step-0000001 (step 1)" in capsys.readouterr().out
+
+    from ringctl.train.checkpoint import CheckpointDir
+    from ringctl.train.params import TrainParams
+    from ringctl.train.run import _resume
+
+    found = CheckpointDir(job / "checkpoints").read("step-0000002", where="test")
+    had = found.state["run"]
+    old = found.state | {"run": {k: v for k, v in had.items() if k != "model"}}
+    params = TrainParams.from_any({"model_path": str(model)})
+    with pytest.raises(ValueError, match=r"step-0000002: written before checkpoints recorded"):
+        _resume(replace(found, state=old), None, None, None, None, had, params, None)
+
+
+def test_a_diverged_step_stops_the_run_by_name_before_any_record_of_it(tmp_path, corpus, capsys):
+    """task.lr=1e30 without clipping: the loss or gradient norm of a later step is not
+    finite, and metrics.append raised ``Out of range float values are not JSON compliant``.
+    Now every rank stops at that step with one line naming it; logs/metrics.jsonl holds the
+    steps before it (finite, strict JSON) and the checkpoints end at the step before it."""
+    job = tmp_path / "job"
+    extra = ("task.lr=1e30", "task.clip=0", "task.warmup_steps=0", "task.checkpoint_every=1")
+    assert main(["run", *_args(job, corpus, *extra)]) == 1
+    err = capsys.readouterr().err
+    said = re.search(r"ValueError: step (\d+): the (loss|gradient norm) is (nan|inf)", err)
+    assert said and "Traceback" not in err.splitlines()[-1], err
+    bad = int(said.group(1))
+    assert "Out of range float" not in err and 2 <= bad <= STEPS, err
+    lines = (job / "logs" / "metrics.jsonl").read_text().splitlines()
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in metrics"))
+
+    assert [strict(line)["step"] for line in lines] == list(range(1, bad))
+    ckpts = sorted(p.name for p in (job / "checkpoints").glob("step-*"))
+    assert ckpts[-1] == f"step-{bad - 1:07d}", ckpts
+    assert (job / "checkpoints" / "latest").read_text().strip() == ckpts[-1]

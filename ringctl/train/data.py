@@ -179,15 +179,18 @@ class SequenceStream:
 
     def _one(self, cursor: Cursor) -> tuple[PackedSequence, Cursor]:
         pieces: list[tuple[torch.Tensor, torch.Tensor]] = []  # (ids, labels)
-        docs, room, skipped = [], self.seq_len, 0
+        docs, room = [], self.seq_len
+        skipped: set[int] = set()  # documents skipped since the last one that trained
         while room:
             doc = self._order(cursor.epoch)[cursor.index]
             tokens = self._document(doc)
             if len(tokens) < 2:  # predicts nothing: skipped
-                cursor, skipped = self._next(cursor), skipped + 1
+                cursor = self._next(cursor)
+                skipped.add(doc)
                 self._no_document_predicts(skipped)
                 continue
-            skipped, take = 0, min(room, len(tokens) - cursor.offset)
+            skipped.clear()
+            take = min(room, len(tokens) - cursor.offset)
             pieces.append(_piece(tokens, cursor.offset, take))
             docs.append((doc, cursor.offset))
             room -= take
@@ -203,8 +206,12 @@ class SequenceStream:
             return Cursor(cursor.epoch, cursor.index + 1, 0)
         return Cursor(cursor.epoch + 1, 0, 0)
 
-    def _no_document_predicts(self, useless: int) -> None:
-        if useless > self.count:
+    def _no_document_predicts(self, useless: set[int]) -> None:
+        """Refused once every document of the listing, each as it was read, was skipped with
+        none trained on between: exactly when none has two tokens. Counting skips in a row
+        instead refused a corpus with one that has: an epoch's end reshuffles the order, so
+        up to 2 x (count - 1) skips can lie between two visits of the one useful document."""
+        if len(useless) == self.count:
             raise ValueError(
                 "no input document has two tokens or more: nothing to train on (each document's "
                 "tokens predict the next one)"

@@ -47,11 +47,19 @@ def make_scheduler(optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+# A schedule's state that moves with the steps; every other field is fixed by the job's
+# config (base_lrs: task.lr per parameter group) and must equal a fresh scheduler's.
+MOVING = ("last_epoch", "_step_count", "_last_lr")
+
+
 def scheduler_state_problem(saved: dict, live: dict, step: int) -> str | None:
     """What is wrong with a schedule's state read back from a checkpoint of step ``step``
     against the job's own (``live``: a fresh scheduler's state_dict), None if nothing: the
-    same keys, the step it says it is at, finite learning rates one per parameter group, and
-    no state for the factor (the job's own function, never replaced by a file's)."""
+    same keys, the step it says it is at, finite learning rates one per parameter group, no
+    state for the factor (the job's own function, never replaced by a file's), every field
+    the config fixes equal to the fresh scheduler's (``base_lrs`` is task.lr: a file's own
+    would set every later step's rate), and a last rate within [0, base rate] (the factor's
+    range: the schedule never goes above task.lr)."""
     if set(saved) != set(live):
         return f"keys {sorted(saved)[:8]}, not {sorted(live)}"
     if saved.get("last_epoch") != step or saved.get("_step_count") != step + 1:
@@ -72,4 +80,11 @@ def scheduler_state_problem(saved: dict, live: dict, step: int) -> str | None:
     for key, value in saved.items():
         if key.startswith("_") and isinstance(live[key], bool) and not isinstance(value, bool):
             return f"{key} must be true or false"
+    for key in sorted(set(live) - set(MOVING)):
+        if saved[key] != live[key]:
+            said = " (task.lr)" if key == "base_lrs" else ""
+            return f"{key} {saved[key]!r}, not the job's {live[key]!r}{said}"
+    for last, base in zip(saved["_last_lr"], live["base_lrs"], strict=True):
+        if not 0 <= last <= base:
+            return f"_last_lr {saved['_last_lr']!r} outside [0, base_lrs {live['base_lrs']!r}]"
     return None

@@ -17,7 +17,8 @@ The inputs, model, tokenizer, layout and output-head chunk are the long-document
       warmup_steps: 10
       weight_decay: 0.1        # on matrices only
       clip: 1.0                # max gradient norm; 0 = no clipping
-      seed: 0                  # the data order (and a random model's weights)
+      seed: 0                  # the data order; a random model's weights are seeded by
+                               # _ringctl_seed in its JSON config, not by this
       activation_checkpointing: false
       checkpoint_every: 50     # steps; also at the end and on Slurm's warning signal
       keep_checkpoints: 2      # the newest K stay

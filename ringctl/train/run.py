@@ -6,9 +6,11 @@
    float32 (the master weights), the same weights on every rank, the probe passed. Then
    activation checkpointing if asked, and FSDP2 over the job (``model.shard: job``).
 3. Resume: from ``checkpoints/latest`` if there is one (DCP reshards to this job's shape; the
-   run's signature must match), else step 0 of a fresh stream.
+   run's signature must match: its settings, the documents, and the sha256 of the model's and
+   tokenizer's files), else step 0 of a fresh stream.
 4. Steps (``step.train_step``) until ``task.max_steps``: rank 0 appends each step's record to
-   ``logs/metrics.jsonl`` and reports progress; a checkpoint every ``checkpoint_every`` steps,
+   ``logs/metrics.jsonl`` and reports progress (a step whose loss or gradient norm is not
+   finite stops the run, named, unrecorded); a checkpoint every ``checkpoint_every`` steps,
    at the end, and at the first step boundary after Slurm's warning signal (agreed by every
    rank), after which the rank stops and says so (the job is not done; resume continues).
 """
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,17 +99,25 @@ def _refuse_dropout(model) -> None:
     """A model that trains with dropout draws masks from each rank's generator, which the
     checkpoints do not keep: its losses would depend on the ranks and rings, and a resumed
     run would not repeat the uninterrupted one. Refused, naming the config's fields to set
-    to 0 (task.model_overrides)."""
-    if not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
-        return
+    to 0 (task.model_overrides). Both kinds: ``nn.Dropout`` modules with p > 0, and any of the
+    config's dropout fields (``*drop*``) > 0, which OPT and BioGPT apply with
+    ``nn.functional.dropout`` (no module to find) and which layerdrop applies by skipping
+    whole layers."""
     config = getattr(model, "config", None)
     fields = config.to_dict() if config is not None else {}
     heads = ("classifier_", "summary_")  # heads a causal LM does not have
     keys = sorted(
         k
         for k, v in fields.items()
-        if "drop" in k and not k.startswith(heads) and isinstance(v, float) and v > 0
+        if "drop" in k
+        and not k.startswith(heads)
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and v > 0
     )
+    modules = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    if not keys and not modules:
+        return
     hint = ", ".join(f"task.model_overrides.{k}=0" for k in keys) or "dropout off"
     found = ", ".join(f"{k}={fields[k]}" for k in keys) or "a Dropout layer"
     raise ValueError(
@@ -135,7 +146,8 @@ def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
 
 def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
     """The run's sequence stream and its signature: what a checkpoint records and a resume
-    must match (``params.run_signature`` and the documents' ``listing_signature``)."""
+    must match (``params.run_signature``, the documents' ``listing_signature``, and the
+    model's and tokenizer's files: ``agreed_identity``)."""
     listing = params.list_inputs(params.input_paths())
     docs = listing.documents
 
@@ -143,7 +155,52 @@ def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
         return tokenizer.encode(docs[i].read_bytes())
 
     stream = SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
-    return stream, params.run_signature() | {"documents": listing_signature(docs)}
+    run = params.run_signature() | {"documents": listing_signature(docs)}
+    return stream, run | agreed_identity(params)
+
+
+# The run signature's keys that identify files (``model_identity``), and the setting naming
+# where those files are: a resume refuses a model or tokenizer changed at the same path.
+IDENTITY_KEYS = {"model": "task.model_path", "tokenizer": "task.tokenizer_path"}
+
+
+def model_files(params: TrainParams) -> Path:
+    """The file or directory the job's model is read from: ``task.model_path`` (a reserved
+    name resolved), or the bundled tiny Llama's JSON config when it is null."""
+    from ..longdoc.model.load import bundled_config_path, resolve_model_path
+
+    return Path(resolve_model_path(params.model_path) or bundled_config_path())
+
+
+def files_identity(params: TrainParams) -> dict:
+    """{"model": sha256 of the model's config, weights and tokenizer files (or of its JSON
+    config or GGUF file), "tokenizer": the same of ``task.tokenizer_path`` when it is another
+    path} (``longdoc.model.directory.model_identity``, as longdoc's run.json records it)."""
+    from ..longdoc.model.directory import model_identity
+
+    model = model_files(params)
+    out = {"model": model_identity(model)}
+    tokenizer = params.tokenizer_path
+    if tokenizer and Path(tokenizer) != model:
+        out["tokenizer"] = model_identity(tokenizer, weights=False)
+    return out
+
+
+def agreed_identity(params: TrainParams) -> dict:
+    """``files_identity``, read by rank 0 alone (the weights are read once more: their size
+    at disk speed) and given to every rank, so every rank checks a resume against the same
+    one; a file rank 0 cannot read is refused on every rank in the same words."""
+    said: list = [None]
+    if dist.get_rank() == 0:
+        try:
+            said = [("ok", files_identity(params))]
+        except (OSError, ValueError) as err:
+            said = [("refused", f"the model's files cannot be read: {err}")]
+    dist.broadcast_object_list(said, src=0)
+    kind, value = said[0]
+    if kind == "refused":
+        raise ValueError(value)
+    return value
 
 
 def agreed_latest(ckdir) -> checkpoint.Checkpoint | None:
@@ -176,17 +233,8 @@ def _resume(found, model, optimizer, scheduler, stream, run, params, opts) -> tu
     want, had = run, found.state["run"]
     changed = sorted(k for k in want if want[k] != had.get(k))
     if changed:
-        key = changed[0]
-        what = (
-            "the input documents (listed: count and digest)"
-            if key == "documents"
-            else (f"task.{key}")
-        )
-        raise ValueError(
-            f"{found.path}: written by a run with {what}={had.get(key)!r}; this one has "
-            f"{want[key]!r}: resume continues the same run (ranks and rings may change, "
-            f"{', '.join(sorted(want))} may not)"
-        )
+        settings = [k for k in changed if k not in IDENTITY_KEYS]  # named first
+        raise ValueError(_changed_run(found, (settings or changed)[0], want, had, params))
     cursor = _checked_state(found, scheduler, stream, params)
     checkpoint.load(model, optimizer, found)
     scheduler.load_state_dict(found.state["scheduler"])
@@ -194,6 +242,31 @@ def _resume(found, model, optimizer, scheduler, stream, run, params, opts) -> tu
         metrics.restore(JobDir(opts.job_dir).metrics, found.path / checkpoint.METRICS)
     opts.log(f"resumed from {found.path.name} (step {found.step})")
     return found.step, cursor
+
+
+def _changed_run(found, key: str, want: dict, had: dict, params: TrainParams) -> str:
+    """The refusal of a resume whose run signature differs from the checkpoint's at ``key``."""
+    if key in IDENTITY_KEYS:
+        setting = IDENTITY_KEYS[key]
+        path = model_files(params) if key == "model" else params.tokenizer_path
+        if key not in had:
+            return (
+                f"{found.path}: written before checkpoints recorded the {key}'s files "
+                f"(train_state.json run.{key}), so whether {setting}={str(path)!r} still holds "
+                f"the {key} it trained cannot be checked: start the run again in a new job_dir"
+            )
+        return (
+            f"{found.path}: the {key} at {setting}={str(path)!r} changed since this run "
+            f"trained it: resume continues the same run; put that {key} back or start a new "
+            f"job_dir (sha256 of its files {had[key]!r} then, {want[key]!r} now)"
+        )
+    what = "the input documents (listed: count and digest)" if key == "documents" else f"task.{key}"
+    return (
+        f"{found.path}: written by a run with {what}={had.get(key)!r}; this one has "
+        f"{want[key]!r}: resume continues the same run (ranks and rings may change, "
+        f"{', '.join(sorted(k for k in want if k not in IDENTITY_KEYS))} and the model's "
+        f"files may not)"
+    )
 
 
 def _checked_state(found, scheduler, stream, params) -> Cursor:
@@ -277,6 +350,7 @@ class _Loop:
                 self.sharded,
             )
             step, cursor, loss = step + 1, after, result.loss
+            _refuse_diverged(step, result)  # the same on every rank: the job's loss and norm
             self._record(step, result, lr, start)
             stopped = _agree_stop(self.opts.should_stop()) and step < params.max_steps
             if stopped or step % params.checkpoint_every == 0 or step == params.max_steps:
@@ -306,6 +380,12 @@ class _Loop:
         )
 
     def _save(self, step: int, cursor: Cursor) -> None:
+        if _agree_not_finite(self.model):
+            raise ValueError(
+                f"step {step}: the weights are not finite after it (the loss and gradient "
+                "norm were): training diverged (lower task.lr, or set task.clip > 0); no "
+                "checkpoint of it was written: a resume starts from the last one before it"
+            )
         state = checkpoint.train_state(
             step, cursor.to_dict(), self.scheduler.state_dict(), self.run_signature
         )
@@ -321,6 +401,34 @@ class _Loop:
         self.last = str(folder)
         if self.opts.rank == 0:
             self.opts.log(f"checkpoint {folder.name} written")
+
+
+def _refuse_diverged(step: int, result) -> None:
+    """A non-finite loss or gradient norm stops the run at that step, before its record
+    (metrics.jsonl holds finite numbers: a NaN made json refuse the line, a traceback) or a
+    checkpoint of the state it left. The loss is summed over the job and the norm taken of
+    the job's summed gradients: every rank sees the same numbers and stops alike."""
+    bad = {"loss": result.loss, "gradient norm": result.grad_norm}
+    bad = {k: v for k, v in bad.items() if not math.isfinite(v)}
+    if bad:
+        said = " and the ".join(f"{k} is {v}" for k, v in bad.items())
+        raise ValueError(
+            f"step {step}: the {said}: training diverged (lower task.lr, or set task.clip > 0); "
+            "this step was neither recorded in logs/metrics.jsonl nor checkpointed: a resume "
+            "starts from the last checkpoint before it"
+        )
+
+
+def _agree_not_finite(model) -> bool:
+    """Whether any rank holds a weight that is not finite (its shard, under FSDP2): a step
+    whose loss and norm were finite can still overflow the weights (a huge lr)."""
+    bad = torch.zeros((), dtype=torch.bool, device=next(model.parameters()).device)
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        bad |= ~torch.isfinite(local.detach()).all()
+    if dist.get_world_size() == 1:
+        return bool(bad)
+    return any_has([bool(bad)], None, comm_device(None))[0]
 
 
 def _window(model) -> int | None:
