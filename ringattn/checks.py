@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 import torch.distributed as dist
 
@@ -29,6 +32,11 @@ def check_inputs(
         )
     if hk == 0 or h % hk:
         raise ValueError(f"heads ({h}) must be a multiple of kv_heads ({hk})")
+    if 0 in (b, s, d):
+        raise ValueError(
+            f"q has an empty dimension (batch, seq_local, heads, head_dim) = {tuple(q.shape)}: "
+            "every rank holds at least one row of at least one head of size 1 or more"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in _DTYPES:
@@ -68,6 +76,33 @@ def check_window(window, causal: bool) -> int | None:
     return window
 
 
+def check_scale(softmax_scale, where: str = "ring_attention") -> float | None:
+    """The softmax scale: None (1/sqrt(head_dim)) or a finite number > 0. The fused kernels
+    give NaN for a causal block scaled by 0 or less, and NaN or inf spoil every score."""
+    if softmax_scale is None:
+        return None
+    ok = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+    if not ok or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(
+            f"{where}: softmax_scale must be a finite number > 0 or None, got {softmax_scale!r}"
+        )
+    return float(softmax_scale)
+
+
+def scale_bits(softmax_scale: float | None) -> int:
+    """The scale as an int64 that travels in a collective (its float64 bits; 0 for None)."""
+    if softmax_scale is None:
+        return 0
+    return struct.unpack("<q", struct.pack("<d", softmax_scale))[0]
+
+
+def scale_of(bits: int) -> str:
+    """The softmax scale scale_bits made (for a message)."""
+    if bits == 0:
+        return "default"
+    return repr(struct.unpack("<d", struct.pack("<q", bits))[0])
+
+
 def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -91,8 +126,10 @@ def check_ranks_agree(
     has_sinks: bool = False,
     window: int | None = None,
     packing: int | None = None,
+    scale: float | None = None,
 ) -> None:
-    """All ranks must pass the same shapes: otherwise the ring's transfers mismatch or hang."""
+    """All ranks must pass the same shapes: otherwise the ring's transfers mismatch or hang.
+    And the same mask and scale: otherwise each rank computes another attention, exit 0."""
     world = dist.get_world_size(group)
     if world == 1:
         return
@@ -107,6 +144,7 @@ def check_ranks_agree(
             int(has_sinks),
             -1 if window is None else int(window),
             -1 if packing is None else int(packing),
+            scale_bits(scale),
         ],
         dtype=torch.int64,
         device=device,
@@ -121,7 +159,8 @@ def check_ranks_agree(
                 f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
                 f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])} "
                 f"window={None if r[9] < 0 else r[9]} "
-                f"packing={'none' if r[10] < 0 else f'{r[10]:08x}'}"
+                f"packing={'none' if r[10] < 0 else f'{r[10]:08x}'} "
+                f"softmax_scale={scale_of(r[11])}"
             )
 
         detail = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))

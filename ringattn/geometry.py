@@ -607,6 +607,10 @@ def packed_layout(
     check_layout(layout)
     if world_size < 1 or row_multiple < 1:
         raise ValueError(f"world_size ({world_size}) and row_multiple must be >= 1")
+    if balance_window is not None and (type(balance_window) is not int or balance_window < 1):
+        raise ValueError(
+            f"balance_window must be a whole number >= 1 or None, got {balance_window!r}"
+        )
     cu = check_cu_seqlens(cu_seqlens)
     lengths = tuple(b - a for a, b in zip(cu, cu[1:], strict=False))
     tokens = cu[-1]

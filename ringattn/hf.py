@@ -161,6 +161,14 @@ def _refuse_unsupported(module, attention_mask, dropout, kwargs) -> None:
             f"ringattn: attention dropout ({dropout}) is not supported; use model.eval() or "
             "set attention_dropout=0"
         )
+    causal = kwargs.get("is_causal")
+    if causal is None:  # as transformers' sdpa reads it: the call's, else the module's
+        causal = getattr(module, "is_causal", True)
+    if not causal:
+        raise ValueError(
+            f"ringattn: {type(module).__name__} attends both ways (is_causal=False), and ring "
+            "attention applies the causal mask: refused rather than run causal"
+        )
     if kwargs.get("softcap") is not None:
         raise ValueError(
             f"ringattn: {type(module).__name__} soft-caps its attention logits "
@@ -280,45 +288,63 @@ def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> N
     last = _POSITIONS_CHECKED[0]
     if last is not None and last[0]() is pos and last[1] is cu_seqlens and last[2] == key:
         return
-    if cu_seqlens is None:
-        if bool((pos[..., 1:] < pos[..., :-1]).any()):
-            raise ValueError(
-                "ringattn: position_ids restart within a row (packed documents) but no "
-                "cu_seqlens reached ring attention, which would attend across them: pass "
-                "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
-            )
-    elif pos.dim() == 2 and not bool((pos == pos[:1]).all()):
+    if cu_seqlens is None and bool((pos[..., 1:] < pos[..., :-1]).any()):
+        raise ValueError(
+            "ringattn: position_ids restart within a row (packed documents) but no "
+            "cu_seqlens reached ring attention, which would attend across them: pass "
+            "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
+        )
+    packed = cu_seqlens is not None
+    if packed and pos.dim() == 2 and not bool((pos == pos[:1]).all()):
         raise ValueError(
             "ringattn: the rows of a packed batch have different position_ids, but one "
             "cu_seqlens packs every row: pack each row alike, or run them one at a time"
         )
-    else:
-        _position_jump(pos, cu_seqlens, kwargs)
+    if pos.dim() <= 2:  # 1-D positions (3-D: multimodal RoPE, not token indices)
+        _position_jump(pos, cu_seqlens, kwargs, steps=packed)
     _POSITIONS_CHECKED[0] = (weakref.ref(pos), cu_seqlens, key)
 
 
-def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> None:
+def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict, *, steps: bool) -> None:
     """Within each run of one document on this rank, position_ids go up by one a row (from
-    wherever they start: a document's own positions or the sequence's, RoPE being relative):
-    position_ids that restart inside a document cu_seqlens says is one (restarting at 8 where
-    it says 5) mean the caller's documents and the ring's disagree, which RoPE would turn into
-    wrong numbers with no error. One comparison over the rows (one wait for the device)."""
-    steps = pos[..., 1:] - pos[..., :-1]
-    step_ok = (steps == 1).reshape(-1, steps.shape[-1]).all(0).cpu()  # row i -> i + 1
-    for doc, first, last in _document_runs(cu_seqlens, kwargs):
-        if not bool(step_ok[first:last].all()):
+    wherever they start: a document's own positions or the sequence's, RoPE being relative),
+    and the runs of one document on this rank (zigzag gives a rank two pieces of a long one)
+    are shifted alike: position_ids that restart inside a document cu_seqlens says is one
+    (restarting at 8 where it says 5), or a rank's own 0..S-1 over two pieces of a document,
+    mean the caller's documents and the ring's disagree, which RoPE would turn into wrong
+    numbers with no error. One read of the rows from the device. Without cu_seqlens
+    (``steps`` False) only the pieces' shifts are compared: one sequence's positions may skip.
+    """
+    runs = list(_document_runs(cu_seqlens, kwargs, pos.shape[-1]))
+    rows = pos.reshape(-1, pos.shape[-1])
+    step_ok = (rows[:, 1:] - rows[:, :-1] == 1).all(0)  # row i -> i + 1
+    firsts = rows[0, [first for _, first, _, _ in runs]]
+    step_ok, firsts = step_ok.cpu(), firsts.tolist()
+    shifts: dict[int, int] = {}
+    for (doc, first, last, doc_row), at in zip(runs, firsts, strict=True):
+        if steps and not bool(step_ok[first:last].all()):
             raise ValueError(
                 f"ringattn: position_ids jump inside document {doc} of cu_seqlens (local "
                 f"rows {first}-{last}): the positions and cu_seqlens pack different "
                 "documents; give each row its position within its document "
                 "(ringattn.document_positions)"
             )
+        if shifts.setdefault(doc, at - doc_row) != at - doc_row:
+            raise ValueError(
+                f"ringattn: position_ids of document {doc} do not follow its pieces on this "
+                f"rank (local row {first} is its token {doc_row}, at position {at}): give each "
+                "row its position in its document, or in the sequence for one document "
+                "(ringattn.document_positions, or shard_sequence of the positions)"
+            )
 
 
-def _document_runs(cu_seqlens: Any, kwargs: dict) -> Iterator[tuple[int, int, int]]:
-    """(document, first local row, last local row) of each run of one document, two rows or
-    more, on this rank: a plain ring's rank, or a hybrid grid's member (its share of its ring
-    rank's rows, as ``ringattn.layouts.sequence_positions`` gives it)."""
+def _document_runs(
+    cu_seqlens: Any, kwargs: dict, local_rows: int
+) -> Iterator[tuple[int, int, int, int]]:
+    """(document, first local row, last local row, the first row's token index in its
+    document) of each run of one document on this rank: a plain ring's rank, or a hybrid
+    grid's member (its share of its ring rank's rows, as ``ringattn.layouts.
+    sequence_positions`` gives it). Without cu_seqlens the sequence is one document."""
     ring, ulysses = _setting(kwargs, "group"), _setting(kwargs, "ulysses_group")
     degree = 1 if ulysses is None else _world(ulysses)
     world = _world(ring) * degree
@@ -328,13 +354,19 @@ def _document_runs(cu_seqlens: Any, kwargs: dict) -> Iterator[tuple[int, int, in
         rank = dist.get_rank(ring) if dist.is_initialized() else 0
     layout = _setting(kwargs, "layout") or "contiguous"
     geo, ring_rank, rows = packed_share(
-        cu_seqlens, world_size=world, rank=rank, layout=layout, ulysses_degree=degree
+        cu_seqlens,
+        world_size=world,
+        rank=rank,
+        layout=layout,
+        ulysses_degree=degree,
+        tokens=local_rows * world,
     )
     for run in geo.runs[ring_rank]:
-        first = max(run.local, rows.start) - rows.start
+        start = max(run.local, rows.start)
+        first = start - rows.start
         last = min(run.local + run.length, rows.stop) - 1 - rows.start
-        if run.doc != PAD and last > first:
-            yield run.doc, first, last
+        if run.doc != PAD and last >= first:
+            yield run.doc, first, last, run.start - run.doc_start + start - run.local
 
 
 def _length_rope(config: Any) -> str | None:

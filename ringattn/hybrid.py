@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .checks import check_window
+from .checks import check_scale, check_window, scale_bits, scale_of
 from .layouts import (
     HYBRID_LAYOUTS,
     CuSeqlens,
@@ -128,6 +128,8 @@ class _Desc:
     causal: int
     layout: int  # index into HYBRID_LAYOUTS, -1 if other
     packing: int  # layouts.packing_fingerprint of cu_seqlens, -1 for a plain sequence
+    window: int  # the sliding window, -1 for none
+    scale: int  # checks.scale_bits of softmax_scale (0: the default)
     ulysses_degree: int
     ring_size: int
     ulysses_rank: int
@@ -146,6 +148,8 @@ class _Desc:
             self.causal,
             self.layout,
             self.packing,
+            self.window,
+            self.scale,
             self.ulysses_degree,
             self.ring_size,
         )
@@ -161,6 +165,8 @@ class _Desc:
             self.causal,
             self.layout,
             self.packing,
+            self.window,
+            self.scale,
             self.ulysses_degree,
             self.ring_size,
             self.ulysses_rank,
@@ -180,7 +186,9 @@ class _Desc:
         )
 
 
-def _describe(q, k, v, causal, layout, packing, ulysses_group, ring_group) -> _Desc:
+def _describe(q, k, v, agreed: dict, ulysses_group, ring_group) -> _Desc:
+    """This rank's row; ``agreed``: causal, layout, packing, window and scale as passed."""
+
     def shape(t):
         return tuple(t.shape) if t.dim() == 4 else (-1, -1, -1, -1)
 
@@ -194,9 +202,11 @@ def _describe(q, k, v, causal, layout, packing, ulysses_group, ring_group) -> _D
         shape(v),
         (dtype(q), dtype(k), dtype(v)),
         int(q.device == k.device == v.device),
-        int(bool(causal)),
-        HYBRID_LAYOUTS.index(layout) if layout in HYBRID_LAYOUTS else -1,
-        -1 if packing is None else packing,
+        int(bool(agreed["causal"])),
+        HYBRID_LAYOUTS.index(agreed["layout"]) if agreed["layout"] in HYBRID_LAYOUTS else -1,
+        -1 if agreed["packing"] is None else agreed["packing"],
+        -1 if agreed["window"] is None else agreed["window"],
+        scale_bits(agreed["scale"]),
         dist.get_world_size(ulysses_group),
         dist.get_world_size(ring_group),
         dist.get_rank(ulysses_group),
@@ -255,6 +265,8 @@ def _variant(r: _Desc) -> str:
         f"q={r.q} k={r.k} v={r.v} dtypes={dtypes} causal={bool(r.causal)} "
         f"layout={layout} U={r.ulysses_degree} R={r.ring_size}"
         + ("" if r.packing < 0 else f" packing={r.packing:08x}")
+        + ("" if r.window < 0 else f" window={r.window}")
+        + ("" if r.scale == 0 else f" softmax_scale={scale_of(r.scale)}")
     )
 
 
@@ -306,7 +318,17 @@ def _ring_stage(rows: list[_Desc], culprits: list[_Desc]) -> str | None:
 
 
 def check_grid_agree(
-    q, k, v, *, causal, layout, ulysses_group, ring_group, packing: int | None = None
+    q,
+    k,
+    v,
+    *,
+    causal,
+    layout,
+    ulysses_group,
+    ring_group,
+    packing: int | None = None,
+    window: int | None = None,
+    scale: float | None = None,
 ) -> None:
     """Raise a ValueError on every rank of the grid if any rank's input is bad.
 
@@ -318,7 +340,8 @@ def check_grid_agree(
     the rank that found it.
     """
     device = q.device if dist.get_backend(ulysses_group) == "nccl" else torch.device("cpu")
-    mine = _describe(q, k, v, causal, layout, packing, ulysses_group, ring_group)
+    agreed = dict(causal=causal, layout=layout, packing=packing, window=window, scale=scale)
+    mine = _describe(q, k, v, agreed, ulysses_group, ring_group)
     width = len(mine.as_list())
     group_rows = [_Desc.from_list(x) for x in _gather(mine.as_list(), ulysses_group, device)]
     problem = _ulysses_stage(group_rows)
@@ -391,6 +414,7 @@ def hybrid_attention(
     """
     _require_groups(ulysses_group, ring_group)
     window = check_window(window, causal)
+    softmax_scale = check_scale(softmax_scale, "hybrid_attention")
     degree = dist.get_world_size(ulysses_group)
     packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
     check_grid_agree(
@@ -402,6 +426,8 @@ def hybrid_attention(
         ulysses_group=ulysses_group,
         ring_group=ring_group,
         packing=packing,
+        window=window,
+        scale=softmax_scale,
     )
     if cu_seqlens is not None:  # the ring's packed layout: rows a multiple of U per group
         world = degree * dist.get_world_size(ring_group)

@@ -234,12 +234,19 @@ def document_positions(
 
 
 def packed_share(
-    cu_seqlens: CuSeqlens, *, world_size: int, rank: int, layout: str, ulysses_degree: int = 1
+    cu_seqlens: CuSeqlens | None,
+    *,
+    world_size: int,
+    rank: int,
+    layout: str,
+    ulysses_degree: int = 1,
+    tokens: int | None = None,
 ) -> tuple[SequenceLayout, int, slice]:
-    """(the ring's packed layout, ``rank``'s ring rank, the slice of that ring rank's rows
-    ``rank`` holds): a plain ring's rank holds them all, a hybrid grid's member its share."""
+    """(the ring's layout, ``rank``'s ring rank, the slice of that ring rank's rows ``rank``
+    holds): a plain ring's rank holds them all, a hybrid grid's member its share. Of the
+    packed documents ``cu_seqlens``, or (None) of a plain sequence of ``tokens``."""
     geo = ring_geometry(
-        packed_tokens(cu_seqlens),
+        packed_tokens(cu_seqlens) if cu_seqlens is not None else tokens,
         world_size=world_size,
         layout=layout,
         ulysses_degree=ulysses_degree,

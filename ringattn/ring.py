@@ -52,8 +52,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-from .checks import check_inputs, check_ranks_agree, check_sinks, check_window, resolve_group
+from .checks import (
+    check_inputs,
+    check_ranks_agree,
+    check_scale,
+    check_sinks,
+    check_window,
+    resolve_group,
+)
 from .comm import Endpoint, RingComm, Transport
 from .geometry import Block, SequenceLayout
 from .kernels import BandedKernel, BlockKernel, default_scale, select_kernel
@@ -533,6 +541,7 @@ class RingAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # its ops read the saved out/lse as constants: a 2nd order was wrong
     def backward(ctx, dout):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         dout = dout.contiguous()
@@ -543,9 +552,9 @@ class RingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dsinks, None
 
 
-def _transport(q, k, causal, layout, sinks, group, comm, window, packing) -> Transport:
+def _transport(q, k, causal, layout, sinks, group, comm, window, packing, scale) -> Transport:
     """The transport to run on: the process group's ring (checked), or the one given."""
-    agreed = dict(has_sinks=sinks is not None, window=window, packing=packing)
+    agreed = dict(has_sinks=sinks is not None, window=window, packing=packing, scale=scale)
     if comm is None:
         group = resolve_group(group)
         check_ranks_agree(q, k, causal, layout, group, **agreed)
@@ -618,8 +627,9 @@ def ring_attention(
     check_inputs(q, k, v, layout, packed=cu_seqlens is not None)
     check_sinks(sinks, q)
     window = check_window(window, causal)
+    softmax_scale = check_scale(softmax_scale)
     packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
-    transport = _transport(q, k, causal, layout, sinks, group, comm, window, packing)
+    transport = _transport(q, k, causal, layout, sinks, group, comm, window, packing, softmax_scale)
     geometry = ring_geometry_of(q, transport, layout, cu_seqlens)
     return ring_attention_on(
         q,

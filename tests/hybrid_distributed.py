@@ -88,10 +88,10 @@ def hybrid_errors(rank: int, world: int) -> dict[str, str]:
             q = q[0]  # a 3-D tensor on one rank only
         return q, k, torch.randn_like(k)
 
-    def call(tensors, groups_pair, layout="hybrid-zigzag", causal=True):
+    def call(tensors, groups_pair, layout="hybrid-zigzag", causal=True, **extra):
         ulysses, ring = groups_pair
         return lambda: hybrid.hybrid_attention(
-            *tensors, causal=causal, layout=layout, ulysses_group=ulysses, ring_group=ring
+            *tensors, causal=causal, layout=layout, ulysses_group=ulysses, ring_group=ring, **extra
         )
 
     grid = hybrid.hybrid_groups(2)  # ulysses {0,1},{2,3}; rings {0,2},{1,3}
@@ -110,6 +110,8 @@ def hybrid_errors(rank: int, world: int) -> dict[str, str]:
         "one_rank_3d": _attempt(call(qkv(rank_dims=2), pair)),
         "one_rank_longer": _attempt(call(seven, pair)),
         "one_rank_not_causal": _attempt(call(qkv(), pair, causal=rank != 1)),
+        "one_rank_no_window": _attempt(call(qkv(), pair, window=None if rank == 1 else 3)),
+        "one_rank_other_scale": _attempt(call(qkv(), pair, softmax_scale=0.5 + (rank == 2))),
         "ring_is_ulysses_group": _attempt(call(qkv(), same)),
         "rings_cross_heads": _attempt(call(qkv(), crossed)),
         "group_sizes_differ": _attempt(call(qkv(heads=6, kv_heads=3), uneven)),

@@ -202,3 +202,67 @@ def _packing_refusals(rank: int, world: int) -> bool:
         with pytest.raises(ValueError, match=r"scales RoPE by the sequence's length \(dynamic"):
             dynamic(input_ids=ids, position_ids=pos, use_cache=False)
     return True
+
+
+def test_positions_that_do_not_follow_a_ranks_pieces_are_refused():
+    """On 2 zigzag ranks rank 0 holds two pieces of a document (packed, or the one sequence)
+    that are not next to each other in it; the check compared steps only within each piece,
+    so transformers' default positions (each rank's own 0..S-1) ran with exit 0: 1.8e-3 off
+    each document alone (2e-3 for one sequence). The pieces of one document on a rank must be
+    shifted alike now. The check is each rank's own: rank 1, whose pieces are adjacent, runs
+    on until it loses its peer (a rank whose whole share is shifted is not caught: NOTES)."""
+    for scenario in ("packed", "plain"):
+        said = run_distributed(_piece_positions, 2, scenario)
+        assert f"position_ids of document {1 if scenario == 'packed' else 0} do not" in said[0]
+        assert said[1] == "refused" or "Connection" in said[1] or "closed" in said[1], said[1]
+    assert run_distributed(_piece_positions, 2, "right") == ["ran", "ran"]
+
+
+def _piece_positions(rank: int, world: int, scenario: str) -> str:
+    """One forward of the scenario's positions (one: a refusal leaves the ring behind)."""
+    import ringattn
+    from ringattn.hf import register, ring_settings
+
+    register()
+    model = _model(dict(model_type="llama"), "ringattn")
+    cu, n = [0, 3, 43, 48], 48
+    ids = _tokens()[:n]
+    kw = dict(world_size=world, rank=rank, layout="zigzag")
+    packed = ringattn.shard_sequence(ids, dim=0, cu_seqlens=cu, **kw)[None]
+    plain = ringattn.shard_sequence(ids, dim=0, **kw)[None]
+    calls = {  # (ids, cu_seqlens, positions; None: transformers' own 0..S-1)
+        "packed": (packed, cu, None),
+        "plain": (plain, None, None),
+        "right": (packed, cu, ringattn.document_positions(cu, **kw).clamp(min=0)[None]),
+    }
+    ids, cu_seqlens, positions = calls[scenario]
+    try:
+        with torch.no_grad(), ring_settings(layout="zigzag", cu_seqlens=cu_seqlens):
+            model(input_ids=ids, position_ids=positions, use_cache=False)
+    except ValueError as err:
+        return str(err)
+    except RuntimeError as err:  # the peer that refused left the ring
+        return str(err)
+    return "ran"
+
+
+def test_a_layer_that_attends_both_ways_is_refused():
+    """ring attention applies the causal mask; a layer with is_causal=False (a BERT encoder,
+    or the call's own is_causal=False) ran causal, exit 0 (BERT: 3.4e-2 off sdpa)."""
+    assert run_distributed(_both_ways, 1) == [True]
+
+
+def _both_ways(rank: int, world: int) -> bool:
+    from ringattn.hf import ring_attention_forward
+
+    q = torch.randn(1, 2, 6, 8)
+
+    class Encoder(torch.nn.Module):
+        is_causal = False
+
+    for module, kwargs in ((Encoder(), {}), (torch.nn.Module(), {"is_causal": False})):
+        with pytest.raises(ValueError, match=r"attends both ways \(is_causal=False\)"):
+            ring_attention_forward(module, q, q, q, None, scaling=0.3, **kwargs)
+    out, _ = ring_attention_forward(torch.nn.Module(), q, q, q, None, scaling=0.3)
+    assert out.shape == (1, 6, 2, 8)
+    return True

@@ -139,6 +139,10 @@ def test_bad_input_is_the_same_clear_error_on_every_rank():
     for key, culprits in (
         ("one_rank_longer", ["q=(1, 7, 4, 8)"]),
         ("one_rank_not_causal", ["causal=False"]),
+        # each rank computed its own mask or scale, exit 0 (heads of a window-3 attention
+        # beside heads of a full one): found by a review
+        ("one_rank_no_window", ["window=3"]),
+        ("one_rank_other_scale", ["softmax_scale=1.5"]),
         ("group_sizes_differ", ["U=3 R=1", "U=1 R=2"]),
     ):
         seen = [r[key] for r in per_rank]

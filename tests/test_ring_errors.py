@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import ringattn
+from ringattn.local_ring import LocalRing
 from tests.attention_reference import (
     FP32_TOL,
     Case,
@@ -88,3 +89,42 @@ def test_ring_with_fallback_kernel_matches_reference():
     for name in ref:
         got = ringattn.unshard_sequence([r[name] for r in per_rank], layout=case.layout)
         assert relative_error(got, ref[name]) < FP32_TOL, name
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.3, float("nan"), float("inf"), True, "0.1"])
+def test_a_softmax_scale_that_is_not_a_positive_number_is_refused(scale):
+    """torch's fused kernels give NaN for a causal block scaled by 0 or less (48 of 64
+    outputs, exit 0): the scale must be a finite number > 0 (or None)."""
+    t = torch.randn(1, 8, 2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="softmax_scale must be a finite number > 0 or None"):
+        ringattn.ring_attention(t, t, t, causal=True, softmax_scale=scale, comm=LocalRing(2))
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 2, 0), (1, 0, 2, 8), (0, 8, 2, 8)])
+def test_an_empty_dimension_is_refused_by_name(shape):
+    """head_dim 0 was a ZeroDivisionError in the kernel, seq_local 0 a reshape error."""
+    t = torch.randn(*shape)
+    with pytest.raises(ValueError, match="q has an empty dimension"):
+        ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2))
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5, True])
+def test_a_balance_window_that_is_not_a_window_is_refused(window):
+    """balance_window=0 was a ZeroDivisionError; -3, 2.5 and True were taken silently."""
+    with pytest.raises(ValueError, match="balance_window must be a whole number >= 1"):
+        ringattn.pack_sequence([0, 50, 80], world_size=2, layout="zigzag", balance_window=window)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "chunked"])
+def test_a_second_order_gradient_raises_instead_of_being_wrong(kernel, monkeypatch):
+    """The backward's own ops were traced with the saved out/lse as constants: a second
+    order through the chunked kernel was off by 2.13 against a reference of size 1.37,
+    exit 0. The backward is once-differentiable: a second order raises."""
+    monkeypatch.setenv("RINGATTN_KERNEL", kernel)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 2, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    q.requires_grad_()
+    out = ringattn.ring_attention(q, k, v, causal=True, comm=LocalRing(2))
+    (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(dq.sum(), q)
