@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextvars
 import math
 import struct
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -116,6 +118,26 @@ def resolve_group(group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     return group
 
 
+# A refusal this rank found in its caller's input (ringattn.hf's position_ids) that the next
+# agreement of the ring raises on every rank, not on this one alone (the others then failed
+# on a lost peer). See `refused_together`.
+_TOGETHER: contextvars.ContextVar[Exception | None] = contextvars.ContextVar(
+    "ringattn_refused_together", default=None
+)
+
+
+@contextmanager
+def refused_together(error: Exception | None):
+    """Inside: the ring's agreement (``check_ranks_agree``, which every rank of a ring call
+    reaches) raises ``error`` on this rank and a ValueError naming this rank on the others.
+    None: nothing to refuse."""
+    token = _TOGETHER.set(error)
+    try:
+        yield
+    finally:
+        _TOGETHER.reset(token)
+
+
 def check_ranks_agree(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -131,7 +153,10 @@ def check_ranks_agree(
     """All ranks must pass the same shapes: otherwise the ring's transfers mismatch or hang.
     And the same mask and scale: otherwise each rank computes another attention, exit 0."""
     world = dist.get_world_size(group)
+    refusal = _TOGETHER.get()
     if world == 1:
+        if refusal is not None:
+            raise refusal
         return
     device = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
     mine = torch.tensor(
@@ -145,13 +170,22 @@ def check_ranks_agree(
             -1 if window is None else int(window),
             -1 if packing is None else int(packing),
             scale_bits(scale),
+            int(refusal is not None),
         ],
         dtype=torch.int64,
         device=device,
     )
     everyone = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine, group=group)
-    rows = [tuple(t.tolist()) for t in everyone]
+    rows = [tuple(t.tolist())[:-1] for t in everyone]
+    refusing = [i for i, t in enumerate(everyone) if int(t[-1])]
+    if refusal is not None:
+        raise refusal
+    if refusing:
+        raise ValueError(
+            f"ringattn: rank {refusing[0]} of the ring refused its input (its error names the "
+            "problem); no rank ran the attention"
+        )
     if len(set(rows)) > 1:
 
         def describe(r: tuple[int, ...]) -> str:

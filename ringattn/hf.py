@@ -55,6 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .checks import refused_together
 from .geometry import PAD
 from .hybrid import hybrid_rank
 from .layouts import HYBRID_LAYOUTS, packed_share
@@ -209,7 +210,7 @@ def ring_attention_forward(
     sinks = _sinks(module, kwargs)
     extra = {} if sinks is None else {"sinks": sinks}
     cu_seqlens = _setting(kwargs, "cu_seqlens")
-    _check_packing(module, kwargs, cu_seqlens)
+    refusal = _packing_refusal(module, kwargs, cu_seqlens, layout, world)
     if cu_seqlens is not None:
         extra["cu_seqlens"] = cu_seqlens
     for counter in _COUNTERS:
@@ -227,18 +228,37 @@ def ring_attention_forward(
                 module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
             )
             return hybrid, None
-        out = ring_attention(
-            q,
-            k,
-            v,
-            causal=True,
-            softmax_scale=scaling,
-            group=group,
-            layout=layout,
-            window=window,
-            **extra,
-        )
+        with refused_together(refusal):
+            out = ring_attention(
+                q,
+                k,
+                v,
+                causal=True,
+                softmax_scale=scaling,
+                group=group,
+                layout=layout,
+                window=window,
+                **extra,
+            )
     return out, None
+
+
+def _packing_refusal(module, kwargs, cu_seqlens, layout, world) -> PositionsError | None:
+    """``_check_packing``'s refusal of this rank's position_ids, kept for the ring's agreement
+    to raise on every rank (``refused_together``: each rank checks its own positions, and a
+    refusal on one alone left the others failing on a lost peer). Raised here where no
+    agreement follows: one rank, or a hybrid grid."""
+    try:
+        _check_packing(module, kwargs, cu_seqlens)
+    except PositionsError as err:
+        if world == 1 or layout in HYBRID_LAYOUTS:
+            raise
+        return err
+    return None
+
+
+class PositionsError(ValueError):
+    """position_ids that disagree with the ring's layout of the documents on this rank."""
 
 
 # flash-attn's packing keywords, which transformers passes on from a packed batch (e.g. a
@@ -323,14 +343,14 @@ def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict, *, steps: b
     shifts: dict[int, int] = {}
     for (doc, first, last, doc_row), at in zip(runs, firsts, strict=True):
         if steps and not bool(step_ok[first:last].all()):
-            raise ValueError(
+            raise PositionsError(
                 f"ringattn: position_ids jump inside document {doc} of cu_seqlens (local "
                 f"rows {first}-{last}): the positions and cu_seqlens pack different "
                 "documents; give each row its position within its document "
                 "(ringattn.document_positions)"
             )
         if shifts.setdefault(doc, at - doc_row) != at - doc_row:
-            raise ValueError(
+            raise PositionsError(
                 f"ringattn: position_ids of document {doc} do not follow its pieces on this "
                 f"rank (local row {first} is its token {doc_row}, at position {at}): give each "
                 "row its position in its document, or in the sequence for one document "
