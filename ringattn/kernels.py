@@ -142,9 +142,8 @@ class TorchCUDAKernel:
         it (the same for its forward and its backward)."""
         d = q.shape[-1]
         half = q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0
-        rows = q.shape[1] > 1 and k.shape[1] > 1
         takes = {
-            "cudnn": half and d <= 128 and rows and _cudnn_attention_usable(q.device),
+            "cudnn": _cudnn_takes(q, k.shape[1]),
             "flash": half and d <= 256,
             "efficient": True,
         }
@@ -222,6 +221,20 @@ class TorchCUDAKernel:
         )[:3]
         dk, dv = _sum_groups(dk, kv_heads), _sum_groups(dv, kv_heads)
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+def _cudnn_takes(q: Tensor, keys: int) -> bool:
+    """Whether cuDNN's attention takes a block of these queries against ``keys`` keys (the
+    rule TorchCUDAKernel's docstring gives; select_kernel asks it too)."""
+    d = q.shape[-1]
+    return (
+        q.dtype in (torch.float16, torch.bfloat16)
+        and d % 8 == 0
+        and d <= 128
+        and q.shape[1] > 1
+        and keys > 1
+        and _cudnn_attention_usable(q.device)
+    )
 
 
 _CUDNN_USABLE: dict[torch.device, bool] = {}
@@ -589,11 +602,7 @@ def _cudnn_beats_flash_attn(q: Tensor) -> bool:
     """cuDNN's attention ahead of flash-attn 2 on Hopper and later GPUs: on an H200 it ran bf16
     blocks at 677 TFLOP/s where FlashAttention-2 (torch's copy of it) ran 352
     (benchmarks/results/gpu-check-h200.md). Earlier GPUs keep flash-attn first: not measured."""
-    return (
-        q.shape[-1] <= 128
-        and _cudnn_attention_usable(q.device)
-        and torch.cuda.get_device_capability(q.device) >= (9, 0)
-    )
+    return _cudnn_takes(q, q.shape[1]) and torch.cuda.get_device_capability(q.device) >= (9, 0)
 
 
 _INSTANCES: dict[type, object] = {}
