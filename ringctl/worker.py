@@ -220,7 +220,10 @@ def cuda_index(entry: dict, local_rank: int, count: int) -> int:
     return local_rank % count
 
 
-def _init_distributed(cfg, ident: Identity):
+def init_distributed(cfg, ident: Identity):
+    """This rank's device and the job's store, once every rank met and the process group is
+    up (NCCL on the rank's GPU, else gloo on the CPU); a GPU the plan names but the rank cannot
+    see is refused."""
     import torch
     import torch.distributed as dist
 
@@ -303,7 +306,7 @@ def run(job_dir: Path) -> dict:
 
     import torch.distributed as dist
 
-    device, _store = _init_distributed(cfg, ident)
+    device, _store = init_distributed(cfg, ident)
     out_dir = JobDir(job_dir).out
     out_dir.mkdir(parents=True, exist_ok=True)
     ctx = TaskContext(

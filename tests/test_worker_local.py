@@ -293,7 +293,7 @@ def test_a_planned_gpu_that_is_not_visible_is_refused_not_run_on_the_cpu():
 
     import torch
 
-    from ringctl.worker import Identity, WorkerError, _init_distributed
+    from ringctl.worker import Identity, WorkerError, init_distributed
 
     assert not torch.cuda.is_available()
     ident = Identity("n1", 0, 0, 0, 1, "127.0.0.1", 1, plan_entry={"gpu": 3, "env": {}})
@@ -303,7 +303,7 @@ def test_a_planned_gpu_that_is_not_visible_is_refused_not_run_on_the_cpu():
         timeout=5,
     )
     with pytest.raises(WorkerError, match="gives this rank GPU 3; it sees no CUDA device"):
-        _init_distributed(cfg, ident)
+        init_distributed(cfg, ident)
 
 
 def test_the_warning_signal_slurm_signal_names_checkpoints_and_stops(tmp_path, capsys):
