@@ -138,6 +138,67 @@ def refused_together(error: Exception | None):
         _TOGETHER.reset(token)
 
 
+# Per document, the shift of its position_ids (position minus its token's index in the
+# document) for the documents this rank holds part of: set by ringattn.hf, checked across the
+# ring by ``check_ranks_agree``. See `shifts_agreed`.
+Shifts = tuple[tuple[int, int], ...]  # (document, shift) pairs
+SHIFT_SLOTS = 4  # pairs carried by the agreement itself; more take a second gather
+_SHIFTS: contextvars.ContextVar[Shifts] = contextvars.ContextVar(
+    "ringattn_shifts_agreed", default=()
+)
+
+
+@contextmanager
+def shifts_agreed(shifts: Shifts):
+    """Inside: the ring's agreement checks that every rank giving a (document, shift) pair for
+    one document gives the same shift. Each rank sees only its own position_ids, so a rank
+    whose whole share is shifted (transformers' default 0..S-1 on a contiguous ring's rank 1)
+    looks right to itself; RoPE then turns the ranks' disagreement into wrong numbers."""
+    token = _SHIFTS.set(tuple(shifts))
+    try:
+        yield
+    finally:
+        _SHIFTS.reset(token)
+
+
+def _pairs_fields(shifts: Shifts, slots: int) -> list[int]:
+    """The (document, shift) pairs as ``slots`` pairs of int64 fields (document -1: empty)."""
+    padded = [*shifts, *[(-1, 0)] * (slots - len(shifts))]
+    return [value for pair in padded[:slots] for value in pair]
+
+
+def _gathered_shifts(fields: list[list[int]], group, device) -> list[list[int]]:
+    """Every rank's (document, shift) fields: those the agreement carried (``fields``: the
+    count, then SHIFT_SLOTS pairs), or, when a rank has more, a second gather of them all
+    (every rank sees the counts, so every rank takes it or none does)."""
+    most = max(f[0] for f in fields)
+    if most <= SHIFT_SLOTS:
+        return [f[1:] for f in fields]
+    mine = torch.tensor(_pairs_fields(_SHIFTS.get(), most), dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in fields]
+    dist.all_gather(everyone, mine, group=group)
+    return [t.tolist() for t in everyone]
+
+
+def _check_shifts(everyone: list[list[int]]) -> None:
+    """Every rank's shift for each document it shares agrees (raised alike on every rank)."""
+    seen: dict[int, tuple[int, int]] = {}
+    for rank, fields in enumerate(everyone):
+        for doc, shift in zip(fields[::2], fields[1::2], strict=True):
+            if doc < 0:
+                continue
+            first = seen.setdefault(doc, (rank, shift))
+            if first[1] != shift:
+                raise ValueError(
+                    f"ringattn: position_ids of document {doc} are shifted differently on rank "
+                    f"{first[0]} ({first[1]:+d}) and rank {rank} ({shift:+d}) (a row's position "
+                    "minus its token's index in the document): give each row its position in "
+                    "its document, or in the sequence for one document "
+                    "(ringattn.document_positions, or shard_sequence of the positions); "
+                    "no rank ran the attention"
+                )
+
+
 def check_ranks_agree(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -159,26 +220,25 @@ def check_ranks_agree(
             raise refusal
         return
     device = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
-    mine = torch.tensor(
-        [
-            *q.shape,
-            k.shape[2],
-            _DTYPES.index(q.dtype),
-            int(causal),
-            LAYOUTS.index(layout),
-            int(has_sinks),
-            -1 if window is None else int(window),
-            -1 if packing is None else int(packing),
-            scale_bits(scale),
-            int(refusal is not None),
-        ],
-        dtype=torch.int64,
-        device=device,
-    )
+    agreed = [  # every rank gives these alike
+        *q.shape,
+        k.shape[2],
+        _DTYPES.index(q.dtype),
+        int(causal),
+        LAYOUTS.index(layout),
+        int(has_sinks),
+        -1 if window is None else int(window),
+        -1 if packing is None else int(packing),
+        scale_bits(scale),
+    ]
+    shifts = _SHIFTS.get()
+    found = [len(shifts), *_pairs_fields(shifts, SHIFT_SLOTS), int(refusal is not None)]
+    mine = torch.tensor(agreed + found, dtype=torch.int64, device=device)
     everyone = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(everyone, mine, group=group)
-    rows = [tuple(t.tolist())[:-1] for t in everyone]
-    refusing = [i for i, t in enumerate(everyone) if int(t[-1])]
+    fields = [t.tolist() for t in everyone]
+    rows = [tuple(f[: len(agreed)]) for f in fields]
+    refusing = [i for i, f in enumerate(fields) if f[-1]]
     if refusal is not None:
         raise refusal
     if refusing:
@@ -199,3 +259,4 @@ def check_ranks_agree(
 
         detail = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))
         raise ValueError(f"ranks disagree on ring_attention inputs: {detail}")
+    _check_shifts(_gathered_shifts([f[len(agreed) : -1] for f in fields], group, device))

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .checks import refused_together
+from .checks import Shifts, refused_together, shifts_agreed
 from .geometry import PAD
 from .hybrid import hybrid_rank
 from .layouts import HYBRID_LAYOUTS, packed_share
@@ -210,7 +210,7 @@ def ring_attention_forward(
     sinks = _sinks(module, kwargs)
     extra = {} if sinks is None else {"sinks": sinks}
     cu_seqlens = _setting(kwargs, "cu_seqlens")
-    refusal = _packing_refusal(module, kwargs, cu_seqlens, layout, world)
+    refusal, shifts = _packing_refusal(module, kwargs, cu_seqlens, layout, world)
     if cu_seqlens is not None:
         extra["cu_seqlens"] = cu_seqlens
     for counter in _COUNTERS:
@@ -228,7 +228,7 @@ def ring_attention_forward(
                 module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
             )
             return hybrid, None
-        with refused_together(refusal):
+        with refused_together(refusal), shifts_agreed(shifts):
             out = ring_attention(
                 q,
                 k,
@@ -243,18 +243,21 @@ def ring_attention_forward(
     return out, None
 
 
-def _packing_refusal(module, kwargs, cu_seqlens, layout, world) -> PositionsError | None:
+def _packing_refusal(
+    module, kwargs, cu_seqlens, layout, world
+) -> tuple[PositionsError | None, Shifts]:
     """``_check_packing``'s refusal of this rank's position_ids, kept for the ring's agreement
     to raise on every rank (``refused_together``: each rank checks its own positions, and a
-    refusal on one alone left the others failing on a lost peer). Raised here where no
-    agreement follows: one rank, or a hybrid grid."""
+    refusal on one alone left the others failing on a lost peer), and the shifts of the
+    documents at its pieces' ends, for the agreement to compare across ranks
+    (``shifts_agreed``). Raised here where no agreement follows: one rank, or a hybrid grid."""
     try:
-        _check_packing(module, kwargs, cu_seqlens)
+        shifts = _check_packing(module, kwargs, cu_seqlens)
     except PositionsError as err:
         if world == 1 or layout in HYBRID_LAYOUTS:
             raise
-        return err
-    return None
+        return err, ()
+    return None, shifts
 
 
 class PositionsError(ValueError):
@@ -266,13 +269,14 @@ class PositionsError(ValueError):
 _FLASH_PACKING = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def _check_packing(module: torch.nn.Module, kwargs: dict, cu_seqlens: Any) -> None:
+def _check_packing(module: torch.nn.Module, kwargs: dict, cu_seqlens: Any) -> Shifts:
     """Packed documents reach ring attention one way: ``ring_settings(cu_seqlens=...)`` or
     ``ring_cu_seqlens=``. Each of these attended across documents with no error before:
     flash-attn's packing keywords (ignored); ``position_ids`` that restart within a row with
     no cu_seqlens (the packing transformers infers from them was dropped); rows of a batch
     with different ``position_ids`` under the one cu_seqlens; and RoPE scaled by the
-    sequence's length (``ring_settings(model=...)`` refuses it; without ``model`` it passed)."""
+    sequence's length (``ring_settings(model=...)`` refuses it; without ``model`` it passed).
+    Returns the position shifts the ring's ranks must agree on (``_position_jump``)."""
     given = [key for key in _FLASH_PACKING if kwargs.get(key) is not None]
     if given:
         raise ValueError(
@@ -281,16 +285,18 @@ def _check_packing(module: torch.nn.Module, kwargs: dict, cu_seqlens: Any) -> No
             "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
         )
     pos = kwargs.get("position_ids")
+    shifts: Shifts = ()
     if isinstance(pos, torch.Tensor) and pos.shape[-1] > 1:
-        _check_positions_once(pos, cu_seqlens, kwargs)
+        shifts = _check_positions_once(pos, cu_seqlens, kwargs)
     if cu_seqlens is None:
-        return
+        return shifts
     kind = _length_rope(getattr(module, "config", None))
     if kind:
         raise ValueError(
             f"ringattn: the model scales RoPE by the sequence's length ({kind}); packed "
             "documents would share one scaling: run them one per sequence"
         )
+    return shifts
 
 
 # The position_ids last checked (a weak reference, its version) and the settings they were
@@ -300,14 +306,14 @@ _POSITIONS_CHECKED: list = [None]
 _PACKING_SETTINGS = ("group", "layout", "ulysses_group")  # what else the check depends on
 
 
-def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> None:
+def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> Shifts:
     """position_ids against the packing, once per tensor: restarting within a row with no
     cu_seqlens (documents packed without saying so, attended across); under cu_seqlens, rows
     of a batch that differ, or a jump inside a document it packs (``_position_jump``)."""
     key = (pos._version, *(_setting(kwargs, s) for s in _PACKING_SETTINGS))
     last = _POSITIONS_CHECKED[0]
     if last is not None and last[0]() is pos and last[1] is cu_seqlens and last[2] == key:
-        return
+        return last[3]
     if cu_seqlens is None and bool((pos[..., 1:] < pos[..., :-1]).any()):
         raise ValueError(
             "ringattn: position_ids restart within a row (packed documents) but no "
@@ -320,12 +326,14 @@ def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> N
             "ringattn: the rows of a packed batch have different position_ids, but one "
             "cu_seqlens packs every row: pack each row alike, or run them one at a time"
         )
+    shifts: Shifts = ()
     if pos.dim() <= 2:  # 1-D positions (3-D: multimodal RoPE, not token indices)
-        _position_jump(pos, cu_seqlens, kwargs, steps=packed)
-    _POSITIONS_CHECKED[0] = (weakref.ref(pos), cu_seqlens, key)
+        shifts = _position_jump(pos, cu_seqlens, kwargs, steps=packed)
+    _POSITIONS_CHECKED[0] = (weakref.ref(pos), cu_seqlens, key, shifts)
+    return shifts
 
 
-def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict, *, steps: bool) -> None:
+def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict, *, steps: bool) -> Shifts:
     """Within each run of one document on this rank, position_ids go up by one a row (from
     wherever they start: a document's own positions or the sequence's, RoPE being relative),
     and the runs of one document on this rank (zigzag gives a rank two pieces of a long one)
@@ -334,14 +342,16 @@ def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict, *, steps: b
     mean the caller's documents and the ring's disagree, which RoPE would turn into wrong
     numbers with no error. One read of the rows from the device. Without cu_seqlens
     (``steps`` False) only the pieces' shifts are compared: one sequence's positions may skip.
+    Returns the shifts of the documents this rank holds part of, which may continue on other
+    ranks: the ring's agreement compares them there (``shifts_agreed``).
     """
     runs = list(_document_runs(cu_seqlens, kwargs, pos.shape[-1]))
     rows = pos.reshape(-1, pos.shape[-1])
     step_ok = (rows[:, 1:] - rows[:, :-1] == 1).all(0)  # row i -> i + 1
-    firsts = rows[0, [first for _, first, _, _ in runs]]
+    firsts = rows[0, [run[1] for run in runs]]
     step_ok, firsts = step_ok.cpu(), firsts.tolist()
     shifts: dict[int, int] = {}
-    for (doc, first, last, doc_row), at in zip(runs, firsts, strict=True):
+    for (doc, first, last, doc_row, _), at in zip(runs, firsts, strict=True):
         if steps and not bool(step_ok[first:last].all()):
             raise PositionsError(
                 f"ringattn: position_ids jump inside document {doc} of cu_seqlens (local "
@@ -356,13 +366,26 @@ def _position_jump(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict, *, steps: b
                 "row its position in its document, or in the sequence for one document "
                 "(ringattn.document_positions, or shard_sequence of the positions)"
             )
+    return _shared_shifts(runs, shifts)
+
+
+def _shared_shifts(runs: list[tuple[int, int, int, int, int]], shifts: dict) -> Shifts:
+    """(document, shift) of each document this rank holds only part of: the documents another
+    rank may hold too (a document held whole here is this rank's alone)."""
+    held: dict[int, int] = {}
+    length: dict[int, int] = {}
+    for doc, first, last, _, doc_length in runs:
+        held[doc] = held.get(doc, 0) + last - first + 1
+        length[doc] = doc_length
+    return tuple((doc, shifts[doc]) for doc, rows in held.items() if rows < length[doc])
 
 
 def _document_runs(
     cu_seqlens: Any, kwargs: dict, local_rows: int
-) -> Iterator[tuple[int, int, int, int]]:
+) -> Iterator[tuple[int, int, int, int, int]]:
     """(document, first local row, last local row, the first row's token index in its
-    document) of each run of one document on this rank: a plain ring's rank, or a hybrid
+    document, the document's length) of each run of one document on this rank:
+    a plain ring's rank, or a hybrid
     grid's member (its share of its ring rank's rows, as ``ringattn.layouts.
     sequence_positions`` gives it). Without cu_seqlens the sequence is one document."""
     ring, ulysses = _setting(kwargs, "group"), _setting(kwargs, "ulysses_group")
@@ -386,7 +409,8 @@ def _document_runs(
         first = start - rows.start
         last = min(run.local + run.length, rows.stop) - 1 - rows.start
         if run.doc != PAD and last >= first:
-            yield run.doc, first, last, run.start - run.doc_start + start - run.local
+            doc_row = run.start - run.doc_start + start - run.local
+            yield run.doc, first, last, doc_row, geo.doc_lengths[run.doc]
 
 
 def _length_rope(config: Any) -> str | None:

@@ -212,7 +212,7 @@ def test_positions_that_do_not_follow_a_ranks_pieces_are_refused():
     shifted alike now. Rank 1's pieces are adjacent, so only rank 0 sees the problem; the
     ring's agreement raises it on both (rank 1 once failed on the lost peer instead), and no
     rank is left in the ring: a right call runs next on both. (A rank whose whole share is
-    shifted is not caught: NOTES.)"""
+    shifted: the next test.)"""
     said = run_distributed(_piece_positions, 2)
     for scenario, doc in (("packed", 1), ("plain", 0)):
         assert f"position_ids of document {doc} do not follow" in said[0][scenario]
@@ -241,6 +241,55 @@ def _piece_positions(rank: int, world: int) -> dict:
         try:
             with torch.no_grad(), ring_settings(layout="zigzag", cu_seqlens=cu_seqlens):
                 model(input_ids=ids, position_ids=positions, use_cache=False)
+            said[scenario] = "ran"
+        except ValueError as err:
+            said[scenario] = str(err)
+    return said
+
+
+def test_a_ranks_whole_share_shifted_is_refused():
+    """On 2 contiguous ranks each rank holds one piece, so each rank's positions look right to
+    itself: transformers' default 0..S-1 on rank 1 (its rows are tokens 24-47) ran with exit
+    0, RoPE placing rank 1's queries 24 tokens before rank 0's keys. The ring's agreement
+    compares each shared document's shift now, and both ranks refuse with one message.
+    Positions in the sequence (not the document) shift every document alike and run."""
+    said = run_distributed(_share_positions, 2)
+    for scenario, doc, shifts in (
+        ("packed", 1, "(+3) and rank 1 (-21)"),
+        ("plain", 0, "(+0) and rank 1 (-24)"),
+    ):
+        assert said[0][scenario] == said[1][scenario]
+        assert (
+            f"position_ids of document {doc} are shifted differently on rank 0 {shifts}"
+            in (said[0][scenario])
+        )
+    for scenario in ("right", "in the sequence", "plain, right"):
+        assert [r[scenario] for r in said] == ["ran", "ran"]
+
+
+def _share_positions(rank: int, world: int) -> dict:
+    import ringattn
+    from ringattn.hf import register, ring_settings
+
+    register()
+    model = _model(dict(model_type="llama"), "ringattn")
+    cu, n = [0, 3, 43, 48], 48
+    ids = _tokens()[:n]
+    kw = dict(world_size=world, rank=rank, layout="contiguous")
+    shard = ringattn.shard_sequence(ids, dim=0, **kw)[None]
+    in_sequence = ringattn.shard_sequence(torch.arange(n), dim=0, **kw)[None]
+    calls = {  # (cu_seqlens, positions; None: transformers' own 0..S-1)
+        "packed": (cu, None),
+        "plain": (None, None),
+        "right": (cu, ringattn.document_positions(cu, **kw)[None]),
+        "in the sequence": (cu, in_sequence),
+        "plain, right": (None, in_sequence),
+    }
+    said = {}
+    for scenario, (cu_seqlens, positions) in calls.items():
+        try:
+            with torch.no_grad(), ring_settings(layout="contiguous", cu_seqlens=cu_seqlens):
+                model(input_ids=shard, position_ids=positions, use_cache=False)
             said[scenario] = "ran"
         except ValueError as err:
             said[scenario] = str(err)

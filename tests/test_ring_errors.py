@@ -76,6 +76,38 @@ def test_ranks_disagreeing_on_shapes_fail_on_every_rank():
         )
 
 
+def _shifted_documents(rank: int, world: int) -> dict:
+    """Rank 1 shares more documents than the agreement's own slots carry (a second gather),
+    rank 0 three of them; rank 1 gives document 5 (past the slots) or 1 another shift."""
+    from ringattn.checks import SHIFT_SLOTS, shifts_agreed
+
+    said = {}
+    many = SHIFT_SLOTS + 3
+    for scenario, moved in (("alike", None), ("odd", 5), ("in the slots", 1)):
+        pairs = tuple((doc, 7 if rank and doc == moved else 0) for doc in range(many))
+        try:
+            with shifts_agreed(pairs if rank else (pairs[0], pairs[1], pairs[5])):
+                ringattn.ring_attention(_t(1, 8, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 16))
+            said[scenario] = "ran"
+        except ValueError as err:
+            said[scenario] = str(err)
+    return said
+
+
+def test_ranks_giving_a_document_different_position_shifts_fail_on_every_rank():
+    """The ring's agreement compares each document's position shift across the ranks holding
+    part of it (ringattn.hf sets them; tests/test_hf_packed.py runs a model), also when a
+    rank shares more documents than the agreement carries itself."""
+    said = run_distributed(_shifted_documents, 2)
+    assert said[0] == said[1]
+    assert said[0]["alike"] == "ran"
+    for scenario, doc in (("odd", 5), ("in the slots", 1)):
+        assert said[0][scenario].startswith(
+            f"ringattn: position_ids of document {doc} are shifted differently on rank 0 (+0) "
+            "and rank 1 (+7)"
+        )
+
+
 def _chunked_kernel_ring(rank: int, world: int, case: Case):
     os.environ["RINGATTN_KERNEL"] = "chunked"
     return ring_outputs(rank, world, [case])[case.id]
