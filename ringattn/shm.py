@@ -412,9 +412,10 @@ def slot_sender(path: str) -> tuple[int, str] | None:
     """(sender's pid, its pid namespace) from a slot file's name (``slot_name``; a set-up's
     probe file is named alike); None for another file."""
     parts = os.path.basename(path).split("-")
-    if len(parts) < 5 or parts[:2] != PREFIX.split("-") or not parts[3].isdigit():
+    pid = parts[3] if len(parts) >= 5 and parts[:2] == PREFIX.split("-") else ""
+    if not (pid.isascii() and pid.isdigit()):  # '²' passes isdigit() alone, and int() raises
         return None
-    return int(parts[3]), parts[4]
+    return int(pid), parts[4]
 
 
 def _pid_namespace() -> str:

@@ -107,6 +107,25 @@ def test_orphaned_slot_files_are_removed(tmp_path):
                 os.unlink(path)
 
 
+def test_a_slot_name_with_a_non_ascii_pid_is_not_judged():
+    """/dev/shm is every user's: a file named like a slot whose pid is '²' (str.isdigit() says
+    yes, int() raises) made every shm ring's set-up on the host fail in remove_orphans."""
+    from ringattn import shm
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm on this machine")
+    name = shm.slot_name("feedbeef0000", 1, 0, 1, 0, 0, 0).split("-")
+    name[3] = "\u00b2"
+    planted = "/dev/shm/" + "-".join(name)
+    with open(planted, "wb") as f:
+        f.write(b"x")
+    try:
+        assert shm.slot_sender(planted) is None
+        shm.remove_orphans()
+    finally:
+        os.unlink(planted)
+
+
 def _a_dead_pid() -> int:
     import subprocess
     import sys
