@@ -53,6 +53,7 @@ from .atomic import atomic_write, atomic_write_json, default_dir_mode
 from .bounded_read import read_regular
 from .errors import SubmittedNotRecorded, UserError, naming, with_filename
 from .terminal import visible
+from .text import is_ascii_number
 
 CONFIG = "config.yaml"
 SCRIPT = "job.sh"
@@ -283,7 +284,7 @@ class JobDir:
         if self.attempts.is_symlink() or not self.attempts.is_dir():
             raise UserError(f"{self.attempts}: not a folder (a link?); nothing was moved")
         names = [p.name for p in self.attempts.iterdir()]
-        numbers = [int(n) for n in names if n.isascii() and n.isdigit()]
+        numbers = [int(n) for n in names if is_ascii_number(n, 9)]
         target = self.attempts / str(max(numbers, default=0) + 1)
         target.mkdir()
         return target

@@ -19,6 +19,7 @@ from typing import Any
 from .atomic import atomic_write_json
 from .bounded_read import read_regular
 from .jsonsafe import finite_json, whole_number
+from .text import cut
 
 COUNT_FIELDS = ("done", "total", "before")
 NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s", "loss")
@@ -94,7 +95,7 @@ def checked_progress(record, where: str, notes: list[str]) -> dict | None:
     for key, value in clean.items():
         problem = _field_problem(key, value)
         if problem:
-            notes.append(f"{where}: {key}={value!r:.40}: {problem}; shown as null")
+            notes.append(f"{where}: {key}={cut(repr(value), 40)}: {problem}; shown as null")
             clean[key] = None
     if clean.get("done") is None or clean.get("total") is None:
         notes.append(f"{where}: no done/total counts; progress not shown")
@@ -118,7 +119,7 @@ def read_record(path: Path, notes: list[str]) -> dict | None:
         record = json.loads(read_regular(path, MAX_PROGRESS_BYTES))
         return checked_progress(record, str(path), notes)
     except (OSError, ValueError) as err:
-        notes.append(f"{path}: not readable JSON ({str(err)[:80]}); ignored")
+        notes.append(f"{path}: not readable JSON ({cut(err)}); ignored")
     except RecursionError:
         notes.append(f"{path}: nested too deeply to read; ignored")
     return None

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from .errors import UserError
 from .jobdir import BATCH_LOG
+from .text import echo
 
 _SLURM_SIGNALS = (
     "HUP INT QUIT ABRT KILL ALRM TERM USR1 USR2 URG CONT STOP TSTP TTIN TTOU XCPU".split()
@@ -145,8 +146,7 @@ class Rule:
         if not text:
             return "must not be empty"
         if self.pattern is not None and not re.fullmatch(self.pattern, text):
-            shown = repr(text) if len(text) <= 100 else f"{text[:100]!r}..."
-            return f"{shown} is not {self.what}"
+            return f"{echo(text, 100)} is not {self.what}"
         if len(text) > self.max_len:
             return f"is longer than {self.max_len} characters"
         return self.check(text) if self.check else None

@@ -1,4 +1,4 @@
-"""Two small rules every topology parser follows for text it did not write.
+"""Two small rules for text this tool did not write (tool outputs, files, job records).
 
 `echo`: an error quotes the offending word, cut to ECHO_CHARS: the inputs come from files and
 stdin of any size, and a one-line error that repeats a 50 MB word (or 50 MB of NULs) is neither

@@ -11,6 +11,7 @@ import pytest
 
 from ringctl.cli import main
 from ringctl.errors import UserError
+from ringctl.text import ECHO_CHARS
 from ringctl.topology import plan_ring
 from ringctl.topology import slurm as slurm_module
 from ringctl.topology.hostlist import HostlistError, expand
@@ -18,7 +19,6 @@ from ringctl.topology.ibstat import parse_ibstat, parse_ibv_devinfo
 from ringctl.topology.nodes import build_node, natural_key
 from ringctl.topology.nvidia_smi import parse_nvidia_smi
 from ringctl.topology.slurm import parse_slurm_topology
-from ringctl.topology.text import ECHO_CHARS
 from tests.topo_fixtures import H100
 
 

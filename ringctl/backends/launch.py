@@ -32,6 +32,8 @@ import subprocess
 import sys
 import traceback
 
+from ..text import is_ascii_number
+
 FORK = "fork"  # the rank is a fork of the supervisor
 EXEC = "exec"  # the rank is a new interpreter: python -m ringctl.worker JOB_DIR
 
@@ -47,7 +49,7 @@ _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 def plain_count(text: str) -> bool:
     """A thread count as OMP_NUM_THREADS may hold one and int() reads: ASCII digits, >= 1."""
-    return text.isascii() and text.isdigit() and int(text) >= 1
+    return is_ascii_number(text, 9) and int(text) >= 1
 
 
 def exec_reason(cfg, threads: str, start_env: dict[str, str]) -> str | None:

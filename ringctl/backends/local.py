@@ -33,6 +33,7 @@ from ..bounded_read import read_regular
 from ..errors import UserError, with_filename
 from ..jobdir import JobDir
 from ..jsonsafe import whole_number
+from ..text import cut, is_ascii_number
 from .base import Backend, JobState, JobStatus
 from .joblogs import is_peer_loss, killed_by, no_result_reason, ranks_without_result
 from .launch import EXEC, FORK, ForkedRank, exec_reason, start_rank, warm_up
@@ -274,7 +275,8 @@ class RecordedState:
     @classmethod
     def parse(cls, data: dict, path: Path) -> RecordedState:
         def damaged(key: str, expected: str) -> UserError:
-            return UserError(f"{path}: {key}: expected {expected}, got {data.get(key)!r:.60}")
+            got = cut(repr(data.get(key)), 60)
+            return UserError(f"{path}: {key}: expected {expected}, got {got}")
 
         state = data.get("state", "UNKNOWN")
         if state not in {s.value for s in JobState}:
@@ -290,8 +292,7 @@ class RecordedState:
             raise damaged("exit_code", "a whole number")
         ranks = data.get("ranks", {})
         if not isinstance(ranks, dict) or not all(
-            str(r).isascii() and str(r).isdigit() and isinstance(info, dict)
-            for r, info in ranks.items()
+            is_ascii_number(str(r), 9) and isinstance(info, dict) for r, info in ranks.items()
         ):
             raise damaged("ranks", "an object of rank numbers to records")
         return cls(

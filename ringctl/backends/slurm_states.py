@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from ..text import ascii_number
 from .base import JobState
 
 # squeue's and sacct's state names (long form) -> our states.
@@ -126,7 +127,7 @@ def parse_squeue(out: str, job_id: str) -> QueueEntry | None:
             fields[1].strip(),
             reason,
             parse_duration(fields[3]),
-            int(restarts) if restarts.isdigit() else 0,
+            ascii_number(restarts, 9) or 0,
         )
     return None
 
@@ -218,6 +219,7 @@ def _acct_record(fields: list[str], job_id: str) -> AcctRecord | None:
     if len(fields) < _SACCT_REQUIRED:
         return None
     raw_id, name, state, exit_code, elapsed, reason, nodes = fields[:_SACCT_REQUIRED]
+    seconds = ascii_number(elapsed.strip(), 12)  # ElapsedRaw
     start, end = (fields[7:9] + ["", ""])[:2]
     base, _, step = raw_id.partition(".")
     if base != job_id:
@@ -230,7 +232,7 @@ def _acct_record(fields: list[str], job_id: str) -> AcctRecord | None:
         raw_state=state.strip(),
         exit_code=code,
         signal=sig,
-        elapsed_s=float(elapsed) if elapsed.strip().isdigit() else None,
+        elapsed_s=None if seconds is None else float(seconds),
         reason="" if reason.strip() in ("None", "") else reason.strip(),
         nodes=nodes.strip(),
         start=start.strip(),
@@ -241,7 +243,7 @@ def _acct_record(fields: list[str], job_id: str) -> AcctRecord | None:
 def failing_step(records: list[AcctRecord]) -> AcctRecord | None:
     """The first step (srun steps before the batch script) that did not complete."""
     steps = [r for r in records if r.step is not None and r.step != "extern"]
-    steps.sort(key=lambda r: (not r.step.isdigit(), int(r.step) if r.step.isdigit() else 0))
+    steps.sort(key=lambda r: (ascii_number(r.step, 9) is None, ascii_number(r.step, 9) or 0))
     bad = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED)
     for r in steps:
         if r.state in bad or (r.state is JobState.COMPLETED and (r.exit_code or 0) != 0):

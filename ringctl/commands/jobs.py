@@ -34,6 +34,7 @@ from ..jsonsafe import finite_json
 from ..progress import read_record
 from ..submission import open_job_dir, resume_job, submit_job
 from ..terminal import for_terminal, visible
+from ..text import cut
 
 # --- verbs ----------------------------------------------------------------------------------------
 
@@ -237,7 +238,7 @@ def listed_row(job_dir: Path) -> dict:
     try:
         return job_row(job_dir, single=False)
     except Exception as err:  # noqa: BLE001 - any failure of one row: said in that row
-        reason = f"status failed: {type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        reason = f"status failed: {type(err).__name__}: {cut(' '.join(str(err).split()), 200)}"
         return {
             "job_dir": str(job_dir),
             "name": "",

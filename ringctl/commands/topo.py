@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write
 from ..errors import UserError
+from ..text import cut, is_ascii_number
 from ..topology.draw import draw_svg
 from ..topology.gdr import GDR_LEVELS, GDR_READ_CHOICES, GdrPolicy
 from ..topology.hybrid_place import plan_hybrid
@@ -26,7 +27,6 @@ from ..topology.plan import RingPlan, parse_plan
 from ..topology.probe import write_probe
 from ..topology.report import print_plan
 from ..topology.slurm import SwitchTopology, parse_slurm_topology
-from ..topology.text import cut, is_ascii_number
 
 DESCRIPTION = """\
 Place the ring of ring attention where the links are fastest, and write the placement the workers

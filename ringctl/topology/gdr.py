@@ -46,9 +46,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import UserError
+from ..text import is_ascii_number
 from .links import link_gbps, normalise_token
 from .model import NodeTopology
-from .text import is_ascii_number
 
 __all__ = [
     "GDR",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from .text import echo, is_ascii_number
+from ..text import echo, is_ascii_number
 
 __all__ = ["MAX_HOSTS", "HostlistError", "compress", "count", "expand"]
 

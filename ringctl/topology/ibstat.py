@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from ..errors import UserError
+from ..text import echo
 from .model import NIC_NAME, Hca, Port
-from .text import echo
 
 __all__ = ["parse_hca_text", "parse_ibstat", "parse_ibv_devinfo"]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from ..text import ascii_number
+
 # An RDMA device's name as the kernel spells it (mlx5_0, bnxt_re1, irdma0; at most 64, the
 # kernel's IB_DEVICE_NAME_MAX): a plan pins it in NCCL_IB_HCA, where ',' ':' '=' and blanks
 # separate names, so a name holding one would select some other device.
@@ -70,8 +72,7 @@ class Gpu:
     def numa(self) -> int | None:
         """The single NUMA node to bind to, or None when the affinity is a range, list or N/A."""
         value = self.numa_affinity
-        ok = value is not None and value.isascii() and value.isdigit() and len(value) <= 5
-        return int(value) if ok else None
+        return None if value is None else ascii_number(value, 5)
 
 
 @dataclass

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from ..bounded_read import read_regular
 from ..errors import UserError, naming
+from ..text import cut, echo
 from .ibstat import parse_hca_text
 from .model import Hca, Nic, NodeTopology
 from .nvidia_smi import SmiTopology, parse_nvidia_smi
-from .text import cut, echo
 
 __all__ = [
     "build_node",

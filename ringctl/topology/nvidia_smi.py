@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..text import cut, echo
 from .links import is_link_token, normalise_token, nvlink_problem
 from .model import CPU_LIST, MAX_CPU_LIST_CHARS, NIC_NAME, Gpu
-from .text import cut, echo
 
 __all__ = ["SmiTopology", "parse_nvidia_smi"]
 

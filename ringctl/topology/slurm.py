@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
+from ..text import ascii_number, cut, echo
 from .hostlist import MAX_HOSTS, HostlistError, count, expand
-from .text import ascii_number, cut, echo
 
 __all__ = ["SwitchTopology", "Group", "parse_slurm_topology"]
 

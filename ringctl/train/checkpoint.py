@@ -35,6 +35,7 @@ from typing import Any
 
 from ..atomic import atomic_write, atomic_write_json, fsync_dir
 from ..bounded_read import read_regular
+from ..text import echo
 
 STEP_NAME = re.compile(r"step-([0-9]{7,12})")
 TRAIN_STATE = "train_state.json"
@@ -78,7 +79,7 @@ class CheckpointDir:
     def read(self, name: str, *, where: str) -> Checkpoint:
         match = STEP_NAME.fullmatch(name)
         if match is None or name != step_name(int(match.group(1))):
-            raise ValueError(f"{where}: {name[:80]!r} is not a checkpoint name (step-NNNNNNN)")
+            raise ValueError(f"{where}: {echo(name)} is not a checkpoint name (step-NNNNNNN)")
         path = self.root / name
         if path.is_symlink() or not (path / TRAIN_STATE).is_file():
             raise ValueError(f"{where}: names {name}, which is missing, incomplete or a link")

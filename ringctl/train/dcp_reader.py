@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ..bounded_read import read_regular, regular_file
 from ..errors import naming
+from ..text import echo
 
 METADATA = ".metadata"
 MAX_METADATA_BYTES = 1 << 30
@@ -86,7 +87,7 @@ def _check_entry(folder: Path, where: Path, entry) -> None:
     offset, length = getattr(entry, "offset", None), getattr(entry, "length", None)
     plain = isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
     if not plain or "\\" in name or "\0" in name:
-        raise Refused(f"{where}: a storage entry names {str(name)[:80]!r}, not a file here")
+        raise Refused(f"{where}: a storage entry names {echo(name)}, not a file here")
     if getattr(entry, "transform_descriptors", None):
         raise Refused(f"{where}: {name} is stored through a transform this job never writes")
     for value in (offset, length):

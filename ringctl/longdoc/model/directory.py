@@ -25,6 +25,7 @@ import stat
 from pathlib import Path
 
 from ...bounded_read import open_regular, read_regular
+from ...text import echo
 
 MAX_JSON_BYTES = 256 << 20  # tokenizer_config.json with every added token: megabytes
 INDEX_FILE = "model.safetensors.index.json"  # the weights: sharded, or in one file
@@ -157,6 +158,6 @@ def _check_tokenizer_names(directory: Path) -> None:
             plain = isinstance(name, str) and name not in ("", ".", "..")
             if not plain or Path(name).name != name or not (directory / name).is_file():
                 raise ValueError(
-                    f"{path}: {FAST_TOKENIZER_FILES} names {str(name)[:80]!r}, not a file of "
+                    f"{path}: {FAST_TOKENIZER_FILES} names {echo(name)}, not a file of "
                     "this directory"
                 )

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ...output_dir import confined
+from ...text import cut
 from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_problems
 from .names import OutputPaths
 from .store import dtype_name, expand_ranges, sha256_bytes, sha256_file
@@ -382,7 +383,7 @@ CurrentInput = Callable[[], "dict | None"]  # the input's identity now; None: un
 
 def _identity_text(identity: Any) -> str:
     if not isinstance(identity, dict):
-        return repr(identity)[:80]
+        return cut(repr(identity))
     size, digest = identity.get("bytes"), str(identity.get("sha256"))[:12]
     return f"{size:,} bytes, sha256 {digest}..." if is_int(size) else f"sha256 {digest}..."
 
