@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -355,6 +356,48 @@ def test_symlinks_out_of_the_job_are_refused(jobs: dict, tmp_path: Path, capsys)
     doc_dir.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     assert _cli([str(job)]) == 3
     assert f"{doc_dir} leads outside" in capsys.readouterr().err and _nothing_written(job)
+
+
+def test_manifests_that_are_links_or_pipes_are_refused(jobs: dict, tmp_path: Path, capsys):
+    """run.json, documents.json and expected.json were read with a plain read: a link to a
+    copy outside the job was read and gathered (exit 0), and a FIFO hung gather forever."""
+    for i, name in enumerate(("run.json", "documents.json", "expected.json")):
+        job, _ = _copy_job(jobs, tmp_path, name=f"link{i}")
+        manifest = _root(job) / name
+        outside = tmp_path / f"outside-{i}.json"
+        shutil.move(manifest, outside)
+        manifest.symlink_to(outside)
+        assert _cli([str(job)]) == 3, name
+        err = capsys.readouterr().err
+        assert f"{manifest}: a link, not followed" in err and _nothing_written(job), err
+
+        job, _ = _copy_job(jobs, tmp_path, name=f"fifo{i}")
+        manifest = _root(job) / name
+        manifest.unlink()
+        os.mkfifo(manifest)
+        code = _cli([str(job)])  # a plain read blocked here until the test's timeout
+        err = capsys.readouterr().err
+        if name == "run.json":  # what marks a task's output: a pipe there marks none
+            assert code == 2 and "no task output here" in err and _one_line(err), err
+        else:
+            assert code == 3 and f"{manifest}: not a regular file" in err, err
+        assert _nothing_written(job)
+
+
+def test_an_entry_claiming_a_huge_ring_lists_a_few_problems(jobs: dict, tmp_path: Path, capsys):
+    """One document's rank 0 entry edited to world_size=65536 listed a problem for each of
+    its 65,536 ranks (65,537 lines, 13 s); now the first few and the ranks left unchecked."""
+    from ringctl.longdoc.inputs.documents import doc_key
+
+    job, shards = _copy_job(jobs, tmp_path)
+    entry_path = shards / doc_key("docs.jsonl#1") / "rank-00000.json"
+    entry = json.loads(entry_path.read_text())
+    entry["world_size"] = 65536
+    entry_path.write_text(json.dumps(entry))
+    assert _cli([str(job)]) == 3
+    err = capsys.readouterr().err
+    assert "of 65536 not checked" in err and len(err.splitlines()) < 10, err[:2000]
+    assert _nothing_written(job)
 
 
 def test_duplicate_ids_are_refused(jobs: dict, tmp_path: Path, capsys) -> None:

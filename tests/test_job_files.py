@@ -54,8 +54,12 @@ def test_run_json(tmp_path: Path) -> None:
     assert other_run(tmp_path, params.signature()) == ""  # the same run: resumable
     other = LongDocParams.from_any({"mode": "score"}).signature()
     assert "task: 'grad' there, 'score' now" in other_run(tmp_path, other)
+    # a run that set model_overrides, resumed without them (a signature leaves out what a
+    # run did not set): compared as None now, not skipped (the resume mixed two models)
+    plain = LongDocParams.from_any({"mode": "grad", "id_field": "id"}).signature()
+    assert "model_overrides: {'a': 1} there, None now" in other_run(tmp_path, plain)
     OutputPaths(tmp_path).run_file.write_text("[]")  # hostile: not an object
-    assert other_run(tmp_path, other).endswith("unreadable (not a JSON object)")
+    assert other_run(tmp_path, other).endswith("unreadable (expected a JSON object, found list)")
 
 
 def test_documents_json(tmp_path: Path, listing) -> None:

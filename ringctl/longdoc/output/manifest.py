@@ -17,6 +17,7 @@ the key, and the caller decides how to report them (gather: exit status 3).
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from ringattn import LAYOUTS
 
 from ...atomic import atomic_write_json
+from ...bounded_read import open_regular
 from ..compute import MODES
 from ..inputs.documents import Listing, doc_key
 from .names import DOCUMENTS_FILE, FORMAT, RUN_FILE, OutputPaths
@@ -32,6 +34,7 @@ from .names import DOCUMENTS_FILE, FORMAT, RUN_FILE, OutputPaths
 # starting with "."), at most 128 characters.
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 MAX_WORLD_SIZE = 1 << 16  # more ranks than any job has: a bound before looping over them
+MAX_MANIFEST_BYTES = 1 << 30  # documents.json of millions of documents is hundreds of MB
 
 
 def is_safe_name(value: Any) -> bool:
@@ -44,13 +47,24 @@ def is_int(value: Any) -> bool:
 
 
 def read_json_object(path: Path) -> tuple[dict | None, str]:
-    """(the JSON object in path, "") or (None, a one-line reason)."""
+    """(the JSON object in path, "") or (None, a one-line reason). A regular file only, not
+    through a link (one out of the job read another's manifest) nor a pipe (which hung
+    gather), and at most MAX_MANIFEST_BYTES."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
         return None, f"{path} is missing"
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+    except (OSError, ValueError) as err:
+        return None, f"{path}: cannot be read ({err})" if isinstance(err, OSError) else str(err)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        return None, f"{path}: longer than {MAX_MANIFEST_BYTES} bytes: not a manifest"
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
         return None, f"{path}: not valid JSON ({err})"
+    except RecursionError:
+        return None, f"{path}: not valid JSON (nested too deeply)"
     if not isinstance(data, dict):
         return None, f"{path}: expected a JSON object, found {type(data).__name__}"
     return data, ""
@@ -73,17 +87,19 @@ IDENTITY_KEYS = ("model", "tokenizer")  # the files' sha256 (model.directory.mod
 def other_run(root: Path, signature: dict) -> str:
     """Why root does not hold this run's results ("" when it does, or holds none). The job's
     size may differ (a resume on more or fewer ranks, or other ring sizes): each document's
-    entries record the ring that wrote it."""
+    entries record the ring that wrote it. Every key either side records is compared, a key
+    one side lacks as None: a signature leaves out what a run did not set (model_overrides),
+    and a resume without the overrides once mixed both models' results. A signature without
+    the model's identity (only rank 0 computes it) leaves the identity keys to rank 0."""
     path, want = OutputPaths(root).run_file, {"format": FORMAT, **signature}
-    try:
-        have = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return ""
-    except (OSError, ValueError) as err:
-        return f"{path}: unreadable ({err})"
-    if not isinstance(have, dict):
-        return f"{path}: unreadable (not a JSON object)"
-    diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+    have, problem = read_json_object(path)
+    if have is None:
+        return f"{path}: unreadable ({problem.removeprefix(f'{path}: ')})"
+    unjudged = {"world_size", *(() if "model" in want else IDENTITY_KEYS)}  # (ranks but 0)
+    keys = sorted(want.keys() | have.keys() - unjudged)
+    diff = {k: (have.get(k), want.get(k)) for k in keys if have.get(k) != want.get(k)}
     if not diff:
         return ""
     detail = ", ".join(
