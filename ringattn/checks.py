@@ -138,6 +138,12 @@ def refused_together(error: Exception | None):
         _TOGETHER.reset(token)
 
 
+def pending_refusal() -> Exception | None:
+    """The refusal ``refused_together`` holds for the next agreement (hybrid grids read it
+    in ``check_grid_agree``, a ring in ``check_ranks_agree``)."""
+    return _TOGETHER.get()
+
+
 # Per document, the shift of its position_ids (position minus its token's index in the
 # document) for the documents this rank holds part of: set by ringattn.hf, checked across the
 # ring by ``check_ranks_agree``. See `shifts_agreed`.

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .checks import check_scale, check_window, scale_bits, scale_of
+from .checks import check_scale, check_window, pending_refusal, scale_bits, scale_of
 from .layouts import (
     HYBRID_LAYOUTS,
     CuSeqlens,
@@ -344,7 +344,8 @@ def check_grid_agree(
     mine = _describe(q, k, v, agreed, ulysses_group, ring_group)
     width = len(mine.as_list())
     group_rows = [_Desc.from_list(x) for x in _gather(mine.as_list(), ulysses_group, device)]
-    problem = _ulysses_stage(group_rows)
+    refusal = pending_refusal()  # the caller's finding on this rank (ringattn.hf's positions)
+    problem = _ulysses_stage(group_rows) or (None if refusal is None else str(refusal))
     culprit = _first_local_problem(group_rows)[1] or mine
     payload = [*mine.as_list(), mine.rank if problem else _NO_RANK, *culprit.as_list()]
     ring = _gather(payload, ring_group, device)
@@ -361,6 +362,8 @@ def check_grid_agree(
             f"rank {first_bad} found bad input in the hybrid grid (its error names "
             "the problem); no rank ran the attention"
         )
+    if refusal is not None:
+        raise refusal
     if problem is not None:
         if layout not in HYBRID_LAYOUTS:
             problem += f" (this rank passed layout={layout!r}; ring layouts go to ring_attention)"

@@ -11,6 +11,8 @@ sequence's length is refused for packing by name.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -119,7 +121,9 @@ def test_hybrid_packing_is_exact_and_position_jumps_are_refused():
     document alone, and position_ids from another packing (restarting inside a document the
     ring's cu_seqlens says is one, on each member's share of its rows) are refused by name.
     Before, a hybrid grid's position_ids were not checked against cu_seqlens (plain rings'
-    were): the wrong positions ran, RoPE off, exit 0."""
+    were): the wrong positions ran, RoPE off, exit 0. Where one rank's positions jump, every
+    rank of the grid refuses (the other once went on into the grid's collectives alone), and
+    the right call after it runs on both."""
     per_rank = run_distributed(_hybrid_ranks, 2)
     assert all(refused for _, refused in per_rank)
     _assert_each_document_alone("llama, hybrid U=2", MODELS["llama"], [s for s, _ in per_rank])
@@ -143,6 +147,13 @@ def _hybrid_ranks(rank: int, world: int):
     with torch.no_grad(), ring_settings(cu_seqlens=packing, **settings):
         with pytest.raises(ValueError, match=r"position_ids jump inside document \d+ of cu_"):
             model(input_ids=shard_ids[None], position_ids=wrong[None], use_cache=False)
+        one_wrong = wrong if groups.rank == 0 else positions  # only rank 0's positions jump
+        with pytest.raises(ValueError) as said:
+            model(input_ids=shard_ids[None], position_ids=one_wrong[None], use_cache=False)
+        if groups.rank == 0:
+            assert re.match(r"ringattn: position_ids jump inside document \d+", str(said.value))
+        else:
+            assert "rank 0 found bad input in the hybrid grid" in str(said.value)
         logits = model(
             input_ids=shard_ids[None], position_ids=positions[None], use_cache=False
         ).logits[0]
