@@ -188,21 +188,36 @@ def _gathered_shifts(fields: list[list[int]], group, device) -> list[list[int]]:
 
 def _check_shifts(everyone: list[list[int]]) -> None:
     """Every rank's shift for each document it shares agrees (raised alike on every rank)."""
+    check_shift_pairs(
+        (rank, doc, shift)
+        for rank, fields in enumerate(everyone)
+        for doc, shift in zip(fields[::2], fields[1::2], strict=True)
+    )
+
+
+def check_shift_pairs(triples) -> None:
+    """(rank, document, shift) triples from every rank: one shift per document, or a
+    ValueError naming the document and two ranks (document -1: an empty slot)."""
     seen: dict[int, tuple[int, int]] = {}
-    for rank, fields in enumerate(everyone):
-        for doc, shift in zip(fields[::2], fields[1::2], strict=True):
-            if doc < 0:
-                continue
-            first = seen.setdefault(doc, (rank, shift))
-            if first[1] != shift:
-                raise ValueError(
-                    f"ringattn: position_ids of document {doc} are shifted differently on rank "
-                    f"{first[0]} ({first[1]:+d}) and rank {rank} ({shift:+d}) (a row's position "
-                    "minus its token's index in the document): give each row its position in "
-                    "its document, or in the sequence for one document "
-                    "(ringattn.document_positions, or shard_sequence of the positions); "
-                    "no rank ran the attention"
-                )
+    for rank, doc, shift in triples:
+        if doc < 0:
+            continue
+        first = seen.setdefault(doc, (rank, shift))
+        if first[1] != shift:
+            raise ValueError(
+                f"ringattn: position_ids of document {doc} are shifted differently on rank "
+                f"{first[0]} ({first[1]:+d}) and rank {rank} ({shift:+d}) (a row's position "
+                "minus its token's index in the document): give each row its position in "
+                "its document, or in the sequence for one document "
+                "(ringattn.document_positions, or shard_sequence of the positions); "
+                "no rank ran the attention"
+            )
+
+
+def agreed_shifts() -> Shifts:
+    """The (document, shift) pairs ``shifts_agreed`` holds (hybrid grids compare them in
+    ``check_grid_agree``, a ring in ``check_ranks_agree``)."""
+    return _SHIFTS.get()
 
 
 def check_ranks_agree(

@@ -224,7 +224,7 @@ def ring_attention_forward(
         )
     with torch.autocast(q.device.type, enabled=False):  # the engine keeps its own precision
         if layout in HYBRID_LAYOUTS:
-            with refused_together(refusal):  # the grid's agreement raises it on every rank
+            with refused_together(refusal), shifts_agreed(shifts):  # the grid's agreement
                 hybrid = _hybrid(
                     module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
                 )
@@ -251,7 +251,7 @@ def _packing_refusal(
     to raise on every rank (``refused_together``: each rank checks its own positions, and a
     refusal on one alone left the others failing on a lost peer), and the shifts of the
     documents at its pieces' ends, for the agreement to compare across ranks
-    (``shifts_agreed``; plain rings only). Raised here where no agreement follows: one rank."""
+    (``shifts_agreed``). Raised here where no agreement follows: one rank."""
     try:
         shifts = _check_packing(module, kwargs, cu_seqlens)
     except PositionsError as err:

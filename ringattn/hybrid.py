@@ -46,7 +46,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .checks import check_scale, check_window, pending_refusal, scale_bits, scale_of
+from .checks import (
+    agreed_shifts,
+    check_scale,
+    check_shift_pairs,
+    check_window,
+    pending_refusal,
+    scale_bits,
+    scale_of,
+    shifts_agreed,
+)
 from .layouts import (
     HYBRID_LAYOUTS,
     CuSeqlens,
@@ -368,6 +377,31 @@ def check_grid_agree(
         if layout not in HYBRID_LAYOUTS:
             problem += f" (this rank passed layout={layout!r}; ring layouts go to ring_attention)"
         raise ValueError(f"hybrid_attention: {problem}")
+    _check_grid_shifts(mine.rank, ulysses_group, ring_group, device)
+
+
+def _gather_triples(triples: list[int], group, device) -> list[int]:
+    """Every member's flat (rank, document, shift) triples in one list (their counts first:
+    members hold different numbers of them)."""
+    if dist.get_world_size(group) == 1:
+        return triples
+    counts = [row[0] for row in _gather([len(triples)], group, device)]
+    most = max(counts)
+    if most == 0:
+        return []
+    rows = _gather(triples + [-1] * (most - len(triples)), group, device)
+    return [x for row, n in zip(rows, counts, strict=True) for x in row[:n]]
+
+
+def _check_grid_shifts(rank: int, ulysses_group, ring_group, device) -> None:
+    """Each shared document's position shift agreed across the grid (the caller's
+    ``checks.shifts_agreed``: ringattn.hf's position_ids): gathered over the Ulysses group,
+    then the groups' over the ring, so every rank judges every rank's and raises alike. A
+    member whose whole share was shifted looked right to itself (transformers' default
+    0..S-1 on rank 1 of a U = 2 grid: 4.6e-3 off, exit 0)."""
+    mine = [x for doc, shift in agreed_shifts() for x in (rank, doc, shift)]
+    grid = _gather_triples(_gather_triples(mine, ulysses_group, device), ring_group, device)
+    check_shift_pairs(zip(grid[::3], grid[1::3], grid[2::3], strict=True))
 
 
 # ----------------------------------------------------------------------------- attention
@@ -450,10 +484,12 @@ def hybrid_attention(
         cu_seqlens=cu_seqlens,
     )
     if degree == 1:
-        return ring_attention(q, k, v, **ring)
+        with shifts_agreed(()):  # compared over the grid above
+            return ring_attention(q, k, v, **ring)
     k, v = _replicate_kv(k, v, degree)
     q_h, k_h, v_h = SeqToHeads.apply(ulysses_group, q, k, v)
-    out_h = ring_attention(q_h, k_h, v_h, **ring)
+    with shifts_agreed(()):
+        out_h = ring_attention(q_h, k_h, v_h, **ring)
     (out,) = HeadsToSeq.apply(ulysses_group, out_h)
     return out
 

@@ -161,6 +161,72 @@ def _hybrid_ranks(rank: int, world: int):
     return (logits, rows), True
 
 
+def test_a_grid_members_whole_share_shifted_is_refused():
+    """A 2 x 2 grid (U = 2 Ulysses members, R = 2 ring ranks, hybrid-contiguous: one piece
+    each) given transformers' default 0..S-1 positions: each member's share looks right to
+    itself (on a U = 2 grid of one ring
+    it ran 4.6e-3 off, exit 0). The grid compares each shared document's shift across every
+    member now (over the Ulysses groups, then the rings), and all four ranks refuse with one
+    message; the right positions run."""
+    said = run_distributed(_grid_positions, 4)
+    for scenario, between in (
+        ("plain", "0 (+0) and rank 1 (-12)"),
+        ("packed", "0 (+3) and rank 1 (-9)"),
+        ("second ring", "0 (+0) and rank 2 (+5)"),
+    ):
+        assert len({r[scenario] for r in said}) == 1, [r[scenario] for r in said]
+        assert f"are shifted differently on rank {between}" in said[0][scenario]
+    for scenario in ("plain, right", "packed, right"):
+        assert [r[scenario] for r in said] == ["ran"] * 4
+
+
+def _grid_positions(rank: int, world: int) -> dict:
+    import ringattn
+    from ringattn.hf import register, ring_settings
+    from ringattn.hybrid import hybrid_groups
+
+    register()
+    groups = hybrid_groups(2)
+    layout, n, cu = "hybrid-contiguous", 48, [0, 3, 43, 48]
+    kw = dict(world_size=world, rank=groups.rank, layout=layout, ulysses_degree=2)
+    packing = ringattn.pack_sequence(cu, world_size=world, layout=layout, ulysses_degree=2)
+    ids = _tokens()[:n]
+    calls = {  # (cu_seqlens, ids, positions; None: transformers' own 0..S-1)
+        "plain": (None, ringattn.shard_sequence(ids, dim=0, **kw), None),
+        "packed": (packing, ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw), None),
+        "second ring": (None, ringattn.shard_sequence(ids, dim=0, **kw), None),
+        "plain, right": (None, ringattn.shard_sequence(ids, dim=0, **kw), None),
+        "packed, right": (
+            packing,
+            ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw),
+            None,
+        ),
+    }
+    ring_rank = torch.distributed.get_rank(groups.ring)
+    right = {
+        "plain, right": ringattn.sequence_positions(n, **kw),
+        "packed, right": ringattn.document_positions(packing, **kw).clamp(min=0),
+        # the Ulysses groups agree within, the rings across them do not
+        "second ring": ringattn.sequence_positions(n, **kw) + 5 * ring_rank,
+    }
+    model = _model(MODELS["llama"], "ringattn")
+    settings = dict(group=groups.ring, ulysses_group=groups.ulysses, layout=layout)
+    said = {}
+    for scenario, (cu_seqlens, shard, _) in calls.items():
+        positions = right.get(scenario)
+        try:
+            with torch.no_grad(), ring_settings(cu_seqlens=cu_seqlens, **settings):
+                model(
+                    input_ids=shard[None],
+                    position_ids=None if positions is None else positions[None],
+                    use_cache=False,
+                )
+            said[scenario] = "ran"
+        except ValueError as err:
+            said[scenario] = str(err)
+    return said
+
+
 def test_length_dependent_rope_is_refused_for_packing():
     from ringattn.hf import ring_settings
 
