@@ -34,11 +34,10 @@ def open_regular(path: str | Path):
         if err.errno == errno.ELOOP:
             raise ValueError(f"{path}: a link, not followed (not a regular file)") from None
         raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        f.close()
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder itself
+        os.close(fd)
         raise ValueError(f"{path}: not a regular file (a device, a pipe or a folder)")
-    return f
+    return os.fdopen(fd, "rb")
 
 
 def read_regular(path: Path, limit: int) -> bytes:

@@ -20,6 +20,7 @@ from .config import world_size
 from .errors import UserError
 from .planner.cost import GIB, ModelShape, Workload, estimate, memory_per_rank, nominal_link
 from .planner.devices import Device, load_devices
+from .planner.model import ModelTooLarge, too_large
 from .planner.preflight import Preflight
 
 __all__ = [
@@ -31,8 +32,6 @@ __all__ = [
     "resolve_model",
     "ring_size",
 ]
-
-MAX_PARAMS = 10**14  # 50 times the largest published model: a config that says more is wrong
 
 
 def host_memory() -> int | None:
@@ -56,7 +55,7 @@ def resolve_model(spec: str) -> ModelShape:
     table = presets()
     if spec in table:
         return table[spec]
-    if Path(spec).expanduser().exists():
+    if spec.strip() and Path(spec).expanduser().exists():  # "" is Path("."): no model named
         return model_shape(str(Path(spec).expanduser()))
     raise UserError(
         f"--model {spec!r}: neither a preset ({', '.join(sorted(table))}) nor a model "
@@ -263,13 +262,13 @@ class Sizing:
         from .planner.model import total_params
 
         work, err = self._work
+        if isinstance(err, ModelTooLarge):
+            return str(err)
         if err is not None or work is None or work.model is None:
             return None
         params = total_params(work.model, work.heads, work.kv_heads, work.head_dim)
-        if params > MAX_PARAMS:
-            return (
-                f"the model has {params:.3g} parameters (its config's sizes): no machine has room"
-            )
+        if too_large(params):
+            return too_large(params)
         here = backend_class(self.cfg.backend.value).ranks_here
         if not here or self.device is not None:
             return None  # ranks on other hosts, or a device the planner checks them against

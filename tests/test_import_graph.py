@@ -118,13 +118,16 @@ def test_ringattn_never_imports_ringctl():
 
 
 def test_planner_is_a_leaf():
-    """The planner imports nothing of ringctl but itself and `errors`, and of ringattn only
-    its torch-free geometry (the engine's own rules: padding, plans, reach)."""
+    """The planner imports nothing of ringctl but itself, `errors` and the readers of foreign
+    text and files (`text`, `bounded_read`: leaves themselves), and of ringattn only its
+    torch-free geometry (the engine's own rules: padding, plans, reach)."""
 
     def allowed(target: str) -> bool:
         return target in (
             "ringctl",
             "ringctl.errors",
+            "ringctl.text",
+            "ringctl.bounded_read",
             "ringattn",
             "ringattn.geometry",
         ) or target.startswith("ringctl.planner")

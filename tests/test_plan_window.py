@@ -164,9 +164,10 @@ def test_the_window_and_its_layers_come_from_the_config(tmp_path):
     types = ["sliding_attention", "full_attention"] * 3
     m = _config(tmp_path, model_type="gemma2", sliding_window=4096, layer_types=types)
     assert (m.window, m.window_layers) == (4096, 3)
-    # A family whose windowed layers the config does not name: priced as full attention.
+    # Without layer_types, the layers Gemma2Config (transformers 5) windows: every other one
+    # (compat.sliding_layers, the job's rule; before, the planner priced none of them).
     m = _config(tmp_path, model_type="gemma2", sliding_window=4096)
-    assert m.window is None
+    assert (m.window, m.window_layers) == (4096, 3)
 
 
 def test_a_mistral_config_is_priced_with_its_window(tmp_path):

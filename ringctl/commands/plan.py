@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -27,10 +28,18 @@ from ..planner.cost import (
     longest_sequence,
     net_link,
     nominal_link,
+    ulysses_problem,
 )
-from ..planner.devices import Device, get_device, save_user_device
+from ..planner.devices import (
+    Device,
+    get_device,
+    read_json_file,
+    save_user_device,
+    share_problem,
+)
 from ..planner.memory import TRAIN
 from ..sizing import config_section, job_workload, resolve_model, ring_size
+from ..text import cut
 from .arg_types import finite, ranks, whole
 
 DEFAULT_DEVICE = "H100-SXM"
@@ -210,10 +219,10 @@ def _link_flags(p) -> None:
     r.add_argument(
         "--attention-efficiency",
         metavar="FWD,BWD",
-        help="share of peak of the attention kernel, each in (0, 1] (default: the device's)",
+        help="share of peak of the attention kernel, each in [0.001, 1] (default: the device's)",
     )
     r.add_argument(
-        "--matmul-efficiency", type=finite(), help="share of peak of the matmuls, in (0, 1]"
+        "--matmul-efficiency", type=finite(), help="share of peak of the matmuls, in [0.001, 1]"
     )
 
 
@@ -226,22 +235,33 @@ def _link(args, device: Device) -> Link:
     if args.link_gbit:
         return Link("given", args.link_gbit, 10e-6 if latency is None else latency)
     if args.topology:
-        try:
-            plan = json.loads(args.topology.read_text())
-            hop = plan["bottleneck"]
-            link = Link(str(hop["link"]), float(hop["gbps"]))
-        except FileNotFoundError:
-            raise UserError(f"{args.topology}: no such file") from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise UserError(f"{args.topology}: not a ringctl topo plan ({err})") from None
+        link = _topology_link(args.topology)
         return link if latency is None else replace(link, latency_s=latency)
     return nominal_link(device, args.nodes, latency)
+
+
+def _topology_link(path: Path) -> Link:
+    """The bottleneck hop of a `ringctl topo` plan (``devices.read_json_file``: bounded, one
+    line naming the file), its bandwidth a finite positive number: 0 divided every transfer
+    by zero, NaN or Infinity made every transfer free."""
+    plan = read_json_file(path, "topology plan")
+    try:
+        hop = plan["bottleneck"]
+        name, gbps = str(hop["link"]), hop["gbps"]
+    except (KeyError, TypeError, IndexError) as err:
+        raise UserError(f"{path}: not a ringctl topo plan (missing {err})") from None
+    if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not 0 < gbps < math.inf:
+        raise UserError(
+            f"{path}: bottleneck.gbps must be a finite positive number of Gbit/s, "
+            f"got {cut(repr(gbps), 40)}"
+        )
+    return Link(name, float(gbps))
 
 
 def _model(args) -> ModelShape | None:
     if args.attention_only:
         return None
-    if args.model:
+    if args.model is not None:  # --model "" is refused by name, not ignored
         base = resolve_model(args.model)
     elif args.layers or args.hidden:
         if not (args.layers and args.hidden):
@@ -269,10 +289,12 @@ def _workload(args, seq_required: bool = True) -> Workload:
         raise UserError("--seq is required (total sequence length in tokens)")
     model = _model(args)
     heads = args.heads or (model.heads if model and model.heads else 32)
-    kv = args.kv_heads or (model.kv_heads if model and model.kv_heads and not args.heads else heads)
+    # The model's K/V heads stay its own when --heads is given: GQA is the model's shape.
+    kv = args.kv_heads or (model.kv_heads if model and model.kv_heads else heads)
     head_dim = args.head_dim or (model.head_dim if model and model.head_dim else 128)
     if heads % kv:
-        raise UserError(f"--heads ({heads}) must be a multiple of --kv-heads ({kv})")
+        whose = "--kv-heads" if args.kv_heads else "the K/V heads"
+        raise UserError(f"--heads ({heads}) must be a multiple of {whose} ({kv})")
     return Workload(
         seq_len=args.seq or 0,
         heads=heads,
@@ -306,9 +328,11 @@ def _device(args) -> Device:
         changes["attention_efficiency"] = (fwd, bwd)
     if args.matmul_efficiency is not None:
         changes["matmul_efficiency"] = args.matmul_efficiency
-    shares = [*changes.get("attention_efficiency", ()), changes.get("matmul_efficiency", 1.0)]
-    if not all(0 < share <= 1 for share in shares):
-        raise UserError("--attention-efficiency / --matmul-efficiency: shares of peak in (0, 1]")
+    shares = [*changes.get("attention_efficiency", ())]
+    shares += [changes["matmul_efficiency"]] if "matmul_efficiency" in changes else []
+    why = share_problem(shares)
+    if why:
+        raise UserError(f"--attention-efficiency / --matmul-efficiency: {why}")
     return replace(device, **changes) if changes else device
 
 
@@ -319,9 +343,9 @@ def _check_split(work: Workload, ranks: int) -> None:
             f"--seq {work.seq_len} cannot be split over {ranks} ranks in the {work.layout} "
             f"layout: it must be a multiple of {multiple}"
         )
-    u = work.ulysses
-    if u > 1 and (ranks % u or work.heads % u):
-        raise UserError(f"--ulysses {u} must divide --ranks ({ranks}) and the heads ({work.heads})")
+    why = ulysses_problem(work.ulysses, ranks, work.heads, work.kv_heads)
+    if why:
+        raise UserError(f"--ulysses {work.ulysses} {why}")
     if work.shard_degree is not None and work.shard_degree < 1:
         raise UserError(f"--shard-degree must be at least 1, got {work.shard_degree}")
     for flag, value, least in (
@@ -374,12 +398,24 @@ def run(args) -> int:
     )
     layouts = _layouts(args, work, device, link) if not args.json or args.ranks > 1 else []
     if args.json:
-        print(json.dumps(_report(work, est, device, link, longest, fewest, layouts), indent=2))
+        print(_json(_report(work, est, device, link, longest, fewest, layouts)))
     else:
         from ..planner.report import print_plan
 
         print_plan(work, est, device, link, longest, fewest, layouts)
     return 1 if est.warnings and not est.fits else 0
+
+
+def _json(report: dict) -> str:
+    """The report as JSON, which has no NaN or Infinity: a number that is not finite (inputs
+    too extreme for the model) is refused in one line rather than written as invalid JSON."""
+    try:
+        return json.dumps(report, indent=2, allow_nan=False)
+    except ValueError:
+        raise UserError(
+            "the plan has a number that is not finite (an input too extreme: a rate, an "
+            "efficiency or a size); no JSON written"
+        ) from None
 
 
 def _layouts(args, work: Workload, device: Device, link: Link):
@@ -563,6 +599,11 @@ def _print_corpus(args, work: Workload, device: Device) -> int:
         raise UserError(
             f"--corpus {args.corpus!r}: expected lognormal:COUNT:LOW:HIGH[:SEED]"
         ) from None
+    if len(rest) > 1:
+        raise UserError(
+            f"--corpus {args.corpus!r}: expected lognormal:COUNT:LOW:HIGH[:SEED], "
+            f"got {len(numbers)} numbers"
+        )
     if count > MAX_CORPUS:
         raise UserError(f"--corpus {args.corpus!r}: at most {MAX_CORPUS:,} documents")
     if kind != "lognormal" or not 0 < low <= high or count < 1:

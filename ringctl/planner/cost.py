@@ -144,6 +144,26 @@ class Estimate:
         return asdict(self)
 
 
+def ulysses_problem(u: int, ranks: int, heads: int, kv_heads: int) -> str | None:
+    """Why a Ulysses degree U cannot split this attention over ``ranks`` (a phrase to follow
+    the degree's name), or None: U divides the ranks (U x R grid) and the query heads, and
+    the K/V heads and U divide one another (split over the group, or replicated across it).
+    ringattn.hybrid's own check (``_local_problem``, which imports torch), for the planner:
+    the one rule of estimate, splits, ``hybrid.ulysses_degrees`` and `ringctl plan`."""
+    if u == 1:
+        return None
+    if u < 1 or ranks % u:
+        return f"must divide the ranks ({ranks})"
+    if heads % u:
+        return f"must divide the heads ({heads})"
+    if kv_heads % u and u % kv_heads:
+        return (
+            f"and the K/V heads ({kv_heads}) must divide one another (K/V heads split over "
+            "the group, or replicated across it)"
+        )
+    return None
+
+
 def attention_view(w: Workload, ranks: int) -> tuple[Workload, int]:
     """The ring attention a hybrid layout runs: ranks / U ring ranks, each holding N / ring
     tokens for heads / U heads (K/V heads: kv / U, or one replicated head when U exceeds
@@ -426,10 +446,9 @@ def estimate(
     ``link`` is the ring's bottleneck hop; ``intra`` / ``net`` the links FSDP's collectives
     and the Ulysses all-to-all use (default: the device's nominal NVLink and network).
     """
-    if w.ulysses > 1 and (ranks % w.ulysses or w.heads % w.ulysses):
-        raise ValueError(
-            f"ulysses degree {w.ulysses} must divide the ranks ({ranks}) and the heads ({w.heads})"
-        )
+    why = ulysses_problem(w.ulysses, ranks, w.heads, w.kv_heads)
+    if why:
+        raise ValueError(f"ulysses degree {w.ulysses} {why}")
     attn, ring = attention_view(w, ranks)
     n = w.seq_len // ranks
     cpu = device.cores is not None
@@ -542,7 +561,10 @@ def usable_gib(device: Device, ranks_on_host: int = 1) -> float:
 
 
 def splits(w: Workload, ranks: int) -> bool:
-    return w.seq_len % layout_multiple(w.layout, ranks) == 0 and ranks % w.ulysses == 0
+    """Whether the layout splits the sequence over ``ranks`` and its Ulysses degree them."""
+    return w.seq_len % layout_multiple(w.layout, ranks) == 0 and not ulysses_problem(
+        w.ulysses, ranks, w.heads, w.kv_heads
+    )
 
 
 def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int = 1) -> int:
@@ -573,19 +595,22 @@ def fewest_ranks(
     """The fewest ranks whose per-rank memory fits the sequence *and* over which the layout
     can split it (None: no such count up to ``limit``).
 
-    Memory falls as P grows, so the smallest P that fits is found by bisection; the answer is
-    then the first P from there that divides the sequence as the layout needs (a count the
-    planner itself would refuse is no answer).
+    Only multiples of the Ulysses degree U are ranks a hybrid layout runs on (U x R), so the
+    search is over R = P / U. Memory falls as P grows, so the smallest P that fits is found
+    by bisection; the answer is then the first P from there that divides the sequence as the
+    layout needs (a count the planner itself would refuse is no answer).
     """
     capacity = usable_gib(device, ranks_on_host) * GIB
+    u = w.ulysses
 
-    def fits(p: int) -> bool:
-        return sum(memory_per_rank(w, p, device.cores is not None).values()) <= capacity
+    def fits(ring: int) -> bool:
+        return sum(memory_per_rank(w, ring * u, device.cores is not None).values()) <= capacity
 
-    if not fits(limit):
+    most = limit // u
+    if most < 1 or not fits(most):
         return None
-    lo, hi = 0, limit
+    lo, hi = 0, most
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return next((p for p in range(hi, limit + 1) if splits(w, p)), None)
+    return next((r * u for r in range(hi, most + 1) if splits(w, r * u)), None)

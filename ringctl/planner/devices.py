@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import UserError
+from ..text import cut
 
 USER_DEVICES = Path(os.environ.get("RINGCTL_DEVICES", "~/.config/ringctl/devices.json"))
 
@@ -233,6 +234,17 @@ def _log_mix(x: float, lo: float, hi: float, at_lo: float, at_hi: float) -> floa
     return math.exp((1 - u) * math.log(at_lo) + u * math.log(at_hi))
 
 
+MIN_SHARE = 1e-3  # a kernel at a thousandth of peak; 1e-320 made every time infinite
+
+
+def share_problem(values) -> str | None:
+    """Why efficiencies (shares of peak) are not, or None: each in [MIN_SHARE, 1]. The one
+    rule of device files and `ringctl plan`'s --attention-efficiency / --matmul-efficiency."""
+    if all(isinstance(v, (int, float)) and MIN_SHARE <= v <= 1 for v in values):
+        return None
+    return f"must be shares of peak in [{MIN_SHARE:g}, 1], got {list(values)}"
+
+
 def _check_shares(device: Device, where: str) -> Device:
     shares = {
         "attention_efficiency": device.attention_efficiency,
@@ -240,11 +252,9 @@ def _check_shares(device: Device, where: str) -> Device:
     }
     for key, values in shares.items():
         size = 2 if key == "attention_efficiency" else 1
-        if len(values) != size or not all(0 < v <= 1 for v in values):
-            raise UserError(
-                f"{where}: device {device.name!r}: {key} must be shares of peak "
-                f"in (0, 1], got {list(values)}"
-            )
+        why = share_problem(values) if len(values) == size else f"needs {size} values"
+        if why:
+            raise UserError(f"{where}: device {device.name!r}: {key} {why}")
     return device
 
 
@@ -253,8 +263,9 @@ def _device_from_json(name: str, entry: dict, where: str) -> Device:
 
 
 def _check_finite(device: Device, where: str) -> Device:
-    """Refuse a number that is not finite (JSON's NaN and Infinity parse as floats), and a
-    memory that is not positive: either would win or break every plan silently."""
+    """Refuse a number that is not finite (JSON's NaN and Infinity parse as floats), a
+    memory that is not positive and a reserve not below it: any would win or break every plan
+    silently."""
     for item in dataclasses.fields(device):
         value = getattr(device, item.name)
         if not all(math.isfinite(v) for v in _numbers(value)):
@@ -263,6 +274,11 @@ def _check_finite(device: Device, where: str) -> Device:
             )
     if device.mem_gib <= 0:
         raise UserError(f"{where}: device {device.name!r}: bad field mem_gib ({device.mem_gib!r})")
+    if device.reserve_gib >= device.mem_gib:  # nothing left for a rank: every plan refused
+        raise UserError(
+            f"{where}: device {device.name!r}: bad field reserve_gib ({device.reserve_gib:g}: "
+            f"not less than mem_gib, {device.mem_gib:g})"
+        )
     return device
 
 
@@ -278,33 +294,52 @@ def _numbers(value) -> list[float]:
 
 
 def _parse_device(name: str, entry: dict, where: str) -> Device:
+    """An entry of a device file, each field checked by its kind (``_number``, ``_count``):
+    a negative rate, latency or reserve, a tflops of 0 or a string "10" where a number goes
+    gave negative times, a division by zero or a traceback in every plan."""
     try:
+        if not isinstance(entry, dict):
+            raise ValueError(f"the entry must be a JSON object, got {cut(repr(entry), 40)}")
         blocks, heads = _block_tables(entry)
+        mem = _number(entry["mem_gib"], "mem_gib", positive=True)
+        reserve = _number(entry.get("reserve_gib", 2.0), "reserve_gib", positive=False)
         return Device(
             name=name,
-            mem_gib=float(entry["mem_gib"]),
-            tflops={k: float(v) for k, v in entry.get("tflops", {}).items()},
-            attention_efficiency=tuple(entry.get("attention_efficiency", (0.5, 0.4))),
-            reserve_gib=float(entry.get("reserve_gib", 2.0)),
-            source=entry.get("source", ""),
-            nvlink_gbytes_s=float(entry.get("nvlink_gbps", 0.0)),
-            pcie_gbytes_s=float(entry.get("pcie_gbps", 0.0)),
-            matmul_efficiency=float(entry.get("matmul_efficiency", 0.6)),
-            net_gbit=float(entry.get("net_gbit", 400.0)),
+            mem_gib=mem,
+            tflops=_rates(entry.get("tflops", {}), "tflops"),
+            attention_efficiency=tuple(
+                _real(v, "attention_efficiency")
+                for v in _pair(
+                    entry.get("attention_efficiency", (0.5, 0.4)), "attention_efficiency"
+                )
+            ),
+            reserve_gib=reserve,
+            source=str(entry.get("source", "")),
+            nvlink_gbytes_s=_number(entry.get("nvlink_gbps", 0.0), "nvlink_gbps", positive=False),
+            pcie_gbytes_s=_number(entry.get("pcie_gbps", 0.0), "pcie_gbps", positive=False),
+            matmul_efficiency=_real(entry.get("matmul_efficiency", 0.6), "matmul_efficiency"),
+            net_gbit=_number(entry.get("net_gbit", 400.0), "net_gbit", positive=True),
             net_name=str(entry.get("net_name", "NDR InfiniBand")),
-            net_latency_s=float(entry.get("net_latency_s", 5e-6)),
-            nvlink_latency_s=float(entry.get("nvlink_latency_s", 3e-6)),
-            gpus_per_node=int(entry.get("gpus_per_node", 8)),
+            net_latency_s=_number(
+                entry.get("net_latency_s", 5e-6), "net_latency_s", positive=False
+            ),
+            nvlink_latency_s=_number(
+                entry.get("nvlink_latency_s", 3e-6), "nvlink_latency_s", positive=False
+            ),
+            gpus_per_node=_count(entry.get("gpus_per_node", 8), "gpus_per_node"),
             efficiency_source=str(entry.get("efficiency_source", "")),
             block_seconds=blocks,
             calib_heads=heads,
-            cores=entry.get("cores"),
-            threads_per_rank=int(entry.get("threads_per_rank", 1)),
-            p2p_gbytes_s=entry.get("p2p_gbytes_s"),
-            p2p_latency_s=float(entry.get("p2p_latency_s", 0.0)),
+            cores=None if entry.get("cores") is None else _count(entry["cores"], "cores"),
+            threads_per_rank=_count(entry.get("threads_per_rank", 1), "threads_per_rank"),
+            p2p_gbytes_s=_positive_or_none(entry.get("p2p_gbytes_s"), "p2p_gbytes_s"),
+            p2p_latency_s=_number(entry.get("p2p_latency_s", 0.0), "p2p_latency_s", positive=False),
             step_overhead_s={
-                int(r): (float(t[0]), float(t[1]))
-                for r, t in entry.get("step_overhead_s", {}).items()
+                _count(_key(r, "step_overhead_s"), "step_overhead_s (ranks)"): tuple(
+                    _number(v, "step_overhead_s", positive=False)
+                    for v in _pair(t, "step_overhead_s")
+                )
+                for r, t in _object(entry.get("step_overhead_s", {}), "step_overhead_s").items()
             },
             elementwise_gbytes_s=_positive_or_none(
                 entry.get("elementwise_gbytes_s"), "elementwise_gbytes_s"
@@ -318,14 +353,62 @@ def _parse_device(name: str, entry: dict, where: str) -> Device:
         raise UserError(f"{where}: device {name!r}: bad or missing field ({err})") from None
 
 
+def _number(value, key: str, *, positive: bool) -> float:
+    """A JSON number of the entry (not a string, not a bool): more than 0 for a rate, a
+    memory or a measured time (``positive``), at least 0 for a latency, an overhead or a
+    reserve. NaN and infinities pass here: ``_check_finite`` names them."""
+    value = _real(value, key)
+    if math.isfinite(value) and (value < 0 or (positive and value == 0)):
+        raise ValueError(f"{key}: {value!r} is not {'positive' if positive else 'at least 0'}")
+    return float(value)
+
+
+def _real(value, key: str) -> float:
+    """A JSON number (a string "10" or true is none); its range is the caller's."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key}: {cut(repr(value), 40)} is not a number")
+    return float(value)
+
+
+def _count(value, key: str) -> int:
+    """A whole number of the entry, at least 1 (cores, GPUs per node, ranks, threads)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key}: {cut(repr(value), 40)} is not a whole number >= 1")
+    return value
+
+
+def _key(text: str, key: str) -> int:
+    """A JSON object's key that is a number ("1024" tokens, "2" ranks)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{key}: key {cut(repr(text), 40)} is not a whole number") from None
+
+
+def _object(value, key: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{key}: {cut(repr(value), 40)} is not a JSON object")
+    return value
+
+
+def _pair(value, key: str) -> tuple:
+    """A (forward, backward) pair: a list of two."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError(f"{key}: {cut(repr(value), 40)} is not a pair (forward, backward)")
+    return tuple(value)
+
+
+def _rates(value, key: str) -> dict[str, float]:
+    """{dtype: TFLOP/s}, each positive (a peak of 0 divided every time by zero)."""
+    return {str(k): _number(v, f"{key}.{k}", positive=True) for k, v in _object(value, key).items()}
+
+
 def _positive_or_none(value, key: str) -> float | None:
     return None if value is None else _positive(value, key)
 
 
 def _positive(value, key: str) -> float:
-    if float(value) <= 0:
-        raise ValueError(f"{key} must be positive, got {value!r}")
-    return float(value)
+    return _number(value, key, positive=True)
 
 
 def _positive_int(value, key: str) -> int:
@@ -337,8 +420,9 @@ def _positive_int(value, key: str) -> int:
 def _block_tables(entry: dict) -> tuple[dict, int]:
     """(tables by head dim, heads) of an entry's ``block_seconds``: keyed by head dim, or, as
     entries calibrated before head dims were measured store it, one table of block kinds at
-    ``calib_shape`` = (batch 1, heads, head dim)."""
-    raw = entry.get("block_seconds", {})
+    ``calib_shape`` = (batch 1, heads, head dim). Every kind's table has at least one size,
+    each a positive number of tokens with positive (forward, backward) seconds."""
+    raw = _object(entry.get("block_seconds", {}), "block_seconds")
     if set(raw) & set(BLOCK_KINDS):
         batch, heads, head_dim = entry.get("calib_shape", (1, 8, 64))
         if int(batch) != 1:
@@ -347,24 +431,56 @@ def _block_tables(entry: dict) -> tuple[dict, int]:
     else:
         heads = entry.get("calib_heads", 8)
     tables = {
-        int(d): {
-            kind: {int(n): (float(t[0]), float(t[1])) for n, t in table[kind].items()}
+        _count(_key(d, "block_seconds") if isinstance(d, str) else d, "block_seconds (head dim)"): {
+            kind: _block_table(_object(table, "block_seconds")[kind], f"block_seconds.{kind}")
             for kind in BLOCK_KINDS
         }
         for d, table in raw.items()
     }
-    if any(d <= 0 for d in tables) or int(heads) <= 0:
-        raise ValueError("head dims and calib_heads must be positive")
-    return tables, int(heads)
+    return tables, _count(heads, "calib_heads")
+
+
+def _block_table(table, key: str) -> dict[int, tuple[float, float]]:
+    """{tokens: (forward, backward) seconds} of one block kind: not empty, all positive."""
+    rows = {
+        _count(_key(n, key), f"{key} (tokens)"): tuple(
+            _number(t, key, positive=True) for t in _pair(times, key)
+        )
+        for n, times in _object(table, key).items()
+    }
+    if not rows:
+        raise ValueError(f"{key}: no measured sizes")
+    return rows  # type: ignore[return-value]
+
+
+MAX_DEVICE_FILE_BYTES = 16 << 20  # a device file is kilobytes; a file this large is not one
+
+
+def read_json_file(path: Path, what: str, limit: int = MAX_DEVICE_FILE_BYTES):
+    """The JSON of a file the user names (a device file, a `ringctl topo` plan), read through
+    the project's bounded reader: a regular file (a FIFO there hung every plan, /dev/zero
+    filled the memory), within ``limit`` bytes, UTF-8. A link is followed (a dotfile may be
+    one) to a regular file. A UserError of one line naming the file otherwise."""
+    from ..bounded_read import read_regular
+
+    path = Path(path).expanduser()
+    real = path.resolve()
+    try:
+        data = json.loads(read_regular(real, limit).decode("utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: unreadable {what} (not UTF-8 text: {err.reason})") from None
+    except (ValueError, OSError) as err:
+        said = str(err).removeprefix(f"{real}: ")  # the reader names the file it opened
+        raise UserError(f"{path}: unreadable {what} ({said})") from None
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise UserError(f"{path}: unreadable {what} (nested too deeply to parse)") from None
+    return data
 
 
 def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such device file") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    data = read_json_file(path, "device file")
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object of device entries")
     return data

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .cost import Estimate, Link, Workload, estimate, intra_link, net_link
+from .cost import Estimate, Link, Workload, estimate, intra_link, net_link, ulysses_problem
 from .devices import Device
 
 
@@ -40,15 +40,13 @@ class LayoutOption:
 
 
 def ulysses_degrees(w: Workload, ranks: int, per_node: int) -> list[int]:
-    """Ulysses degrees the heads and the node allow: U divides the ranks, one node's ranks
-    and the query heads, and either divides the K/V heads or is a multiple of them (K/V heads
-    then replicated inside the group)."""
-    out = []
-    for u in range(2, min(per_node, ranks) + 1):
-        kv_ok = w.kv_heads % u == 0 or u % w.kv_heads == 0
-        if ranks % u == 0 and per_node % u == 0 and w.heads % u == 0 and kv_ok:
-            out.append(u)
-    return out
+    """Ulysses degrees the heads and the node allow: U divides one node's ranks (the group
+    stays on its links) and passes ``cost.ulysses_problem`` (ranks, heads, K/V heads)."""
+    return [
+        u
+        for u in range(2, min(per_node, ranks) + 1)
+        if per_node % u == 0 and not ulysses_problem(u, ranks, w.heads, w.kv_heads)
+    ]
 
 
 def compare_layouts(

@@ -76,7 +76,7 @@ def _elems(w, tokens: float):
     """Per-token elements of one layer: (train saved, selective saved, recomputed layer under
     full checkpointing, inference live, backward gradients)."""
     m, heads, kv, d = w.model, w.heads, w.kv_heads, w.head_dim
-    h, i = m.hidden, m.inter
+    h, i = m.hidden, m.active_inter  # a token's MLP width (its experts' with experts)
     f = _mlp_share(w, tokens)
     qkv, out = (heads + 2 * kv) * d, heads * d
     train = 4 * h + qkv + out + 4 * i
@@ -126,7 +126,7 @@ def logits_bytes(w, tokens: float) -> float:
 
 def state_parts(w, degree: int) -> dict[str, float]:
     """Weights, gradients, optimizer state and FSDP's gathered units, per rank."""
-    from .model import embedding_params, layer_params, total_params
+    from .model import total_params
 
     m = w.model
     b = DTYPE_BYTES[w.dtype]
@@ -146,7 +146,7 @@ def state_parts(w, degree: int) -> dict[str, float]:
     if adam:
         parts[f"Adam moments (float32 x2{f', 1/{d_s} shard' if d_s > 1 else ''})"] = n * 8 / d_s
     if d_w > 1:
-        unit = max(layer_params(m, w.heads, w.kv_heads, w.head_dim), m.vocab * m.hidden)
+        unit = largest_unit(w)
         gathered = 2 * unit * b  # the unit computing and the next one prefetched
         if w.trains:
             gathered += unit * grad  # a unit's full gradient before its reduce-scatter
@@ -154,9 +154,18 @@ def state_parts(w, degree: int) -> dict[str, float]:
     elif adam and b != 4:
         # Unsharded mixed precision: autocast casts a matmul's weight per use; the largest
         # cast alive at once is about one unit.
-        unit = max(layer_params(m, w.heads, w.kv_heads, w.head_dim), embedding_params(m) // 2)
-        parts["weight casts (autocast, one unit)"] = unit * b
+        parts["weight casts (autocast, one unit)"] = largest_unit(w) * b
     return parts
+
+
+def largest_unit(w) -> int:
+    """Parameters of the largest unit gathered (FSDP) or cast (autocast) at once: one decoder
+    layer, or the embedding or lm_head matrix, vocab x hidden whole (tied, the one matrix is
+    still all of it, not half of embedding_params)."""
+    from .model import layer_params
+
+    m = w.model
+    return max(layer_params(m, w.heads, w.kv_heads, w.head_dim), m.vocab * m.hidden)
 
 
 def banded_workspace(w, ranks: int, window: int, cpu: bool) -> float:

@@ -119,8 +119,10 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     m = w.model
     peak = device.tflops[w.dtype] * 1e12
     tokens = w.batch * w.seq_len / ranks
-    layers = layer_matmuls(m, w.heads, w.kv_heads, w.head_dim) * m.layers
-    lin_f, lin_b = matmul_s(layers, tokens, device, w.dtype, ranks_on_host)
+    L = m.layers
+    layer = layer_matmuls(m, w.heads, w.kv_heads, w.head_dim)
+    one_f, one_b = matmul_s(layer, tokens, device, w.dtype, ranks_on_host)
+    lin_f, lin_b = L * one_f, L * one_b  # every layer alike: one priced, times L
     head_f, head_b = matmul_s([lm_head_matmul(m)], tokens, device, w.dtype, ranks_on_host)
     att_f, elem_f = attn_s["forward"], elementwise_s(w, tokens, device, ranks_on_host)
     trains = w.trains
@@ -134,7 +136,6 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     gather = collective_s(layer_bytes, degree, link)
     scatter = collective_s(layer_bytes / b * grad_b, degree, link) if trains else 0.0
     a2a_f, a2a_b = all_to_all_s(w, ranks, intra)
-    L = m.layers
     fwd_layer = (lin_f + att_f + elem_f) / L
     parts = _phase_parts("forward", lin_f, att_f, head_f, elem_f)
     forward = L * max(fwd_layer, gather) + gather + L * a2a_f + head_f

@@ -39,6 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import naming
+from ...planner.hf_config import field as _get
+from ...planner.hf_config import (
+    is_size,
+    model_type,
+    sliding_layers,
+    sliding_window,
+    text_config,
+    value_refusal,
+)
 
 _OWN_ATTENTION = (
     "computes attention in its own code, not through transformers' attention interface, so "
@@ -79,22 +88,6 @@ MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; a file this large is 
 DEFAULTS: dict[str, dict[str, Any]] = {"gemma2": {"attn_logit_softcapping": 50.0}}
 
 
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return getattr(config, key, default)
-
-
-def text_config(config: Any) -> Any:
-    """The language model's part of a config (multimodal configs nest it in text_config)."""
-    inner = _get(config, "text_config")
-    return inner if inner is not None else config
-
-
-def model_type(config: Any) -> str:
-    return str(_get(text_config(config), "model_type") or _get(config, "model_type") or "?")
-
-
 # The fields of transformers' config classes that are sizes or counts (their annotation: int):
 # a model of 0 heads, -64 hidden units, a string vocabulary, NaN or 1e12 (a float) layers is
 # no model, and would be found out on every rank, after the queue wait, as a traceback.
@@ -102,7 +95,7 @@ SIZE_FIELDS = (
     "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
     "num_key_value_heads head_dim max_position_embeddings n_embd n_layer n_head n_inner "
     "n_positions num_layers num_heads d_model moe_intermediate_size num_local_experts "
-    "num_experts num_experts_per_tok"
+    "num_experts num_experts_per_tok shared_expert_intermediate_size"
 ).split()
 
 
@@ -117,17 +110,13 @@ def size_refusal(config: Any) -> str | None:
         for key in SIZE_FIELDS:
             value = _get(part, key)
             values = value if isinstance(value, list) and value else [value]
-            if value is None or (key == "head_dim" and value == 0) or all(map(_size, values)):
+            if value is None or (key == "head_dim" and value == 0) or all(map(is_size, values)):
                 continue
             return (
                 f"model config field {key} = {value!r} (config.json or "
                 "task.model_overrides): a size of the model must be a positive integer"
             )
     return None
-
-
-def _size(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 # Fields of a config.json that make transformers read other weights than the directory's
@@ -140,33 +129,6 @@ WEIGHT_FIELDS = {
     "quantization_config": "quantized weights load differently by machine and library",
     "transformers_weights": "it names another weights file than the one sharded loading reads",
 }
-
-
-# Fields the window and length rules (and the random model's seed) read as whole numbers: a
-# string, NaN or 1e999 there passed the submit and raised ValueError or OverflowError on the
-# ranks. 0 and None mean "none" where transformers reads them so.
-COUNT_FIELDS = ("sliding_window", "attention_chunk_size", "floor_scale", "_ringctl_seed")
-
-
-def value_refusal(config: Any) -> str | None:
-    """The first field of a config.json whose type no rule here can read, in one line; or
-    None: model_type a name, text_config an object, the COUNT_FIELDS whole numbers >= 0."""
-    kind = _get(config, "model_type")
-    if kind is not None and not isinstance(kind, str):
-        return f"model config field model_type = {kind!r} (config.json): must be a name"
-    inner = _get(config, "text_config")
-    if isinstance(config, Mapping) and inner is not None and not isinstance(inner, Mapping):
-        return f"model config field text_config = {inner!r:.60} (config.json): must be an object"
-    for part in (config, inner):
-        for key in COUNT_FIELDS if isinstance(part, Mapping) else ():
-            value = part.get(key)
-            whole = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            if value is not None and not whole:
-                return (
-                    f"model config field {key} = {value!r} (config.json or "
-                    "task.model_overrides): must be a whole number"
-                )
-    return None
 
 
 def config_refusal(config: Any) -> str | None:
@@ -205,28 +167,6 @@ def config_refusal(config: Any) -> str | None:
                 "this ringattn does not have: not supported"
             )
     return None
-
-
-def sliding_window(config: Any) -> int | None:
-    """The sliding window of the model's windowed layers, or None (no layer has one)."""
-    cfg = text_config(config)
-    sliding, types = _get(cfg, "sliding_window"), _get(cfg, "layer_types")
-    if not sliding:
-        return None
-    if types is not None:
-        return int(sliding) if "sliding_attention" in types else None
-    return int(sliding) if _get(cfg, "use_sliding_window") is not False else None
-
-
-def sliding_layers(config: Any) -> int:
-    """How many attention layers use the sliding window (0: none)."""
-    if sliding_window(config) is None:
-        return 0
-    cfg = text_config(config)
-    types = _get(cfg, "layer_types")
-    if types is not None:
-        return sum(t == "sliding_attention" for t in types)
-    return int(_get(cfg, "num_hidden_layers") or 0)
 
 
 def length_limit(config: Any) -> int | None:
@@ -332,7 +272,7 @@ def trained_context(config: Any) -> int | None:
     training: the bundled byte model)."""
     cfg = text_config(config)
     limit = _get(cfg, "max_position_embeddings")
-    if not _size(limit):
+    if not is_size(limit):
         return None
     window = sliding_window(config)
     layers = _get(cfg, "num_hidden_layers")
