@@ -220,6 +220,17 @@ def agreed_shifts() -> Shifts:
     return _SHIFTS.get()
 
 
+def _describe_agreed(r: tuple[int, ...]) -> str:
+    """One rank's agreed fields (``check_ranks_agree``'s row) as its caller passed them."""
+    return (
+        f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
+        f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])} "
+        f"window={None if r[9] < 0 else r[9]} "
+        f"packing={'none' if r[10] < 0 else f'{r[10]:08x}'} "
+        f"softmax_scale={scale_of(r[11])}"
+    )
+
+
 def check_ranks_agree(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -268,16 +279,6 @@ def check_ranks_agree(
             "problem); no rank ran the attention"
         )
     if len(set(rows)) > 1:
-
-        def describe(r: tuple[int, ...]) -> str:
-            return (
-                f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
-                f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])} "
-                f"window={None if r[9] < 0 else r[9]} "
-                f"packing={'none' if r[10] < 0 else f'{r[10]:08x}'} "
-                f"softmax_scale={scale_of(r[11])}"
-            )
-
-        detail = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))
+        detail = "; ".join(f"rank {i}: {_describe_agreed(r)}" for i, r in enumerate(rows))
         raise ValueError(f"ranks disagree on ring_attention inputs: {detail}")
     _check_shifts(_gathered_shifts([f[len(agreed) : -1] for f in fields], group, device))

@@ -133,9 +133,20 @@ def ring_capacity(size: int, budget: int, layout: str) -> int:
 
 
 def ranks_needed(tokens: int, budget: int, layout: str) -> int:
-    """The fewest ranks of a ring that holds ``tokens`` under ``budget``."""
-    size = max(1, -(-tokens // max(budget, 1)))
+    """The fewest ranks of a ring that holds ``tokens`` under ``budget``. A rank holds at
+    least ``chunks_per_rank(layout)`` rows (the layout's chunks), so a smaller budget holds
+    nothing on any ring: ValueError (the search grew without end). With a budget of at least
+    that, ``max(tokens, 1)`` ranks hold one chunk of a token each, so the search ends there."""
+    least = chunks_per_rank(layout)
+    if budget < least:
+        raise ValueError(
+            f"a budget of {budget} rows per rank holds no token in the {layout} layout, whose "
+            f"ranks hold at least {least} rows each"
+        )
+    size = max(1, -(-tokens // budget))
     while not ring_holds(tokens, size, budget, layout):
+        if size >= max(tokens, 1):  # held there by the argument above: never reached
+            raise ValueError(f"no ring holds {tokens} tokens under a budget of {budget}")
         size += 1
     return size
 

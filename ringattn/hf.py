@@ -198,14 +198,7 @@ def ring_attention_forward(
     layout = _setting(kwargs, "layout")
     ulysses = _setting(kwargs, "ulysses_group")
     world = _world(group) * (_world(ulysses) if ulysses is not None else 1)
-    if layout is None:
-        if world > 1:
-            raise ValueError(
-                f"ringattn: no ring layout reached {type(module).__name__}: run the model "
-                "inside ringattn.hf.ring_settings(layout=...) or pass ring_layout='zigzag' or "
-                "'contiguous' (the layout the input was sharded with) to model(...)"
-            )
-        layout = "contiguous"
+    layout = _layout(module, layout, world)
     window = _window(module, kwargs)
     sinks = _sinks(module, kwargs)
     extra = {} if sinks is None else {"sinks": sinks}
@@ -242,6 +235,20 @@ def ring_attention_forward(
                 **extra,
             )
     return out, None
+
+
+def _layout(module, layout: str | None, world: int) -> str:
+    """The layout the input was sharded with: given (ring_settings or ring_layout=), or, for
+    one process, contiguous. A ring without one cannot tell its ranks' rows apart."""
+    if layout is not None:
+        return layout
+    if world > 1:
+        raise ValueError(
+            f"ringattn: no ring layout reached {type(module).__name__}: run the model "
+            "inside ringattn.hf.ring_settings(layout=...) or pass ring_layout='zigzag' or "
+            "'contiguous' (the layout the input was sharded with) to model(...)"
+        )
+    return "contiguous"
 
 
 def _packing_refusal(

@@ -483,13 +483,18 @@ def hybrid_attention(
         window=window,
         cu_seqlens=cu_seqlens,
     )
+    with shifts_agreed(()):  # compared over the whole grid above
+        return _ulysses_ring(q, k, v, ulysses_group, degree, ring)
+
+
+def _ulysses_ring(q, k, v, ulysses_group, degree: int, ring: dict) -> torch.Tensor:
+    """The ring attention of this rank's heads over the whole sequence: all-to-all from
+    sequence shards to head groups (U > 1), the ring, and back."""
     if degree == 1:
-        with shifts_agreed(()):  # compared over the grid above
-            return ring_attention(q, k, v, **ring)
+        return ring_attention(q, k, v, **ring)
     k, v = _replicate_kv(k, v, degree)
     q_h, k_h, v_h = SeqToHeads.apply(ulysses_group, q, k, v)
-    with shifts_agreed(()):
-        out_h = ring_attention(q_h, k_h, v_h, **ring)
+    out_h = ring_attention(q_h, k_h, v_h, **ring)
     (out,) = HeadsToSeq.apply(ulysses_group, out_h)
     return out
 
