@@ -40,6 +40,13 @@ def open_regular(path: str | Path):
     return os.fdopen(fd, "rb")
 
 
+def open_input(path: str | Path):
+    """A file a job's input names (a link given is followed: resolved first), opened as
+    ``open_regular`` opens it, and a ValueError naming it otherwise. A pipe swapped in for a
+    listed record file after the listing blocked the reading rank forever."""
+    return open_regular(Path(path).resolve())
+
+
 def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of the regular file ``path`` (opened without following a link, and without
     blocking on a pipe), ValueError where it is not one or is longer than ``limit``."""

@@ -426,3 +426,36 @@ def test_a_byte_order_mark_is_not_part_of_the_first_record(tmp_path):
     for name in ("a.jsonl", "a.jsonl.gz", "a.json"):
         docs = list_documents(tmp_path / name).documents
         assert [d.read_bytes() for d in docs] == [b"first record", b"second"], name
+
+
+# --- a pipe swapped in after the listing ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz", "in.json", "in.parquet"])
+def test_a_pipe_swapped_in_after_the_listing_is_refused_not_waited_on(tmp_path, name):
+    """A record file replaced by a FIFO between the listing and a rank's read blocked that
+    rank forever (a plain open of a pipe waits for a writer); now the read refuses it by
+    name. SIGALRM turns a hang into a failure here."""
+    import signal
+
+    path = tmp_path / name
+    records = [{"text": "first"}, {"text": "second"}]
+    if name.endswith(".parquet"):
+        _parquet(path, pa.array([r["text"] for r in records]))
+    elif name.endswith(".json"):
+        path.write_text(json.dumps(records))
+    else:
+        lines = "".join(json.dumps(r) + "\n" for r in records).encode()
+        path.write_bytes(gzip.compress(lines) if name.endswith(".gz") else lines)
+    docs = list_documents(path).documents
+    assert len(docs) == 2
+    path.unlink()
+    os.mkfifo(path)
+    previous = signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the read waited on a pipe"))
+    signal.alarm(10)
+    try:
+        with pytest.raises(ValueError, match=f"{path}.*not a regular file"):
+            docs[1].read_bytes()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

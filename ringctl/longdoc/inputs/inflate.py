@@ -28,6 +28,8 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ...bounded_read import open_input
+
 CHUNK = 1 << 14  # compressed bytes read at a time (a checkpoint keeps at most this many)
 STEP = 1 << 20  # the most inflated bytes one step produces
 CHECKPOINT = 4 << 20  # inflated bytes between two checkpoints
@@ -128,13 +130,20 @@ class GzipReader:
             parts.append(piece)
         return b"".join(parts)
 
+    def _opened(self):
+        """The compressed file, a regular one (never a pipe swapped in: ``open_input``)."""
+        try:
+            return open_input(self.path)
+        except ValueError as err:
+            raise GzipError(str(err)) from None
+
     def _inflate(self, point: _Point) -> Iterator[tuple[int, bytes]]:
         """(inflated offset, bytes) from ``point`` to the end, taking checkpoints past the
         last one on the way."""
         out, pos, data = point.out, point.pos, point.pending
         inflater = point.inflater.copy() if point.inflater is not None else None
         ended = between = False
-        with open(self.path, "rb") as f:
+        with self._opened() as f:
             f.seek(pos)
             while True:
                 if not data and not ended:

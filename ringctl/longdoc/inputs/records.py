@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ...bounded_read import open_input
 from .inflate import GzipError, GzipReader
 from .tables import PYARROW_INSTALL as PYARROW_INSTALL
 from .tables import TableError, TableText, cell, rows
@@ -129,13 +130,21 @@ def _gzip_reader(source: str, mtime_ns: int, size: int) -> GzipReader:
     return GzipReader(source)
 
 
+def _opened(path: Path):
+    """A record file opened for reading: a regular file, never a pipe (``open_input``)."""
+    try:
+        return open_input(path)
+    except ValueError as err:
+        raise DocumentError(str(err)) from None
+
+
 def gzip_reader(path: Path) -> GzipReader:
     st = path.stat()
     return _gzip_reader(str(path), st.st_mtime_ns, st.st_size)
 
 
 def file_chunks(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
+    with _opened(path) as f:
         while chunk := f.read(CHUNK):
             yield chunk
 
@@ -148,7 +157,7 @@ def read_span(source: str, offset: int, length: int) -> bytes:
             return gzip_reader(path).read(offset, length)
         except GzipError as err:
             raise DocumentError(f"{source}: {err}") from None
-    with open(path, "rb") as f:
+    with _opened(path) as f:
         f.seek(offset)
         return f.read(length)
 
@@ -212,7 +221,7 @@ def _blank_lines(f: BinaryIO) -> tuple[int, int]:
 
 
 def plain_lines(path: Path, limit: int) -> Iterator[Raw]:
-    with open(path, "rb") as f:
+    with _opened(path) as f:
         yield from json_lines(str(path), f, limit)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ...bounded_read import read_regular
 from .records import DocumentError
 
 STATE = "state.json"
@@ -40,12 +41,11 @@ def is_dataset_dict(folder: Path) -> bool:
 
 
 def _read_json(path: Path):
-    if path.stat().st_size > MAX_METADATA_BYTES:
-        raise DocumentError(f"{path}: larger than {MAX_METADATA_BYTES:,} bytes: not datasets'")
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(read_regular(path.resolve(), MAX_METADATA_BYTES))
     except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
-        raise DocumentError(f"{path}: not valid JSON ({err})") from None
+        said = str(err).removeprefix(f"{path.resolve()}: ")  # read_regular names the file
+        raise DocumentError(f"{path}: not valid JSON ({said})") from None
 
 
 def _state_files(folder: Path) -> list[Path]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ...bounded_read import open_input
 from .inflate import SizedCache
 from .table_meta import (
     DATA_PAGE,
@@ -230,7 +231,7 @@ def _parquet_batches(path: Path, columns: list[str], limit: int) -> Iterator:
     source, version = str(path), path.stat().st_mtime_ns
     table = parquet_file(source, version)
     runs: list[tuple[Plan, list[int]]] = []
-    with open(path, "rb") as f:
+    with _opened(source) as f:
         for group in range(table.metadata.num_row_groups):
             plan = group_plan(_Chunks(f, source, group, limit), table, columns)
             if runs and runs[-1][0] == plan:
@@ -374,7 +375,16 @@ def parquet_file(source: str, version: int, dictionary: tuple[str, ...] = ()):
     reading the ``dictionary`` columns as dictionaries."""
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(source, read_dictionary=list(dictionary) or None)
+    return pq.ParquetFile(_opened(source), read_dictionary=list(dictionary) or None)
+
+
+def _opened(source: str):
+    """A table file opened for reading: a regular file, never a pipe swapped in after the
+    listing (``open_input``: it blocked every rank reading it)."""
+    try:
+        return open_input(source)
+    except ValueError as err:
+        raise TableError(str(err)) from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -543,7 +553,7 @@ def _parquet_values(source: str, version: int, row: int, column: str, limit: int
 
 @functools.lru_cache(maxsize=256)
 def _read_back_plan(source: str, version: int, group: int, column: str, limit: int) -> Plan:
-    with open(source, "rb") as f:
+    with _opened(source) as f:
         return group_plan(_Chunks(f, source, group, limit), parquet_file(source, version), [column])
 
 
