@@ -498,12 +498,29 @@ def _check_ring(cfg: DictConfig, bad) -> None:
             raise bad(f"ring.{key}", f"{value} does not divide the job's {world} ranks")
     if isinstance(cfg.ring.size, int) and cfg.ring.ulysses not in (None, 1):
         raise bad("ring.ulysses", "a Ulysses degree and a numeric ring.size cannot be combined")
-    budget = cfg.ring.max_tokens_per_rank
-    if budget is not None and budget < 1:
-        raise bad("ring.max_tokens_per_rank", f"must be at least 1 (or null), got {budget}")
+    _check_budget(cfg, bad)
     rate = cfg.ring.network_gbps
     if rate is not None and not (math.isfinite(rate) and rate > 0):
         raise bad("ring.network_gbps", f"must be a positive number of Gbit/s, got {rate}")
+
+
+def _check_budget(cfg: DictConfig, bad) -> None:
+    """ring.max_tokens_per_rank: at least the rows every rank of the job's layout holds
+    (``ringattn.geometry.chunks_per_rank``: 2 for zigzag). Below it no ring holds a token, and
+    the search for a ring that would (``ranks_needed``) once never ended: submit hung."""
+    from ringattn.geometry import LAYOUTS, chunks_per_rank
+
+    budget = cfg.ring.max_tokens_per_rank
+    if budget is None:
+        return
+    layout = str(OmegaConf.select(cfg, "task.layout", default=None) or cfg.ring.layout.value)
+    least = chunks_per_rank(layout) if layout in LAYOUTS else 1  # another: the task refuses it
+    if budget < least:
+        raise bad(
+            "ring.max_tokens_per_rank",
+            f"must be at least {least} (or null): every rank of the {layout} layout holds "
+            f"{least} rows or more, got {budget}",
+        )
 
 
 def _check_numbers(cfg: DictConfig, bad) -> None:

@@ -111,8 +111,10 @@ def ulysses_degree(
 ) -> int:
     """The Ulysses degree a job runs with: the placement's (it saw the NVLink domains), else
     the number asked for, else for `auto` the largest count of one node's ranks that divides
-    the job and that the heads allow (U | heads, and kv_heads % U == 0 or U % kv_heads == 0).
+    the job and that the heads allow (the planner's one rule, ``cost.ulysses_problem``).
     A placement that disagrees with an explicit number is refused by name."""
+    from .planner.cost import ulysses_problem
+
     chosen = getattr(getattr(placement, "ulysses", None), "degree", None)
     if chosen is not None:
         if isinstance(requested, int) and requested != chosen:
@@ -125,9 +127,7 @@ def ulysses_degree(
     if isinstance(requested, int):
         return requested
     for u in sorted(divisors(ranks_per_node), reverse=True):
-        if world % u or (heads and heads % u):
-            continue
-        if kv_heads and kv_heads % u and u % kv_heads:
+        if world % u or (heads and ulysses_problem(u, world, heads, kv_heads or heads)):
             continue
         return u
     return 1

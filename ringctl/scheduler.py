@@ -294,13 +294,18 @@ def _place_phase(docs: list[DocLength], size: int, world: int, cost: Cost):
 
 
 def too_long(doc_id: str, tokens: int, sizes, budget: int, layout: str) -> str:
-    """Why no ring of the job holds a document (``ring_holds``), with what would."""
+    """Why no ring of the job holds a document (``ring_holds``), with what would. A budget
+    under the layout's rows per rank (a device's, which the config's check never saw) holds
+    nothing on any ring: then only a larger budget would (``ranks_needed`` says why)."""
     biggest = max(sizes)
+    try:
+        need = f"it needs a ring of at least {ranks_needed(tokens, budget, layout)} ranks, or"
+    except ValueError as err:
+        need = f"{err}: it needs"
     return (
         f"document {doc_id!r} has {tokens:,} tokens: no ring of this job holds it "
         f"(max_tokens_per_rank {budget:,}; the largest ring, {biggest} ranks, holds "
-        f"{ring_capacity(biggest, budget, layout):,}); it needs a ring of at least "
-        f"{ranks_needed(tokens, budget, layout)} ranks, or a larger ring.max_tokens_per_rank"
+        f"{ring_capacity(biggest, budget, layout):,}); {need} a larger ring.max_tokens_per_rank"
     )
 
 

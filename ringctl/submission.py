@@ -28,11 +28,13 @@ from .sizing import Sizing
 from .tasks import get_task
 
 __all__ = [
+    "NOT_RESUME_KEYS",
     "RESUME_KEYS",
     "check_documents",
     "check_model_state",
     "check_packages",
     "check_plan",
+    "checked_for_submission",
     "get_backend",
     "open_job_dir",
     "resume_job",
@@ -162,6 +164,20 @@ def check_packages(cfg) -> None:
         )
 
 
+def checked_for_submission(cfg, source: str, *, force: bool = False):
+    """Every check a job passes before it is (re)submitted, and its config as it will run
+    (with the planner's ring budget when it asked for one): the task's packages, the plan,
+    the model's state, the documents. Submit and resume both call it, so a resume that
+    changes how a job runs is refused in one line where a new job would be, not on its
+    ranks; --force as for submit."""
+    check_packages(cfg)
+    sizing = with_ring_budget(Sizing(cfg), source)  # the one sizing of this job
+    check_plan(sizing, force=force)
+    check_model_state(sizing, force=force)
+    check_documents(sizing, force=force)
+    return sizing.cfg
+
+
 def _job_files(cfg, script: str, job_file: str, overrides: list[str], backend: Backend) -> dict:
     meta = {
         "backend": backend.name,
@@ -187,12 +203,7 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     prepared = get_task(str(cfg.task.name)).prepare(cfg)
     if prepared is not cfg:  # re-validated: what is written is what was checked
         cfg = load_job_from_dict(prepared, source=str(job_file))
-    check_packages(cfg)
-    sizing = with_ring_budget(Sizing(cfg), str(job_file))  # the one sizing of this job
-    check_plan(sizing, force=force)
-    check_model_state(sizing, force=force)
-    check_documents(sizing, force=force)
-    cfg = sizing.cfg
+    cfg = checked_for_submission(cfg, str(job_file), force=force)
     script = render_script(cfg)  # before anything is written: a template error stops here
     backend = get_backend(cfg)
     target = Path(str(cfg.job_dir)).expanduser() if cfg.job_dir else None
@@ -216,6 +227,7 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
 
 
 # What a resume may change: how the job runs, never what it computes or where it lives.
+# NOT_RESUME_KEYS are the exceptions inside those prefixes.
 RESUME_KEYS = (
     "nodes",
     "tasks_per_node",
@@ -228,23 +240,41 @@ RESUME_KEYS = (
     "env.",
     "task.on_changed_input",  # a resume may ask to refuse changed inputs instead of redoing
 )
+# What the outputs already written depend on: the layout is in a long-document job's run.json
+# (its signature), and a resume with another layout failed on every rank, for good.
+NOT_RESUME_KEYS = ("ring.layout",)
 
 
-def _resumed_config(job: JobDir, overrides: list[str]):
-    """The job's config with resume's overrides, checked like a new job; None without any."""
+def _resume_key_problem(item: str) -> str | None:
+    """Why resume may not take the override ``item`` (key=value), or None."""
+    key = item.split("=", 1)[0].strip()
+    if key in NOT_RESUME_KEYS:
+        return (
+            f"override {item!r}: a resume may not change {key}: the outputs already written "
+            "were computed with the job's; run a new job for another"
+        )
+    if not key.startswith(RESUME_KEYS) and key not in RESUME_KEYS:
+        return (
+            f"override {item!r}: a resume may change how the job runs "
+            f"({', '.join(k.rstrip('.') for k in RESUME_KEYS)}), not {key}; the outputs "
+            "must stay those of the same run"
+        )
+    return None
+
+
+def _resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
+    """The job's config with resume's overrides, checked like a new job (the config's checks
+    and submit's: ``checked_for_submission``) before anything is written; None without any."""
     from .render import render_script
 
     if not overrides:
         return None
     for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if not key.startswith(RESUME_KEYS) and key not in RESUME_KEYS:
-            raise UserError(
-                f"override {item!r}: a resume may change how the job runs "
-                f"({', '.join(k.rstrip('.') for k in RESUME_KEYS)}), not {key}; the outputs "
-                "must stay those of the same run"
-            )
+        why = _resume_key_problem(item)
+        if why:
+            raise UserError(why)
     cfg = load_job(job.config, overrides)  # every check of a new job, the task's included
+    cfg = checked_for_submission(cfg, str(job.config), force=force)
     return cfg, render_script(cfg)
 
 
@@ -256,7 +286,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
     placement move to attempts/<n>/. Under the directory's lock; a refusal changes nothing.
     """
     job, cfg, backend = open_job_dir(path)
-    changed = _resumed_config(job, list(overrides))  # before anything moves: a refusal
+    changed = _resumed_config(job, list(overrides), force=force)  # before anything moves
     with job.lock("resume"):
         before = backend.status(job.path)
         if not before.state.finished and before.state.value != "UNKNOWN":

@@ -36,4 +36,4 @@ def test_hybrid_job_matches_float64(ulysses, tmp_path, capsys):
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused(capsys):
     assert main(["config", SMOKE, "ring.ulysses=4", "task.heads=6", "task.kv_heads=2"]) == 2
-    assert "ring.ulysses: 4 does not divide the task's 6 heads" in capsys.readouterr().err
+    assert "ring.ulysses: 4 must divide the heads (6)" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from ringctl.sbatch import header_words
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "jobs" / "smoke.yaml"
+LONGDOC = REPO / "jobs" / "longdoc.yaml"
 EVIL = "x; rm -rf ~"
 
 
@@ -326,13 +327,18 @@ def test_script_places_the_ring_with_ringctl_topo(tmp_path):
 
 def test_ring_keys_reach_the_placement_step():
     """ring.size, ring.nvlink_blocks and ring.network_gbps become `ringctl topo` flags; a size
-    that does not divide the job is refused at load, naming the key."""
+    that does not divide the job is refused at load, naming the key. (A long-document job:
+    the attention task refuses ring.size, which it does not read.)"""
+    longdoc = ["task.model_path=null", "tasks_per_node=4"]
     script = render_script(
-        load_job(SMOKE, ["ring.size=2", "ring.nvlink_blocks=true", "ring.network_gbps=200"])
+        load_job(
+            LONGDOC, [*longdoc, "ring.size=2", "ring.nvlink_blocks=true", "ring.network_gbps=200"]
+        )
     )
     assert "--ring-size 2 \\" in script and "--nvlink-blocks \\" in script
     assert "--bandwidth NET=200.0 \\" in script
-    plain = render_script(load_job(SMOKE, ["ring.size=auto"]))
+    auto = [*longdoc, "ring.size=auto", "ring.max_tokens_per_rank=4096"]
+    plain = render_script(load_job(LONGDOC, auto))
     assert "--ring-size" not in plain and "--nvlink-blocks" not in plain
     with pytest.raises(UserError, match="ring.size: 3 does not divide the job's 4 ranks"):
         load_job(SMOKE, ["ring.size=3"])

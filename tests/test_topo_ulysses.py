@@ -87,10 +87,10 @@ def test_dgx_ring_of_groups_sends_each_rank_through_its_own_nic_with_gpudirect()
     [
         (32, 8, 8, "allow it"),
         (32, 1, 8, "allow it"),  # MQA: the kv head replicated across the group
-        (4, 4, 4, "8 does not divide the 4 heads"),
-        (12, 4, 4, "8 does not divide the 12 heads"),
-        (6, 6, 2, "8 does not divide the 6 heads"),
-        (24, 3, 1, "8 and the 3 kv heads do not divide one another"),
+        (4, 4, 4, "8 must divide the heads (4)"),
+        (12, 4, 4, "8 must divide the heads (12)"),
+        (6, 6, 2, "8 must divide the heads (6)"),
+        (24, 3, 1, "8 and the K/V heads (3) must divide one another"),
         (3, 3, 1, "the ring alone"),
     ],
 )
@@ -293,8 +293,8 @@ def test_tampered_hybrid_groups_are_refused():
         (["--ulysses", "16"], "--ulysses 16 does not divide the 8 ranks of node dgx1: a Ulysses"),
         (["--ulysses", "3"], "--ulysses 3 does not divide the job's 16 ranks"),
         (["--ulysses", "auto"], "--ulysses auto needs --heads"),
-        (["--ulysses", "8", "--heads", "12"], "--ulysses 8: 8 does not divide the 12 heads"),
-        (["--ulysses", "8", "--heads", "24", "--kv-heads", "3"], "do not divide one another"),
+        (["--ulysses", "8", "--heads", "12"], "--ulysses 8: 8 must divide the heads (12)"),
+        (["--ulysses", "8", "--heads", "24", "--kv-heads", "3"], "must divide one another"),
         (["--ulysses", "auto", "--heads", "32", "--kv-heads", "5"], "not a multiple of"),
         (["--ulysses", "0"], "--ulysses 0: expected auto or a positive integer"),
         (["--ulysses", "four"], "--ulysses four: expected auto or a positive integer"),

@@ -338,9 +338,9 @@ class LongDocRun:
             self.tokenizer = load_tokenizer(self.params.tokenizer_path)
         todo = _to_do(docs, self.store, self.params, self.job)
         self.summary.skipped = len(docs) - len(todo)
-        schedule = self.plan(todo)
+        schedule = self.plan(todo, docs)
         self.announce(schedule, todo)
-        led = self.run_phases(schedule, todo)
+        led = self.run_phases(schedule, docs)
         _summarise(self.summary, led, self.started, self.job, self.log)
         return self.summary
 
@@ -438,9 +438,10 @@ class LongDocRun:
             overrides=params.model_overrides,
         )
 
-    def plan(self, todo: list[Document]):
+    def plan(self, todo: list[Document], docs: list[Document]):
         """Step 4a: the same schedule on every rank (deterministic); a document no ring can
-        hold, or an impossible ring setting, fails every rank alike before any document runs."""
+        hold, or an impossible ring setting, fails every rank alike before any document runs.
+        Entries index ``docs``, the whole listing (input order), also on a resume."""
         try:
             return plan_schedule(
                 todo,
@@ -448,6 +449,7 @@ class LongDocRun:
                 world=self.job.world_size,
                 layout=self.params.layout,
                 tokenizer=self.tokenizer,
+                listing=docs,
             )
         except (ValueError, UserError) as err:
             raise RuntimeError(f"the schedule: {err}") from None
@@ -468,7 +470,7 @@ class LongDocRun:
             f"{': ' + sizes if sizes else ''}; missing inputs: {len(s.missing)})"
         )
 
-    def run_phases(self, schedule, todo: list[Document]) -> list[int]:
+    def run_phases(self, schedule, docs: list[Document]) -> list[int]:
         """Step 4b, every ring this rank belongs to, phase by phase; returns the documents and
         tokens of the rings this rank led (each document counted once, by its ring's lead)."""
         groups = _ring_groups(schedule, self.job)
@@ -482,7 +484,7 @@ class LongDocRun:
             if self.model is None:  # sharded over this ring (one ring size: loaded once)
                 self.load_model(ring)
             before = (self.summary.done, self.summary.tokens)
-            mine = [todo[e.index] for e in entries]
+            mine = [docs[e.index] for e in entries]  # the index: input order (the listing)
             stopped = _RingPass(self, ring, mine, single, lockstep).run()
             if ring.lead:
                 led[0] += self.summary.done - before[0]

@@ -41,6 +41,7 @@ __all__ = [
     "RingOptions",
     "document_bytes",
     "estimated_tokens",
+    "input_indices",
     "plan_schedule",
     "sampled_bytes_per_token",
     "write_job_schedule",
@@ -96,20 +97,42 @@ class RingOptions:
         return cls(ring.get("size"), ring.get("max_tokens_per_rank"))
 
 
+def input_indices(docs: Sequence[Document], listing: Sequence[Document]) -> list[int]:
+    """Each of ``docs``' position in ``listing`` (the job's input order), found by id (ids are
+    unique in a listing): the index a schedule entry carries. On a resume ``docs`` are the
+    documents left, and their own positions (once used) named other documents' inputs."""
+    position = {doc.id: i for i, doc in enumerate(listing)}
+    missing = [doc.id for doc in docs if doc.id not in position]
+    if missing:
+        raise ValueError(f"document {missing[0]!r} is not in the job's listing")
+    return [position[doc.id] for doc in docs]
+
+
 def plan_schedule(
-    docs: list[Document], options: RingOptions, *, world: int, layout: str, tokenizer
+    docs: list[Document],
+    options: RingOptions,
+    *,
+    world: int,
+    layout: str,
+    tokenizer,
+    listing: Sequence[Document] | None = None,
 ) -> Schedule:
     """The schedule of `docs` (the ones still to do) on this job's rings: the scheduler's
-    (``ringctl.scheduler.schedule_documents``) on the lengths refined by the tokenizer."""
+    (``ringctl.scheduler.schedule_documents``) on the lengths refined by the tokenizer. Each
+    entry's index is the document's position in ``listing``, the job's whole input listing
+    (``input_indices``; default `docs` itself, as on a first run): look documents up there."""
     tokens = estimated_tokens(docs, sampled_bytes_per_token(docs, tokenizer))
-    lengths = [DocLength(i, doc.id, n) for i, (doc, n) in enumerate(zip(docs, tokens, strict=True))]
+    indices = input_indices(docs, docs if listing is None else listing)
+    lengths = [DocLength(i, doc.id, n) for i, doc, n in zip(indices, docs, tokens, strict=True)]
     return schedule_documents(
         lengths, world=world, size=options.size, budget=options.max_tokens_per_rank, layout=layout
     )
 
 
-def write_job_schedule(path: Path, schedule: Schedule, docs: list[Document]) -> None:
-    """schedule.json (``scheduler.write_schedule``), each document with its input."""
+def write_job_schedule(path: Path, schedule: Schedule, docs: Sequence[Document]) -> None:
+    """schedule.json (``scheduler.write_schedule``), each document with its input (found by
+    id among ``docs``: the listing, or the documents scheduled)."""
+    source = {doc.id: doc.source for doc in docs}
     for entry in schedule.entries:
-        entry.source = docs[entry.index].source
+        entry.source = source[entry.doc_id]
     write_schedule(path, schedule)

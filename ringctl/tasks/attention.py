@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 FAULTS = ("raise", "raise-once", "hang", "exit")  # raise-once: first attempt only (resume)
+# The ring keys of the long-document and training tasks' rings, which this task never reads.
+IGNORED_RING_KEYS = ("size", "max_tokens_per_rank")
 
 
 @dataclass
@@ -178,9 +180,20 @@ def _inject_fault(cfg, ctx, step: int) -> None:
     os._exit(17)  # "exit": die mid-ring without cleaning up
 
 
+def _stop_agreed(ctx) -> bool:
+    """Whether any rank got the warning signal (slurm.signal's), agreed by every rank at the
+    same step, as the long-document and training tasks agree it (``consensus.any_has``): a
+    rank that left the ring alone left its peers waiting in it until the collective timeout."""
+    from ..longdoc.compute.scoring import comm_device
+    from ..longdoc.consensus import any_has
+
+    return any_has([ctx.stop_requested()], ctx.group, comm_device(ctx.group))[0]
+
+
 def _timed_steps(cfg, ctx, attend, q, k, v, dout) -> tuple[list[dict], tuple]:
     """Forward and backward ``task.steps`` times, each timed (a CUDA device is synchronised
-    around each phase); (timings, the last step's out, dq, dk, dv)."""
+    around each phase); (timings, the last step's out, dq, dk, dv). A stop requested on any
+    rank ends every rank at the same step with a RuntimeError (the job is not done)."""
     import torch
 
     t = cfg.task
@@ -192,9 +205,11 @@ def _timed_steps(cfg, ctx, attend, q, k, v, dout) -> tuple[list[dict], tuple]:
     timings = []
     last = (None, None, None, None)
     for step in range(t.steps):
-        if ctx.stop_requested():
-            ctx.log(f"stop requested: ending after {step} of {t.steps} steps")
-            break
+        if _stop_agreed(ctx):  # before the step's clock starts: not in its timing
+            raise RuntimeError(  # not done, and must not look done (it once ended COMPLETED)
+                f"stopped on request after {step} of {t.steps} steps; the outputs are not "
+                "written (a stopped job must not look done): `ringctl resume` runs it again"
+            )
         qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
         sync()
         t0 = time.perf_counter()
@@ -254,6 +269,7 @@ class AttentionTask(Task):
     def check(self, cfg, bad) -> None:
         from ringattn.geometry import LAYOUTS, layout_multiple, padded_length
 
+        from ..planner.cost import ulysses_problem
         from .base import world_size
 
         t = cfg.task
@@ -272,9 +288,11 @@ class AttentionTask(Task):
         if t.fault not in FAULTS:
             raise bad("task.fault", f"expected one of {', '.join(FAULTS)}, got {t.fault!r}")
         world, layout = world_size(cfg), layout_of(cfg)
+        self.check_ring_keys(cfg, bad)
         degree = cfg.ring.ulysses if isinstance(cfg.ring.ulysses, int) else 1
-        if degree > 1 and t.heads % degree:
-            raise bad("ring.ulysses", f"{degree} does not divide the task's {t.heads} heads")
+        why = ulysses_problem(degree, world, int(t.heads), int(kv))
+        if why:
+            raise bad("ring.ulysses", f"{degree} {why}")
         split = f"hybrid-{layout}" if degree > 1 else layout  # the engine's padding rule
         multiple = layout_multiple(split, world, degree)
         if t.seq_len % multiple:
@@ -285,6 +303,19 @@ class AttentionTask(Task):
                 f"{cfg.tasks_per_node}) in the {layout} layout: it must be a multiple of {multiple}"
                 f" (e.g. {padded})",
             )
+
+    @staticmethod
+    def check_ring_keys(cfg, bad) -> None:
+        """The task runs one ring (or one hybrid grid) of all the job's ranks: ring.size and
+        ring.max_tokens_per_rank are refused by name rather than ignored, since the placement
+        and submit's plan check would size the rings they ask for, not the one that runs."""
+        for key in IGNORED_RING_KEYS:
+            if cfg.ring[key] is not None:
+                raise bad(
+                    f"ring.{key}",
+                    f"the attention task runs one ring of all the job's ranks and does not read "
+                    f"it (got {cfg.ring[key]!r}); leave it null",
+                )
 
     def workload(self, cfg):
         """What `ringctl plan` should size for this job (checked by `ringctl submit`)."""

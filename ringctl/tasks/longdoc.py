@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from ..longdoc.model.hub import OFFLINE_ENV
 from ..longdoc.params import CorpusParams, LongDocParams
-from .base import Gatherer, Task, importable
+from .base import Gatherer, Task, importable, world_size
 
 Params = LongDocParams
 
@@ -122,6 +122,7 @@ class CorpusTask(Task):
         return params
 
     def check(self, cfg, bad) -> None:
+        self.check_plain_rings(cfg, bad)
         self.check_model_name(cfg.task.get("model_path"), bad)
         try:
             p = self.params.from_any(OmegaConf.to_container(cfg.task, resolve=True), validate=False)
@@ -136,6 +137,17 @@ class CorpusTask(Task):
         self.check_gguf(p, bad)
         self.check_model(p, bad)
         self.check_inputs(p, bad)
+
+    def check_plain_rings(self, cfg, bad) -> None:
+        """The corpus tasks (scoring, training) run plain rings (``ring.size``): ring.ulysses
+        is refused by name rather than ignored, since the placement step would group ranks
+        for a hybrid grid that no rank builds."""
+        if cfg.ring.ulysses not in (None, 1):
+            raise bad(
+                "ring.ulysses",
+                f"the {self.name} task runs plain rings and does not read it (got "
+                f"{cfg.ring.ulysses!r}); leave it null (the attention task runs hybrid grids)",
+            )
 
     @staticmethod
     def check_model_name(model_path, bad) -> None:
@@ -301,8 +313,23 @@ class LongDocTask(CorpusTask):
     sections = {"model": ModelSection}
 
     def check(self, cfg, bad) -> None:
+        self.check_world(cfg, bad)
         super().check(cfg, bad)
         self.check_shard(cfg, bad)
+
+    @staticmethod
+    def check_world(cfg, bad) -> None:
+        """No more ranks than run.json may record (``manifest.MAX_WORLD_SIZE``, fewer than a
+        job's ``MAX_RANKS``): a larger job ran, then gather and resume refused its run.json."""
+        from ..longdoc.output.manifest import MAX_WORLD_SIZE
+
+        world = world_size(cfg)
+        if world > MAX_WORLD_SIZE:
+            raise bad(
+                "nodes",
+                f"{cfg.nodes} nodes x {cfg.tasks_per_node} tasks is {world:,} ranks; a "
+                f"long-document job's outputs record at most {MAX_WORLD_SIZE:,}",
+            )
 
     def prepare(self, cfg):
         """As every corpus task's; and, once per submission (not at every load of the config,

@@ -74,15 +74,13 @@ def domain_runs(
 
 
 def heads_allow(degree: int, heads: int, kv_heads: int) -> str | None:
-    """Why `degree` does not suit the heads, or None when it does (the engine's own rule)."""
-    if heads % degree:
-        return f"{degree} does not divide the {heads} heads"
-    if kv_heads % degree and degree % kv_heads:
-        return (
-            f"{degree} and the {kv_heads} kv heads do not divide one another (kv heads are "
-            "split over the group or replicated across it)"
-        )
-    return None
+    """Why `degree` does not suit the heads, or None when it does: the planner's one rule
+    (``cost.ulysses_problem``, the engine's), asked of the heads alone (the callers check
+    the ranks against the domains, with their own words)."""
+    from ..planner.cost import ulysses_problem
+
+    why = ulysses_problem(degree, degree, heads, kv_heads)
+    return f"{degree} {why}" if why else None
 
 
 def _check_heads(heads: int | None, kv_heads: int | None) -> tuple[int, int] | None:
