@@ -140,7 +140,7 @@ def ranks_needed(tokens: int, budget: int, layout: str) -> int:
     least = chunks_per_rank(layout)
     if budget < least:
         raise ValueError(
-            f"a budget of {budget} rows per rank holds no token in the {layout} layout, whose "
+            f"a budget of {budget} per rank holds no token in the {layout} layout, whose "
             f"ranks hold at least {least} rows each"
         )
     size = max(1, -(-tokens // budget))
