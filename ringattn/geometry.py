@@ -88,6 +88,26 @@ def hybrid_grid(world_size: int, ulysses_degree: int, rank: int) -> tuple[int, i
     return world_size // ulysses_degree, rank // ulysses_degree, rank % ulysses_degree
 
 
+def ulysses_problem(u: int, ranks: int, heads: int, kv_heads: int) -> str | None:
+    """Why a Ulysses degree U cannot split this attention over ``ranks`` (a phrase to follow
+    the degree's name), or None: U divides the ranks (U x R grid) and the query heads, and
+    the K/V heads and U divide one another (split over the group, or replicated across it).
+    The one rule of the engine (``hybrid._local_problem``, for a grid of U ranks), the planner
+    (estimate, splits, ``hybrid.ulysses_degrees``, `ringctl plan`) and the jobs' checks."""
+    if u == 1:
+        return None
+    if u < 1 or ranks % u:
+        return f"must divide the ranks ({ranks})"
+    if heads % u:
+        return f"must divide the heads ({heads})"
+    if kv_heads % u and u % kv_heads:
+        return (
+            f"and the K/V heads ({kv_heads}) must divide one another (K/V heads split over "
+            "the group, or replicated across it)"
+        )
+    return None
+
+
 def layout_multiple(layout: str, world_size: int, ulysses_degree: int = 1) -> int:
     """What a plain sequence's length must be a multiple of to split over ``world_size`` ranks
     in ``layout``: P (contiguous), 2P (zigzag), lcm(P, 2R) (hybrid-zigzag, R = P / U)."""

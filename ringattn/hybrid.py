@@ -56,6 +56,7 @@ from .checks import (
     scale_of,
     shifts_agreed,
 )
+from .geometry import ulysses_problem
 from .layouts import (
     HYBRID_LAYOUTS,
     CuSeqlens,
@@ -243,13 +244,9 @@ def _local_problem(d: _Desc) -> str | None:
     u = d.ulysses_degree
     if hk == 0 or h % hk:
         return f"heads ({h}) must be a multiple of kv_heads ({hk})"
-    if h % u:
-        return f"heads ({h}) must be divisible by the Ulysses degree U={u}"
-    if hk % u and u % hk:
-        return (
-            f"kv_heads ({hk}) and the Ulysses degree U={u} must divide one another "
-            "(kv heads split over the group, or replicated across it)"
-        )
+    why = ulysses_problem(u, u, h, hk)  # the group's size is U: its ranks are judged apart
+    if why:
+        return f"the Ulysses degree U={u} {why}"
     if HYBRID_LAYOUTS[d.layout] == "hybrid-zigzag" and (u * s) % 2 and d.packing < 0:
         return (
             f"the hybrid-zigzag layout gives each group two equal chunks, but the group "

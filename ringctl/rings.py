@@ -113,7 +113,7 @@ def ulysses_degree(
     the number asked for, else for `auto` the largest count of one node's ranks that divides
     the job and that the heads allow (the planner's one rule, ``cost.ulysses_problem``).
     A placement that disagrees with an explicit number is refused by name."""
-    from .planner.cost import ulysses_problem
+    from ringattn.geometry import ulysses_problem
 
     chosen = getattr(getattr(placement, "ulysses", None), "degree", None)
     if chosen is not None:

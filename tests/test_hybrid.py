@@ -123,8 +123,8 @@ def test_only_the_members_kv_heads_travel_the_ring(hybrid_results):
 def test_bad_input_is_the_same_clear_error_on_every_rank():
     per_rank = run_distributed(hybrid_errors, 4)
     expect = {
-        "heads_not_divisible": "rank 0: heads (6) must be divisible by the Ulysses degree U=4",
-        "kv_heads_neither": "kv_heads (3) and the Ulysses degree U=2 must divide one another",
+        "heads_not_divisible": "rank 0: the Ulysses degree U=4 must divide the heads (6)",
+        "kv_heads_neither": "the Ulysses degree U=2 and the K/V heads (3) must divide one another",
         "one_rank_3d": "rank 2: q, k, v must be 4-D",
         "ring_is_ulysses_group": "the groups do not form a U x R grid",
         "rings_cross_heads": "a ring must link the same Ulysses rank of every group",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ringattn.geometry import banded_rows, layout_multiple
+from ringattn.geometry import banded_rows, layout_multiple, ulysses_problem
 
 from .devices import Device
 from .memory import (
@@ -142,26 +142,6 @@ class Estimate:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-def ulysses_problem(u: int, ranks: int, heads: int, kv_heads: int) -> str | None:
-    """Why a Ulysses degree U cannot split this attention over ``ranks`` (a phrase to follow
-    the degree's name), or None: U divides the ranks (U x R grid) and the query heads, and
-    the K/V heads and U divide one another (split over the group, or replicated across it).
-    ringattn.hybrid's own check (``_local_problem``, which imports torch), for the planner:
-    the one rule of estimate, splits, ``hybrid.ulysses_degrees`` and `ringctl plan`."""
-    if u == 1:
-        return None
-    if u < 1 or ranks % u:
-        return f"must divide the ranks ({ranks})"
-    if heads % u:
-        return f"must divide the heads ({heads})"
-    if kv_heads % u and u % kv_heads:
-        return (
-            f"and the K/V heads ({kv_heads}) must divide one another (K/V heads split over "
-            "the group, or replicated across it)"
-        )
-    return None
 
 
 def attention_view(w: Workload, ranks: int) -> tuple[Workload, int]:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .cost import Estimate, Link, Workload, estimate, intra_link, net_link, ulysses_problem
+from ringattn.geometry import ulysses_problem
+
+from .cost import Estimate, Link, Workload, estimate, intra_link, net_link
 from .devices import Device
 
 

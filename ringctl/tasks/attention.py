@@ -267,9 +267,8 @@ class AttentionTask(Task):
     params = Params
 
     def check(self, cfg, bad) -> None:
-        from ringattn.geometry import LAYOUTS, layout_multiple, padded_length
+        from ringattn.geometry import LAYOUTS, layout_multiple, padded_length, ulysses_problem
 
-        from ..planner.cost import ulysses_problem
         from .base import world_size
 
         t = cfg.task

@@ -77,7 +77,7 @@ def heads_allow(degree: int, heads: int, kv_heads: int) -> str | None:
     """Why `degree` does not suit the heads, or None when it does: the planner's one rule
     (``cost.ulysses_problem``, the engine's), asked of the heads alone (the callers check
     the ranks against the domains, with their own words)."""
-    from ..planner.cost import ulysses_problem
+    from ringattn.geometry import ulysses_problem
 
     why = ulysses_problem(degree, degree, heads, kv_heads)
     return f"{degree} {why}" if why else None
