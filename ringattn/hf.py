@@ -317,20 +317,21 @@ _PACKING_SETTINGS = ("group", "layout", "ulysses_group")  # what else the check 
 def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> Shifts:
     """position_ids against the packing, once per tensor: restarting within a row with no
     cu_seqlens (documents packed without saying so, attended across); under cu_seqlens, rows
-    of a batch that differ, or a jump inside a document it packs (``_position_jump``)."""
+    of a batch that differ, or a jump inside a document it packs (``_position_jump``). Each
+    a PositionsError: one rank may find it alone, and the ring's agreement raises it on all."""
     key = (pos._version, *(_setting(kwargs, s) for s in _PACKING_SETTINGS))
     last = _POSITIONS_CHECKED[0]
     if last is not None and last[0]() is pos and last[1] is cu_seqlens and last[2] == key:
         return last[3]
     if cu_seqlens is None and bool((pos[..., 1:] < pos[..., :-1]).any()):
-        raise ValueError(
+        raise PositionsError(
             "ringattn: position_ids restart within a row (packed documents) but no "
             "cu_seqlens reached ring attention, which would attend across them: pass "
             "ring_cu_seqlens=... (or ring_settings(cu_seqlens=...))"
         )
     packed = cu_seqlens is not None
     if packed and pos.dim() == 2 and not bool((pos == pos[:1]).all()):
-        raise ValueError(
+        raise PositionsError(
             "ringattn: the rows of a packed batch have different position_ids, but one "
             "cu_seqlens packs every row: pack each row alike, or run them one at a time"
         )

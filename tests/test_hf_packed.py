@@ -344,6 +344,45 @@ def test_a_ranks_whole_share_shifted_is_refused():
         assert [r[scenario] for r in said] == ["ran", "ran"]
 
 
+def test_a_restart_one_rank_sees_is_refused_on_every_rank():
+    """Documents packed into position_ids but no cu_seqlens, the restart in rank 1's share
+    only (and rows of a batch that differ on rank 1 only): rank 1 refused alone, rank 0 ran
+    the bad call and then died on its lost peer (its first call paired with rank 1's
+    second). Both refuse now, and the right call after it runs on both."""
+    said = run_distributed(_one_rank_restarts, 2)
+    for scenario, text in (("restart", "restart within a row"), ("rows", "different position")):
+        assert text in said[1][scenario], said[1][scenario]
+        assert said[0][scenario].startswith("ringattn: rank 1 of the ring refused its input")
+    assert [r["right"] for r in said] == ["ran", "ran"]
+
+
+def _one_rank_restarts(rank: int, world: int) -> dict:
+    import ringattn
+    from ringattn.hf import register, ring_settings
+
+    register()
+    model = _model(dict(model_type="llama"), "ringattn")
+    cu, n = [0, 30, 48], 48
+    kw = dict(world_size=world, rank=rank, layout="contiguous")
+    ids = ringattn.shard_sequence(_tokens()[:n], dim=0, **kw)[None]
+    docs = ringattn.document_positions(cu, **kw)[None]  # rank 1's share restarts at row 6
+    rows = torch.cat([docs, docs + (rank == 1)])  # rank 1's rows differ
+    calls = {  # (ids, cu_seqlens, positions)
+        "restart": (ids, None, docs),
+        "rows": (ids.expand(2, -1), cu, rows),
+        "right": (ids, cu, docs),
+    }
+    said = {}
+    for scenario, (tokens, cu_seqlens, positions) in calls.items():
+        try:
+            with torch.no_grad(), ring_settings(layout="contiguous", cu_seqlens=cu_seqlens):
+                model(input_ids=tokens, position_ids=positions, use_cache=False)
+            said[scenario] = "ran"
+        except ValueError as err:
+            said[scenario] = str(err)
+    return said
+
+
 def _share_positions(rank: int, world: int) -> dict:
     import ringattn
     from ringattn.hf import register, ring_settings
