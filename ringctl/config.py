@@ -34,7 +34,7 @@ from .sbatch import slurm_time_seconds
 from .task_params import DEFAULT_TASK
 from .tasks.base import world_size
 
-__all__ = ["load_job", "load_resolved", "slurm_time_seconds", "world_size"]
+__all__ = ["job_layout", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
 
 
 # `backend:` takes the name of a registered backend (ringctl.backends.BACKENDS).
@@ -504,6 +504,13 @@ def _check_ring(cfg: DictConfig, bad) -> None:
         raise bad("ring.network_gbps", f"must be a positive number of Gbit/s, got {rate}")
 
 
+def job_layout(cfg) -> str:
+    """The layout a job's sequences are sharded in: the task's own (``task.layout``) where
+    its schema has one and it is set, else ``ring.layout``. The one rule of the tasks, the
+    planner's workload and the budget check."""
+    return str(OmegaConf.select(cfg, "task.layout", default=None) or cfg.ring.layout.value)
+
+
 def _check_budget(cfg: DictConfig, bad) -> None:
     """ring.max_tokens_per_rank: at least the rows every rank of the job's layout holds
     (``ringattn.geometry.chunks_per_rank``: 2 for zigzag). Below it no ring holds a token, and
@@ -513,7 +520,7 @@ def _check_budget(cfg: DictConfig, bad) -> None:
     budget = cfg.ring.max_tokens_per_rank
     if budget is None:
         return
-    layout = str(OmegaConf.select(cfg, "task.layout", default=None) or cfg.ring.layout.value)
+    layout = job_layout(cfg)
     least = chunks_per_rank(layout) if layout in LAYOUTS else 1  # another: the task refuses it
     if budget < least:
         raise bad(

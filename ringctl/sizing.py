@@ -16,11 +16,11 @@ from dataclasses import replace
 from functools import cached_property
 
 from .backends import backend_class
-from .config import world_size
+from .config import job_layout, world_size
 from .errors import UserError
 from .planner.cost import GIB, ModelShape, Workload, estimate, memory_per_rank, nominal_link
 from .planner.devices import Device, load_devices
-from .planner.model import ModelTooLarge, too_large
+from .planner.model import ModelTooLarge, Unpriced, too_large
 from .planner.preflight import Preflight
 
 __all__ = [
@@ -195,7 +195,10 @@ class Sizing:
         device = self.device
         if device is None:
             return None
-        work = self.work
+        try:
+            work = self.work
+        except Unpriced as err:  # the job runs it; only the planner's budget cannot be had
+            raise UserError(f"{err}; give ring.max_tokens_per_rank to size the rings") from None
         if work is None:
             return None
         return auto_budget(work, device, self.world, self.per_node), str(self.device_name)
@@ -212,24 +215,24 @@ class Sizing:
         from .scheduler import too_long
 
         cfg, device, name = self.cfg, self.device, self.device_name
-        if device is None and not cfg.ring.max_tokens_per_rank:
+        given = cfg.ring.max_tokens_per_rank  # the job's own budget needs no pricing
+        if device is None and not given:
             return None
-        work = self.work if lengths else None
-        if work is None:
+        work, unread = self._work
+        if not lengths or (work is None and not unread):
             return [], []
         biggest = self.largest_ring
-        per_host = min(biggest, self.per_node)
-        budget = cfg.ring.max_tokens_per_rank or max_tokens_per_rank(
-            work, device, biggest, per_host
-        )
-        of = f" ({name})" if device is not None else ""
-        layout = work.layout
+        if not given and unread:  # the device's budget is the planner's: it must read the model
+            raise unread
+        budget = given or max_tokens_per_rank(work, device, biggest, min(biggest, self.per_node))
+        of = f" ({name})" if device is not None and not given else ""
+        layout = job_layout(cfg)
         problems = [
             too_long(doc, n, [biggest], budget, layout) + of
             for doc, n in lengths
             if not ring_holds(n, biggest, budget, layout)
         ]
-        if device is None or problems:
+        if device is None or problems or work is None:
             return problems, []
         return problems, self._time_warnings(lengths, work, device, biggest)
 

@@ -8,6 +8,7 @@ import json
 import math
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,8 @@ from ringctl.planner.model import (
     lm_head_flops_per_token,
     total_params,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # --- 1. mixtures of experts -------------------------------------------------------------
 
@@ -440,3 +443,66 @@ def test_an_empty_model_and_a_corpus_of_extra_fields_are_refused(capsys, extra, 
 
 def test_a_model_shape_has_no_unused_params_field():
     assert "params" not in ModelShape.__dataclass_fields__
+
+
+# --- a model the job runs and the planner cannot price -------------------------------------------
+
+
+def _moe_job(tmp_path, model_type: str, *extra: str):
+    """A long-document job on a tiny config.json of ``model_type`` (its experts given), through
+    the checks submit runs; returns the checked config."""
+    from transformers import AutoConfig
+
+    from ringctl.config import load_job, load_job_from_dict
+    from ringctl.submission import checked_for_submission
+    from ringctl.tasks import get_task
+
+    small = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=4096,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    config = AutoConfig.for_model(model_type, **small)
+    model = tmp_path / f"{model_type}.json"
+    model.write_text(config.to_json_string(use_diff=False))
+    (tmp_path / "doc.txt").write_text("hello world " * 50)
+    job = load_job(
+        str(ROOT / "jobs" / "longdoc.yaml"),
+        [
+            f"task.model_path={model}",
+            "task.tokenizer_path=bytes",
+            f"task.inputs={tmp_path / 'doc.txt'}",
+            f"output_dir={tmp_path}",
+            *extra,
+        ],
+    )
+    prepared = get_task("longdoc").prepare(job)
+    if prepared is not job:
+        job = load_job_from_dict(prepared, source="job")
+    return checked_for_submission(job, "job")
+
+
+def test_a_model_the_planner_cannot_price_submits_with_a_budget_of_its_own(tmp_path):
+    """GraniteMoE runs on the ring (compat.config_refusal: None) but its experts are laid out in
+    a way the planner does not read: with the job's own ring.max_tokens_per_rank the submit
+    checks need no pricing and pass (they refused it, naming the planner, even with --force);
+    with ring.size=auto and a device, the planner's budget is needed: refused, saying how to
+    give one. Doge's config names experts with is_moe false: a dense model, priced."""
+    from ringctl.longdoc.model.compat import config_refusal
+
+    assert config_refusal({"model_type": "granitemoe"}) is None
+    budget = ("ring.size=2", "ring.max_tokens_per_rank=4096", "tasks_per_node=2")
+    assert _moe_job(tmp_path, "granitemoe", *budget).ring.max_tokens_per_rank == 4096
+    with pytest.raises(UserError, match="give ring.max_tokens_per_rank to size the rings"):
+        _moe_job(tmp_path, "granitemoe", "ring.size=auto", "device=H100-SXM", "tasks_per_node=2")
+    doge = {"model_type": "doge", "is_moe": False, "num_experts": 16384, **_SMALL_DENSE}
+    assert from_hf_config(doge, "doge").experts == 0
+
+
+_SMALL_DENSE = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=256)

@@ -144,6 +144,11 @@ MAX_PARAMS = 10**14  # 50 times the largest published model: a config that says 
 MAX_EXPERTS = 1 << 16  # routed experts per layer (published models: a few hundred)
 
 
+class Unpriced(UserError):
+    """A model the job runs but the planner cannot price (an expert layout it does not read):
+    a check that needs its numbers is skipped or refused, saying so, not guessed."""
+
+
 class ModelTooLarge(UserError):
     """A config whose sizes make more than MAX_PARAMS parameters: no machine holds it, and its
     numbers overflow what the planner computes. ``Sizing.model_state_problem`` says it at
@@ -239,11 +244,11 @@ def experts(data: dict, where: str) -> dict:
     layers between, shared experts of their own keys: DeepSeek, Llama 4, ...) is refused by
     name rather than priced as a dense model of a fraction of its weights."""
     key = next((k for k in EXPERT_KEYS if data.get(k)), None)  # 0 or null: dense
-    if key is None:
+    if key is None or data.get("is_moe") is False:  # Doge names experts it does not use
         return {}
     kind = data.get("model_type")
     if kind not in MOE_FAMILIES:
-        raise UserError(
+        raise Unpriced(
             f"{where}: model type {kind!r} has experts ({key}), laid out in a way the planner "
             f"does not read (it reads {', '.join(MOE_FAMILIES)}): not supported"
         )
@@ -256,7 +261,7 @@ def experts(data: dict, where: str) -> dict:
             f"{where}: key 'num_experts_per_tok' ({per_token}) is more than the {count} experts"
         )
     if data.get("decoder_sparse_step", 1) != 1 or data.get("mlp_only_layers"):
-        raise UserError(
+        raise Unpriced(
             f"{where}: keys 'decoder_sparse_step' / 'mlp_only_layers': dense layers between "
             "the expert layers are not read by the planner: not supported"
         )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..config import job_layout
 from ..jobdir import JobDir
 from ..task_params import TaskParams
 from . import atomic_write_json, load_tensors, save_tensors
@@ -56,10 +57,6 @@ class Params(TaskParams):
     fault_rank: int | None = None
     fault: str = "raise"
     fault_step: int = 0
-
-
-def layout_of(cfg) -> str:
-    return str(cfg.task.layout or cfg.ring.layout.value)
 
 
 def _dtype(name: str):
@@ -286,7 +283,7 @@ class AttentionTask(Task):
             raise bad("task.layout", f"unknown layout {t.layout!r}; expected contiguous or zigzag")
         if t.fault not in FAULTS:
             raise bad("task.fault", f"expected one of {', '.join(FAULTS)}, got {t.fault!r}")
-        world, layout = world_size(cfg), layout_of(cfg)
+        world, layout = world_size(cfg), job_layout(cfg)
         self.check_ring_keys(cfg, bad)
         degree = cfg.ring.ulysses if isinstance(cfg.ring.ulysses, int) else 1
         why = ulysses_problem(degree, world, int(t.heads), int(kv))
@@ -329,7 +326,7 @@ class AttentionTask(Task):
             batch=int(t.batch),
             dtype=str(t.dtype),
             causal=bool(t.causal),
-            layout=layout_of(cfg),
+            layout=job_layout(cfg),
             backward=True,
         )
 
@@ -341,7 +338,9 @@ class AttentionTask(Task):
         t = cfg.task
         dtype = _dtype(t.dtype)
         inputs = make_inputs(cfg)
-        attend, layout, degree = _attention_for(cfg, ctx, layout_of(cfg), int(inputs["k"].shape[2]))
+        attend, layout, degree = _attention_for(
+            cfg, ctx, job_layout(cfg), int(inputs["k"].shape[2])
+        )
         where = {"world_size": ctx.world_size, "rank": ctx.rank, "layout": layout}
         if degree > 1:
             where["ulysses_degree"] = degree

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..config import job_layout
 from ..longdoc.model.hub import OFFLINE_ENV
 from ..longdoc.params import CorpusParams, LongDocParams
 from .base import Gatherer, Task, importable, world_size
@@ -117,7 +118,7 @@ class CorpusTask(Task):
         params = self.params.from_any(
             OmegaConf.to_container(cfg.task, resolve=True), validate=False
         )
-        params.layout = str(cfg.task.layout or cfg.ring.layout.value)
+        params.layout = job_layout(cfg)
         params.validate()
         return params
 
@@ -402,7 +403,7 @@ class LongDocTask(CorpusTask):
             dtype=str(cfg.task.dtype),
             mode=mode,
             backward=mode == "train",
-            layout=str(cfg.task.layout or cfg.ring.layout.value),
+            layout=job_layout(cfg),
             lm_head_chunk=int(cfg.task.chunk_size),
         )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import job_layout
 from ..train.params import TrainParams
 from .base import Gatherer, world_size
 from .longdoc import CorpusTask
@@ -85,7 +86,7 @@ class TrainTask(CorpusTask):
         if shard not in SHARD_MODES:
             raise bad("model.shard", f"expected one of {', '.join(SHARD_MODES)}, got {shard!r}")
         budget = cfg.ring.get("max_tokens_per_rank")
-        layout = str(cfg.task.layout or cfg.ring.layout.value)
+        layout = job_layout(cfg)
         seq_len = int(cfg.task.seq_len)
         if budget and not ring_holds(seq_len, size, int(budget), layout):
             raise bad(
@@ -110,7 +111,7 @@ class TrainTask(CorpusTask):
             dtype=str(cfg.task.dtype),
             mode="train",
             backward=True,
-            layout=str(cfg.task.layout or cfg.ring.layout.value),
+            layout=job_layout(cfg),
             lm_head_chunk=int(cfg.task.chunk_size),
             optimizer="adam",
             shard="full" if str(cfg.model.shard) == "job" else "none",
