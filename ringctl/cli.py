@@ -1,9 +1,11 @@
 """The `ringctl` command: verbs only.
 
 Each verb lives in its own module, which registers its argparse sub-parser and the function it
-calls; this file wires them and maps errors to exit codes: 2 for a user error (`UserError`),
+calls; this file wires them and maps errors to exit codes: 2 for a user error (`UserError`,
+or an OSError naming a path: a name too long, a file where a folder must be: `path_failure`),
 1 for a write the machine refused (disk full, quota, read-only: `errors.write_failure`), 130
-for ^C, 141 when stdout's reader went away (`| head`); each with one line on stderr at most."""
+for ^C, 141 when stdout's reader went away (`| head`); each with one line on stderr at most.
+`ringctl --help` lists them (`EPILOG`)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,21 @@ VERB_MODULES = [
 ]
 
 
+# What `ringctl --help` says of exit statuses: each is what `_run` and `main` return (a verb may
+# add its own, e.g. gather's 3; its --help says so).
+EPILOG = """\
+Run `ringctl VERB --help` for the options of each verb.
+
+exit status:
+  0    done (`run`: the job COMPLETED)
+  1    not done: the job did not complete (`run`, `resume -f`), no job found or a state
+       unknown (`status`), the job does not fit (`plan`), or a write the machine refused
+       (disk full, quota, read-only file system)
+  2    a usage error: a bad argument, job file, key or path (one line says which)
+  130  interrupted (^C)
+  141  the reader of the output went away (`ringctl ... | head`)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ringctl",
@@ -32,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Run exact ring attention over very long sequences: on this machine, on the Slurm "
             "cluster you are logged into, or on a cluster reached over SSH."
         ),
-        epilog="Run `ringctl VERB --help` for the options of each verb.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"ringctl {__version__}")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
@@ -91,11 +109,27 @@ def _run(argv: list[str] | None) -> int:
         return 130
     except OSError as err:
         line = write_failure(err)  # disk full, quota, read-only: one line naming the file
+        if line is not None:
+            print(f"ringctl {args.verb}: error: {line}", file=sys.stderr)
+            return WRITE_FAILED_EXIT
+        line = path_failure(err)
         if line is None:
             raise
         print(f"ringctl {args.verb}: error: {line}", file=sys.stderr)
-        return WRITE_FAILED_EXIT
+        return UserError.exit_code
     return int(code or 0)
+
+
+def path_failure(err: OSError) -> str | None:
+    """One line (`PATH: strerror`) for an OSError about a path the user gave or a job holds: a
+    name over 255 bytes, a file where a folder must be, a folder missing. A usage error
+    (exit 2), not a bug: these made tracebacks. None when it names no file (a bug keeps its
+    traceback)."""
+    from .errors import path_error
+    from .terminal import visible
+
+    line = path_error(err)
+    return None if line is None else visible(line)
 
 
 # 128 + SIGPIPE: what the shell reports for any program stopped by a closed pipe (`yes | head`).

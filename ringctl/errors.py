@@ -47,8 +47,16 @@ def write_failure(err: BaseException) -> str | None:
     when err is something else (a bug keeps its traceback)."""
     if not isinstance(err, OSError) or err.errno not in WRITE_ERRNOS:
         return None
-    where = f"{err.filename}: " if err.filename is not None else ""
-    return f"{where}{err.strerror or err}"
+    return path_error(err) or f"{err.strerror or err}"
+
+
+def path_error(err: BaseException) -> str | None:
+    """An OSError about one path as one line, ``PATH: strerror`` (None when it names no path:
+    the caller says it otherwise). The one spelling of the CLI's, the local supervisor's and
+    ``write_failure``'s."""
+    if not isinstance(err, OSError) or err.filename is None or not err.strerror:
+        return None
+    return f"{err.filename}: {err.strerror}"
 
 
 def naming(path: str | Path, said: str, *, within: str | Path | None = None, what: str = "") -> str:

@@ -360,7 +360,10 @@ class JobDir:
             if not target.is_dir():
                 raise UserError(f"job_dir: {target} exists and is not a directory")
             if any(target.iterdir()):
-                raise UserError(f"job_dir: {target} exists and is not empty")
+                raise UserError(
+                    f"job_dir: {target} exists and is not empty "
+                    f"(to continue a job there: ringctl resume {target})"
+                )
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):

@@ -262,6 +262,22 @@ def _resume_key_problem(item: str) -> str | None:
     return None
 
 
+def _check_resume_key(job: JobDir, item: str) -> None:
+    """Refuse an override resume may not take. The whitelist is for keys the job has: an
+    unknown one (`nodez=2`) gets load_job's own refusal and its "did you mean nodes?", not
+    the list of what a resume may change."""
+    from omegaconf import OmegaConf
+
+    why = _resume_key_problem(item)
+    if not why:
+        return
+    key = item.split("=", 1)[0].strip()
+    absent = object()
+    if not key or OmegaConf.select(load_job(job.config), key, default=absent) is absent:
+        load_job(job.config, [item])  # its one line for an unknown key, with a suggestion
+    raise UserError(why)
+
+
 def _resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
     """The job's config with resume's overrides, checked like a new job (the config's checks
     and submit's: ``checked_for_submission``) before anything is written; None without any."""
@@ -270,9 +286,7 @@ def _resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
     if not overrides:
         return None
     for item in overrides:
-        why = _resume_key_problem(item)
-        if why:
-            raise UserError(why)
+        _check_resume_key(job, item)
     cfg = load_job(job.config, overrides)  # every check of a new job, the task's included
     cfg = checked_for_submission(cfg, str(job.config), force=force)
     return cfg, render_script(cfg)

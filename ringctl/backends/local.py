@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,12 +31,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..bounded_read import read_regular
-from ..errors import UserError, with_filename
+from ..errors import UserError, path_error, with_filename
 from ..jobdir import JobDir
 from ..jsonsafe import whole_number
 from ..text import cut, is_ascii_number
 from .base import Backend, JobState, JobStatus
-from .joblogs import is_peer_loss, killed_by, no_result_reason, ranks_without_result
+from .joblogs import (
+    error_summary,
+    is_peer_loss,
+    killed_by,
+    no_result_reason,
+    ranks_without_result,
+)
 from .launch import EXEC, FORK, ForkedRank, exec_reason, start_rank, warm_up
 from .shell import LocalShell
 
@@ -189,6 +196,7 @@ class LocalBackend(Backend):
 
     def submit(self, job_dir: Path) -> str:
         job = JobDir(Path(job_dir).resolve())
+        refuse_missing_python(job)
         job.logs.mkdir(parents=True, exist_ok=True)
         stop_earlier_workers(job)
         with open(job.supervisor_log, "ab") as log:
@@ -215,14 +223,18 @@ class LocalBackend(Backend):
         job = JobDir(job_dir)
         record = _read_record(job)
         job_id = f"local-{record.pid}" if record else "local-?"
+        # Alive is asked before the state is read: a supervisor that writes its last state and
+        # exits between the two is then never taken for one that died without a word.
+        alive = record is not None and record.alive()
         try:
             recorded = RecordedState.read(job)
         except UserError as err:  # the job can write its directory: say so, no traceback
             return JobStatus(job_id, JobState.UNKNOWN, str(err))
-        alive = record is not None and record.alive()
         if recorded is None:
             if alive:
                 return JobStatus(job_id, JobState.PENDING, "starting")
+            if record is not None:  # submitted, and its supervisor is gone: it never will
+                return JobStatus(job_id, JobState.FAILED, died_unrecorded(job))
             return JobStatus(job_id, JobState.UNKNOWN, "no state recorded (not submitted?)")
         st, reason = recorded.state, recorded.reason
         started, ended = recorded.started_at, recorded.ended_at
@@ -249,6 +261,42 @@ class LocalBackend(Backend):
             state = job.read_state() or {}
             state.update(state="CANCELLED", reason="cancelled", ended_at=time.time())
             job.write_state(state)
+
+
+def died_unrecorded(job: JobDir) -> str:
+    """Why a submitted job whose supervisor is gone has no state.json: the supervisor's own
+    last error line (a crash before it could record one), and where its log is. Without this
+    the job stayed UNKNOWN, and `run` and `logs -f` waited for its end for ever."""
+    try:
+        raw = LocalShell().read_from(str(job.supervisor_log), limit=MAX_RECORD_BYTES, tail=True)
+    except UserError:  # the log made a link or a FIFO: only named below
+        raw = None
+    said = error_summary((raw or b"").decode("utf-8", errors="replace"))
+    return (
+        "the local supervisor ended without recording a state"
+        + (f": {said}" if said else "")
+        + f" (see {job.supervisor_log})"
+    )
+
+
+def rank_python(cfg) -> str:
+    """The interpreter the ranks start as (env.python, else this one): one rule for the
+    supervisor's launch and submit's check."""
+    return os.path.expanduser(str(cfg.env.python or sys.executable))
+
+
+def refuse_missing_python(job: JobDir) -> None:
+    """Refuse, before the supervisor starts, a job whose env.python names no executable (a
+    path, or a command on PATH): its ranks could never start. Read from the job directory's
+    config, the one the supervisor runs (a resume may have changed it)."""
+    from ..config import load_resolved
+
+    cfg = load_resolved(job.config)
+    if cfg.env.python and shutil.which(rank_python(cfg)) is None:
+        raise UserError(
+            f"env.python: {cfg.env.python}: no such executable file (nor a command on PATH); "
+            "the ranks could not start"
+        )
 
 
 @dataclass(frozen=True)
@@ -460,8 +508,9 @@ class Supervisor:
         self, rank: int, extra: dict[str, str], launch: str
     ) -> subprocess.Popen | ForkedRank:
         logs = (self.job.rank_log(rank, "out"), self.job.rank_log(rank, "err"))
-        python = os.path.expanduser(self.cfg.env.python or sys.executable)
-        return start_rank(launch, str(self.job.path), _child_env(extra), logs, python)
+        return start_rank(
+            launch, str(self.job.path), _child_env(extra), logs, rank_python(self.cfg)
+        )
 
     def watch(self) -> None:
         """Until every rank has exited: record exits, end the rest after a failure/cancel."""
@@ -553,13 +602,49 @@ def first_failure(failures: list[RankFailure]) -> int:
 
 
 def supervise(job_dir: Path) -> int:
-    supervisor = Supervisor(JobDir(Path(job_dir).resolve()))
-    signal.signal(signal.SIGTERM, supervisor.on_term)
-    signal.signal(signal.SIGINT, supervisor.on_term)
-    supervisor.start()
+    job = JobDir(Path(job_dir).resolve())
+    supervisor = None
+    try:
+        supervisor = Supervisor(job)
+        signal.signal(signal.SIGTERM, supervisor.on_term)
+        signal.signal(signal.SIGINT, supervisor.on_term)
+        supervisor.start()
+    except BaseException as err:
+        record_start_failure(job, supervisor, err)
+        raise
     supervisor.watch()
     supervisor.finish()
     return 0
+
+
+def record_start_failure(job: JobDir, supervisor: Supervisor | None, err: BaseException) -> None:
+    """The job FAILED with err as its reason when its ranks could not all start (env.python
+    gone, the config unreadable, a full disk): before, the supervisor died without a state,
+    the job stayed UNKNOWN and `run` waited for ever. Ranks already started are killed (they
+    would die with the supervisor anyway, PR_SET_PDEATHSIG); a job cancelled meanwhile keeps
+    its CANCELLED."""
+    for proc in supervisor.procs.values() if supervisor else ():
+        proc.kill()
+    recorded = job.read_state() or {}
+    if recorded.get("state") in {s.value for s in JobState if s.finished}:
+        return
+    state = dict(supervisor.state) if supervisor else {"backend": "local"}
+    state.pop("ranks", None)  # killed above: none runs, and none must be stopped by a resume
+    reason = f"the ranks could not start: {describe_error(err)}"
+    state.update(state="FAILED", reason=reason, exit_code=None, ended_at=time.time())
+    state.setdefault("started_at", state["ended_at"])
+    try:
+        job.write_state(state)
+    except OSError as write_err:  # status then names the supervisor's log: say it there too
+        print(f"supervisor: state.json not written: {write_err}", file=sys.stderr)
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for an exception: a UserError's own words, an OSError as `PATH: strerror`,
+    anything else as `Type: message`."""
+    if isinstance(err, UserError):
+        return str(err)
+    return path_error(err) or f"{type(err).__name__}: {err}".rstrip(": ")
 
 
 def main(argv: list[str] | None = None) -> int:

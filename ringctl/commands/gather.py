@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
+import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,7 +138,14 @@ def _fetch(job, backend, console, *, want_state: bool):
     return status
 
 
-def _state_line(status, job_path: Path | None, result) -> str:
+def _gather_command(job_path: Path | None, out: str | None) -> str:
+    """`ringctl gather JOBDIR [-o OUT]` as the hints say it: a hint that dropped -o pointed
+    at another output than the one this gather wrote (and would replace)."""
+    words = ["ringctl", "gather", str(job_path)] + (["-o", out] if out else [])
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _state_line(status, job_path: Path | None, result, out: str | None = None) -> str:
     """What --partial says about the job: still running, or ended without some documents."""
     if status is None:
         return "job state unknown (not a job directory: no backend to ask)"
@@ -149,20 +158,43 @@ def _state_line(status, job_path: Path | None, result) -> str:
         if not left:
             return f"the job is still {state}{why}; every listed document is complete already"
         return (
-            f"the job is still {state}{why}: run `ringctl gather {job_path}` again when it "
-            "ends (it replaces this partial output)"
+            f"the job is still {state}{why}: run `{_gather_command(job_path, out)}` again "
+            "when it ends (it replaces this partial output)"
         )
     if not left:
         return f"the job is {state}{why}"
     if state == "COMPLETED":
         return (
-            f"the job is COMPLETED, yet {left} document(s) are not complete: `ringctl gather "
-            f"{job_path}` (without --partial) names every problem"
+            f"the job is COMPLETED, yet {left} document(s) are not complete: "
+            f"`{_gather_command(job_path, out)}` (without --partial) names every problem"
         )
     return (
         f"the job is {state}{why}: the {left} document(s) left out will not be computed "
         f"unless you `ringctl resume {job_path}`"
     )
+
+
+def _not_finished_line(status, job_path: Path) -> str | None:
+    """The line that leads a failed gather of a job that has not ended (PENDING, RUNNING):
+    its shards are missing because they are not written yet, which the list of problems
+    alone does not say. None for an ended job, or one whose state is not known."""
+    if status is None or status.state.finished or status.state.value == "UNKNOWN":
+        return None
+    return (
+        f"the job is {status.state.value}: its outputs are not all written yet; gather it when "
+        f"it ends (`ringctl status {shlex.quote(str(job_path))}`), or gather the complete "
+        "documents now with --partial"
+    )
+
+
+def _state_now(backend, job_path: Path):
+    """The backend's state of the job for a hint, or None when it cannot be asked (a slurm
+    job gathered where no sacct runs): a hint never turns a gather's error into another."""
+    try:
+        with backend:
+            return backend.status(job_path)
+    except (UserError, OSError):
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -193,8 +225,14 @@ def run(args: argparse.Namespace) -> int:
             # the inputs named by the job's own config are checked against the outputs, where
             # they are visible (not an ssh job's: they live on the login node)
             inputs = {"job_config": cfg, "remote": bool(job.read_meta().get("remote"))}
-            result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
+            try:
+                result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
+            except UserError:
+                lead = _not_finished_line(status or _state_now(backend, job.path), job.path)
+                if lead:  # before the problems the cli prints: why they are there
+                    print(f"ringctl gather: {visible(lead)}", file=sys.stderr)
+                raise
     gatherer.show(result, console)
     if args.partial:
-        console.print(Text(visible(_state_line(status, job_path, result))))
+        console.print(Text(visible(_state_line(status, job_path, result, args.out))))
     return 0

@@ -23,15 +23,17 @@ Submitting and resuming (the checks, the sizing, the job directory) live in
 from __future__ import annotations
 
 import json
+import posixpath
 import sys
 import time
 from pathlib import Path
 
-from ..config import load_job, to_yaml
+from ..config import load_job, to_yaml, world_size
 from ..errors import UserError
 from ..jobdir import JobDir, task_output
 from ..jsonsafe import finite_json
 from ..progress import read_record
+from ..resources import find_job
 from ..submission import open_job_dir, resume_job, submit_job
 from ..terminal import for_terminal, visible
 from ..text import cut
@@ -48,8 +50,18 @@ def cmd_render(args) -> int:
     from ..render import render_script
 
     cfg = load_job(args.job, args.overrides)
-    sys.stdout.write(render_script(cfg, job_dir=args.job_dir))
+    sys.stdout.write(render_script(cfg, job_dir=cluster_job_dir(args.job_dir)))
     return 0
+
+
+def cluster_job_dir(path: str | None) -> str | None:
+    """--job-dir as the script takes it: an absolute path as the cluster sees it (the
+    script's `cd` and `#SBATCH --chdir`). A relative one (or ~) would be read from wherever
+    the script runs, and this machine's directory is not the cluster's: refused, not
+    resolved here."""
+    if path is None or posixpath.isabs(path):
+        return path
+    raise UserError(f"--job-dir {path}: give an absolute path, as the cluster sees it")
 
 
 def cmd_submit(args) -> int:
@@ -59,9 +71,21 @@ def cmd_submit(args) -> int:
 
 
 def cmd_run(args) -> int:
+    if args.rank is not None:  # refused before anything is submitted
+        checked_rank(args.rank, load_job(args.job, args.overrides))
     job_dir, job_id, backend = submit_job(args.job, args.overrides, force=args.force)
     print(f"submitted job {job_id} ({backend.name}) in {job_dir}", flush=True)
-    return follow_to_end(job_dir, job_id, backend, rank=None if args.all_ranks else args.rank)
+    rank = None if args.all_ranks else args.rank or 0
+    return follow_to_end(job_dir, job_id, backend, rank=rank)
+
+
+def checked_rank(rank: int | None, cfg) -> int | None:
+    """--rank R, when the job has a rank R (None: every rank). A rank outside
+    0..world_size-1 has no log: `logs` and `run` printed nothing and exited 0."""
+    world = world_size(cfg)
+    if rank is not None and not 0 <= rank < world:
+        raise UserError(f"--rank {rank}: this job has ranks 0 to {world - 1} ({world} ranks)")
+    return rank
 
 
 def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> int:
@@ -91,19 +115,22 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
 
 
 def cmd_resume(args) -> int:
+    if args.follow and args.rank is not None:  # against the job as resumed, before it is
+        job, cfg, _ = open_job_dir(args.job_dir)
+        checked_rank(args.rank, load_job(job.config, args.overrides) if args.overrides else cfg)
     job_dir, job_id, backend = resume_job(
         Path(args.job_dir), force=args.force, overrides=args.overrides
     )
     print(f"resubmitted as job {job_id} ({backend.name}) in {job_dir}", flush=True)
     if not args.follow:
         return 0
-    return follow_to_end(job_dir, job_id, backend, rank=args.rank)
+    return follow_to_end(job_dir, job_id, backend, rank=args.rank or 0)
 
 
 def _status_targets(args) -> list[Path]:
     """JOBDIR..., or JOB [KEY=VALUE...] (that job's directories), or everything under --root."""
     targets = list(args.targets)
-    if targets and Path(targets[0]).is_file():
+    if targets and _is_job(targets[0]):
         cfg = load_job(targets[0], targets[1:])
         if cfg.job_dir:
             dirs = [Path(str(cfg.job_dir))]
@@ -116,7 +143,33 @@ def _status_targets(args) -> list[Path]:
         dirs = [Path(t) for t in targets]
     else:
         dirs = [j.path for j in JobDir.find(Path(args.root))]
+        if not dirs:
+            raise NoJobs(_no_jobs_line(Path(args.root)))
     return dirs[-1:] if args.latest else dirs
+
+
+def _is_job(target: str) -> bool:
+    """Whether a status target names a job (a job file, or a bundled job's name as every
+    other JOB verb takes it: `find_job`) rather than a job directory."""
+    if Path(target).is_dir():
+        return False
+    try:
+        find_job(target)
+    except UserError:
+        return False
+    return True
+
+
+class NoJobs(UserError):
+    """No job directory under --root: exit 1 in every form of `status` (the directory
+    list, the table, JSON), the root named, and whether it exists."""
+
+    exit_code = 1
+
+
+def _no_jobs_line(root: Path) -> str:
+    where = f"no jobs under {root}/" if root.is_dir() else f"--root {root}: no such directory"
+    return f"{where} (give a job directory: ringctl status JOBDIR)"
 
 
 def read_progress(job_dir: Path, notes: list[str] | None = None) -> dict | None:
@@ -267,11 +320,12 @@ def _status_table(rows: list[dict]):
     from rich.table import Table
     from rich.text import Text
 
+    # Every column folds, none has a floor: six unbreakable columns and two with minimum
+    # widths summed past the console's width, and rich cropped the reason to a few characters
+    # and lost the right border (`ringctl status JOBDIR | cat`).
     table = Table(title=None, show_lines=False)
-    table.add_column("job dir", overflow="fold", min_width=20)
-    for col in ("name", "backend", "job id", "state", "elapsed", "progress"):
-        table.add_column(col, no_wrap=True, min_width=len(col))
-    table.add_column("reason", overflow="fold", min_width=20)
+    for col in ("job dir", "name", "backend", "job id", "state", "elapsed", "progress", "reason"):
+        table.add_column(col, overflow="fold")
     for r in rows:
         elapsed = f"{r['elapsed_s']:.1f}s" if r["elapsed_s"] is not None else ""
         cells = [
@@ -294,16 +348,19 @@ def _status_table(rows: list[dict]):
 def cmd_status(args) -> int:
     from rich.console import Console
 
-    dirs = _status_targets(args)
+    try:
+        dirs = _status_targets(args)
+    except NoJobs:
+        if args.json:  # still a JSON document for the reader; the status says none
+            print("[]")
+        raise
     if args.dir_only:
         for job_dir in dirs:  # a directory name may hold terminal escapes
             print(visible(str(job_dir)))
-        return 0 if dirs else 1
+        return 0
     rows = [job_row(d, single=True) if len(dirs) == 1 else listed_row(d) for d in dirs]
     if args.json:
         print(json.dumps(rows, indent=2, default=str, allow_nan=False))
-    elif not rows:
-        print(f"no jobs under {args.root}/ (give a job directory: ringctl status JOBDIR)")
     else:
         console = Console(width=max(120, Console().width))
         console.print(_status_table(rows))
@@ -340,10 +397,11 @@ def _rings_table(rings: list[dict], state: str):
 
 
 def cmd_logs(args) -> int:
-    job_dir, _, backend = open_job_dir(args.job_dir)
+    job_dir, cfg, backend = open_job_dir(args.job_dir)
+    rank = checked_rank(args.rank, cfg)
     shown = for_terminal()  # a rank's log may hold escape sequences: shown, not obeyed
     try:
-        for line in backend.logs(job_dir, rank=args.rank, follow=args.follow):
+        for line in backend.logs(job_dir, rank=rank, follow=args.follow):
             print(shown(line), flush=args.follow)
     except KeyboardInterrupt:
         return 130
@@ -378,6 +436,25 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def add_job_dir(p) -> None:
+    """The JOBDIR positional of resume, logs, fetch and cancel: one definition, one help."""
+    p.add_argument(
+        "job_dir", metavar="JOBDIR", help="a job directory (the one `ringctl submit` printed)"
+    )
+
+
+def add_overrides(p, help_: str) -> None:
+    """KEY=VALUE ...: optional (default []), so that a missing JOB or JOBDIR is the only
+    argument argparse calls required."""
+    p.add_argument("overrides", nargs="*", default=[], metavar="KEY=VALUE", help=help_)
+
+
+def add_rank(p, help_: str):
+    """--rank R (default None: the verb's own default); checked against the job's ranks
+    by `checked_rank` before anything is submitted or read."""
+    return p.add_argument("--rank", type=int, default=None, metavar="R", help=help_)
+
+
 def register(subparsers) -> None:
     """Add the job verbs to ringctl's sub-parsers (in the order `ringctl --help` lists them)."""
     _register_job_file_verbs(subparsers)
@@ -397,12 +474,7 @@ def _register_job_file_verbs(subparsers) -> None:
             help="a job file (e.g. jobs/smoke.yaml) or a bundled job's name (smoke, attention, "
             "longdoc, train)",
         )
-        p.add_argument(
-            "overrides",
-            nargs="*",
-            metavar="KEY=VALUE",
-            help="config overrides in dotted form, e.g. nodes=4 slurm.partition=gpu",
-        )
+        add_overrides(p, "config overrides in dotted form, e.g. nodes=4 slurm.partition=gpu")
         p.set_defaults(func=func)
         return p
 
@@ -411,7 +483,7 @@ def _register_job_file_verbs(subparsers) -> None:
     p.add_argument(
         "--job-dir",
         default=None,
-        help="render with absolute paths to this job directory (as seen on the cluster)",
+        help="render with this job directory: an absolute path, as the cluster sees it",
     )
     force_help = "submit even when `ringctl plan` says the ranks cannot hold the job"
     p = job_parser("submit", "Create the job directory and submit the job.", cmd_submit)
@@ -420,8 +492,9 @@ def _register_job_file_verbs(subparsers) -> None:
         "run", "Submit a job and follow its log until it ends (exit 0 only if COMPLETED).", cmd_run
     )
     p.add_argument("--force", action="store_true", help=force_help)
-    p.add_argument("--rank", type=int, default=0, help="whose log to follow (default: 0)")
-    p.add_argument("--all-ranks", action="store_true", help="follow every rank's log")
+    whose = p.add_mutually_exclusive_group()
+    add_rank(whose, "whose log to follow (default: 0)")
+    whose.add_argument("--all-ranks", action="store_true", help="follow every rank's log")
 
 
 def _register_status(subparsers) -> None:
@@ -436,9 +509,12 @@ def _register_status(subparsers) -> None:
     )
     p.add_argument("--root", default="runs", help="where to look without JOBDIR (default: runs)")
     p.add_argument("--latest", action="store_true", help="only the most recent job")
-    p.add_argument("--dir-only", action="store_true", help="print the job directories only")
-    p.add_argument(
-        "--json", action="store_true", help="one JSON object per job (state, progress, rate, ETA)"
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--dir-only", action="store_true", help="print the job directories only")
+    shown.add_argument(
+        "--json",
+        action="store_true",
+        help="a JSON array: one object per job (state, progress, rate, ETA)",
     )
     p.set_defaults(func=cmd_status)
 
@@ -454,16 +530,14 @@ def _register_resume(subparsers) -> None:
             "move to attempts/<n>/."
         ),
     )
-    p.add_argument("job_dir", metavar="JOBDIR")
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="change how the job runs: nodes, tasks_per_node, ring.*, slurm.*, env.*, ... "
+    add_job_dir(p)
+    add_overrides(
+        p,
+        "change how the job runs: nodes, tasks_per_node, ring.*, slurm.*, env.*, ... "
         "(e.g. ring.size=2 nodes=2); what it computes stays",
     )
     p.add_argument("-f", "--follow", action="store_true", help="follow the log until it ends")
-    p.add_argument("--rank", type=int, default=0, help="whose log to follow (default: 0)")
+    add_rank(p, "whose log to follow with -f (default: 0)")
     p.add_argument(
         "--force", action="store_true", help="run a COMPLETED job again (its outputs are kept)"
     )
@@ -473,9 +547,9 @@ def _register_resume(subparsers) -> None:
 def _register_job_dir_verbs(subparsers) -> None:
     """logs, fetch, cancel: one job directory each."""
     p = subparsers.add_parser("logs", help="Print a job's logs.", description="Print a job's logs.")
-    p.add_argument("job_dir", metavar="JOBDIR")
+    add_job_dir(p)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    p.add_argument("--rank", type=int, default=None, help="only this rank (default: all)")
+    add_rank(p, "only this rank (default: all)")
     p.set_defaults(func=cmd_logs)
 
     p = subparsers.add_parser(
@@ -488,9 +562,9 @@ def _register_job_dir_verbs(subparsers) -> None:
             "symbolic link is followed. Local and slurm jobs need no fetch."
         ),
     )
-    p.add_argument("job_dir", metavar="JOBDIR")
+    add_job_dir(p)
     p.set_defaults(func=cmd_fetch)
 
     p = subparsers.add_parser("cancel", help="Cancel a job.", description="Cancel a job.")
-    p.add_argument("job_dir", metavar="JOBDIR")
+    add_job_dir(p)
     p.set_defaults(func=cmd_cancel)

@@ -66,6 +66,9 @@ Devices: A100-40GB, A100-80GB, H100-SXM, H100-SXM-96GB, H100-PCIe, H200, B200, L
 figures with their sources, ringctl/planner/data/devices.json), plus --calibrate and --devices.
 Models (--model): llama3-8b, llama3-70b, llama3-405b, llama2-7b, llama2-13b, llama-3b,
 llama-30b (ringctl/planner/data/models.json), or a Hugging Face model directory.
+
+Exit status 1 when the sequence does not fit the ranks' memory ("does not fit" among the
+warnings), 2 for a usage error, else 0 (a schedule, corpus or calibration report: 0).
 """
 
 

@@ -1,0 +1,284 @@
+"""The command-line review's findings (issue "CLI review"): a job whose local supervisor cannot
+start its ranks ends FAILED instead of hanging `run`; --rank outside the job's ranks is
+refused; OSErrors naming a path are one line; the status table shows a long reason whole;
+`status` takes a bundled job's name; resume suggests the key meant; gather says why a running
+job's outputs are missing, and its hint keeps -o; the job_dir refusal names resume; help and
+exit statuses say what the verbs do.
+
+Local jobs run only where the point is the supervisor (one that fails at once); the rest use
+a job directory as `ringctl submit` leaves it, made here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ringctl.atomic import atomic_write_json
+from ringctl.backends import local
+from ringctl.backends.base import JobState, JobStatus
+from ringctl.cli import build_parser, main
+from ringctl.commands.gather import _state_line
+from ringctl.config import load_job, to_yaml
+from ringctl.jobdir import JobDir
+from tests.local_jobs import submitted_job_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_PYTHON = "env.python=/nonexistent/python"
+
+
+def _job_dir(base: Path, job: str = "smoke", state: dict | None = None, *overrides) -> Path:
+    """A local job's directory as `ringctl submit` leaves it (no process), with its state."""
+    files = {
+        "config.yaml": to_yaml(load_job(job, list(overrides))),
+        "job.sh": "#!/bin/bash\n",
+        "job.json": json.dumps({"backend": "local", "name": job}),
+    }
+    path = JobDir.create(files, target=base / job, base=base, stem=job).path
+    if state is not None:
+        atomic_write_json(path / "state.json", state)
+    return path
+
+
+def _fake_supervisor(job: Path) -> subprocess.Popen:
+    """A live process the local backend takes for the job's supervisor (its marker's words as
+    whole arguments), recorded in supervisor.pid."""
+    marker = local.supervisor_marker(JobDir(job))
+    argv = [sys.executable, "-c", "import time; time.sleep(300)", *marker.split(" ", 1)]
+    proc = subprocess.Popen(argv)
+    deadline = time.monotonic() + 10
+    record = local.ProcessRecord.of(proc.pid, marker)
+    while not record.alive() and time.monotonic() < deadline:  # until exec has happened
+        time.sleep(0.05)
+        record = local.ProcessRecord.of(proc.pid, marker)
+    (job / "supervisor.pid").write_text(json.dumps(asdict(record)) + "\n")
+    return proc
+
+
+# --- 1. a supervisor that cannot start its ranks ------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_run_refuses_an_env_python_that_does_not_exist(tmp_path: Path, capsys) -> None:
+    assert main(["run", "smoke", f"output_dir={tmp_path}", NO_PYTHON]) == 2
+    err = capsys.readouterr().err
+    assert "env.python: /nonexistent/python" in err and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # nothing submitted, nothing left
+
+
+@pytest.mark.timeout(60)
+def test_a_supervisor_that_cannot_start_its_ranks_fails_the_job(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Past submit's check (the interpreter removed meanwhile): the supervisor records FAILED
+    with its error, and `run` ends non-zero in seconds instead of waiting for ever."""
+    monkeypatch.setattr(local, "refuse_missing_python", lambda job: None, raising=False)
+    started = time.monotonic()
+    assert main(["run", "smoke", f"output_dir={tmp_path}", NO_PYTHON]) == 1
+    assert time.monotonic() - started < 30
+    out, err = capsys.readouterr()
+    assert "FAILED" in err and "/nonexistent/python: No such file or directory" in err
+    state = json.loads((submitted_job_dir(out.splitlines()[0]) / "state.json").read_text())
+    assert state["state"] == "FAILED" and "the ranks could not start" in state["reason"]
+
+
+def test_a_supervisor_gone_without_a_state_reads_failed(tmp_path: Path, capsys) -> None:
+    """No state.json, and supervisor.pid names a process that is not (or no longer) the
+    supervisor: FAILED, with its log's last error and where the log is; UNKNOWN stays for a
+    directory never submitted."""
+    job = _job_dir(tmp_path)
+    assert local.LocalBackend().status(job).state is JobState.UNKNOWN  # never submitted
+    gone = {"pid": 1, "start": 1}  # pid 1 with another start time: not this supervisor
+    (job / "supervisor.pid").write_text(json.dumps(gone))
+    (job / "logs" / "supervisor.log").write_text("Traceback ...\nOSError: disk on fire\n")
+    st = local.LocalBackend().status(job)
+    assert st.state is JobState.FAILED
+    assert "OSError: disk on fire" in st.reason and "logs/supervisor.log" in st.reason
+
+
+# --- 2. --rank ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rank", ["7", "4", "-1"])
+def test_logs_refuses_a_rank_the_job_does_not_have(tmp_path: Path, capsys, rank: str) -> None:
+    job = _job_dir(tmp_path, "smoke", {"state": "COMPLETED"})
+    (job / "logs" / "rank-3.out").write_text("rank three\n")
+    assert main(["logs", str(job), "--rank", rank]) == 2
+    assert f"--rank {rank}: this job has ranks 0 to 3" in capsys.readouterr().err
+    assert main(["logs", str(job), "--rank", "3"]) == 0
+    assert "rank three" in capsys.readouterr().out
+
+
+def test_run_refuses_a_rank_before_submitting(tmp_path: Path, capsys) -> None:
+    assert main(["run", "smoke", f"output_dir={tmp_path}", "--rank", "9"]) == 2
+    assert "--rank 9: this job has ranks 0 to 3" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_rank_and_all_ranks_exclude_each_other(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "smoke", "--rank", "1", "--all-ranks"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+# --- 3. OSErrors naming a path ------------------------------------------------------------------
+
+
+def test_a_name_too_long_is_one_line(tmp_path: Path, capsys) -> None:
+    long = tmp_path / ("a" * 300)
+    assert main(["submit", "smoke", f"output_dir={long}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(": File name too long") and len(err.splitlines()) == 1
+
+
+def test_an_oserror_naming_a_path_is_one_line(capsys, monkeypatch) -> None:
+    """Any OSError with a filename (here NotADirectoryError, as `gather -o afile/sub` raised):
+    `PATH: strerror`, exit 2; the write errnos keep exit 1."""
+    import errno
+
+    from ringctl.commands import jobs
+
+    def raising(no):
+        def cmd(args):
+            raise OSError(no, "said", "/some/afile.txt")
+
+        return cmd
+
+    monkeypatch.setattr(jobs, "cmd_config", raising(errno.ENOTDIR))
+    assert main(["config", "smoke"]) == 2
+    assert capsys.readouterr().err == "ringctl config: error: /some/afile.txt: said\n"
+    monkeypatch.setattr(jobs, "cmd_config", raising(errno.ENOSPC))
+    assert main(["config", "smoke"]) == 1
+
+
+# --- 4. the status table ------------------------------------------------------------------------
+
+
+def test_status_shows_a_long_reason_whole_at_width_120(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "120")  # what rich takes for the width when not a terminal
+    reason = "rank 3 exited 1: ValueError: " + " ".join(f"word{i}" for i in range(40))
+    state = {"state": "FAILED", "reason": reason, "started_at": 1.0, "ended_at": 1234.5}
+    job = _job_dir(tmp_path, "longdoc", state)
+    (job / "supervisor.pid").write_text(json.dumps({"pid": 1, "start": 1}))
+    progress = {"done": 3, "total": 40, "unit": "documents", "tokens_per_s": 123456.0}
+    (job / "logs" / "progress.json").write_text(json.dumps(progress))  # a wide cell beside it
+    assert main(["status", str(job)]) == 0
+    lines = capsys.readouterr().out.splitlines()  # not a terminal, as `| cat`
+    assert lines and all(len(line) <= 120 and line[-1] in "┓┃┩│┘" for line in lines)
+    cells = "".join(line.split("│")[-2].strip() for line in lines if line.startswith("│"))
+    assert cells.replace(" ", "") == reason.replace(" ", "")
+
+
+# --- 5. status of a bundled job -----------------------------------------------------------------
+
+
+def test_status_takes_a_bundled_job_name(tmp_path: Path, capsys) -> None:
+    job = _job_dir(tmp_path, "smoke", {"state": "COMPLETED"})
+    assert main(["status", "smoke", f"output_dir={tmp_path}", "--dir-only"]) == 0
+    assert capsys.readouterr().out.strip() == str(job)
+
+
+# --- 6. resume's unknown keys -------------------------------------------------------------------
+
+
+def test_resume_suggests_the_key_meant(tmp_path: Path, capsys) -> None:
+    job = _job_dir(tmp_path, "smoke", {"state": "FAILED"})
+    assert main(["resume", str(job), "nodez=2"]) == 2
+    assert "unknown key nodez (did you mean nodes?)" in capsys.readouterr().err
+    assert main(["resume", str(job), "task.seq_len=512"]) == 2  # a key it has: the whitelist
+    assert "a resume may change how the job runs" in capsys.readouterr().err
+
+
+# --- 7, 8. gather of a job that has not ended ---------------------------------------------------
+
+
+def test_gather_of_a_running_job_says_it_runs(tmp_path: Path, capsys) -> None:
+    job = _job_dir(tmp_path, "longdoc", {"state": "RUNNING", "started_at": time.time()})
+    proc = _fake_supervisor(job)
+    try:
+        code = main(["gather", str(job)])
+    finally:
+        proc.kill()
+        proc.wait()
+    err = capsys.readouterr().err
+    assert code != 0 and err.startswith("ringctl gather: the job is RUNNING")
+    assert "--partial" in err.splitlines()[0]
+
+
+def test_the_partial_hint_keeps_the_output_named(tmp_path: Path) -> None:
+    status = JobStatus("local-1", JobState.RUNNING)
+    result = SimpleNamespace(incomplete=[{"document": "d"}])
+    line = _state_line(status, Path("/j"), result, "my out")
+    assert "`ringctl gather /j -o 'my out'` again" in line
+    assert "`ringctl gather /j` again" in _state_line(status, Path("/j"), result)
+
+
+# --- 9. a job_dir that is taken -----------------------------------------------------------------
+
+
+def test_a_taken_job_dir_points_at_resume(tmp_path: Path, capsys) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("")
+    assert main(["submit", "smoke", f"job_dir={taken}"]) == 2
+    assert "to continue a job there: ringctl resume" in capsys.readouterr().err
+    longdoc = (ROOT / "jobs" / "longdoc.yaml").read_text()
+    assert "ringctl resume" in longdoc
+
+
+# --- 10, 11. arguments, help and exit statuses --------------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["run", "config", "resume"])
+def test_overrides_are_not_called_required(verb: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([verb])
+    err = capsys.readouterr().err
+    assert "required" in err and "KEY=VALUE" not in err.splitlines()[-1]
+
+
+def test_help_says_the_exit_statuses(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for code in ("0", "1", "2", "130", "141"):
+        assert f"\n  {code} " in out
+
+
+def test_status_of_a_missing_root_names_it_in_every_form(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nowhere"
+    for form in ([], ["--dir-only"], ["--json"]):
+        assert main(["status", "--root", str(missing), *form]) == 1
+        assert f"--root {missing}: no such directory" in capsys.readouterr().err
+
+
+def test_status_json_and_dir_only_exclude_each_other(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["status", "--json", "--dir-only"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_help_texts(capsys) -> None:
+    parser = build_parser()
+    verbs = {a.dest: a for a in parser._subparsers._group_actions}["verb"].choices
+    for verb in ("resume", "logs", "fetch", "cancel"):
+        (job_dir,) = [a for a in verbs[verb]._actions if a.dest == "job_dir"]
+        assert job_dir.help
+    status_help = verbs["status"].format_help()
+    assert "JSON array" in " ".join(status_help.split())
+    assert "exit status 1 when the sequence does not fit" in " ".join(
+        verbs["plan"].format_help().lower().split()
+    )
+
+
+def test_render_refuses_a_relative_job_dir(capsys) -> None:
+    assert main(["render", "smoke", "backend=slurm", "--job-dir", "runs/x"]) == 2
+    assert "--job-dir runs/x: give an absolute path" in capsys.readouterr().err
