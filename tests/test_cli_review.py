@@ -103,6 +103,24 @@ def test_a_supervisor_gone_without_a_state_reads_failed(tmp_path: Path, capsys) 
     assert "OSError: disk on fire" in st.reason and "logs/supervisor.log" in st.reason
 
 
+def test_a_supervisor_not_yet_execd_is_starting_not_failed(tmp_path: Path) -> None:
+    """Between its fork and its exec the supervisor shows its parent's command line (no
+    marker): status read that as a supervisor gone and the job FAILED, while it was starting
+    (a `run` in the full suite). The same process (pid, start time) is PENDING."""
+    job = _job_dir(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    try:
+        record = local.ProcessRecord.of(proc.pid, local.supervisor_marker(JobDir(job)))
+        assert not record.alive()  # its command line lacks the job's marker
+        (job / "supervisor.pid").write_text(json.dumps(asdict(record)) + "\n")
+        st = local.LocalBackend().status(job)
+        assert st.state is JobState.PENDING, st
+    finally:
+        proc.kill()
+        proc.wait()
+    assert local.LocalBackend().status(job).state is JobState.FAILED  # and once it is gone
+
+
 # --- 2. --rank ----------------------------------------------------------------------------------
 
 

@@ -115,6 +115,12 @@ class ProcessRecord:
             return False  # the pid was reused
         return _runs(_argv(self.pid), self.marker)
 
+    def exists(self) -> bool:
+        """Still the same process (its pid and start time; not a zombie), whatever its command
+        line says: one between its fork and its exec still shows its parent's."""
+        stat = _proc_stat(self.pid)
+        return stat is not None and stat[0] != "Z" and stat[1] == self.start
+
     def signal(self, sig: int, *, group: bool = False) -> bool:
         if not self.alive():
             return False
@@ -231,7 +237,7 @@ class LocalBackend(Backend):
         except UserError as err:  # the job can write its directory: say so, no traceback
             return JobStatus(job_id, JobState.UNKNOWN, str(err))
         if recorded is None:
-            if alive:
+            if alive or (record is not None and record.exists()):  # (not yet exec'd: starting)
                 return JobStatus(job_id, JobState.PENDING, "starting")
             if record is not None:  # submitted, and its supervisor is gone: it never will
                 return JobStatus(job_id, JobState.FAILED, died_unrecorded(job))
