@@ -178,3 +178,18 @@ def test_the_model_tasks_go_offline_before_their_imports():
     assert get_task("longdoc").start_env is OFFLINE_ENV is get_task("train").start_env
     assert get_task("attention").start_env == {}
     assert "transformers" in get_task("longdoc").start_imports
+
+
+def test_the_rendezvous_port_is_one_the_kernel_does_not_hand_out():
+    """Rank 0's port came from bind(0): the kernel's ephemeral range, from which any outgoing
+    connection (another job's gloo pairs) may take it before rank 0 binds it (the full suite
+    once failed a training job with EADDRINUSE). Below the range only a process naming the
+    port takes it."""
+    from ringctl.backends import local
+
+    low = local._ephemeral_low()
+    if low is None or low <= local.LOWEST_PORT:
+        pytest.skip("no room below this kernel's ephemeral range")
+    ports = {local._free_port() for _ in range(20)}
+    assert all(local.LOWEST_PORT <= p < low for p in ports), sorted(ports)
+    assert len(ports) > 1  # drawn at random: two jobs starting together rarely meet

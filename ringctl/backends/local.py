@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -75,10 +76,43 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000  # below: well-known and registered services' ports
+
+
 def _free_port() -> int:
+    """A port for rank 0's rendezvous: a free one below the kernel's ephemeral range where
+    there is room, else any free one. A port the kernel hands out (bind to 0) is free only
+    until rank 0 binds it, and meanwhile any process's outgoing connection may take it (the
+    gloo pairs of another job on the host: rank 0 then failed with EADDRINUSE in the suite);
+    below the range only a process that names the port takes it."""
+    low = _ephemeral_low()
+    if low is not None and low > LOWEST_PORT:
+        for port in random.sample(range(LOWEST_PORT, low), min(64, low - LOWEST_PORT)):
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int | None:
+    """The lowest port of the kernel's ephemeral range (Linux), or None where it is unknown."""
+    try:
+        first = EPHEMERAL_RANGE.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(first) if is_ascii_number(first, 5) else None
+
+
+def _bindable(port: int) -> bool:
+    """Whether nothing listens on (or holds) ``port`` on the loopback now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 # -- process identity ------------------------------------------------------------------------
