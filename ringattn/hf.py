@@ -215,25 +215,29 @@ def ring_attention_forward(
             f"ringattn: a Ulysses group needs a hybrid layout ({', '.join(HYBRID_LAYOUTS)}), "
             f"not {layout!r}"
         )
-    with torch.autocast(q.device.type, enabled=False):  # the engine keeps its own precision
+    # the engine keeps its own precision; the ring's (or the grid's) agreement raises this
+    # rank's refusal on every rank and compares the documents' shifts
+    with (
+        torch.autocast(q.device.type, enabled=False),
+        refused_together(refusal),
+        shifts_agreed(shifts),
+    ):
         if layout in HYBRID_LAYOUTS:
-            with refused_together(refusal), shifts_agreed(shifts):  # the grid's agreement
-                hybrid = _hybrid(
-                    module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
-                )
-            return hybrid, None
-        with refused_together(refusal), shifts_agreed(shifts):
-            out = ring_attention(
-                q,
-                k,
-                v,
-                causal=True,
-                softmax_scale=scaling,
-                group=group,
-                layout=layout,
-                window=window,
-                **extra,
+            hybrid = _hybrid(
+                module, q, k, v, scaling, layout, ulysses, group, sinks, window, cu_seqlens
             )
+            return hybrid, None
+        out = ring_attention(
+            q,
+            k,
+            v,
+            causal=True,
+            softmax_scale=scaling,
+            group=group,
+            layout=layout,
+            window=window,
+            **extra,
+        )
     return out, None
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from ringattn import LAYOUTS
 
 from ...atomic import atomic_write_json
-from ...bounded_read import open_regular
+from ...bounded_read import read_regular
 from ..compute import MODES
 from ..inputs.documents import Listing, doc_key
 from .names import DOCUMENTS_FILE, FORMAT, RUN_FILE, OutputPaths
@@ -50,15 +50,14 @@ def read_json_object(path: Path) -> tuple[dict | None, str]:
     """(the JSON object in path, "") or (None, a one-line reason). A regular file only, not
     through a link (one out of the job read another's manifest) nor a pipe (which hung
     gather), and at most MAX_MANIFEST_BYTES."""
-    try:
-        with open_regular(path) as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None, f"{path} is missing"
-    except (OSError, ValueError) as err:
-        return None, f"{path}: cannot be read ({err})" if isinstance(err, OSError) else str(err)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        return None, f"{path}: longer than {MAX_MANIFEST_BYTES} bytes: not a manifest"
+    try:
+        raw = read_regular(path, MAX_MANIFEST_BYTES)
+    except ValueError as err:  # read_regular names the file
+        return None, str(err)
+    except OSError as err:
+        return None, f"{path}: cannot be read ({err})"
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
