@@ -51,6 +51,19 @@ def _cu() -> list[int]:
     return cu
 
 
+def _outcome(model, ids: torch.Tensor, positions, **settings) -> str:
+    """What one rank says of one forward under ``ring_settings(**settings)``: "ran", or the
+    ValueError it raised."""
+    from ringattn.hf import ring_settings
+
+    try:
+        with torch.no_grad(), ring_settings(**settings):
+            model(input_ids=ids, position_ids=positions, use_cache=False)
+    except ValueError as err:
+        return str(err)
+    return "ran"
+
+
 def _logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """log p(ids[i + 1]) at each row but the last (float32)."""
     return logits.float().log_softmax(-1)[:-1].gather(-1, ids[1:, None])[:, 0]
@@ -182,7 +195,7 @@ def test_a_grid_members_whole_share_shifted_is_refused():
 
 def _grid_positions(rank: int, world: int) -> dict:
     import ringattn
-    from ringattn.hf import register, ring_settings
+    from ringattn.hf import register
     from ringattn.hybrid import hybrid_groups
 
     register()
@@ -191,40 +204,28 @@ def _grid_positions(rank: int, world: int) -> dict:
     kw = dict(world_size=world, rank=groups.rank, layout=layout, ulysses_degree=2)
     packing = ringattn.pack_sequence(cu, world_size=world, layout=layout, ulysses_degree=2)
     ids = _tokens()[:n]
+    plain = ringattn.shard_sequence(ids, dim=0, **kw)[None]
+    packed = ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw)[None]
+    in_sequence = ringattn.sequence_positions(n, **kw)[None]
+    ring_rank = torch.distributed.get_rank(groups.ring)
     calls = {  # (cu_seqlens, ids, positions; None: transformers' own 0..S-1)
-        "plain": (None, ringattn.shard_sequence(ids, dim=0, **kw), None),
-        "packed": (packing, ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw), None),
-        "second ring": (None, ringattn.shard_sequence(ids, dim=0, **kw), None),
-        "plain, right": (None, ringattn.shard_sequence(ids, dim=0, **kw), None),
+        "plain": (None, plain, None),
+        "packed": (packing, packed, None),
+        # the Ulysses groups agree within, the rings across them do not
+        "second ring": (None, plain, in_sequence + 5 * ring_rank),
+        "plain, right": (None, plain, in_sequence),
         "packed, right": (
             packing,
-            ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw),
-            None,
+            packed,
+            ringattn.document_positions(packing, **kw).clamp(min=0)[None],
         ),
-    }
-    ring_rank = torch.distributed.get_rank(groups.ring)
-    right = {
-        "plain, right": ringattn.sequence_positions(n, **kw),
-        "packed, right": ringattn.document_positions(packing, **kw).clamp(min=0),
-        # the Ulysses groups agree within, the rings across them do not
-        "second ring": ringattn.sequence_positions(n, **kw) + 5 * ring_rank,
     }
     model = _model(MODELS["llama"], "ringattn")
     settings = dict(group=groups.ring, ulysses_group=groups.ulysses, layout=layout)
-    said = {}
-    for scenario, (cu_seqlens, shard, _) in calls.items():
-        positions = right.get(scenario)
-        try:
-            with torch.no_grad(), ring_settings(cu_seqlens=cu_seqlens, **settings):
-                model(
-                    input_ids=shard[None],
-                    position_ids=None if positions is None else positions[None],
-                    use_cache=False,
-                )
-            said[scenario] = "ran"
-        except ValueError as err:
-            said[scenario] = str(err)
-    return said
+    return {
+        scenario: _outcome(model, ids, positions, cu_seqlens=cu_seqlens, **settings)
+        for scenario, (cu_seqlens, ids, positions) in calls.items()
+    }
 
 
 def test_length_dependent_rope_is_refused_for_packing():
@@ -299,7 +300,7 @@ def test_positions_that_do_not_follow_a_ranks_pieces_are_refused():
 
 def _piece_positions(rank: int, world: int) -> dict:
     import ringattn
-    from ringattn.hf import register, ring_settings
+    from ringattn.hf import register
 
     register()
     model = _model(dict(model_type="llama"), "ringattn")
@@ -313,15 +314,10 @@ def _piece_positions(rank: int, world: int) -> dict:
         "plain": (plain, None, None),
         "right": (packed, cu, ringattn.document_positions(cu, **kw).clamp(min=0)[None]),
     }
-    said = {}
-    for scenario, (ids, cu_seqlens, positions) in calls.items():
-        try:
-            with torch.no_grad(), ring_settings(layout="zigzag", cu_seqlens=cu_seqlens):
-                model(input_ids=ids, position_ids=positions, use_cache=False)
-            said[scenario] = "ran"
-        except ValueError as err:
-            said[scenario] = str(err)
-    return said
+    return {
+        scenario: _outcome(model, ids, positions, layout="zigzag", cu_seqlens=cu_seqlens)
+        for scenario, (ids, cu_seqlens, positions) in calls.items()
+    }
 
 
 def test_a_ranks_whole_share_shifted_is_refused():
@@ -358,7 +354,7 @@ def test_a_restart_one_rank_sees_is_refused_on_every_rank():
 
 def _one_rank_restarts(rank: int, world: int) -> dict:
     import ringattn
-    from ringattn.hf import register, ring_settings
+    from ringattn.hf import register
 
     register()
     model = _model(dict(model_type="llama"), "ringattn")
@@ -372,20 +368,15 @@ def _one_rank_restarts(rank: int, world: int) -> dict:
         "rows": (ids.expand(2, -1), cu, rows),
         "right": (ids, cu, docs),
     }
-    said = {}
-    for scenario, (tokens, cu_seqlens, positions) in calls.items():
-        try:
-            with torch.no_grad(), ring_settings(layout="contiguous", cu_seqlens=cu_seqlens):
-                model(input_ids=tokens, position_ids=positions, use_cache=False)
-            said[scenario] = "ran"
-        except ValueError as err:
-            said[scenario] = str(err)
-    return said
+    return {
+        scenario: _outcome(model, tokens, positions, layout="contiguous", cu_seqlens=cu_seqlens)
+        for scenario, (tokens, cu_seqlens, positions) in calls.items()
+    }
 
 
 def _share_positions(rank: int, world: int) -> dict:
     import ringattn
-    from ringattn.hf import register, ring_settings
+    from ringattn.hf import register
 
     register()
     model = _model(dict(model_type="llama"), "ringattn")
@@ -401,15 +392,10 @@ def _share_positions(rank: int, world: int) -> dict:
         "in the sequence": (cu, in_sequence),
         "plain, right": (None, in_sequence),
     }
-    said = {}
-    for scenario, (cu_seqlens, positions) in calls.items():
-        try:
-            with torch.no_grad(), ring_settings(layout="contiguous", cu_seqlens=cu_seqlens):
-                model(input_ids=shard, position_ids=positions, use_cache=False)
-            said[scenario] = "ran"
-        except ValueError as err:
-            said[scenario] = str(err)
-    return said
+    return {
+        scenario: _outcome(model, shard, positions, layout="contiguous", cu_seqlens=cu_seqlens)
+        for scenario, (cu_seqlens, positions) in calls.items()
+    }
 
 
 def test_a_layer_that_attends_both_ways_is_refused():
