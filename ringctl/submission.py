@@ -278,7 +278,7 @@ def _check_resume_key(job: JobDir, item: str) -> None:
     raise UserError(why)
 
 
-def _resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
+def resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
     """The job's config with resume's overrides, checked like a new job (the config's checks
     and submit's: ``checked_for_submission``) before anything is written; None without any."""
     from .render import render_script
@@ -300,7 +300,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
     placement move to attempts/<n>/. Under the directory's lock; a refusal changes nothing.
     """
     job, cfg, backend = open_job_dir(path)
-    changed = _resumed_config(job, list(overrides), force=force)  # before anything moves
+    changed = resumed_config(job, list(overrides), force=force)  # before anything moves
     with job.lock("resume"):
         before = backend.status(job.path)
         if not before.state.finished and before.state.value != "UNKNOWN":

@@ -25,7 +25,7 @@ from ringctl.atomic import atomic_write_json
 from ringctl.backends import local
 from ringctl.backends.base import JobState, JobStatus
 from ringctl.cli import build_parser, main
-from ringctl.commands.gather import _state_line
+from ringctl.commands.gather import partial_state_line
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
 from tests.local_jobs import submitted_job_dir
@@ -234,9 +234,9 @@ def test_gather_of_a_running_job_says_it_runs(tmp_path: Path, capsys) -> None:
 def test_the_partial_hint_keeps_the_output_named(tmp_path: Path) -> None:
     status = JobStatus("local-1", JobState.RUNNING)
     result = SimpleNamespace(incomplete=[{"document": "d"}])
-    line = _state_line(status, Path("/j"), result, "my out")
+    line = partial_state_line(status, Path("/j"), result, "my out")
     assert "`ringctl gather /j -o 'my out'` again" in line
-    assert "`ringctl gather /j` again" in _state_line(status, Path("/j"), result)
+    assert "`ringctl gather /j` again" in partial_state_line(status, Path("/j"), result)
 
 
 # --- 9. a job_dir that is taken -----------------------------------------------------------------

@@ -187,9 +187,9 @@ def test_the_rendezvous_port_is_one_the_kernel_does_not_hand_out():
     port takes it."""
     from ringctl.backends import local
 
-    low = local._ephemeral_low()
+    low = local.ephemeral_low()
     if low is None or low <= local.LOWEST_PORT:
         pytest.skip("no room below this kernel's ephemeral range")
-    ports = {local._free_port() for _ in range(20)}
+    ports = {local.rendezvous_port() for _ in range(20)}
     assert all(local.LOWEST_PORT <= p < low for p in ports), sorted(ports)
     assert len(ports) > 1  # drawn at random: two jobs starting together rarely meet

@@ -135,14 +135,14 @@ def test_resume_refuses_what_changes_the_outputs_and_what_submit_refuses(tmp_pat
 def test_resume_sizes_ring_size_auto_as_submit_does(tmp_path):
     """The review's case: `resume ... ring.size=auto tasks_per_node=2` on a job with neither
     a budget nor a device: submit refuses it in one line; resume did not (its ranks failed)."""
-    from ringctl.submission import _resumed_config
+    from ringctl.submission import resumed_config
 
     config = tmp_path / "config.yaml"
     config.write_text(to_yaml(load_job(LONGDOC, [TINY, "tasks_per_node=4"])))
     job = types.SimpleNamespace(config=config)
     with pytest.raises(UserError, match="ring.size=auto needs a per-rank token budget"):
-        _resumed_config(job, ["ring.size=auto", "tasks_per_node=2"])
-    budget = _resumed_config(job, ["ring.size=auto", "ring.max_tokens_per_rank=4096"])
+        resumed_config(job, ["ring.size=auto", "tasks_per_node=2"])
+    budget = resumed_config(job, ["ring.size=auto", "ring.max_tokens_per_rank=4096"])
     assert budget is not None and budget[0].ring.max_tokens_per_rank == 4096
 
 

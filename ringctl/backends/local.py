@@ -80,13 +80,13 @@ EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10000  # below: well-known and registered services' ports
 
 
-def _free_port() -> int:
+def rendezvous_port() -> int:
     """A port for rank 0's rendezvous: a free one below the kernel's ephemeral range where
     there is room, else any free one. A port the kernel hands out (bind to 0) is free only
     until rank 0 binds it, and meanwhile any process's outgoing connection may take it (the
     gloo pairs of another job on the host: rank 0 then failed with EADDRINUSE in the suite);
     below the range only a process that names the port takes it."""
-    low = _ephemeral_low()
+    low = ephemeral_low()
     if low is not None and low > LOWEST_PORT:
         for port in random.sample(range(LOWEST_PORT, low), min(64, low - LOWEST_PORT)):
             if _bindable(port):
@@ -96,7 +96,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ephemeral_low() -> int | None:
+def ephemeral_low() -> int | None:
     """The lowest port of the kernel's ephemeral range (Linux), or None where it is unknown."""
     try:
         first = EPHEMERAL_RANGE.read_text().split()[0]
@@ -499,7 +499,7 @@ class Supervisor:
     def start(self) -> None:
         self.job.logs.mkdir(parents=True, exist_ok=True)
         self.job.out.mkdir(exist_ok=True)
-        port = _free_port()
+        port = rendezvous_port()
         self.state["master_port"] = port
         threads = self.cfg.env.vars.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
         threads = str(threads or max(1, (os.cpu_count() or 1) // self.world))

@@ -145,7 +145,7 @@ def _gather_command(job_path: Path | None, out: str | None) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _state_line(status, job_path: Path | None, result, out: str | None = None) -> str:
+def partial_state_line(status, job_path: Path | None, result, out: str | None = None) -> str:
     """What --partial says about the job: still running, or ended without some documents."""
     if status is None:
         return "job state unknown (not a job directory: no backend to ask)"
@@ -234,5 +234,5 @@ def run(args: argparse.Namespace) -> int:
                 raise
     gatherer.show(result, console)
     if args.partial:
-        console.print(Text(visible(_state_line(status, job_path, result, args.out))))
+        console.print(Text(visible(partial_state_line(status, job_path, result, args.out))))
     return 0
