@@ -229,3 +229,19 @@ def test_missing_sbatch_is_user_error(job_dir, monkeypatch):
     monkeypatch.setenv("PATH", str(job_dir))  # no Slurm commands here
     with pytest.raises(UserError, match="`sbatch` not found on this machine"):
         SlurmBackend().submit(job_dir)
+
+
+def test_forgotten_everywhere_is_the_last_word_for_run(job_dir):
+    """A job both squeue and sacct forgot stays UNKNOWN: `run` waited on it for ever after its
+    logs ended. Nothing will change it, so it is the end (exit 1, UNKNOWN shown)."""
+    from ringctl.commands.jobs import settled
+
+    shell = FakeShell(
+        {
+            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
+            "sacct": [(0, "", "")],
+        }
+    )
+    backend = SlurmBackend(shell)
+    job = submitted(job_dir)
+    assert settled(backend.status(job), backend, job)

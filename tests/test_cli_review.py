@@ -25,6 +25,7 @@ from ringctl.atomic import atomic_write_json
 from ringctl.backends import local
 from ringctl.backends.base import JobState, JobStatus
 from ringctl.cli import build_parser, main
+from ringctl.commands import jobs
 from ringctl.commands.gather import partial_state_line
 from ringctl.config import load_job, to_yaml
 from ringctl.jobdir import JobDir
@@ -300,3 +301,49 @@ def test_help_texts(capsys) -> None:
 def test_render_refuses_a_relative_job_dir(capsys) -> None:
     assert main(["render", "smoke", "backend=slurm", "--job-dir", "runs/x"]) == 2
     assert "--job-dir runs/x: give an absolute path" in capsys.readouterr().err
+
+
+# --- a state nothing will change ---------------------------------------------------------------
+
+
+def _ends_within(seconds: float, call) -> object:
+    """call()'s result, or a failure naming the hang (the call is left in a daemon thread)."""
+    import threading
+
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    return result[0]
+
+
+def test_run_and_logs_end_on_a_damaged_state_with_the_supervisor_gone(
+    tmp_path: Path, capsys
+) -> None:
+    """state.json damaged ({"state": 5}) and its supervisor gone: status is UNKNOWN naming the
+    key, and nothing will ever rewrite it. `logs -f` and `run` waited for an end for ever; they
+    end now, `run` with exit 1 and the reason."""
+    job = _job_dir(tmp_path, state={"state": 5})
+    (job / "supervisor.pid").write_text(json.dumps({"pid": 1, "start": 1}))  # not this one
+    (job / "logs" / "rank-0.out").write_text("hello from rank 0\n")
+    assert _ends_within(20, lambda: main(["logs", "-f", str(job)])) == 0
+    assert "hello from rank 0" in capsys.readouterr().out
+    backend = local.LocalBackend()
+    follow = jobs.follow_to_end
+    code = _ends_within(20, lambda: follow(job, "local-1", backend, rank=0))
+    err = capsys.readouterr().err
+    assert code == 1 and "UNKNOWN" in err and "state: expected one of" in err, err
+
+
+def test_a_damaged_state_beside_a_live_supervisor_is_still_followed(tmp_path: Path) -> None:
+    """The supervisor rewrites state.json as the job goes on: while it runs, UNKNOWN is not
+    the end."""
+    job = _job_dir(tmp_path, state={"state": 5})
+    proc = _fake_supervisor(job)
+    try:
+        assert not local.LocalBackend().is_finished(job)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert local.LocalBackend().is_finished(job)

@@ -284,6 +284,15 @@ class LocalBackend(Backend):
         ranks = {rank: info.get("state", "?") for rank, info in recorded.ranks.items()}
         return JobStatus(job_id, st, reason, recorded.exit_code, elapsed, ranks)
 
+    def is_finished(self, job_dir: Path) -> bool:
+        """Ended, or UNKNOWN (a damaged state.json) with its supervisor gone: nothing will
+        ever rewrite the file, and `logs -f` and `run` waited for an end for ever."""
+        status = self.status(job_dir)
+        if status.state is not JobState.UNKNOWN:
+            return status.state.finished
+        record = _read_record(JobDir(job_dir))
+        return record is None or not record.alive()
+
     def cancel(self, job_dir: Path) -> None:
         job = JobDir(job_dir)
         record = _read_record(job)
