@@ -301,6 +301,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
     """
     job, cfg, backend = open_job_dir(path)
     changed = resumed_config(job, list(overrides), force=force)  # before anything moves
+    backend.refuse_unstartable(cfg if changed is None else changed[0])
     with job.lock("resume"):
         before = backend.status(job.path)
         if not before.state.finished and before.state.value != "UNKNOWN":

@@ -28,7 +28,9 @@ from ringctl.cli import build_parser, main
 from ringctl.commands import jobs
 from ringctl.commands.gather import partial_state_line
 from ringctl.config import load_job, to_yaml
+from ringctl.errors import UserError
 from ringctl.jobdir import JobDir
+from ringctl.submission import resume_job
 from tests.local_jobs import submitted_job_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +82,7 @@ def test_a_supervisor_that_cannot_start_its_ranks_fails_the_job(
 ) -> None:
     """Past submit's check (the interpreter removed meanwhile): the supervisor records FAILED
     with its error, and `run` ends non-zero in seconds instead of waiting for ever."""
-    monkeypatch.setattr(local, "refuse_missing_python", lambda job: None, raising=False)
+    monkeypatch.setattr(local.LocalBackend, "refuse_unstartable", lambda self, cfg: None)
     started = time.monotonic()
     assert main(["run", "smoke", f"output_dir={tmp_path}", NO_PYTHON]) == 1
     assert time.monotonic() - started < 30
@@ -88,6 +90,26 @@ def test_a_supervisor_that_cannot_start_its_ranks_fails_the_job(
     assert "FAILED" in err and "/nonexistent/python: No such file or directory" in err
     state = json.loads((submitted_job_dir(out.splitlines()[0]) / "state.json").read_text())
     assert state["state"] == "FAILED" and "the ranks could not start" in state["reason"]
+
+
+@pytest.mark.parametrize("how", ["override", "config"])
+def test_resume_refuses_a_missing_env_python_before_anything_moves(tmp_path: Path, how) -> None:
+    """resume checked env.python only in the backend's submit, after the previous attempt's
+    logs had moved to attempts/1: a refused resume changed the directory. Now it is refused
+    first (given as an override, or already in the job's config), and nothing moves."""
+    job = _job_dir(
+        tmp_path,
+        "smoke",
+        {"state": "FAILED", "reason": "x"},
+        *([NO_PYTHON] if how == "config" else []),
+    )
+    (job / "logs" / "rank-0.out").write_text("the last attempt\n")
+    config = (job / "config.yaml").read_text()
+    with pytest.raises(UserError, match="env.python: /nonexistent/python: no such executable"):
+        resume_job(job, overrides=[NO_PYTHON] if how == "override" else [])
+    assert not (job / "attempts").exists()
+    assert (job / "logs" / "rank-0.out").read_text() == "the last attempt\n"
+    assert (job / "config.yaml").read_text() == config
 
 
 def test_a_supervisor_gone_without_a_state_reads_failed(tmp_path: Path, capsys) -> None:

@@ -138,6 +138,10 @@ class Backend(ABC):
         (the local supervisor), or None: a resume beside it would run two rings on out/."""
         return None
 
+    def refuse_unstartable(self, cfg) -> None:  # noqa: B027 - a default: nothing to check
+        """Refuse (UserError) a job config this backend could never start, before anything is
+        written or moved: resume checks its config here before the last attempt moves."""
+
     def prepare_resume(self, job: JobDir) -> None:
         """Forget the previous attempt's submission so that submit() accepts the directory."""
         job.update_meta(job_id=None)

@@ -234,9 +234,20 @@ class LocalBackend(Backend):
     def still_running(self, job: JobDir) -> str | None:
         return _still_running(job)
 
+    def refuse_unstartable(self, cfg) -> None:
+        """A job whose env.python names no executable (a path, or a command on PATH): its
+        ranks could never start, and its supervisor would only record FAILED."""
+        if cfg.env.python and shutil.which(rank_python(cfg)) is None:
+            raise UserError(
+                f"env.python: {cfg.env.python}: no such executable file (nor a command on "
+                "PATH); the ranks could not start"
+            )
+
     def submit(self, job_dir: Path) -> str:
         job = JobDir(Path(job_dir).resolve())
-        refuse_missing_python(job)
+        from ..config import load_resolved
+
+        self.refuse_unstartable(load_resolved(job.config))  # the config the supervisor runs
         job.logs.mkdir(parents=True, exist_ok=True)
         stop_earlier_workers(job)
         with open(job.supervisor_log, "ab") as log:
@@ -332,20 +343,6 @@ def rank_python(cfg) -> str:
     """The interpreter the ranks start as (env.python, else this one): one rule for the
     supervisor's launch and submit's check."""
     return os.path.expanduser(str(cfg.env.python or sys.executable))
-
-
-def refuse_missing_python(job: JobDir) -> None:
-    """Refuse, before the supervisor starts, a job whose env.python names no executable (a
-    path, or a command on PATH): its ranks could never start. Read from the job directory's
-    config, the one the supervisor runs (a resume may have changed it)."""
-    from ..config import load_resolved
-
-    cfg = load_resolved(job.config)
-    if cfg.env.python and shutil.which(rank_python(cfg)) is None:
-        raise UserError(
-            f"env.python: {cfg.env.python}: no such executable file (nor a command on PATH); "
-            "the ranks could not start"
-        )
 
 
 @dataclass(frozen=True)
