@@ -12,6 +12,9 @@ from ringctl.backends.base import JobState
 from ringctl.backends.slurm import SlurmBackend
 from ringctl.errors import UserError
 
+# The script's line before the ranks' srun: srun's lines above it are not about ranks.
+STARTING = "12:00:00 ringctl-job: starting 4 ranks; rendezvous at n1:20042\n"
+
 
 class FakeShell:
     where = "fake"
@@ -115,7 +118,7 @@ def test_without_accounting_uses_squeue_and_the_batch_log(job_dir):
             "sacct": [(1, "", "sacct: error: Accounting storage is disabled\n")],
         },
         files={
-            "logs/batch-42.out": "srun: error: n2: task 1: Exited with exit code 7\n",
+            "logs/batch-42.out": STARTING + "srun: error: n2: task 1: Exited with exit code 7\n",
             "logs/rank-1.err": "ringctl.worker: rank 1 failed: shapes differ\n",
         },
     )
@@ -132,7 +135,7 @@ def test_result_file_error_preferred(job_dir):
             "sacct": [(0, "42|job.sh|FAILED|1:0|3|None|n1\n42.0|python|FAILED|1:0|3||n1\n", "")],
         },
         files={
-            "logs/batch-42.out": "srun: error: n1: task 0: Exited with exit code 1\n",
+            "logs/batch-42.out": STARTING + "srun: error: n1: task 0: Exited with exit code 1\n",
             "logs/rank-0.result.json": json.dumps({"error": "ValueError: bad\nsecond line"}),
         },
     )
@@ -180,7 +183,7 @@ RESET = "RuntimeError: Read error [10.0.0.1]:29500: Connection reset by peer."
     ],
 )
 def test_a_peer_loss_is_not_blamed_when_a_cause_is_in_sight(job_dir, srun_lines, files, blamed):
-    log = "".join(f"srun: error: {line}\n" for line in srun_lines)
+    log = STARTING + "".join(f"srun: error: {line}\n" for line in srun_lines)
     shell = FakeShell(
         {
             "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
@@ -245,3 +248,60 @@ def test_forgotten_everywhere_is_the_last_word_for_run(job_dir):
     backend = SlurmBackend(shell)
     job = submitted(job_dir)
     assert settled(backend.status(job), backend, job)
+
+
+PROBE_FAILED = (
+    "srun: error: n1: task 0: Exited with exit code 2\n"
+    "srun: error: n2: task 1: Exited with exit code 2\n"
+    "12:00:01 ringctl-job: WARNING: no placement (ring.placement=optional): ranks follow Slurm's"
+    " task order\n"
+)
+
+
+def test_a_failed_probe_under_optional_placement_is_not_a_failed_job(job_dir):
+    """ring.placement=optional: the node probe (step 0) failed, the script went on, both ranks
+    (step 1) finished and Slurm said COMPLETED. Status said FAILED, exit 2, blaming "rank 1"
+    for the probe's task 1 and adding the queue wait [BeginTime]."""
+    shell = FakeShell(
+        {
+            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
+            "sacct": [
+                (
+                    0,
+                    "42|smoke|COMPLETED|0:0|3|BeginTime|n[1-2]\n42.batch|batch|COMPLETED|0:0|3||n1\n"
+                    "42.0|bash|FAILED|2:0|1||n[1-2]\n42.1|python3|COMPLETED|0:0|2||n[1-2]\n",
+                    "",
+                )
+            ],
+        },
+        files={"logs/batch-42.out": PROBE_FAILED + STARTING + "ranks finished\n"},
+    )
+    st = SlurmBackend(shell).status(submitted(job_dir))
+    assert st.state is JobState.COMPLETED and st.ranks == {}, st
+
+
+def test_a_queue_wait_is_not_given_as_why_a_job_ended(job_dir):
+    """The ranks failed after a failed probe: rank 3 (of the ranks' srun) is blamed, not the
+    probe's tasks, and sacct's last queue wait is not appended."""
+    shell = FakeShell(
+        {
+            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
+            "sacct": [
+                (
+                    0,
+                    "42|smoke|FAILED|1:0|3|BeginTime|n1\n42.batch|batch|FAILED|1:0|3||n1\n"
+                    "42.0|bash|FAILED|2:0|1||n1\n42.1|python3|FAILED|1:0|2||n1\n",
+                    "",
+                )
+            ],
+        },
+        files={
+            "logs/batch-42.out": PROBE_FAILED
+            + STARTING
+            + "srun: error: n2: task 3: Exited with exit code 1\n",
+            "logs/rank-3.err": "ringctl.worker: rank 3 failed: out of patience\n",
+        },
+    )
+    st = SlurmBackend(shell).status(submitted(job_dir))
+    assert st.state is JobState.FAILED and st.ranks == {3: "Exited with exit code 1 (n2)"}
+    assert st.reason == "rank 3 exited with exit code 1 (n2): rank 3 failed: out of patience"

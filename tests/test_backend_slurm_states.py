@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from ringctl.backends import slurm_states as ss
 from ringctl.backends.base import JobState
 from ringctl.backends.joblogs import error_summary
@@ -14,7 +18,7 @@ def test_map_state():
     assert ss.map_state("TIMEOUT") is JobState.TIMEOUT
     assert ss.map_state("OUT_OF_MEMORY") is JobState.FAILED
     assert ss.map_state("NODE_FAIL") is JobState.FAILED
-    assert ss.map_state("PREEMPTED") is JobState.PENDING
+    assert ss.map_state("PREEMPTED") is JobState.CANCELLED  # final: it was PENDING for ever
     assert ss.map_state("REQUEUED") is JobState.PENDING
     assert ss.map_state("") is JobState.UNKNOWN
     assert ss.map_state("WEIRD") is JobState.UNKNOWN
@@ -58,16 +62,53 @@ def test_parse_sacct_and_failing_step():
     assert ss.failing_step(ok) is None
 
 
+STARTING = "12:00:00 ringctl-job: starting 8 ranks; rendezvous at n1:20042\n"
+
+
 def test_srun_errors_pick_the_rank_that_failed_first():
-    log = (
+    log = STARTING + (
         "srun: error: n4: task 3: Terminated\n"
         "srun: error: n2: task 1: Exited with exit code 3\n"
         "srun: error: n3: tasks 2,5-6: Killed\n"
     )
     tasks = ss.parse_srun_errors(log)
     assert sorted(tasks) == [1, 2, 3, 5, 6]
-    assert ss.first_failed_task(log) == (1, "Exited with exit code 3 (n2)")
-    assert ss.first_failed_task("nothing here") is None
+    assert ss.failed_tasks(log)[0] == (1, "Exited with exit code 3 (n2)")
+    assert ss.failed_tasks("nothing here") == []
+
+
+def test_srun_lines_before_the_ranks_started_are_not_ranks():
+    """Under ring.placement=optional the script goes on after a failed node probe; the
+    probe's srun lines (task ids are nodes) were read as ranks failing, and a job whose ranks
+    all finished read FAILED, blaming rank 1."""
+    probe = "srun: error: n1: task 0: Exited with exit code 2\nsrun: error: n2: task 1: x\n"
+    assert ss.parse_srun_errors(probe) == {}  # the ranks never started
+    assert ss.parse_srun_errors(probe + STARTING) == {}
+    later = probe + STARTING + "srun: error: n2: task 3: Exited with exit code 1\n"
+    assert ss.parse_srun_errors(later) == {3: "Exited with exit code 1 (n2)"}
+
+
+def test_a_failed_probe_step_is_not_the_job_once_the_ranks_started():
+    records = ss.parse_sacct(
+        "9|smoke|COMPLETED|0:0|1|None|n1\n9.batch|batch|COMPLETED|0:0|1||n1\n"
+        "9.0|bash|FAILED|2:0|1||n1\n9.1|python3|COMPLETED|0:0|1||n1\n",
+        "9",
+    )
+    assert ss.failing_step(records).step == "0"  # before the ranks: the probe is the cause
+    assert ss.failing_step(records, ranks_started=True) is None
+    ranks_failed = [
+        dataclasses.replace(r, raw_state="FAILED") if r.step == "1" else r for r in records
+    ]
+    assert ss.failing_step(ranks_failed, ranks_started=True).step == "1"
+
+
+@pytest.mark.timeout(10)
+def test_a_huge_task_range_is_bounded_by_the_world():
+    """The batch log is the job's to write: `tasks 0-4294967295` made every status build
+    billions of entries (minutes, gigabytes)."""
+    log = STARTING + "srun: error: n1: tasks 0-999999999,0-4294967295,7-3: Killed\n"
+    assert sorted(ss.parse_srun_errors(log, 4)) == [0, 1, 2, 3]
+    assert len(ss.parse_srun_errors(log)) == ss.MAX_TASK_ID
 
 
 def test_error_summary():

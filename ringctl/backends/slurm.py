@@ -307,8 +307,8 @@ class SlurmBackend(Backend):
         """The end of the job in full: its state corrected by what the steps, srun and the
         ranks' results say, the reason, and what Slurm's requeues did before (`reruns`)."""
         batch_log = self._read_text(f"{where}/{BATCH_LOG.format(job_id=job_id)}")
-        ranks = ss.parse_srun_errors(batch_log)
-        step = ss.failing_step(records)
+        ranks = ss.parse_srun_errors(batch_log, self.expected_ranks)
+        step = ss.failing_step(records, ranks_started=ss.ranks_started(batch_log))
         exit_code = job.exit_code if job is not None else None
         reason = ""
 
@@ -332,9 +332,9 @@ class SlurmBackend(Backend):
             reason = "time limit reached"
         elif state is JobState.CANCELLED:
             reason = job.raw_state if job is not None else "cancelled"
-        if job is not None and job.reason and state is not JobState.COMPLETED:
-            if job.reason not in reason:
-                reason = f"{reason} [{job.reason}]" if reason else job.reason
+        said = ss.ended_reason(job) if job is not None else ""
+        if said and state is not JobState.COMPLETED and said not in reason:
+            reason = f"{reason} [{said}]" if reason else said
         return JobStatus(
             job_id,
             state,
@@ -348,7 +348,7 @@ class SlurmBackend(Backend):
         """(rank, srun's words, its error) of the task that caused the failure: srun's likeliest
         (ss.failed_tasks), unless its own error only says a peer left ("Connection reset by
         peer"), in which case the next of the first BLAME_READS whose error does not."""
-        tasks = ss.failed_tasks(batch_log)
+        tasks = ss.failed_tasks(batch_log, self.expected_ranks)
         if not tasks:
             return None
         first = (*tasks[0], joblogs.rank_error(self.shell, where, tasks[0][0]))

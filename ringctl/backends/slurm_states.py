@@ -17,8 +17,10 @@ from ..text import ascii_number
 from .base import JobState
 
 # squeue's and sacct's state names (long form) -> our states.
-# Requeued and preempted jobs go back to the queue (Slurm requeues them when the partition says
-# so), so they read as PENDING until a final state arrives.
+# Requeued jobs go back to the queue, so they read as PENDING until a final state arrives.
+# PREEMPTED is final ("terminated due to preemption"): a job Slurm requeues after preempting it
+# reads PENDING/REQUEUED instead. Read as PENDING, a preempted job (ringctl writes --no-requeue)
+# never ended: `run`, `wait` and `logs -f` waited for ever.
 _STATE_MAP: dict[str, JobState] = {
     "PENDING": JobState.PENDING,
     "CONFIGURING": JobState.PENDING,
@@ -26,7 +28,6 @@ _STATE_MAP: dict[str, JobState] = {
     "REQUEUE_FED": JobState.PENDING,
     "REQUEUE_HOLD": JobState.PENDING,
     "RESV_DEL_HOLD": JobState.PENDING,
-    "PREEMPTED": JobState.PENDING,
     "RUNNING": JobState.RUNNING,
     "COMPLETING": JobState.RUNNING,
     "RESIZING": JobState.RUNNING,
@@ -37,6 +38,7 @@ _STATE_MAP: dict[str, JobState] = {
     "COMPLETED": JobState.COMPLETED,
     "CANCELLED": JobState.CANCELLED,
     "REVOKED": JobState.CANCELLED,
+    "PREEMPTED": JobState.CANCELLED,
     "TIMEOUT": JobState.TIMEOUT,
     "DEADLINE": JobState.TIMEOUT,
     "FAILED": JobState.FAILED,
@@ -240,15 +242,44 @@ def _acct_record(fields: list[str], job_id: str) -> AcctRecord | None:
     )
 
 
-def failing_step(records: list[AcctRecord]) -> AcctRecord | None:
-    """The first step (srun steps before the batch script) that did not complete."""
+def failing_step(records: list[AcctRecord], *, ranks_started: bool = False) -> AcctRecord | None:
+    """The first step (srun steps before the batch script) that did not complete; once the
+    ranks started, only theirs (the script's last srun) and the script: a node probe that
+    failed under ring.placement=optional is not the job failing (a job whose ranks all
+    finished read FAILED, exit 2)."""
     steps = [r for r in records if r.step is not None and r.step != "extern"]
     steps.sort(key=lambda r: (ascii_number(r.step, 9) is None, ascii_number(r.step, 9) or 0))
+    if ranks_started:
+        numbered = [r for r in steps if ascii_number(r.step, 9) is not None]
+        steps = numbered[-1:] + [r for r in steps if ascii_number(r.step, 9) is None]
     bad = (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED)
     for r in steps:
         if r.state in bad or (r.state is JobState.COMPLETED and (r.exit_code or 0) != 0):
             return r
     return None
+
+
+# sacct's Reason is the last reason the job waited: on an ended job, a wait in the queue says
+# nothing of how it ended ("FAILED: rank 1 exited ... [BeginTime]").
+QUEUE_WAITS = frozenset(
+    {
+        "BeginTime",
+        "Priority",
+        "Resources",
+        "Dependency",
+        "Reservation",
+        "JobHeldUser",
+        "JobHeldAdmin",
+        "QOSMaxJobsPerUserLimit",
+        "PartitionNodeLimit",
+        "ReqNodeNotAvail",
+    }
+)
+
+
+def ended_reason(record: AcctRecord) -> str:
+    """Slurm's reason worth showing beside an ended job's own: none for a queue wait."""
+    return "" if record.reason.split(",")[0] in QUEUE_WAITS else record.reason
 
 
 def is_node_failure(record: AcctRecord) -> bool:
@@ -314,35 +345,50 @@ _SRUN_TASK = re.compile(
 )
 
 
-def _expand_tasks(text: str) -> list[int]:
+# The script's line before the ranks' srun (templates/slurm.sh.j2: `log "starting N ranks`).
+_RANKS_STARTING = re.compile(r"ringctl-job: starting \d+ ranks", re.M)
+MAX_TASK_ID = 1 << 20  # config.py's largest world: a task id past it is no rank of a job
+
+
+def ranks_started(batch_log: str) -> bool:
+    """Whether the script reached the ranks' srun (its "starting N ranks" line)."""
+    return _RANKS_STARTING.search(batch_log) is not None
+
+
+def _ranks_part(batch_log: str) -> str:
+    """The log from the last "starting N ranks" line on ("" before it): srun's lines above it
+    are the node probe's or the placement's, whose task ids are nodes, not ranks."""
+    starts = list(_RANKS_STARTING.finditer(batch_log))
+    return batch_log[starts[-1].end() :] if starts else ""
+
+
+def _expand_tasks(text: str, world: int) -> list[int]:
+    """srun's task list ("2,5-6") as the ids below ``world``: the batch log is the job's to
+    write, and one line saying `tasks 0-4294967295` made every status build billions."""
     out: list[int] = []
     for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        elif part:
-            out.append(int(part))
+        a, _, b = part.partition("-")
+        first, last = ascii_number(a, 9), ascii_number(b or a, 9)
+        if first is not None and last is not None:
+            out.extend(range(first, min(last + 1, world)))
     return out
 
 
-def parse_srun_errors(batch_log: str) -> dict[int, str]:
-    """`srun: error: n3: task 2: Exited with exit code 1` -> {2: "Exited with exit code 1 (n3)"}.
+def parse_srun_errors(batch_log: str, world: int | None = None) -> dict[int, str]:
+    """`srun: error: n3: task 2: Exited with exit code 1` -> {2: "Exited with exit code 1 (n3)"},
+    for the ranks' srun only (after the script's "starting N ranks" line), ranks below
+    ``world`` (the job's ranks when known, else the largest world a config allows).
 
     The first report of a task wins (later ones are usually the others being killed)."""
+    world = min(world or MAX_TASK_ID, MAX_TASK_ID)
     tasks: dict[int, str] = {}
-    for m in _SRUN_TASK.finditer(batch_log):
-        for t in _expand_tasks(m.group("tasks")):
+    for m in _SRUN_TASK.finditer(_ranks_part(batch_log)):
+        for t in _expand_tasks(m.group("tasks"), world):
             tasks.setdefault(t, f"{m.group('what')} ({m.group('node')})")
     return tasks
 
 
-def first_failed_task(batch_log: str) -> tuple[int, str] | None:
-    """The rank that failed first, judged from srun's lines alone (see failed_tasks)."""
-    tasks = failed_tasks(batch_log)
-    return tasks[0] if tasks else None
-
-
-def failed_tasks(batch_log: str) -> list[tuple[int, str]]:
+def failed_tasks(batch_log: str, world: int | None = None) -> list[tuple[int, str]]:
     """srun's failed tasks, most likely cause first: out of memory (always a cause), then an
     exit code, in srun's order (the killed ones are usually victims of --kill-on-bad-exit),
     then the rest (killed, cancelled)."""
@@ -351,7 +397,7 @@ def failed_tasks(batch_log: str) -> list[tuple[int, str]]:
         what = item[1].lower()
         return 0 if "out of memory" in what else 1 if "exit code" in what else 2
 
-    return sorted(parse_srun_errors(batch_log).items(), key=rank)
+    return sorted(parse_srun_errors(batch_log, world).items(), key=rank)
 
 
 # The batch script's own last word when it stops itself (templates/slurm.sh.j2: `fail`).
