@@ -15,6 +15,8 @@ from ringctl.errors import UserError
 pytestmark = pytest.mark.slurm
 
 RANK_LOGS = "--output=logs/rank-%t.out --error=logs/rank-%t.err"
+# The job template's line before the ranks' srun: status reads srun's rank lines after it only.
+STARTING = "echo '00:00:00 ringctl-job: starting 2 ranks'\n"
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +77,7 @@ def test_failing_rank_reported_failed_with_its_error(backend, make_job_dir):
     # ringctl must not.
     job_dir = make_job_dir(
         "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --time=2\n"
-        f"srun {RANK_LOGS} bash -c '"
+        f"{STARTING}srun {RANK_LOGS} bash -c '"
         'echo "rank $SLURM_PROCID up"; '
         'if [ "$SLURM_PROCID" = 1 ]; then '
         'echo "Traceback (most recent call last):" >&2; '

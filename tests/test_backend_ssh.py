@@ -22,6 +22,8 @@ from ringctl.errors import UserError
 pytestmark = pytest.mark.ssh
 
 RANK_LOGS = "--output=logs/rank-%t.out --error=logs/rank-%t.err"
+# The job template's line before the ranks' srun: status reads srun's rank lines after it only.
+STARTING = "echo '00:00:00 ringctl-job: starting 1 ranks'\n"
 
 
 @pytest.fixture
@@ -170,7 +172,7 @@ def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
 def test_failure_and_cancel_over_ssh(settings, make_job_dir):
     failing = make_job_dir(
         "#!/bin/bash\n#SBATCH --time=2\n"
-        f"srun {RANK_LOGS} bash -c 'echo \"RuntimeError: no GPU here\" >&2; exit 4'\n",
+        f"{STARTING}srun {RANK_LOGS} bash -c 'echo \"RuntimeError: no GPU here\" >&2; exit 4'\n",
         name="ssh-fail",
     )
     sleeper = make_job_dir(f"#!/bin/bash\n#SBATCH --time=5\nsrun {RANK_LOGS} sleep 300\n", "zz")
@@ -586,3 +588,49 @@ def test_a_remote_dir_under_a_file_is_one_line(settings, make_job_dir, tmp_path)
     bad = replace(settings, remote_dir=str(tmp_path / "a-file" / "jobs"))
     with SSHBackend(bad) as b, pytest.raises(UserError, match="ssh.remote_dir: cannot create"):
         b._prepare(job_dir)
+
+
+# A line whose key does not decode (a truncated base64): paramiko raises InvalidHostKey, which
+# is no SSHException.
+UNDECODABLE = "old.example.org ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsab\n"
+
+
+def test_an_undecodable_known_hosts_line_is_skipped(settings, tmp_path):
+    """One such line in any known_hosts file read made every ssh connection a traceback
+    (submit, status, logs, cancel, gather of every ssh job); OpenSSH skips it, and so does
+    ringctl."""
+    known = tmp_path / "known_hosts"
+    known.write_text(UNDECODABLE + Path(settings.known_hosts).read_text())
+    connect(replace(settings, known_hosts=str(known))).close()
+
+
+def test_trusting_a_host_never_glues_its_key_onto_the_last_line(settings, tmp_path):
+    """known_hosts without a final newline: the new entry was appended onto the last line, so
+    the host pinned there lost its key (and the merged line broke every later connection)."""
+    known = tmp_path / "known_hosts"
+    pinned = "login.example.org " + Path(settings.known_hosts).read_text().split(" ", 1)[1]
+    known.write_text(pinned.rstrip("\n"))  # no final newline
+    connect(replace(settings, known_hosts=str(known), trust_unknown_host=True)).close()
+    lines = known.read_text().splitlines()
+    assert lines[0] == pinned.rstrip("\n") and lines[1].startswith(f"[127.0.0.1]:{settings.port} ")
+    connect(replace(settings, known_hosts=str(known))).close()  # strict, and readable
+
+
+@pytest.mark.parametrize(
+    "remote, key",
+    [
+        ("login:/scratch/job", "remote"),
+        (["x"], "remote"),
+        ({"dir": 5}, "remote.dir"),
+        ({"dir": "relative/dir"}, "remote.dir"),
+        ({"dir": "/a\nb"}, "remote.dir"),
+    ],
+)
+def test_a_damaged_remote_record_is_one_line(settings, tmp_path, remote, key):
+    """job.json's `remote` as text (a hand edit) was an AttributeError traceback in status,
+    logs, cancel and gather; a dir of another type or not absolute was used as it came."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.json").write_text(json.dumps({"backend": "ssh", "remote": remote}))
+    with pytest.raises(UserError, match=rf"job\.json: {key}: expected "):
+        SSHBackend(settings).cluster_dir(job)

@@ -54,6 +54,8 @@ from ..jobdir import (
     JobDir,
     attempt_name,
 )
+from ..sbatch import path_problem
+from ..text import cut
 from .shell import READ_LIMIT
 from .slurm import SlurmBackend, expected_ranks, one_line
 from .ssh_config import DEFAULT_KNOWN_HOSTS, SshConfig
@@ -101,9 +103,18 @@ class _TrustAndRecord(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client, hostname, key) -> None:
         path = self.s.known_hosts_path
         os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        with open(path, "a+b") as f:
+            f.write(_line_start(f) + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _line_start(f) -> bytes:
+    """A newline when the file (open for appending) does not end with one: the new entry was
+    glued onto the last line, and the host pinned there lost its key."""
+    if f.seek(0, os.SEEK_END) == 0:
+        return b""
+    f.seek(-1, os.SEEK_END)
+    return b"" if f.read(1) == b"\n" else b"\n"
 
 
 class _RevokedHost(_UnknownHost):
@@ -196,7 +207,13 @@ def read_known_hosts(path: str) -> tuple[list[tuple[list[str], paramiko.PKey]], 
             continue
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(text, number)
-        except (paramiko.SSHException, ValueError, TypeError, binascii.Error):
+        except (
+            paramiko.SSHException,
+            paramiko.hostkeys.InvalidHostKey,  # a key that does not decode: not an SSHException
+            ValueError,
+            TypeError,
+            binascii.Error,
+        ):
             entry = None
         if entry is None or entry.key is None:
             continue  # an unreadable line is skipped, as OpenSSH does
@@ -480,7 +497,22 @@ class SSHBackend(SlurmBackend):
         return self._remote_base
 
     def cluster_dir(self, job_dir: Path) -> str:
-        recorded = (JobDir(job_dir).read_meta().get("remote") or {}).get("dir")
+        """Where the job lives on the login node: job.json's remote.dir (checked: the file can
+        be edited, and a string there was an AttributeError traceback in every verb), else the
+        remote base's folder of the job's name."""
+        job = JobDir(job_dir)
+        remote = job.read_meta().get("remote") or {}
+        if not isinstance(remote, dict):
+            raise UserError(f"{job.meta_file}: remote: expected an object, got {cut(repr(remote))}")
+        recorded = remote.get("dir")
+        if recorded is not None and not (
+            isinstance(recorded, str)
+            and posixpath.isabs(recorded)
+            and path_problem(recorded) is None
+        ):
+            raise UserError(
+                f"{job.meta_file}: remote.dir: expected an absolute path, got {cut(repr(recorded))}"
+            )
         return recorded or posixpath.join(self.remote_base(), Path(job_dir).resolve().name)
 
     def prepare_resume(self, job: JobDir) -> None:
