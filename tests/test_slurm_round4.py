@@ -52,6 +52,18 @@ def test_a_restart_count_from_the_submitting_shell_is_not_believed(
     assert not (job / "attempts").exists()
 
 
+def test_a_job_name_saying_restarts_fakes_no_rerun(slurm_cluster, tmp_path, capsys) -> None:
+    """The script read its restart count from `scontrol show job`'s text, where the job's
+    name comes first: a job named "x Restarts=3" said "Slurm reran job (restart 3)" on its
+    first run, and its first real requeue then failed (attempts/requeue-ID-3 existed)."""
+    args = [SMOKE, "backend=slurm", f"output_dir={tmp_path}", "nodes=1", "tasks_per_node=2"]
+    assert main(["run", *args, "name=x Restarts=3"]) == 0, capsys.readouterr().err
+    job = _job_dir(capsys.readouterr().out)
+    batch = (job / "logs" / f"batch-{_job_id(job)}.out").read_text()
+    assert "Slurm reran" not in batch and "starting 2 ranks" in batch, batch
+    assert not (job / "attempts").exists()
+
+
 def test_a_sigkilled_rank_is_said_so_without_its_progress_bar(
     slurm_cluster, tmp_path, capsys
 ) -> None:
