@@ -67,6 +67,14 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
         raise ValueError(f"sinks are on {sinks.device}, q on {q.device}")
 
 
+def check_causal(causal, where: str = "ring_attention") -> bool:
+    """causal is a bool (numpy's too): it was only tested for truth, so causal="False" ran
+    causal on one kernel and was an aten type error on another, and None ran non-causal."""
+    if isinstance(causal, bool) or type(causal).__name__ == "bool_":
+        return bool(causal)
+    raise ValueError(f"{where}: causal must be True or False, got {causal!r}")
+
+
 def check_window(window, causal: bool) -> int | None:
     """A sliding window is a positive whole number of keys, and only under the causal mask."""
     if window is None:

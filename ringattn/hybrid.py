@@ -48,6 +48,7 @@ import torch.distributed as dist
 
 from .checks import (
     agreed_shifts,
+    check_causal,
     check_scale,
     check_shift_pairs,
     check_window,
@@ -447,6 +448,7 @@ def hybrid_attention(
     packed documents, as ``ring_attention``'s (shard with the same ``cu_seqlens``).
     """
     _require_groups(ulysses_group, ring_group)
+    causal = check_causal(causal, "hybrid_attention")
     window = check_window(window, causal)
     softmax_scale = check_scale(softmax_scale, "hybrid_attention")
     degree = dist.get_world_size(ulysses_group)

@@ -113,13 +113,19 @@ def check_divisible(seq_len: int, *, world_size: int, layout: str, ulysses_degre
 
 def _cu_tuple(cu_seqlens) -> tuple[int, ...]:
     if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+        if (
+            cu_seqlens.dim() != 1
+            or cu_seqlens.is_floating_point()
+            or cu_seqlens.dtype == torch.bool
+        ):
             raise ValueError(
                 "cu_seqlens must be a 1-D integer tensor [0, l1, l1+l2, ..., N], got "
                 f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
             )
         return tuple(cu_seqlens.tolist())
     try:  # operator.index: an integer of any kind, never a float silently cut (3.9 -> 3)
+        if any(isinstance(c, bool) for c in cu_seqlens):  # operator.index(True) is 1
+            raise TypeError
         return tuple(operator.index(c) for c in cu_seqlens)
     except TypeError:
         raise ValueError(

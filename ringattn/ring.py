@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .checks import (
+    check_causal,
     check_inputs,
     check_ranks_agree,
     check_scale,
@@ -535,6 +536,9 @@ def _backward_all(dout, q, k, v, out, lse, setup: RingSetup):
 class RingAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, setup: RingSetup):
+        # torch's fused CPU op reads q as if head_dim had stride 1: a q of the same values with
+        # stride 2 there gave outputs and gradients 1.4 off, no error. Copies only such inputs.
+        q, k, v = (t.contiguous() for t in (q, k, v))
         out, lse = _forward_all(q, k, v, sinks, setup)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.setup = setup
@@ -626,6 +630,7 @@ def ring_attention(
     """
     check_inputs(q, k, v, layout, packed=cu_seqlens is not None)
     check_sinks(sinks, q)
+    causal = check_causal(causal)
     window = check_window(window, causal)
     softmax_scale = check_scale(softmax_scale)
     packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)

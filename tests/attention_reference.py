@@ -180,8 +180,11 @@ def ring_outputs(
     return results
 
 
-def local_ring_outputs(case: Case, world: int, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """out, dq, dk, dv (and dsinks) of a LocalRing of ``world`` virtual ranks, unsharded."""
+def local_ring_outputs(
+    case: Case, world: int, device: str = "cpu", *, strided_head_dim: bool = False
+) -> dict[str, torch.Tensor]:
+    """out, dq, dk, dv (and dsinks) of a LocalRing of ``world`` virtual ranks, unsharded.
+    ``strided_head_dim``: q, k, v given as views whose head_dim has stride 2 (same values)."""
     import ringattn
     from ringattn.local_ring import LocalRing
 
@@ -198,6 +201,11 @@ def local_ring_outputs(case: Case, world: int, device: str = "cpu") -> dict[str,
         ).to(device)
         for name, t in inputs.items()
     }
+    if strided_head_dim:  # every other element of a twice-as-wide tensor: stride 2 in head_dim
+        for n in ("q", "k", "v"):
+            t = stacked[n]
+            stacked[n] = torch.stack([t, torch.zeros_like(t)], dim=-1).flatten(-2)[..., ::2]
+            assert stacked[n].stride(-1) == 2 and torch.equal(stacked[n], t)
     q, k, v = (stacked[n].requires_grad_() for n in ("q", "k", "v"))
     kw = {} if sinks is None else {"sinks": sinks.to(device).requires_grad_()}
     out = ringattn.ring_attention(

@@ -13,6 +13,7 @@ from ringattn.local_ring import LocalRing
 from tests.attention_reference import (
     FP32_TOL,
     Case,
+    local_ring_outputs,
     make_inputs,
     reference,
     relative_error,
@@ -160,3 +161,31 @@ def test_a_second_order_gradient_raises_instead_of_being_wrong(kernel, monkeypat
     (dq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(dq.sum(), q)
+
+
+@pytest.mark.parametrize("world, window", [(1, None), (2, None), (2, 5)])
+def test_inputs_whose_head_dim_is_strided_give_the_reference(world, window):
+    """torch's fused CPU op reads q as if head_dim had stride 1: a q of the same values with
+    stride 2 there gave outputs and gradients 1.4 off the reference, no error (k and v were
+    made contiguous already). Float32 against the float64 reference, below FP32_TOL."""
+    case = Case(1, 32, 4, 2, 16, "float32", True, "zigzag", seed=5, window=window)
+    got = local_ring_outputs(case, world, strided_head_dim=True)
+    ref = reference(make_inputs(case), case.causal, case.window)
+    for name in ("out", "dq", "dk", "dv"):
+        assert relative_error(got[name], ref[name]) < FP32_TOL, name
+
+
+@pytest.mark.parametrize("causal", ["False", None, 1, torch.tensor(True)])
+def test_causal_that_is_not_a_bool_is_refused(causal):
+    """causal was only tested for truth: "False" ran causal on the matmul kernel (0.67 off
+    the non-causal result) and was an aten type error on the fused one; None ran non-causal."""
+    t = torch.randn(1, 8, 2, 4)
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        ringattn.ring_attention(t, t, t, causal=causal, comm=LocalRing(2))
+
+
+@pytest.mark.parametrize("cu", [torch.tensor([False, True]), [0, True]])
+def test_cu_seqlens_of_bools_are_refused(cu):
+    t = torch.randn(1, 2, 2, 4)
+    with pytest.raises(ValueError, match="cu_seqlens must"):
+        ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2), cu_seqlens=cu)
