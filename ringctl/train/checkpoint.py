@@ -112,9 +112,9 @@ class CheckpointDir:
         the metrics so far beside it, the rename, ``latest``, and the pruning. Returns the
         checkpoint's folder."""
         atomic_write_json(staged / TRAIN_STATE, state)
-        (staged / MODEL_CONFIG).write_text(model_config, encoding="utf-8")
+        atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
         if metrics.exists():
-            shutil.copyfile(metrics, staged / METRICS)
+            atomic_write(staged / METRICS, metrics.read_bytes())
         final = self.root / step_name(step)
         if final.exists():  # a rerun of a step saved before (after a resume): replace it
             shutil.rmtree(final)

@@ -105,4 +105,7 @@ class TrainParams(CorpusParams):
             "weight_decay": self.weight_decay,
             "warmup_steps": self.warmup_steps,
             "min_lr_ratio": self.min_lr_ratio,
+            # the gradients' clipping: another value trains another run (run.ADDED_KEYS: a
+            # checkpoint written before it was recorded resumes, with a notice)
+            "clip": self.clip,
         }

@@ -3,11 +3,13 @@
 1. Seats: the job's W ranks form W / R rings of R consecutive ranks (``ring.size``; null: one
    ring of all). Each ring trains its share of every step's sequences (``data.ring_share``).
 2. Model agreement (``longdoc.agreement``): per ring, the checked tokenizer and model in
-   float32 (the master weights), the same weights on every rank, the probe passed. Then
-   activation checkpointing if asked, and FSDP2 over the job (``model.shard: job``).
+   float32 (the master weights), the same weights on every rank, the probe passed; a model
+   that would train at random (dropout, a router's noise) or toward another objective (the
+   router's auxiliary loss) refused. Then activation checkpointing if asked, and FSDP2 over
+   the job (``model.shard: job``).
 3. Resume: from ``checkpoints/latest`` if there is one (DCP reshards to this job's shape; the
-   run's signature must match: its settings, the documents, and the sha256 of the model's and
-   tokenizer's files), else step 0 of a fresh stream.
+   run's signature must match: its settings, the documents as every rank listed them alike,
+   and the sha256 of the model's and tokenizer's files), else step 0 of a fresh stream.
 4. Steps (``step.train_step``) until ``task.max_steps``: rank 0 appends each step's record to
    ``logs/metrics.jsonl`` and reports progress (a step whose loss or gradient norm is not
    finite stops the run, named, unrecorded); a checkpoint every ``checkpoint_every`` steps,
@@ -95,35 +97,84 @@ def _load(params: TrainParams, opts: TrainOptions, seat: RingSeat):
     )
 
 
+def _config_fields(data: dict, prefix: str = ""):
+    """(dotted key, value) of every field of a config's dict, its sub-configs' and dicts'
+    fields included: a MoE's settings can sit in one (DBRX's ``ffn_config``), a multimodal
+    model's text model in ``text_config``."""
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _config_fields(value, f"{name}.")
+        else:
+            yield name, value
+
+
+# Names of config fields that make a train-mode forward draw from the generator when set:
+# dropout (``*drop*``: > 0) and the routers' noise (``*jitter*``, ``*noise*``: non-zero).
+_DROP, _NOISE = ("drop",), ("jitter", "noise")
+_HEADS = ("classifier_", "summary_")  # heads a causal LM does not have
+
+
+def _random_fields(fields: dict) -> dict:
+    """{dotted key: value} of the config's fields that make training random."""
+    out = {}
+    for key, value in _config_fields(fields):
+        leaf = key.rsplit(".", 1)[-1]
+        if leaf.startswith(_HEADS) or not isinstance(value, (int, float)):
+            continue
+        number = not isinstance(value, bool)
+        if any(w in leaf for w in _DROP) and number and value > 0:
+            out[key] = value
+        elif any(w in leaf for w in _NOISE) and value != 0:
+            out[key] = value
+    return out
+
+
 def _refuse_dropout(model) -> None:
-    """A model that trains with dropout draws masks from each rank's generator, which the
-    checkpoints do not keep: its losses would depend on the ranks and rings, and a resumed
-    run would not repeat the uninterrupted one. Refused, naming the config's fields to set
-    to 0 (task.model_overrides). Both kinds: ``nn.Dropout`` modules with p > 0, and any of the
-    config's dropout fields (``*drop*``) > 0, which OPT and BioGPT apply with
-    ``nn.functional.dropout`` (no module to find) and which layerdrop applies by skipping
-    whole layers."""
+    """A model that draws from the generator in training mode (dropout masks, a router's
+    jitter noise, sampled routing) draws from each rank's generator, which the checkpoints do
+    not keep: its losses would depend on the ranks and rings, and a resumed run would not
+    repeat the uninterrupted one (exit 0 all the same). The one rule, refused by name:
+    ``nn.Dropout`` modules with p > 0; config fields, sub-configs' included, named ``*drop*``
+    > 0 (OPT and BioGPT apply them with ``nn.functional.dropout``: no module to find;
+    layerdrop skips whole layers) or ``*jitter*`` / ``*noise*`` non-zero (Mixtral's and
+    MiniMax's router_jitter_noise, DBRX's ffn_config.moe_jitter_eps), each with the override
+    that turns it off. PhiMoE's sparsemixer samples its experts whenever it trains, but
+    among those within 2 x router_jitter_noise of the best (its default 0.01): at 0 the draw
+    can only pick the best, and its steps are the same under any generator (measured, the
+    gradients too), so its field is refused like the others, not the model type."""
     config = getattr(model, "config", None)
     fields = config.to_dict() if config is not None else {}
-    heads = ("classifier_", "summary_")  # heads a causal LM does not have
-    keys = sorted(
-        k
-        for k, v in fields.items()
-        if "drop" in k
-        and not k.startswith(heads)
-        and isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and v > 0
-    )
+    keys = _random_fields(fields)
     modules = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     if not keys and not modules:
         return
-    hint = ", ".join(f"task.model_overrides.{k}=0" for k in keys) or "dropout off"
-    found = ", ".join(f"{k}={fields[k]}" for k in keys) or "a Dropout layer"
+    off = {k: "false" if isinstance(v, bool) else "0" for k, v in keys.items()}
+    hint = ", ".join(f"task.model_overrides.{k}={v}" for k, v in off.items()) or "dropout off"
+    found = ", ".join(f"{k}={v}" for k, v in keys.items()) or "a Dropout layer"
+    what = "dropout" if all("drop" in k.rsplit(".", 1)[-1] for k in keys) else "randomness"
     raise ValueError(
-        f"the model trains with dropout ({found}): training here keeps no random state, so "
+        f"the model trains with {what} ({found}): training here keeps no random state, so "
         f"losses would depend on the ranks and a resume would not repeat the run; set {hint}"
     )
+
+
+def _refuse_router_loss(model) -> None:
+    """A MoE config with ``output_router_logits: true`` asks transformers to add
+    router_aux_loss_coef x the router's load-balancing loss to the training loss; the step
+    here trains the tokens' loss alone (``step.sequence_backward``), so it would train
+    another objective than the config asks for, in silence. Refused, naming the override."""
+    config = getattr(model, "config", None)
+    fields = config.to_dict() if config is not None else {}
+    for key, value in _config_fields(fields):
+        if key.rsplit(".", 1)[-1] == "output_router_logits" and value is True:
+            coef = key[: -len("output_router_logits")] + "router_aux_loss_coef"
+            said = dict(_config_fields(fields)).get(coef)
+            raise ValueError(
+                f"the model's config asks for the router's load-balancing loss in training "
+                f"({key}=true, {coef}={said}), which this job's loss does not add (it trains "
+                f"the tokens' loss alone): set task.model_overrides.{key}=false"
+            )
 
 
 def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
@@ -138,6 +189,7 @@ def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
     )
     model = agreed.model
     _refuse_dropout(model)
+    _refuse_router_loss(model)
     if params.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -155,13 +207,39 @@ def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
         return tokenizer.encode(docs[i].read_bytes())
 
     stream = SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
-    run = params.run_signature() | {"documents": listing_signature(docs)}
+    run = params.run_signature() | {"documents": agreed_listing(listing_signature(docs))}
     return stream, run | agreed_identity(params)
+
+
+def agreed_listing(signature: str) -> str:
+    """``signature`` (this rank's ``listing_signature``) once every rank's is the same. Each
+    rank lists the inputs on its own, and ranks that saw different documents (a file still
+    arriving, a shared filesystem's cached listing) would pack different streams and divide
+    by different token counts, the job ending well. Gathered from every rank, so every rank
+    refuses alike, in the same words (none waits for the others)."""
+    said: list = [None] * dist.get_world_size()
+    dist.all_gather_object(said, signature)
+    other = next((r for r, s in enumerate(said) if s != said[0]), None)
+    if other is None:
+        return signature
+
+    def count(sig: str) -> str:
+        return sig.split(":", 1)[0]
+
+    raise ValueError(
+        f"the ranks listed different input documents (task.inputs): rank 0 "
+        f"{count(said[0])} documents ({said[0]}), rank {other} {count(said[other])} "
+        f"({said[other]}): the inputs changed while the job started (a file still arriving, "
+        "a shared filesystem's cached listing); run it again once they are complete"
+    )
 
 
 # The run signature's keys that identify files (``model_identity``), and the setting naming
 # where those files are: a resume refuses a model or tokenizer changed at the same path.
 IDENTITY_KEYS = {"model": "task.model_path", "tokenizer": "task.tokenizer_path"}
+# Run-signature keys added after checkpoints were first written: one written before lacks
+# them, and resumes (its value then was never recorded: nothing to compare), with a notice.
+ADDED_KEYS = {"clip"}
 
 
 def model_files(params: TrainParams) -> Path:
@@ -231,11 +309,17 @@ def _resume(found, model, optimizer, scheduler, stream, run, params, opts) -> tu
     if found is None:
         return 0, Cursor()
     want, had = run, found.state["run"]
-    changed = sorted(k for k in want if want[k] != had.get(k))
+    unrecorded = sorted(k for k in ADDED_KEYS if k in want and k not in had)
+    changed = sorted(k for k in want if want[k] != had.get(k) and k not in unrecorded)
     if changed:
         settings = [k for k in changed if k not in IDENTITY_KEYS]  # named first
         raise ValueError(_changed_run(found, (settings or changed)[0], want, had, params))
     cursor = _checked_state(found, scheduler, stream, params)
+    for key in unrecorded:
+        opts.log(
+            f"{found.path}: written before checkpoints recorded task.{key}: resuming with "
+            f"task.{key}={want[key]!r}, which could not be checked against the run's"
+        )
     checkpoint.load(model, optimizer, found)
     scheduler.load_state_dict(found.state["scheduler"])
     if opts.rank == 0:

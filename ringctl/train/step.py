@@ -17,6 +17,7 @@ all-reduce of a flat buffer.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from contextlib import nullcontext
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from ringattn import pack_sequence, sequence_positions
 from ringattn.hf import count_calls, ring_settings
 
-from ..longdoc.compute.scoring import BypassError, chunked_logprobs
+from ..longdoc.compute.scoring import BypassError, check_windowed_layers, chunked_logprobs
 from ..longdoc.model.load import attention_layers, decoder
 from .data import IGNORE, PackedSequence
 
@@ -82,11 +83,15 @@ def rank_rows(seq: PackedSequence, seat: RingSeat, opts: StepOptions):
 
 
 def sequence_backward(
-    model, seq: PackedSequence, seat: RingSeat, opts: StepOptions, denominator: int
+    model, seq: PackedSequence, seat: RingSeat, opts: StepOptions, denominator: int, longest: int
 ) -> float:
     """Forward and backward of this rank's rows of one sequence, the loss scaled by
     1 / ``denominator`` (the step's predicted tokens); returns this rank's unscaled sum of
-    ``-log p`` (float)."""
+    ``-log p`` (float). Refused before the backward, as scoring refuses it, when ring
+    attention missed a layer or a layer windows through its mask alone (PhiMoE, Qwen2-MoE:
+    they would train with full attention over a piece longer than the window). ``longest``:
+    the step's longest piece, in every ring's sequences, so every ring refuses at the same
+    step (one that refused alone would leave the others waiting in the gradients' sum)."""
     device = next(model.parameters()).device
     ids, labels, positions, packing = rank_rows(seq, seat, opts)
     mixed = torch.autocast(device.type, dtype=opts.autocast) if opts.autocast else nullcontext()
@@ -102,6 +107,7 @@ def sequence_backward(
             logp = chunked_logprobs(model, hidden, targets, chunk_size=opts.chunk_size, grad=True)
             nll = -(logp * valid).sum()
         _check_every_layer(model, counted)
+        check_windowed_layers(model, len(counted.windowed), longest)
         (nll / denominator).backward()
     return float(nll.detach())
 
@@ -159,7 +165,8 @@ def train_step(
     started = time.perf_counter()
     tokens = sum(seq.predicted for seq in sequences)
     optimizer.zero_grad(set_to_none=True)
-    nll = sum(sequence_backward(model, sequences[i], seat, opts, tokens) for i in mine)
+    longest = max(b - a for seq in sequences for a, b in itertools.pairwise(seq.cu_seqlens))
+    nll = sum(sequence_backward(model, sequences[i], seat, opts, tokens, longest) for i in mine)
     if not sharded:
         sum_gradients(model, seat.job_group)
     norm = _clip(model, opts.clip)

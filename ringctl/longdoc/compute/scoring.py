@@ -189,13 +189,15 @@ def forward_hidden(model, shard: Shard, *, group, layout: str) -> torch.Tensor:
             f"{len(counted.layers)} of the model's {want} layers; the others attend (or recur) "
             "over each rank's shard alone, which gives wrong numbers: this model is not supported"
         )
-    _check_windowed_layers(model, len(counted.windowed), shard.n_tokens)
+    check_windowed_layers(model, len(counted.windowed), shard.n_tokens)
     return out.last_hidden_state[0]
 
 
-def _check_windowed_layers(model, passed: int, n_tokens: int) -> None:
+def check_windowed_layers(model, passed: int, n_tokens: int) -> None:
     """A config with a sliding window whose layers did not pass it to the attention call would
-    be scored with full attention: refused once the document is longer than the window."""
+    be scored with full attention: refused once the document is longer than the window. The
+    one rule of scoring (``forward_hidden``) and training (``train.step.sequence_backward``,
+    ``n_tokens``: the sequence's longest piece) alike."""
     window = sliding_window(model.config)
     want = sliding_layers(model.config)
     if window is None or n_tokens <= window or passed == want:
