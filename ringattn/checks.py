@@ -70,7 +70,8 @@ def check_sinks(sinks: torch.Tensor | None, q: torch.Tensor) -> None:
 def check_causal(causal, where: str = "ring_attention") -> bool:
     """causal is a bool (numpy's too): it was only tested for truth, so causal="False" ran
     causal on one kernel and was an aten type error on another, and None ran non-causal."""
-    if isinstance(causal, bool) or type(causal).__name__ == "bool_":
+    kind = type(causal)
+    if kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
         return bool(causal)
     raise ValueError(f"{where}: causal must be True or False, got {causal!r}")
 

@@ -537,8 +537,9 @@ class RingAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, setup: RingSetup):
         # torch's fused CPU op reads q as if head_dim had stride 1: a q of the same values with
-        # stride 2 there gave outputs and gradients 1.4 off, no error. Copies only such inputs.
-        q, k, v = (t.contiguous() for t in (q, k, v))
+        # stride 2 there gave outputs and gradients 1.4 off, no error. Only such inputs are
+        # copied (a transposed one reads right, and the hybrid all-to-all's never are whole).
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         out, lse = _forward_all(q, k, v, sinks, setup)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.setup = setup

@@ -4,6 +4,7 @@ squeue, no accounting at all, a job both have forgotten, and the exact sbatch ar
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -237,8 +238,6 @@ def test_missing_sbatch_is_user_error(job_dir, monkeypatch):
 def test_forgotten_everywhere_is_the_last_word_for_run(job_dir):
     """A job both squeue and sacct forgot stays UNKNOWN: `run` waited on it for ever after its
     logs ended. Nothing will change it, so it is the end (exit 1, UNKNOWN shown)."""
-    from ringctl.commands.jobs import settled
-
     shell = FakeShell(
         {
             "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
@@ -247,7 +246,10 @@ def test_forgotten_everywhere_is_the_last_word_for_run(job_dir):
     )
     backend = SlurmBackend(shell)
     job = submitted(job_dir)
-    assert settled(backend.status(job), backend, job)
+    assert backend.settled(job, backend.status(job))
+    started = time.monotonic()
+    assert backend.wait(job, timeout=30).state is JobState.UNKNOWN
+    assert time.monotonic() - started < 10  # at once: it waited out its whole timeout
 
 
 PROBE_FAILED = (
@@ -305,3 +307,24 @@ def test_a_queue_wait_is_not_given_as_why_a_job_ended(job_dir):
     st = SlurmBackend(shell).status(submitted(job_dir))
     assert st.state is JobState.FAILED and st.ranks == {3: "Exited with exit code 1 (n2)"}
     assert st.reason == "rank 3 exited with exit code 1 (n2): rank 3 failed: out of patience"
+
+
+def test_a_batch_log_longer_than_its_tail_still_blames_a_rank(job_dir):
+    """status reads the batch log's last 64 KiB: srun's lines for thousands of ranks pushed
+    the "starting N ranks" line out of it, and every srun line was then dropped (the step
+    blamed instead of the rank). A tail without the line is srun's."""
+    killed = "".join(f"srun: error: n{r:04d}: task {r}: Killed\n" for r in range(8, 3000))
+    shell = FakeShell(
+        {
+            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
+            "sacct": [(0, "42|job.sh|FAILED|1:0|3|None|n1\n42.1|python|FAILED|1:0|3||n1\n", "")],
+        },
+        files={
+            "logs/batch-42.out": STARTING
+            + killed
+            + "srun: error: n0007: task 7: Exited with exit code 1\n",
+            "logs/rank-7.err": "ringctl.worker: rank 7 failed: CUDA out of memory\n",
+        },
+    )
+    st = SlurmBackend(shell, expected_ranks=4096).status(submitted(job_dir))
+    assert st.reason == "rank 7 exited with exit code 1 (n0007): rank 7 failed: CUDA out of memory"

@@ -71,9 +71,9 @@ def test_srun_errors_pick_the_rank_that_failed_first():
         "srun: error: n2: task 1: Exited with exit code 3\n"
         "srun: error: n3: tasks 2,5-6: Killed\n"
     )
-    tasks = ss.parse_srun_errors(log)
+    tasks = ss.parse_srun_errors(ss.ranks_part(log))
     assert sorted(tasks) == [1, 2, 3, 5, 6]
-    assert ss.failed_tasks(log)[0] == (1, "Exited with exit code 3 (n2)")
+    assert ss.failed_tasks(ss.ranks_part(log))[0] == (1, "Exited with exit code 3 (n2)")
     assert ss.failed_tasks("nothing here") == []
 
 
@@ -82,10 +82,15 @@ def test_srun_lines_before_the_ranks_started_are_not_ranks():
     probe's srun lines (task ids are nodes) were read as ranks failing, and a job whose ranks
     all finished read FAILED, blaming rank 1."""
     probe = "srun: error: n1: task 0: Exited with exit code 2\nsrun: error: n2: task 1: x\n"
-    assert ss.parse_srun_errors(probe) == {}  # the ranks never started
-    assert ss.parse_srun_errors(probe + STARTING) == {}
+    assert ss.ranks_part(probe) is None  # the ranks never started
+    assert ss.parse_srun_errors(ss.ranks_part(probe + STARTING)) == {}
     later = probe + STARTING + "srun: error: n2: task 3: Exited with exit code 1\n"
-    assert ss.parse_srun_errors(later) == {3: "Exited with exit code 1 (n2)"}
+    assert ss.parse_srun_errors(ss.ranks_part(later)) == {3: "Exited with exit code 1 (n2)"}
+    # a log read from its tail, past the line (srun's lines filled it): all of it is srun's
+    assert ss.parse_srun_errors(ss.ranks_part(probe, cut=True)) == {
+        0: "Exited with exit code 2 (n1)",
+        1: "x (n2)",
+    }
 
 
 def test_a_failed_probe_step_is_not_the_job_once_the_ranks_started():
@@ -106,9 +111,9 @@ def test_a_failed_probe_step_is_not_the_job_once_the_ranks_started():
 def test_a_huge_task_range_is_bounded_by_the_world():
     """The batch log is the job's to write: `tasks 0-4294967295` made every status build
     billions of entries (minutes, gigabytes)."""
-    log = STARTING + "srun: error: n1: tasks 0-999999999,0-4294967295,7-3: Killed\n"
+    log = "srun: error: n1: tasks 0-999999999,0-4294967295,7-3: Killed\n"
     assert sorted(ss.parse_srun_errors(log, 4)) == [0, 1, 2, 3]
-    assert len(ss.parse_srun_errors(log)) == ss.MAX_TASK_ID
+    assert len(ss.parse_srun_errors(log)) == ss.MAX_RANKS
 
 
 def test_error_summary():
@@ -173,3 +178,19 @@ def test_node_failure_names_the_node_from_its_events_or_the_run():
     assert slurm_reruns.rerun_summary(run, "9", [], 2).startswith(
         "requeued by Slurm 2x: run 1 of job 9 was requeued; its logs are in attempts/requeue-9-1"
     )
+
+
+@pytest.mark.parametrize(
+    "reason, shown",
+    [
+        ("BeginTime", ""),
+        ("QOSMaxJobsPerUserLimit", ""),
+        ("AssocGrpCpuLimit", ""),
+        ("PartitionTimeLimit", ""),
+        ("NodeDown", "NodeDown"),
+        ("NonZeroExitCode", "NonZeroExitCode"),
+    ],
+)
+def test_a_queue_wait_is_no_reason_for_an_end(reason, shown):
+    record = ss.parse_sacct(f"9|smoke|FAILED|1:0|1|{reason}|n1\n", "9")[0]
+    assert ss.ended_reason(record) == shown

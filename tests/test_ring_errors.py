@@ -184,6 +184,13 @@ def test_causal_that_is_not_a_bool_is_refused(causal):
         ringattn.ring_attention(t, t, t, causal=causal, comm=LocalRing(2))
 
 
+def test_causal_given_as_a_numpy_bool_is_taken():
+    np = pytest.importorskip("numpy")
+    t = torch.randn(1, 8, 2, 4, dtype=torch.float64)
+    want = ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2))
+    assert torch.equal(ringattn.ring_attention(t, t, t, causal=np.True_, comm=LocalRing(2)), want)
+
+
 @pytest.mark.parametrize("cu", [torch.tensor([False, True]), [0, True]])
 def test_cu_seqlens_of_bools_are_refused(cu):
     t = torch.randn(1, 2, 2, 4)

@@ -118,14 +118,23 @@ class Backend(ABC):
         """What rank (launch index) `rank` said went wrong, in one line."""
         return joblogs.rank_error(self.shell, self.cluster_dir(job_dir), rank)
 
+    def settled(self, job_dir: Path, status: JobStatus) -> bool:
+        """Whether ``status`` is the job's last word: finished, or UNKNOWN where nothing will
+        change it (``is_finished``: a damaged state.json and no supervisor; a job Slurm
+        forgot). `run`, `logs -f` and `wait` waited on such a job for ever."""
+        if status.state is JobState.UNKNOWN:
+            return self.is_finished(job_dir)
+        return status.state.finished
+
     def wait(
         self, job_dir: Path, *, timeout: float | None = None, poll_s: float | None = None
     ) -> JobStatus:
-        """Poll status() until the job is finished (or timeout seconds pass: the last status)."""
+        """Poll status() until it is the job's last word (``settled``) or timeout seconds
+        pass (the last status)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             st = self.status(job_dir)
-            if st.state.finished or (deadline is not None and time.monotonic() >= deadline):
+            if self.settled(job_dir, st) or (deadline is not None and time.monotonic() >= deadline):
                 return st
             time.sleep(self.poll_s if poll_s is None else poll_s)
 

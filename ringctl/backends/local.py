@@ -297,7 +297,9 @@ class LocalBackend(Backend):
 
     def is_finished(self, job_dir: Path) -> bool:
         """Ended, or UNKNOWN (a damaged state.json) with its supervisor gone: nothing will
-        ever rewrite the file, and `logs -f` and `run` waited for an end for ever."""
+        ever rewrite the file, and `logs -f` and `run` waited for an end for ever. (A `logs -f`
+        started inside a resume, between the move to attempts/ and the new supervisor's
+        record, ends at once: no supervisor yet.)"""
         status = self.status(job_dir)
         if status.state is not JobState.UNKNOWN:
             return status.state.finished

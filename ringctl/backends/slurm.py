@@ -116,12 +116,10 @@ class SlurmBackend(Backend):
             raise UserError(f"{job_dir}: job.json's job_id {job_id!r} is not a Slurm job id")
         return str(job_id)
 
-    def _read_text(self, path: str, *, tail: int | None = _TAIL_BYTES) -> str:
-        if tail is None:
-            data = self.shell.read_from(path, 0)
-        else:
-            data = self.shell.read_from(path, 0, limit=tail, tail=True)
-        return "" if data is None else data.decode("utf-8", errors="replace")
+    def _read_tail(self, path: str) -> tuple[str, bool]:
+        """The last _TAIL_BYTES of a log, and whether that was not all of it."""
+        data = self.shell.read_from(path, 0, limit=_TAIL_BYTES, tail=True) or b""
+        return data.decode("utf-8", errors="replace"), len(data) >= _TAIL_BYTES
 
     # -- Backend -----------------------------------------------------------------------------------
 
@@ -306,9 +304,10 @@ class SlurmBackend(Backend):
     ) -> JobStatus:
         """The end of the job in full: its state corrected by what the steps, srun and the
         ranks' results say, the reason, and what Slurm's requeues did before (`reruns`)."""
-        batch_log = self._read_text(f"{where}/{BATCH_LOG.format(job_id=job_id)}")
-        ranks = ss.parse_srun_errors(batch_log, self.expected_ranks)
-        step = ss.failing_step(records, ranks_started=ss.ranks_started(batch_log))
+        batch_log, cut = self._read_tail(f"{where}/{BATCH_LOG.format(job_id=job_id)}")
+        srun = ss.ranks_part(batch_log, cut=cut)  # None: the ranks never started
+        ranks = ss.parse_srun_errors(srun or "", self.expected_ranks)
+        step = ss.failing_step(records, ranks_started=srun is not None)
         exit_code = job.exit_code if job is not None else None
         reason = ""
 
@@ -324,7 +323,7 @@ class SlurmBackend(Backend):
             reason = slurm_reruns.node_failure(self._run, job)  # not the ranks it took down
         elif state is JobState.FAILED and not reason:
             reason = ss.script_failure(batch_log) or self._failure_reason(
-                where, batch_log, step, exit_code
+                where, batch_log, srun or "", step, exit_code
             )
             if step is not None and step.exit_code:
                 exit_code = step.exit_code
@@ -344,11 +343,11 @@ class SlurmBackend(Backend):
             ranks={r: what for r, what in sorted(ranks.items())},
         )
 
-    def _blamed_task(self, where: str, batch_log: str) -> tuple[int, str, str] | None:
+    def _blamed_task(self, where: str, srun: str) -> tuple[int, str, str] | None:
         """(rank, srun's words, its error) of the task that caused the failure: srun's likeliest
         (ss.failed_tasks), unless its own error only says a peer left ("Connection reset by
         peer"), in which case the next of the first BLAME_READS whose error does not."""
-        tasks = ss.failed_tasks(batch_log, self.expected_ranks)
+        tasks = ss.failed_tasks(srun, self.expected_ranks)
         if not tasks:
             return None
         first = (*tasks[0], joblogs.rank_error(self.shell, where, tasks[0][0]))
@@ -361,9 +360,16 @@ class SlurmBackend(Backend):
         return first
 
     def _failure_reason(
-        self, where: str, batch_log: str, step: ss.AcctRecord | None, exit_code: int | None
+        self,
+        where: str,
+        batch_log: str,
+        srun: str,
+        step: ss.AcctRecord | None,
+        exit_code: int | None,
     ) -> str:
-        blamed = self._blamed_task(where, batch_log)
+        """Why the job failed: the rank srun blames (``srun``: the ranks' part of the batch
+        log), else the failed step, else the script's own last error."""
+        blamed = self._blamed_task(where, srun)
         if blamed is not None:
             rank, what, err = blamed
             words, node = what.rsplit(" (", 1) if " (" in what else (what, "")

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from ..config import MAX_RANKS
 from ..text import ascii_number
 from .base import JobState
 
@@ -260,26 +261,35 @@ def failing_step(records: list[AcctRecord], *, ranks_started: bool = False) -> A
 
 
 # sacct's Reason is the last reason the job waited: on an ended job, a wait in the queue says
-# nothing of how it ended ("FAILED: rank 1 exited ... [BeginTime]").
-QUEUE_WAITS = frozenset(
-    {
-        "BeginTime",
-        "Priority",
-        "Resources",
-        "Dependency",
-        "Reservation",
-        "JobHeldUser",
-        "JobHeldAdmin",
-        "QOSMaxJobsPerUserLimit",
-        "PartitionNodeLimit",
-        "ReqNodeNotAvail",
-    }
+# nothing of how it ended ("FAILED: rank 1 exited ... [BeginTime]"). Slurm's wait reasons
+# (job_state_reason_string), by name or by family.
+QUEUE_WAITS = (
+    "BeginTime",
+    "Priority",
+    "Resources",
+    "Dependency",
+    "Reservation",
+    "JobHeld",
+    "QOS",
+    "Assoc",
+    "Partition",
+    "ReqNodeNotAvail",
+    "JobArrayTaskLimit",
+    "Licenses",
+    "Nodes",
+    "FrontEnd",
+    "BurstBuffer",
+    "Prolog",
+    "PowerUp",
+    "Reconfig",
+    "Cleaning",
+    "MaxRequeue",
 )
 
 
 def ended_reason(record: AcctRecord) -> str:
     """Slurm's reason worth showing beside an ended job's own: none for a queue wait."""
-    return "" if record.reason.split(",")[0] in QUEUE_WAITS else record.reason
+    return "" if record.reason.startswith(QUEUE_WAITS) else record.reason
 
 
 def is_node_failure(record: AcctRecord) -> bool:
@@ -347,19 +357,17 @@ _SRUN_TASK = re.compile(
 
 # The script's line before the ranks' srun (templates/slurm.sh.j2: `log "starting N ranks`).
 _RANKS_STARTING = re.compile(r"ringctl-job: starting \d+ ranks", re.M)
-MAX_TASK_ID = 1 << 20  # config.py's largest world: a task id past it is no rank of a job
 
 
-def ranks_started(batch_log: str) -> bool:
-    """Whether the script reached the ranks' srun (its "starting N ranks" line)."""
-    return _RANKS_STARTING.search(batch_log) is not None
-
-
-def _ranks_part(batch_log: str) -> str:
-    """The log from the last "starting N ranks" line on ("" before it): srun's lines above it
-    are the node probe's or the placement's, whose task ids are nodes, not ranks."""
+def ranks_part(batch_log: str, *, cut: bool = False) -> str | None:
+    """The batch log from its last "starting N ranks" line on: srun's lines above it are the
+    node probe's or the placement's, whose task ids are nodes, not ranks. None when the ranks
+    never started (no such line); the whole text when the log was read from a tail (``cut``)
+    that begins past the line (srun's own lines then filled what was read)."""
     starts = list(_RANKS_STARTING.finditer(batch_log))
-    return batch_log[starts[-1].end() :] if starts else ""
+    if starts:
+        return batch_log[starts[-1].end() :]
+    return batch_log if cut else None
 
 
 def _expand_tasks(text: str, world: int) -> list[int]:
@@ -374,21 +382,21 @@ def _expand_tasks(text: str, world: int) -> list[int]:
     return out
 
 
-def parse_srun_errors(batch_log: str, world: int | None = None) -> dict[int, str]:
+def parse_srun_errors(srun_lines: str, world: int | None = None) -> dict[int, str]:
     """`srun: error: n3: task 2: Exited with exit code 1` -> {2: "Exited with exit code 1 (n3)"},
-    for the ranks' srun only (after the script's "starting N ranks" line), ranks below
-    ``world`` (the job's ranks when known, else the largest world a config allows).
+    ranks below ``world`` (the job's ranks when known, else the largest world a config
+    allows). Give it the ranks' part of the batch log (``ranks_part``).
 
     The first report of a task wins (later ones are usually the others being killed)."""
-    world = min(world or MAX_TASK_ID, MAX_TASK_ID)
+    world = min(world or MAX_RANKS, MAX_RANKS)
     tasks: dict[int, str] = {}
-    for m in _SRUN_TASK.finditer(_ranks_part(batch_log)):
+    for m in _SRUN_TASK.finditer(srun_lines):
         for t in _expand_tasks(m.group("tasks"), world):
             tasks.setdefault(t, f"{m.group('what')} ({m.group('node')})")
     return tasks
 
 
-def failed_tasks(batch_log: str, world: int | None = None) -> list[tuple[int, str]]:
+def failed_tasks(srun_lines: str, world: int | None = None) -> list[tuple[int, str]]:
     """srun's failed tasks, most likely cause first: out of memory (always a cause), then an
     exit code, in srun's order (the killed ones are usually victims of --kill-on-bad-exit),
     then the rest (killed, cancelled)."""
@@ -397,7 +405,7 @@ def failed_tasks(batch_log: str, world: int | None = None) -> list[tuple[int, st
         what = item[1].lower()
         return 0 if "out of memory" in what else 1 if "exit code" in what else 2
 
-    return sorted(parse_srun_errors(batch_log, world).items(), key=rank)
+    return sorted(parse_srun_errors(srun_lines, world).items(), key=rank)
 
 
 # The batch script's own last word when it stops itself (templates/slurm.sh.j2: `fail`).

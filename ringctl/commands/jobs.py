@@ -28,7 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..backends.base import JobState
 from ..config import load_job, to_yaml, world_size
 from ..errors import UserError
 from ..jobdir import JobDir, task_output
@@ -96,7 +95,7 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
         for line in backend.logs(job_dir, rank=rank, follow=True):
             print(shown(line), flush=True)
         status = backend.status(job_dir)
-        while not settled(status, backend, job_dir):  # logs ended first: wait for the end
+        while not backend.settled(job_dir, status):  # logs ended first: wait for the end
             time.sleep(0.5)
             status = backend.status(job_dir)
     except KeyboardInterrupt:
@@ -113,15 +112,6 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
     print(line, file=sys.stdout if status.state.value == "COMPLETED" else sys.stderr)
     print(f"job directory: {job_dir}")
     return 0 if status.state.value == "COMPLETED" else 1
-
-
-def settled(status, backend, job_dir: Path) -> bool:
-    """Whether `status` is the job's last word: finished, or UNKNOWN where the backend says
-    nothing will change it (a damaged state.json and no supervisor; a job Slurm forgot). `run`
-    waited on such a job for ever."""
-    if status.state is JobState.UNKNOWN:
-        return backend.is_finished(job_dir)
-    return status.state.finished
 
 
 def cmd_resume(args) -> int:
