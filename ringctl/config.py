@@ -141,17 +141,32 @@ def _first_line(err: OmegaConfBaseException) -> str:
     return msg.strip().splitlines()[0] if msg.strip() else type(err).__name__
 
 
-def _describe(err: OmegaConfBaseException) -> str:
+def _describe(err: OmegaConfBaseException, schema: DictConfig | None = None) -> str:
     key = getattr(err, "full_key", None) or ""
     msg = _first_line(err)
     if type(err).__name__ == "ConfigKeyError" and key:
-        hint = re.search(r"Did you mean: '([^']+)'", msg)
-        parent = key.rpartition(".")[0]
-        suggestion = (
-            f" (did you mean {parent + '.' if parent else ''}{hint.group(1)}?)" if hint else ""
-        )
-        return f"unknown key {key}{suggestion}"
+        meant = _meant(schema, key) if schema is not None else None
+        return f"unknown key {key}" + (f" (did you mean {meant}?)" if meant else "")
     return f"{key}: {msg}" if key else msg
+
+
+def _meant(schema: DictConfig, key: str) -> str | None:
+    """The key an unknown ``key`` likely meant: a close name beside it (task.seqlen ->
+    task.seq_len), else a section holding its name (max_steps -> task.max_steps). OmegaConf's
+    own hint came for a file's keys only, not an override's."""
+    import difflib
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(schema, parent) if parent else schema
+    if isinstance(node, DictConfig):
+        close = difflib.get_close_matches(leaf, [str(k) for k in node.keys()], n=1)
+        if close:
+            return f"{parent}.{close[0]}" if parent else close[0]
+    for section in schema.keys():
+        held = schema.get(section)
+        if isinstance(held, DictConfig) and leaf in held and f"{section}" != parent:
+            return f"{section}.{leaf}"
+    return None
 
 
 def _task_name(layers: list[tuple[str, DictConfig]]) -> str:
@@ -250,7 +265,7 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         try:
             cfg = OmegaConf.merge(cfg, layer)
         except OmegaConfBaseException as err:
-            raise UserError(f"{source}: {_describe(err)}") from None
+            raise UserError(f"{source}: {_describe(err, cfg)}") from None
         except (TypeError, ValueError) as err:  # e.g. a list where the schema has a mapping
             raise UserError(f"{source}: {_shape_error(cfg, layer) or err}") from None
     try:

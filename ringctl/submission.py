@@ -26,6 +26,7 @@ from .errors import SubmittedNotRecorded, UserError
 from .jobdir import CONFIG, META, SCRIPT, JobDir
 from .sizing import Sizing
 from .tasks import get_task
+from .terminal import visible
 
 __all__ = [
     "NOT_RESUME_KEYS",
@@ -171,6 +172,7 @@ def checked_for_submission(cfg, source: str, *, force: bool = False):
     changes how a job runs is refused in one line where a new job would be, not on its
     ranks; --force as for submit."""
     check_packages(cfg)
+    Sizing(cfg).check_device()  # before a budget is derived from it
     sizing = with_ring_budget(Sizing(cfg), source)  # the one sizing of this job
     check_plan(sizing, force=force)
     check_model_state(sizing, force=force)
@@ -245,8 +247,11 @@ RESUME_KEYS = (
 NOT_RESUME_KEYS = ("ring.layout",)
 
 
-def _resume_key_problem(item: str) -> str | None:
-    """Why resume may not take the override ``item`` (key=value), or None."""
+def _resume_key_problem(item: str, cfg=None) -> str | None:
+    """Why resume may not take the override ``item`` (key=value), or None; the keys it may
+    change named as ``cfg`` (the job's config, when given) has them."""
+    from omegaconf import OmegaConf
+
     key = item.split("=", 1)[0].strip()
     if key in NOT_RESUME_KEYS:
         return (
@@ -254,10 +259,13 @@ def _resume_key_problem(item: str) -> str | None:
             "were computed with the job's; run a new job for another"
         )
     if not key.startswith(RESUME_KEYS) and key not in RESUME_KEYS:
+        names = [k.rstrip(".") for k in RESUME_KEYS]
+        if cfg is not None:  # task.on_changed_input is a long-document job's alone
+            absent = object()
+            names = [k for k in names if OmegaConf.select(cfg, k, default=absent) is not absent]
         return (
             f"override {item!r}: a resume may change how the job runs "
-            f"({', '.join(k.rstrip('.') for k in RESUME_KEYS)}), not {key}; the outputs "
-            "must stay those of the same run"
+            f"({', '.join(names)}), not {key}; the outputs must stay those of the same run"
         )
     return None
 
@@ -268,12 +276,13 @@ def _check_resume_key(job: JobDir, item: str) -> None:
     the list of what a resume may change."""
     from omegaconf import OmegaConf
 
-    why = _resume_key_problem(item)
+    cfg = load_job(job.config)
+    why = _resume_key_problem(item, cfg)
     if not why:
         return
     key = item.split("=", 1)[0].strip()
     absent = object()
-    if not key or OmegaConf.select(load_job(job.config), key, default=absent) is absent:
+    if not key or OmegaConf.select(cfg, key, default=absent) is absent:
         load_job(job.config, [item])  # its one line for an unknown key, with a suggestion
     raise UserError(why)
 
@@ -321,6 +330,9 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         if not isinstance(history, list):  # checked before anything moves
             raise UserError(f"{job.meta_file}: attempts must be a list")
         previous = job.archive_attempt()
+        moved = ", ".join(sorted(e.name + "/" * e.is_dir() for e in previous.iterdir()))
+        # names the job could make: shown, never obeyed
+        print(f"the last attempt's files moved to {previous}: {visible(moved)}", file=sys.stderr)
         job.remove_stale_temporaries()
         if changed is not None:
             atomic_write(job.config, to_yaml(changed[0]))

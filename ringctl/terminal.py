@@ -15,7 +15,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import TextIO
 
-__all__ = ["for_terminal", "visible"]
+__all__ = ["console", "for_terminal", "visible"]
 
 # Unicode's control (Cc: C0, DEL, C1), surrogate (Cs: undecodable bytes kept by
 # surrogateescape), line and paragraph separator (Zl, Zp) categories, and the bidirectional
@@ -59,3 +59,17 @@ def for_terminal(stream: TextIO | None = None) -> Callable[[str], str]:
     if not tty:
         return str
     return lambda line: visible(line, keep="\t\n")
+
+
+def console(**options):
+    """A rich Console whose writes to a reader gone away (`ringctl plan | head`) raise
+    BrokenPipeError, as print's do, so `ringctl.cli` exits 141 as documented: rich's own
+    handler exited 1, which is `plan`'s "does not fit"."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(**options)

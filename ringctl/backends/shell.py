@@ -47,7 +47,8 @@ class LocalShell:
         except FileNotFoundError:
             raise UserError(
                 f"`{argv[0]}` not found on this machine: the slurm backend runs on a Slurm login "
-                "node (use the ssh backend to submit through one)"
+                "node (use the ssh backend to submit through one, or backend=local to run the "
+                "ranks here: `ringctl example` shows each job's settings)"
             ) from None
         except subprocess.TimeoutExpired:
             raise UserError(f"`{argv[0]}` did not answer within {timeout:.0f}s") from None

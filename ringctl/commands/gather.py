@@ -198,12 +198,12 @@ def _state_now(backend, job_path: Path):
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.text import Text
 
+    from ..terminal import console as terminal_console
     from ..terminal import visible
 
-    console = Console()
+    console = terminal_console()
     path = _existing_dir(args.job_dir)
     job_path = job_of(path)
     options = {"force": args.force, "partial": args.partial, "fmt": args.fmt}

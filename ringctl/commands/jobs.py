@@ -348,6 +348,8 @@ def _status_table(rows: list[dict]):
 def cmd_status(args) -> int:
     from rich.console import Console
 
+    from ..terminal import console as terminal_console
+
     try:
         dirs = _status_targets(args)
     except NoJobs:
@@ -362,7 +364,7 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str, allow_nan=False))
     else:
-        console = Console(width=max(120, Console().width))
+        console = terminal_console(width=max(120, Console().width))
         console.print(_status_table(rows))
         if len(rows) == 1 and len(rows[0]["rings"]) > 1:
             console.print(_rings_table(rows[0]["rings"], rows[0]["state"]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -485,6 +486,13 @@ def _from_job(args) -> Workload:
         args.nodes = max(1, -(-args.ranks // int(cfg.tasks_per_node)))
     if cfg.get("device") and args.device == DEFAULT_DEVICE:
         args.device = str(cfg.device)
+    elif args.device == DEFAULT_DEVICE and int(cfg.gpus_per_node) == 0:
+        print(  # a CPU job priced on a GPU in silence read as its own plan
+            f"note: {args.job} runs on CPUs (gpus_per_node: 0) and sets no device: priced on "
+            f"{DEFAULT_DEVICE}; --device NAME, or `ringctl plan --calibrate` to measure this "
+            "machine",
+            file=sys.stderr,
+        )
     if args.seq and not work.seq_len:
         work = replace(work, seq_len=args.seq)
     ulysses = config_section(cfg, "ring").get("ulysses")

@@ -8,9 +8,9 @@ from .window import layer_windows
 
 
 def _console():
-    from rich.console import Console
+    from ..terminal import console
 
-    return Console()
+    return console()
 
 
 def _memory_table(est):

@@ -140,10 +140,8 @@ class TrainTask(CorpusTask):
                 f"stopped on request at step {summary.step} of {cfg.task.max_steps} "
                 f"(checkpoint {summary.checkpoint}); `ringctl resume` continues"
             )
-        ctx.log(
-            f"train: {summary.steps} steps this attempt, at step {summary.step}, "
-            f"loss {summary.loss}"
-        )
+        loss = f"loss {summary.loss}" if summary.loss is not None else "nothing left to train"
+        ctx.log(f"train: {summary.steps} steps this attempt, at step {summary.step}, {loss}")
         return {"steps": summary.steps, "step": summary.step, "loss": summary.loss}
 
     def gatherer(self) -> Gatherer:

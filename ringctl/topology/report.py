@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..terminal import console as terminal_console
 from ..terminal import visible
 from .hostlist import HostlistError, compress
 from .plan import Hop, RankEntry, RingPlan
@@ -110,7 +111,7 @@ def _print_nodes(plan: RingPlan, console: Console) -> None:
 def print_plan(plan: RingPlan, console: Console | None = None) -> None:
     """Print the hop table, a summary line per node and the bottleneck."""
     if console is None:
-        console = Console(highlight=False)
+        console = terminal_console(highlight=False)
         if not console.is_terminal:
             console.width = 160  # logs and pipes: no wrapping of the hop table
     if plan.ulysses is not None:

@@ -1,0 +1,106 @@
+"""A newcomer's walk through the README (a read-only review): what tripped them, each fixed.
+
+A mistyped `device=` switched submit's plan check off in silence; `resume` moved a gather's
+output to attempts/N without a word; `plan | head` exited 1 (its "does not fit") instead of
+141; a CPU job was priced on an H100 in silence; an override's unknown key got no "did you
+mean"; resume's refusal listed keys the job does not have; the attention task's median of
+two steps was the slower one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringctl.backends import local
+from ringctl.cli import main
+from ringctl.submission import resume_job
+from ringctl.tasks.attention import _result
+from ringctl.terminal import console
+from tests.test_cli_review import _job_dir
+
+
+def test_an_unknown_device_is_refused_at_submit(tmp_path: Path, capsys) -> None:
+    """`plan` refused device=H100 by name; submit took it as "no device", skipped the plan
+    check and submitted a job of 200M tokens per rank that failed on its ranks."""
+    big = ["task.seq_len=200000000", "task.heads=64", "task.kv_heads=64", "task.head_dim=128"]
+    assert main(["submit", "smoke", "device=H100", f"output_dir={tmp_path}", *big]) == 2
+    err = capsys.readouterr().err
+    assert "device: unknown device 'H100'; known: " in err and "H100-SXM" in err, err
+    assert not any(tmp_path.iterdir())  # nothing submitted
+
+
+def test_resume_says_what_of_the_last_attempt_it_moved(tmp_path: Path, capsys) -> None:
+    """`resume` moves everything of an attempt (a gather's output too) to attempts/N; it did
+    so without a word, and the user's gathered/ was gone."""
+    job = _job_dir(tmp_path, "smoke", {"state": "FAILED", "reason": "x"})
+    (job / "gathered").mkdir()
+    resume_job(job)
+    try:
+        err = capsys.readouterr().err
+        assert f"the last attempt's files moved to {job / 'attempts' / '1'}: " in err, err
+        assert "gathered/" in err and "state.json" in err
+        assert (job / "attempts" / "1" / "gathered").is_dir()
+    finally:
+        local.LocalBackend().wait(job, timeout=120)
+
+
+def test_a_closed_reader_ends_a_rich_table_as_it_ends_print(tmp_path: Path) -> None:
+    """rich's own broken-pipe handler exited 1 (`plan | head`: plan's "does not fit"); the
+    CLI's rule is 141 for a reader gone away. The console raises BrokenPipeError as print
+    does; `ringctl plan` with its reader gone exits 141."""
+    read, write = os.pipe()
+    os.close(read)
+    f = open(write, "w")  # noqa: SIM115 - closed below, its own EPIPE ignored
+    try:
+        with pytest.raises(BrokenPipeError):
+            console(file=f).print("x" * 100)
+    finally:
+        try:
+            f.close()
+        except BrokenPipeError:
+            pass
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ringctl", "plan", "train"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    proc.stdout.close()  # gone before it writes a word
+    assert proc.wait(timeout=120) == 141
+
+
+def test_a_cpu_job_planned_without_a_device_says_which_it_priced(capsys) -> None:
+    assert main(["plan", "smoke"]) == 0
+    err = capsys.readouterr().err
+    assert "runs on CPUs (gpus_per_node: 0) and sets no device: priced on H100-SXM" in err
+
+
+@pytest.mark.parametrize(
+    "override, meant",
+    [("task.seqlen=5", "task.seq_len"), ("max_steps=4", "task.max_steps"), ("nodez=2", "nodes")],
+)
+def test_an_unknown_override_key_gets_a_suggestion(override, meant, capsys) -> None:
+    """The same key in a job file got OmegaConf's "did you mean"; on the command line none."""
+    assert main(["config", "train", override]) == 2
+    assert f"(did you mean {meant}?)" in capsys.readouterr().err
+
+
+def test_resume_names_only_keys_the_job_has(tmp_path: Path, capsys) -> None:
+    job = _job_dir(tmp_path, "smoke", {"state": "FAILED"})
+    assert main(["resume", str(job), "task.seq_len=512"]) == 2
+    err = capsys.readouterr().err
+    assert "a resume may change how the job runs (nodes, " in err
+    assert "on_changed_input" not in err  # a long-document job's key alone
+
+
+def test_the_median_of_two_steps_is_their_mean() -> None:
+    ctx = type("Ctx", (), {"rank": 0, "world_size": 1, "node": "n"})()
+    steps = [{"forward_s": 1.0, "backward_s": 4.0}, {"forward_s": 3.0, "backward_s": 2.0}]
+    got = _result(ctx, "zigzag", 8, steps)
+    assert (got["forward_median_s"], got["backward_median_s"]) == (2.0, 3.0)
+    assert json.dumps(got)
