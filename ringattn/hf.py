@@ -48,7 +48,7 @@ import contextlib
 import contextvars
 import inspect
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,15 +87,17 @@ class CallCount:
     calls: int = 0
     layers: set[int] = field(default_factory=set)  # id() of each attention module called
     windowed: set[int] = field(default_factory=set)  # those that passed a sliding window
+    on_call: Callable[[CallCount], None] | None = None  # told after each call is counted
 
 
 _COUNTERS: list[CallCount] = []
 
 
 @contextlib.contextmanager
-def count_calls() -> Iterator[CallCount]:
-    """Count the calls of ``ring_attention_forward`` (and the distinct layers) in the block."""
-    counter = CallCount()
+def count_calls(on_call: Callable[[CallCount], None] | None = None) -> Iterator[CallCount]:
+    """Count the calls of ``ring_attention_forward`` (and the distinct layers) in the block;
+    ``on_call(counter)`` after each (a caller's progress within one long forward)."""
+    counter = CallCount(on_call=on_call)
     _COUNTERS.append(counter)
     try:
         yield counter
@@ -209,6 +211,8 @@ def ring_attention_forward(
     for counter in _COUNTERS:
         counter.calls += 1
         counter.layers.add(id(module))
+        if counter.on_call is not None:
+            counter.on_call(counter)
     q, k, v = _autocast_inputs(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
     if ulysses is not None and layout not in HYBRID_LAYOUTS:
         raise ValueError(

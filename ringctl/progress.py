@@ -23,6 +23,7 @@ from .text import cut
 
 COUNT_FIELDS = ("done", "total", "before")
 NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s", "loss")
+TEXT_FIELDS = ("unit", "current")  # current: where a long document's forward is (longdoc)
 
 
 def progress_record(
@@ -77,7 +78,7 @@ def _field_problem(key: str, value) -> str:
         return "not a count"
     if key in NUMBER_FIELDS and not _is_number(value):
         return "not a number >= 0"
-    if key == "unit" and not isinstance(value, str):
+    if key in TEXT_FIELDS and not isinstance(value, str):
         return "not a string"
     if key == "members" and not (isinstance(value, list) and all(map(_is_count, value))):
         return "not a list of ranks"

@@ -104,3 +104,35 @@ def test_the_median_of_two_steps_is_their_mean() -> None:
     got = _result(ctx, "zigzag", 8, steps)
     assert (got["forward_median_s"], got["backward_median_s"]) == (2.0, 3.0)
     assert json.dumps(got)
+
+
+def _progress_within(rank: int, world: int, base: str) -> list:
+    """run_longdoc on one document with the progress said at every layer: rank 0's records."""
+    import ringctl.longdoc.run as run
+
+    run.WITHIN_S = 0.0  # every call (30 s in a job)
+    said: list = []
+    inputs = Path(base) / "in"
+    params = {"mode": "score", "inputs": [str(inputs)], "chunk_size": 64}
+    options = run.LongDocOptions(progress=lambda done, total, **extra: said.append(extra))
+    run.run_longdoc(params, rank, world, None, Path(base) / f"out{rank}", lambda m: None, options)
+    return said
+
+
+def test_a_long_documents_forward_says_its_layer(tmp_path: Path, capsys) -> None:
+    """The newcomer's 1M-token document (35 min) showed nothing until it ended: the ring's
+    lead now says, every WITHIN_S, which layer of the model the forward is in, and status
+    shows it beside the count while the job runs."""
+    from ringctl.commands.jobs import _progress_text
+    from ringctl.longdoc.model.load import attention_layers, load_model
+    from tests.distributed import run_distributed
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "doc.txt").write_bytes(b"the tide comes in " * 20)
+    said = run_distributed(_progress_within, 2, str(tmp_path))
+    layers = attention_layers(load_model(None))
+    currents = [r["current"] for r in said[0] if "current" in r]
+    assert currents == [f"doc.txt: layer {i} of {layers}" for i in range(1, layers + 1)]
+    assert said[1] == []  # rank 0 reports the job's progress
+    record = {"done": 0, "total": 1, "unit": "documents", "current": currents[-1]}
+    assert _progress_text(record, "RUNNING").endswith(f"; now doc.txt: layer {layers} of {layers}")

@@ -215,6 +215,8 @@ def _progress_text(p: dict | None, state: str) -> str:
         text += f", {float(p['tokens_per_s']):,.0f} tokens/s"
     if state == "RUNNING" and p.get("eta_s") is not None:
         text += f", ETA {float(p['eta_s']):.0f}s"
+    if state == "RUNNING" and p.get("current"):  # where a long document's forward is
+        text += f"; now {cut(p['current'], 80)}"
     return text
 
 

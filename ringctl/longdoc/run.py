@@ -31,6 +31,7 @@ that went another way. Errors that concern the whole job (bad parameters, a miss
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from collections import Counter
@@ -52,7 +53,7 @@ from .consensus import agree, any_has, document_verdict
 from .inputs.documents import Document, DocumentError, Listing, input_identity
 from .model.compat import window_refusal
 from .model.directory import model_identity
-from .model.load import bundled_config_path, load_model, resolve_model_path
+from .model.load import attention_layers, bundled_config_path, load_model, resolve_model_path
 from .model.tokenize import load_tokenizer, resolve_tokenizer_path
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
@@ -157,6 +158,10 @@ def _stats_text(st: dict) -> str:
     return extra
 
 
+# How often a ring lead says where a document's forward is (``_Progress.within``).
+WITHIN_S = 30.0
+
+
 class _Progress:
     """A ring lead's one line per document: tokens/s of this run and the ETA of what is left
     on its ring; `progress(done, total, ...)` gets the counts (the job's rank 0: the job's
@@ -168,8 +173,21 @@ class _Progress:
         self.compute_s = 0.0
         self.tokens = 0
         self.total, self.done_before = total, skipped
+        self.done_all = skipped
         self.progress = progress
         self.start = time.monotonic()
+        self.said_within = self.start
+
+    def within(self, doc: Document, layer: int, layers: int) -> None:
+        """Where the forward of one document is (its layer of the model's), said at most every
+        WITHIN_S: a document of a million tokens takes half an hour, and status and the log
+        showed nothing until it ended. The record's ``current`` goes with its next count."""
+        now = time.monotonic()
+        if self.progress is None or now - self.said_within < WITHIN_S:
+            return
+        self.said_within = now
+        current = f"{doc.id}: layer {layer} of {layers}"
+        self.progress(self.done_all, self.total, unit="documents", current=current)
 
     def document(self, doc: Document, n: int, result: ShardResult, done: int, log) -> None:
         self.compute_s += result.seconds
@@ -179,7 +197,7 @@ class _Progress:
         rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
         eta = (self.bytes_left - self.bytes_done) / rate if rate > 0 else float("nan")
         tok_s = self.tokens / self.compute_s if self.compute_s > 0 else 0.0
-        done_all = self.done_before + done
+        done_all = self.done_all = self.done_before + done
         log(
             f"doc {done_all}/{self.total} {doc.id}: {n} tokens in {result.seconds:.2f}s"
             f"{_stats_text(result.stats)}; {tok_s:.0f} tokens/s, ETA {_eta(eta)}"
@@ -633,8 +651,21 @@ class _RingPass:
             self.queue(doc, ids, n)
             return False
         self.flush()
-        self.finish([(doc, ids)], [self.owner.score_document(doc, ids, self.ring)])
+        with self.watched(doc):
+            result = self.owner.score_document(doc, ids, self.ring)
+        self.finish([(doc, ids)], [result])
         return False
+
+    def watched(self, doc: Document):
+        """On the ring's lead, the document's forward counted layer by layer for its progress
+        (``_Progress.within``); elsewhere nothing."""
+        if self.shown is None:
+            return contextlib.nullcontext()
+        from ringattn.hf import count_calls
+
+        layers = attention_layers(self.owner.model)
+        shown = self.shown
+        return count_calls(on_call=lambda c: shown.within(doc, min(c.calls, layers), layers))
 
     def queue(self, doc: Document, ids, n: int) -> None:
         """A short document joins the pack; the pack runs first if it would then exceed the
