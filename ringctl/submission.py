@@ -263,9 +263,15 @@ def _resume_key_problem(item: str, cfg=None) -> str | None:
         if cfg is not None:  # task.on_changed_input is a long-document job's alone
             absent = object()
             names = [k for k in names if OmegaConf.select(cfg, k, default=absent) is not absent]
+        more = (  # a training run's schedule is over max_steps: more steps are another run
+            "; to train further, `ringctl gather` it and run a new job with "
+            "task.model_path=JOBDIR/gathered/model (the optimizer's state starts afresh)"
+            if key == "task.max_steps"
+            else ""
+        )
         return (
             f"override {item!r}: a resume may change how the job runs "
-            f"({', '.join(names)}), not {key}; the outputs must stay those of the same run"
+            f"({', '.join(names)}), not {key}; the outputs must stay those of the same run" + more
         )
     return None
 

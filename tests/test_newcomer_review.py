@@ -136,3 +136,12 @@ def test_a_long_documents_forward_says_its_layer(tmp_path: Path, capsys) -> None
     assert said[1] == []  # rank 0 reports the job's progress
     record = {"done": 0, "total": 1, "unit": "documents", "current": currents[-1]}
     assert _progress_text(record, "RUNNING").endswith(f"; now doc.txt: layer {layers} of {layers}")
+
+
+def test_a_training_resume_asking_for_more_steps_says_how_to_train_further(
+    tmp_path: Path, capsys
+) -> None:
+    job = _job_dir(tmp_path, "train", {"state": "COMPLETED"})
+    assert main(["resume", "--force", str(job), "task.max_steps=6"]) == 2
+    err = capsys.readouterr().err
+    assert "not task.max_steps" in err and "task.model_path=JOBDIR/gathered/model" in err
