@@ -145,7 +145,10 @@ def _describe(err: OmegaConfBaseException, schema: DictConfig | None = None) -> 
     key = getattr(err, "full_key", None) or ""
     msg = _first_line(err)
     if type(err).__name__ == "ConfigKeyError" and key:
-        meant = _meant(schema, key) if schema is not None else None
+        try:  # a hint only: an interpolation that cannot resolve must not turn it into a crash
+            meant = _meant(schema, key) if schema is not None else None
+        except OmegaConfBaseException:
+            meant = None
         return f"unknown key {key}" + (f" (did you mean {meant}?)" if meant else "")
     return f"{key}: {msg}" if key else msg
 

@@ -159,17 +159,22 @@ class Sizing:
         """The job's ``device`` entry in the table (None: no device, or one not in it)."""
         return self.devices.get(self.device_name) if self.device_name else None
 
-    def check_device(self) -> None:
-        """A ``device`` the table does not know is refused, as `ringctl plan` refuses it: a
-        typo (``device=H100``) switched submit's plan check off in silence, and a job that
-        could not fit was submitted."""
-        from .planner.devices import get_device
+    def device_problem(self) -> str | None:
+        """Why the job's ``device`` cannot be priced: one the table does not know (`ringctl
+        plan` refuses it too). A typo (``device=H100``) switched submit's plan check off in
+        silence, and a job that could not fit was submitted."""
+        from .planner.devices import USER_DEVICES, get_device
 
-        if self.device_name and self.device_name not in self.devices:
-            try:
-                get_device(self.device_name)  # its refusal, the one `plan` gives
-            except UserError as err:
-                raise UserError(f"device: {err}") from None
+        if not self.device_name or self.device_name in self.devices:
+            return None
+        try:
+            get_device(self.device_name)  # its words, the ones `plan` gives
+        except UserError as err:
+            return (
+                f"device: {err} (a device of your own goes in {USER_DEVICES}, or the file "
+                "RINGCTL_DEVICES names)"
+            )
+        return None
 
     @cached_property
     def largest_ring(self) -> int:

@@ -83,6 +83,17 @@ def check_plan(sizing: Sizing, *, force: bool = False) -> None:
         print(f"plan ({verdict.device}): {verdict.reason}", file=sys.stderr)
 
 
+def check_device(sizing: Sizing, *, force: bool = False) -> None:
+    """Refuse a job whose device the planner's table does not know (``device_problem``);
+    --force submits it unplanned (a device known on the cluster's side only)."""
+    why = sizing.device_problem()
+    if why is None:
+        return
+    if not force:
+        raise UserError(f"{why}. Nothing was submitted; --force to submit it unplanned")
+    print(f"warning: submitting unplanned (--force): {why}", file=sys.stderr)
+
+
 def check_model_state(sizing: Sizing, *, force: bool = False) -> None:
     """Refuse a job whose ranks could not hold its model (``Sizing.model_state_problem``:
     absurd sizes anywhere, more than this host has for local ranks) when no device entry plans
@@ -172,7 +183,7 @@ def checked_for_submission(cfg, source: str, *, force: bool = False):
     changes how a job runs is refused in one line where a new job would be, not on its
     ranks; --force as for submit."""
     check_packages(cfg)
-    Sizing(cfg).check_device()  # before a budget is derived from it
+    check_device(Sizing(cfg), force=force)  # before a budget is derived from it
     sizing = with_ring_budget(Sizing(cfg), source)  # the one sizing of this job
     check_plan(sizing, force=force)
     check_model_state(sizing, force=force)
@@ -336,9 +347,6 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         if not isinstance(history, list):  # checked before anything moves
             raise UserError(f"{job.meta_file}: attempts must be a list")
         previous = job.archive_attempt()
-        moved = ", ".join(sorted(e.name + "/" * e.is_dir() for e in previous.iterdir()))
-        # names the job could make: shown, never obeyed
-        print(f"the last attempt's files moved to {previous}: {visible(moved)}", file=sys.stderr)
         job.remove_stale_temporaries()
         if changed is not None:
             atomic_write(job.config, to_yaml(changed[0]))
@@ -349,4 +357,8 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         backend.prepare_resume(job)
         job_id = backend.submit(job.path)
         job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
+    # said once all is recorded (a reader gone away cannot leave it half done); the names
+    # are the job's to make: shown, never obeyed
+    moved = ", ".join(sorted(e.name + "/" * e.is_dir() for e in previous.iterdir()))
+    print(f"the last attempt's files moved to {previous}: {visible(moved)}", file=sys.stderr)
     return job.path, str(job_id), backend

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -128,11 +129,14 @@ def test_a_long_documents_forward_says_its_layer(tmp_path: Path, capsys) -> None
     from tests.distributed import run_distributed
 
     (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_bytes(b"the tide goes out " * 10)
     (tmp_path / "in" / "doc.txt").write_bytes(b"the tide comes in " * 20)
     said = run_distributed(_progress_within, 2, str(tmp_path))
     layers = attention_layers(load_model(None))
     currents = [r["current"] for r in said[0] if "current" in r]
-    assert currents == [f"doc.txt: layer {i} of {layers}" for i in range(1, layers + 1)]
+    assert currents[layers:] == [f"doc.txt: layer {i} of {layers}" for i in range(1, layers + 1)]
+    # a record is replaced whole: the last document's rate goes with the layer
+    assert all("tokens_per_s" in r for r in said[0] if r.get("current", "").startswith("doc"))
     assert said[1] == []  # rank 0 reports the job's progress
     record = {"done": 0, "total": 1, "unit": "documents", "current": currents[-1]}
     assert _progress_text(record, "RUNNING").endswith(f"; now doc.txt: layer {layers} of {layers}")
@@ -145,3 +149,50 @@ def test_a_training_resume_asking_for_more_steps_says_how_to_train_further(
     assert main(["resume", "--force", str(job), "task.max_steps=6"]) == 2
     err = capsys.readouterr().err
     assert "not task.max_steps" in err and "task.model_path=JOBDIR/gathered/model" in err
+
+
+def test_progress_inside_a_document_is_advisory_and_summed_over_rings() -> None:
+    """A progress write that fails (a full disk) inside the forward must not stop the ring's
+    lead mid-layer; with several rings, status shows where each ring inside a document is."""
+    from ringctl.commands.jobs import _progress_text, ring_summary
+    from ringctl.longdoc.run import _Progress
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    shown = _Progress([], 2, 0, full_disk)
+    shown.said_within = -1e9
+    shown.within(SimpleNamespace(id="big.txt"), 3, 30)  # no raise
+    rings = [
+        {"done": 1, "total": 2, "current": "big.txt: layer 12 of 30"},
+        {"done": 2, "total": 2, "current": "stale"},
+    ]
+    text = _progress_text(ring_summary(rings), "RUNNING")
+    assert text.endswith("; now big.txt: layer 12 of 30"), text
+
+
+def test_an_unknown_device_with_force_is_submitted_unplanned(tmp_path: Path, capsys) -> None:
+    """A device the cluster's side knows (a devices file there) and this table does not:
+    --force submits it, said, unplanned."""
+    assert main(["submit", "--force", "smoke", "device=MYGPU", f"output_dir={tmp_path}"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: submitting unplanned (--force): device: unknown device 'MYGPU'" in err
+    (job,) = tmp_path.iterdir()
+    local.LocalBackend().wait(job, timeout=120)
+
+
+def test_an_unknown_key_beside_an_unresolvable_interpolation_is_one_line(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """The suggestion looked at every section, resolving ${oc.env:...} on the way: an unset
+    variable made the refusal a traceback."""
+    monkeypatch.delenv("NOPE_RINGCTL_VAR", raising=False)
+    job = tmp_path / "job.yaml"
+    job.write_text("output_dir: ${oc.env:NOPE_RINGCTL_VAR}\ntask: {name: train}\n")
+    assert main(["config", str(job), "max_stepz=3"]) == 2
+    assert "unknown key max_stepz" in capsys.readouterr().err
+
+
+def test_plan_with_an_explicit_device_says_nothing_of_a_default(capsys) -> None:
+    assert main(["plan", "smoke", "--device", "H100-SXM"]) == 0
+    assert "sets no device" not in capsys.readouterr().err

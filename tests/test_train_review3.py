@@ -366,3 +366,16 @@ def test_publish_syncs_config_and_metrics_before_latest_names_them(tmp_path, mon
         assert any(s.startswith(f".{name}.") for s in synced), (name, synced)
     assert (final / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert json.loads((final / "config.json").read_text()) == {"model_type": "llama"}
+
+
+def test_the_override_a_nested_refusal_names_is_accepted() -> None:
+    """DBRX saves ffn_config with model_type "": its fields were unknown, so the override the
+    randomness refusal names (task.model_overrides.ffn_config.moe_jitter_eps=0) was itself
+    refused. A sub-config's class comes from its parent's sub_configs now; a key it does not
+    have is still refused."""
+    from ringctl.longdoc.model.overrides import problem
+
+    config = {"model_type": "dbrx", "ffn_config": {"model_type": "", "moe_jitter_eps": 0.01}}
+    assert problem(config, {"ffn_config": {"moe_jitter_eps": 0}}) is None
+    key, why = problem(config, {"ffn_config": {"moe_jitter_epz": 0}})
+    assert key.endswith("ffn_config.moe_jitter_epz"), (key, why)

@@ -193,7 +193,9 @@ def ring_summary(rings: list[dict]) -> dict | None:
     if len(rings) < 2:
         return None
     etas = [r["eta_s"] for r in rings if r.get("eta_s") is not None and r["done"] < r["total"]]
-    return {
+    now = [r["current"] for r in rings if r.get("current") and r["done"] < r["total"]]
+    where = {"current": ", ".join(now)} if now else {}  # rings inside a long document: where
+    return where | {
         "done": sum(int(r["done"]) for r in rings),
         "total": sum(int(r["total"]) for r in rings),
         "unit": "documents",

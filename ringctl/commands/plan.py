@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import socket
 import sys
 from dataclasses import replace
 from functools import partial
@@ -208,7 +209,9 @@ def _link_flags(p) -> None:
         help="nodes the ranks span (default: 1: every rank on one node's links)",
     )
     r.add_argument(
-        "--device", default=DEFAULT_DEVICE, help=f"device table entry (default: {DEFAULT_DEVICE})"
+        "--device",
+        default=None,
+        help=f"device table entry (default: the job's `device`, else {DEFAULT_DEVICE})",
     )
     r.add_argument("--devices", type=Path, help="extra device table (JSON) overriding entries")
     r.add_argument("--topology", type=Path, help="a `ringctl topo` plan: use its bottleneck hop")
@@ -322,7 +325,7 @@ def _workload(args, seq_required: bool = True) -> Workload:
 
 
 def _device(args) -> Device:
-    device = get_device(args.device, args.devices)
+    device = get_device(args.device or DEFAULT_DEVICE, args.devices)
     changes = {}
     if args.attention_efficiency:
         try:
@@ -484,13 +487,14 @@ def _from_job(args) -> Workload:
     args.ranks = args.ranks or ring or world
     if args.nodes == 1:
         args.nodes = max(1, -(-args.ranks // int(cfg.tasks_per_node)))
-    if cfg.get("device") and args.device == DEFAULT_DEVICE:
+    if args.device is None and cfg.get("device"):
         args.device = str(cfg.device)
-    elif args.device == DEFAULT_DEVICE and int(cfg.gpus_per_node) == 0:
+    elif args.device is None and int(cfg.gpus_per_node) == 0:
+        host = socket.gethostname().split(".")[0]
         print(  # a CPU job priced on a GPU in silence read as its own plan
             f"note: {args.job} runs on CPUs (gpus_per_node: 0) and sets no device: priced on "
-            f"{DEFAULT_DEVICE}; --device NAME, or `ringctl plan --calibrate` to measure this "
-            "machine",
+            f"{DEFAULT_DEVICE}; --device NAME, e.g. --device cpu-{host} once `ringctl plan "
+            "--calibrate` has measured this machine",
             file=sys.stderr,
         )
     if args.seq and not work.seq_len:
@@ -583,7 +587,7 @@ def _priced_for_device(args, job_dir: JobDir | None, schedule):
     from ..planner.pricing import document_cost
     from ..scheduler import priced
 
-    explicit = args.device != DEFAULT_DEVICE
+    explicit = args.device is not None
     if job_dir is None or not job_dir.config.is_file():
         return None
     cfg = load_job(job_dir.config, [])

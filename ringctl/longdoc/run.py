@@ -174,6 +174,7 @@ class _Progress:
         self.tokens = 0
         self.total, self.done_before = total, skipped
         self.done_all = skipped
+        self.said: dict = {}  # the last document's rate and ETA: a record is replaced whole
         self.progress = progress
         self.start = time.monotonic()
         self.said_within = self.start
@@ -187,7 +188,10 @@ class _Progress:
             return
         self.said_within = now
         current = f"{doc.id}: layer {layer} of {layers}"
-        self.progress(self.done_all, self.total, unit="documents", current=current)
+        try:  # advisory, inside the forward: a full disk must not stop the lead mid-layer
+            self.progress(self.done_all, self.total, unit="documents", current=current, **self.said)
+        except OSError:
+            pass
 
     def document(self, doc: Document, n: int, result: ShardResult, done: int, log) -> None:
         self.compute_s += result.seconds
@@ -204,8 +208,8 @@ class _Progress:
         )
         if self.progress is not None:
             eta_s = None if eta != eta else round(eta, 1)
-            extra = {"tokens_per_s": round(tok_s), "eta_s": eta_s}
-            self.progress(done_all, self.total, unit="documents", **extra)
+            self.said = {"tokens_per_s": round(tok_s), "eta_s": eta_s}
+            self.progress(done_all, self.total, unit="documents", **self.said)
 
 
 def _check_group(rank: int, world_size: int, group) -> None:

@@ -115,6 +115,7 @@ class CheckpointDir:
         atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
         if metrics.exists():
             atomic_write(staged / METRICS, metrics.read_bytes())
+        fsync_dir(staged)  # their entries too, before the rename and latest
         final = self.root / step_name(step)
         if final.exists():  # a rerun of a step saved before (after a resume): replace it
             shutil.rmtree(final)

@@ -89,20 +89,25 @@ def refusal(config: Mapping, overrides: Mapping | None, where: str = WHERE) -> s
     return f"{found[0]}: {found[1]}" if found else None
 
 
-def problem(config: Mapping, overrides: Mapping | None, where: str = WHERE):
-    """(the key, why) of the first override that is not a field of the model, or None.
+def problem(
+    config: Mapping, overrides: Mapping | None, where: str = WHERE, cls: type | None = None
+):
+    """(the key, why) of the first override that is not a field of the model, or None;
+    ``cls``: the config class when known (a sub-config's, from its parent's ``sub_configs``),
+    else the one its model_type names.
 
     Without transformers (a submit host that only renders the job) the fields are unknown:
     loader options and keys that cannot be fields are still refused, the ranks check the rest.
     """
     if not overrides:
         return None
-    try:
-        cls = config_class(config)
-    except ValueError as err:
-        return where, f"{err}, so its fields are unknown (its own code is not run)"
-    except ImportError:
-        cls = None
+    if cls is None:
+        try:
+            cls = config_class(config)
+        except ValueError as err:
+            return where, f"{err}, so its fields are unknown (its own code is not run)"
+        except ImportError:
+            cls = None
     fields = class_fields(cls) if cls is not None else None
     allowed = (fields or set()) | {k for k in config if isinstance(k, str) and k[:1] != "_"}
     for key, value in overrides.items():
@@ -113,7 +118,7 @@ def problem(config: Mapping, overrides: Mapping | None, where: str = WHERE):
         subs = getattr(cls, "sub_configs", None) or {}
         if isinstance(value, Mapping) and key in subs:
             inner = config.get(key) if isinstance(config.get(key), Mapping) else {}
-            found = problem(_sub_config(cls, str(key), inner), value, f"{where}.{key}")
+            found = problem(inner, value, f"{where}.{key}", cls=_sub_class(cls, str(key), inner))
         else:
             found = nested_problem(value, f"{where}.{key}")
         if found:
@@ -177,13 +182,14 @@ def _key_refusal(key: str, allowed: set[str], fields: set[str] | None, name: str
     return f"{key!r} is not a field of {name}{hint}{note}"
 
 
-def _sub_config(cls: type, key: str, inner: Mapping) -> dict:
-    """A sub-config's config.json, with its model_type known (from the file or its class)."""
-    sub = dict(inner)
-    if "model_type" not in sub:
-        sub_cls = cls.sub_configs[key]
-        sub["model_type"] = getattr(sub_cls, "model_type", "") or "?"
-    return sub
+def _sub_class(cls: type, key: str, inner: Mapping) -> type | None:
+    """A sub-config's class: the one its own model_type names, else its parent's
+    ``sub_configs`` entry (DBRX saves ffn_config with model_type "": its fields were
+    unknown, and the training job's refusal named an override that could not be set)."""
+    if inner.get("model_type"):
+        return None  # config_class reads it
+    sub_cls = cls.sub_configs[key]
+    return None if sub_cls.__name__ == "AutoConfig" else sub_cls
 
 
 def merge(config: Mapping, overrides: Mapping | None) -> dict:
