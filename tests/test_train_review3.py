@@ -379,3 +379,17 @@ def test_the_override_a_nested_refusal_names_is_accepted() -> None:
     assert problem(config, {"ffn_config": {"moe_jitter_eps": 0}}) is None
     key, why = problem(config, {"ffn_config": {"moe_jitter_epz": 0}})
     assert key.endswith("ffn_config.moe_jitter_epz"), (key, why)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_lists_no_document_is_refused_with_the_others(tmp_path):
+    """The listing refused "no documents" on that rank alone, before the listings were
+    compared: the other rank waited in the gather until the collective timeout. The refusal
+    is gathered with the signatures and raised on every rank."""
+    views = [tmp_path / "seen-by-0", tmp_path / "seen-by-1"]
+    for view in views:
+        view.mkdir()
+    (views[0] / "doc0.txt").write_text("a document only rank 0 sees " * 3)
+    said = run_distributed(_listed, 2, [str(v) for v in views])
+    assert said[0] == said[1] and said[0].startswith("rank 1: "), said
+    assert "seen-by-1: no .txt" in said[0]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import UserError
 from ..jobdir import JobDir
 from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
@@ -200,15 +201,24 @@ def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
     """The run's sequence stream and its signature: what a checkpoint records and a resume
     must match (``params.run_signature``, the documents' ``listing_signature``, and the
     model's and tokenizer's files: ``agreed_identity``)."""
-    listing = params.list_inputs(params.input_paths())
-    docs = listing.documents
+    try:
+        docs = params.list_inputs(params.input_paths()).documents
+        mine = listing_signature(docs)
+    except (UserError, ValueError) as err:  # said on every rank below, not here alone
+        docs, mine = [], RefusedListing(str(err))
+    listed = agreed_listing(mine)
 
     def tokens(i: int) -> torch.Tensor:
         return tokenizer.encode(docs[i].read_bytes())
 
     stream = SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
-    run = params.run_signature() | {"documents": agreed_listing(listing_signature(docs))}
+    run = params.run_signature() | {"documents": listed}
     return stream, run | agreed_identity(params)
+
+
+class RefusedListing(str):
+    """A rank's listing refusal (no documents, an unreadable input) in the gather's place of
+    its signature: a rank that refused alone left the others waiting in the gather."""
 
 
 def agreed_listing(signature: str) -> str:
@@ -216,9 +226,14 @@ def agreed_listing(signature: str) -> str:
     rank lists the inputs on its own, and ranks that saw different documents (a file still
     arriving, a shared filesystem's cached listing) would pack different streams and divide
     by different token counts, the job ending well. Gathered from every rank, so every rank
-    refuses alike, in the same words (none waits for the others)."""
+    refuses alike, in the same words (none waits for the others); a rank's own listing
+    refusal (``RefusedListing``) is raised on every rank."""
     said: list = [None] * dist.get_world_size()
-    dist.all_gather_object(said, signature)
+    dist.all_gather_object(said, (isinstance(signature, RefusedListing), str(signature)))
+    refused = next(((r, s) for r, (no, s) in enumerate(said) if no), None)
+    if refused is not None:
+        raise ValueError(f"rank {refused[0]}: {refused[1]}")
+    said = [s for _, s in said]
     other = next((r for r, s in enumerate(said) if s != said[0]), None)
     if other is None:
         return signature
