@@ -196,3 +196,15 @@ def test_an_unknown_key_beside_an_unresolvable_interpolation_is_one_line(
 def test_plan_with_an_explicit_device_says_nothing_of_a_default(capsys) -> None:
     assert main(["plan", "smoke", "--device", "H100-SXM"]) == 0
     assert "sets no device" not in capsys.readouterr().err
+
+
+def test_rank_logs_hold_no_progress_bars(tmp_path: Path, capsys) -> None:
+    """transformers' "Loading weights" bars went into every rank's log (a file) as lines of
+    carriage returns; the model tasks' start environment turns them off."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("a short document to score " * 4)
+    job = tmp_path / "job"
+    argv = ["run", "longdoc", f"job_dir={job}", f"task.inputs=[{tmp_path / 'in'}]"]
+    assert main([*argv, "task.model_path=bundled:demo-byte-llama"]) == 0, capsys.readouterr().err
+    logs = "".join(p.read_text() for p in (job / "logs").glob("rank-*.err"))
+    assert "Loading weights" not in logs and "\r" not in logs, logs[:300]

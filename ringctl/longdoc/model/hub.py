@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
+# Also no progress bars (read when huggingface_hub is imported, transformers follows it): a
+# rank's log is a file, where "Loading weights" bars were lines of carriage returns.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 def go_offline() -> None:
