@@ -346,6 +346,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         history = job.read_meta().get("attempts", [])
         if not isinstance(history, list):  # checked before anything moves
             raise UserError(f"{job.meta_file}: attempts must be a list")
+        backend.stop_leftovers(job)  # while state.json still names them
         previous = job.archive_attempt()
         job.remove_stale_temporaries()
         if changed is not None:

@@ -338,12 +338,31 @@ def run(job_dir: Path) -> dict:
     return result if isinstance(result, dict) else {}
 
 
+def die_with_launcher() -> bool:
+    """A rank the local supervisor started dies with its parent (PR_SET_PDEATHSIG): the
+    supervisor, or an env.python wrapper that runs this process without exec (the wrapper
+    dies with the supervisor). The supervisor set it on the process it started only, and a
+    wrapper's worker outlived cancel, a killed supervisor and a failed peer, and ran beside a
+    resumed ring. False when the parent is already gone."""
+    from .backends.launch import die_with_parent
+    from .backends.local import SUPERVISED
+
+    if not os.environ.get(SUPERVISED):
+        return True  # Slurm's srun, or a user's own launch: theirs to manage
+
+    parent = os.getppid()
+    die_with_parent()
+    return parent != 1 and os.getppid() == parent
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print("usage: python -m ringctl.worker JOB_DIR", file=sys.stderr)
         return 2
     job_dir = Path(argv[0]).resolve()
+    if not die_with_launcher():
+        return 1
     try:
         run(job_dir)
     except BaseException as err:  # noqa: BLE001 - every failure must reach the log

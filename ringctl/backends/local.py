@@ -56,7 +56,11 @@ _CLEARED_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "GROUP_RANK",
+    "RINGCTL_SUPERVISED",
 )
+# A rank the local supervisor started (its pid): the worker then dies with its parent, which
+# is the supervisor, or an env.python wrapper that dies with it (worker.die_with_launcher).
+SUPERVISED = "RINGCTL_SUPERVISED"
 
 
 def _package_root() -> str:
@@ -233,6 +237,12 @@ class LocalBackend(Backend):
 
     def still_running(self, job: JobDir) -> str | None:
         return _still_running(job)
+
+    def stop_leftovers(self, job: JobDir) -> None:
+        """Workers of the last attempt that outlived its supervisor: stopped before resume
+        moves its state.json (which names them) to attempts/N. Read after the move, it named
+        none, and they ran beside the resumed ring."""
+        stop_earlier_workers(job)
 
     def refuse_unstartable(self, cfg) -> None:
         """A job whose env.python names no executable (a path, or a command on PATH): its
@@ -520,6 +530,7 @@ class Supervisor:
                 "WORLD_SIZE": str(self.world),
                 "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(self.world),
+                SUPERVISED: str(os.getpid()),
                 **{str(k): str(v) for k, v in self.cfg.env.vars.items()},
                 "OMP_NUM_THREADS": threads,
             }
@@ -584,13 +595,27 @@ class Supervisor:
         self.exited_at[rank] = time.time()
         info = self.state["ranks"][str(rank)]
         info["exit_code"] = code
-        if rank in self.killed:
+        stopped = self.cancelled and code in (-signal.SIGTERM, -signal.SIGINT)
+        if rank in self.killed or stopped:  # stopped: the cancel's signal reached it first
             info["state"] = "CANCELLED" if self.cancelled else "KILLED"
+        elif code == 0 and self._result_state(rank) == "FAILED":
+            # an env.python wrapper that swallowed the worker's exit 1: the job ended
+            # COMPLETED, `run` exit 0, and the peers waited out the collective timeout
+            info["state"] = "FAILED"
+            self.failed.append(rank)
         else:
             info["state"] = "COMPLETED" if code == 0 else "FAILED"
             if code != 0:
                 self.failed.append(rank)
         self.job.write_state(self.state)
+
+    def _result_state(self, rank: int) -> str | None:
+        """What the rank's result.json says it ended as (None: none, or not readable)."""
+        try:
+            rec = json.loads(read_regular(self.job.rank_result(rank), MAX_RECORD_BYTES))
+        except (OSError, ValueError, RecursionError):
+            return None
+        return rec.get("state") if isinstance(rec, dict) else None
 
     def finish(self) -> None:
         self.state["ended_at"] = time.time()
@@ -600,6 +625,7 @@ class Supervisor:
             first = self._first_failure()
             code = self.codes[first]
             how = killed_by(-code) if code < 0 else f"exited {code}"
+            how += " (its result says FAILED)" if code == 0 else ""
             error = _rank_error(self.job, first)
             reason = f"rank {first} {how}" + (f": {error}" if error else "")
             self.state.update(state="FAILED", exit_code=code, reason=reason)
@@ -656,6 +682,13 @@ def supervise(job_dir: Path) -> int:
         supervisor = Supervisor(job)
         signal.signal(signal.SIGTERM, supervisor.on_term)
         signal.signal(signal.SIGINT, supervisor.on_term)
+        # The job's warning signal (slurm.signal, SIGUSR1 by default) is the ranks' to handle
+        # (stop on request, work saved); sent to the job's group it killed the supervisor,
+        # and with it every rank before it could save.
+        from ..worker import warning_signal
+
+        if warning_signal(supervisor.cfg) not in (signal.SIGTERM, signal.SIGINT):  # cancel's
+            signal.signal(warning_signal(supervisor.cfg), signal.SIG_IGN)
         supervisor.start()
     except BaseException as err:
         record_start_failure(job, supervisor, err)
