@@ -30,6 +30,7 @@ from typing import Any
 
 from .errors import WORKER_ERROR_PREFIX as ERROR_PREFIX
 from .jobdir import JobDir
+from .lifetime import die_with_launcher
 
 
 class WorkerError(Exception):
@@ -336,23 +337,6 @@ def run(job_dir: Path) -> dict:
     }
     _write_result(job_dir, ident, record)
     return result if isinstance(result, dict) else {}
-
-
-def die_with_launcher() -> bool:
-    """A rank the local supervisor started dies with its parent (PR_SET_PDEATHSIG): the
-    supervisor, or an env.python wrapper that runs this process without exec (the wrapper
-    dies with the supervisor). The supervisor set it on the process it started only, and a
-    wrapper's worker outlived cancel, a killed supervisor and a failed peer, and ran beside a
-    resumed ring. False when the parent is already gone."""
-    from .backends.launch import die_with_parent
-    from .backends.local import SUPERVISED
-
-    if not os.environ.get(SUPERVISED):
-        return True  # Slurm's srun, or a user's own launch: theirs to manage
-
-    parent = os.getppid()
-    die_with_parent()
-    return parent != 1 and os.getppid() == parent
 
 
 def main(argv: list[str] | None = None) -> int:

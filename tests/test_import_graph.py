@@ -118,9 +118,10 @@ def test_ringattn_never_imports_ringctl():
 
 
 def test_planner_is_a_leaf():
-    """The planner imports nothing of ringctl but itself, `errors` and the readers of foreign
-    text and files (`text`, `bounded_read`: leaves themselves), and of ringattn only its
-    torch-free geometry (the engine's own rules: padding, plans, reach)."""
+    """The planner imports nothing of ringctl but itself, `errors` and the readers and
+    printers of foreign text and files (`text`, `bounded_read`, `terminal`: leaves
+    themselves), and of ringattn only its torch-free geometry (the engine's own rules:
+    padding, plans, reach)."""
 
     def allowed(target: str) -> bool:
         return target in (
@@ -128,6 +129,7 @@ def test_planner_is_a_leaf():
             "ringctl.errors",
             "ringctl.text",
             "ringctl.bounded_read",
+            "ringctl.terminal",
             "ringattn",
             "ringattn.geometry",
         ) or target.startswith("ringctl.planner")

@@ -278,7 +278,7 @@ def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
     )
     assert "no placement (ring.placement=optional)" in proc.stdout
     assert "all 2 ranks finished" in proc.stdout
-    assert ss.ranks_started(proc.stdout)  # the line status reads srun's rank lines after
+    assert ss.ranks_part(proc.stdout) is not None  # the line status reads srun's lines after
     assert sorted(p.name for p in (job_dir / "out").glob("*.safetensors")) == [
         "rank-0.safetensors",
         "rank-1.safetensors",
@@ -299,7 +299,7 @@ def test_script_fails_clearly_without_a_required_plan(tmp_path):
     )
     assert proc.returncode == 1
     assert "FAILED: no placement, so no rank was started" in proc.stderr
-    assert not ss.ranks_started(proc.stdout + proc.stderr)
+    assert ss.ranks_part(proc.stdout + proc.stderr) is None
     assert not list((job_dir / "logs").glob("rank-*"))
 
 

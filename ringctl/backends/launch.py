@@ -32,6 +32,7 @@ import subprocess
 import sys
 import traceback
 
+from ..lifetime import die_with_parent, prctl
 from ..text import is_ascii_number
 
 FORK = "fork"  # the rank is a fork of the supervisor
@@ -103,20 +104,6 @@ def warm_up(modules: tuple[str, ...], env: dict[str, str]) -> str | None:
         os.environ.clear()
         os.environ.update(saved)
     return None
-
-
-def die_with_parent() -> None:
-    """In a rank: SIGKILL when the supervisor dies (PR_SET_PDEATHSIG), even by SIGKILL. Not on
-    Linux: nothing, and the process group still lets cancel reach every worker."""
-    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _prctl(option: int, arg) -> None:
-    """Linux's prctl(option, arg); nothing where there is none."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, arg)
-    except (OSError, AttributeError):
-        pass
 
 
 def start_rank(how: str, job_path: str, env: dict[str, str], logs: tuple, python: str):
@@ -236,7 +223,7 @@ def _fresh_stdio() -> None:
 
 def _name_process(name: bytes) -> None:
     """The name `ps -e` and `top` show (PR_SET_NAME; the command line stays the supervisor's)."""
-    _prctl(15, ctypes.c_char_p(name[:15]))  # PR_SET_NAME
+    prctl(15, ctypes.c_char_p(name[:15]))  # PR_SET_NAME
 
 
 def as_a_new_interpreter(threads: int) -> None:

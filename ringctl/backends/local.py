@@ -35,6 +35,7 @@ from ..bounded_read import read_regular
 from ..errors import UserError, path_error, with_filename
 from ..jobdir import JobDir
 from ..jsonsafe import whole_number
+from ..lifetime import SUPERVISED
 from ..text import cut, is_ascii_number
 from .base import Backend, JobState, JobStatus
 from .joblogs import (
@@ -56,11 +57,8 @@ _CLEARED_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "GROUP_RANK",
-    "RINGCTL_SUPERVISED",
+    SUPERVISED,  # a rank's own (ringctl.lifetime), never a nested job's
 )
-# A rank the local supervisor started (its pid): the worker then dies with its parent, which
-# is the supervisor, or an env.python wrapper that dies with it (worker.die_with_launcher).
-SUPERVISED = "RINGCTL_SUPERVISED"
 
 
 def _package_root() -> str:
