@@ -83,15 +83,21 @@ def check_plan(sizing: Sizing, *, force: bool = False) -> None:
         print(f"plan ({verdict.device}): {verdict.reason}", file=sys.stderr)
 
 
+def refuse_unless_forced(why: str | None, *, force: bool, forced: str, anyway: str) -> None:
+    """A submit check's verdict: nothing (``why`` None), a refusal saying --force would
+    ``anyway``, or with --force a warning that it is submitted ``forced``."""
+    if why is None:
+        return
+    if not force:
+        raise UserError(f"{why}. Nothing was submitted; --force to submit {anyway}")
+    print(f"warning: submitting {forced} (--force): {why}", file=sys.stderr)
+
+
 def check_device(sizing: Sizing, *, force: bool = False) -> None:
     """Refuse a job whose device the planner's table does not know (``device_problem``);
     --force submits it unplanned (a device known on the cluster's side only)."""
     why = sizing.device_problem()
-    if why is None:
-        return
-    if not force:
-        raise UserError(f"{why}. Nothing was submitted; --force to submit it unplanned")
-    print(f"warning: submitting unplanned (--force): {why}", file=sys.stderr)
+    refuse_unless_forced(why, force=force, forced="unplanned", anyway="it unplanned")
 
 
 def check_model_state(sizing: Sizing, *, force: bool = False) -> None:
@@ -99,11 +105,7 @@ def check_model_state(sizing: Sizing, *, force: bool = False) -> None:
     absurd sizes anywhere, more than this host has for local ranks) when no device entry plans
     it; --force submits anyway."""
     why = sizing.model_state_problem()
-    if why is None:
-        return
-    if not force:
-        raise UserError(f"{why}. Nothing was submitted; --force to submit anyway")
-    print(f"warning: submitting despite it (--force): {why}", file=sys.stderr)
+    refuse_unless_forced(why, force=force, forced="despite it", anyway="anyway")
 
 
 def with_ring_budget(sizing: Sizing, source: str) -> Sizing:

@@ -24,7 +24,7 @@ from ringctl.backends.base import JobState
 from ringctl.cli import main
 from ringctl.jobdir import JobDir
 from ringctl.submission import resume_job
-from tests.local_jobs import submitted_job_dir
+from tests.local_jobs import submitted_job_dir, wait_for
 from tests.test_cli_review import _job_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,16 +43,6 @@ def _submit(tmp_path: Path, capsys, *overrides: str) -> Path:
     capsys.readouterr()
     assert main(["submit", "smoke", f"output_dir={tmp_path / 'out'}", *overrides]) == 0
     return submitted_job_dir(capsys.readouterr().out)
-
-
-def _until(check, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {seconds} s")
 
 
 def _stepping(job: Path) -> bool:
@@ -93,9 +83,9 @@ def test_a_wrapper_that_swallows_a_failed_ranks_exit_fails_the_job(tmp_path, cap
 def test_cancel_reaches_a_worker_its_wrapper_did_not_exec(tmp_path, capsys) -> None:
     job = _submit(tmp_path, capsys, *LONG, f"env.python={_wrapper(tmp_path, 'exit $?')}")
     try:
-        _until(lambda: _stepping(job), 60, "step")
+        wait_for(lambda: _stepping(job), 60, "step")
         assert main(["cancel", str(job)]) == 0
-        _until(lambda: not _workers(job), 15, "end of the workers after cancel")
+        wait_for(lambda: not _workers(job), 15, "end of the workers after cancel")
     finally:
         for pid in _workers(job):
             os.kill(pid, signal.SIGKILL)
@@ -110,7 +100,7 @@ def test_resume_stops_an_earlier_attempts_worker(tmp_path) -> None:
         [sys.executable, "-c", "import time; time.sleep(300)", *marker.split(" ")]
     )
     try:
-        _until(lambda: local.ProcessRecord.of(leftover.pid, marker).alive(), 10, "exec")
+        wait_for(lambda: local.ProcessRecord.of(leftover.pid, marker).alive(), 10, "exec")
         start = local.ProcessRecord.of(leftover.pid, marker).start
         ranks = {"0": {"pid": leftover.pid, "start": start, "launch": local.EXEC}}
         (job / "state.json").write_text(json.dumps({"state": "FAILED", "ranks": ranks}))
@@ -128,7 +118,7 @@ def test_the_warning_signal_to_the_jobs_group_stops_the_ranks_with_their_work(
     """Slurm's warning signal (SIGUSR1) sent to the job's process group: it killed the
     supervisor, and every rank with it before it could save."""
     job = _submit(tmp_path, capsys, *LONG)
-    _until(lambda: _stepping(job), 60, "step")
+    wait_for(lambda: _stepping(job), 60, "step")
     os.killpg(_supervisor_pid(job), signal.SIGUSR1)
     status = local.LocalBackend().wait(job, timeout=60)
     assert status.state is JobState.FAILED and "stopped on request" in status.reason, status
@@ -139,7 +129,7 @@ def test_sigterm_to_the_jobs_group_is_a_cancel(tmp_path, capsys) -> None:
     """A shutdown or `kill -- -PGID`: the ranks die of the same SIGTERM the supervisor takes
     as a cancel; they were recorded as failures and the job FAILED."""
     job = _submit(tmp_path, capsys, *LONG)
-    _until(lambda: _stepping(job), 60, "step")
+    wait_for(lambda: _stepping(job), 60, "step")
     os.killpg(_supervisor_pid(job), signal.SIGTERM)
     status = local.LocalBackend().wait(job, timeout=60)
     assert status.state is JobState.CANCELLED, status
