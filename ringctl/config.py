@@ -167,7 +167,7 @@ def _meant(schema: DictConfig, key: str) -> str | None:
             return f"{parent}.{close[0]}" if parent else close[0]
     for section in schema.keys():
         held = schema.get(section)
-        if isinstance(held, DictConfig) and leaf in held and f"{section}" != parent:
+        if isinstance(held, DictConfig) and leaf in held and str(section) != parent:
             return f"{section}.{leaf}"
     return None
 

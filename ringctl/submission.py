@@ -185,8 +185,9 @@ def checked_for_submission(cfg, source: str, *, force: bool = False):
     changes how a job runs is refused in one line where a new job would be, not on its
     ranks; --force as for submit."""
     check_packages(cfg)
-    check_device(Sizing(cfg), force=force)  # before a budget is derived from it
-    sizing = with_ring_budget(Sizing(cfg), source)  # the one sizing of this job
+    sizing = Sizing(cfg)
+    check_device(sizing, force=force)  # before a budget is derived from it
+    sizing = with_ring_budget(sizing, source)  # the one sizing of this job (as it will run)
     check_plan(sizing, force=force)
     check_model_state(sizing, force=force)
     check_documents(sizing, force=force)
@@ -263,7 +264,6 @@ NOT_RESUME_KEYS = ("ring.layout",)
 def _resume_key_problem(item: str, cfg=None) -> str | None:
     """Why resume may not take the override ``item`` (key=value), or None; the keys it may
     change named as ``cfg`` (the job's config, when given) has them."""
-    from omegaconf import OmegaConf
 
     key = item.split("=", 1)[0].strip()
     if key in NOT_RESUME_KEYS:
@@ -274,8 +274,7 @@ def _resume_key_problem(item: str, cfg=None) -> str | None:
     if not key.startswith(RESUME_KEYS) and key not in RESUME_KEYS:
         names = [k.rstrip(".") for k in RESUME_KEYS]
         if cfg is not None:  # task.on_changed_input is a long-document job's alone
-            absent = object()
-            names = [k for k in names if OmegaConf.select(cfg, k, default=absent) is not absent]
+            names = [k for k in names if _has_key(cfg, k)]
         more = (  # a training run's schedule is over max_steps: more steps are another run
             "; to train further, `ringctl gather` it and run a new job with "
             "task.model_path=JOBDIR/gathered/model (the optimizer's state starts afresh)"
@@ -289,19 +288,22 @@ def _resume_key_problem(item: str, cfg=None) -> str | None:
     return None
 
 
-def _check_resume_key(job: JobDir, item: str) -> None:
-    """Refuse an override resume may not take. The whitelist is for keys the job has: an
-    unknown one (`nodez=2`) gets load_job's own refusal and its "did you mean nodes?", not
-    the list of what a resume may change."""
+def _has_key(cfg, key: str) -> bool:
+    """Whether the config has ``key`` (dotted), whatever its value (None included)."""
     from omegaconf import OmegaConf
 
-    cfg = load_job(job.config)
+    absent = object()
+    return bool(key) and OmegaConf.select(cfg, key, default=absent) is not absent
+
+
+def _check_resume_key(job: JobDir, cfg, item: str) -> None:
+    """Refuse an override resume may not take (``cfg``: the job's config as it stands). The
+    whitelist is for keys the job has: an unknown one (`nodez=2`) gets load_job's own refusal
+    and its "did you mean nodes?", not the list of what a resume may change."""
     why = _resume_key_problem(item, cfg)
     if not why:
         return
-    key = item.split("=", 1)[0].strip()
-    absent = object()
-    if not key or OmegaConf.select(cfg, key, default=absent) is absent:
+    if not _has_key(cfg, item.split("=", 1)[0].strip()):
         load_job(job.config, [item])  # its one line for an unknown key, with a suggestion
     raise UserError(why)
 
@@ -313,8 +315,9 @@ def resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
 
     if not overrides:
         return None
+    standing = load_job(job.config)
     for item in overrides:
-        _check_resume_key(job, item)
+        _check_resume_key(job, standing, item)
     cfg = load_job(job.config, overrides)  # every check of a new job, the task's included
     cfg = checked_for_submission(cfg, str(job.config), force=force)
     return cfg, render_script(cfg)

@@ -73,8 +73,8 @@ def test_srun_errors_pick_the_rank_that_failed_first():
     )
     tasks = ss.parse_srun_errors(ss.ranks_part(log))
     assert sorted(tasks) == [1, 2, 3, 5, 6]
-    assert ss.failed_tasks(ss.ranks_part(log))[0] == (1, "Exited with exit code 3 (n2)")
-    assert ss.failed_tasks("nothing here") == []
+    assert ss.failed_tasks(tasks)[0] == (1, "Exited with exit code 3 (n2)")
+    assert ss.failed_tasks(ss.parse_srun_errors("nothing here")) == []
 
 
 def test_srun_lines_before_the_ranks_started_are_not_ranks():

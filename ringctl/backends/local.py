@@ -256,8 +256,7 @@ class LocalBackend(Backend):
         from ..config import load_resolved
 
         self.refuse_unstartable(load_resolved(job.config))  # the config the supervisor runs
-        job.logs.mkdir(parents=True, exist_ok=True)
-        stop_earlier_workers(job)
+        job.logs.mkdir(parents=True, exist_ok=True)  # (an earlier attempt's: stop_leftovers)
         with open(job.supervisor_log, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ringctl.backends.local", "supervise", str(job.path)],
@@ -596,7 +595,7 @@ class Supervisor:
         stopped = self.cancelled and code in (-signal.SIGTERM, -signal.SIGINT)
         if rank in self.killed or stopped:  # stopped: the cancel's signal reached it first
             info["state"] = "CANCELLED" if self.cancelled else "KILLED"
-        elif code == 0 and self._result_state(rank) == "FAILED":
+        elif code == 0 and self._result(rank).get("state") == "FAILED":
             # an env.python wrapper that swallowed the worker's exit 1: the job ended
             # COMPLETED, `run` exit 0, and the peers waited out the collective timeout
             info["state"] = "FAILED"
@@ -607,13 +606,14 @@ class Supervisor:
                 self.failed.append(rank)
         self.job.write_state(self.state)
 
-    def _result_state(self, rank: int) -> str | None:
-        """What the rank's result.json says it ended as (None: none, or not readable)."""
+    def _result(self, rank: int) -> dict:
+        """The rank's result.json ({} when there is none or it cannot be read: a regular file
+        only, bounded; a FIFO there blocked the supervisor, the job RUNNING for ever)."""
         try:
             rec = json.loads(read_regular(self.job.rank_result(rank), MAX_RECORD_BYTES))
         except (OSError, ValueError, RecursionError):
-            return None
-        return rec.get("state") if isinstance(rec, dict) else None
+            return {}
+        return rec if isinstance(rec, dict) else {}
 
     def finish(self) -> None:
         self.state["ended_at"] = time.time()
@@ -640,11 +640,7 @@ class Supervisor:
         """The rank whose failure caused the rest (see first_failure)."""
         failures = []
         for order, rank in enumerate(self.failed):
-            try:  # a FIFO there blocked the supervisor: the job stayed RUNNING for ever
-                rec = json.loads(read_regular(self.job.rank_result(rank), MAX_RECORD_BYTES))
-                rec = rec if isinstance(rec, dict) else {}
-            except (ValueError, RecursionError):
-                rec = {}
+            rec = self._result(rank)
             try:
                 when = float(rec["failed_at"])
             except (KeyError, TypeError, ValueError):
@@ -685,8 +681,9 @@ def supervise(job_dir: Path) -> int:
         # and with it every rank before it could save.
         from ..worker import warning_signal
 
-        if warning_signal(supervisor.cfg) not in (signal.SIGTERM, signal.SIGINT):  # cancel's
-            signal.signal(warning_signal(supervisor.cfg), signal.SIG_IGN)
+        warning = warning_signal(supervisor.cfg)
+        if warning not in (signal.SIGTERM, signal.SIGINT):  # those two are cancel's
+            signal.signal(warning, signal.SIG_IGN)
         supervisor.start()
     except BaseException as err:
         record_start_failure(job, supervisor, err)

@@ -323,7 +323,7 @@ class SlurmBackend(Backend):
             reason = slurm_reruns.node_failure(self._run, job)  # not the ranks it took down
         elif state is JobState.FAILED and not reason:
             reason = ss.script_failure(batch_log) or self._failure_reason(
-                where, batch_log, srun or "", step, exit_code
+                where, batch_log, ranks, step, exit_code
             )
             if step is not None and step.exit_code:
                 exit_code = step.exit_code
@@ -343,11 +343,11 @@ class SlurmBackend(Backend):
             ranks={r: what for r, what in sorted(ranks.items())},
         )
 
-    def _blamed_task(self, where: str, srun: str) -> tuple[int, str, str] | None:
+    def _blamed_task(self, where: str, ranks: dict[int, str]) -> tuple[int, str, str] | None:
         """(rank, srun's words, its error) of the task that caused the failure: srun's likeliest
         (ss.failed_tasks), unless its own error only says a peer left ("Connection reset by
         peer"), in which case the next of the first BLAME_READS whose error does not."""
-        tasks = ss.failed_tasks(srun, self.expected_ranks)
+        tasks = ss.failed_tasks(ranks)
         if not tasks:
             return None
         first = (*tasks[0], joblogs.rank_error(self.shell, where, tasks[0][0]))
@@ -363,13 +363,13 @@ class SlurmBackend(Backend):
         self,
         where: str,
         batch_log: str,
-        srun: str,
+        ranks: dict[int, str],
         step: ss.AcctRecord | None,
         exit_code: int | None,
     ) -> str:
-        """Why the job failed: the rank srun blames (``srun``: the ranks' part of the batch
-        log), else the failed step, else the script's own last error."""
-        blamed = self._blamed_task(where, srun)
+        """Why the job failed: the rank srun blames (``ranks``: its errors about the ranks'
+        step), else the failed step, else the script's own last error."""
+        blamed = self._blamed_task(where, ranks)
         if blamed is not None:
             rank, what, err = blamed
             words, node = what.rsplit(" (", 1) if " (" in what else (what, "")

@@ -396,16 +396,16 @@ def parse_srun_errors(srun_lines: str, world: int | None = None) -> dict[int, st
     return tasks
 
 
-def failed_tasks(srun_lines: str, world: int | None = None) -> list[tuple[int, str]]:
-    """srun's failed tasks, most likely cause first: out of memory (always a cause), then an
-    exit code, in srun's order (the killed ones are usually victims of --kill-on-bad-exit),
-    then the rest (killed, cancelled)."""
+def failed_tasks(errors: dict[int, str]) -> list[tuple[int, str]]:
+    """srun's failed tasks (``parse_srun_errors``), most likely cause first: out of memory
+    (always a cause), then an exit code, in srun's order (the killed ones are usually
+    victims of --kill-on-bad-exit), then the rest (killed, cancelled)."""
 
     def rank(item: tuple[int, str]) -> int:
         what = item[1].lower()
         return 0 if "out of memory" in what else 1 if "exit code" in what else 2
 
-    return sorted(parse_srun_errors(srun_lines, world).items(), key=rank)
+    return sorted(errors.items(), key=rank)
 
 
 # The batch script's own last word when it stops itself (templates/slurm.sh.j2: `fail`).

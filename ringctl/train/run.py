@@ -116,10 +116,17 @@ _DROP, _NOISE = ("drop",), ("jitter", "noise")
 _HEADS = ("classifier_", "summary_")  # heads a causal LM does not have
 
 
-def _random_fields(fields: dict) -> dict:
-    """{dotted key: value} of the config's fields that make training random."""
+def _flat_config(model) -> dict:
+    """{dotted key: value} of the model's config, sub-configs included ({} without one)."""
+    config = getattr(model, "config", None)
+    return dict(_config_fields(config.to_dict())) if config is not None else {}
+
+
+def _random_fields(flat: dict) -> dict:
+    """{dotted key: value} of the config's fields (``_flat_config``) that make training
+    random."""
     out = {}
-    for key, value in _config_fields(fields):
+    for key, value in flat.items():
         leaf = key.rsplit(".", 1)[-1]
         if leaf.startswith(_HEADS) or not isinstance(value, (int, float)):
             continue
@@ -144,9 +151,7 @@ def _refuse_dropout(model) -> None:
     among those within 2 x router_jitter_noise of the best (its default 0.01): at 0 the draw
     can only pick the best, and its steps are the same under any generator (measured, the
     gradients too), so its field is refused like the others, not the model type."""
-    config = getattr(model, "config", None)
-    fields = config.to_dict() if config is not None else {}
-    keys = _random_fields(fields)
+    keys = _random_fields(_flat_config(model))
     modules = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     if not keys and not modules:
         return
@@ -165,12 +170,11 @@ def _refuse_router_loss(model) -> None:
     router_aux_loss_coef x the router's load-balancing loss to the training loss; the step
     here trains the tokens' loss alone (``step.sequence_backward``), so it would train
     another objective than the config asks for, in silence. Refused, naming the override."""
-    config = getattr(model, "config", None)
-    fields = config.to_dict() if config is not None else {}
-    for key, value in _config_fields(fields):
+    flat = _flat_config(model)
+    for key, value in flat.items():
         if key.rsplit(".", 1)[-1] == "output_router_logits" and value is True:
             coef = key[: -len("output_router_logits")] + "router_aux_loss_coef"
-            said = dict(_config_fields(fields)).get(coef)
+            said = flat.get(coef)
             raise ValueError(
                 f"the model's config asks for the router's load-balancing loss in training "
                 f"({key}=true, {coef}={said}), which this job's loss does not add (it trains "
@@ -203,10 +207,10 @@ def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
     model's and tokenizer's files: ``agreed_identity``)."""
     try:
         docs = params.list_inputs(params.input_paths()).documents
-        mine = listing_signature(docs)
+        mine, refused = listing_signature(docs), False
     except (UserError, ValueError) as err:  # said on every rank below, not here alone
-        docs, mine = [], RefusedListing(str(err))
-    listed = agreed_listing(mine)
+        docs, mine, refused = [], str(err), True
+    listed = agreed_listing(mine, refused=refused)
 
     def tokens(i: int) -> torch.Tensor:
         return tokenizer.encode(docs[i].read_bytes())
@@ -216,20 +220,16 @@ def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
     return stream, run | agreed_identity(params)
 
 
-class RefusedListing(str):
-    """A rank's listing refusal (no documents, an unreadable input) in the gather's place of
-    its signature: a rank that refused alone left the others waiting in the gather."""
-
-
-def agreed_listing(signature: str) -> str:
+def agreed_listing(signature: str, *, refused: bool = False) -> str:
     """``signature`` (this rank's ``listing_signature``) once every rank's is the same. Each
     rank lists the inputs on its own, and ranks that saw different documents (a file still
     arriving, a shared filesystem's cached listing) would pack different streams and divide
     by different token counts, the job ending well. Gathered from every rank, so every rank
-    refuses alike, in the same words (none waits for the others); a rank's own listing
-    refusal (``RefusedListing``) is raised on every rank."""
+    refuses alike, in the same words (none waits for the others). ``refused``: this rank's
+    listing failed and ``signature`` is why (no documents, an unreadable input); raised on
+    every rank, where a rank that refused alone left the others waiting in the gather."""
     said: list = [None] * dist.get_world_size()
-    dist.all_gather_object(said, (isinstance(signature, RefusedListing), str(signature)))
+    dist.all_gather_object(said, (refused, signature))
     refused = next(((r, s) for r, (no, s) in enumerate(said) if no), None)
     if refused is not None:
         raise ValueError(f"rank {refused[0]}: {refused[1]}")
