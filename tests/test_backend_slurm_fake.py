@@ -51,6 +51,14 @@ def job_dir(tmp_path):
     return d
 
 
+FORGOTTEN = (1, "", "slurm_load_jobs error: Invalid job id specified\n")
+
+
+def forgotten_by_squeue(sacct: str, files=None) -> FakeShell:
+    """A job squeue no longer knows, whose accounting (and files) say the rest."""
+    return FakeShell({"squeue": [FORGOTTEN], "sacct": [(0, sacct, "")]}, files=files)
+
+
 def submitted(job_dir, job_id="42"):
     (job_dir / "job.json").write_text(json.dumps({"backend": "slurm", "job_id": job_id}))
     return job_dir
@@ -130,11 +138,8 @@ def test_without_accounting_uses_squeue_and_the_batch_log(job_dir):
 
 
 def test_result_file_error_preferred(job_dir):
-    shell = FakeShell(
-        {
-            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
-            "sacct": [(0, "42|job.sh|FAILED|1:0|3|None|n1\n42.0|python|FAILED|1:0|3||n1\n", "")],
-        },
+    shell = forgotten_by_squeue(
+        "42|job.sh|FAILED|1:0|3|None|n1\n42.0|python|FAILED|1:0|3||n1\n",
         files={
             "logs/batch-42.out": STARTING + "srun: error: n1: task 0: Exited with exit code 1\n",
             "logs/rank-0.result.json": json.dumps({"error": "ValueError: bad\nsecond line"}),
@@ -185,11 +190,8 @@ RESET = "RuntimeError: Read error [10.0.0.1]:29500: Connection reset by peer."
 )
 def test_a_peer_loss_is_not_blamed_when_a_cause_is_in_sight(job_dir, srun_lines, files, blamed):
     log = STARTING + "".join(f"srun: error: {line}\n" for line in srun_lines)
-    shell = FakeShell(
-        {
-            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
-            "sacct": [(0, "42|job.sh|FAILED|1:0|3|None|n1\n42.0|python|FAILED|1:0|3||n1\n", "")],
-        },
+    shell = forgotten_by_squeue(
+        "42|job.sh|FAILED|1:0|3|None|n1\n42.0|python|FAILED|1:0|3||n1\n",
         files={"logs/batch-42.out": log, **files},
     )
     st = SlurmBackend(shell).status(submitted(job_dir))
@@ -197,12 +199,7 @@ def test_a_peer_loss_is_not_blamed_when_a_cause_is_in_sight(job_dir, srun_lines,
 
 
 def test_forgotten_everywhere_is_unknown(job_dir):
-    shell = FakeShell(
-        {
-            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
-            "sacct": [(0, "", "")],
-        }
-    )
+    shell = forgotten_by_squeue("")
     st = SlurmBackend(shell).status(submitted(job_dir))
     assert st.state is JobState.UNKNOWN and "unknown to squeue and sacct" in st.reason
 
@@ -238,12 +235,7 @@ def test_missing_sbatch_is_user_error(job_dir, monkeypatch):
 def test_forgotten_everywhere_is_the_last_word_for_run(job_dir):
     """A job both squeue and sacct forgot stays UNKNOWN: `run` waited on it for ever after its
     logs ended. Nothing will change it, so it is the end (exit 1, UNKNOWN shown)."""
-    shell = FakeShell(
-        {
-            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
-            "sacct": [(0, "", "")],
-        }
-    )
+    shell = forgotten_by_squeue("")
     backend = SlurmBackend(shell)
     job = submitted(job_dir)
     assert backend.settled(job, backend.status(job))
@@ -264,18 +256,9 @@ def test_a_failed_probe_under_optional_placement_is_not_a_failed_job(job_dir):
     """ring.placement=optional: the node probe (step 0) failed, the script went on, both ranks
     (step 1) finished and Slurm said COMPLETED. Status said FAILED, exit 2, blaming "rank 1"
     for the probe's task 1 and adding the queue wait [BeginTime]."""
-    shell = FakeShell(
-        {
-            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
-            "sacct": [
-                (
-                    0,
-                    "42|smoke|COMPLETED|0:0|3|BeginTime|n[1-2]\n42.batch|batch|COMPLETED|0:0|3||n1\n"
-                    "42.0|bash|FAILED|2:0|1||n[1-2]\n42.1|python3|COMPLETED|0:0|2||n[1-2]\n",
-                    "",
-                )
-            ],
-        },
+    shell = forgotten_by_squeue(
+        "42|smoke|COMPLETED|0:0|3|BeginTime|n[1-2]\n42.batch|batch|COMPLETED|0:0|3||n1\n"
+        "42.0|bash|FAILED|2:0|1||n[1-2]\n42.1|python3|COMPLETED|0:0|2||n[1-2]\n",
         files={"logs/batch-42.out": PROBE_FAILED + STARTING + "ranks finished\n"},
     )
     st = SlurmBackend(shell).status(submitted(job_dir))
@@ -285,18 +268,9 @@ def test_a_failed_probe_under_optional_placement_is_not_a_failed_job(job_dir):
 def test_a_queue_wait_is_not_given_as_why_a_job_ended(job_dir):
     """The ranks failed after a failed probe: rank 3 (of the ranks' srun) is blamed, not the
     probe's tasks, and sacct's last queue wait is not appended."""
-    shell = FakeShell(
-        {
-            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
-            "sacct": [
-                (
-                    0,
-                    "42|smoke|FAILED|1:0|3|BeginTime|n1\n42.batch|batch|FAILED|1:0|3||n1\n"
-                    "42.0|bash|FAILED|2:0|1||n1\n42.1|python3|FAILED|1:0|2||n1\n",
-                    "",
-                )
-            ],
-        },
+    shell = forgotten_by_squeue(
+        "42|smoke|FAILED|1:0|3|BeginTime|n1\n42.batch|batch|FAILED|1:0|3||n1\n"
+        "42.0|bash|FAILED|2:0|1||n1\n42.1|python3|FAILED|1:0|2||n1\n",
         files={
             "logs/batch-42.out": PROBE_FAILED
             + STARTING
@@ -314,11 +288,8 @@ def test_a_batch_log_longer_than_its_tail_still_blames_a_rank(job_dir):
     the "starting N ranks" line out of it, and every srun line was then dropped (the step
     blamed instead of the rank). A tail without the line is srun's."""
     killed = "".join(f"srun: error: n{r:04d}: task {r}: Killed\n" for r in range(8, 3000))
-    shell = FakeShell(
-        {
-            "squeue": [(1, "", "slurm_load_jobs error: Invalid job id specified\n")],
-            "sacct": [(0, "42|job.sh|FAILED|1:0|3|None|n1\n42.1|python|FAILED|1:0|3||n1\n", "")],
-        },
+    shell = forgotten_by_squeue(
+        "42|job.sh|FAILED|1:0|3|None|n1\n42.1|python|FAILED|1:0|3||n1\n",
         files={
             "logs/batch-42.out": STARTING
             + killed
