@@ -21,7 +21,7 @@ import pytest
 from ringctl.backends import local
 from ringctl.cli import main
 from ringctl.submission import resume_job
-from ringctl.tasks.attention import _result
+from ringctl.tasks.attention import rank_record
 from ringctl.terminal import console
 from tests.test_cli_review import _job_dir
 
@@ -102,7 +102,7 @@ def test_resume_names_only_keys_the_job_has(tmp_path: Path, capsys) -> None:
 def test_the_median_of_two_steps_is_their_mean() -> None:
     ctx = type("Ctx", (), {"rank": 0, "world_size": 1, "node": "n"})()
     steps = [{"forward_s": 1.0, "backward_s": 4.0}, {"forward_s": 3.0, "backward_s": 2.0}]
-    got = _result(ctx, "zigzag", 8, steps)
+    got = rank_record(ctx, "zigzag", 8, steps)
     assert (got["forward_median_s"], got["backward_median_s"]) == (2.0, 3.0)
     assert json.dumps(got)
 
@@ -124,7 +124,7 @@ def test_a_long_documents_forward_says_its_layer(tmp_path: Path, capsys) -> None
     """The newcomer's 1M-token document (35 min) showed nothing until it ended: the ring's
     lead now says, every WITHIN_S, which layer of the model the forward is in, and status
     shows it beside the count while the job runs."""
-    from ringctl.commands.jobs import _progress_text
+    from ringctl.commands.jobs import progress_text
     from ringctl.longdoc.model.load import attention_layers, load_model
     from tests.distributed import run_distributed
 
@@ -139,7 +139,7 @@ def test_a_long_documents_forward_says_its_layer(tmp_path: Path, capsys) -> None
     assert all("tokens_per_s" in r for r in said[0] if r.get("current", "").startswith("doc"))
     assert said[1] == []  # rank 0 reports the job's progress
     record = {"done": 0, "total": 1, "unit": "documents", "current": currents[-1]}
-    assert _progress_text(record, "RUNNING").endswith(f"; now doc.txt: layer {layers} of {layers}")
+    assert progress_text(record, "RUNNING").endswith(f"; now doc.txt: layer {layers} of {layers}")
 
 
 def test_a_training_resume_asking_for_more_steps_says_how_to_train_further(
@@ -154,20 +154,20 @@ def test_a_training_resume_asking_for_more_steps_says_how_to_train_further(
 def test_progress_inside_a_document_is_advisory_and_summed_over_rings() -> None:
     """A progress write that fails (a full disk) inside the forward must not stop the ring's
     lead mid-layer; with several rings, status shows where each ring inside a document is."""
-    from ringctl.commands.jobs import _progress_text, ring_summary
-    from ringctl.longdoc.run import _Progress
+    from ringctl.commands.jobs import progress_text, ring_summary
+    from ringctl.longdoc.run import DocumentProgress
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    shown = _Progress([], 2, 0, full_disk)
+    shown = DocumentProgress([], 2, 0, full_disk)
     shown.said_within = -1e9
     shown.within(SimpleNamespace(id="big.txt"), 3, 30)  # no raise
     rings = [
         {"done": 1, "total": 2, "current": "big.txt: layer 12 of 30"},
         {"done": 2, "total": 2, "current": "stale"},
     ]
-    text = _progress_text(ring_summary(rings), "RUNNING")
+    text = progress_text(ring_summary(rings), "RUNNING")
     assert text.endswith("; now big.txt: layer 12 of 30"), text
 
 

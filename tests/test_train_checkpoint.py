@@ -327,7 +327,7 @@ def test_a_resume_on_other_documents_or_hyperparameters_is_refused(tmp_path):
 
     from ringctl.train.data import listing_signature
     from ringctl.train.params import TrainParams
-    from ringctl.train.run import _resume
+    from ringctl.train.run import resume_from
 
     root = tmp_path / "docs"
     root.mkdir()
@@ -357,7 +357,7 @@ def test_a_resume_on_other_documents_or_hyperparameters_is_refused(tmp_path):
     ]:
         with pytest.raises(ValueError, match=re.escape(said)):
             found = CheckpointDir(ckroot).latest()
-            _resume(found, None, None, None, None, saved | change, params, None)
+            resume_from(found, None, None, None, None, saved | change, params, None)
 
 
 def test_a_model_that_trains_with_dropout_is_refused_naming_its_fields():
@@ -365,16 +365,16 @@ def test_a_model_that_trains_with_dropout_is_refused_naming_its_fields():
     would depend on the ranks and a resume would not repeat the run."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ringctl.train.run import _refuse_dropout
+    from ringctl.train.run import refuse_random_training
 
     shape = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64)
     neox = AutoConfig.for_model("gpt_neox", intermediate_size=64, hidden_dropout=0.1, **shape)
     with pytest.raises(
         ValueError, match=r"dropout \(hidden_dropout=0.1\).*overrides.hidden_dropout=0"
     ):
-        _refuse_dropout(AutoModelForCausalLM.from_config(neox))
+        refuse_random_training(AutoModelForCausalLM.from_config(neox))
     neox.hidden_dropout = 0.0  # classifier_dropout stays 0.1: no such head in a causal LM
-    _refuse_dropout(AutoModelForCausalLM.from_config(neox))
+    refuse_random_training(AutoModelForCausalLM.from_config(neox))
 
 
 def _random_in_training(model) -> bool:
@@ -412,7 +412,7 @@ def test_dropout_applied_without_a_dropout_module_is_refused(model_type, fields,
     against the model itself (two train-mode forwards under other seeds differ)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ringctl.train.run import _refuse_dropout
+    from ringctl.train.run import refuse_random_training
 
     shape = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
     if model_type == "opt":
@@ -423,11 +423,11 @@ def test_dropout_applied_without_a_dropout_module_is_refused(model_type, fields,
     model = AutoModelForCausalLM.from_config(config)
     assert _random_in_training(model) == (refused is not None)
     if refused is None:
-        _refuse_dropout(model)
+        refuse_random_training(model)
         return
     key = refused.split("=")[0]
     with pytest.raises(ValueError, match=rf"\({re.escape(refused)}\).*overrides\.{key}=0$"):
-        _refuse_dropout(model)
+        refuse_random_training(model)
 
 
 def _agreed(rank: int, world: int, roots: list[str]):

@@ -225,14 +225,14 @@ def test_a_resume_after_the_model_changed_at_the_same_path_is_refused(tmp_path, 
 
     from ringctl.train.checkpoint import CheckpointDir
     from ringctl.train.params import TrainParams
-    from ringctl.train.run import _resume
+    from ringctl.train.run import resume_from
 
     found = CheckpointDir(job / "checkpoints").read("step-0000002", where="test")
     had = found.state["run"]
     old = found.state | {"run": {k: v for k, v in had.items() if k != "model"}}
     params = TrainParams.from_any({"model_path": str(model)})
     with pytest.raises(ValueError, match=r"step-0000002: written before checkpoints recorded"):
-        _resume(replace(found, state=old), None, None, None, None, had, params, None)
+        resume_from(replace(found, state=old), None, None, None, None, had, params, None)
 
 
 def test_a_diverged_step_stops_the_run_by_name_before_any_record_of_it(tmp_path, corpus, capsys):

@@ -70,7 +70,7 @@ def test_training_randomness_not_called_dropout_is_refused_by_name(build, refuse
     in training; PhiMoE samples its routing among experts within its router_jitter_noise
     (0.01 by default) of the best, so at 0 it trains the same under any generator. The
     refusal names the key and its override."""
-    from ringctl.train.run import _refuse_dropout
+    from ringctl.train.run import refuse_random_training
 
     model = build()
     assert _random_in_training(model) == (refused is not None)
@@ -81,20 +81,20 @@ def test_training_randomness_not_called_dropout_is_refused_by_name(build, refuse
         "phimoe": r"\(router_jitter_noise=0\.01\).*model_overrides\.router_jitter_noise=0$",
     }
     if refused is None:
-        _refuse_dropout(model)
+        refuse_random_training(model)
         return
     with pytest.raises(ValueError, match=said[refused]):
-        _refuse_dropout(model)
+        refuse_random_training(model)
 
 
 def _listed(rank: int, world: int, views: list[str]):
     """Each rank lists its own view of the inputs (what a shared filesystem shows it)."""
     from ringctl.train.params import TrainParams
-    from ringctl.train.run import _stream
+    from ringctl.train.run import sequence_stream
 
     params = TrainParams.from_any({"inputs": [views[rank]]})
     try:
-        return _stream(params, None)[1]["documents"]
+        return sequence_stream(params, None)[1]["documents"]
     except ValueError as err:
         return str(err)
 
@@ -209,7 +209,7 @@ def test_every_ring_refuses_the_step_where_one_rings_piece_passes_the_window():
 def test_a_config_asking_for_the_router_loss_is_refused_naming_the_override():
     """output_router_logits: true makes transformers train loss + coef x aux_loss; the job's
     step trains the tokens' loss alone: another objective, accepted in silence."""
-    from ringctl.train.run import _refuse_router_loss
+    from ringctl.train.run import refuse_router_loss
 
     kw = dict(model_type="mixtral", router_aux_loss_coef=0.02, **MOE)
     model = tiny_model("sdpa", output_router_logits=True, **kw).train()
@@ -217,8 +217,8 @@ def test_a_config_asking_for_the_router_loss_is_refused_naming_the_override():
     out = model(input_ids=ids, labels=ids, use_cache=False)
     assert float(out.aux_loss.detach()) > 0  # the model's own training loss holds 0.02 x aux_loss
     with pytest.raises(ValueError, match=r"model_overrides\.output_router_logits=false$"):
-        _refuse_router_loss(model)
-    _refuse_router_loss(tiny_model("sdpa", output_router_logits=False, **kw))
+        refuse_router_loss(model)
+    refuse_router_loss(tiny_model("sdpa", output_router_logits=False, **kw))
 
 
 # ------------------------------------------------------------------ gather's config.json
@@ -296,7 +296,7 @@ def _resume_with(rank: int, world: int, root: str, saved_run: dict, params_kw: d
     from ringctl.train.data import Cursor, SequenceStream
     from ringctl.train.optim import make_optimizer, make_scheduler
     from ringctl.train.params import TrainParams
-    from ringctl.train.run import TrainOptions, _resume
+    from ringctl.train.run import TrainOptions, resume_from
 
     params = TrainParams.from_any(params_kw)
     docs = documents()
@@ -320,7 +320,7 @@ def _resume_with(rank: int, world: int, root: str, saved_run: dict, params_kw: d
     opts = TrainOptions(0, 1, Path(root), logged.append, None, None)
     run = params.run_signature()
     try:
-        step, _ = _resume(ckdir.latest(), model, opt, sched, stream, run, params, opts)
+        step, _ = resume_from(ckdir.latest(), model, opt, sched, stream, run, params, opts)
     except ValueError as err:
         return str(err)
     return step, logged

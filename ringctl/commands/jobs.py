@@ -205,7 +205,7 @@ def ring_summary(rings: list[dict]) -> dict | None:
     }
 
 
-def _progress_text(p: dict | None, state: str) -> str:
+def progress_text(p: dict | None, state: str) -> str:
     if not p:
         return ""
     text = f"{p['done']}/{p['total']} {p.get('unit') or ''}".strip()
@@ -339,7 +339,7 @@ def _status_table(rows: list[dict]):
             str(r["job_id"]),
             r["state"],
             elapsed,
-            _progress_text(r["progress"], r["state"]),
+            progress_text(r["progress"], r["state"]),
             r["reason"],
         ]
         # plain text (no rich markup from logs or names), control characters escaped

@@ -158,11 +158,11 @@ def _stats_text(st: dict) -> str:
     return extra
 
 
-# How often a ring lead says where a document's forward is (``_Progress.within``).
+# How often a ring lead says where a document's forward is (``DocumentProgress.within``).
 WITHIN_S = 30.0
 
 
-class _Progress:
+class DocumentProgress:
     """A ring lead's one line per document: tokens/s of this run and the ETA of what is left
     on its ring; `progress(done, total, ...)` gets the counts (the job's rank 0: the job's
     progress file; every ring lead: its ring's)."""
@@ -516,7 +516,7 @@ class LongDocRun:
                 break
         return led
 
-    def reporter(self, ring: _Ring, mine: list[Document], single: bool) -> _Progress | None:
+    def reporter(self, ring: _Ring, mine: list[Document], single: bool) -> DocumentProgress | None:
         """A ring lead's progress lines (None on other ranks). When the job is one ring
         (``single``) its lines and the job's progress file count the job's documents, as
         before; each ring's own record (``ringctl status`` adds them up) counts the ring's."""
@@ -533,7 +533,7 @@ class LongDocRun:
                 record = ring_record(done - base, len(mine), ring.members, **extra)
                 ring_progress(ring.label, record)
 
-        return _Progress(mine, self.summary.total if single else len(mine), base, report)
+        return DocumentProgress(mine, self.summary.total if single else len(mine), base, report)
 
     def score_document(self, doc: Document, ids, ring: _Ring) -> ShardResult:
         """One agreed document through the model on the ring, its shard written."""
@@ -662,7 +662,7 @@ class _RingPass:
 
     def watched(self, doc: Document):
         """On the ring's lead, the document's forward counted layer by layer for its progress
-        (``_Progress.within``); elsewhere nothing."""
+        (``DocumentProgress.within``); elsewhere nothing."""
         if self.shown is None:
             return contextlib.nullcontext()
         from ringattn.hf import count_calls

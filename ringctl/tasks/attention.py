@@ -224,7 +224,7 @@ def _timed_steps(cfg, ctx, attend, q, k, v, dout) -> tuple[list[dict], tuple]:
     return timings, last
 
 
-def _result(ctx, layout: str, seq_local: int, timings: list[dict]) -> dict:
+def rank_record(ctx, layout: str, seq_local: int, timings: list[dict]) -> dict:
     """This rank's result record: its steps and their median forward/backward times."""
     result = {
         "rank": ctx.rank,
@@ -356,7 +356,7 @@ class AttentionTask(Task):
             f"layout={layout} steps={t.steps} device={ctx.device}"
         )
         timings, (out, dq, dk, dv) = _timed_steps(cfg, ctx, attend, q, k, v, dout)
-        result = _result(ctx, layout, int(q.shape[1]), timings)
+        result = rank_record(ctx, layout, int(q.shape[1]), timings)
         if t.save_outputs and out is not None:
             tensors = {"out": out, "dq": dq, "dk": dk, "dv": dv, "positions": positions}
             _save_outputs(cfg, ctx, layout, degree, len(timings), tensors)

@@ -138,7 +138,7 @@ def _random_fields(flat: dict) -> dict:
     return out
 
 
-def _refuse_dropout(model) -> None:
+def refuse_random_training(model) -> None:
     """A model that draws from the generator in training mode (dropout masks, a router's
     jitter noise, sampled routing) draws from each rank's generator, which the checkpoints do
     not keep: its losses would depend on the ranks and rings, and a resumed run would not
@@ -165,7 +165,7 @@ def _refuse_dropout(model) -> None:
     )
 
 
-def _refuse_router_loss(model) -> None:
+def refuse_router_loss(model) -> None:
     """A MoE config with ``output_router_logits: true`` asks transformers to add
     router_aux_loss_coef x the router's load-balancing loss to the training loss; the step
     here trains the tokens' loss alone (``step.sequence_backward``), so it would train
@@ -193,15 +193,15 @@ def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
         log=opts.log,
     )
     model = agreed.model
-    _refuse_dropout(model)
-    _refuse_router_loss(model)
+    refuse_random_training(model)
+    refuse_router_loss(model)
     if params.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return agreed.tokenizer, model, agreed.probe
 
 
-def _stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
+def sequence_stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
     """The run's sequence stream and its signature: what a checkpoint records and a resume
     must match (``params.run_signature``, the documents' ``listing_signature``, and the
     model's and tokenizer's files: ``agreed_identity``)."""
@@ -317,7 +317,9 @@ def agreed_latest(ckdir) -> checkpoint.Checkpoint | None:
     return ckdir.read(value, where=f"{ckdir.root / checkpoint.LATEST} (as rank 0 read it)")
 
 
-def _resume(found, model, optimizer, scheduler, stream, run, params, opts) -> tuple[int, Cursor]:
+def resume_from(
+    found, model, optimizer, scheduler, stream, run, params, opts
+) -> tuple[int, Cursor]:
     """Step 3: (step, cursor) to start from ``found`` (``agreed_latest``; None: step 0); the
     checkpoint's state loaded into the model, optimizer and schedule, and the metrics
     restored to its history."""
@@ -407,9 +409,9 @@ def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
     )
     job = JobDir(opts.job_dir)
     ckdir = checkpoint.CheckpointDir(job.checkpoints)
-    stream, run = _stream(params, tokenizer)
+    stream, run = sequence_stream(params, tokenizer)
     found = agreed_latest(ckdir)
-    step, cursor = _resume(found, model, optimizer, scheduler, stream, run, params, opts)
+    step, cursor = resume_from(found, model, optimizer, scheduler, stream, run, params, opts)
     loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, stream, run)
     return loop.run(step, cursor)
 
