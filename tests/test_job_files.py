@@ -112,11 +112,16 @@ def test_a_rank_s_manifest_entry(tmp_path: Path) -> None:
 
 def test_progress_records(tmp_path: Path) -> None:
     job = progress_record(3, 10, "documents", 1, 2.5, 0.8, 8.75, tokens_per_s=120)
-    ring = ring_record(2, 4, [0, 1], eta_s=3.0)
-    for name, record in (("progress.json", job), ("ring-2x0.json", ring)):
+    inside = progress_record(3, 10, "documents", 1, 2.5, 0.8, None, current="a.txt: layer 2 of 30")
+    ring = ring_record(2, 4, [0, 1], eta_s=3.0, current="b.txt: layer 7 of 30")
+    for name, record in (("progress.json", job), ("in.json", inside), ("ring-2x0.json", ring)):
         write_record(tmp_path / name, record)
         notes: list[str] = []
         assert read_record(tmp_path / name, notes) == record and notes == []
+    write_record(tmp_path / "bad.json", {**inside, "current": ["not", "text"]})
+    notes = []
+    assert read_record(tmp_path / "bad.json", notes)["current"] is None
+    assert notes and "current" in notes[0]
 
 
 def test_the_output_s_names_are_spelled_in_names_py_only():
