@@ -12,7 +12,7 @@ names by hand:
     schedule.json    a long-document job's schedule (rank 0 writes it; `plan JOB` reads it)
     checkpoints/     a training job's checkpoints (ringctl.train.checkpoint owns what is inside)
     probes/          one `ringctl topo probe` JSON per node
-    logs/            rank-<R>.out|err|result.json, batch-<id>.out, progress.json (rank 0's
+    logs/            rank-<R>.out|err|result.json|failed, batch-<id>.out, progress.json (rank 0's
                      counts), rings/<label>.json (each ring's progress, written by its lead),
                      metrics.jsonl (a training job's steps: ringctl.train.metrics),
                      supervisor.log (the local backend's supervisor)
@@ -72,6 +72,10 @@ PROGRESS = f"{LOGS}/progress.json"
 METRICS = f"{LOGS}/metrics.jsonl"
 RINGS = f"{LOGS}/rings"
 RESULT = "result.json"  # logs/rank-<R>.result.json: what a rank's worker ended with
+# logs/rank-<R>.failed: empty, written before a failed rank's result so that one listing of
+# logs/ shows which ranks failed (a wrapper around the worker may turn its exit 1 into 0, and
+# reading every result over SSH costs a round trip each).
+FAILED_MARK = "failed"
 
 # The remote side (ringctl.backends.ssh joins these on the login node, relative to the copy):
 # what `fetch` brings back (PLACEMENT too), what `resume` moves to attempts/<n> there, and
@@ -239,6 +243,10 @@ class JobDir:
     def rank_result(self, rank: int | str) -> Path:
         """logs/rank-<R>.result.json: the worker writes it at its end, backends read it."""
         return self.rank_log(rank, RESULT)
+
+    def rank_failed_mark(self, rank: int | str) -> Path:
+        """logs/rank-<R>.failed: the worker writes it before a failed rank's result."""
+        return self.rank_log(rank, FAILED_MARK)
 
     def batch_log(self, job_id: str) -> Path:
         return self.path / BATCH_LOG.format(job_id=job_id)

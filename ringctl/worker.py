@@ -185,16 +185,21 @@ def identify(job_dir: Path) -> Identity:
     return ident
 
 
-def _result_path(job_dir: Path, ident: Identity | None) -> Path:
+def _launch_index(ident: Identity | None) -> int | str:
     index = ident.task_index if ident else _env_int("SLURM_PROCID", "RANK")
-    return JobDir(job_dir).rank_result(index if index is not None else "unknown")
+    return index if index is not None else "unknown"
 
 
 def _write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
+    """logs/rank-<T>.result.json; a failed rank's logs/rank-<T>.failed first, so that a
+    listing shows the failure even where a wrapper turned this process's exit 1 into 0."""
+    index = _launch_index(ident)
     try:
-        from .atomic import atomic_write_json
+        from .atomic import atomic_write, atomic_write_json
 
-        atomic_write_json(_result_path(job_dir, ident), record)
+        if record.get("state") == "FAILED":
+            atomic_write(JobDir(job_dir).rank_failed_mark(index), b"")
+        atomic_write_json(JobDir(job_dir).rank_result(index), record)
     except OSError:
         pass
 

@@ -108,15 +108,18 @@ def test_the_reader_and_the_writer_of_a_file_name_it_alike(tmp_path):
     assert [p.name for p in job.ring_progress_files()] == ["a.json", "b.json"]
 
 
-def test_a_rank_without_result_is_found_by_the_worker_s_name(tmp_path, monkeypatch):
-    """joblogs lists logs/ for the file the worker writes (worker._result_path), and reads
-    the error the worker recorded there."""
+def test_the_worker_s_results_are_listed_by_the_names_it_writes(tmp_path, monkeypatch):
+    """joblogs lists logs/ for the files the worker writes (worker._write_result): a rank
+    without a result, a rank whose result says FAILED (its `.failed` mark: what a listing
+    sees where a wrapper swallowed the exit), and reads the error the worker recorded."""
     from ringctl.backends.shell import LocalShell
-    from ringctl.worker import _result_path
+    from ringctl.worker import _write_result
 
     monkeypatch.delenv("SLURM_PROCID", raising=False)
-    monkeypatch.setenv("RANK", "1")  # no identity: the worker takes its index from RANK
     JobDir(tmp_path).logs.mkdir()
-    _result_path(tmp_path, None).write_text('{"error": "ValueError: bad"}')
-    assert joblogs.ranks_without_result(LocalShell(), str(tmp_path), 3) == [0, 2]
+    for rank, record in ((1, {"state": "FAILED", "error": "ValueError: bad"}), (3, {})):
+        monkeypatch.setenv("RANK", str(rank))  # no identity: the worker's index is RANK
+        _write_result(tmp_path, None, record)
+    listing = joblogs.list_results(LocalShell(), str(tmp_path), 4)
+    assert (listing.missing, listing.failed) == ([0, 2], [1])
     assert joblogs.rank_error(LocalShell(), str(tmp_path), 1) == "ValueError: bad"

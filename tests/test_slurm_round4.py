@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,19 @@ def test_status_of_a_requeued_job_says_where_its_logs_are_and_why_it_failed(
         assert list(elsewhere.iterdir()) == []
     finally:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+
+
+def test_a_wrapper_that_swallows_a_failed_ranks_exit_fails_the_slurm_job(
+    slurm_cluster, tmp_path, capsys
+) -> None:
+    """Every step exited 0 (the env.python wrapper ran the worker, then `exit 0`) and every
+    rank left a result, so status read COMPLETED; rank 1's result said FAILED. The failed
+    rank's `.failed` mark shows it in the one listing of logs/ status makes."""
+    wrapper = tmp_path / "python-wrapper.sh"
+    wrapper.write_text(f'#!/bin/bash\n"{sys.executable}" "$@"\nexit 0\n')
+    wrapper.chmod(0o755)
+    args = [SMOKE, "backend=slurm", f"output_dir={tmp_path}", "nodes=1", "tasks_per_node=2"]
+    fault = ["task.steps=2", "task.fault_rank=1", "task.fault=raise", f"env.python={wrapper}"]
+    assert main(["run", *args, *fault]) == 1
+    line = next(ln for ln in capsys.readouterr().err.splitlines() if " FAILED" in ln)
+    assert "rank 1 exited 0 (its result says FAILED)" in line, line

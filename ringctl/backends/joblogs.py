@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import WORKER_ERROR_PREFIX, UserError
-from ..jobdir import LOGS, RESULT, rank_log_file, rank_log_name, rank_stream_of
+from ..jobdir import FAILED_MARK, LOGS, RESULT, rank_log_file, rank_log_name, rank_stream_of
 from .shell import READ_LIMIT, Shell
 
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")
@@ -221,15 +221,28 @@ def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
     return error_summary(stderr, limit)
 
 
-def ranks_without_result(shell: Shell, job_dir: str, world_size: int) -> list[int]:
-    """Launch indices 0..world_size-1 that left no logs/rank-<R>.result.json.
+@dataclass(frozen=True)
+class ResultListing:
+    """What one listing of logs/ says of the ranks' ends (launch indices, ascending)."""
 
-    Every rank that runs the worker to its end writes one (worker.py), also when it fails; a
-    rank that exits 0 without one never ran the job (`env.python=/bin/true`, a wrapper that
-    swallowed it), so a job with such a rank cannot be called COMPLETED. One listing, not one
-    read per rank: over SSH each read is a round trip."""
+    missing: list[int]  # no logs/rank-<R>.result.json
+    failed: list[int]  # logs/rank-<R>.failed: the worker recorded a failure
+
+
+def list_results(shell: Shell, job_dir: str, world_size: int) -> ResultListing:
+    """Which of launch indices 0..world_size-1 left no result, and which recorded a failure.
+
+    Every rank that runs the worker to its end writes a result (worker.py), also when it
+    fails, and a failed rank writes its `.failed` mark first. A rank that exits 0 without a
+    result never ran the job (`env.python=/bin/true`, a wrapper that swallowed it); one that
+    exits 0 with the mark failed under a wrapper that swallowed its exit: neither makes a
+    COMPLETED job. One listing, not one read per rank: over SSH each read is a round trip."""
     names = set(shell.listdir(f"{job_dir}/{LOGS}"))
-    return [r for r in range(world_size) if rank_log_file(r, RESULT) not in names]
+    ranks = range(world_size)
+    return ResultListing(
+        missing=[r for r in ranks if rank_log_file(r, RESULT) not in names],
+        failed=[r for r in ranks if rank_log_file(r, FAILED_MARK) in names],
+    )
 
 
 def no_result_reason(missing: list[int], world_size: int, shown: int = 8) -> str:

@@ -42,8 +42,8 @@ from .joblogs import (
     error_summary,
     is_peer_loss,
     killed_by,
+    list_results,
     no_result_reason,
-    ranks_without_result,
 )
 from .launch import EXEC, FORK, ForkedRank, exec_reason, start_rank, warm_up
 from .shell import LocalShell
@@ -627,7 +627,7 @@ class Supervisor:
             error = _rank_error(self.job, first)
             reason = f"rank {first} {how}" + (f": {error}" if error else "")
             self.state.update(state="FAILED", exit_code=code, reason=reason)
-        elif missing := ranks_without_result(LocalShell(), str(self.job.path), self.world):
+        elif missing := list_results(LocalShell(), str(self.job.path), self.world).missing:
             reason = no_result_reason(missing, self.world)
             self.state.update(state="FAILED", exit_code=0, reason=reason)
         else:

@@ -54,8 +54,9 @@ class SlurmBackend(Backend):
     `sbatch_args` are added to every sbatch call (before the script, so they override its
     `#SBATCH` lines). `sacct_wait_s` bounds how long `status` waits for sacct to catch up with
     a job squeue already calls finished (accounting lags by a few seconds). With
-    `expected_ranks`, a job is COMPLETED only when each of its ranks left its result
-    (`joblogs.ranks_without_result`); a job directory of no ringctl job has none to expect."""
+    `expected_ranks`, a job is COMPLETED only when each of its ranks left its result and
+    none recorded a failure (`joblogs.list_results`); a job directory of no ringctl job has
+    none to expect."""
 
     name = "slurm"
 
@@ -315,10 +316,13 @@ class SlurmBackend(Backend):
             # The script ended well but a step (a rank) did not: that is a failed job.
             state = JobState.FAILED
         if state is JobState.COMPLETED and self.expected_ranks:
-            missing = joblogs.ranks_without_result(self.shell, where, self.expected_ranks)
-            if missing:
+            listing = joblogs.list_results(self.shell, where, self.expected_ranks)
+            if listing.failed:  # a wrapper around the worker swallowed its exit
                 state = JobState.FAILED
-                reason = joblogs.no_result_reason(missing, self.expected_ranks)
+                reason = self._marked_failure(where, listing.failed)
+            elif listing.missing:
+                state = JobState.FAILED
+                reason = joblogs.no_result_reason(listing.missing, self.expected_ranks)
         if job is not None and ss.is_node_failure(job):
             reason = slurm_reruns.node_failure(self._run, job)  # not the ranks it took down
         elif state is JobState.FAILED and not reason:
@@ -358,6 +362,13 @@ class SlurmBackend(Backend):
             if not joblogs.is_peer_loss(err):
                 return rank, what, err
         return first
+
+    def _marked_failure(self, where: str, failed: list[int]) -> str:
+        """Why a job whose steps all exited 0 failed: the first of the first BLAME_READS
+        ranks that recorded a failure whose error does not only say a peer left."""
+        errors = [(r, joblogs.rank_error(self.shell, where, r)) for r in failed[:BLAME_READS]]
+        rank, err = next(((r, e) for r, e in errors if not joblogs.is_peer_loss(e)), errors[0])
+        return f"rank {rank} exited 0 (its result says FAILED)" + (f": {err}" if err else "")
 
     def _failure_reason(
         self,
