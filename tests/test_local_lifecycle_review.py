@@ -135,3 +135,26 @@ def test_sigterm_to_the_jobs_group_is_a_cancel(tmp_path, capsys) -> None:
     assert status.state is JobState.CANCELLED, status
     ranks = json.loads((job / "state.json").read_text())["ranks"]
     assert {r["state"] for r in ranks.values()} == {"CANCELLED"}, ranks
+
+
+def test_a_ctrl_c_before_the_supervisor_is_recorded_leaves_nothing_running(
+    tmp_path, monkeypatch
+) -> None:
+    """submit deletes the job directory of a submission that failed; a Ctrl-C after the
+    supervisor started and before supervisor.pid named it left the supervisor (its own
+    session: the terminal's SIGINT never reached it) running the job in a deleted directory,
+    with nothing to cancel it by."""
+    from ringctl.submission import submit_job
+
+    started: list[int] = []
+
+    def interrupted(pid: int, marker: str):
+        started.append(pid)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(local.ProcessRecord, "of", staticmethod(interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        submit_job("smoke", [f"output_dir={tmp_path / 'out'}", *LONG])
+    assert started and not list((tmp_path / "out").glob("*"))
+    gone = lambda: not Path(f"/proc/{started[0]}").exists()  # noqa: E731 - reaped by wait
+    assert gone(), "the supervisor still runs"

@@ -268,13 +268,17 @@ class LocalBackend(Backend):
                 start_new_session=True,  # survives the terminal; cancel signals its group
                 close_fds=True,
             )
-        record = ProcessRecord.of(proc.pid, supervisor_marker(job))
         try:
+            record = ProcessRecord.of(proc.pid, supervisor_marker(job))
             job.supervisor_file.write_text(json.dumps(asdict(record)) + "\n")
-        except OSError as err:  # a full disk: nothing could cancel it, so nothing runs
+        except BaseException as err:
+            # Unrecorded, nothing could cancel it (a full disk), and a Ctrl-C here makes
+            # submit delete the directory it runs in: it must not run.
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise with_filename(err, job.supervisor_file) from None
+            if isinstance(err, OSError):
+                raise with_filename(err, job.supervisor_file) from None
+            raise
         return f"local-{proc.pid}"
 
     def status(self, job_dir: Path) -> JobStatus:
