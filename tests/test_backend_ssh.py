@@ -23,7 +23,7 @@ pytestmark = pytest.mark.ssh
 
 RANK_LOGS = "--output=logs/rank-%t.out --error=logs/rank-%t.err"
 # The job template's line before the ranks' srun: status reads srun's rank lines after it only.
-STARTING = "echo '00:00:00 ringctl-job: starting 1 ranks'\n"
+STARTING = "echo '00:00:00 ringctl-job: starting 1 rank'\n"
 
 
 @pytest.fixture

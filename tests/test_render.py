@@ -290,6 +290,24 @@ def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
     assert not list(tmp_path.rglob("PWNED*"))
 
 
+def test_a_one_rank_script_says_rank_and_status_still_finds_its_srun_lines(tmp_path):
+    """The script said "starting 1 ranks"; status reads srun's lines after that line, so the
+    script's words and its pattern change together (both wordings are read)."""
+    job_dir = _job_dir(tmp_path, ["nodes=1", "tasks_per_node=1", "ring.placement=skip"])
+    proc = subprocess.run(
+        ["bash", "job.sh"],
+        cwd=job_dir,
+        env=_fake_slurm(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "starting 1 rank;" in proc.stdout and "all 1 rank finished" in proc.stdout
+    assert ss.ranks_part(proc.stdout) is not None
+    assert ss.ranks_part("00:00:00 ringctl-job: starting 2 ranks; rendezvous") is not None
+
+
 def test_script_fails_clearly_without_a_required_plan(tmp_path):
     job_dir = _job_dir(tmp_path, ["ring.placement=required"])
     env = _fake_slurm(tmp_path)

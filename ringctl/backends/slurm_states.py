@@ -356,7 +356,7 @@ _SRUN_TASK = re.compile(
 
 
 # The script's line before the ranks' srun (templates/slurm.sh.j2: `log "starting N ranks`).
-_RANKS_STARTING = re.compile(r"ringctl-job: starting \d+ ranks", re.M)
+_RANKS_STARTING = re.compile(r"ringctl-job: starting \d+ ranks?\b", re.M)
 
 
 def ranks_part(batch_log: str, *, cut: bool = False) -> str | None:

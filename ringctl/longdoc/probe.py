@@ -200,7 +200,8 @@ def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
     kind = "max" if dtype_name in ("float32", "float64") else "mean"
     unmeasured = "; its noise unmeasured: only one stock attention runs" if noise is None else ""
     what = (
-        f"model type {model_type(model.config)!r}, {n} probe tokens on {world} ranks, "
+        f"model type {model_type(model.config)!r}, {n} probe tokens on {world} "
+        f"rank{'s' * (world != 1)}, "
         f"{dtype_name}: {kind} |log p(ring) - log p(model's own forward)| = {measured:.3g} "
         f"(tolerance {tol:.3g}{unmeasured})"
     )

@@ -152,7 +152,8 @@ def print_plan(work, est, device, link, longest, fewest, layouts=()) -> None:
         console.print(table)
         for note in notes:
             console.print(f"  {note}")
-    console.print(f"longest sequence that fits on {est.ranks} ranks: {longest:,} tokens")
+    s = "s" * (est.ranks != 1)
+    console.print(f"longest sequence that fits on {est.ranks} rank{s}: {longest:,} tokens")
     if fewest is not None:
         console.print(f"fewest ranks that fit {work.seq_len:,} tokens (and split them): {fewest}")
     for warning in est.warnings:
