@@ -145,3 +145,31 @@ def test_a_device_number_that_is_not_finite_is_a_bad_field(tmp_path, value):
     path.write_text(f'{{"odd": {{"mem_gib": 80, "tflops": {{"bfloat16": {value}}}}}}}')
     with pytest.raises(UserError, match=r"device 'odd': bad field tflops \("):
         load_devices(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "absurd", "plausible"),
+    [
+        ("mem_gib", "1e308", "141"),
+        ("tflops", '{"bfloat16": 1e-300}', '{"bfloat16": 0.05}'),
+        ("net_latency_s", "1e-300", "0"),
+        ("gpus_per_node", str(10**30), "72"),
+        ("matmul_tflops_by_width", '{"64": 1e40}', '{"64": 900.0}'),
+    ],
+)
+def test_a_device_number_past_any_device_is_a_bad_field(tmp_path, field, absurd, plausible):
+    """Positive but absurd figures were taken: a mem_gib of 1e308 made every plan fit, a
+    1e-300 TFLOP/s made every plan take longer than the universe, without a word."""
+    from ringctl.planner.devices import load_devices
+
+    path = tmp_path / "devices.json"
+
+    def device(value: str) -> str:
+        entry = {"mem_gib": "80", "tflops": '{"bfloat16": 100.0}', field: value}
+        return '{"odd": {' + ", ".join(f'"{k}": {v}' for k, v in entry.items()) + "}}"
+
+    path.write_text(device(absurd))
+    with pytest.raises(UserError, match=rf"device 'odd': bad field {field} \(.*between"):
+        load_devices(path)
+    path.write_text(device(plausible))
+    assert load_devices(path)["odd"].name == "odd"

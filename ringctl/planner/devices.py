@@ -259,18 +259,30 @@ def _check_shares(device: Device, where: str) -> Device:
 
 
 def _device_from_json(name: str, entry: dict, where: str) -> Device:
-    return _check_shares(_check_finite(_parse_device(name, entry, where), where), where)
+    return _check_shares(_check_magnitudes(_parse_device(name, entry, where), where), where)
 
 
-def _check_finite(device: Device, where: str) -> Device:
-    """Refuse a number that is not finite (JSON's NaN and Infinity parse as floats), a
-    memory that is not positive and a reserve not below it: any would win or break every plan
-    silently."""
+# No device figure (GiB, TFLOP/s, GB/s, Gbit/s, seconds, counts) is outside these bounds; a
+# 1e-300 TFLOP/s or a mem_gib of 1e308 made every plan absurd (or "fits") without a word.
+PLAUSIBLE = (1e-12, 1e12)
+
+
+def _check_magnitudes(device: Device, where: str) -> Device:
+    """Refuse a number that is not finite (JSON's NaN and Infinity parse as floats) or not
+    0 and outside PLAUSIBLE, a memory that is not positive and a reserve not below it: any
+    would win or break every plan silently."""
+    low, high = PLAUSIBLE
     for item in dataclasses.fields(device):
         value = getattr(device, item.name)
-        if not all(math.isfinite(v) for v in _numbers(value)):
+        numbers = _numbers(value)
+        if not all(math.isfinite(v) for v in numbers):
             raise UserError(
                 f"{where}: device {device.name!r}: bad field {item.name} ({value!r}: not finite)"
+            )
+        if not all(v == 0 or low <= abs(v) <= high for v in numbers):
+            raise UserError(
+                f"{where}: device {device.name!r}: bad field {item.name} "
+                f"({cut(repr(value), 80)}: each figure is 0 or between {low:g} and {high:g})"
             )
     if device.mem_gib <= 0:
         raise UserError(f"{where}: device {device.name!r}: bad field mem_gib ({device.mem_gib!r})")
@@ -283,9 +295,12 @@ def _check_finite(device: Device, where: str) -> Device:
 
 
 def _numbers(value) -> list[float]:
-    """The floats in a field: itself, or those in its tuple or (nested) dict values."""
+    """The numbers in a field as floats: itself, or those in its tuple or (nested) dict
+    values (an int past any float's range reads as infinite)."""
     if isinstance(value, float):
         return [value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [float(value) if abs(value) < 10**300 else math.inf]
     if isinstance(value, (tuple, list)):
         return [v for item in value for v in _numbers(item)]
     if isinstance(value, dict):
@@ -356,7 +371,7 @@ def _parse_device(name: str, entry: dict, where: str) -> Device:
 def _number(value, key: str, *, positive: bool) -> float:
     """A JSON number of the entry (not a string, not a bool): more than 0 for a rate, a
     memory or a measured time (``positive``), at least 0 for a latency, an overhead or a
-    reserve. NaN and infinities pass here: ``_check_finite`` names them."""
+    reserve. NaN and infinities pass here: ``_check_magnitudes`` names them."""
     value = _real(value, key)
     if math.isfinite(value) and (value < 0 or (positive and value == 0)):
         raise ValueError(f"{key}: {value!r} is not {'positive' if positive else 'at least 0'}")
