@@ -290,7 +290,8 @@ class RingShm(RingComm):
     def token_recv(self, token: torch.Tensor, source: int, tag: int):
         return dist.irecv(token, self._global(source), group=self.group, tag=tag)
 
-    def _channel(self, src: int, dst: int, tag: int) -> _Channel:
+    def channel(self, src: int, dst: int, tag: int) -> _Channel:
+        """The one shared-memory channel from rank src to rank dst for messages of `tag`."""
         key = (src, dst, tag)
         if key not in self._channels:
             self._channels[key] = _Channel(self, src, dst, tag)
@@ -327,14 +328,14 @@ class RingShm(RingComm):
             STATS.bytes_sent += sum(_bytes(t) for t in send)
             STATS.exchanges += 1
         from_shm = self.shared[source]
-        channel = self._channel(source, self.rank, tag) if from_shm else None
+        channel = self.channel(source, self.rank, tag) if from_shm else None
         pending = _Pending(channel, recv, borrow)
         if not from_shm:
             pending.requests += [
                 dist.irecv(t, self._global(source), group=self.group, tag=tag) for t in recv
             ]
         if self.shared[to]:
-            self._channel(self.rank, to, tag).send(send)
+            self.channel(self.rank, to, tag).send(send)
         else:
             send = [t.contiguous() for t in send]  # kept alive by the pending exchange
             pending.kept = send

@@ -158,11 +158,11 @@ def _borrowed(rank: int, world: int) -> dict:
     like = [torch.empty(1000, dtype=torch.float32), torch.empty(3, dtype=torch.int64)]
     seen = {}
     if rank == 0:
-        channel = ring._channel(0, 1, 0)
+        channel = ring.channel(0, 1, 0)
         for i in (1, 2, 3):
             channel.send([torch.full((1000,), float(i)), torch.full((3,), i, dtype=torch.int64)])
     else:
-        channel = ring._channel(0, 1, 0)
+        channel = ring.channel(0, 1, 0)
         first = channel.read(channel.post_recv(), like, borrow=True)
         time.sleep(1.0)  # room for rank 0 to overwrite the slot, were it given back already
         seen["first_kept"] = bool((first[0] == 1).all()) and bool((first[1] == 1).all())

@@ -246,13 +246,13 @@ def test_ulysses_degree_is_ascii_digits(value, capsys):
 
 
 def test_a_switch_chain_deeper_than_the_recursion_limit():
-    """f4: SwitchTopology._levels recursed once per level: a chain of ~400 switches raised
+    """f4: SwitchTopology.levels recursed once per level: a chain of ~400 switches raised
     RecursionError (a traceback). It is walked with a stack now."""
     depth = 3 * sys.getrecursionlimit()
     lines = [f"SwitchName=s{i} Switches=s{i - 1}" for i in range(depth - 1, 0, -1)]
     topo = parse_slurm_topology("\n".join(lines) + "\nSwitchName=s0 Nodes=node\n")
     assert topo.node_order() == ["node"]
-    assert topo._levels()[f"s{depth - 1}"] == depth - 1 and topo._levels()["s0"] == 0
+    assert topo.levels()[f"s{depth - 1}"] == depth - 1 and topo.levels()["s0"] == 0
     assert topo.switch_path("node")[:2] == ["s0", "s1"] and len(topo.switch_path("node")) == depth
 
 
@@ -261,7 +261,7 @@ def test_switch_levels_of_a_loop_and_given_levels_are_as_before():
     looping child counts 0."""
     text = "SwitchName=a Switches=b\nSwitchName=b Switches=a,c Nodes=n1\nSwitchName=c Nodes=n2\n"
     text += "SwitchName=d Level=7 Switches=c\nSwitchName=e Switches=d,c\n"
-    assert parse_slurm_topology(text)._levels() == {"a": 2, "b": 1, "c": 0, "d": 7, "e": 8}
+    assert parse_slurm_topology(text).levels() == {"a": 2, "b": 1, "c": 0, "d": 7, "e": 8}
 
 
 # ---- f6: hosts per file, not per expression -----------------------------------------------

@@ -18,7 +18,7 @@ from ringctl.cli import main
 from ringctl.errors import UserError
 from ringctl.topology import RingPlan, load_node, load_node_files, load_plan, plan_ring
 from ringctl.topology.gdr import GdrPolicy
-from ringctl.topology.hybrid_place import _groups_in_node, plan_hybrid
+from ringctl.topology.hybrid_place import groups_in_node, plan_hybrid
 from ringctl.topology.links import DEFAULT_BANDWIDTHS
 from ringctl.topology.report import print_plan
 from ringctl.topology.slurm import parse_slurm_topology
@@ -158,13 +158,13 @@ def test_a_node_split_into_groups_takes_cliques_and_enters_through_the_nic_side(
     table = dict(DEFAULT_BANDWIDTHS)
     # whatever order the ranks come in, the PCIe node's groups are its two well-linked pairs
     pcie = load_node_files(PCIE)
-    assert _groups_in_node(pcie, [0, 2, 1, 3], 2, table, GdrPolicy()) == [0, 1, 2, 3]
+    assert groups_in_node(pcie, [0, 2, 1, 3], 2, table, GdrPolicy()) == [0, 1, 2, 3]
     # NVLink pairs 0-1 and 2-3; one NIC, next to GPU2 and GPU3 only: the pair that receives
     # from the network with GPUDirect comes first, the other (the senders) last
     link = {(0, 1): "NV4", (2, 3): "NV4"}
     text = smi_text(4, lambda i, j: link.get((i, j), "SYS"), [["SYS"], ["SYS"], ["PIX"], ["PIX"]])
     node = node_from(text)
-    assert _groups_in_node(node, [0, 1, 2, 3], 2, table, GdrPolicy()) == [2, 3, 0, 1]
+    assert groups_in_node(node, [0, 1, 2, 3], 2, table, GdrPolicy()) == [2, 3, 0, 1]
 
 
 def test_ranks_of_a_group_spread_over_equally_good_nics():

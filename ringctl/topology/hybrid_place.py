@@ -218,7 +218,7 @@ def _place_node(node, base: PlacedNode, degree: int, table, policy) -> PlacedNod
     positions, count = list(base.positions), len(base.positions)
     if not _splits_node(count, degree):  # every rank sends and receives
         return PlacedNode(positions, _balanced_nics(node, positions, None, policy, table), {}, {})
-    positions = _groups_in_node(node, positions, degree, table, policy)
+    positions = groups_in_node(node, positions, degree, table, policy)
     nearest = assign_nics(node)
     nics = [nearest[p] for p in positions]
     first, last = slice(0, degree), slice(count - degree, count)
@@ -260,7 +260,7 @@ def _balanced_nics(node, gpus: list[int], send: bool | None, policy, table) -> l
     return out
 
 
-def _groups_in_node(node, positions: list[int], degree: int, table, policy) -> list[int]:
+def groups_in_node(node, positions: list[int], degree: int, table, policy) -> list[int]:
     """The node's GPUs as groups of `degree` with the best worst pair, in flat-path order,
     the best receiving group first and the best sending group last."""
     along = {p: i for i, p in enumerate(positions)}

@@ -50,7 +50,7 @@ class SwitchTopology:
     def by_kind(self, kind: str) -> list[Group]:
         return [g for g in self.groups.values() if g.kind == kind]
 
-    def _levels(self) -> dict[str, int]:
+    def levels(self) -> dict[str, int]:
         """Given levels, else 0 for a switch without child switches and 1 + the highest child
         (a child that is not defined, or that closes a loop, counts 0). Walked with a stack,
         not recursion: a chain of a few hundred switches passed Python's recursion limit."""
@@ -100,7 +100,7 @@ class SwitchTopology:
         file order among equals), matching how Slurm's plugins see a node."""
         if "leaf" in self._cache:
             return self._cache["leaf"], self._cache["parent"], self._cache["levels"]
-        levels = self._levels()
+        levels = self.levels()
         kind_rank = {"switch": 0, "block": 1, "ring": 2}
         # write the least preferred groups first, so the preferred one is written last: by
         # (kind, level) descending, and among equals the first in the file last
