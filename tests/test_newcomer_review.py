@@ -208,3 +208,20 @@ def test_rank_logs_hold_no_progress_bars(tmp_path: Path, capsys) -> None:
     assert main([*argv, "task.model_path=bundled:demo-byte-llama"]) == 0, capsys.readouterr().err
     logs = "".join(p.read_text() for p in (job / "logs").glob("rank-*.err"))
     assert "Loading weights" not in logs and "\r" not in logs, logs[:300]
+
+
+def test_a_document_s_line_is_not_followed_at_once_by_a_layer_line() -> None:
+    """A document longer than WITHIN_S whose last layers ended inside it was followed, at the
+    next document's first layer, by a second progress line ("layer 1 of 30"): the document's
+    own line is the news, and the next in-document line comes WITHIN_S after it."""
+    from ringctl.longdoc.compute.scoring import ShardResult
+    from ringctl.longdoc.run import DocumentProgress
+
+    said: list = []
+    shown = DocumentProgress([], 2, 0, lambda done, total, **extra: said.append(extra))
+    shown.said_within = -1e9  # the first document took longer than WITHIN_S
+    shown.document(
+        SimpleNamespace(id="a.txt", nbytes=9), 8, ShardResult({}, {}, 40.0), 1, lambda m: None
+    )
+    shown.within(SimpleNamespace(id="b.txt"), 1, 30)
+    assert [r for r in said if "current" in r] == []

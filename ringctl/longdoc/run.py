@@ -202,6 +202,7 @@ class DocumentProgress:
         eta = (self.bytes_left - self.bytes_done) / rate if rate > 0 else float("nan")
         tok_s = self.tokens / self.compute_s if self.compute_s > 0 else 0.0
         done_all = self.done_all = self.done_before + done
+        self.said_within = time.monotonic()  # this line is news: the next, WITHIN_S on
         log(
             f"doc {done_all}/{self.total} {doc.id}: {n} tokens in {result.seconds:.2f}s"
             f"{_stats_text(result.stats)}; {tok_s:.0f} tokens/s, ETA {_eta(eta)}"

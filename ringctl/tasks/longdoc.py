@@ -466,11 +466,6 @@ class LongDocTask(CorpusTask):
                 f"stopped on request before the end: {left} of {summary.total} documents left "
                 "(finished ones are written); `ringctl resume` continues"
             )
-        missing = f", missing inputs: {', '.join(summary.missing)}" if summary.missing else ""
-        ctx.log(
-            f"longdoc: {summary.done} documents done, {summary.skipped} already complete, "
-            f"{summary.tokens} tokens in {summary.seconds:.1f}s{missing}"
-        )
         return {"documents": summary.done, "tokens": summary.tokens}
 
     def gatherer(self) -> Gatherer:
