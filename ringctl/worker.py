@@ -288,6 +288,14 @@ def run(job_dir: Path) -> dict:
     from . import config, tasks
 
     cfg = config.load_resolved(JobDir(job_dir).config)
+    stop = [False]
+
+    def on_signal(signum, frame):  # Slurm's --signal before the time limit
+        stop[0] = True
+        print(f"ringctl.worker: got signal {signum}: finishing up", flush=True)
+
+    # First: a warning that came while torch was imported killed the rank (SIGUSR1's default).
+    signal.signal(warning_signal(cfg), on_signal)
     ident = identify(job_dir)
     if ident.plan_entry:
         for key, value in (ident.plan_entry.get("env") or {}).items():
@@ -302,14 +310,6 @@ def run(job_dir: Path) -> dict:
         f"CPU threads: {torch.get_num_threads()}",
         flush=True,
     )
-    stop = [False]
-
-    def on_signal(signum, frame):  # Slurm's --signal before the time limit
-        stop[0] = True
-        print(f"ringctl.worker: got signal {signum}: finishing up", flush=True)
-
-    signal.signal(warning_signal(cfg), on_signal)
-
     import torch.distributed as dist
 
     device, _store = init_distributed(cfg, ident)

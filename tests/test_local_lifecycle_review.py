@@ -158,3 +158,26 @@ def test_a_ctrl_c_before_the_supervisor_is_recorded_leaves_nothing_running(
     assert started and not list((tmp_path / "out").glob("*"))
     gone = lambda: not Path(f"/proc/{started[0]}").exists()  # noqa: E731 - reaped by wait
     assert gone(), "the supervisor still runs"
+
+
+def test_the_warning_handler_is_in_place_before_torch_is_imported(tmp_path, monkeypatch) -> None:
+    """A rank installed its warning handler after importing torch (seconds): a warning
+    signal that came meanwhile killed it (SIGUSR1's default) before it could save. The
+    handler is now in place right after the config is read, before the rank's identity."""
+    from ringctl import worker
+
+    job = _job_dir(tmp_path, "smoke", {"state": "RUNNING"})
+    seen = []
+
+    def identify(job_dir):
+        seen.append(signal.getsignal(signal.SIGUSR1))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(worker, "identify", identify)
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        with pytest.raises(RuntimeError, match="stop here"):
+            worker.run(job)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert callable(seen[0]) and seen[0].__name__ == "on_signal"
