@@ -486,7 +486,10 @@ def _check(cfg: DictConfig, source_of) -> None:
         why = sbatch.path_problem(str(value)) if value is not None else None
         if why:
             raise bad(key, why)
-        if cfg.env.container_image and value is not None and set(str(value)) & {",", ":"}:
+    mounted = ("output_dir", "job_dir", "ssh.remote_dir")  # under the job directory pyxis mounts
+    for key in mounted if cfg.env.container_image else ():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and set(str(value)) & {",", ":"}:
             raise bad(key, "holds ',' or ':', which pyxis reads as --container-mounts separators")
     sbatch.check_config(cfg, bad)
     if cfg.slurm.signal and cfg.slurm.time:

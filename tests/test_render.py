@@ -371,3 +371,26 @@ def test_ulysses_reaches_the_placement_step():
     assert "--ulysses" not in render_script(load_job(SMOKE, []))
     with pytest.raises(UserError, match="ring.ulysses: a Ulysses degree and a numeric ring.size"):
         load_job(SMOKE, ["ring.ulysses=2", "ring.size=2"])
+
+
+def test_a_job_directory_with_a_comma_is_refused_where_pyxis_mounts_it(tmp_path):
+    """pyxis splits --container-mounts at ',' (and a mount at ':'): a job directory with a
+    comma mounted a second, user-named path into the container. config.py refuses the paths
+    it knows (output_dir, job_dir, ssh.remote_dir); the directory sbatch ran in (a remote
+    home, --chdir) is checked by the script before any srun."""
+    image = "env.container_image=nvcr.io#nvidia/pytorch:24.05-py3"
+    with pytest.raises(UserError, match="ssh.remote_dir: holds ',' or ':'"):
+        load_job(SMOKE, ["backend=ssh", "ssh.host=h", "ssh.remote_dir=jobs,/etc", image])
+    job_dir = _job_dir(tmp_path, [image])
+    odd = job_dir.rename(tmp_path / "job,etc")
+    proc = subprocess.run(
+        ["bash", "job.sh"],
+        cwd=odd,
+        env=_fake_slurm(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "holds ',' or ':', which pyxis reads as --container-mounts separators" in proc.stderr
+    assert "starting" not in proc.stdout
