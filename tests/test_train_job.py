@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from ringctl.cli import main
+from ringctl.errors import UserError
 from tests.local_jobs import local_state, wait_for
 
 TOL = 1e-5
@@ -184,6 +185,8 @@ def test_submit_refuses_what_cannot_train(tmp_path, corpus, capsys):
         "task.dtype": ["task.dtype=float16"],
         "task.lr": ["task.lr=-1"],
         "model.shard": ["model.shard=ring"],
+        # the schedule never reached task.lr, exit 0
+        "task.warmup_steps": ["task.warmup_steps=100"],
     }
     for key, extra in cases.items():
         capsys.readouterr()
@@ -257,3 +260,99 @@ def test_a_diverged_step_stops_the_run_by_name_before_any_record_of_it(tmp_path,
     ckpts = sorted(p.name for p in (job / "checkpoints").glob("step-*"))
     assert ckpts[-1] == f"step-{bad - 1:07d}", ckpts
     assert (job / "checkpoints" / "latest").read_text().strip() == ckpts[-1]
+
+
+def _model_with_tokenizer(root: Path) -> Path:
+    """The tiny random Llama saved with a tokenizer of its own, whose ids are not the bytes'
+    (one id per character, shuffled)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ringctl.longdoc.model.load import load_model
+
+    model_dir = root / "model"
+    load_model(None).save_pretrained(model_dir)
+    ids = list(range(1, 256))
+    random.Random(7).shuffle(ids)
+    vocab = {"<unk>": 0, **{chr(c): ids[c - 1] for c in range(1, 256)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(model_dir)
+    return model_dir
+
+
+def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys):
+    """`task.tokenizer_path: null` is the model directory's tokenizer (as the scoring job
+    reads it); training tokenized UTF-8 bytes instead, exit 0 (ids of another numbering:
+    the gathered model, copied with the directory's tokenizer, then scored garbage), and a
+    model of another vocabulary was refused with "the model directory has no tokenizer
+    files". The losses are the reference's on the tokenizer's ids."""
+    from ringctl.longdoc.model.load import load_model
+    from ringctl.longdoc.model.tokenize import load_tokenizer
+    from ringctl.train.data import Cursor, SequenceStream
+    from ringctl.train.params import TrainParams
+    from tests.train_reference import train
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, text in enumerate(["the tide goes out. " * 9, "a lamp, a keeper. " * 14, "oh"]):
+        (corpus / f"doc{i}.txt").write_text(text)
+    model_dir = _model_with_tokenizer(tmp_path)
+    job = tmp_path / "job"
+    args = _args(job, corpus, f"task.model_path={model_dir}", "task.max_steps=3")
+    assert main(["run", *args]) == 0, capsys.readouterr().err
+    assert f"tokenizer: {model_dir}" in capsys.readouterr().out
+
+    tokenizer = load_tokenizer(str(model_dir))
+    docs = TrainParams.from_any({"inputs": [str(corpus)]}).list_inputs().documents
+    stream = SequenceStream(lambda i: tokenizer.encode(docs[i].read_bytes()), len(docs), SEQ, 0)
+    cursor, steps = Cursor(), []
+    for _ in range(3):
+        seqs, cursor = stream.take(cursor, BATCH)
+        steps.append(seqs)
+    model = load_model(str(model_dir), attn_implementation="sdpa").train()
+    want, _ = train(model, steps, {**HP, "max_steps": 3})
+    got = _losses(job)
+    assert len(got) == 3 and all(
+        abs(a - b) <= TOL * abs(b) for a, b in zip(got, want, strict=True)
+    ), got
+
+
+def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypatch):
+    """A run stopped at step 4 of 6 gathered with exit 0 and a marker saying "partial":
+    false, nothing saying 4 of 6: refused now without --partial, and marked partial with it
+    (summary.json's max_steps and partial). A checkpoint pruned while gather read it (a
+    running job with keep_checkpoints=1) ended the gather with a file "cannot be read": the
+    newest is taken again. The exported weights follow the umask (transformers wrote 0600)."""
+    from ringctl.atomic import default_file_mode
+    from ringctl.config import load_resolved
+    from ringctl.train import export
+
+    job = tmp_path / "job"
+    assert main(["run", *_args(job, corpus)]) == 0
+    (job / "checkpoints" / "latest").write_text("step-0000004\n")
+    capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "step 4 of the run's 6 (task.max_steps)" in err and "--partial" in err, err
+    assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
+    out = capsys.readouterr().out
+    assert "step 4 (partial: the run has not finished)" in out, out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert (summary["step"], summary["max_steps"], summary["partial"]) == (4, 6, True)
+    weights = tmp_path / "a" / "model" / "model.safetensors"
+    assert weights.stat().st_mode & 0o777 == default_file_mode()  # 0644 under umask 022
+
+    write, calls = export._write, []
+
+    def pruned_under_it(tmp, job_dir, found, *args):
+        calls.append(found.step)
+        if len(calls) == 1:  # the job moved on and pruned what this gather was reading
+            (job / "checkpoints" / "latest").write_text("step-0000006\n")
+            raise UserError(f"{found.path}/config.json: cannot be read (No such file)")
+        return write(tmp, job_dir, found, *args)
+
+    monkeypatch.setattr(export, "_write", pruned_under_it)
+    config = load_resolved(job / "config.yaml")
+    got = export.gather(job, tmp_path / "b", partial=True, job_config=config)
+    assert calls == [4, 6] and got.step == 6 and not got.partial

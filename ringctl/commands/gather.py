@@ -146,17 +146,21 @@ def _gather_command(job_path: Path | None, out: str | None) -> str:
 
 
 def partial_state_line(status, job_path: Path | None, result, out: str | None = None) -> str:
-    """What --partial says about the job: still running, or ended without some documents."""
+    """What --partial says about the job: still running, or ended without some documents
+    (a training job's: steps after its newest checkpoint, ``steps_left``)."""
     if status is None:
         return "job state unknown (not a job directory: no backend to ask)"
     state = status.state.value
     why = f" ({status.reason})" if status.reason else ""
-    left = len(getattr(result, "incomplete", []) or [])
+    left, unit = len(getattr(result, "incomplete", []) or []), "document(s)"
+    if isinstance(getattr(result, "steps_left", None), int):  # a training job's checkpoint
+        left, unit = result.steps_left, "step(s)"
     if state == "UNKNOWN":
         return f"the backend does not know the job's state{why}; `ringctl status {job_path}`"
     if not status.state.finished:
         if not left:
-            return f"the job is still {state}{why}; every listed document is complete already"
+            done = "every listed document is" if unit == "document(s)" else "the last step is"
+            return f"the job is still {state}{why}; {done} complete already"
         return (
             f"the job is still {state}{why}: run `{_gather_command(job_path, out)}` again "
             "when it ends (it replaces this partial output)"
@@ -165,11 +169,11 @@ def partial_state_line(status, job_path: Path | None, result, out: str | None = 
         return f"the job is {state}{why}"
     if state == "COMPLETED":
         return (
-            f"the job is COMPLETED, yet {left} document(s) are not complete: "
+            f"the job is COMPLETED, yet {left} {unit} are not complete: "
             f"`{_gather_command(job_path, out)}` (without --partial) names every problem"
         )
     return (
-        f"the job is {state}{why}: the {left} document(s) left out will not be computed "
+        f"the job is {state}{why}: the {left} {unit} left out will not be computed "
         f"unless you `ringctl resume {job_path}`"
     )
 

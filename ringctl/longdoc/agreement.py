@@ -106,6 +106,8 @@ def load_agreed(params, load: Callable[[], Any], *, group, lead: bool, log):
         dtype_name=params.dtype,
         chunk_size=int(params.chunk_size),
     )
+    if lead:  # which ids the job's numbers are of: a model directory's tokenizer, or bytes
+        log(f"tokenizer: {params.tokenizer_path or 'UTF-8 bytes (256 ids)'}")
     if lead and params.model_overrides:
         log(describe_overrides(params.model_overrides))
     if lead and probe.message:

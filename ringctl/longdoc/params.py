@@ -111,6 +111,15 @@ class CorpusParams(TaskParams):
                 pass  # problems() names it
         self.layout = self.layout or "zigzag"
 
+    def resolve_tokenizer(self) -> None:
+        """On the ranks, before the model is loaded: ``tokenizer_path`` becomes the directory
+        the job tokenizes with (the model directory's tokenizer files, or a GGUF file's
+        converted directory, where it names none; None: UTF-8 bytes). The scoring and the
+        training job both; not at load (a GGUF file is converted on first use)."""
+        from .model.tokenize import resolve_tokenizer_path
+
+        self.tokenizer_path = resolve_tokenizer_path(self.tokenizer_path, self.model_path)
+
     def choices(self) -> dict[str, tuple]:
         """{key: its allowed values} (a job's class adds its own)."""
         return {

@@ -54,7 +54,7 @@ from .inputs.documents import Document, DocumentError, Listing, input_identity
 from .model.compat import window_refusal
 from .model.directory import model_identity
 from .model.load import attention_layers, bundled_config_path, load_model, resolve_model_path
-from .model.tokenize import load_tokenizer, resolve_tokenizer_path
+from .model.tokenize import load_tokenizer
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
 from .output.manifest import documents_record, other_run, run_record, write_documents, write_run
@@ -334,9 +334,7 @@ class LongDocRun:
         self.started = time.monotonic()
         self.options = options or LongDocOptions()
         self.params = LongDocParams.from_any(cfg)
-        self.params.tokenizer_path = resolve_tokenizer_path(
-            self.params.tokenizer_path, self.params.model_path
-        )
+        self.params.resolve_tokenizer()
         _check_group(rank, world_size, group)
         if self.options.shard != "none" and self.options.rings.size == "auto":
             raise ValueError("model.shard needs one ring size, not ring.size=auto")

@@ -45,6 +45,9 @@ class TrainGatherer(Gatherer):
     def recognises(self, path) -> bool:
         return self._module().recognises(path)
 
+    def replaces_partial(self, job_dir, out) -> bool:
+        return self._module().replaces_partial(job_dir, out)
+
     def show(self, result, console) -> None:
         self._module().show(result, console)
 

@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..atomic import default_file_mode
 from ..bounded_read import read_regular
 from ..errors import UserError, naming, with_filename
 from ..jobdir import JobDir
@@ -27,6 +28,7 @@ from ..output_dir import (
     beside,
     check_target,
     is_gather_output,
+    is_partial_output,
     new_output_dir,
     put_in_place,
     recover_killed,
@@ -45,6 +47,11 @@ class TrainGather:
     loss: float | None
     files: list[str]
     notes: list[str] = field(default_factory=list)
+    steps_left: int = 0  # after the checkpoint, to the run's last step (--partial)
+
+    @property
+    def partial(self) -> bool:
+        return self.steps_left > 0
 
 
 def recognises(path: Path) -> bool:
@@ -65,21 +72,72 @@ def _latest(job: JobDir) -> checkpoint.Checkpoint:
     return found
 
 
-def gather(job_dir, out=None, *, force: bool = False, job_config=None, **_ignored) -> TrainGather:
-    """Write OUT (default JOBDIR/gathered) from the job's newest checkpoint and metrics."""
+def gather(
+    job_dir, out=None, *, force: bool = False, partial: bool = False, job_config=None, **_ignored
+) -> TrainGather:
+    """Write OUT (default JOBDIR/gathered) from the job's newest checkpoint and metrics. A
+    checkpoint before the run's last step is an unfinished run's: refused unless ``partial``,
+    and then marked partial (as a scoring job's documents are)."""
     if is_gather_output(Path(job_dir)) and recognises(Path(job_dir)):
         raise UserError(f"{job_dir}: a gathered training output, not a job: nothing to gather")
     job = JobDir(Path(job_dir))
-    found = _latest(job)
-    target = Path(out).expanduser().absolute() if out else job.gathered
+    target = _target(job, out)
     notes = recover_killed(target)
     check_target(target, job.path, force=force)
     target.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(PRUNED_RETRIES + 1):
+        found = _latest(job)
+        unfinished = _check_finished(found, job_config, partial=partial)
+        try:
+            return _write_whole(target, job, found, job_config, force, unfinished, notes)
+        except (UserError, OSError):
+            if attempt == PRUNED_RETRIES or _latest(job).step == found.step:
+                raise
+            # a running job pruned the checkpoint while it was read: take its newest
+    raise AssertionError("unreachable")
+
+
+def _target(job: JobDir, out) -> Path:
+    return Path(out).expanduser().absolute() if out else job.gathered
+
+
+def replaces_partial(job_dir, out) -> bool:
+    """Whether this gather would replace an earlier partial output (the verb then holds the
+    job's lock, as for --force)."""
+    return is_partial_output(_target(JobDir(Path(job_dir)), out))
+
+
+# How often gather takes the newest checkpoint again when the one it read was pruned under it
+# (a running job with keep_checkpoints=1 replaced it): a reader slower than the job's steps.
+PRUNED_RETRIES = 3
+
+
+def _check_finished(found: checkpoint.Checkpoint, job_config, *, partial: bool) -> bool:
+    """Whether ``found`` comes before the run's last step (task.max_steps); refused unless
+    ``partial``: a stopped or running job's model looked final (summary.json, marker)."""
+    max_steps = _max_steps(job_config)
+    if max_steps is None or found.step >= max_steps:
+        return False
+    if not partial:
+        raise UserError(
+            f"{found.path}: the newest checkpoint is step {found.step} of the run's "
+            f"{max_steps} (task.max_steps): the run has not finished; --partial writes this "
+            "one, marked partial"
+        )
+    return True
+
+
+def _max_steps(job_config) -> int | None:
+    value = job_config.task.get("max_steps") if job_config is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _write_whole(target: Path, job: JobDir, found, job_config, force, unfinished, notes):
     with beside(target):
         tmp = new_output_dir(target)
         try:
-            files, loss, more = _write(tmp, job, found, job_config)
-            write_marker(tmp, job.path, TASK, partial=False)
+            files, loss, more = _write(tmp, job, found, job_config, unfinished)
+            write_marker(tmp, job.path, TASK, partial=unfinished)
             check_target(target, job.path, force=force)
             put_in_place(tmp, target)
         except BaseException as err:
@@ -87,10 +145,13 @@ def gather(job_dir, out=None, *, force: bool = False, job_config=None, **_ignore
             if isinstance(err, OSError):
                 raise with_filename(err, target) from None
             raise
-    return TrainGather(target, found.step, loss, files, notes + more)
+    left = _max_steps(job_config) - found.step if unfinished else 0
+    return TrainGather(target, found.step, loss, files, notes + more, left)
 
 
-def _write(tmp: Path, job: JobDir, found, job_config) -> tuple[list[str], float | None, list]:
+def _write(
+    tmp: Path, job: JobDir, found, job_config, unfinished: bool
+) -> tuple[list[str], float | None, list]:
     try:
         records, bad = metrics.read(job.metrics)
     except ValueError as err:  # not a regular file: named
@@ -105,7 +166,14 @@ def _write(tmp: Path, job: JobDir, found, job_config) -> tuple[list[str], float 
     export_model(found, tmp / "model", _tokenizer_dir(job_config))
     files.append("model/")
     loss = records[-1].loss if records else None
-    summary = {"task": TASK, "step": found.step, "loss": loss, "files": files}
+    summary = {
+        "task": TASK,
+        "step": found.step,
+        "max_steps": _max_steps(job_config),
+        "partial": unfinished,
+        "loss": loss,
+        "files": files,
+    }
     (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return files + ["summary.json"], loss, notes
 
@@ -128,6 +196,8 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
         said = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         raise UserError(naming(path, said, within=found.path)) from None
     model.save_pretrained(where, safe_serialization=True)
+    for written in where.iterdir():  # transformers writes the weights 0600 (a shared cluster)
+        written.chmod(default_file_mode())
     if tokenizer is not None:
         from ..longdoc.model.tokenize import TOKENIZER_FILES
 
@@ -267,8 +337,11 @@ def show(result: TrainGather, console) -> None:
     from rich.text import Text
 
     loss = "no step recorded" if result.loss is None else f"loss {result.loss:.4f}"
+    partial = " (partial: the run has not finished)" if result.partial else ""
     console.print(
-        Text(f"step {result.step}, {loss}: wrote {', '.join(result.files)} in {result.out}")
+        Text(
+            f"step {result.step}{partial}, {loss}: wrote {', '.join(result.files)} in {result.out}"
+        )
     )
     for note in result.notes:
         console.print(Text(f"note: {note}"))

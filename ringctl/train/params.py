@@ -72,6 +72,16 @@ class TrainParams(CorpusParams):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 out.append((key, f"must be an integer >= {least}, not {value!r}"))
+        warmup, steps = self.warmup_steps, self.max_steps
+        if not any(key in (k for k, _ in out) for key in ("warmup_steps", "max_steps")):
+            if warmup > steps:  # the schedule never reached task.lr, the run ended well
+                out.append(
+                    (
+                        "warmup_steps",
+                        f"{warmup} is more than task.max_steps ({steps}): the learning rate "
+                        "would never reach task.lr",
+                    )
+                )
         reals = {"lr": (0.0, False), "weight_decay": (0.0, True), "clip": (0.0, True)}
         for key, (least, inclusive) in reals.items():
             value = getattr(self, key)

@@ -398,6 +398,8 @@ def _agree_stop(wanted: bool) -> bool:
 
 
 def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
+    params = dataclasses.replace(params)
+    params.resolve_tokenizer()  # the model directory's tokenizer: it trained on bytes before
     seat = seat_of(opts)
     tokenizer, model, _ = prepare_model(params, opts, seat)
     optimizer = make_optimizer(model, lr=params.lr, weight_decay=params.weight_decay)
