@@ -301,6 +301,13 @@ def test_status_of_a_missing_root_names_it_in_every_form(tmp_path: Path, capsys)
         assert f"--root {missing}: no such directory" in capsys.readouterr().err
 
 
+def test_status_of_a_job_file_without_jobs_exits_1_as_every_form(tmp_path: Path, capsys):
+    """`ringctl --help` says exit 1 for "no job found" in every form of status; `status
+    smoke` (a job file none of whose jobs exist) exited 2, the code of a usage error."""
+    assert main(["status", "smoke", f"output_dir={tmp_path}"]) == 1
+    assert "no job directory of 'smoke' under" in capsys.readouterr().err
+
+
 def test_status_json_and_dir_only_exclude_each_other(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["status", "--json", "--dir-only"])

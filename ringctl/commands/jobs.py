@@ -138,7 +138,7 @@ def _status_targets(args) -> list[Path]:
             root = Path(str(cfg.output_dir)).expanduser()
             dirs = [j.path for j in JobDir.find(root, str(cfg.name))]
         if not dirs:
-            raise UserError(f"no job directory of {cfg.name!r} under {cfg.output_dir}/")
+            raise NoJobs(f"no job directory of {cfg.name!r} under {cfg.output_dir}/")
     elif targets:
         dirs = [Path(t) for t in targets]
     else:

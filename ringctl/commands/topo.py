@@ -293,7 +293,8 @@ def _add_output(p) -> None:
         "--bandwidth",
         action="append",
         metavar="KIND=GBPS",
-        help="override a nominal bandwidth, in Gbit/s (repeatable)",
+        help="override a nominal bandwidth, in Gbit/s (repeatable); a link's rate is still "
+        "the slowest on its path (NET=400 behind a 200 Gbit/s PCIe switch shows 200)",
     )
 
 
