@@ -271,8 +271,9 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
             raise UserError(f"{source}: {_describe(err, cfg)}") from None
         except (TypeError, ValueError) as err:  # e.g. a list where the schema has a mapping
             raise UserError(f"{source}: {_shape_error(cfg, layer) or err}") from None
+    unfilled = _marked_unfilled(prepared)
     try:
-        missing = sorted(OmegaConf.missing_keys(cfg))
+        missing = sorted(set(OmegaConf.missing_keys(cfg)) | set(unfilled))
         if not missing:
             OmegaConf.resolve(cfg)
     except OmegaConfBaseException as err:  # an interpolation (`${...}`) that cannot resolve
@@ -280,8 +281,9 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         raise UserError(f"{_source_of(prepared, key)}: {_describe(err)}") from None
     if missing:
         keys = ", ".join(missing)
+        source = unfilled.get(missing[0], layers[0][0])
         raise UserError(
-            f"{layers[0][0]}: missing mandatory value{'s' if len(missing) > 1 else ''}: {keys} "
+            f"{source}: missing mandatory value{'s' if len(missing) > 1 else ''}: {keys} "
             f"(set {'them' if len(missing) > 1 else 'it'} in the file or on the command line, "
             f"e.g. {missing[0]}=...)"
         )
@@ -289,6 +291,33 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
     _check(cfg, lambda key: _source_of(prepared, key))
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _marked_unfilled(layers: list[tuple[str, DictConfig]]) -> dict[str, str]:
+    """{key: the file or override that marked it} for each value marked `???` (to be given)
+    that no later file or override gives. OmegaConf's merge keeps what lies below a `???`
+    (the schema's default): a job file's `inputs: ???` scored the bundled samples, its
+    `model_path: ???` with the random tiny model, exit 0."""
+    left: dict[str, str] = {}
+    for source, layer in layers:
+        for key, value in _given(_plain(layer), ""):
+            for below in [k for k in left if k == key or k.startswith(f"{key}.")]:
+                del left[below]
+            if value == MISSING_VALUE:
+                left[key] = source
+    return left
+
+
+def _given(node: Any, prefix: str):
+    """(key, value) of what a layer gives: a mapping's entries one by one, a list whole."""
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _given(value, _join(prefix, key))
+    elif prefix:
+        yield prefix, node
+
+
+MISSING_VALUE = "???"  # OmegaConf's mark of a value that must be given
 
 
 def _check_text_given_as_text(cfg: DictConfig, layers: list[tuple[str, DictConfig]]) -> None:

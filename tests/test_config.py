@@ -79,6 +79,26 @@ def test_missing_mandatory(tmp_path):
         load_job(path)
 
 
+def test_a_value_marked_to_be_given_is_not_replaced_by_the_default(tmp_path):
+    """`???` in a job file or an override (a shared file's "fill these in") kept the schema's
+    default under OmegaConf's merge: `inputs: ???` scored the bundled samples, `model_path:
+    ???` with the random tiny model, `nodes=???` ran on 4 nodes, exit 0."""
+    text = "name: a\ntask:\n  name: longdoc\n  inputs: ???\n  model_path: ???\n  chunk_size: ???\n"
+    path = write(tmp_path, text)
+    (tmp_path / "a.txt").write_text("a document")
+    with pytest.raises(
+        UserError, match=r"job\.yaml: missing mandatory values: task\.chunk_size, task\.inputs, "
+    ):
+        load_job(path)
+    with pytest.raises(UserError, match=r"missing mandatory value: task\.model_path"):
+        load_job(path, [f"task.inputs={tmp_path}", "task.chunk_size=64"])
+    with pytest.raises(UserError, match=r"override 'nodes=\?\?\?': missing mandatory value: nodes"):
+        load_job(SMOKE, ["nodes=???"])
+    cfg = load_job(path, [f"task.inputs={tmp_path}", "task.chunk_size=64", "task.model_path=null"])
+    assert (cfg.task.chunk_size, cfg.task.model_path) == (64, None)  # given later: taken
+    assert load_job(SMOKE, ["nodes=???", "nodes=2"]).nodes == 2
+
+
 def test_impossible_values_are_refused_before_anything_runs(tmp_path):
     with pytest.raises(UserError, match=r"task\.seq_len: 250 cannot be split over 4 ranks"):
         load_job(SMOKE, ["task.seq_len=250"])
