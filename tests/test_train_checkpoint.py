@@ -325,7 +325,7 @@ def test_a_resume_on_other_documents_or_hyperparameters_is_refused(tmp_path):
     from the checkpoint: a changed lr was silently ignored)."""
     from types import SimpleNamespace
 
-    from ringctl.train.data import listing_signature
+    from ringctl.longdoc.inputs.documents import listing_signature
     from ringctl.train.params import TrainParams
     from ringctl.train.run import resume_from
 

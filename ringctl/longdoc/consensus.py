@@ -26,6 +26,37 @@ def agree(error: str, group) -> None:
             raise RuntimeError(e if r == dist.get_rank(group) else f"rank {r}: {e}")
 
 
+def agreed_listing(signature: str, *, refused: bool = False, group=None) -> str:
+    """``signature`` (this rank's ``listing_signature``) once every rank of ``group`` has the
+    same. Each rank lists the inputs on its own, and ranks that saw different documents (a
+    file still arriving, a shared filesystem's cached listing) packed different training
+    streams and divided by different token counts, the job ending well; a scoring job's ranks
+    waited for each other in different documents until the collective timeout. Gathered
+    from every rank, so every rank refuses alike, in the same words (none waits for the
+    others). ``refused``: this rank's
+    listing failed and ``signature`` is why (no documents, an unreadable input); raised on
+    every rank, where a rank that refused alone left the others waiting in the gather."""
+    said: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(said, (refused, signature), group=group)
+    refused = next(((r, s) for r, (no, s) in enumerate(said) if no), None)
+    if refused is not None:
+        raise ValueError(f"rank {refused[0]}: {refused[1]}")
+    said = [s for _, s in said]
+    other = next((r for r, s in enumerate(said) if s != said[0]), None)
+    if other is None:
+        return signature
+
+    def count(sig: str) -> str:
+        return sig.split(":", 1)[0]
+
+    raise ValueError(
+        f"the ranks listed different input documents (task.inputs): rank 0 "
+        f"{count(said[0])} documents ({said[0]}), rank {other} {count(said[other])} "
+        f"({said[other]}): the inputs changed while the job started (a file still arriving, "
+        "a shared filesystem's cached listing); run it again once they are complete"
+    )
+
+
 def all_have(flags: list[bool], group, device) -> list[bool]:
     """Element-wise AND of every rank's flags (e.g. "my entry for this document is valid")."""
     have = torch.tensor(flags, dtype=torch.int64, device=device)

@@ -49,8 +49,14 @@ from ..errors import UserError
 from ..progress import ring_record
 from ..rings import RingGroups
 from .compute.scoring import ShardResult, comm_device, run_task
-from .consensus import agree, any_has, document_verdict
-from .inputs.documents import Document, DocumentError, Listing, input_identity
+from .consensus import agree, agreed_listing, any_has, document_verdict
+from .inputs.documents import (
+    Document,
+    DocumentError,
+    Listing,
+    input_identity,
+    listing_signature,
+)
 from .model.compat import window_refusal
 from .model.directory import model_identity
 from .model.load import attention_layers, bundled_config_path, load_model, resolve_model_path
@@ -374,19 +380,20 @@ class LongDocRun:
             listing = params.list_inputs(inputs)
         except ValueError as err:
             error = str(err)
-        if not error:
-            assert listing is not None
-            try:
-                error = other_run(self.store.root, self.run_signature())
-            except RuntimeError as err:  # the model's files: every rank hears it
-                error = str(err)
-            error = error or check_expected(self.store.root, listing.documents)
-        agree(error, job.group)
+        try:  # every rank the same documents (a file arriving meanwhile: timeouts, no word)
+            mine = error or listing_signature(listing.documents)
+            agreed_listing(mine, refused=bool(error), group=job.group)
+        except ValueError as err:
+            raise RuntimeError(str(err)) from None
         assert listing is not None
-        for path in listing.missing:
-            job.log(f"missing input: {path} (on_missing=report: going on with the others)")
-        for problem in listing.skipped:
-            job.log(f"bad record skipped: {problem} (on_bad_record=skip)")
+        try:
+            error = other_run(self.store.root, self.run_signature())
+        except RuntimeError as err:  # the model's files: every rank hears it
+            error = str(err)
+        error = error or check_expected(self.store.root, listing.documents)
+        agree(error, job.group)
+        for note in listing.notes():
+            job.log(note)
         if job.lead:
             self._record_listing(inputs, listing)
         return listing

@@ -114,19 +114,6 @@ def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def listing_signature(documents) -> str:
-    """The documents' identity as the stream sees them, cheaply: each one's key and size in
-    listing order (the order ``epoch_order`` shuffles), hashed. A document added, removed,
-    renamed, reordered or resized changes it; one edited in place to the same size does not
-    (reading every document again at each resume is what that would take): the one a resume
-    continues inside is checked by its tokens (``Cursor.held``), the others are read as they
-    are when the stream reaches them, as in a run never interrupted."""
-    digest = hashlib.sha256()
-    for doc in documents:
-        digest.update(f"{doc.key}\t{doc.nbytes}\n".encode())
-    return f"{len(documents)}:{digest.hexdigest()[:32]}"
-
-
 class SequenceStream:
     """Packs documents into sequences (module docstring). ``tokens(i)`` gives document i's ids
     (a 1-D int tensor); the stream asks for each document once per visit and keeps only the

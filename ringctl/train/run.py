@@ -33,9 +33,10 @@ from ..errors import UserError
 from ..jobdir import JobDir
 from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
-from ..longdoc.consensus import any_has
+from ..longdoc.consensus import agreed_listing, any_has
+from ..longdoc.inputs.documents import listing_signature
 from . import checkpoint, metrics
-from .data import Cursor, SequenceStream, listing_signature, ring_share
+from .data import Cursor, SequenceStream, ring_share
 from .optim import make_optimizer, make_scheduler, scheduler_state_problem
 from .params import TrainParams
 from .step import RingSeat, StepOptions, train_step
@@ -201,16 +202,20 @@ def prepare_model(params: TrainParams, opts: TrainOptions, seat: RingSeat):
     return agreed.tokenizer, model, agreed.probe
 
 
-def sequence_stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dict]:
+def sequence_stream(params: TrainParams, tokenizer, log=None) -> tuple[SequenceStream, dict]:
     """The run's sequence stream and its signature: what a checkpoint records and a resume
     must match (``params.run_signature``, the documents' ``listing_signature``, and the
     model's and tokenizer's files: ``agreed_identity``)."""
+    notes: list[str] = []
     try:
-        docs = params.list_inputs(params.input_paths()).documents
+        listing = params.list_inputs(params.input_paths())
+        docs, notes = listing.documents, listing.notes()
         mine, refused = listing_signature(docs), False
     except (UserError, ValueError) as err:  # said on every rank below, not here alone
         docs, mine, refused = [], str(err), True
     listed = agreed_listing(mine, refused=refused)
+    for note in notes if log is not None and dist.get_rank() == 0 else ():
+        log(note)  # missing inputs, skipped records, files no reader takes
 
     def tokens(i: int) -> torch.Tensor:
         return tokenizer.encode(docs[i].read_bytes())
@@ -218,35 +223,6 @@ def sequence_stream(params: TrainParams, tokenizer) -> tuple[SequenceStream, dic
     stream = SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
     run = params.run_signature() | {"documents": listed}
     return stream, run | agreed_identity(params)
-
-
-def agreed_listing(signature: str, *, refused: bool = False) -> str:
-    """``signature`` (this rank's ``listing_signature``) once every rank's is the same. Each
-    rank lists the inputs on its own, and ranks that saw different documents (a file still
-    arriving, a shared filesystem's cached listing) would pack different streams and divide
-    by different token counts, the job ending well. Gathered from every rank, so every rank
-    refuses alike, in the same words (none waits for the others). ``refused``: this rank's
-    listing failed and ``signature`` is why (no documents, an unreadable input); raised on
-    every rank, where a rank that refused alone left the others waiting in the gather."""
-    said: list = [None] * dist.get_world_size()
-    dist.all_gather_object(said, (refused, signature))
-    refused = next(((r, s) for r, (no, s) in enumerate(said) if no), None)
-    if refused is not None:
-        raise ValueError(f"rank {refused[0]}: {refused[1]}")
-    said = [s for _, s in said]
-    other = next((r for r, s in enumerate(said) if s != said[0]), None)
-    if other is None:
-        return signature
-
-    def count(sig: str) -> str:
-        return sig.split(":", 1)[0]
-
-    raise ValueError(
-        f"the ranks listed different input documents (task.inputs): rank 0 "
-        f"{count(said[0])} documents ({said[0]}), rank {other} {count(said[other])} "
-        f"({said[other]}): the inputs changed while the job started (a file still arriving, "
-        "a shared filesystem's cached listing); run it again once they are complete"
-    )
 
 
 # The run signature's keys that identify files (``model_identity``), and the setting naming
@@ -411,7 +387,7 @@ def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
     )
     job = JobDir(opts.job_dir)
     ckdir = checkpoint.CheckpointDir(job.checkpoints)
-    stream, run = sequence_stream(params, tokenizer)
+    stream, run = sequence_stream(params, tokenizer, opts.log)
     found = agreed_latest(ckdir)
     step, cursor = resume_from(found, model, optimizer, scheduler, stream, run, params, opts)
     loop = _Loop(params, opts, seat, model, optimizer, scheduler, ckdir, stream, run)

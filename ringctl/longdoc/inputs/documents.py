@@ -55,6 +55,7 @@ one missing, every record bad) are refused either way: a job with nothing to rea
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -137,6 +138,8 @@ class Document:
     size: int = -1  # a record's text in bytes, measured when listed (-1: a whole file)
     _offset: int = field(default=0, repr=False)  # the record's span (a table: its row index)
     _length: int = field(default=-1, repr=False)
+    # a folder's file: where its path must still lead when read (``input_root`` of the folder)
+    within: str | None = field(default=None, repr=False)
 
     @property
     def key(self) -> str:
@@ -150,18 +153,19 @@ class Document:
     def read_bytes(self) -> bytes:
         """The document's raw bytes. A file gone since listing raises FileNotFoundError; a
         record changed since, a DocumentError."""
+        path = self._path()
         if self.line is None:  # a regular file (a link given is followed to one)
             try:
-                f = open_regular(Path(self.source).resolve())
+                f = open_regular(path)
             except ValueError as err:
                 raise DocumentError(str(err)) from None
             with f:
                 return f.read()
         where = f"{self.source}:{self.line}"
         if self.source.endswith(TABLE_SUFFIXES):
-            record = {self.text_field: table_cell(self.source, self._offset, self.text_field)}
+            record = {self.text_field: table_cell(str(path), self._offset, self.text_field)}
         else:
-            record = parse_record(read_span(self.source, self._offset, self._length), where)
+            record = parse_record(read_span(str(path), self._offset, self._length), where)
         text = record_text(record, where, self.text_field)
         if len(text) != self.size:
             raise DocumentError(
@@ -170,6 +174,18 @@ class Document:
             )
         return text
 
+    def _path(self) -> Path:
+        """The file to read now, resolved (a link given is followed); a folder's file must
+        still lead inside the folder: listing refused links out of it, and a file swapped
+        for such a link after the listing was read through it."""
+        path = Path(self.source).resolve()
+        if self.within is not None and not path.is_relative_to(self.within):
+            raise DocumentError(
+                f"{self.source}: now a link to {path}, outside the input folder (changed "
+                "since it was listed)"
+            )
+        return path
+
     def identity(self) -> dict | None:
         """The document's input identity as it is now (``input_identity`` of its bytes), or
         None when it cannot be read now (gone, or a record changed since it was listed). A
@@ -177,7 +193,7 @@ class Document:
         try:
             if self.line is not None:
                 return input_identity([self.read_bytes()])
-            return input_identity(file_chunks(Path(self.source)))
+            return input_identity(file_chunks(self._path()))
         except (OSError, DocumentError):
             return None
 
@@ -190,7 +206,10 @@ class Document:
 
 
 def suffix_of(path: Path) -> str:
-    return ".jsonl.gz" if path.name.endswith(".jsonl.gz") else path.suffix
+    """The suffix that picks a file's reader, in lower case (BOOK.TXT is a .txt: an input
+    folder's upper-case files were dropped without a word)."""
+    name = path.name.lower()
+    return ".jsonl.gz" if name.endswith(".jsonl.gz") else Path(name).suffix
 
 
 @dataclass
@@ -264,9 +283,10 @@ def _file_documents(path: Path, file_id: str, records: Records) -> list[Document
     return records.documents(path, file_id)
 
 
-def _walk(root: Path, split: str | None, dicts: list[Path]) -> list[Path]:
+def _walk(root: Path, split: str | None, dicts: list[Path], passed: list[str]) -> list[Path]:
     """Every input file below ``root``, sorted by relative path; of a ``save_to_disk``
-    folder, its data files only, in its own order (``dicts`` collects DatasetDict folders)."""
+    folder, its data files only, in its own order (``dicts`` collects DatasetDict folders,
+    ``passed`` the files no reader takes: notes.txt.gz, a .csv; hidden files aside)."""
     found: list[tuple[tuple[str, int], Path]] = []
     folders = [root]
     while folders:
@@ -286,6 +306,8 @@ def _walk(root: Path, split: str | None, dicts: list[Path]) -> list[Path]:
             elif p.is_file() and suffix_of(p) in SUFFIXES:
                 _check_link(p, root)
                 found.append(((p.relative_to(root).as_posix(), 0), p))
+            elif p.is_file():
+                passed.append(str(p))
     return [p for _, p in sorted(found, key=lambda item: item[0])]
 
 
@@ -324,11 +346,44 @@ def check_id(value: str, where: str) -> str:
     return value
 
 
+NOTES_SHOWN = 20  # lines of each kind in a job's log (documents.json lists them all)
+
+
 @dataclass
 class Listing:
     documents: list[Document]
     missing: list[str]
     skipped: list[str] = field(default_factory=list)  # bad records (on_bad_record=skip)
+    passed_over: list[str] = field(default_factory=list)  # files of a folder no reader takes
+
+    def notes(self, shown: int = NOTES_SHOWN) -> list[str]:
+        """What a job's log says of the listing besides its documents: the inputs missing,
+        the bad records skipped, the files passed over (the first ``shown`` of each)."""
+        kinds = (
+            (self.missing, "missing input: {} (on_missing=report: going on with the others)"),
+            (self.skipped, "bad record skipped: {} (on_bad_record=skip)"),
+            (self.passed_over, f"not an input (read are {', '.join(SUFFIXES)}): {{}}"),
+        )
+        out = []
+        for items, line in kinds:
+            out += [line.format(item) for item in items[:shown]]
+            out += [f"... and {len(items) - shown} more"] if len(items) > shown else []
+        return out
+
+
+def listing_signature(documents) -> str:
+    """The documents' identity as a listing gives them, cheaply: each one's key and size in
+    listing order (the order a training run's ``epoch_order`` shuffles), hashed. What the
+    ranks of a job compare (``consensus.agreed_listing``) and a training checkpoint keeps.
+    A document added, removed, renamed, reordered or resized changes it; one edited in place
+    to the same size does not (reading every document again at each resume is what that
+    would take): the one a training resume continues inside is checked by its tokens
+    (``Cursor.held``), the others are read as they are when reached, as in a run never
+    interrupted."""
+    digest = hashlib.sha256()
+    for doc in documents:
+        digest.update(f"{doc.key}\t{doc.nbytes}\n".encode())
+    return f"{len(documents)}:{digest.hexdigest()[:32]}"
 
 
 def list_documents(
@@ -354,12 +409,13 @@ def list_documents(
     docs: list[Document] = []
     missing: list[str] = []
     dicts: list[Path] = []
+    passed: list[str] = []
     for raw in paths:
         path = Path(raw)
         if not path.exists():
             missing.append(str(raw))
         else:
-            docs += _input_documents(path, records, split, dicts)
+            docs += _input_documents(path, records, split, dicts, passed)
     if missing and on_missing == "stop":
         raise MissingInputError(missing)
     if split is not None and not dicts:
@@ -373,18 +429,22 @@ def list_documents(
         if int(max_docs) < 1:  # as inputs that leave no document: a job that reads nothing
             raise DocumentError(f"no document to read: max_docs={max_docs} (at least 1)")
         docs = docs[: int(max_docs)]
-    return Listing(docs, missing, records.skipped)
+    return Listing(docs, missing, records.skipped, passed)
 
 
-def _input_documents(path: Path, records: Records, split, dicts: list[Path]) -> list[Document]:
+def _input_documents(
+    path: Path, records: Records, split, dicts: list[Path], passed: list[str]
+) -> list[Document]:
     """The documents of one input path that exists: a directory, or a file."""
     if path.is_dir():
-        files = _walk(path, split, dicts)
+        files = _walk(path, split, dicts, passed)
         if not files:
             raise DocumentError(f"{path}: no {', '.join(SUFFIXES)} files in this directory")
         docs: list[Document] = []
+        within = str(input_root(path))
         for f in files:
-            docs += _file_documents(f, f.relative_to(path).as_posix(), records)
+            found = _file_documents(f, f.relative_to(path).as_posix(), records)
+            docs += [dataclasses.replace(d, within=within) for d in found]
         return docs
     if suffix_of(path) in SUFFIXES:
         if not path.is_file():  # a FIFO named as an input hung listing, on every rank

@@ -193,7 +193,7 @@ def documents_problems(index: dict, where: str) -> list[str]:
 
 def documents_record(inputs: list[str], listing: Listing) -> dict:
     """documents.json's object: the inputs, the documents listed from them (``describe()``),
-    the inputs missing, and the records skipped (when any)."""
+    the inputs missing, and the records skipped and files passed over (when any)."""
     index = {
         "format": FORMAT,
         "inputs": inputs,
@@ -202,6 +202,8 @@ def documents_record(inputs: list[str], listing: Listing) -> dict:
     }
     if listing.skipped:
         index["skipped_records"] = list(listing.skipped)
+    if listing.passed_over:
+        index["passed_over"] = list(listing.passed_over)  # files of a folder no reader takes
     return index
 
 
