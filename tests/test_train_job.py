@@ -356,3 +356,42 @@ def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypat
     config = load_resolved(job / "config.yaml")
     got = export.gather(job, tmp_path / "b", partial=True, job_config=config)
     assert calls == [4, 6] and got.step == 6 and not got.partial
+
+
+def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
+    """gather found the tokenizer again from the config and copied it beside the weights
+    whatever the run had used: a run that tokenized bytes (an earlier ringctl, with the
+    model directory's tokenizer unread) got the directory's tokenizer, and a tokenizer
+    directory edited since the run was copied as it is now; both exit 0, the exported model
+    then scoring other ids than it was trained on."""
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("the tide goes out. " * 20)
+    model_dir = _model_with_tokenizer(tmp_path)
+    tokenizer = tmp_path / "tokenizer"
+    shutil.copytree(model_dir, tokenizer, ignore=shutil.ignore_patterns("*.safetensors"))
+    job = tmp_path / "job"
+    extra = (f"task.model_path={model_dir}", f"task.tokenizer_path={tokenizer}")
+    assert main(["run", *_args(job, corpus, *extra, "task.max_steps=2")]) == 0
+    assert main(["gather", str(job), "-o", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "model" / "tokenizer.json").is_file()
+
+    state = job / "checkpoints" / "step-0000002" / "train_state.json"
+    record = json.loads(state.read_text())
+    record["run"]["tokenizer_path"] = None  # what a run of bytes recorded
+    state.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 0
+    said = capsys.readouterr()
+    assert "the run tokenized UTF-8 bytes" in said.out
+    assert "Writing model shards" not in said.out + said.err  # transformers' bar
+    assert not (tmp_path / "b" / "model" / "tokenizer.json").exists()
+
+    record["run"]["tokenizer_path"] = str(tokenizer)
+    state.write_text(json.dumps(record))
+    tok = tokenizer / "tokenizer.json"
+    tok.write_text(tok.read_text().replace('"a":', '"A":', 1))
+    assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
+    assert "the tokenizer's files changed since the run" in capsys.readouterr().err

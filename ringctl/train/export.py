@@ -34,6 +34,7 @@ from ..output_dir import (
     recover_killed,
     write_marker,
 )
+from ..text import echo
 from . import checkpoint, metrics
 
 TASK = "train"
@@ -163,7 +164,9 @@ def _write(
     png = _plot(tmp / "loss.png", records)
     files += [png] if png else []
     notes += [] if png else ["loss.png not drawn: pip install 'ringctl[plot]' (matplotlib)"]
-    export_model(found, tmp / "model", _tokenizer_dir(job_config))
+    tokenizer, said = _tokenizer_dir(job_config, found)
+    notes += said
+    export_model(found, tmp / "model", tokenizer)
     files.append("model/")
     loss = records[-1].loss if records else None
     summary = {
@@ -195,7 +198,7 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
     except (ValueError, TypeError, KeyError) as err:
         said = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         raise UserError(naming(path, said, within=found.path)) from None
-    model.save_pretrained(where, safe_serialization=True)
+    _save_quietly(model, where)
     for written in where.iterdir():  # transformers writes the weights 0600 (a shared cluster)
         written.chmod(default_file_mode())
     if tokenizer is not None:
@@ -205,6 +208,20 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
             source = tokenizer / name
             if source.is_file() and not source.is_symlink():
                 shutil.copyfile(source, where / name)
+
+
+def _save_quietly(model, where: Path) -> None:
+    """save_pretrained without transformers' "Writing model shards" bar in gather's output
+    (a carriage-return line among the verb's own)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(where, safe_serialization=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _build(config, path: Path):
@@ -291,11 +308,17 @@ def _model_config(path: Path) -> dict:
     return data
 
 
-def _tokenizer_dir(job_config) -> Path | None:
-    """The job's tokenizer directory (its own tokenizer_path, or the model directory's
-    tokenizer files), or None: UTF-8 bytes (nothing to copy)."""
+def _tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | None, list[str]]:
+    """The tokenizer directory to copy beside the weights (None: the run tokenized UTF-8
+    bytes) and notes. Found by the rule the run used (``resolve_tokenizer_path`` on the
+    job's config, a control file), then held against what the checkpoint recorded: the path
+    the run tokenized with (a run of an earlier ringctl tokenized bytes where this finds the
+    model directory's: nothing is copied, said), and, where the run kept the tokenizer's
+    own identity (a directory beside the model's), its files as they are now: a tokenizer
+    changed since would be copied beside weights trained on other ids, exit 0."""
     if job_config is None:
-        return None
+        return None, []
+    from ..longdoc.model.directory import model_identity
     from ..longdoc.model.load import resolve_model_path
     from ..longdoc.model.tokenize import resolve_tokenizer_path
 
@@ -305,7 +328,31 @@ def _tokenizer_dir(job_config) -> Path | None:
     except ValueError as err:
         raise UserError(f"task.model_path: {err}") from None
     path = resolve_tokenizer_path(task.get("tokenizer_path"), model_path)
-    return Path(path) if path and Path(path).is_dir() else None
+    if not path or not Path(path).is_dir():
+        return None, []
+    run, state = found.state["run"], found.path / checkpoint.TRAIN_STATE
+    used = run.get("tokenizer_path")
+    if used is None:
+        return None, [
+            f"{state}: the run tokenized UTF-8 bytes (run.tokenizer_path null), so the "
+            f"tokenizer at {path} is not copied beside its weights"
+        ]
+    if used != path:
+        raise UserError(
+            f"{state}: the run tokenized with {echo(used)}; the job's config now finds "
+            f"{path} (task.tokenizer_path)"
+        )
+    recorded = run.get("tokenizer")
+    try:
+        now = model_identity(path, weights=False) if recorded is not None else None
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path}: the run's tokenizer cannot be read ({err})") from None
+    if now != recorded:
+        raise UserError(
+            f"{path}: the tokenizer's files changed since the run (sha256 {now}, the run's "
+            f"{recorded}): the weights were trained on the ids of the earlier ones"
+        )
+    return Path(path), []
 
 
 def _plot(path: Path, records) -> str | None:
