@@ -389,6 +389,14 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
     assert "Writing model shards" not in said.out + said.err  # transformers' bar
     assert not (tmp_path / "b" / "model" / "tokenizer.json").exists()
 
+    moved = tmp_path / "elsewhere"  # a checkpoints/ made a link out of the job directory
+    (job / "checkpoints").rename(moved)
+    (job / "checkpoints").symlink_to(moved)
+    assert main(["gather", str(job), "-o", str(tmp_path / "d")]) == 2
+    assert "checkpoints: a link (to " in capsys.readouterr().err
+    (job / "checkpoints").unlink()
+    moved.rename(job / "checkpoints")
+
     record["run"]["tokenizer_path"] = str(tokenizer)
     state.write_text(json.dumps(record))
     tok = tokenizer / "tokenizer.json"

@@ -64,6 +64,10 @@ def recognises(path: Path) -> bool:
 
 
 def _latest(job: JobDir) -> checkpoint.Checkpoint:
+    """The checkpoint ``latest`` names, inside the job directory: a ``checkpoints/`` that is
+    itself a link (the job's processes can make one) led gather to export any folder."""
+    if job.checkpoints.is_symlink():
+        raise UserError(f"{job.checkpoints}: a link (to {job.checkpoints.resolve()}), not a folder")
     try:
         found = checkpoint.CheckpointDir(job.checkpoints).latest()
     except ValueError as err:
