@@ -403,3 +403,29 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
     tok.write_text(tok.read_text().replace('"a":', '"A":', 1))
     assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
     assert "the tokenizer's files changed since the run" in capsys.readouterr().err
+
+
+def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(
+    tmp_path, corpus, capsys
+):
+    """DCP keeps no checksums: one byte flipped in a .distcp (a disk or copy error) was
+    exported as a weight by gather and loaded by a resume, exit 0. checksums.json (every
+    rank hashing its share at the save) is checked before either reads the files."""
+    job = tmp_path / "job"
+    assert main(["run", *_args(job, corpus, "tasks_per_node=2")]) == 0
+    folder = job / "checkpoints" / "step-0000004"
+    sums = json.loads((folder / "checksums.json").read_text())
+    shards = sorted(p.name for p in folder.iterdir() if p.suffix == ".distcp")
+    assert sorted(sums) == [".metadata", *shards] and len(shards) >= 1
+    (job / "checkpoints" / "latest").write_text("step-0000004\n")
+    assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
+    shard = folder / shards[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "b"), "--partial"]) == 2
+    said = f"{shard}: its sha256 is not the one checksums.json recorded at the save"
+    assert said in capsys.readouterr().err
+    assert main(["resume", str(job), "--force", "--follow"]) == 1
+    assert "its sha256 is not the one checksums.json recorded" in capsys.readouterr().err

@@ -345,7 +345,8 @@ def test_clip_is_part_of_the_run_a_checkpoint_records(tmp_path):
 
 def test_publish_syncs_config_and_metrics_before_latest_names_them(tmp_path, monkeypatch):
     """config.json and metrics.jsonl were written without fsync before the rename and
-    ``latest``: a crash could leave a published checkpoint with empty files."""
+    ``latest``: a crash could leave a published checkpoint with empty files (checksums.json
+    likewise)."""
     from ringctl.train.checkpoint import CheckpointDir
 
     synced: list[str] = []
@@ -361,8 +362,9 @@ def test_publish_syncs_config_and_metrics_before_latest_names_them(tmp_path, mon
     staged.mkdir(parents=True)
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1}\n')
-    final = ckdir.publish(staged, 2, {"step": 2}, '{"model_type": "llama"}', 2, metrics)
-    for name in ("config.json", "metrics.jsonl"):
+    sums = {".metadata": "0" * 64}
+    final = ckdir.publish(staged, 2, {"step": 2}, '{"model_type": "llama"}', 2, metrics, sums)
+    for name in ("checksums.json", "config.json", "metrics.jsonl"):
         assert any(s.startswith(f".{name}.") for s in synced), (name, synced)
     assert (final / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert json.loads((final / "config.json").read_text()) == {"model_type": "llama"}

@@ -5,8 +5,9 @@ Layout under the job directory's ``checkpoints/`` (``JobDir.checkpoints``)::
     step-0000100/            torch.distributed.checkpoint (DCP) files of the model and the
                              optimizer, written by every rank; train_state.json (step, data
                              cursor, learning-rate schedule, what the run was configured
-                             with), config.json (the model's) and metrics.jsonl (the run's
-                             history up to this step), written by rank 0
+                             with), config.json (the model's), metrics.jsonl (the run's
+                             history up to this step) and checksums.json (the sha256 of each
+                             DCP file, each rank hashing its share), written by rank 0
     latest                   the name of the newest complete checkpoint ("step-0000100")
 
 A save writes into ``step-NNNNNNN.tmp-<token>`` and becomes ``step-NNNNNNN`` by one rename
@@ -19,11 +20,15 @@ on 8, or unsharded, and the same job resumes on another shape.
 Every name read back (``latest``'s content, folder names) is checked to be a plain
 ``step-NNNNNNN`` (ASCII digits, as ``step_name`` writes it) inside ``checkpoints/``, and
 neither a folder nor a file read is a link: a remote-writable file cannot point a resume at
-another path. The DCP files themselves are read through ``dcp_reader`` (no pickle runs).
+another path. The DCP files themselves are read through ``dcp_reader`` (no pickle runs),
+after their checksums are checked (``verify``): DCP keeps none, and a byte flipped on disk
+was resumed from and exported as a weight, exit 0. A checkpoint written before checksums.json
+existed is read without it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -34,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write, atomic_write_json, fsync_dir
-from ..bounded_read import read_regular
+from ..bounded_read import open_regular, read_regular
 from ..text import echo
 
 STEP_NAME = re.compile(r"step-([0-9]{7,12})")
@@ -42,6 +47,7 @@ TRAIN_STATE = "train_state.json"
 MODEL_CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 LATEST = "latest"
+CHECKSUMS = "checksums.json"  # {DCP file name: sha256}, written by rank 0 at publish
 STATE_KEYS = {"step", "cursor", "scheduler", "run"}
 MAX_POINTER_BYTES = 64
 MAX_STATE_BYTES = 4 << 20
@@ -106,11 +112,19 @@ class CheckpointDir:
         return self.root / f"{step_name(step)}.tmp-{token or uuid.uuid4().hex[:8]}"
 
     def publish(
-        self, staged: Path, step: int, state: dict, model_config: str, keep: int, metrics: Path
+        self,
+        staged: Path,
+        step: int,
+        state: dict,
+        model_config: str,
+        keep: int,
+        metrics: Path,
+        sums: dict[str, str],
     ) -> Path:
-        """Rank 0, after every rank wrote ``staged``: the train state, the model's config and
-        the metrics so far beside it, the rename, ``latest``, and the pruning. Returns the
-        checkpoint's folder."""
+        """Rank 0, after every rank wrote ``staged``: the DCP files' checksums, the train
+        state, the model's config and the metrics so far beside it, the rename, ``latest``,
+        and the pruning. Returns the checkpoint's folder."""
+        atomic_write_json(staged / CHECKSUMS, sums)
         atomic_write_json(staged / TRAIN_STATE, state)
         atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
         if metrics.exists():
@@ -135,6 +149,62 @@ class CheckpointDir:
         for old in self.complete()[:-keep] if keep > 0 else []:
             if old.name != latest:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def dcp_files(folder: Path) -> list[Path]:
+    """The DCP files of a checkpoint folder (``.metadata`` and the ``*.distcp`` shards), by
+    name: what checksums.json covers."""
+    return sorted(
+        (p for p in folder.iterdir() if p.name == ".metadata" or p.name.endswith(".distcp")),
+        key=lambda p: p.name,
+    )
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a regular file, read a block at a time (not through a link)."""
+    digest = hashlib.sha256()
+    with open_regular(path) as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+HASH_BLOCK = 8 << 20
+
+
+def share_sums(folder: Path, rank: int, world: int) -> dict[str, str]:
+    """{name: sha256} of this rank's share of the folder's DCP files (every world-th, from
+    ``rank``): the ranks hash a checkpoint together, each a part, at save and at resume."""
+    return {p.name: file_sha256(p) for p in dcp_files(folder)[rank::world]}
+
+
+def verify(checkpoint: Checkpoint, rank: int = 0, world: int = 1) -> str:
+    """Why this rank's share of the checkpoint's DCP files is not what checksums.json says
+    ("" when it is, or when there is no checksums.json: a checkpoint of an earlier
+    ringctl): a file changed, missing, or not listed there."""
+    path = checkpoint.path / CHECKSUMS
+    if not os.path.lexists(path):
+        return ""
+    try:
+        listed = json.loads(read_regular(path, MAX_STATE_BYTES).decode("utf-8"))
+    except (ValueError, RecursionError) as err:
+        return f"{path}: not readable ({err})"
+    if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
+        return f"{path}: must map each DCP file's name to its sha256"
+    names = [p.name for p in dcp_files(checkpoint.path)]
+    if sorted(listed) != names:
+        return f"{checkpoint.path}: its DCP files ({len(names)}) are not those {path} lists"
+    try:
+        mine = share_sums(checkpoint.path, rank, world)
+    except (OSError, ValueError) as err:  # a file gone, or made a link or a pipe
+        return f"{checkpoint.path}: a DCP file cannot be read ({err})"
+    for name, digest in mine.items():
+        if digest != listed[name]:
+            return (
+                f"{checkpoint.path / name}: its sha256 is not the one {CHECKSUMS} recorded at "
+                "the save (the file changed since: a disk or copy error?)"
+            )
+    return ""
 
 
 def read_train_state(path: Path) -> dict[str, Any]:
@@ -185,10 +255,14 @@ def save(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(staged), process_group=group)
     dist.barrier(group=group)
+    world = dist.get_world_size(group)
+    shares: list = [None] * world
+    dist.all_gather_object(shares, share_sums(staged, dist.get_rank(group), world), group=group)
     final = ckdir.root / step_name(step)
     if dist.get_rank(group) == 0:
         config = model.config.to_json_string() if hasattr(model, "config") else "{}"
-        final = ckdir.publish(staged, step, state, config, keep, metrics)
+        sums = {name: digest for share in shares for name, digest in share.items()}
+        final = ckdir.publish(staged, step, state, config, keep, metrics, sums)
     dist.barrier(group=group)
     return final
 
@@ -197,10 +271,17 @@ def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
     """Every rank: the model's and the optimizer's state from ``checkpoint``, resharded to
     however this job holds them (DCP, read through ``dcp_reader``: its files may be
     hostile). Collective over the job."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from ..longdoc.consensus import agree
     from . import dcp_reader
 
+    error = verify(checkpoint, dist.get_rank(group), dist.get_world_size(group))
+    try:  # every rank refuses alike, whichever share held the changed file
+        agree(error, group)
+    except RuntimeError as err:
+        raise ValueError(str(err)) from None
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp_reader.load(state, checkpoint.path, process_group=group)
@@ -215,6 +296,9 @@ def load_weights(model, checkpoint: Checkpoint) -> None:
 
     from . import dcp_reader
 
+    error = verify(checkpoint)
+    if error:
+        raise ValueError(error)
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # "torch.distributed is disabled ...": it is, on purpose
         warnings.simplefilter("ignore", UserWarning)
