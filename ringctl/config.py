@@ -280,8 +280,12 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         key = getattr(err, "full_key", None) or ""
         raise UserError(f"{_source_of(prepared, key)}: {_describe(err)}") from None
     if missing:
-        keys = ", ".join(missing)
-        source = unfilled.get(missing[0], layers[0][0])
+        sources = {unfilled.get(key, layers[0][0]) for key in missing}
+        source = sources.pop() if len(sources) == 1 else layers[0][0]
+        keys = ", ".join(
+            f"{key} (marked in {unfilled.get(key, layers[0][0])})" if len(sources) > 1 else key
+            for key in missing
+        )
         raise UserError(
             f"{source}: missing mandatory value{'s' if len(missing) > 1 else ''}: {keys} "
             f"(set {'them' if len(missing) > 1 else 'it'} in the file or on the command line, "
@@ -309,8 +313,9 @@ def _marked_unfilled(layers: list[tuple[str, DictConfig]]) -> dict[str, str]:
 
 
 def _given(node: Any, prefix: str):
-    """(key, value) of what a layer gives: a mapping's entries one by one, a list whole."""
-    if isinstance(node, dict) and node:
+    """(key, value) of what a layer gives: a mapping's entries one by one (an empty one
+    gives nothing: merged, it changes nothing), a list whole."""
+    if isinstance(node, dict):
         for key, value in node.items():
             yield from _given(value, _join(prefix, key))
     elif prefix:

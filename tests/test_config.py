@@ -97,6 +97,10 @@ def test_a_value_marked_to_be_given_is_not_replaced_by_the_default(tmp_path):
     cfg = load_job(path, [f"task.inputs={tmp_path}", "task.chunk_size=64", "task.model_path=null"])
     assert (cfg.task.chunk_size, cfg.task.model_path) == (64, None)  # given later: taken
     assert load_job(SMOKE, ["nodes=???", "nodes=2"]).nodes == 2
+    with pytest.raises(UserError, match=r"task\.inputs \(marked in .*job\.yaml\)"):
+        load_job(path, ["task={}", "nodes=???", "task.chunk_size=1", "task.model_path=null"])
+    with pytest.raises(UserError, match=r"job\.yaml: missing mandatory value: task\.inputs"):
+        load_job(path, ["task={}", "task.chunk_size=1", "task.model_path=null"])  # {}: nothing
 
 
 def test_impossible_values_are_refused_before_anything_runs(tmp_path):

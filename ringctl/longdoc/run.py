@@ -378,7 +378,7 @@ class LongDocRun:
         error, listing = "", None
         try:
             listing = params.list_inputs(inputs)
-        except ValueError as err:
+        except (UserError, ValueError, OSError) as err:  # a file gone while walked: OSError
             error = str(err)
         try:  # every rank the same documents (a file arriving meanwhile: timeouts, no word)
             mine = error or listing_signature(listing.documents)

@@ -211,7 +211,7 @@ def sequence_stream(params: TrainParams, tokenizer, log=None) -> tuple[SequenceS
         listing = params.list_inputs(params.input_paths())
         docs, notes = listing.documents, listing.notes()
         mine, refused = listing_signature(docs), False
-    except (UserError, ValueError) as err:  # said on every rank below, not here alone
+    except (UserError, ValueError, OSError) as err:  # said on every rank below, not alone
         docs, mine, refused = [], str(err), True
     listed = agreed_listing(mine, refused=refused)
     for note in notes if log is not None and dist.get_rank() == 0 else ():

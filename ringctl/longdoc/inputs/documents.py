@@ -161,11 +161,13 @@ class Document:
                 raise DocumentError(str(err)) from None
             with f:
                 return f.read()
+        # a record's reader goes by the listed name's suffix (a Hugging Face cache snapshot's
+        # files are links to suffix-less blobs: the resolved path says nothing of the format)
         where = f"{self.source}:{self.line}"
-        if self.source.endswith(TABLE_SUFFIXES):
-            record = {self.text_field: table_cell(str(path), self._offset, self.text_field)}
+        if suffix_of(Path(self.source)) in TABLE_SUFFIXES:
+            record = {self.text_field: table_cell(self.source, self._offset, self.text_field)}
         else:
-            record = parse_record(read_span(str(path), self._offset, self._length), where)
+            record = parse_record(read_span(self.source, self._offset, self._length), where)
         text = record_text(record, where, self.text_field)
         if len(text) != self.size:
             raise DocumentError(

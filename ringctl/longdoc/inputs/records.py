@@ -152,7 +152,7 @@ def file_chunks(path: Path) -> Iterator[bytes]:
 def read_span(source: str, offset: int, length: int) -> bytes:
     """``length`` bytes at ``offset`` of a file (of its inflated stream for ``.gz``)."""
     path = Path(source)
-    if source.endswith(".gz"):
+    if source.lower().endswith(".gz"):  # the listed name's suffix, any case
         try:
             return gzip_reader(path).read(offset, length)
         except GzipError as err:

@@ -187,7 +187,7 @@ def cell_value(pa, scalar):
 
 def _batches(path: Path, pa, pq, wanted: list[str | None], limit: int):
     """(the table's column names, its batches of the wanted columns, each bounded)."""
-    if path.suffix == ".parquet":
+    if path.suffix.lower() == ".parquet":
         names = parquet_file(str(path), path.stat().st_mtime_ns).schema_arrow.names
         columns = [c for c in wanted if c in names]
         return names, _parquet_batches(path, columns, limit)
@@ -518,7 +518,7 @@ def cell(source: str, row: int, column: str, limit: int):
     pa, _ = pyarrow_modules(path)
     version = path.stat().st_mtime_ns
     try:
-        if path.suffix == ".parquet":
+        if path.suffix.lower() == ".parquet":
             values, at = _parquet_values(source, version, row, column, limit)
         else:
             values, at = _ipc_values(pa, source, version, row, column, limit)
