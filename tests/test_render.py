@@ -259,6 +259,13 @@ def _job_dir(tmp_path: Path, overrides: list[str]) -> Path:
     return job_dir
 
 
+def _run_script(job_dir: Path, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The rendered job.sh, run by bash in its directory under the fake Slurm tools."""
+    return subprocess.run(
+        ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
     """The rendered script, executed: probe fails (optional plan), then 2 ranks run the task.
     An exported variable is hostile; nothing it says gets executed."""
@@ -268,9 +275,7 @@ def test_script_runs_the_ring_under_a_fake_srun(tmp_path):
     )
     env = _fake_slurm(tmp_path)
     env["FAKE_FAIL"] = "topo probe"
-    proc = subprocess.run(
-        ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=240
-    )
+    proc = _run_script(job_dir, env)
     assert proc.returncode == 0, (
         proc.stdout
         + proc.stderr
@@ -294,14 +299,7 @@ def test_a_one_rank_script_says_rank_and_status_still_finds_its_srun_lines(tmp_p
     """The script said "starting 1 ranks"; status reads srun's lines after that line, so the
     script's words and its pattern change together (both wordings are read)."""
     job_dir = _job_dir(tmp_path, ["nodes=1", "tasks_per_node=1", "ring.placement=skip"])
-    proc = subprocess.run(
-        ["bash", "job.sh"],
-        cwd=job_dir,
-        env=_fake_slurm(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = _run_script(job_dir, _fake_slurm(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "starting 1 rank;" in proc.stdout and "all 1 rank finished" in proc.stdout
     assert ss.ranks_part(proc.stdout) is not None
@@ -312,9 +310,7 @@ def test_script_fails_clearly_without_a_required_plan(tmp_path):
     job_dir = _job_dir(tmp_path, ["ring.placement=required"])
     env = _fake_slurm(tmp_path)
     env["FAKE_FAIL"] = "topo probe"
-    proc = subprocess.run(
-        ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=60
-    )
+    proc = _run_script(job_dir, env, timeout=60)
     assert proc.returncode == 1
     assert "FAILED: no placement, so no rank was started" in proc.stderr
     assert ss.ranks_part(proc.stdout + proc.stderr) is None
@@ -326,9 +322,7 @@ def test_script_places_the_ring_with_ringctl_topo(tmp_path):
     each rank taking its ring position from placement.json."""
     job_dir = _job_dir(tmp_path, ["ring.placement=required", "tasks_per_node=2"])
     env = _fake_slurm(tmp_path)
-    proc = subprocess.run(
-        ["bash", "job.sh"], cwd=job_dir, env=env, capture_output=True, text=True, timeout=240
-    )
+    proc = _run_script(job_dir, env)
     logs = "".join(p.read_text() for p in sorted((job_dir / "logs").glob("*")) if p.is_file())
     assert proc.returncode == 0, proc.stdout + proc.stderr + logs
     assert "placement written to placement.json" in proc.stdout
@@ -383,14 +377,7 @@ def test_a_job_directory_with_a_comma_is_refused_where_pyxis_mounts_it(tmp_path)
         load_job(SMOKE, ["backend=ssh", "ssh.host=h", "ssh.remote_dir=jobs,/etc", image])
     job_dir = _job_dir(tmp_path, [image])
     odd = job_dir.rename(tmp_path / "job,etc")
-    proc = subprocess.run(
-        ["bash", "job.sh"],
-        cwd=odd,
-        env=_fake_slurm(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _run_script(odd, _fake_slurm(tmp_path), timeout=60)
     assert proc.returncode == 1
     assert "holds ',' or ':', which pyxis reads as --container-mounts separators" in proc.stderr
     assert "starting" not in proc.stdout
