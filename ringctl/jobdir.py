@@ -64,6 +64,9 @@ PLACEMENT = "placement.json"
 LOCK = ".lock"
 SCHEDULE = "schedule.json"
 CHECKPOINTS = "checkpoints"
+# A checkpoint folder's DCP index (torch.distributed.checkpoint's own name): the one dot file
+# that belongs to a job's outputs (the SSH fetch passes over the others).
+DCP_METADATA = ".metadata"
 LOGS, OUT, PROBES, ATTEMPTS = "logs", "out", "probes", "attempts"
 GATHERED = "gathered"
 BATCH_LOG = "logs/batch-{job_id}.out"

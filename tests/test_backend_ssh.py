@@ -222,8 +222,18 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
         (job_dir / "logs" / "escape").symlink_to(tmp_path)  # a local symlink is not entered
         os.makedirs(os.fsencode(remote / "out") + b"/bad-\xff-name", exist_ok=True)
         (remote / "out" / ("n" * 240)).write_text("too long for a temporary suffix")
+        # a checkpoint's DCP index is a dot file: none other comes back (a training job
+        # fetched over SSH could never be gathered without it)
+        (remote / "checkpoints" / "step-0000002").mkdir(parents=True)
+        (remote / "checkpoints" / "step-0000002" / ".metadata").write_bytes(b"dcp")
+        (remote / "checkpoints" / ".metadata").write_bytes(b"not a checkpoint's")
+        (remote / "logs" / ".metadata").write_bytes(b"not a checkpoint's")
         fetched = b.fetch(job_dir)
-    assert sorted(fetched) == [f"logs/batch-{job_id}.out", "out/ok.txt"], fetched
+    assert sorted(fetched) == [
+        "checkpoints/step-0000002/.metadata",
+        f"logs/batch-{job_id}.out",
+        "out/ok.txt",
+    ], fetched
     assert (job_dir / "config.yaml").read_text() == "name: mine\n"
     assert json.loads((job_dir / "job.json").read_text())["backend"] == "ssh"
     assert not (job_dir / "state.json").exists()

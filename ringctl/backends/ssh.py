@@ -47,6 +47,8 @@ from ..bounded_read import read_window
 from ..errors import UserError
 from ..jobdir import (
     ARCHIVED_ON_RESUME,
+    CHECKPOINTS,
+    DCP_METADATA,
     FETCHED_DIRS,
     LOGS,
     PLACEMENT,
@@ -801,7 +803,7 @@ def _walk_remote(sftp, rdir: str, rel: str, depth: int = 0) -> Iterator[tuple[st
     for raw, entry in entries:
         if raw in (b".", b".."):
             continue
-        name = _safe_name(raw)
+        name = DCP_METADATA if _is_dcp_metadata(raw, rel) else _safe_name(raw)
         if name is None:
             _warn(f"skipped the remote file {raw!r} in {rdir}: not a usable name")
             continue
@@ -812,6 +814,14 @@ def _walk_remote(sftp, rdir: str, rel: str, depth: int = 0) -> Iterator[tuple[st
             yield from _walk_remote(sftp, posixpath.join(rdir, name), f"{rel}/{name}", depth + 1)
         elif stat.S_ISREG(mode):  # symlinks and devices never come back
             yield posixpath.join(rdir, name), f"{rel}/{name}"
+
+
+def _is_dcp_metadata(raw: bytes, rel: str) -> bool:
+    """A checkpoint folder's DCP index (checkpoints/step-N/.metadata): a dot file, which
+    names are otherwise refused for, and without which no training job fetched over SSH
+    could be gathered or resumed here."""
+    parts = rel.split("/")
+    return raw == DCP_METADATA.encode() and len(parts) == 2 and parts[0] == CHECKPOINTS
 
 
 def fetch_one(sftp, rpath: str, job_dir: Path, rel: str) -> bool:

@@ -40,6 +40,7 @@ from typing import Any
 
 from ..atomic import atomic_write, atomic_write_json, fsync_dir
 from ..bounded_read import open_regular, read_regular
+from ..jobdir import DCP_METADATA
 from ..text import echo
 
 STEP_NAME = re.compile(r"step-([0-9]{7,12})")
@@ -89,7 +90,7 @@ class CheckpointDir:
         path = self.root / name
         if path.is_symlink() or not (path / TRAIN_STATE).is_file():
             raise ValueError(f"{where}: names {name}, which is missing, incomplete or a link")
-        if not (path / ".metadata").is_file():
+        if not (path / DCP_METADATA).is_file():
             raise ValueError(f"{where}: names {name}, which is missing or incomplete")
         state = read_train_state(path / TRAIN_STATE)
         if state["step"] != int(match.group(1)):
@@ -155,7 +156,7 @@ def dcp_files(folder: Path) -> list[Path]:
     """The DCP files of a checkpoint folder (``.metadata`` and the ``*.distcp`` shards), by
     name: what checksums.json covers."""
     return sorted(
-        (p for p in folder.iterdir() if p.name == ".metadata" or p.name.endswith(".distcp")),
+        (p for p in folder.iterdir() if p.name == DCP_METADATA or p.name.endswith(".distcp")),
         key=lambda p: p.name,
     )
 
