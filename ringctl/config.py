@@ -305,17 +305,20 @@ def _marked_unfilled(layers: list[tuple[str, DictConfig]]) -> dict[str, str]:
     left: dict[str, str] = {}
     for source, layer in layers:
         for key, value in _given(_plain(layer), ""):
-            for below in [k for k in left if k == key or k.startswith(f"{key}.")]:
-                del left[below]
+            empty = isinstance(value, dict)  # `{}`: fills a mark on itself, none below it
+            for marked in list(left):
+                filled_below = key.startswith(f"{marked}.")  # K.x given: mapping K is given
+                if marked == key or filled_below or (marked.startswith(f"{key}.") and not empty):
+                    del left[marked]
             if value == MISSING_VALUE:
                 left[key] = source
     return left
 
 
 def _given(node: Any, prefix: str):
-    """(key, value) of what a layer gives: a mapping's entries one by one (an empty one
-    gives nothing: merged, it changes nothing), a list whole."""
-    if isinstance(node, dict):
+    """(key, value) of what a layer gives: a mapping's entries one by one, an empty mapping
+    as itself (merged, it gives no key below it), a list whole."""
+    if isinstance(node, dict) and (node or not prefix):
         for key, value in node.items():
             yield from _given(value, _join(prefix, key))
     elif prefix:

@@ -101,6 +101,14 @@ def test_a_value_marked_to_be_given_is_not_replaced_by_the_default(tmp_path):
         load_job(path, ["task={}", "nodes=???", "task.chunk_size=1", "task.model_path=null"])
     with pytest.raises(UserError, match=r"job\.yaml: missing mandatory value: task\.inputs"):
         load_job(path, ["task={}", "task.chunk_size=1", "task.model_path=null"])  # {}: nothing
+    # a mapping marked ??? is given by a mapping, or by a key under it
+    mapping = write(tmp_path, "name: a\ntask:\n  name: longdoc\n  model_overrides: ???\n")
+    assert load_job(mapping, ["task.model_overrides={}"]).task.model_overrides == {}
+    given = load_job(mapping, ["task.model_overrides={num_hidden_layers: 1}"])
+    assert given.task.model_overrides == {"num_hidden_layers": 1}
+    assert load_job(mapping, ["task.model_overrides.num_hidden_layers=1"]).task.model_overrides
+    with pytest.raises(UserError, match=r"missing mandatory value: task\.model_overrides"):
+        load_job(mapping)
 
 
 def test_impossible_values_are_refused_before_anything_runs(tmp_path):

@@ -317,6 +317,36 @@ def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys
         abs(a - b) <= TOL * abs(b) for a, b in zip(got, want, strict=True)
     ), got
 
+    # gather copies the model directory's tokenizer, and refuses it edited since the run
+    assert main(["gather", str(job), "-o", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "model" / "tokenizer.json").is_file()
+    tok = model_dir / "tokenizer.json"
+    original = tok.read_text()
+    tok.write_text(original.replace('"a":', '"A":', 1))
+    capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 2
+    assert "the tokenizer's files changed since the run" in capsys.readouterr().err
+    tok.write_text(original)
+    aside = tmp_path / "aside"  # the model directory's tokenizer files gone: not exported
+    aside.mkdir()  # without them (scored on bytes later, exit 0)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model_dir / name).rename(aside / name)
+    assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
+    assert "the run trained with a tokenizer (task.tokenizer_path=" in capsys.readouterr().err
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (aside / name).rename(model_dir / name)
+    # a checkpoint of an earlier ringctl (no byte_tokens: it trained on bytes here) cannot
+    # be resumed into the tokenizer's ids; said so, not as a changed task.tokenizer_path
+    state = job / "checkpoints" / "step-0000002" / "train_state.json"
+    record = json.loads(state.read_text())
+    for key in ("byte_tokens", "tokenizer"):
+        del record["run"][key]
+    state.write_text(json.dumps(record))
+    (job / "checkpoints" / "latest").write_text("step-0000002\n")
+    assert main(["resume", str(job), "--force", "--follow"]) == 1
+    err = capsys.readouterr().err
+    assert "the run trained on UTF-8 bytes, this one would train on a tokenizer's ids" in err
+
 
 def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypatch):
     """A run stopped at step 4 of 6 gathered with exit 0 and a marker saying "partial":
@@ -380,12 +410,12 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
 
     state = job / "checkpoints" / "step-0000002" / "train_state.json"
     record = json.loads(state.read_text())
-    record["run"]["tokenizer_path"] = None  # what a run of bytes recorded
+    record["run"]["byte_tokens"] = True  # what a run of bytes recorded
     state.write_text(json.dumps(record))
     capsys.readouterr()
     assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 0
     said = capsys.readouterr()
-    assert "the run tokenized UTF-8 bytes" in said.out
+    assert "the run trained on UTF-8 bytes: no tokenizer is copied" in " ".join(said.out.split())
     assert "Writing model shards" not in said.out + said.err  # transformers' bar
     assert not (tmp_path / "b" / "model" / "tokenizer.json").exists()
 
@@ -397,12 +427,15 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
     (job / "checkpoints").unlink()
     moved.rename(job / "checkpoints")
 
-    record["run"]["tokenizer_path"] = str(tokenizer)
+    record["run"]["byte_tokens"] = False
     state.write_text(json.dumps(record))
     tok = tokenizer / "tokenizer.json"
     tok.write_text(tok.read_text().replace('"a":', '"A":', 1))
     assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
     assert "the tokenizer's files changed since the run" in capsys.readouterr().err
+    shutil.rmtree(tokenizer)  # gone: refused where the job's config is read
+    assert main(["gather", str(job), "-o", str(tmp_path / "e")]) == 2
+    assert f"task.tokenizer_path: {tokenizer} does not exist" in capsys.readouterr().err
 
 
 def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(

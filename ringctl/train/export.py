@@ -313,18 +313,19 @@ def _model_config(path: Path) -> dict:
 
 
 def _tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | None, list[str]]:
-    """The tokenizer directory to copy beside the weights (None: the run tokenized UTF-8
+    """The tokenizer directory to copy beside the weights (None: the run trained on UTF-8
     bytes) and notes. Found by the rule the run used (``resolve_tokenizer_path`` on the
-    job's config, a control file), then held against what the checkpoint recorded: the path
-    the run tokenized with (a run of an earlier ringctl tokenized bytes where this finds the
-    model directory's: nothing is copied, said), and, where the run kept the tokenizer's
-    own identity (a directory beside the model's), its files as they are now: a tokenizer
-    changed since would be copied beside weights trained on other ids, exit 0."""
+    job's config, a control file), then held against what the checkpoint recorded: whether
+    the run trained on bytes (``run_byte_tokens``: a run of an earlier ringctl did where
+    this finds the model directory's tokenizer: nothing is copied, said), and the tokenizer
+    files' identity where the run kept it: a tokenizer changed or gone since would be copied
+    beside (or missing from) weights trained on other ids, exit 0."""
     if job_config is None:
         return None, []
     from ..longdoc.model.directory import model_identity
     from ..longdoc.model.load import resolve_model_path
     from ..longdoc.model.tokenize import resolve_tokenizer_path
+    from .params import run_byte_tokens
 
     task = job_config.task
     try:  # a reserved name (package:..., bundled:...) as the job's ranks resolved it
@@ -332,19 +333,16 @@ def _tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | Non
     except ValueError as err:
         raise UserError(f"task.model_path: {err}") from None
     path = resolve_tokenizer_path(task.get("tokenizer_path"), model_path)
-    if not path or not Path(path).is_dir():
-        return None, []
     run, state = found.state["run"], found.path / checkpoint.TRAIN_STATE
-    used = run.get("tokenizer_path")
-    if used is None:
-        return None, [
-            f"{state}: the run tokenized UTF-8 bytes (run.tokenizer_path null), so the "
-            f"tokenizer at {path} is not copied beside its weights"
-        ]
-    if used != path:
+    if run_byte_tokens(run):
+        said = f"{state}: the run trained on UTF-8 bytes: no tokenizer is copied beside its weights"
+        return None, [f"{said} (not {path}'s)"] if path else []
+    if not path or not Path(path).is_dir():
         raise UserError(
-            f"{state}: the run tokenized with {echo(used)}; the job's config now finds "
-            f"{path} (task.tokenizer_path)"
+            f"{state}: the run trained with a tokenizer (task.tokenizer_path="
+            f"{echo(task.get('tokenizer_path'))}), which is not found now"
+            + (f" at {path}" if path else "")
+            + ": the weights need its files beside them"
         )
     recorded = run.get("tokenizer")
     try:

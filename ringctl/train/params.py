@@ -119,3 +119,13 @@ class TrainParams(CorpusParams):
             # checkpoint written before it was recorded resumes, with a notice)
             "clip": self.clip,
         }
+
+
+def run_byte_tokens(run: dict) -> bool:
+    """Whether a run (the signature its checkpoints recorded) trained on UTF-8 bytes as ids:
+    its ``byte_tokens``, or, in a checkpoint written before that was recorded, whether it
+    named no tokenizer (``tokenizer_path`` null or "bytes"): training read no model
+    directory's tokenizer then. Resume and gather ask the same question here."""
+    if isinstance(run.get("byte_tokens"), bool):
+        return run["byte_tokens"]
+    return run.get("tokenizer_path") in (None, "bytes")

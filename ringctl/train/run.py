@@ -35,10 +35,11 @@ from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import agreed_listing, any_has
 from ..longdoc.inputs.documents import listing_signature
+from ..longdoc.model.tokenize import ByteTokenizer
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
 from .optim import make_optimizer, make_scheduler, scheduler_state_problem
-from .params import TrainParams
+from .params import TrainParams, run_byte_tokens
 from .step import RingSeat, StepOptions, train_step
 
 
@@ -221,7 +222,8 @@ def sequence_stream(params: TrainParams, tokenizer, log=None) -> tuple[SequenceS
         return tokenizer.encode(docs[i].read_bytes())
 
     stream = SequenceStream(tokens, len(docs), int(params.seq_len), int(params.seed))
-    run = params.run_signature() | {"documents": listed}
+    byte_tokens = isinstance(tokenizer, ByteTokenizer)  # ids are UTF-8 bytes (run_byte_tokens)
+    run = params.run_signature() | {"documents": listed, "byte_tokens": byte_tokens}
     return stream, run | agreed_identity(params)
 
 
@@ -243,15 +245,21 @@ def model_files(params: TrainParams) -> Path:
 
 def files_identity(params: TrainParams) -> dict:
     """{"model": sha256 of the model's config, weights and tokenizer files (or of its JSON
-    config or GGUF file), "tokenizer": the same of ``task.tokenizer_path`` when it is another
-    path} (``longdoc.model.directory.model_identity``, as longdoc's run.json records it)."""
+    config or GGUF file), "tokenizer": the tokenizer files' alone, wherever the run reads a
+    tokenizer folder (the model directory's too: gather checks it without hashing weights)}
+    (``longdoc.model.directory.model_identity``, as longdoc's run.json records it). A GGUF
+    file's tokenizer is the file's own (its "model" identity): its converted folder is
+    made anew with each transformers version, and hashing it would refuse a resume."""
     from ..longdoc.model.directory import model_identity
+    from ..longdoc.model.gguf_file import is_gguf
+    from ..longdoc.model.tokenize import resolve_tokenizer_path
 
     model = model_files(params)
     out = {"model": model_identity(model)}
-    tokenizer = params.tokenizer_path
-    if tokenizer and Path(tokenizer) != model:
-        out["tokenizer"] = model_identity(tokenizer, weights=False)
+    if not is_gguf(params.model_path):
+        tokenizer = resolve_tokenizer_path(params.tokenizer_path, params.model_path)
+        if tokenizer:
+            out["tokenizer"] = model_identity(tokenizer, weights=False)
     return out
 
 
@@ -301,7 +309,7 @@ def resume_from(
     restored to its history."""
     if found is None:
         return 0, Cursor()
-    want, had = run, found.state["run"]
+    want, had = run, found.state["run"] | {"byte_tokens": run_byte_tokens(found.state["run"])}
     unrecorded = sorted(k for k in ADDED_KEYS if k in want and k not in had)
     changed = sorted(k for k in want if want[k] != had.get(k) and k not in unrecorded)
     if changed:
@@ -336,6 +344,18 @@ def _changed_run(found, key: str, want: dict, had: dict, params: TrainParams) ->
             f"{found.path}: the {key} at {setting}={str(path)!r} changed since this run "
             f"trained it: resume continues the same run; put that {key} back or start a new "
             f"job_dir (sha256 of its files {had[key]!r} then, {want[key]!r} now)"
+        )
+    if key == "byte_tokens":
+        earlier = (
+            ": an earlier ringctl trained on bytes although the model directory holds one"
+            if had[key]
+            else ": its files are gone"
+        )
+        then, now = ("UTF-8 bytes", "a tokenizer's ids") if had[key] else ("a tokenizer", "bytes")
+        return (
+            f"{found.path}: the run trained on {then}, this one would train on {now} "
+            f"(task.tokenizer_path={params.tokenizer_path!r}{earlier}): resume continues the "
+            "same run; start a new job_dir (task.tokenizer_path=bytes trains on bytes)"
         )
     what = "the input documents (listed: count and digest)" if key == "documents" else f"task.{key}"
     return (
@@ -374,10 +394,10 @@ def _agree_stop(wanted: bool) -> bool:
 
 
 def run_training(params: TrainParams, opts: TrainOptions) -> TrainSummary:
-    params = dataclasses.replace(params)
-    params.resolve_tokenizer()  # the model directory's tokenizer: it trained on bytes before
+    loaded = dataclasses.replace(params)  # the run's signature keeps the configured value:
+    loaded.resolve_tokenizer()  # a GGUF's converted folder moves with caches and versions
     seat = seat_of(opts)
-    tokenizer, model, _ = prepare_model(params, opts, seat)
+    tokenizer, model, _ = prepare_model(loaded, opts, seat)
     optimizer = make_optimizer(model, lr=params.lr, weight_decay=params.weight_decay)
     scheduler = make_scheduler(
         optimizer,
