@@ -69,3 +69,34 @@ def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_pa
     assert _losses(job) == _losses(whole)
     ours, theirs = _weights(job, tmp_path / "a"), _weights(whole, tmp_path / "b")
     assert all(torch.equal(ours[name], want) for name, want in theirs.items())
+
+
+def test_a_training_job_over_ssh_is_gathered_as_run_here(
+    slurm_cluster,
+    ssh_login,
+    corpus,
+    tmp_path,
+    capsys,  # noqa: F811
+):
+    """Submitted over SSH (sbatch on the "login node", the loopback sshd), the job's
+    checkpoints live only there until gather fetches them: fetch passed over every dot file,
+    DCP's .metadata among them, and no training job run over SSH could be gathered. Its
+    losses and weights equal the same job's on local ranks (one thread each: bitwise)."""
+    from tests.test_e2e_cluster import _ssh_overrides
+
+    steps = ["task.max_steps=4", "task.checkpoint_every=2", "env.vars.OMP_NUM_THREADS=1"]
+    job = submit(
+        capsys,
+        *_args(tmp_path / "job", corpus, "nodes=2", "tasks_per_node=1", *steps),
+        *_ssh_overrides(ssh_login),
+        f"ssh.remote_dir={tmp_path / 'login-node'}",
+        f"slurm.partition={slurm_cluster.partition}",
+    )
+    status = wait_for(lambda: (s := backend_status(job)).state.finished and s, 300, "the end")
+    assert status.state is JobState.COMPLETED, status
+    assert not (job / "checkpoints").exists()  # only on the login node until gather
+    whole = tmp_path / "whole"
+    assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=2", *steps)]) == 0
+    ours, theirs = _weights(job, tmp_path / "a"), _weights(whole, tmp_path / "b")
+    assert all(torch.equal(ours[name], want) for name, want in theirs.items())
+    assert _losses(job) == _losses(whole)
