@@ -74,9 +74,9 @@ def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_pa
 def test_a_training_job_over_ssh_is_gathered_as_run_here(
     slurm_cluster,
     ssh_login,
-    corpus,
+    corpus,  # noqa: F811 - the fixture imported above
     tmp_path,
-    capsys,  # noqa: F811
+    capsys,
 ):
     """Submitted over SSH (sbatch on the "login node", the loopback sshd), the job's
     checkpoints live only there until gather fetches them: fetch passed over every dot file,

@@ -339,6 +339,7 @@ def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys
     # be resumed into the tokenizer's ids; said so, not as a changed task.tokenizer_path
     state = job / "checkpoints" / "step-0000002" / "train_state.json"
     record = json.loads(state.read_text())
+    kept = dict(record["run"])
     for key in ("byte_tokens", "tokenizer"):
         del record["run"][key]
     state.write_text(json.dumps(record))
@@ -346,6 +347,13 @@ def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys
     assert main(["resume", str(job), "--force", "--follow"]) == 1
     err = capsys.readouterr().err
     assert "the run trained on UTF-8 bytes, this one would train on a tokenizer's ids" in err
+    assert "an earlier ringctl trained on bytes" in err
+    # one that trained on the model directory's tokenizer before its files had an identity
+    # of their own resumes: they are in the model's identity, which is compared
+    record["run"] = {k: v for k, v in kept.items() if k != "tokenizer"}
+    state.write_text(json.dumps(record))
+    (job / "checkpoints" / "latest").write_text("step-0000002\n")
+    assert main(["resume", str(job), "--force", "--follow"]) == 0, capsys.readouterr().err
 
 
 def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypatch):
@@ -449,7 +457,7 @@ def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(
     folder = job / "checkpoints" / "step-0000004"
     sums = json.loads((folder / "checksums.json").read_text())
     shards = sorted(p.name for p in folder.iterdir() if p.suffix == ".distcp")
-    assert sorted(sums) == [".metadata", *shards] and len(shards) >= 1
+    assert sorted(sums) == [".metadata", *shards, "config.json"] and len(shards) >= 1
     (job / "checkpoints" / "latest").write_text("step-0000004\n")
     assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
     shard = folder / shards[-1]
@@ -462,3 +470,54 @@ def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(
     assert said in capsys.readouterr().err
     assert main(["resume", str(job), "--force", "--follow"]) == 1
     assert "its sha256 is not the one checksums.json recorded" in capsys.readouterr().err
+    # the model's config is covered too (gather builds the export from it), and removing
+    # checksums.json does not turn the check off
+    later = job / "checkpoints" / "step-0000006"
+    config = later / "config.json"
+    config.write_text(config.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 0.1'))
+    (job / "checkpoints" / "latest").write_text("step-0000006\n")
+    assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
+    assert f"{config}: its sha256 is not the one" in capsys.readouterr().err
+    (later / "checksums.json").unlink()
+    assert main(["gather", str(job), "-o", str(tmp_path / "d")]) == 2
+    assert (
+        "checksums.json: missing (this checkpoint was written with one)" in capsys.readouterr().err
+    )
+
+
+def test_each_rank_hashes_the_files_it_wrote(tmp_path):
+    """At the save every rank hashed every world-th file by name, which for DCP's names
+    (".metadata" first, "__10_0" before "__2_0") was never its own: every save read the
+    others' shards back over the network. Each hashes its own now, rank 0 the rest."""
+    from ringctl.train.checkpoint import written_sums
+
+    for name in (".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "x.distcp"):
+        (tmp_path / name).write_bytes(name.encode())
+    got = [sorted(written_sums(tmp_path, rank, 3)) for rank in range(3)]
+    assert got == [[".metadata", "__0_0.distcp", "x.distcp"], ["__1_0.distcp"], ["__2_0.distcp"]]
+
+
+def test_a_gguf_model_s_tokenizer_changed_since_the_run_is_refused_at_gather(
+    tmp_path, capsys, monkeypatch
+):
+    """A GGUF file's tokenizer is the file's own, so the run records no tokenizer identity
+    of its own: gather checked nothing and exported the rewritten file's tokenizer (its
+    add_bos_token gone), exit 0. The file's "model" identity stands for it now."""
+    pytest.importorskip("gguf")
+    from tests.gguf_models import write_tiny_gguf
+
+    monkeypatch.setenv("RINGCTL_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("the tide goes out. " * 9)
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", add_bos=True)
+    job = tmp_path / "job"
+    args = _args(job, corpus, f"task.model_path={gguf}", "task.max_steps=2", "tasks_per_node=1")
+    assert main(["run", *args]) == 0
+    assert main(["gather", str(job), "-o", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "model" / "tokenizer.json").is_file()
+    write_tiny_gguf(gguf, add_bos=False)
+    capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{gguf}: the GGUF file (its tokenizer's source): the tokenizer's files changed" in err

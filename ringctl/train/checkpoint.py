@@ -122,12 +122,16 @@ class CheckpointDir:
         metrics: Path,
         sums: dict[str, str],
     ) -> Path:
-        """Rank 0, after every rank wrote ``staged``: the DCP files' checksums, the train
-        state, the model's config and the metrics so far beside it, the rename, ``latest``,
-        and the pruning. Returns the checkpoint's folder."""
+        """Rank 0, after every rank wrote ``staged``: the model's config, the checksums of it
+        and of the DCP files (``sums``: the ranks' own), the train state and the metrics so
+        far beside it, the rename, ``latest``, and the pruning. Returns the folder."""
+        atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
+        sums = {**sums, MODEL_CONFIG: file_sha256(staged / MODEL_CONFIG)}
+        missing = sorted({p.name for p in covered_files(staged)} - set(sums))
+        if missing:  # a rank's listing missed a file: it could never be resumed from
+            raise ValueError(f"{staged}: no rank hashed {', '.join(missing)}")
         atomic_write_json(staged / CHECKSUMS, sums)
         atomic_write_json(staged / TRAIN_STATE, state)
-        atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
         if metrics.exists():
             atomic_write(staged / METRICS, metrics.read_bytes())
         fsync_dir(staged)  # their entries too, before the rename and latest
@@ -152,13 +156,12 @@ class CheckpointDir:
                 shutil.rmtree(old, ignore_errors=True)
 
 
-def dcp_files(folder: Path) -> list[Path]:
-    """The DCP files of a checkpoint folder (``.metadata`` and the ``*.distcp`` shards), by
-    name: what checksums.json covers."""
-    return sorted(
-        (p for p in folder.iterdir() if p.name == DCP_METADATA or p.name.endswith(".distcp")),
-        key=lambda p: p.name,
-    )
+def covered_files(folder: Path) -> list[Path]:
+    """What checksums.json covers, by name: the DCP files (``.metadata``, the ``*.distcp``
+    shards) and config.json (gather builds the exported model from it)."""
+    names = (DCP_METADATA, MODEL_CONFIG)
+    found = (p for p in folder.iterdir() if p.name in names or p.name.endswith(".distcp"))
+    return sorted(found, key=lambda p: p.name)
 
 
 def file_sha256(path: Path) -> str:
@@ -173,32 +176,49 @@ def file_sha256(path: Path) -> str:
 HASH_BLOCK = 8 << 20
 
 
+def written_sums(folder: Path, rank: int, world: int) -> dict[str, str]:
+    """At the save, {name: sha256} of the DCP files this rank wrote (DCP names a rank's
+    shards ``__<rank>_<n>.distcp``; rank 0 also the ``.metadata`` it wrote and any file no
+    rank's name claims): read back from the writer's own page cache, not over the network."""
+    mine = f"__{rank}_"
+    ours = tuple(f"__{r}_" for r in range(world))
+    chosen = [
+        p
+        for p in covered_files(folder)
+        if p.name.startswith(mine) or rank == 0 and not p.name.startswith(ours)
+    ]
+    return {p.name: file_sha256(p) for p in chosen if p.name != MODEL_CONFIG}
+
+
 def share_sums(folder: Path, rank: int, world: int) -> dict[str, str]:
-    """{name: sha256} of this rank's share of the folder's DCP files (every world-th, from
-    ``rank``): the ranks hash a checkpoint together, each a part, at save and at resume."""
-    return {p.name: file_sha256(p) for p in dcp_files(folder)[rank::world]}
+    """{name: sha256} of this rank's share of the covered files (every world-th, from
+    ``rank``): the ranks of a resume check a checkpoint together, each a part."""
+    return {p.name: file_sha256(p) for p in covered_files(folder)[rank::world]}
 
 
 def verify(checkpoint: Checkpoint, rank: int = 0, world: int = 1) -> str:
-    """Why this rank's share of the checkpoint's DCP files is not what checksums.json says
-    ("" when it is, or when there is no checksums.json: a checkpoint of an earlier
-    ringctl): a file changed, missing, or not listed there."""
+    """Why this rank's share of the checkpoint's files is not what checksums.json says ("":
+    it is). A checkpoint of an earlier ringctl has none (read as it is); one whose run
+    recorded ``byte_tokens`` was written with it (the same release), so its absence is a
+    file removed, which is refused: deleting it turned the check off."""
     path = checkpoint.path / CHECKSUMS
     if not os.path.lexists(path):
+        if "byte_tokens" in checkpoint.state.get("run", {}):
+            return f"{path}: missing (this checkpoint was written with one)"
         return ""
     try:
         listed = json.loads(read_regular(path, MAX_STATE_BYTES).decode("utf-8"))
     except (ValueError, RecursionError) as err:
         return f"{path}: not readable ({err})"
     if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
-        return f"{path}: must map each DCP file's name to its sha256"
-    names = [p.name for p in dcp_files(checkpoint.path)]
+        return f"{path}: must map each covered file's name to its sha256"
+    names = [p.name for p in covered_files(checkpoint.path)]
     if sorted(listed) != names:
-        return f"{checkpoint.path}: its DCP files ({len(names)}) are not those {path} lists"
+        return f"{checkpoint.path}: its files ({', '.join(names)}) are not those {path} lists"
     try:
         mine = share_sums(checkpoint.path, rank, world)
     except (OSError, ValueError) as err:  # a file gone, or made a link or a pipe
-        return f"{checkpoint.path}: a DCP file cannot be read ({err})"
+        return f"{checkpoint.path}: a checkpoint file cannot be read ({err})"
     for name, digest in mine.items():
         if digest != listed[name]:
             return (
@@ -258,7 +278,7 @@ def save(
     dist.barrier(group=group)
     world = dist.get_world_size(group)
     shares: list = [None] * world
-    dist.all_gather_object(shares, share_sums(staged, dist.get_rank(group), world), group=group)
+    dist.all_gather_object(shares, written_sums(staged, dist.get_rank(group), world), group=group)
     final = ckdir.root / step_name(step)
     if dist.get_rank(group) == 0:
         config = model.config.to_json_string() if hasattr(model, "config") else "{}"

@@ -323,6 +323,7 @@ def _tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | Non
     if job_config is None:
         return None, []
     from ..longdoc.model.directory import model_identity
+    from ..longdoc.model.gguf_file import is_gguf
     from ..longdoc.model.load import resolve_model_path
     from ..longdoc.model.tokenize import resolve_tokenizer_path
     from .params import run_byte_tokens
@@ -344,14 +345,20 @@ def _tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | Non
             + (f" at {path}" if path else "")
             + ": the weights need its files beside them"
         )
-    recorded = run.get("tokenizer")
+    # a GGUF file's tokenizer is the file's own: its "model" identity stands for it
+    gguf = is_gguf(model_path)
+    recorded = run.get("model") if gguf else run.get("tokenizer")
     try:
-        now = model_identity(path, weights=False) if recorded is not None else None
+        if recorded is None:
+            now = None
+        else:
+            now = model_identity(model_path) if gguf else model_identity(path, weights=False)
     except (OSError, ValueError) as err:
         raise UserError(f"{path}: the run's tokenizer cannot be read ({err})") from None
     if now != recorded:
+        what = f"{model_path}: the GGUF file (its tokenizer's source)" if gguf else path
         raise UserError(
-            f"{path}: the tokenizer's files changed since the run (sha256 {now}, the run's "
+            f"{what}: the tokenizer's files changed since the run (sha256 {now}, the run's "
             f"{recorded}): the weights were trained on the ids of the earlier ones"
         )
     return Path(path), []

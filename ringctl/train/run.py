@@ -263,6 +263,16 @@ def files_identity(params: TrainParams) -> dict:
     return out
 
 
+def _tokenizer_in_model(params: TrainParams) -> bool:
+    """Whether the job tokenizes with the model directory's own tokenizer files."""
+    from ..longdoc.model.tokenize import resolve_tokenizer_path
+
+    if not params.model_path or not Path(params.model_path).is_dir():
+        return False
+    found = resolve_tokenizer_path(params.tokenizer_path, params.model_path)
+    return found is not None and Path(found).resolve() == Path(params.model_path).resolve()
+
+
 def agreed_identity(params: TrainParams) -> dict:
     """``files_identity``, read by rank 0 alone (the weights are read once more: their size
     at disk speed) and given to every rank, so every rank checks a resume against the same
@@ -309,9 +319,14 @@ def resume_from(
     restored to its history."""
     if found is None:
         return 0, Cursor()
-    want, had = run, found.state["run"] | {"byte_tokens": run_byte_tokens(found.state["run"])}
+    recorded = found.state["run"]
+    want, had = run, recorded | {"byte_tokens": run_byte_tokens(recorded)}
     unrecorded = sorted(k for k in ADDED_KEYS if k in want and k not in had)
-    changed = sorted(k for k in want if want[k] != had.get(k) and k not in unrecorded)
+    # the model directory's tokenizer, in a checkpoint from before its files had an identity
+    # of their own: they are in the model's (IDENTITY_FILES), which is compared
+    covered = {"tokenizer"} if "tokenizer" not in had and _tokenizer_in_model(params) else set()
+    skipped = {*unrecorded, *covered}
+    changed = sorted(k for k in want if want[k] != had.get(k) and k not in skipped)
     if changed:
         settings = [k for k in changed if k not in IDENTITY_KEYS]  # named first
         raise ValueError(_changed_run(found, (settings or changed)[0], want, had, params))
@@ -346,11 +361,10 @@ def _changed_run(found, key: str, want: dict, had: dict, params: TrainParams) ->
             f"job_dir (sha256 of its files {had[key]!r} then, {want[key]!r} now)"
         )
     if key == "byte_tokens":
-        earlier = (
-            ": an earlier ringctl trained on bytes although the model directory holds one"
-            if had[key]
-            else ": its files are gone"
-        )
+        if "byte_tokens" not in found.state["run"]:  # derived: run_byte_tokens
+            earlier = ": an earlier ringctl trained on bytes although the model directory holds one"
+        else:
+            earlier = ": tokenizer files appeared" if had[key] else ": its files are gone"
         then, now = ("UTF-8 bytes", "a tokenizer's ids") if had[key] else ("a tokenizer", "bytes")
         return (
             f"{found.path}: the run trained on {then}, this one would train on {now} "
