@@ -223,14 +223,19 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
         os.makedirs(os.fsencode(remote / "out") + b"/bad-\xff-name", exist_ok=True)
         (remote / "out" / ("n" * 240)).write_text("too long for a temporary suffix")
         # a checkpoint's DCP index is a dot file: none other comes back (a training job
-        # fetched over SSH could never be gathered without it)
-        (remote / "checkpoints" / "step-0000002").mkdir(parents=True)
-        (remote / "checkpoints" / "step-0000002" / ".metadata").write_bytes(b"dcp")
+        # fetched over SSH could never be gathered without it). Of checkpoints/, the folder
+        # `latest` names, then `latest` (not the pruned or staging folders: a gather
+        # --partial of a running job read half folders, or a latest naming none here)
+        for name in ("step-0000001", "step-0000002", "step-0000003.tmp-feedface"):
+            (remote / "checkpoints" / name).mkdir(parents=True)
+            (remote / "checkpoints" / name / ".metadata").write_bytes(b"dcp")
+        (remote / "checkpoints" / "latest").write_text("step-0000002\n")
         (remote / "checkpoints" / ".metadata").write_bytes(b"not a checkpoint's")
         (remote / "logs" / ".metadata").write_bytes(b"not a checkpoint's")
         fetched = b.fetch(job_dir)
-    assert sorted(fetched) == [
-        "checkpoints/step-0000002/.metadata",
+    checkpoints = [f for f in fetched if f.startswith("checkpoints/")]
+    assert checkpoints == ["checkpoints/step-0000002/.metadata", "checkpoints/latest"]
+    assert sorted(f for f in fetched if f not in checkpoints) == [
         f"logs/batch-{job_id}.out",
         "out/ok.txt",
     ], fetched

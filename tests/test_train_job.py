@@ -521,3 +521,19 @@ def test_a_gguf_model_s_tokenizer_changed_since_the_run_is_refused_at_gather(
     assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"{gguf}: the GGUF file (its tokenizer's source): the tokenizer's files changed" in err
+
+
+def test_a_checksums_file_of_the_dcp_files_alone_still_verifies(tmp_path):
+    """checksums.json first covered the DCP files alone; once config.json was covered too,
+    every checkpoint written before (a job running across the upgrade) was refused as if
+    corrupt: 'its files ... are not those checksums.json lists'."""
+    from ringctl.train.checkpoint import Checkpoint, file_sha256, verify
+
+    for name in (".metadata", "__0_0.distcp", "config.json"):
+        (tmp_path / name).write_bytes(name.encode())
+    sums = {n: file_sha256(tmp_path / n) for n in (".metadata", "__0_0.distcp")}
+    (tmp_path / "checksums.json").write_text(json.dumps(sums))
+    found = Checkpoint(tmp_path, 1, {"run": {"byte_tokens": True}})
+    assert verify(found) == ""
+    (tmp_path / "__0_0.distcp").write_bytes(b"changed")
+    assert "__0_0.distcp: its sha256 is not the one" in verify(found)

@@ -637,11 +637,33 @@ class SSHBackend(SlurmBackend):
         # a Slurm requeue kept exist only on the login node), then placement.json
         for top in FETCHED_DIRS:
             rdir = posixpath.join(remote, top)
-            if _top_entry_is(sftp, rdir, stat.S_ISDIR, f"{top}/", "a directory"):
+            if not _top_entry_is(sftp, rdir, stat.S_ISDIR, f"{top}/", "a directory"):
+                continue
+            if top == CHECKPOINTS:
+                yield from self._newest_checkpoint(rdir)
+            else:
                 yield from _walk_remote(sftp, rdir, top)
         rpath = posixpath.join(remote, PLACEMENT)
         if _top_entry_is(sftp, rpath, stat.S_ISREG, PLACEMENT, "a regular file"):
             yield rpath, PLACEMENT
+
+    def _newest_checkpoint(self, rdir: str) -> Iterator[tuple[str, str]]:
+        """Of checkpoints/: the folder ``latest`` names, then ``latest`` itself, last (it
+        names a folder already here). Every folder ever fetched came back before (the job
+        prunes them; one pruned mid-copy arrived half, the staging folders too), and
+        ``latest``, fetched first, could name a folder published after the listing: a
+        gather --partial of a running job failed, or read a half folder."""
+        from ..train.checkpoint import LATEST, STEP_NAME
+
+        latest = posixpath.join(rdir, LATEST)
+        raw = self.shell.read_from(latest, 0, limit=64) or b""
+        name = raw.decode("utf-8", errors="replace").strip()
+        if not STEP_NAME.fullmatch(name):
+            return  # none yet, or not a name (gather says so of the local copy)
+        yield from _walk_remote(
+            self.shell.sftp, posixpath.join(rdir, name), f"{CHECKPOINTS}/{name}"
+        )
+        yield latest, f"{CHECKPOINTS}/{LATEST}"
 
 
 def _replace_remote(sftp, local: Path, remote: str) -> None:
