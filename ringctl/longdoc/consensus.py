@@ -6,10 +6,14 @@ forever): each contributes its view through one small collective, and all act on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..errors import UserError
+from .inputs.documents import Listing, listing_signature
 
 
 def agree(error: str, group) -> None:
@@ -26,34 +30,41 @@ def agree(error: str, group) -> None:
             raise RuntimeError(e if r == dist.get_rank(group) else f"rank {r}: {e}")
 
 
-def agreed_listing(signature: str, *, refused: bool = False, group=None) -> str:
-    """``signature`` (this rank's ``listing_signature``) once every rank of ``group`` has the
-    same. Each rank lists the inputs on its own, and ranks that saw different documents (a
-    file still arriving, a shared filesystem's cached listing) packed different training
-    streams and divided by different token counts, the job ending well; a scoring job's ranks
-    waited for each other in different documents until the collective timeout. Gathered
-    from every rank, so every rank refuses alike, in the same words (none waits for the
-    others). ``refused``: this rank's
-    listing failed and ``signature`` is why (no documents, an unreadable input); raised on
-    every rank, where a rank that refused alone left the others waiting in the gather."""
+def agreed_inputs(list_inputs: Callable[[], Listing], group=None) -> tuple[Listing, str]:
+    """(this rank's listing, its ``listing_signature``) once every rank of ``group`` listed
+    the same documents. Each rank lists the inputs on its own, and ranks that saw different
+    documents (a file still arriving, a shared filesystem's cached listing) packed different
+    training streams and divided by different token counts, the job ending well; a scoring
+    job's ranks waited for each other in different documents until the collective timeout.
+    Gathered from every rank, so every rank refuses alike (ValueError), in the same words:
+    a listing that failed on one rank (no documents, an unreadable input, a file removed
+    while its folder was walked) is raised on every rank, where a rank that refused alone
+    left the others waiting in the gather. The one rule of both jobs."""
+    try:
+        listing = list_inputs()
+        mine, refused = listing_signature(listing.documents), False
+    except (UserError, ValueError, OSError) as err:
+        listing, mine, refused = None, str(err), True
     said: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(said, (refused, signature), group=group)
-    refused = next(((r, s) for r, (no, s) in enumerate(said) if no), None)
-    if refused is not None:
-        raise ValueError(f"rank {refused[0]}: {refused[1]}")
-    said = [s for _, s in said]
-    other = next((r for r, s in enumerate(said) if s != said[0]), None)
+    dist.all_gather_object(said, (refused, mine), group=group)
+    failed = next(((r, s) for r, (no, s) in enumerate(said) if no), None)
+    if failed is not None:
+        raise ValueError(f"rank {failed[0]}: {failed[1]}")
+    signatures = [s for _, s in said]
+    other = next((r for r, s in enumerate(signatures) if s != signatures[0]), None)
     if other is None:
-        return signature
+        assert listing is not None
+        return listing, mine
 
     def count(sig: str) -> str:
         return sig.split(":", 1)[0]
 
+    first, theirs = signatures[0], signatures[other]
     raise ValueError(
         f"the ranks listed different input documents (task.inputs): rank 0 "
-        f"{count(said[0])} documents ({said[0]}), rank {other} {count(said[other])} "
-        f"({said[other]}): the inputs changed while the job started (a file still arriving, "
-        "a shared filesystem's cached listing); run it again once they are complete"
+        f"{count(first)} documents ({first}), rank {other} {count(theirs)} ({theirs}): the "
+        "inputs changed while the job started (a file still arriving, a shared filesystem's "
+        "cached listing); run it again once they are complete"
     )
 
 

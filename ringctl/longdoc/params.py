@@ -111,14 +111,19 @@ class CorpusParams(TaskParams):
                 pass  # problems() names it
         self.layout = self.layout or "zigzag"
 
-    def resolve_tokenizer(self) -> None:
-        """On the ranks, before the model is loaded: ``tokenizer_path`` becomes the directory
-        the job tokenizes with (the model directory's tokenizer files, or a GGUF file's
-        converted directory, where it names none; None: UTF-8 bytes). The scoring and the
-        training job both; not at load (a GGUF file is converted on first use)."""
+    def tokenizer_dir(self) -> str | None:
+        """The directory the job tokenizes with (``tokenizer_path``, else the model
+        directory's tokenizer files, or a GGUF file's converted directory, made on first
+        use; None: UTF-8 bytes): the one rule of the scoring and the training job, asked on
+        the ranks (not at load)."""
         from .model.tokenize import resolve_tokenizer_path
 
-        self.tokenizer_path = resolve_tokenizer_path(self.tokenizer_path, self.model_path)
+        return resolve_tokenizer_path(self.tokenizer_path, self.model_path)
+
+    def resolve_tokenizer(self) -> None:
+        """On the ranks, before the model is loaded: ``tokenizer_path`` becomes
+        ``tokenizer_dir()``."""
+        self.tokenizer_path = self.tokenizer_dir()
 
     def choices(self) -> dict[str, tuple]:
         """{key: its allowed values} (a job's class adds its own)."""

@@ -49,14 +49,8 @@ from ..errors import UserError
 from ..progress import ring_record
 from ..rings import RingGroups
 from .compute.scoring import ShardResult, comm_device, run_task
-from .consensus import agree, agreed_listing, any_has, document_verdict
-from .inputs.documents import (
-    Document,
-    DocumentError,
-    Listing,
-    input_identity,
-    listing_signature,
-)
+from .consensus import agree, agreed_inputs, any_has, document_verdict
+from .inputs.documents import Document, DocumentError, Listing, input_identity
 from .model.compat import window_refusal
 from .model.directory import model_identity
 from .model.load import attention_layers, bundled_config_path, load_model, resolve_model_path
@@ -375,17 +369,10 @@ class LongDocRun:
         """Step 1, listing: the documents, agreed on every rank; rank 0 records run and list."""
         params, job = self.params, self.job
         inputs = params.input_paths()
-        error, listing = "", None
-        try:
-            listing = params.list_inputs(inputs)
-        except (UserError, ValueError, OSError) as err:  # a file gone while walked: OSError
-            error = str(err)
         try:  # every rank the same documents (a file arriving meanwhile: timeouts, no word)
-            mine = error or listing_signature(listing.documents)
-            agreed_listing(mine, refused=bool(error), group=job.group)
+            listing, _ = agreed_inputs(lambda: params.list_inputs(inputs), group=job.group)
         except ValueError as err:
             raise RuntimeError(str(err)) from None
-        assert listing is not None
         try:
             error = other_run(self.store.root, self.run_signature())
         except RuntimeError as err:  # the model's files: every rank hears it

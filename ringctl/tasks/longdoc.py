@@ -74,7 +74,7 @@ def _longer_than(p: CorpusParams, docs: list, limit: int) -> tuple[list[tuple], 
     byte), so only documents past that bound are tokenised. One that cannot be read now is
     left out (the job names it when it runs)."""
     from ..longdoc.inputs.documents import DocumentError
-    from ..longdoc.model.tokenize import load_tokenizer, resolve_tokenizer_path
+    from ..longdoc.model.tokenize import load_tokenizer
 
     tokenizer, found, budget = None, [], CONTEXT_CHECK_BYTES
     for i, doc in enumerate(docs):
@@ -87,7 +87,7 @@ def _longer_than(p: CorpusParams, docs: list, limit: int) -> tuple[list[tuple], 
         if len(raw.decode("utf-8", "replace").encode("utf-8")) + SLACK <= limit:
             continue
         if tokenizer is None:  # loaded only when a document needs it
-            tokenizer = load_tokenizer(resolve_tokenizer_path(p.tokenizer_path, p.model_path))
+            tokenizer = load_tokenizer(p.tokenizer_dir())
         budget -= len(raw)
         n = int(tokenizer.encode(raw).numel())
         if n > limit:
@@ -181,7 +181,7 @@ class CorpusTask(Task):
         from ..longdoc.model.compat import config_refusal, read_model_config
         from ..longdoc.model.directory import check_model_directory
         from ..longdoc.model.overrides import merge, problem
-        from ..longdoc.model.tokenize import TOKENIZER_FILES, resolve_tokenizer_path
+        from ..longdoc.model.tokenize import TOKENIZER_FILES
 
         try:
             raw = read_model_config(p.model_path)
@@ -195,7 +195,7 @@ class CorpusTask(Task):
         if why:
             raise bad("task.model_path", why)
         vocab = (config.get("text_config") or config).get("vocab_size")
-        tokenizer = resolve_tokenizer_path(p.tokenizer_path, p.model_path)
+        tokenizer = p.tokenizer_dir()
         if tokenizer is None and vocab is not None and int(vocab) != 256:
             where = "has no tokenizer files" if p.model_path else "is the bundled byte model"
             raise bad(

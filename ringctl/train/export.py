@@ -92,9 +92,9 @@ def gather(
     target.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(PRUNED_RETRIES + 1):
         found = _latest(job)
-        unfinished = _check_finished(found, job_config, partial=partial)
+        left = _steps_left(found, job_config, partial=partial)
         try:
-            return _write_whole(target, job, found, job_config, force, unfinished, notes)
+            return _write_whole(target, job, found, job_config, force, left, notes)
         except (UserError, OSError):
             if attempt == PRUNED_RETRIES or _latest(job).step == found.step:
                 raise
@@ -117,19 +117,20 @@ def replaces_partial(job_dir, out) -> bool:
 PRUNED_RETRIES = 3
 
 
-def _check_finished(found: checkpoint.Checkpoint, job_config, *, partial: bool) -> bool:
-    """Whether ``found`` comes before the run's last step (task.max_steps); refused unless
-    ``partial``: a stopped or running job's model looked final (summary.json, marker)."""
+def _steps_left(found: checkpoint.Checkpoint, job_config, *, partial: bool) -> int:
+    """How many steps of the run (task.max_steps) come after ``found`` (0: none, or no
+    config to tell); more than 0 is refused unless ``partial``: a stopped or running job's
+    model looked final (summary.json, marker)."""
     max_steps = _max_steps(job_config)
     if max_steps is None or found.step >= max_steps:
-        return False
+        return 0
     if not partial:
         raise UserError(
             f"{found.path}: the newest checkpoint is step {found.step} of the run's "
             f"{max_steps} (task.max_steps): the run has not finished; --partial writes this "
             "one, marked partial"
         )
-    return True
+    return max_steps - found.step
 
 
 def _max_steps(job_config) -> int | None:
@@ -137,12 +138,12 @@ def _max_steps(job_config) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _write_whole(target: Path, job: JobDir, found, job_config, force, unfinished, notes):
+def _write_whole(target: Path, job: JobDir, found, job_config, force, left: int, notes):
     with beside(target):
         tmp = new_output_dir(target)
         try:
-            files, loss, more = _write(tmp, job, found, job_config, unfinished)
-            write_marker(tmp, job.path, TASK, partial=unfinished)
+            files, loss, more = _write(tmp, job, found, job_config, left > 0)
+            write_marker(tmp, job.path, TASK, partial=left > 0)
             check_target(target, job.path, force=force)
             put_in_place(tmp, target)
         except BaseException as err:
@@ -150,7 +151,6 @@ def _write_whole(target: Path, job: JobDir, found, job_config, force, unfinished
             if isinstance(err, OSError):
                 raise with_filename(err, target) from None
             raise
-    left = _max_steps(job_config) - found.step if unfinished else 0
     return TrainGather(target, found.step, loss, files, notes + more, left)
 
 

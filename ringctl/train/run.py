@@ -29,12 +29,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import UserError
 from ..jobdir import JobDir
 from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
-from ..longdoc.consensus import agreed_listing, any_has
-from ..longdoc.inputs.documents import listing_signature
+from ..longdoc.consensus import agreed_inputs, any_has
 from ..longdoc.model.tokenize import ByteTokenizer
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
@@ -207,15 +205,9 @@ def sequence_stream(params: TrainParams, tokenizer, log=None) -> tuple[SequenceS
     """The run's sequence stream and its signature: what a checkpoint records and a resume
     must match (``params.run_signature``, the documents' ``listing_signature``, and the
     model's and tokenizer's files: ``agreed_identity``)."""
-    notes: list[str] = []
-    try:
-        listing = params.list_inputs(params.input_paths())
-        docs, notes = listing.documents, listing.notes()
-        mine, refused = listing_signature(docs), False
-    except (UserError, ValueError, OSError) as err:  # said on every rank below, not alone
-        docs, mine, refused = [], str(err), True
-    listed = agreed_listing(mine, refused=refused)
-    for note in notes if log is not None and dist.get_rank() == 0 else ():
+    listing, listed = agreed_inputs(lambda: params.list_inputs(params.input_paths()))
+    docs = listing.documents
+    for note in listing.notes() if log is not None and dist.get_rank() == 0 else ():
         log(note)  # missing inputs, skipped records, files no reader takes
 
     def tokens(i: int) -> torch.Tensor:
@@ -252,12 +244,11 @@ def files_identity(params: TrainParams) -> dict:
     made anew with each transformers version, and hashing it would refuse a resume."""
     from ..longdoc.model.directory import model_identity
     from ..longdoc.model.gguf_file import is_gguf
-    from ..longdoc.model.tokenize import resolve_tokenizer_path
 
     model = model_files(params)
     out = {"model": model_identity(model)}
     if not is_gguf(params.model_path):
-        tokenizer = resolve_tokenizer_path(params.tokenizer_path, params.model_path)
+        tokenizer = params.tokenizer_dir()
         if tokenizer:
             out["tokenizer"] = model_identity(tokenizer, weights=False)
     return out
@@ -265,11 +256,9 @@ def files_identity(params: TrainParams) -> dict:
 
 def _tokenizer_in_model(params: TrainParams) -> bool:
     """Whether the job tokenizes with the model directory's own tokenizer files."""
-    from ..longdoc.model.tokenize import resolve_tokenizer_path
-
     if not params.model_path or not Path(params.model_path).is_dir():
         return False
-    found = resolve_tokenizer_path(params.tokenizer_path, params.model_path)
+    found = params.tokenizer_dir()
     return found is not None and Path(found).resolve() == Path(params.model_path).resolve()
 
 

@@ -376,7 +376,7 @@ class Listing:
 def listing_signature(documents) -> str:
     """The documents' identity as a listing gives them, cheaply: each one's key and size in
     listing order (the order a training run's ``epoch_order`` shuffles), hashed. What the
-    ranks of a job compare (``consensus.agreed_listing``) and a training checkpoint keeps.
+    ranks of a job compare (``consensus.agreed_inputs``) and a training checkpoint keeps.
     A document added, removed, renamed, reordered or resized changes it; one edited in place
     to the same size does not (reading every document again at each resume is what that
     would take): the one a training resume continues inside is checked by its tokens

@@ -401,11 +401,10 @@ class JobModel:
     def _tokenizer(self):
         """The job's tokenizer, loaded once (None: no config, or it cannot be loaded)."""
         if self.tokenizer is None and self.params is not None and not self.why_not:
-            from ..model.tokenize import load_tokenizer, resolve_tokenizer_path
+            from ..model.tokenize import load_tokenizer
 
             try:
-                path = resolve_tokenizer_path(self.params.tokenizer_path, self.params.model_path)
-                self.tokenizer = load_tokenizer(path)
+                self.tokenizer = load_tokenizer(self.params.tokenizer_dir())
             except (ValueError, OSError) as err:
                 self.why_not = f"the job's tokenizer could not be loaded ({err})"
         return self.tokenizer
