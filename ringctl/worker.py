@@ -190,7 +190,7 @@ def _launch_index(ident: Identity | None) -> int | str:
     return index if index is not None else "unknown"
 
 
-def _write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
+def write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
     """logs/rank-<T>.result.json; a failed rank's logs/rank-<T>.failed first, so that a
     listing shows the failure even where a wrapper turned this process's exit 1 into 0."""
     index = _launch_index(ident)
@@ -340,7 +340,7 @@ def run(job_dir: Path) -> dict:
         "elapsed_s": time.time() - started,
         "finished_at": time.time(),
     }
-    _write_result(job_dir, ident, record)
+    write_result(job_dir, ident, record)
     return result if isinstance(result, dict) else {}
 
 
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         text = re.sub(r"^\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*", "", str(err).strip())
         line = f"{type(err).__name__}: {text}".strip().splitlines()
         message = " ".join(s.strip() for s in line)[:500] or type(err).__name__
-        _write_result(
+        write_result(
             job_dir,
             ident,
             {

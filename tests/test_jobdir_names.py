@@ -109,17 +109,17 @@ def test_the_reader_and_the_writer_of_a_file_name_it_alike(tmp_path):
 
 
 def test_the_worker_s_results_are_listed_by_the_names_it_writes(tmp_path, monkeypatch):
-    """joblogs lists logs/ for the files the worker writes (worker._write_result): a rank
+    """joblogs lists logs/ for the files the worker writes (worker.write_result): a rank
     without a result, a rank whose result says FAILED (its `.failed` mark: what a listing
     sees where a wrapper swallowed the exit), and reads the error the worker recorded."""
     from ringctl.backends.shell import LocalShell
-    from ringctl.worker import _write_result
+    from ringctl.worker import write_result
 
     monkeypatch.delenv("SLURM_PROCID", raising=False)
     JobDir(tmp_path).logs.mkdir()
     for rank, record in ((1, {"state": "FAILED", "error": "ValueError: bad"}), (3, {})):
         monkeypatch.setenv("RANK", str(rank))  # no identity: the worker's index is RANK
-        _write_result(tmp_path, None, record)
+        write_result(tmp_path, None, record)
     listing = joblogs.list_results(LocalShell(), str(tmp_path), 4)
     assert (listing.missing, listing.failed) == ([0, 2], [1])
     assert joblogs.rank_error(LocalShell(), str(tmp_path), 1) == "ValueError: bad"

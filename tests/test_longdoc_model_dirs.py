@@ -158,12 +158,12 @@ def test_the_packaged_default_is_not_taken_from_the_working_directory(tmp_path, 
 
 
 def test_gather_exports_the_tokenizer_of_a_packaged_default(tmp_path):
-    """export._tokenizer_dir read the job's raw model_path: a reserved name (package:...)
+    """export.run_tokenizer_dir read the job's raw model_path: a reserved name (package:...)
     found no tokenizer, and the exported model had none."""
     from omegaconf import OmegaConf
 
     from ringctl.longdoc.model.load import PACKAGED, resolve_model_path
-    from ringctl.train.export import _tokenizer_dir
+    from ringctl.train.export import run_tokenizer_dir
 
     name = next(iter(PACKAGED))
     try:
@@ -177,7 +177,7 @@ def test_gather_exports_the_tokenizer_of_a_packaged_default(tmp_path):
     # tokenizer identity (a GGUF's is the file's): the converted folder's path (it moves
     # with the cache and transformers' version) is not compared
     run = Checkpoint(tmp_path, 1, {"run": {"tokenizer_path": None, "byte_tokens": False}})
-    found, notes = _tokenizer_dir(OmegaConf.create({"task": {"model_path": name}}), run)
+    found, notes = run_tokenizer_dir(OmegaConf.create({"task": {"model_path": name}}), run)
     assert found is not None and (found / "tokenizer.json").is_file() and not notes
 
 

@@ -168,7 +168,7 @@ def _write(
     png = _plot(tmp / "loss.png", records)
     files += [png] if png else []
     notes += [] if png else ["loss.png not drawn: pip install 'ringctl[plot]' (matplotlib)"]
-    tokenizer, said = _tokenizer_dir(job_config, found)
+    tokenizer, said = run_tokenizer_dir(job_config, found)
     notes += said
     export_model(found, tmp / "model", tokenizer)
     files.append("model/")
@@ -312,7 +312,7 @@ def _model_config(path: Path) -> dict:
     return data
 
 
-def _tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | None, list[str]]:
+def run_tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | None, list[str]]:
     """The tokenizer directory to copy beside the weights (None: the run trained on UTF-8
     bytes) and notes. Found by the rule the run used (``resolve_tokenizer_path`` on the
     job's config, a control file), then held against what the checkpoint recorded: whether
