@@ -28,7 +28,7 @@ no half directory and never an empty config.yaml. Verbs that change a directory 
 cancel, gather --force, submit into an existing directory) hold its lock (`JobDir.lock`).
 
 The writer and the reader of a file ask for it by the same method (`progress`,
-`ring_progress`/`ring_progress_files`, `rank_result`), so the two cannot drift apart. Where
+`ring_progress`/`ring_progress_label`, `rank_result`), so the two cannot drift apart. Where
 the directory is not a local path (a login node over SFTP, a shell's string path), the same
 relative names are here as functions and tuples (`rank_log_name`, `FETCHED_DIRS`,
 `ARCHIVED_ON_RESUME`, `RESENT_ON_RESUME`), joined by the backend on its side.
@@ -137,6 +137,13 @@ def ring_progress_name(label: str) -> str:
     return f"{RINGS}/{label.replace(' ', '-')}.json"
 
 
+def ring_progress_label(name: str) -> str | None:
+    """The label of the ring whose progress record is named ``name`` in logs/rings/ (as
+    `ring_progress_name` names it; spaces read back as '-'), None for any other name."""
+    label = name.removesuffix(".json")
+    return label if label != name and label and not label.startswith(".") else None
+
+
 def attempt_name(name: str) -> str:
     """attempts/<name>, relative to the job directory."""
     return f"{ATTEMPTS}/{name}"
@@ -234,10 +241,6 @@ class JobDir:
     def ring_progress(self, label: str) -> Path:
         """logs/rings/<label>.json: a ring's progress (its lead writes it)."""
         return self.path / ring_progress_name(label)
-
-    def ring_progress_files(self) -> list[Path]:
-        """Every ring's progress record, by name (what `status` reads)."""
-        return sorted((self.path / RINGS).glob("*.json"))
 
     def rank_log(self, rank: int | str, ext: str) -> Path:
         """logs/rank-<R>.<ext> (out, err, result.json), R the launch index."""

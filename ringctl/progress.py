@@ -14,12 +14,15 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .atomic import atomic_write_json
 from .bounded_read import read_regular
 from .jsonsafe import finite_json, whole_number
 from .text import cut
+
+if TYPE_CHECKING:
+    from .backends.shell import Shell
 
 COUNT_FIELDS = ("done", "total", "before")
 NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s", "loss")
@@ -117,10 +120,34 @@ def read_record(path: Path, notes: list[str]) -> dict | None:
     if not os.path.lexists(path):
         return None
     try:  # a regular file within a limit: a FIFO there hung `status` (and --root's listing)
-        record = json.loads(read_regular(path, MAX_PROGRESS_BYTES))
-        return checked_progress(record, str(path), notes)
+        raw = read_regular(path, MAX_PROGRESS_BYTES)
     except (OSError, ValueError) as err:
-        notes.append(f"{path}: not readable JSON ({cut(err)}); ignored")
+        notes.append(f"{path}: not readable ({cut(err)}); ignored")
+        return None
+    return parse_record(raw, str(path), notes)
+
+
+def read_shell_record(shell: Shell, path: str, notes: list[str]) -> dict | None:
+    """A progress file read through a backend's shell (``read_record``'s checks): on this
+    machine, or an ssh job's own copy on the login node, which the job is writing (the local
+    copy is as old as the last fetch: a finished job read "290/300 steps"). A UserError (a
+    lost connection, a file that is not a regular one) is the caller's."""
+    raw = shell.read_from(path, limit=MAX_PROGRESS_BYTES + 1)
+    if raw is None:
+        return None
+    if len(raw) > MAX_PROGRESS_BYTES:
+        notes.append(f"{path}: longer than {MAX_PROGRESS_BYTES} bytes; ignored")
+        return None
+    return parse_record(raw, path, notes)
+
+
+def parse_record(raw: bytes, where: str, notes: list[str]) -> dict | None:
+    """The bytes of a progress file, checked (``checked_progress``); None with a note when
+    they are not JSON, or nested too deeply for the parser or the checks."""
+    try:
+        return checked_progress(json.loads(raw), where, notes)
+    except ValueError as err:
+        notes.append(f"{where}: not readable JSON ({cut(err)}); ignored")
     except RecursionError:
-        notes.append(f"{path}: nested too deeply to read; ignored")
+        notes.append(f"{where}: nested too deeply to read; ignored")
     return None

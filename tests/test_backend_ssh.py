@@ -150,6 +150,12 @@ def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
         kept = remote / "attempts" / f"requeue-{job_id}-1" / "logs"  # as a Slurm requeue keeps
         kept.mkdir(parents=True)
         (kept / "rank-0.out").write_text("the first run\n")
+        # status says where that run's logs are: on the login node until fetched
+        where = b._kept(job_id, str(remote))(1)
+        assert (
+            where
+            == f"attempts/requeue-{job_id}-1 on {settings.target} (`ringctl fetch` copies it here)"
+        )
         fetched = b.fetch(job_dir)
     assert "out/part-1.txt" in fetched and "job.sh" not in fetched
     kept_here = job_dir / "attempts" / f"requeue-{job_id}-1" / "logs" / "rank-0.out"

@@ -111,7 +111,15 @@ def test_attention_job_on_four_nodes_matches_the_reference(
     assert seen[-1] == "COMPLETED" and set(seen) <= {"PENDING", "RUNNING", "COMPLETED"}
     if via == "ssh":  # status copies nothing back; `ringctl fetch` brings outputs and logs
         assert not (job_dir / "placement.json").exists()
+        # status reads the login node's progress, not a copy an earlier fetch left mid-run
+        # (a finished job read "0/2 steps", and nothing at all before any fetch)
+        stale = {"done": 0, "total": 2, "unit": "steps"}
+        (job_dir / "logs" / "progress.json").write_text(json.dumps(stale))
         capsys.readouterr()
+        assert main(["status", "--json", str(job_dir)]) == 0
+        [row] = json.loads(capsys.readouterr().out)
+        assert row["progress"]["done"] == row["progress"]["total"] > 0, row
+        assert row["progress"]["unit"] == "steps" and row["notes"] == []
         assert main(["fetch", str(job_dir)]) == 0
         assert "fetched" in capsys.readouterr().out
 

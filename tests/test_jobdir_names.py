@@ -102,10 +102,10 @@ def test_the_reader_and_the_writer_of_a_file_name_it_alike(tmp_path):
     assert jobdir.rank_stream_of(job.rank_result(12).name) is None
     for name in (*jobdir.FETCHED_DIRS, *jobdir.ARCHIVED_ON_RESUME, *jobdir.RESENT_ON_RESUME):
         assert (tmp_path / name).parent == tmp_path  # one component, joined on either side
-    job.ring_progress("a").parent.mkdir(parents=True)
-    job.ring_progress("b").write_text("{}")
-    job.ring_progress("a").write_text("{}")
-    assert [p.name for p in job.ring_progress_files()] == ["a.json", "b.json"]
+    for label in ("a", "ring-2", "x.json"):  # status reads the labels the leads wrote
+        assert jobdir.ring_progress_label(job.ring_progress(label).name) == label
+    for other in (".tmp.json", ".json", "a.json.tmp", "a"):  # a half-written file, others
+        assert jobdir.ring_progress_label(other) is None
 
 
 def test_the_worker_s_results_are_listed_by_the_names_it_writes(tmp_path, monkeypatch):

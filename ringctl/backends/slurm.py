@@ -253,9 +253,19 @@ class SlurmBackend(Backend):
         return slurm_reruns.rerun_summary(self._run, job_id, earlier, restarts, kept)
 
     def _kept(self, job_id: str, where: str) -> slurm_reruns.Kept:
-        """Whether the k-th rerun kept the run before it: its attempts/requeue-<id>-<k>/logs
-        exists (the script makes it before moving anything)."""
-        return lambda k: "logs" in self.shell.listdir(f"{where}/{requeued_attempt(job_id, k)}")
+        """Where the k-th rerun kept the run before it (``kept_place``), once its
+        attempts/requeue-<id>-<k>/logs exists (the script makes it before moving anything)."""
+
+        def kept(k: int) -> str | None:
+            place = requeued_attempt(job_id, k)
+            listed = "logs" in self.shell.listdir(f"{where}/{place}")
+            return self.kept_place(place) if listed else None
+
+        return kept
+
+    def kept_place(self, place: str) -> str:
+        """A folder of the job directory where the job wrote it, in words for a status line."""
+        return place
 
     def _status(self, job_id: str, where: str, since: str | None = None) -> JobStatus:
         q = self._squeue(job_id)

@@ -66,15 +66,17 @@ def ended(run: Run, record: ss.AcctRecord) -> str:
     return ss.state_word(record.raw_state) or "?"
 
 
-Kept = Callable[[int], bool]  # whether the k-th rerun kept the run before it (its directory)
+# Where the k-th rerun kept the run before it (its directory, in words), None where it did not.
+Kept = Callable[[int], "str | None"]
 
 
 def _where_kept(job_id: str, k: int, kept: Kept | None) -> str:
     """Where run k's logs are: attempts/requeue-<id>-<k>, once the k-th rerun has made it
     (never before it starts, nor when it stopped without: a symbolic link in the way)."""
     place = requeued_attempt(job_id, k)
-    if kept is None or kept(k):
-        return f"its logs are in {place}"
+    where = place if kept is None else kept(k)
+    if where:
+        return f"its logs are in {where}"
     return f"its logs are not kept ({place} not made: the rerun has not started, or failed)"
 
 

@@ -517,6 +517,11 @@ class SSHBackend(SlurmBackend):
             )
         return recorded or posixpath.join(self.remote_base(), Path(job_dir).resolve().name)
 
+    def kept_place(self, place: str) -> str:
+        """On the login node: this directory has it once fetched (a status read "its logs are
+        in attempts/requeue-42-1", and there was no such folder here)."""
+        return f"{place} on {self.settings.target} (`ringctl fetch` copies it here)"
+
     def prepare_resume(self, job: JobDir) -> None:
         """The remote copy stays where it is (its out/ holds the finished work): its logs and
         placement move to attempts/<n> there too, and config.yaml/job.sh are sent again."""

@@ -28,11 +28,12 @@ import sys
 import time
 from pathlib import Path
 
+from ..backends.shell import LocalShell, Shell
 from ..config import load_job, to_yaml, world_size
 from ..errors import UserError
-from ..jobdir import JobDir, task_output
+from ..jobdir import PROGRESS, RINGS, JobDir, ring_progress_label, task_output
 from ..jsonsafe import finite_json
-from ..progress import read_record
+from ..progress import read_shell_record
 from ..resources import find_job
 from ..submission import open_job_dir, resume_job, submit_job
 from ..terminal import for_terminal, visible
@@ -172,20 +173,40 @@ def _no_jobs_line(root: Path) -> str:
     return f"{where} (give a job directory: ringctl status JOBDIR)"
 
 
-def read_progress(job_dir: Path, notes: list[str] | None = None) -> dict | None:
-    """The job's logs/progress.json (rank 0's counts), checked; problems go to notes."""
-    return read_record(JobDir(job_dir).progress, [] if notes is None else notes)
+def read_progress(shell: Shell, where: str, notes: list[str]) -> dict | None:
+    """The job's logs/progress.json (rank 0's counts) in the directory ``where`` as ``shell``
+    sees it, checked; problems go to notes."""
+    return _read_one(shell, posixpath.join(where, PROGRESS), notes)
 
 
-def read_rings(job_dir: Path, notes: list[str] | None = None) -> list[dict]:
+def read_rings(shell: Shell, where: str, notes: list[str]) -> list[dict]:
     """Each ring's progress record (logs/rings/*.json, written by its lead), by label."""
-    notes = [] if notes is None else notes
     rings = []
-    for path in JobDir(job_dir).ring_progress_files():
-        record = read_record(path, notes)
-        if record is not None:
-            rings.append({**record, "ring": path.stem})
+    try:
+        names = shell.listdir(posixpath.join(where, RINGS))
+    except UserError as err:
+        notes.append(cut(err, 200))
+        return []
+    for name in sorted(names):
+        label = ring_progress_label(name)
+        record = label and _read_one(shell, posixpath.join(where, RINGS, name), notes)
+        if record:
+            rings.append({**record, "ring": label})
     return rings
+
+
+def _read_one(shell: Shell, path: str, notes: list[str]) -> dict | None:
+    try:
+        return read_shell_record(shell, path, notes)
+    except UserError as err:  # not a regular file, or the connection went
+        notes.append(f"{path}: {cut(err, 200)}; ignored")
+        return None
+
+
+def job_progress(shell: Shell, where: str, notes: list[str]) -> dict:
+    """The row's rings and progress in the job directory ``where`` as ``shell`` sees it."""
+    rings = read_rings(shell, where, notes)
+    return {"rings": rings, "progress": ring_summary(rings) or read_progress(shell, where, notes)}
 
 
 def ring_summary(rings: list[dict]) -> dict | None:
@@ -260,27 +281,34 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
         "elapsed_s": None,
         "reason": "",
     }
+    notes: list[str] = []
+    live = None  # the backend that answered
     try:
         _, cfg, backend = open_job_dir(job_dir)
         try:
             st = backend.status(job_dir)
+            row.update(
+                name=str(cfg.name),
+                backend=backend.name,
+                job_id=st.job_id,
+                state=st.state.value,
+                elapsed_s=st.elapsed_s,
+                reason=st.reason,
+            )
+            # Where the job writes them: an ssh job's on the login node (the local copies
+            # are as old as the last fetch: a finished job read "290/300 steps").
+            row.update(job_progress(backend.shell, backend.cluster_dir(job_dir), notes))
+            live = backend
         finally:
             backend.close()
-        row.update(
-            name=str(cfg.name),
-            backend=backend.name,
-            job_id=st.job_id,
-            state=st.state.value,
-            elapsed_s=st.elapsed_s,
-            reason=st.reason,
-        )
     except UserError as err:
         if single:
             raise
         row["reason"] = str(err)
-    notes: list[str] = []
-    row["rings"] = read_rings(job_dir, notes)
-    row["progress"] = ring_summary(row["rings"]) or read_progress(job_dir, notes)
+    if live is None:  # its config or its connection failed: this directory's copies
+        row.update(job_progress(LocalShell(), str(job_dir), notes))
+        if row["backend"] == "ssh" and (row["progress"] or row["rings"]):
+            notes.append("progress as of the last fetch: the login node was not reached")
     if row["state"] == "COMPLETED":
         vouch_outputs(job_dir, row)
     row, replaced = finite_json(row)  # the backend's figures too: `status --json` is strict
