@@ -176,6 +176,28 @@ def test_a_killed_rank_then_resume_equals_the_uninterrupted_run(
     _check("resumed on one rank", _losses(one), _weights(one, tmp_path / "c"), reference)
 
 
+def test_a_schedule_stretched_by_hand_applies_from_the_first_resumed_step(tmp_path, corpus):
+    """task.max_steps raised in config.yaml (a resume's overrides refuse task.*; the run
+    signature lets the cosine stretch) and the finished job resumed: its first step took the
+    rate the old schedule gave that step (the optimizer's state brought it back), only the
+    steps after it the new schedule's."""
+    from ringctl.train.optim import lr_factor
+
+    job = tmp_path / "job"
+    assert main(["run", *_args(job, corpus, "task.max_steps=4", "tasks_per_node=1")]) == 0
+    config = job / "config.yaml"
+    assert config.read_text().count("  max_steps: 4\n") == 1
+    config.write_text(config.read_text().replace("  max_steps: 4\n", "  max_steps: 6\n"))
+    assert main(["resume", str(job), "--force", "--follow"]) == 0
+    rows = [json.loads(line) for line in (job / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    schedule = dict(warmup_steps=HP["warmup_steps"], min_lr_ratio=HP["min_lr_ratio"])
+    want = [
+        HP["lr"] * lr_factor(s, max_steps=m, **schedule) for s, m in enumerate([4] * 4 + [6] * 2)
+    ]
+    assert [r["lr"] for r in rows] == pytest.approx(want, rel=1e-12, abs=0)
+
+
 def test_submit_refuses_what_cannot_train(tmp_path, corpus, capsys):
     """One line naming the key: rings that cannot share a step's sequences, a sequence no
     ring holds under its budget, a dtype training does not take, a bad learning rate."""

@@ -47,6 +47,20 @@ def make_scheduler(optimizer, *, warmup_steps: int, max_steps: int, min_lr_ratio
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def restart_schedule(scheduler, step: int) -> None:
+    """Set the optimizer's rates to this job's schedule at ``step``, the first step of a
+    resume: the optimizer's state brings back the rate the run's schedule gave that step, so
+    a task.max_steps changed since (the cosine stretches) took effect one step late. For an
+    unchanged schedule this is the rate it had, to the bit (LambdaLR's own product)."""
+    rates = [
+        base * factor(step)
+        for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates  # what get_last_lr() reports, and the next checkpoint keeps
+
+
 # A schedule's state that moves with the steps; every other field is fixed by the job's
 # config (base_lrs: task.lr per parameter group) and must equal a fresh scheduler's.
 MOVING = ("last_epoch", "_step_count", "_last_lr")

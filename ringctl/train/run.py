@@ -36,7 +36,7 @@ from ..longdoc.consensus import agreed_inputs, any_has
 from ..longdoc.model.tokenize import ByteTokenizer
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
-from .optim import make_optimizer, make_scheduler, scheduler_state_problem
+from .optim import make_optimizer, make_scheduler, restart_schedule, scheduler_state_problem
 from .params import TrainParams, run_byte_tokens
 from .step import RingSeat, StepOptions, train_step
 
@@ -327,6 +327,7 @@ def resume_from(
         )
     checkpoint.load(model, optimizer, found)
     scheduler.load_state_dict(found.state["scheduler"])
+    restart_schedule(scheduler, found.step)
     if opts.rank == 0:
         metrics.restore(JobDir(opts.job_dir).metrics, found.path / checkpoint.METRICS)
     opts.log(f"resumed from {found.path.name} (step {found.step})")
