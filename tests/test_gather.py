@@ -493,6 +493,26 @@ def test_malformed_manifests_exit_3_in_one_line(jobs: dict, tmp_path: Path, caps
         assert why in err and name in err and _one_line(err), err
 
 
+def test_what_the_job_did_not_read_is_said_by_gather(jobs: dict, tmp_path: Path, capsys):
+    """Files of an input folder no reader takes and bad records skipped were named in the
+    job's log and documents.json only: a gather of the results, days later, said nothing
+    of them (as it says missing inputs)."""
+    job, _ = _copy_job(jobs, tmp_path)
+    index = _index(job)
+    index["passed_over"] = [f"/data/in/f{i}.bin" for i in range(5)]
+    index["skipped_records"] = ["/data/in/a.jsonl:3: not valid JSON"]
+    _write_index(job, index)
+    capsys.readouterr()
+    assert _cli([str(job)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert (
+        "note: when the job ran, 5 file(s) in the input folders were not read (no reader "
+        "takes them): /data/in/f0.bin; /data/in/f1.bin; /data/in/f2.bin; ... (2 more) "
+        "(documents.json passed_over)" in shown
+    ), shown
+    assert "1 bad record(s) were skipped (on_bad_record=skip): /data/in/a.jsonl:3" in shown
+
+
 def test_ids_with_markup_are_printed_literally(jobs: dict, capsys) -> None:
     """`a[/b].txt` made gather crash after writing; `[bold]` vanished into styling."""
     assert _cli([str(jobs["base"] / "markup")]) == 0

@@ -26,6 +26,7 @@ from ringctl.longdoc.output.manifest import (
     read_documents,
     read_run,
     run_record,
+    skipped_notes,
     write_documents,
     write_run,
 )
@@ -41,9 +42,11 @@ def listing(tmp_path: Path) -> tuple[list[str], Listing]:
     corpus.mkdir()
     (corpus / "a.txt").write_text("hello")
     (corpus / "b.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    (corpus / "c.bin").write_bytes(b"\0")  # no reader takes it: passed over
     found = list_documents([corpus])
     inputs = [str(corpus), str(tmp_path / "gone.txt")]
-    return inputs, Listing(found.documents, [inputs[1]], ["b.jsonl:3: not valid JSON"])
+    skipped = ["b.jsonl:3: not valid JSON"]
+    return inputs, Listing(found.documents, [inputs[1]], skipped, found.passed_over)
 
 
 def test_run_json(tmp_path: Path) -> None:
@@ -70,6 +73,18 @@ def test_documents_json(tmp_path: Path, listing) -> None:
     assert problems == [] and index == record
     assert [d["id"] for d in index["documents"]] == [d.id for d in found.documents]
     assert index["missing_inputs"] == [inputs[1]] and index["skipped_records"]
+    assert index["passed_over"] == [str(inputs[0] + "/c.bin")]
+    # what gather says of them (the job's log said each when it ran)
+    assert skipped_notes(index) == [
+        "when the job ran, 1 bad record(s) were skipped (on_bad_record=skip): "
+        "b.jsonl:3: not valid JSON (documents.json skipped_records)",
+        f"when the job ran, 1 file(s) in the input folders were not read (no reader takes "
+        f"them): {inputs[0]}/c.bin (documents.json passed_over)",
+    ]
+    for key in ("passed_over", "skipped_records", "missing_inputs"):  # a hand-made file
+        write_documents(tmp_path / "longdoc", {**record, key: [3]})
+        index, problems = read_documents(tmp_path / "longdoc")
+        assert index is None and problems[0].endswith(f"{key!r} is not a list of strings")
 
 
 def test_expected_json(tmp_path: Path, listing) -> None:

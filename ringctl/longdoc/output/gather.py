@@ -79,7 +79,7 @@ from ..inputs.documents import Document
 from . import export
 from .completeness import CurrentInput, RankShard, document_shards
 from .expected import expected_problems, some_names
-from .manifest import read_documents, read_run
+from .manifest import read_documents, read_run, skipped_notes
 from .names import RUN_FILE, SUBDIR, OutputPaths
 
 GATHER_FAILED_EXIT = 3
@@ -529,7 +529,7 @@ def verify_job(
     if problems:
         raise GatherError(problems)
     missing = list(index.get("missing_inputs", []))
-    notes = inputs.notes() + model.notes()
+    notes = skipped_notes(index) + inputs.notes() + model.notes()
     return Verified(run, docs, missing, incomplete, notes, model.trained_context)
 
 

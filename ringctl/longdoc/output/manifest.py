@@ -175,13 +175,23 @@ def _duplicates(docs: list[dict], field: str) -> list[str]:
     return twice
 
 
+# documents.json's lists of what the listing did not read, and how `gather` names each
+LEFT_OUT = {
+    "missing_inputs": "input(s) were missing",
+    "skipped_records": "bad record(s) were skipped (on_bad_record=skip)",
+    "passed_over": "file(s) in the input folders were not read (no reader takes them)",
+}
+
+
 def documents_problems(index: dict, where: str) -> list[str]:
     """What is wrong with a documents.json object: its list, each entry, duplicates."""
-    docs, missing = index.get("documents"), index.get("missing_inputs", [])
+    docs = index.get("documents")
     if not isinstance(docs, list):
         return [f"{where}: 'documents' is {type(docs).__name__}, not a list"]
-    if not isinstance(missing, list) or not all(isinstance(m, str) for m in missing):
-        return [f"{where}: 'missing_inputs' is not a list of paths"]
+    for key in LEFT_OUT:
+        items = index.get(key, [])
+        if not isinstance(items, list) or not all(isinstance(m, str) for m in items):
+            return [f"{where}: {key!r} is not a list of strings"]
     problems = [p for doc in docs for p in doc_problems(doc, where)]
     if problems:
         return problems
@@ -205,6 +215,23 @@ def documents_record(inputs: list[str], listing: Listing) -> dict:
     if listing.passed_over:
         index["passed_over"] = list(listing.passed_over)  # files of a folder no reader takes
     return index
+
+
+def skipped_notes(index: dict, shown: int = 3) -> list[str]:
+    """What a checked documents.json says the job did not read besides its missing inputs
+    (which gather warns of): the bad records skipped and the files passed over, counted,
+    the first ``shown`` named (the job's log said each when it ran)."""
+    notes = []
+    for key in ("skipped_records", "passed_over"):
+        items = index.get(key, [])
+        if items:
+            named = "; ".join(items[:shown]) + (
+                f"; ... ({len(items) - shown} more)" if len(items) > shown else ""
+            )
+            notes.append(
+                f"when the job ran, {len(items)} {LEFT_OUT[key]}: {named} (documents.json {key})"
+            )
+    return notes
 
 
 def write_documents(root: Path, record: dict) -> None:
