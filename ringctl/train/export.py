@@ -314,7 +314,7 @@ def _model_config(path: Path) -> dict:
 
 def run_tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | None, list[str]]:
     """The tokenizer directory to copy beside the weights (None: the run trained on UTF-8
-    bytes) and notes. Found by the rule the run used (``resolve_tokenizer_path`` on the
+    bytes) and notes. Found by the rule the run used (``CorpusParams.tokenizer_dir`` of the
     job's config, a control file), then held against what the checkpoint recorded: whether
     the run trained on bytes (``run_byte_tokens``: a run of an earlier ringctl did where
     this finds the model directory's tokenizer: nothing is copied, said), and the tokenizer
@@ -322,18 +322,18 @@ def run_tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | 
     beside (or missing from) weights trained on other ids, exit 0."""
     if job_config is None:
         return None, []
+    from omegaconf import OmegaConf
+
     from ..longdoc.model.directory import model_identity
     from ..longdoc.model.gguf_file import is_gguf
-    from ..longdoc.model.load import resolve_model_path
-    from ..longdoc.model.tokenize import resolve_tokenizer_path
-    from .params import run_byte_tokens
+    from .params import TrainParams, run_byte_tokens
 
     task = job_config.task
-    try:  # a reserved name (package:..., bundled:...) as the job's ranks resolved it
-        model_path = resolve_model_path(task.get("model_path"))
+    try:  # the ranks' rule: a reserved name (package:...) resolved, then tokenizer_dir()
+        params = TrainParams.from_any(OmegaConf.to_container(task, resolve=True), validate=False)
     except ValueError as err:
-        raise UserError(f"task.model_path: {err}") from None
-    path = resolve_tokenizer_path(task.get("tokenizer_path"), model_path)
+        raise UserError(f"task: {err}") from None
+    model_path, path = params.model_path, params.tokenizer_dir()
     run, state = found.state["run"], found.path / checkpoint.TRAIN_STATE
     if run_byte_tokens(run):
         said = f"{state}: the run trained on UTF-8 bytes: no tokenizer is copied beside its weights"
