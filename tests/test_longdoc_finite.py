@@ -145,11 +145,11 @@ def test_a_ring_that_is_not_finite_is_blamed(results) -> None:
 
 
 def test_the_noise_never_makes_the_tolerance_infinite() -> None:
-    from ringctl.longdoc.probe import FLOOR, _tolerance
+    from ringctl.longdoc.probe import FLOOR, probe_tolerance
 
     for noise in (math.inf, math.nan, None):
-        assert _tolerance("float32", noise) == FLOOR["float32"]
-    assert _tolerance("float32", 1.0) == 4.0
+        assert probe_tolerance("float32", noise) == FLOOR["float32"]
+    assert probe_tolerance("float32", 1.0) == 4.0
 
 
 def test_a_finite_model_still_runs(results) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringctl.planner.cost import Workload, _attention_parts
+from ringctl.planner.cost import Workload, attention_parts
 from tests.distributed import run_distributed
 
 SEQ, HEADS, KV_HEADS, HEAD_DIM, WORLD = 4096, 4, 2, 32, 4
@@ -75,7 +75,7 @@ def _planned(layout: str, window: int | None) -> float:
         layout=layout,
         window=window,
     )
-    parts = _attention_parts(w, WORLD)
+    parts = attention_parts(w, WORLD)
     parts.pop("q, k, v shards")  # the caller's, held before the call
     return sum(parts.values())
 

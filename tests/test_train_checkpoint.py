@@ -303,19 +303,19 @@ def test_gather_reads_the_checkpoints_model_config_as_hostile(tmp_path):
     gave tracebacks, and an ``auto_map`` reached transformers, which offered to run the named
     directory's code. Now: one line naming the file; auto_map dropped before transformers."""
     from ringctl.errors import UserError
-    from ringctl.train.export import _model_config
+    from ringctl.train.export import saved_model_config
 
     path = tmp_path / "config.json"
     for text, said in [("[]", "a JSON object with a model_type"), ("{", "config.json: ")]:
         path.write_text(text)
         with pytest.raises(UserError, match=said):
-            _model_config(path)
+            saved_model_config(path)
     path.write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}))
-    assert _model_config(path) == {"model_type": "llama"}
+    assert saved_model_config(path) == {"model_type": "llama"}
     path.unlink()
     path.symlink_to("/dev/zero")
     with pytest.raises(UserError, match="config.json: a link, not followed"):
-        _model_config(path)
+        saved_model_config(path)
 
 
 def test_a_resume_on_other_documents_or_hyperparameters_is_refused(tmp_path):

@@ -87,7 +87,7 @@ def _metric(dtype_name: str, got: torch.Tensor, want: torch.Tensor) -> float:
     return float(diff.max() if dtype_name in ("float32", "float64") else diff.mean())
 
 
-def _tolerance(dtype_name: str, noise: float | None) -> float:
+def probe_tolerance(dtype_name: str, noise: float | None) -> float:
     """The floor, or NOISE_FACTOR times the model's own noise where that is larger; a noise
     that is not a finite number (never measured so, but a tolerance of inf or NaN would pass
     anything) counts as unmeasured."""
@@ -196,7 +196,7 @@ def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
         why = _ring_not_finite(model, token, got[token].item(), dtype_name)
         return ProbeResult(why, why)
     measured = _metric(dtype_name, got[:-1], want)
-    tol = _tolerance(dtype_name, noise)
+    tol = probe_tolerance(dtype_name, noise)
     kind = "max" if dtype_name in ("float32", "float64") else "mean"
     unmeasured = "; its noise unmeasured: only one stock attention runs" if noise is None else ""
     what = (

@@ -154,7 +154,7 @@ def attention_view(w: Workload, ranks: int) -> tuple[Workload, int]:
     return replace(w, heads=w.heads // u, kv_heads=max(1, w.kv_heads // u), ulysses=1), ranks // u
 
 
-def _attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, float]:
+def attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, float]:
     """The ring's own buffers for one attention call (the layer being computed); ``cpu``:
     ranks on host CPUs (the banded kernel's fused path, for a sliding window).
 
@@ -196,13 +196,13 @@ def memory_phases(
     w: Workload, ranks: int, cpu: bool = False
 ) -> tuple[dict[str, float], dict[str, dict]]:
     """(always held, {phase: transient parts}) of one rank, in bytes (``cpu``: ranks on host
-    CPUs, see ``_attention_parts``).
+    CPUs, see ``attention_parts``).
 
     A layer's attention and its MLP do not run at the same time, nor does the lm_head run
     beside a layer: the ring's buffers, the MLP's gradients and the logits are transients of
     different phases, so the peak is what is always held plus the largest phase."""
     attn, ring = attention_view(w, ranks)
-    buffers = _attention_parts(attn, ring, cpu)
+    buffers = attention_parts(attn, ring, cpu)
     if w.model is None:
         return buffers, {}
     for counted in ("q, k, v shards", "output shard", "log-sum-exp"):

@@ -193,7 +193,7 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
     from ..longdoc.model.load import config_from_fields
 
     path = found.path / checkpoint.MODEL_CONFIG
-    data = _model_config(path)
+    data = saved_model_config(path)
     try:
         config, _ = config_from_fields(data, path)
         _check_against(config, found, path)
@@ -294,7 +294,7 @@ def _check_layers(config, saved: dict, path: Path) -> None:
         )
 
 
-def _model_config(path: Path) -> dict:
+def saved_model_config(path: Path) -> dict:
     """config.json as written beside the checkpoint, read as hostile: a JSON object with a
     model_type; the fields that would choose code or an attention implementation dropped
     (``_``-keys go in ``config_from_fields``; ``auto_map`` here: the job's model was
