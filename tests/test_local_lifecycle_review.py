@@ -112,14 +112,16 @@ def test_resume_stops_an_earlier_attempts_worker(tmp_path) -> None:
         local.LocalBackend().wait(job, timeout=120)
 
 
+@pytest.mark.parametrize("send", [os.killpg, os.kill], ids=["to the group", "to the supervisor"])
 def test_the_warning_signal_to_the_jobs_group_stops_the_ranks_with_their_work(
-    tmp_path, capsys
+    send, tmp_path, capsys
 ) -> None:
     """Slurm's warning signal (SIGUSR1) sent to the job's process group: it killed the
-    supervisor, and every rank with it before it could save."""
+    supervisor, and every rank with it before it could save. Sent to the supervisor alone
+    (a user's `kill -USR1 PID`), it was ignored: the job ran to its end."""
     job = _submit(tmp_path, capsys, *LONG)
     wait_for(lambda: _stepping(job), 60, "step")
-    os.killpg(_supervisor_pid(job), signal.SIGUSR1)
+    send(_supervisor_pid(job), signal.SIGUSR1)
     status = local.LocalBackend().wait(job, timeout=60)
     assert status.state is JobState.FAILED and "stopped on request" in status.reason, status
     assert len(list((job / "logs").glob("rank-*.result.json"))) == 2

@@ -148,12 +148,12 @@ class ForkedRank:
         return self.returncode
 
     def terminate(self) -> None:
-        self._send(signal.SIGTERM)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self._send(signal.SIGKILL)
+        self.send_signal(signal.SIGKILL)
 
-    def _send(self, sig: int) -> None:
+    def send_signal(self, sig: int) -> None:
         if self.returncode is None:
             try:
                 os.kill(self.pid, sig)

@@ -515,6 +515,12 @@ class Supervisor:
     def on_term(self, signum, frame) -> None:
         self.cancelled = True
 
+    def pass_on(self, signum, frame) -> None:
+        """The job's warning signal, to every rank still running: each finishes its unit,
+        saves and stops. Sent to the job's group, a rank hears it twice: one request."""
+        for proc in list(self.procs.values()):
+            proc.send_signal(signum)
+
     def start(self) -> None:
         self.job.logs.mkdir(parents=True, exist_ok=True)
         self.job.out.mkdir(exist_ok=True)
@@ -682,12 +688,13 @@ def supervise(job_dir: Path) -> int:
         signal.signal(signal.SIGINT, supervisor.on_term)
         # The job's warning signal (slurm.signal, SIGUSR1 by default) is the ranks' to handle
         # (stop on request, work saved); sent to the job's group it killed the supervisor,
-        # and with it every rank before it could save.
+        # and with it every rank before it could save. Sent to the supervisor alone (a user's
+        # `kill -USR1`), it is passed on: ignored, no rank heard it.
         from ..worker import warning_signal
 
         warning = warning_signal(supervisor.cfg)
         if warning not in (signal.SIGTERM, signal.SIGINT):  # those two are cancel's
-            signal.signal(warning, signal.SIG_IGN)
+            signal.signal(warning, supervisor.pass_on)
         supervisor.start()
     except BaseException as err:
         record_start_failure(job, supervisor, err)
