@@ -122,6 +122,13 @@ def test_attention_job_on_four_nodes_matches_the_reference(
         assert row["progress"]["unit"] == "steps" and row["notes"] == []
         assert main(["fetch", str(job_dir)]) == 0
         assert "fetched" in capsys.readouterr().out
+        # the login node's copy removed since: the fetched one, said to be that
+        remote = Path(json.loads((job_dir / "job.json").read_text())["remote"]["dir"])
+        (remote / "logs" / "progress.json").unlink()
+        assert main(["status", "--json", str(job_dir)]) == 0
+        [row] = json.loads(capsys.readouterr().out)
+        assert row["progress"]["done"] == row["progress"]["total"] > 0, row
+        assert row["notes"] == ["progress as of the last fetch (none there now)"], row
 
     # The placement ran on the allocation: one probe per node, and the ring in switch order.
     plan = json.loads((job_dir / "placement.json").read_text())

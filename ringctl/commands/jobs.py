@@ -305,10 +305,14 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
         if single:
             raise
         row["reason"] = str(err)
-    if live is None:  # its config or its connection failed: this directory's copies
+    remote = bool(meta.get("remote"))  # an ssh job: this directory has fetched copies
+    if live is None or (remote and not (row["progress"] or row["rings"])):
+        # its config or its connection failed, or the login node's copy is gone: this
+        # directory's files, an ssh job's said to be the last fetch's
         row.update(job_progress(LocalShell(), str(job_dir), notes))
-        if row["backend"] == "ssh" and (row["progress"] or row["rings"]):
-            notes.append("progress as of the last fetch: the login node was not reached")
+        if remote and (row["progress"] or row["rings"]):
+            why = "the login node was not reached" if live is None else "none there now"
+            notes.append(f"progress as of the last fetch ({why})")
     if row["state"] == "COMPLETED":
         vouch_outputs(job_dir, row)
     row, replaced = finite_json(row)  # the backend's figures too: `status --json` is strict
