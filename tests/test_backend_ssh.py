@@ -238,9 +238,20 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
         (remote / "checkpoints" / "latest").write_text("step-0000002\n")
         (remote / "checkpoints" / ".metadata").write_bytes(b"not a checkpoint's")
         (remote / "logs" / ".metadata").write_bytes(b"not a checkpoint's")
+        # what an earlier fetch brought (the job pruned it since), and a link here
+        (job_dir / "checkpoints" / "step-0000001").mkdir(parents=True)
+        (job_dir / "checkpoints" / "step-0000001" / ".metadata").write_bytes(b"dcp")
+        (job_dir / "checkpoints" / "step-0000000").symlink_to(tmp_path)
         fetched = b.fetch(job_dir)
     checkpoints = [f for f in fetched if f.startswith("checkpoints/")]
     assert checkpoints == ["checkpoints/step-0000002/.metadata", "checkpoints/latest"]
+    # the local copy is the newest only: gigabytes a fetch otherwise (a link is not followed)
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == [
+        "latest",
+        "step-0000000",
+        "step-0000002",
+    ]
+    assert outside.read_text() == "untouched\n"
     assert sorted(f for f in fetched if f not in checkpoints) == [
         f"logs/batch-{job_id}.out",
         "out/ok.txt",

@@ -58,6 +58,7 @@ from ..jobdir import (
 )
 from ..sbatch import path_problem
 from ..text import cut
+from ..train.checkpoint import LATEST
 from .shell import READ_LIMIT
 from .slurm import SlurmBackend, expected_ranks, one_line
 from .ssh_config import DEFAULT_KNOWN_HOSTS, SshConfig
@@ -633,6 +634,8 @@ class SSHBackend(SlurmBackend):
         except SFTP_ERRORS as err:
             what = f"fetching {remote} failed after {len(fetched)} files"
             raise sftp_error(self.settings, what, err) from None
+        if f"{CHECKPOINTS}/{LATEST}" in fetched:
+            _drop_earlier_checkpoints(job.checkpoints)
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched
 
@@ -658,7 +661,7 @@ class SSHBackend(SlurmBackend):
         prunes them; one pruned mid-copy arrived half, the staging folders too), and
         ``latest``, fetched first, could name a folder published after the listing: a
         gather --partial of a running job failed, or read a half folder."""
-        from ..train.checkpoint import LATEST, STEP_NAME
+        from ..train.checkpoint import STEP_NAME
 
         latest = posixpath.join(rdir, LATEST)
         raw = self.shell.read_from(latest, 0, limit=64) or b""
@@ -669,6 +672,18 @@ class SSHBackend(SlurmBackend):
             self.shell.sftp, posixpath.join(rdir, name), f"{CHECKPOINTS}/{name}"
         )
         yield latest, f"{CHECKPOINTS}/{LATEST}"
+
+
+def _drop_earlier_checkpoints(root: Path) -> None:
+    """An ssh job's local checkpoints/ is a copy of the folder the login node's ``latest``
+    names (just fetched): the folders earlier fetches brought go (the job has pruned them
+    since; each is the model's and the optimizer's state, gigabytes a fetch)."""
+    from ..train.checkpoint import CheckpointDir
+
+    newest = (root / LATEST).read_text().strip()
+    for folder in CheckpointDir(root).complete():  # real folders named step-N: no link
+        if folder.name != newest:
+            shutil.rmtree(folder)
 
 
 def _replace_remote(sftp, local: Path, remote: str) -> None:
