@@ -106,8 +106,30 @@ def job_workload(cfg, ring: int | None) -> Workload | None:
     work = get_task(str(cfg.task.name)).workload(cfg)
     if work is None:
         return None
+    work = replace(work, ulysses=job_ulysses(cfg, work))
     shard, degree = job_shard(cfg, ring, world_size(cfg), work.trains)
     return replace(work, shard=shard, shard_degree=degree) if shard != "none" else work
+
+
+def job_ulysses(cfg, work: Workload) -> int:
+    """``ring.ulysses``: the Ulysses degree the job's ranks will run with
+    (``rings.ulysses_degree``, without the placement that only the allocation has): submit
+    priced a flat ring where `ringctl plan JOB` priced the hybrid grid, and a job plan
+    refused (100 GiB a rank) was submitted as fitting (53 GiB)."""
+    from .rings import ulysses_degree
+
+    requested = config_section(cfg, "ring").get("ulysses")
+    if requested in (None, 1):
+        return 1
+    if requested != "auto" and (isinstance(requested, bool) or not isinstance(requested, int)):
+        raise UserError(f"ring.ulysses: expected auto or a degree, got {requested!r}")
+    return ulysses_degree(
+        requested,
+        ranks_per_node=int(cfg.tasks_per_node),
+        world=world_size(cfg),
+        heads=work.heads,
+        kv_heads=work.kv_heads,
+    )
 
 
 class Sizing:

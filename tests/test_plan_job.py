@@ -80,6 +80,26 @@ def test_preflight_of_an_attention_job_is_the_plan_of_its_ranks():
     assert Sizing(byte_model).preflight() is None  # lengths unknown up front
 
 
+@pytest.mark.parametrize("ulysses, degree", [("16", 16), ("auto", 8)])  # auto: a node's 8
+def test_preflight_of_a_hybrid_job_prices_its_grid_as_plan_does(ulysses, degree, capsys):
+    """submit priced ring.ulysses=16 as a flat ring: `ringctl plan JOB` said 100.1 GiB a rank,
+    does not fit, and submit's preflight 52.6 GiB, fits (one rule: sizing.job_ulysses, the
+    degree the ranks will run with, auto's too)."""
+    overrides = [
+        "device=H100-SXM",
+        "task.heads=16",
+        "task.kv_heads=2",
+        "task.seq_len=20971520",
+        f"ring.ulysses={ulysses}",
+    ]
+    verdict = Sizing(load_job("jobs/attention.yaml", overrides)).preflight()
+    assert verdict.estimate.ulysses == degree and not verdict.estimate.fits
+    assert main(["plan", "jobs/attention.yaml", *overrides, "--json"]) == 1
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["memory_total_gib"] == pytest.approx(verdict.estimate.memory_total_gib)
+    assert planned["memory_total_gib"] > 78
+
+
 def test_plan_of_a_windowed_job_prices_its_window_unless_the_job_overrides_it(tmp_path, capsys):
     """A Mistral-type model's sliding window reaches the plan of its job (priced as a window:
     far below full causal attention at 1M tokens), and `task.model_overrides.sliding_window=

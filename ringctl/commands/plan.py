@@ -499,12 +499,8 @@ def _from_job(args) -> Workload:
         )
     if args.seq and not work.seq_len:
         work = replace(work, seq_len=args.seq)
-    ulysses = config_section(cfg, "ring").get("ulysses")
-    if ulysses not in (None, "auto") and args.ulysses == 1:
-        try:
-            work = replace(work, ulysses=int(ulysses))
-        except (TypeError, ValueError):
-            raise UserError(f"ring.ulysses: expected auto or a degree, got {ulysses!r}") from None
+    if args.ulysses != 1:  # the flag over the job's ring.ulysses (sizing.job_ulysses)
+        work = replace(work, ulysses=args.ulysses)
     args.job_cfg = cfg
     return work
 
