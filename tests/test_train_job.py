@@ -416,6 +416,19 @@ def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypat
     config = load_resolved(job / "config.yaml")
     got = export.gather(job, tmp_path / "b", partial=True, job_config=config)
     assert calls == [4, 6] and got.step == 6 and not got.partial
+    monkeypatch.setattr(export, "_write", write)
+
+    # A resume moves logs/ to attempts/<n>/ and restores the history only once it loads the
+    # checkpoint: stopped before that, a gather wrote an empty metrics.jsonl, loss null, and
+    # blamed a missing matplotlib for the plot, exit 0. The checkpoint's own copy is read.
+    whole = (tmp_path / "b" / "metrics.jsonl").read_text()
+    assert len(whole.splitlines()) == 6
+    (job / "attempts" / "1").mkdir(parents=True)
+    (job / "logs").rename(job / "attempts" / "1" / "logs")
+    got = export.gather(job, tmp_path / "c", job_config=config)
+    assert (tmp_path / "c" / "metrics.jsonl").read_text() == whole
+    assert got.loss == json.loads(whole.splitlines()[-1])["loss"]
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["loss"] == got.loss
 
 
 def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):

@@ -16,6 +16,7 @@ no checkpoint yet, or whose ``latest`` names a broken one, is refused in one lin
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,17 +158,20 @@ def _write_whole(target: Path, job: JobDir, found, job_config, force, left: int,
 def _write(
     tmp: Path, job: JobDir, found, job_config, unfinished: bool
 ) -> tuple[list[str], float | None, list]:
+    source = _metrics_of(job, found)
     try:
-        records, bad = metrics.read(job.metrics)
+        records, bad = metrics.read(source)
     except ValueError as err:  # not a regular file: named
         raise UserError(str(err)) from None
     records = [r for r in records if r.step <= found.step]
     (tmp / "metrics.jsonl").write_text("".join(json.dumps(r.__dict__) + "\n" for r in records))
-    notes = [f"{job.metrics}: {bad} unreadable line(s) skipped"] if bad else []
+    notes = [f"{source}: {bad} unreadable line(s) skipped"] if bad else []
     files = ["metrics.jsonl"]
     png = _plot(tmp / "loss.png", records)
     files += [png] if png else []
-    notes += [] if png else ["loss.png not drawn: pip install 'ringctl[plot]' (matplotlib)"]
+    if not png:
+        why = "no step recorded" if not records else "pip install 'ringctl[plot]' (matplotlib)"
+        notes.append(f"loss.png not drawn: {why}")
     tokenizer, said = run_tokenizer_dir(job_config, found)
     notes += said
     export_model(found, tmp / "model", tokenizer)
@@ -183,6 +187,15 @@ def _write(
     }
     (tmp / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return files + ["summary.json"], loss, notes
+
+
+def _metrics_of(job: JobDir, found: checkpoint.Checkpoint) -> Path:
+    """The history of the run up to ``found``: the copy saved with it (logs/metrics.jsonl
+    is the attempt's: a resume moves it to attempts/<n>/ and restores it only once the
+    checkpoint is loaded, so a resume stopped before that gathered no step, exit 0);
+    logs/metrics.jsonl for a checkpoint of an earlier ringctl that saved none."""
+    saved = found.path / checkpoint.METRICS
+    return saved if os.path.lexists(saved) else job.metrics
 
 
 def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | None) -> None:
@@ -381,7 +394,7 @@ def _plot(path: Path, records) -> str | None:
         marker="." if len(records) < 50 else None,
     )
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (mean over the step's predicted tokens)")
+    ax.set_ylabel("loss (mean per token)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
