@@ -38,6 +38,7 @@ exit status:
        unknown (`status`), the job does not fit (`plan`), or a write the machine refused
        (disk full, quota, read-only file system)
   2    a usage error: a bad argument, job file, key or path (one line says which)
+  3    `gather` refused: outputs or a checkpoint missing, damaged or changed (each named)
   130  interrupted (^C)
   141  the reader of the output went away (`ringctl ... | head`)"""
 

@@ -700,3 +700,16 @@ def test_a_shard_rewritten_consistently_is_still_checked_row_by_row(
         err = capsys.readouterr().err
         assert said[name] in err and "Traceback" not in err, err
         assert not (tmp_path / name).exists()
+
+
+def test_a_running_job_s_failed_gather_advises_partial_only_when_not_given():
+    """`gather --partial` of a running job with nothing complete yet said "... or gather the
+    complete documents now with --partial"."""
+    from ringctl.backends.base import JobState, JobStatus
+    from ringctl.commands.gather import _not_finished_line
+
+    running = JobStatus("7", JobState.RUNNING)
+    line = _not_finished_line(running, Path("/j"), partial=False)
+    assert line.endswith("or gather what is complete now with --partial"), line
+    line = _not_finished_line(running, Path("/j"), partial=True)
+    assert "--partial" not in line and line.startswith("the job is RUNNING"), line

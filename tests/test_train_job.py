@@ -395,7 +395,12 @@ def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypat
     assert main(["gather", str(job), "-o", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert "step 4 of the run's 6 (task.max_steps)" in err and "--partial" in err, err
-    assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
+    assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--format", "csv"]) == 2
+    assert "--format csv: a table of per-token values is a scoring job's" in (
+        capsys.readouterr().err
+    )  # ignored before: exit 0, no table, nothing said
+    # JOBDIR/out names its job (gather --help): "out/checkpoints: no checkpoint yet" before
+    assert main(["gather", str(job / "out"), "-o", str(tmp_path / "a"), "--partial"]) == 0
     out = capsys.readouterr().out
     assert "step 4 (partial: the run has not finished)" in out, out
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
@@ -500,7 +505,7 @@ def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
     capsys.readouterr()
-    assert main(["gather", str(job), "-o", str(tmp_path / "b"), "--partial"]) == 2
+    assert main(["gather", str(job), "-o", str(tmp_path / "b"), "--partial"]) == 3
     said = f"{shard}: its sha256 is not the one checksums.json recorded at the save"
     assert said in capsys.readouterr().err
     assert main(["resume", str(job), "--force", "--follow"]) == 1
@@ -511,10 +516,10 @@ def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(
     config = later / "config.json"
     config.write_text(config.read_text().replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 0.1'))
     (job / "checkpoints" / "latest").write_text("step-0000006\n")
-    assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
+    assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 3
     assert f"{config}: its sha256 is not the one" in capsys.readouterr().err
     (later / "checksums.json").unlink()
-    assert main(["gather", str(job), "-o", str(tmp_path / "d")]) == 2
+    assert main(["gather", str(job), "-o", str(tmp_path / "d")]) == 3
     assert (
         "checksums.json: missing (this checkpoint was written with one)" in capsys.readouterr().err
     )

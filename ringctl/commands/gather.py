@@ -178,16 +178,17 @@ def partial_state_line(status, job_path: Path | None, result, out: str | None = 
     )
 
 
-def _not_finished_line(status, job_path: Path) -> str | None:
+def _not_finished_line(status, job_path: Path, partial: bool) -> str | None:
     """The line that leads a failed gather of a job that has not ended (PENDING, RUNNING):
     its shards are missing because they are not written yet, which the list of problems
-    alone does not say. None for an ended job, or one whose state is not known."""
+    alone does not say (and --partial, unless it was given: it was advised again). None for
+    an ended job, or one whose state is not known."""
     if status is None or status.state.finished or status.state.value == "UNKNOWN":
         return None
+    now = "" if partial else ", or gather what is complete now with --partial"
     return (
         f"the job is {status.state.value}: its outputs are not all written yet; gather it when "
-        f"it ends (`ringctl status {shlex.quote(str(job_path))}`), or gather the complete "
-        "documents now with --partial"
+        f"it ends (`ringctl status {shlex.quote(str(job_path))}`){now}"
     )
 
 
@@ -232,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
             except UserError:
-                lead = _not_finished_line(status or _state_now(backend, job.path), job.path)
+                state_now = status or _state_now(backend, job.path)
+                lead = _not_finished_line(state_now, job.path, args.partial)
                 if lead:  # before the problems the cli prints: why they are there
                     print(f"ringctl gather: {visible(lead)}", file=sys.stderr)
                 raise

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..atomic import default_file_mode
 from ..bounded_read import read_regular
 from ..errors import UserError, naming, with_filename
-from ..jobdir import JobDir
+from ..jobdir import JobDir, job_of
 from ..output_dir import (
     beside,
     check_target,
@@ -72,21 +72,34 @@ def _latest(job: JobDir) -> checkpoint.Checkpoint:
     try:
         found = checkpoint.CheckpointDir(job.checkpoints).latest()
     except ValueError as err:
-        raise UserError(str(err)) from None
+        raise _refused(str(err)) from None
     if found is None:
         raise UserError(f"{job.checkpoints}: no checkpoint yet; nothing to gather")
     return found
 
 
 def gather(
-    job_dir, out=None, *, force: bool = False, partial: bool = False, job_config=None, **_ignored
+    job_dir,
+    out=None,
+    *,
+    force: bool = False,
+    partial: bool = False,
+    job_config=None,
+    fmt: str = "safetensors",
+    **_ignored,
 ) -> TrainGather:
     """Write OUT (default JOBDIR/gathered) from the job's newest checkpoint and metrics. A
     checkpoint before the run's last step is an unfinished run's: refused unless ``partial``,
-    and then marked partial (as a scoring job's documents are)."""
+    and then marked partial (as a scoring job's documents are). ``fmt`` is the scoring job's
+    table of per-token values: a training job has none (asked for, it was ignored)."""
+    if fmt != "safetensors":
+        raise UserError(
+            f"--format {fmt}: a table of per-token values is a scoring job's; a training "
+            "job's gather writes metrics.jsonl, loss.png and model/"
+        )
     if is_gather_output(Path(job_dir)) and recognises(Path(job_dir)):
         raise UserError(f"{job_dir}: a gathered training output, not a job: nothing to gather")
-    job = JobDir(Path(job_dir))
+    job = JobDir(job_of(Path(job_dir)) or Path(job_dir))  # JOBDIR/out names its job too
     target = _target(job, out)
     notes = recover_killed(target)
     check_target(target, job.path, force=force)
@@ -189,6 +202,14 @@ def _write(
     return files + ["summary.json"], loss, notes
 
 
+def _refused(problem: str) -> UserError:
+    """A checkpoint gather cannot vouch for (damaged, changed since its save, unreadable):
+    exit 3, as a scoring job's damaged outputs (2 is a usage error)."""
+    from ..longdoc.output.gather import GatherError
+
+    return GatherError([problem])
+
+
 def _metrics_of(job: JobDir, found: checkpoint.Checkpoint) -> Path:
     """The history of the run up to ``found``: the copy saved with it (logs/metrics.jsonl
     is the attempt's: a resume moves it to attempts/<n>/ and restores it only once the
@@ -206,7 +227,10 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
     from ..longdoc.model.load import config_from_fields
 
     path = found.path / checkpoint.MODEL_CONFIG
-    data = saved_model_config(path)
+    try:
+        data = saved_model_config(path)
+    except UserError as err:
+        raise _refused(str(err)) from None
     try:
         config, _ = config_from_fields(data, path)
         _check_against(config, found, path)
@@ -214,7 +238,7 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
         checkpoint.load_weights(model, found)
     except (ValueError, TypeError, KeyError) as err:
         said = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        raise UserError(naming(path, said, within=found.path)) from None
+        raise _refused(naming(path, said, within=found.path)) from None
     _save_quietly(model, where)
     for written in where.iterdir():  # transformers writes the weights 0600 (a shared cluster)
         written.chmod(default_file_mode())
