@@ -167,6 +167,9 @@ def test_the_demo_scores_the_samples_with_smollm2(tmp_path, capsys) -> None:
     started = time.monotonic()
     assert main(["run", "jobs/longdoc.yaml", f"job_dir={job}"]) == 0, capsys.readouterr().err
     ran = time.monotonic() - started
+    # the Latin-1 sample's bytes that are not UTF-8 are read as U+FFFD: said, not silent
+    said = "market-ledger-latin1.txt: 15 byte(s) not valid UTF-8, read as U+FFFD"
+    assert said in capsys.readouterr().out
     assert main(["gather", str(job)]) == 0
     gathered = time.monotonic() - started - ran
     summary = json.loads((job / "gathered" / "summary.json").read_text())

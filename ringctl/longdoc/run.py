@@ -50,11 +50,17 @@ from ..progress import ring_record
 from ..rings import RingGroups
 from .compute.scoring import ShardResult, comm_device, run_task
 from .consensus import agree, agreed_inputs, any_has, document_verdict
-from .inputs.documents import Document, DocumentError, Listing, input_identity
+from .inputs.documents import (
+    Document,
+    DocumentError,
+    Listing,
+    input_identity,
+    invalid_utf8_count,
+)
 from .model.compat import window_refusal
 from .model.directory import model_identity
 from .model.load import attention_layers, bundled_config_path, load_model, resolve_model_path
-from .model.tokenize import load_tokenizer
+from .model.tokenize import ByteTokenizer, load_tokenizer
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
 from .output.manifest import documents_record, other_run, run_record, write_documents, write_run
@@ -133,15 +139,17 @@ def _changed_inputs(docs: list[Document], changed: list[list[str]], params, job:
         job.log(f"input changed since its outputs were written, computed again: {some_names(ids)}")
 
 
-def _read_ids(doc: Document, tokenizer) -> tuple[torch.Tensor | None, int, dict | None]:
+def _read_ids(doc: Document, tokenizer) -> tuple[torch.Tensor | None, int, dict | None, int]:
     """(token ids or None when the input vanished, their checksum, the input's identity: what
-    the document's outputs record of it)."""
+    the document's outputs record of it, and how many of its bytes a text tokenizer read as
+    U+FFFD: not valid UTF-8; the byte tokenizer reads every byte as it is)."""
     try:
         raw = doc.read_bytes()
     except (FileNotFoundError, DocumentError):  # gone, or changed since it was listed
-        return None, -1, None
+        return None, -1, None, 0
     ids = tokenizer.encode(raw)
-    return ids, zlib.crc32(ids.numpy().tobytes()), input_identity([raw])
+    replaced = 0 if isinstance(tokenizer, ByteTokenizer) else invalid_utf8_count(raw)
+    return ids, zlib.crc32(ids.numpy().tobytes()), input_identity([raw]), replaced
 
 
 def _stats_text(st: dict) -> str:
@@ -632,8 +640,13 @@ class _RingPass:
     def step(self, doc: Document, stop: bool) -> bool:
         """One document: agreed by the ring (stop, missing or go), then queued for a batch or
         scored alone. Returns True when the ring stops here."""
-        ids, crc, identity = _read_ids(doc, self.owner.tokenizer)
+        ids, crc, identity, replaced = _read_ids(doc, self.owner.tokenizer)
         self.owner.inputs[doc.id] = identity
+        if replaced and self.ring.lead:  # the Latin-1 sample was scored altered, unsaid
+            self.ring.log(
+                f"{doc.id}: {replaced} byte(s) not valid UTF-8, read as U+FFFD by the tokenizer "
+                "(bits per byte count the UTF-8 bytes of the text as read)"
+            )
         n = None if ids is None else int(ids.numel())
         verdict = document_verdict(doc.id, stop, n, crc, self.ring.group, self.ring.device)
         if verdict.action == "stop":
