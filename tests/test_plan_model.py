@@ -75,7 +75,7 @@ def test_inference_keeps_one_layer_and_training_keeps_what_autograd_keeps():
         c: sum(memory_per_rank(work(mode="train", checkpoint=c), 8).values())
         for c in ("none", "selective", "full")
     }
-    assert score < embed < train["full"] < train["selective"] < train["none"]
+    assert embed < score < train["full"] < train["selective"] < train["none"]  # embed: no head
     # saved activations of all 32 layers grow with the layers; one live layer does not
     deep = replace(L8, layers=64)
     grow_train = sum(memory_per_rank(work(deep, mode="train"), 8).values()) - train["none"]

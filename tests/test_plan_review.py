@@ -506,3 +506,29 @@ def test_a_model_the_planner_cannot_price_submits_with_a_budget_of_its_own(tmp_p
 
 
 _SMALL_DENSE = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=256)
+
+
+def test_a_device_without_a_link_figure_names_the_figure_assumed(tmp_path, capsys):
+    """A device entry with neither nvlink_gbps nor pcie_gbps was priced at a PCIe figure of
+    the planner's own, shown as "PCIe (nominal) 256 Gbit/s" as if the file had said it."""
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps({"x": {"mem_gib": 80, "tflops": {"bfloat16": 1000}}}))
+    argv = ["plan", "--devices", str(devices), "--device", "x", "--seq", "65536", "--ranks", "8"]
+    assert main(argv) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "PCIe x16 gen4 (assumed: no nvlink_gbps or pcie_gbps) 256 Gbit/s" in shown, shown
+
+
+def test_embed_is_priced_without_the_output_head(capsys):
+    """`--mode embed` returns hidden states before the output head, and was priced with its
+    logits (4.9 GiB a rank at 262k tokens of Llama-3-8B on 8 ranks) and its matmul's time."""
+    argv = ["plan", "--model", "llama3-8b", "--seq", "262144", "--ranks", "8", "--json"]
+    plans = {}
+    for mode in ("embed", "score"):
+        assert main([*argv, "--mode", mode]) == 0
+        plans[mode] = json.loads(capsys.readouterr().out)
+    embed, score = plans["embed"], plans["score"]
+    assert not any("logits" in k for k in embed["memory_bytes"])
+    assert not any("lm_head" in k for k in embed["model_s"])
+    assert any("logits" in k for k in score["memory_bytes"])
+    assert embed["memory_total_gib"] < score["memory_total_gib"]

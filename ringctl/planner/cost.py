@@ -36,6 +36,7 @@ from .memory import (
     logits_bytes,
     output_bytes,
     precision,
+    runs_lm_head,
     state_parts,
 )
 from .model import ModelShape
@@ -218,7 +219,8 @@ def memory_phases(
     if w.trains:
         mlp["backward working set (one layer's gradients)"] = backward_working_set(w, tokens)
     phases["MLP"] = mlp
-    phases["lm_head"] = {_logits_label(w, tokens): logits_bytes(w, tokens)}
+    if runs_lm_head(w):
+        phases["lm_head"] = {_logits_label(w, tokens): logits_bytes(w, tokens)}
     return held, phases
 
 
@@ -260,7 +262,10 @@ def intra_link(device: Device, latency_s: float | None = None) -> Link:
     lat = device.nvlink_latency_s if latency_s is None else latency_s
     if device.nvlink_gbytes_s:
         return Link("NVLink (nominal)", 8 * device.nvlink_gbytes_s, lat)
-    return Link("PCIe (nominal)", 8 * (device.pcie_gbytes_s or 32), lat)
+    if device.pcie_gbytes_s:
+        return Link("PCIe (nominal)", 8 * device.pcie_gbytes_s, lat)
+    # a device entry without a link figure: the assumption is named where the hop is shown
+    return Link("PCIe x16 gen4 (assumed: no nvlink_gbps or pcie_gbps)", 8 * 32.0, lat)
 
 
 def step_kinds(w: Workload, ranks: int) -> list[str]:

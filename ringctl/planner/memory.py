@@ -39,6 +39,12 @@ SHARDS = ("none", "weights", "full")
 OPTIMIZERS = (None, "adam")
 
 
+def runs_lm_head(w) -> bool:
+    """Whether the job runs the output head: scoring and training do; ``embed`` returns
+    the hidden states before it (its logits were priced: 4.9 GiB a rank of nothing)."""
+    return w.run_mode != "embed"
+
+
 def precision(w) -> dict[str, str]:
     """The dtype each kind of tensor is held in, as the memory model counts it."""
     trains = w.trains
@@ -60,7 +66,7 @@ def precision(w) -> dict[str, str]:
     )
     if trains:
         out["dK/dV accumulators (travelling)"] = "float32"
-    if w.model is not None:
+    if w.model is not None and runs_lm_head(w):
         out["logits, log-softmax"] = "float32"
     return out
 

@@ -22,7 +22,7 @@ the critical path of every layer: its volume is (U-1)/U of the tensors, over NVL
 
 from __future__ import annotations
 
-from .memory import DTYPE_BYTES
+from .memory import DTYPE_BYTES, runs_lm_head
 from .model import (
     elementwise_bytes_per_token,
     layer_matmuls,
@@ -101,11 +101,9 @@ def elementwise_s(w, tokens: float, device, ranks_on_host: int) -> float:
 def _phase_parts(phase: str, lin: float, att: float, head: float, elem: float) -> dict:
     """One phase's parts of the whole-model time; the elementwise part only where the device
     prices it (a datasheet entry's report keeps its rows)."""
-    parts = {
-        f"projections + MLP ({phase})": lin,
-        f"ring attention ({phase})": att,
-        f"lm_head ({phase})": head,
-    }
+    parts = {f"projections + MLP ({phase})": lin, f"ring attention ({phase})": att}
+    if head:  # none for embed (runs_lm_head)
+        parts[f"lm_head ({phase})"] = head
     if elem:
         parts[f"norms, RoPE, activations ({phase})"] = elem
     return parts
@@ -123,7 +121,8 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
     layer = layer_matmuls(m, w.heads, w.kv_heads, w.head_dim)
     one_f, one_b = matmul_s(layer, tokens, device, w.dtype, ranks_on_host)
     lin_f, lin_b = L * one_f, L * one_b  # every layer alike: one priced, times L
-    head_f, head_b = matmul_s([lm_head_matmul(m)], tokens, device, w.dtype, ranks_on_host)
+    head = [lm_head_matmul(m)] if runs_lm_head(w) else []  # embed stops before it
+    head_f, head_b = matmul_s(head, tokens, device, w.dtype, ranks_on_host)
     att_f, elem_f = attn_s["forward"], elementwise_s(w, tokens, device, ranks_on_host)
     trains = w.trains
     att_b, elem_b = attn_s.get("backward", 0.0), 2 * elem_f
@@ -155,7 +154,8 @@ def model_time(w, ranks, device, attn_s, *, ranks_on_host, intra, net) -> dict |
             a2a_f + (a2a_b if trains else 0.0)
         )
     useful = tokens * (
-        linear_flops_per_token(m, w.heads, w.kv_heads, w.head_dim) + lm_head_flops_per_token(m)
+        linear_flops_per_token(m, w.heads, w.kv_heads, w.head_dim)
+        + (lm_head_flops_per_token(m) if head else 0.0)
     ) + attention_flops(w, ranks)
     useful *= 3 if trains else 1
     return {
