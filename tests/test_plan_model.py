@@ -162,7 +162,7 @@ def test_model_shape_from_a_model_directory(tmp_path, capsys):
         "model_type": "llama",
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert model_shape(tmp_path) == replace(L70, name="llama")
+    assert model_shape(tmp_path) == replace(L70, name="llama", family="llama")
     argv = [
         "plan",
         "--model",

@@ -532,3 +532,23 @@ def test_embed_is_priced_without_the_output_head(capsys):
     assert not any("lm_head" in k for k in embed["model_s"])
     assert any("logits" in k for k in score["memory_bytes"])
     assert embed["memory_total_gib"] < score["memory_total_gib"]
+
+
+def test_a_family_the_planner_prices_as_llama_says_so(tmp_path, capsys):
+    """phi-2, gpt_neox, falcon (ungated MLPs, fused projections) were priced as Llama-style
+    decoders without a word: phi-2's 2.78B parameters as 3.62B, exit 0."""
+    config = {
+        "model_type": "phi",
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "vocab_size": 51200,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["plan", "--model", str(tmp_path), "--seq", "8192", "--ranks", "2"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "model_type 'phi' is priced as a Llama-style decoder" in shown, shown
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    assert main(["plan", "--model", str(tmp_path), "--seq", "8192", "--ranks", "2"]) == 0
+    assert "Llama-style decoder" not in capsys.readouterr().out

@@ -472,6 +472,8 @@ def estimate(
         est.model_s, est.model_total_s = timed["parts"], timed["total_s"]
         est.tokens_per_s_per_gpu, est.mfu = timed["tokens_per_s_per_gpu"], timed["mfu"]
     _warn(est, device, capacity, attn.seq_len // ring)
+    if w.model is not None and w.model.layout_note:
+        est.warnings.append(w.model.layout_note)
     return est
 
 

@@ -17,6 +17,30 @@ from ..text import cut
 from .hf_config import is_size, sliding_layers, value_refusal
 from .hf_config import sliding_window as window_of
 
+# Families whose MLP is not gated (two matrices, not three) or whose attention is laid out
+# otherwise (falcon's fused multi-query projections): ModelShape prices a Llama-style layer.
+UNGATED_FAMILIES = frozenset(
+    {
+        "bloom",
+        "biogpt",
+        "codegen",
+        "falcon",
+        "gpt2",
+        "gpt_bigcode",
+        "gpt_neo",
+        "gpt_neox",
+        "gpt_neox_japanese",
+        "gptj",
+        "mpt",
+        "nemotron",
+        "opt",
+        "persimmon",
+        "phi",
+        "starcoder2",
+        "xglm",
+    }
+)
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -43,6 +67,21 @@ class ModelShape:
     experts: int = 0  # routed experts per layer; 0: a dense MLP
     experts_per_token: int = 0
     shared_intermediate: int = 0  # a shared expert's width (Qwen2-MoE); 0: none
+    family: str = ""  # config.json's model_type ("" for presets and flags: Llama-style)
+
+    @property
+    def layout_note(self) -> str | None:
+        """Why this family's figures are a Llama-style decoder's, not its own (None: they
+        are its own): its MLP is not gated, or its attention's projections are laid out
+        otherwise; weights and activations were priced as Llama's without a word (phi-2:
+        3.62B parameters priced for 2.78B)."""
+        if self.family not in UNGATED_FAMILIES:
+            return None
+        return (
+            f"model_type {self.family!r} is priced as a Llama-style decoder (a gated MLP of "
+            "intermediate_size, separate q/k/v/o projections): its own layout differs, so its "
+            "weights and activations are approximate"
+        )
 
     @property
     def inter(self) -> int:
@@ -209,6 +248,7 @@ def from_hf_config(data: dict, where: str) -> ModelShape:
         head_dim=head_dim,
         tied_embeddings=_flag(data, "tie_word_embeddings", where),
         name=str(data.get("_name_or_path") or data.get("model_type") or ""),
+        family=str(data.get("model_type") or ""),
         **sliding_window(data, where),
         **moe,
     )
