@@ -405,7 +405,7 @@ def test_the_cast_of_a_tied_embedding_is_the_whole_matrix():
     Before: half of it (embedding_params // 2)."""
     m = ModelShape(16, 2048, 8192, 128256, heads=32, kv_heads=8, head_dim=64, tied_embeddings=True)
     w = Workload(8192, 32, 8, 64, model=m, mode="train", optimizer="adam")
-    assert state_parts(w, 1)["weight casts (autocast, one unit)"] == 128256 * 2048 * 2
+    assert state_parts(w, 1)["weight casts (mixed precision, one unit)"] == 128256 * 2048 * 2
 
 
 # --- 9. one layer priced, times the layers ------------------------------------------------

@@ -34,6 +34,7 @@ from .memory import (
     backward_working_set,
     banded_workspace,
     logits_bytes,
+    optimizer_step_parts,
     output_bytes,
     precision,
     runs_lm_head,
@@ -76,6 +77,10 @@ class Workload:
     lm_head_chunk: int = 4096  # tokens per lm_head + log-softmax chunk; 0: all at once
     ulysses: int = 1
     mlp_chunk: int = 0  # tokens per MLP chunk (blockwise feedforward); 0: all at once
+    # Half-precision training as ringctl's training job runs it: autocast over float32
+    # weights (FSDP gathers float32; every matmul's weight cast and kept for backward).
+    # False: FSDP's mixed precision (weights gathered in the compute dtype), as torchtitan.
+    autocast: bool = False
     # A sliding window on every layer (attention alone, or to override the model's); None:
     # the model's own (ModelShape.window on its window_layers), if any. Causal only.
     window: int | None = None
@@ -209,18 +214,26 @@ def memory_phases(
     for counted in ("q, k, v shards", "output shard", "log-sum-exp"):
         buffers.pop(counted)  # part of the layer's activations below
     tokens = w.batch * w.seq_len / ranks
-    held = state_parts(w, w.shard_degree or ranks)
-    layer: dict[str, float] = {}
-    for name, value in activation_parts(w, tokens).items():
-        (layer if name.startswith(("recomputed", "activations (one layer")) else held)[name] = value
+    degree = w.shard_degree or ranks
+    held = state_parts(w, degree)
     held.update(output_bytes(w, tokens))
-    phases = {"attention": layer | {f"ring attention: {k}": v for k, v in buffers.items()}}
-    mlp = dict(layer)
+    layer: dict[str, float] = {}
+    saved: dict[str, float] = {}  # kept from the forward until backward: not in the step
+    for name, value in activation_parts(w, tokens).items():
+        (layer if name.startswith(("recomputed", "activations (one layer")) else saved)[name] = (
+            value
+        )
+    ring_parts = {f"ring attention: {k}": v for k, v in buffers.items()}
+    phases = {"attention": saved | layer | ring_parts}
+    mlp = saved | layer
     if w.trains:
         mlp["backward working set (one layer's gradients)"] = backward_working_set(w, tokens)
     phases["MLP"] = mlp
     if runs_lm_head(w):
-        phases["lm_head"] = {_logits_label(w, tokens): logits_bytes(w, tokens)}
+        phases["lm_head"] = saved | {_logits_label(w, tokens): logits_bytes(w, tokens)}
+    step = optimizer_step_parts(w, degree, ranks)
+    if step:  # after backward: the activations are freed
+        phases["optimizer step"] = step
     return held, phases
 
 

@@ -17,9 +17,12 @@ are gathered a unit (decoder layer, or embedding / lm_head) at a time, with the 
 prefetched: two units in flight.
 
 Activations per token of one decoder layer, counted as the tensors PyTorch autograd saves
-for a Llama layer with a fused attention kernel (no n^2 scores): both RMSNorms' inputs and
-outputs (4h), q/k/v (``(H + 2 KV) d``), the attention output (``H d``) and the gated MLP's
-gate, up, activation and product (4i). ``selective`` keeps only the matmul and attention
+for a Llama layer with a fused attention kernel (no n^2 scores), checked against
+saved_tensors_hooks and the live tensor bytes of real 2-rank steps (within 0.95-1.05 of the
+peak for float32, bfloat16 and autocast training, FSDP, scoring and grad): the RMSNorms'
+(``norm_bytes``: input, ``x * rsqrt`` and output, by precision), q/k/v (``(H + 2 KV) d``),
+the attention output (``H d``) and the gated MLP's gate, up, activation and product (4i);
+under autocast every layer's matrices cast to half precision, kept until backward. ``selective`` keeps only the matmul and attention
 outputs (recomputing norms and activations: h + (H + 2 KV) d + H d + 2i); ``full`` keeps each
 layer's input (h) and holds one layer's full set while it is recomputed. Inference keeps one
 layer live at a time.
@@ -85,12 +88,36 @@ def _elems(w, tokens: float):
     h, i = m.hidden, m.active_inter  # a token's MLP width (its experts' with experts)
     f = _mlp_share(w, tokens)
     qkv, out = (heads + 2 * kv) * d, heads * d
-    train = 4 * h + qkv + out + 4 * i
+    train = qkv + out + 4 * i  # the norms' are in bytes: norm_bytes
     selective = h + qkv + out + 2 * i
-    recomputed = qkv + out + (4 * h + 4 * i) * f  # norms and MLP run chunk by chunk
+    recomputed = qkv + out + 4 * i * f  # the MLP runs chunk by chunk
     live = 2 * h + max(qkv + out, 3 * i * f)
     grads = 2 * h + 3 * i * f
     return train, selective, recomputed, live, grads
+
+
+def autocast(w) -> bool:
+    """Training in bfloat16/float16 by autocast over float32 weights (the training job's
+    ``task.dtype: bfloat16``, ``Workload.autocast``), not a model cast to it nor FSDP's mixed
+    precision."""
+    return w.autocast and w.trains and DTYPE_BYTES[w.dtype] != 4
+
+
+def norm_bytes(w) -> float:
+    """Bytes a token's two RMSNorms of one layer keep for backward, as autograd saves them
+    (measured with saved_tensors_hooks on transformers' Llama layer): each norm's input in
+    float32 (a float32 copy of a half-precision one, for the square) and ``x * rsqrt`` in
+    float32; then its output as each projection reads it: in float32 (12h bytes a norm),
+    once in half precision for a model cast to it (8h), and under autocast once per
+    projection that casts it (q, k, v; gate, up: 26h for both norms). The planner counted
+    each norm's input and output only (float32 priced 0.89x, bfloat16 0.81x of the saved
+    bytes, autocast as a half-precision model)."""
+    h, b = w.model.hidden, DTYPE_BYTES[w.dtype]
+    if b >= 4:
+        return 2 * 3 * b * h
+    if autocast(w):
+        return 2 * 8 * h + (3 + 2) * b * h
+    return 2 * (4 + 2 * b) * h
 
 
 def activation_parts(w, tokens: float) -> dict[str, float]:
@@ -104,12 +131,22 @@ def activation_parts(w, tokens: float) -> dict[str, float]:
     if not w.trains:
         return {"activations (one layer live, no autograd)": live * tokens * b}
     if w.checkpoint == "full":
+        casts = (matrix_params(w) + head_matrix(w)) * b if autocast(w) else 0
         return {
             "checkpoints (each layer's input)": m.layers * m.hidden * tokens * b,
-            "recomputed layer (during its backward)": (recomputed * b + lse) * tokens,
+            "recomputed layer (during its backward)": (recomputed * b + norm_bytes(w) + lse)
+            * tokens
+            + casts,
         }
-    per_layer = selective * b + lse if w.checkpoint == "selective" else train * b + lse
+    if w.checkpoint == "selective":
+        per_layer = selective * b + lse
+    else:
+        per_layer = train * b + norm_bytes(w) + lse
     parts = {f"activations (all layers, checkpoint {w.checkpoint})": m.layers * per_layer * tokens}
+    if autocast(w):  # cached per forward: every layer's matrices, kept until backward
+        parts["weight casts (autocast: every layer's, saved for backward)"] = (
+            m.layers * matrix_params(w) + head_matrix(w)
+        ) * b
     return parts
 
 
@@ -123,9 +160,11 @@ def logits_bytes(w, tokens: float) -> float:
     """lm_head output and the log-softmax over one chunk (``lm_head_chunk`` tokens; 0: all
     tokens of the rank at once, as a training loop that calls cross_entropy on the whole
     sequence does): the matmul's output in the compute dtype, its float32 upcast (none when
-    computing in float32), the saved log-softmax, and its gradient when training."""
+    computing in float32), the saved log-softmax, and when training two float32 gradients
+    alive in its backward (the log-softmax's and the logits': the job's chunked loss
+    measured 1.21x of one gradient's count in float32, 0.95x of two in bfloat16)."""
     b = DTYPE_BYTES[w.dtype]
-    per = b + (4 if b != 4 else 0) + 4 + (4 if w.trains else 0)
+    per = b + (4 if b != 4 else 0) + 4 + (8 if w.trains else 0)
     chunk = tokens if not w.lm_head_chunk else min(tokens, w.lm_head_chunk)
     return chunk * w.model.vocab * per
 
@@ -153,15 +192,49 @@ def state_parts(w, degree: int) -> dict[str, float]:
         parts[f"Adam moments (float32 x2{f', 1/{d_s} shard' if d_s > 1 else ''})"] = n * 8 / d_s
     if d_w > 1:
         unit = largest_unit(w)
-        gathered = 2 * unit * b  # the unit computing and the next one prefetched
+        # the unit computing and the next one prefetched: in the compute dtype (FSDP's mixed
+        # precision), or float32 under autocast, which casts them (activation_parts)
+        gathered = 2 * unit * (stored if autocast(w) else b)
         if w.trains:
             gathered += unit * grad  # a unit's full gradient before its reduce-scatter
         parts["gathered weights (FSDP: 2 units in flight)"] = gathered
-    elif adam and b != 4:
-        # Unsharded mixed precision: autocast casts a matmul's weight per use; the largest
-        # cast alive at once is about one unit.
-        parts["weight casts (autocast, one unit)"] = largest_unit(w) * b
+    elif adam and b != 4 and not autocast(w):
+        # Unsharded mixed precision: a matmul's weight cast per use; the largest cast alive
+        # at once is about one unit.
+        parts["weight casts (mixed precision, one unit)"] = largest_unit(w) * b
     return parts
+
+
+def optimizer_step_parts(w, degree: int, ranks: int) -> dict[str, float]:
+    """What the step after backward adds (the activations freed by then): one float32 copy
+    of the gradients, the flat buffer of their all-reduce (``train.step.sum_gradients``,
+    unsharded over more than one rank) or AdamW's foreach temporary (the second moments'
+    square roots, on GPUs); per shard under FSDP. The peak of a weight-heavy step is here
+    (1.13x of the plan before)."""
+    from .model import total_params
+
+    if not w.trains:
+        return {}
+    n = total_params(w.model, w.heads, w.kv_heads, w.head_dim)
+    adam = w.optimizer == "adam"
+    grad = 4 if adam else DTYPE_BYTES[w.dtype]
+    d_s = degree if w.shard == "full" else 1
+    if not adam and (d_s > 1 or ranks == 1):
+        return {}
+    return {"optimizer step (a float32 copy of the gradients: all-reduce, AdamW)": n * grad / d_s}
+
+
+def matrix_params(w) -> int:
+    """A layer's matrices' parameters (what autocast casts: not its norms)."""
+    from .model import layer_params
+
+    m = w.model
+    return layer_params(m, w.heads, w.kv_heads, w.head_dim) - 2 * m.hidden
+
+
+def head_matrix(w) -> int:
+    """The output head's matrix (autocast casts it; the embedding lookup it does not)."""
+    return w.model.vocab * w.model.hidden if runs_lm_head(w) else 0
 
 
 def largest_unit(w) -> int:
@@ -191,9 +264,14 @@ def banded_workspace(w, ranks: int, window: int, cpu: bool) -> float:
 
 
 def output_bytes(w, tokens: float) -> dict[str, float]:
-    mode = w.run_mode
+    """The outputs a rank keeps, and in inference the input embeddings, which transformers'
+    model forward keeps alive through every layer (1.17x of the plan before)."""
+    mode, b = w.run_mode, DTYPE_BYTES[w.dtype]
+    kept = {}
+    if not w.trains:
+        kept["input embeddings (kept by the model's forward)"] = tokens * w.model.hidden * b
     if mode == "score":
-        return {"log-probabilities (float32)": tokens * 4}
+        return {"log-probabilities (float32)": tokens * 4} | kept
     if mode == "embed":
-        return {"hidden states (output)": tokens * w.model.hidden * DTYPE_BYTES[w.dtype]}
-    return {}
+        return {"hidden states (output)": tokens * w.model.hidden * b} | kept
+    return kept

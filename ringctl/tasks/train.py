@@ -117,6 +117,7 @@ class TrainTask(CorpusTask):
             layout=job_layout(cfg),
             lm_head_chunk=int(cfg.task.chunk_size),
             optimizer="adam",
+            autocast=True,  # bfloat16 runs autocast over float32 weights (train.step)
             shard="full" if str(cfg.model.shard) == "job" else "none",
             shard_degree=world_size(cfg) if str(cfg.model.shard) == "job" else None,
             checkpoint="full" if bool(cfg.task.activation_checkpointing) else "none",
