@@ -22,10 +22,10 @@ saved_tensors_hooks and the live tensor bytes of real 2-rank steps (within 0.95-
 peak for float32, bfloat16 and autocast training, FSDP, scoring and grad): the RMSNorms'
 (``norm_bytes``: input, ``x * rsqrt`` and output, by precision), q/k/v (``(H + 2 KV) d``),
 the attention output (``H d``) and the gated MLP's gate, up, activation and product (4i);
-under autocast every layer's matrices cast to half precision, kept until backward. ``selective`` keeps only the matmul and attention
-outputs (recomputing norms and activations: h + (H + 2 KV) d + H d + 2i); ``full`` keeps each
-layer's input (h) and holds one layer's full set while it is recomputed. Inference keeps one
-layer live at a time.
+under autocast every layer's matrices cast to half precision, kept until backward.
+``selective`` keeps only the matmul and attention outputs (recomputing norms and
+activations: h + (H + 2 KV) d + H d + 2i); ``full`` keeps each layer's input (h) and holds
+one layer's full set while it is recomputed. Inference keeps one layer live at a time.
 """
 
 from __future__ import annotations
