@@ -54,7 +54,8 @@ def progress_record(
 
 
 def ring_record(done: int, total: int, members: list[int], **extra: Any) -> dict:
-    """What a ring's progress file holds: its documents done and in all, its job ranks."""
+    """What a ring's progress file holds: its documents done and in all, its job ranks (and
+    ``before``: the job's documents done by earlier attempts, in no ring's count)."""
     return {"done": done, "total": total, "members": members, "updated_at": time.time(), **extra}
 
 

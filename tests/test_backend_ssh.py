@@ -666,3 +666,28 @@ def test_a_damaged_remote_record_is_one_line(settings, tmp_path, remote, key):
     (job / "job.json").write_text(json.dumps({"backend": "ssh", "remote": remote}))
     with pytest.raises(UserError, match=rf"job\.json: {key}: expected "):
         SSHBackend(settings).cluster_dir(job)
+
+
+def test_a_job_whose_login_node_directory_is_gone_says_so(settings, make_job_dir, tmp_path):
+    """The login node's copy moved or purged: status read every rank as ended without a
+    result (FAILED), `logs` printed nothing, exit 0, and a resume (allowed on FAILED) made a
+    new directory there and computed every document again."""
+    job_dir = make_job_dir(
+        f"#!/bin/bash\n#SBATCH --time=2\n{STARTING}srun {RANK_LOGS} echo hi\n", name="purged"
+    )
+    remote = tmp_path / "remote-base" / "purged"
+    with SSHBackend(settings, poll_s=0.3) as b:
+        b.submit(job_dir)
+        assert b.wait(job_dir, timeout=120).state is JobState.COMPLETED
+        remote.rename(tmp_path / "elsewhere")
+        said = f"ssh {settings.target}: the job's directory {remote} is gone (moved, or purged)"
+        st = b.status(job_dir)
+        assert st.state is JobState.UNKNOWN and st.reason.startswith(said), st
+        with pytest.raises(UserError, match="is gone"):
+            list(b.logs(job_dir))
+        from ringctl.jobdir import JobDir
+
+        with pytest.raises(UserError, match="would compute every document again"):
+            b.prepare_resume(JobDir(job_dir))
+        (tmp_path / "elsewhere").rename(remote)
+        assert b.status(job_dir).state is JobState.COMPLETED

@@ -225,3 +225,32 @@ def test_a_document_s_line_is_not_followed_at_once_by_a_layer_line() -> None:
     )
     shown.within(SimpleNamespace(id="b.txt"), 1, 30)
     assert [r for r in said if "current" in r] == []
+
+
+def test_rings_of_a_resumed_job_count_the_documents_done_before() -> None:
+    """Each ring's record counts the documents given to it this attempt: a resumed job of
+    14 documents, 6 done before, read "8/8 documents on 2 rings" at its end. The leads now
+    record the job's documents done before (``before``), which the summary adds once."""
+    from ringctl.commands.jobs import ring_summary
+
+    rings = [{"done": 4, "total": 4, "before": 6}, {"done": 3, "total": 4, "before": 6}]
+    summary = ring_summary(rings)
+    assert (summary["done"], summary["total"], summary["rings_done"]) == (13, 14, 1)
+    assert ring_summary([{"done": 1, "total": 2}, {"done": 2, "total": 2}])["total"] == 4
+
+
+def test_an_ssh_job_s_outputs_are_not_judged_by_the_last_fetch(tmp_path: Path) -> None:
+    """status judged a COMPLETED ssh job's outputs by the copy its last fetch left: a job
+    resumed since read "3/14 documents, outputs incomplete, which gather refuses" while
+    gather, fetching first, wrote all 14. The login node's count stands, said unchecked."""
+    from ringctl.commands.jobs import vouch_outputs
+
+    root = tmp_path / "out" / "longdoc"
+    root.mkdir(parents=True)
+    (root / "run.json").write_text("{}")
+    row, notes = {"progress": {"done": 14, "total": 14}, "reason": ""}, []
+    vouch_outputs(tmp_path, row, notes, remote=True)
+    assert row == {"progress": {"done": 14, "total": 14}, "reason": ""}
+    assert notes == ["outputs not checked here (on the login node): gather fetches, verifies"]
+    vouch_outputs(tmp_path, row, notes, remote=False)  # here: judged (a bad run.json: said)
+    assert row["progress"]["done"] == 0 and "gather refuses" in row["reason"], row

@@ -59,6 +59,7 @@ from ..jobdir import (
 from ..sbatch import path_problem
 from ..text import cut
 from ..train.checkpoint import LATEST
+from .base import JobState, JobStatus
 from .shell import READ_LIMIT
 from .slurm import SlurmBackend, expected_ranks, one_line
 from .ssh_config import DEFAULT_KNOWN_HOSTS, SshConfig
@@ -523,9 +524,46 @@ class SSHBackend(SlurmBackend):
         in attempts/requeue-42-1", and there was no such folder here)."""
         return f"{place} on {self.settings.target} (`ringctl fetch` copies it here)"
 
+    def gone(self, job_dir: Path) -> str | None:
+        """Why the job's directory on the login node is not there (moved, or a scratch
+        purge), None when it is. Status then read every rank as ended without a result
+        (FAILED), `logs` printed nothing, and a resume started the job over in a new one."""
+        remote = self.cluster_dir(job_dir)
+        try:
+            mode = self.shell.sftp.lstat(remote).st_mode or 0
+        except FileNotFoundError:
+            mode = None
+        except SFTP_ERRORS as err:
+            raise sftp_error(self.settings, f"reading {remote}", err) from None
+        if mode is not None and stat.S_ISDIR(mode):
+            return None
+        what = "is gone (moved, or purged)" if mode is None else "is no longer a directory"
+        return f"ssh {self.settings.target}: the job's directory {remote} {what}"
+
+    def status(self, job_dir: Path) -> JobStatus:
+        gone = self.gone(job_dir)
+        if gone:
+            job_id = self._job_id(job_dir)
+            why = f"{gone}: its state cannot be read there (this directory has the last fetch's)"
+            return JobStatus(job_id, JobState.UNKNOWN, reason=why)
+        return super().status(job_dir)
+
+    def logs(self, job_dir: Path, *, rank: int | None = None, follow: bool = False):
+        gone = self.gone(job_dir)
+        if gone:
+            raise UserError(f"{gone}: no logs to read there (`ringctl fetch` brought what it had)")
+        yield from super().logs(job_dir, rank=rank, follow=follow)
+
     def prepare_resume(self, job: JobDir) -> None:
         """The remote copy stays where it is (its out/ holds the finished work): its logs and
-        placement move to attempts/<n> there too, and config.yaml/job.sh are sent again."""
+        placement move to attempts/<n> there too, and config.yaml/job.sh are sent again. A
+        copy that is gone is refused: the resume would start the job over."""
+        gone = self.gone(job.path)
+        if gone:
+            raise UserError(
+                f"{gone}: a resume continues the job there, and would compute every document "
+                "again; put the directory back, or submit a new job"
+            )
         super().prepare_resume(job)
         attempts = job.read_meta().get("attempts") or [{}]
         self._resume_attempt = Path(str(attempts[-1].get("dir", "attempt"))).name

@@ -210,15 +210,18 @@ def job_progress(shell: Shell, where: str, notes: list[str]) -> dict:
 
 
 def ring_summary(rings: list[dict]) -> dict | None:
-    """Progress over every ring of this attempt: documents done/total and the latest ETA."""
+    """Progress over every ring: documents done/total (each ring counts its own, and the
+    job's done by earlier attempts as ``before``: a resumed job read "8/8 documents" of 14)
+    and the latest ETA."""
     if len(rings) < 2:
         return None
+    before = max(int(r.get("before") or 0) for r in rings)
     etas = [r["eta_s"] for r in rings if r.get("eta_s") is not None and r["done"] < r["total"]]
     now = [r["current"] for r in rings if r.get("current") and r["done"] < r["total"]]
     where = {"current": ", ".join(now)} if now else {}  # rings inside a long document: where
     return where | {
-        "done": sum(int(r["done"]) for r in rings),
-        "total": sum(int(r["total"]) for r in rings),
+        "done": before + sum(int(r["done"]) for r in rings),
+        "total": before + sum(int(r["total"]) for r in rings),
         "unit": "documents",
         "rings": len(rings),
         "rings_done": sum(1 for r in rings if r["done"] >= r["total"]),
@@ -243,14 +246,19 @@ def progress_text(p: dict | None, state: str) -> str:
     return text
 
 
-def vouch_outputs(job_dir: Path, row: dict) -> None:
+def vouch_outputs(job_dir: Path, row: dict, notes: list[str], *, remote: bool) -> None:
     """A COMPLETED job's long-document outputs, counted by gather's definition of complete
     (``longdoc.completeness.output_status``) instead of the ranks' own count: the row's
     progress, and a reason naming what gather would refuse, never COMPLETED 4/4 for an output
-    with a shard missing."""
+    with a shard missing. Not an ssh job's (``remote``): the copy here is the last fetch's,
+    and judged by it a job resumed since read "3/14 documents, which gather refuses" (gather,
+    fetching first, wrote all 14)."""
     from ..longdoc.output.names import RUN_FILE, SUBDIR  # torch-free: names only
 
     if task_output(job_dir, SUBDIR, RUN_FILE) is None:
+        return
+    if remote:
+        notes.append("outputs not checked here (on the login node): gather fetches, verifies")
         return
     from ..longdoc.output.completeness import output_status
     from ..longdoc.output.gather import find_longdoc_root
@@ -314,7 +322,7 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
             why = "the login node was not reached" if live is None else "none there now"
             notes.append(f"progress as of the last fetch ({why})")
     if row["state"] == "COMPLETED":
-        vouch_outputs(job_dir, row)
+        vouch_outputs(job_dir, row, notes, remote=remote)
     row, replaced = finite_json(row)  # the backend's figures too: `status --json` is strict
     row["notes"] = notes + [f"{key}: not a finite number; shown as null" for key in replaced]
     return row

@@ -531,7 +531,8 @@ class LongDocRun:
             if progress is not None and single:
                 progress(done, of, unit="documents", before=base, **extra)
             if ring_progress is not None:
-                record = ring_record(done - base, len(mine), ring.members, **extra)
+                before = self.summary.skipped  # the job's, done by earlier attempts
+                record = ring_record(done - base, len(mine), ring.members, before=before, **extra)
                 ring_progress(ring.label, record)
 
         return DocumentProgress(mine, self.summary.total if single else len(mine), base, report)
