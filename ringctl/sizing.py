@@ -118,11 +118,7 @@ def job_ulysses(cfg, work: Workload) -> int:
     refused (100 GiB a rank) was submitted as fitting (53 GiB)."""
     from .rings import ulysses_degree
 
-    requested = config_section(cfg, "ring").get("ulysses")
-    if requested in (None, 1):
-        return 1
-    if requested != "auto" and (isinstance(requested, bool) or not isinstance(requested, int)):
-        raise UserError(f"ring.ulysses: expected auto or a degree, got {requested!r}")
+    requested = config_section(cfg, "ring").get("ulysses")  # checked at load (config.py)
     return ulysses_degree(
         requested,
         ranks_per_node=int(cfg.tasks_per_node),

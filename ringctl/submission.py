@@ -348,6 +348,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         running = backend.still_running(job)  # whatever state.json says (the job writes it)
         if running:
             raise UserError(f"{job.path}: {running}; cancel it first, or wait for it to end")
+        backend.refuse_resume(job)
         history = job.read_meta().get("attempts", [])
         if not isinstance(history, list):  # checked before anything moves
             raise UserError(f"{job.meta_file}: attempts must be a list")

@@ -235,6 +235,8 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
         for name in ("step-0000001", "step-0000002", "step-0000003.tmp-feedface"):
             (remote / "checkpoints" / name).mkdir(parents=True)
             (remote / "checkpoints" / name / ".metadata").write_bytes(b"dcp")
+        state = {"step": 2, "cursor": {}, "scheduler": {}, "run": {}}
+        (remote / "checkpoints" / "step-0000002" / "train_state.json").write_text(json.dumps(state))
         (remote / "checkpoints" / "latest").write_text("step-0000002\n")
         (remote / "checkpoints" / ".metadata").write_bytes(b"not a checkpoint's")
         (remote / "logs" / ".metadata").write_bytes(b"not a checkpoint's")
@@ -244,7 +246,11 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
         (job_dir / "checkpoints" / "step-0000000").symlink_to(tmp_path)
         fetched = b.fetch(job_dir)
     checkpoints = [f for f in fetched if f.startswith("checkpoints/")]
-    assert checkpoints == ["checkpoints/step-0000002/.metadata", "checkpoints/latest"]
+    assert sorted(checkpoints[:-1]) == [
+        "checkpoints/step-0000002/.metadata",
+        "checkpoints/step-0000002/train_state.json",
+    ]
+    assert checkpoints[-1] == "checkpoints/latest"  # last: it names a folder already here
     # the local copy is the newest only: gigabytes a fetch otherwise (a link is not followed)
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == [
         "latest",
@@ -252,6 +258,12 @@ def test_fetch_never_trusts_the_remote_directory(settings, make_job_dir, tmp_pat
         "step-0000002",
     ]
     assert outside.read_text() == "untouched\n"
+    # latest naming a folder that did not arrive (the job moved on and pruned it there):
+    # nothing here is pruned, the last whole checkpoint stays
+    (remote / "checkpoints" / "latest").write_text("step-0000009\n")
+    with SSHBackend(settings) as b:
+        b.fetch(job_dir)
+    assert (job_dir / "checkpoints" / "step-0000002" / "train_state.json").is_file()
     assert sorted(f for f in fetched if f not in checkpoints) == [
         f"logs/batch-{job_id}.out",
         "out/ok.txt",
@@ -688,6 +700,6 @@ def test_a_job_whose_login_node_directory_is_gone_says_so(settings, make_job_dir
         from ringctl.jobdir import JobDir
 
         with pytest.raises(UserError, match="would compute every document again"):
-            b.prepare_resume(JobDir(job_dir))
+            b.refuse_resume(JobDir(job_dir))  # resume_job asks before anything moves
         (tmp_path / "elsewhere").rename(remote)
         assert b.status(job_dir).state is JobState.COMPLETED

@@ -129,6 +129,15 @@ def test_attention_job_on_four_nodes_matches_the_reference(
         [row] = json.loads(capsys.readouterr().out)
         assert row["progress"]["done"] == row["progress"]["total"] > 0, row
         assert row["notes"] == ["progress as of the last fetch (none there now)"], row
+        # the login node's directory gone: a resume is refused before anything moves here
+        remote.rename(remote.with_name(remote.name + "-away"))
+        try:
+            assert main(["resume", "--force", str(job_dir)]) == 2
+            assert "is gone (moved, or purged)" in capsys.readouterr().err
+            assert not (job_dir / "attempts").exists()
+            assert "attempts" not in json.loads((job_dir / "job.json").read_text())
+        finally:
+            remote.with_name(remote.name + "-away").rename(remote)
 
     # The placement ran on the allocation: one probe per node, and the ring in switch order.
     plan = json.loads((job_dir / "placement.json").read_text())

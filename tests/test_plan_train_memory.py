@@ -52,7 +52,7 @@ def _held_bytes(tensors) -> int:
     return total
 
 
-def _step_peak(rank: int, world: int, shape: dict, seq: int, bf16: bool, shard: bool) -> int:
+def _step_peak(rank: int, world: int, shape: dict, seq: int, bf16: bool, shard: bool, ckpt) -> int:
     from ringctl.longdoc.compute.fsdp import shard_model
     from ringctl.train.data import Cursor, SequenceStream
     from ringctl.train.optim import make_optimizer, make_scheduler
@@ -63,6 +63,8 @@ def _step_peak(rank: int, world: int, shape: dict, seq: int, bf16: bool, shard: 
     model = tiny_model(
         "ringattn", vocab_size=512, intermediate_size=shape["hidden_size"] * 11 // 4, **shape
     ).train()
+    if ckpt:  # the job's task.activation_checkpointing
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if shard:
         shard_model(model, mode="job")
     optimizer = make_optimizer(model, lr=1e-3, weight_decay=0.1)
@@ -84,7 +86,7 @@ def _step_peak(rank: int, world: int, shape: dict, seq: int, bf16: bool, shard: 
     return held + mode.peak
 
 
-def _planned(shape: dict, seq: int, bf16: bool, shard: bool) -> float:
+def _planned(shape: dict, seq: int, bf16: bool, shard: bool, ckpt: bool) -> float:
     from ringctl.planner.cost import Workload, memory_phases, peak_phase
     from ringctl.planner.model import from_hf_config
     from tests.train_reference import TINY
@@ -104,22 +106,27 @@ def _planned(shape: dict, seq: int, bf16: bool, shard: bool) -> float:
         lm_head_chunk=1024,
         shard="full" if shard else "none",
         shard_degree=2 if shard else None,
+        checkpoint="full" if ckpt else "none",
     )
     held, phases = memory_phases(w, 2, cpu=True)
     return sum(held.values()) + sum(phases[peak_phase(phases)].values())
 
 
 @pytest.mark.parametrize(
-    "shape, seq, bf16, shard",
+    "shape, seq, bf16, shard, ckpt",
     [
-        (HEAVY, 256, False, False),  # weights heavy: the gradient sum's copy is the peak
-        (LONG, 8192, True, False),  # autocast: every layer's cast kept, norms in float32
-        (LONG, 8192, True, True),  # the same under FSDP: gathered float32, casts whole
+        (HEAVY, 256, False, False, False),  # weights heavy: the gradient sum's copy peaks
+        (LONG, 8192, True, False, False),  # autocast: every layer's cast kept, float32 norms
+        (LONG, 8192, True, True, False),  # the same under FSDP: gathered float32, casts whole
+        (LONG, 8192, True, False, True),  # checkpointed: autocast's cache keeps every cast
     ],
-    ids=["float32 weight-heavy", "bfloat16 autocast", "bfloat16 autocast FSDP"],
+    ids=["float32 weight-heavy", "bf16 autocast", "bf16 autocast FSDP", "bf16 checkpointed"],
 )
-def test_the_plan_of_a_training_step_is_what_it_holds(shape, seq, bf16, shard):
-    peaks = run_distributed(_step_peak, 2, shape, seq, bf16, shard, transport="gloo")
-    planned = _planned(shape, seq, bf16, shard)
+def test_the_plan_of_a_training_step_is_what_it_holds(shape, seq, bf16, shard, ckpt):
+    peaks = run_distributed(_step_peak, 2, shape, seq, bf16, shard, ckpt, transport="gloo")
+    planned = _planned(shape, seq, bf16, shard, ckpt)
+    # full checkpointing is priced with the recomputed layer and the backward working set
+    # alive together (its measured peak is 0.85x): never short, the other shapes within 10%
+    low = 0.8 if ckpt else 0.9
     for peak in peaks:
-        assert 0.9 <= peak / planned <= 1.1, (peak / 2**20, planned / 2**20)
+        assert low <= peak / planned <= 1.1, (peak / 2**20, planned / 2**20)

@@ -423,6 +423,21 @@ def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypat
     assert calls == [4, 6] and got.step == 6 and not got.partial
     monkeypatch.setattr(export, "_write", write)
 
+    # the copy saved with the checkpoint damaged: the run's own log has the steps (exit 0,
+    # loss null, "no step recorded" before); made a link, the checkpoint is damaged (exit 3)
+    saved = job / "checkpoints" / "step-0000006" / "metrics.jsonl"
+    kept = saved.read_bytes()
+    saved.write_bytes(b"\x00garbage\n" * 3)
+    got = export.gather(job, tmp_path / "g", job_config=config)
+    assert got.loss is not None and len(got.files) and got.step == 6
+    assert len((tmp_path / "g" / "metrics.jsonl").read_text().splitlines()) == 6
+    saved.unlink()
+    saved.symlink_to(job / "logs" / "metrics.jsonl")
+    capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "h")]) == 3
+    saved.unlink()
+    saved.write_bytes(kept)
+
     # A resume moves logs/ to attempts/<n>/ and restores the history only once it loads the
     # checkpoint: stopped before that, a gather wrote an empty metrics.jsonl, loss null, and
     # blamed a missing matplotlib for the plot, exit 0. The checkpoint's own copy is read.

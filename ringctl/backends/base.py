@@ -147,6 +147,10 @@ class Backend(ABC):
         (the local supervisor), or None: a resume beside it would run two rings on out/."""
         return None
 
+    def refuse_resume(self, job: JobDir) -> None:  # noqa: B027 - a default: nothing to check
+        """Refuse (UserError) a resume this backend cannot continue, before anything of the
+        job directory moves (the ssh backend's: a login-node directory that is gone)."""
+
     def stop_leftovers(self, job: JobDir) -> None:  # noqa: B027 - a default: none to stop
         """Stop what of the job's last attempt outlived it where this backend can find it (the
         local backend's workers), before resume moves that attempt's records away."""

@@ -544,7 +544,7 @@ class SSHBackend(SlurmBackend):
         gone = self.gone(job_dir)
         if gone:
             job_id = self._job_id(job_dir)
-            why = f"{gone}: its state cannot be read there (this directory has the last fetch's)"
+            why = f"{gone}: the job's state cannot be read there"
             return JobStatus(job_id, JobState.UNKNOWN, reason=why)
         return super().status(job_dir)
 
@@ -554,16 +554,18 @@ class SSHBackend(SlurmBackend):
             raise UserError(f"{gone}: no logs to read there (`ringctl fetch` brought what it had)")
         yield from super().logs(job_dir, rank=rank, follow=follow)
 
-    def prepare_resume(self, job: JobDir) -> None:
-        """The remote copy stays where it is (its out/ holds the finished work): its logs and
-        placement move to attempts/<n> there too, and config.yaml/job.sh are sent again. A
-        copy that is gone is refused: the resume would start the job over."""
+    def refuse_resume(self, job: JobDir) -> None:
+        """A login-node copy that is gone: the resume would start the job over there."""
         gone = self.gone(job.path)
         if gone:
             raise UserError(
                 f"{gone}: a resume continues the job there, and would compute every document "
                 "again; put the directory back, or submit a new job"
             )
+
+    def prepare_resume(self, job: JobDir) -> None:
+        """The remote copy stays where it is (its out/ holds the finished work): its logs and
+        placement move to attempts/<n> there too, and config.yaml/job.sh are sent again."""
         super().prepare_resume(job)
         attempts = job.read_meta().get("attempts") or [{}]
         self._resume_attempt = Path(str(attempts[-1].get("dir", "attempt"))).name
@@ -719,7 +721,12 @@ def _drop_earlier_checkpoints(root: Path) -> None:
     from ..train.checkpoint import CheckpointDir
 
     newest = (root / LATEST).read_text().strip()
-    for folder in CheckpointDir(root).complete():  # real folders named step-N: no link
+    checkpoints = CheckpointDir(root)
+    try:  # the folder latest names arrived (a job that moved on meanwhile pruned it there)
+        checkpoints.read(newest, where=str(root / LATEST))
+    except ValueError:
+        return
+    for folder in checkpoints.complete():  # real folders named step-N: no link
         if folder.name != newest:
             shutil.rmtree(folder)
 

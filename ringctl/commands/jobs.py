@@ -198,8 +198,9 @@ def read_rings(shell: Shell, where: str, notes: list[str]) -> list[dict]:
 def _read_one(shell: Shell, path: str, notes: list[str]) -> dict | None:
     try:
         return read_shell_record(shell, path, notes)
-    except UserError as err:  # not a regular file, or the connection went
-        notes.append(f"{path}: {cut(err, 200)}; ignored")
+    except UserError as err:  # not a regular file, or the connection went (path named)
+        said = cut(err, 200)
+        notes.append(f"{said}; ignored" if path in said else f"{path}: {said}; ignored")
         return None
 
 

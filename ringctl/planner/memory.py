@@ -130,24 +130,24 @@ def activation_parts(w, tokens: float) -> dict[str, float]:
     lse = 4 * w.heads  # float32 log-sum-exp per token and head, saved by the kernel
     if not w.trains:
         return {"activations (one layer live, no autograd)": live * tokens * b}
+    casts = {}
+    if autocast(w):  # cached per autocast region: every layer's, kept until it ends (also
+        # under full checkpointing: the cache outlives the checkpointed layers' recompute)
+        casts["weight casts (autocast: every layer's, saved for backward)"] = (
+            m.layers * matrix_params(w) + head_matrix(w)
+        ) * b
     if w.checkpoint == "full":
-        casts = (matrix_params(w) + head_matrix(w)) * b if autocast(w) else 0
         return {
             "checkpoints (each layer's input)": m.layers * m.hidden * tokens * b,
             "recomputed layer (during its backward)": (recomputed * b + norm_bytes(w) + lse)
-            * tokens
-            + casts,
-        }
+            * tokens,
+        } | casts
     if w.checkpoint == "selective":
         per_layer = selective * b + lse
     else:
         per_layer = train * b + norm_bytes(w) + lse
     parts = {f"activations (all layers, checkpoint {w.checkpoint})": m.layers * per_layer * tokens}
-    if autocast(w):  # cached per forward: every layer's matrices, kept until backward
-        parts["weight casts (autocast: every layer's, saved for backward)"] = (
-            m.layers * matrix_params(w) + head_matrix(w)
-        ) * b
-    return parts
+    return parts | casts
 
 
 def backward_working_set(w, tokens: float) -> float:
@@ -221,6 +221,8 @@ def optimizer_step_parts(w, degree: int, ranks: int) -> dict[str, float]:
     d_s = degree if w.shard == "full" else 1
     if not adam and (d_s > 1 or ranks == 1):
         return {}
+    if not adam:  # no optimizer: the all-reduce's flat copy alone, in the gradients' dtype
+        return {f"gradient all-reduce (a {w.dtype} copy of the gradients)": n * grad}
     return {"optimizer step (a float32 copy of the gradients: all-reduce, AdamW)": n * grad / d_s}
 
 

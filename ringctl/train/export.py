@@ -171,12 +171,7 @@ def _write_whole(target: Path, job: JobDir, found, job_config, force, left: int,
 def _write(
     tmp: Path, job: JobDir, found, job_config, unfinished: bool
 ) -> tuple[list[str], float | None, list]:
-    source = _metrics_of(job, found)
-    try:
-        records, bad = metrics.read(source)
-    except ValueError as err:  # not a regular file: named
-        raise UserError(str(err)) from None
-    records = [r for r in records if r.step <= found.step]
+    records, bad, source = _history(job, found)
     (tmp / "metrics.jsonl").write_text("".join(json.dumps(r.__dict__) + "\n" for r in records))
     notes = [f"{source}: {bad} unreadable line(s) skipped"] if bad else []
     files = ["metrics.jsonl"]
@@ -210,13 +205,24 @@ def _refused(problem: str) -> UserError:
     return GatherError([problem])
 
 
-def _metrics_of(job: JobDir, found: checkpoint.Checkpoint) -> Path:
-    """The history of the run up to ``found``: the copy saved with it (logs/metrics.jsonl
-    is the attempt's: a resume moves it to attempts/<n>/ and restores it only once the
-    checkpoint is loaded, so a resume stopped before that gathered no step, exit 0);
-    logs/metrics.jsonl for a checkpoint of an earlier ringctl that saved none."""
+def _history(job: JobDir, found: checkpoint.Checkpoint) -> tuple[list, int, Path]:
+    """(the run's step records up to ``found``, unreadable lines, the file): the copy saved
+    with the checkpoint (logs/metrics.jsonl is the attempt's: a resume moves it to
+    attempts/<n>/ and restores it only once the checkpoint loads, so a resume stopped before
+    that gathered no step, exit 0), or logs/metrics.jsonl where it holds more of those steps
+    (a saved copy damaged, or none from an earlier ringctl). A saved copy that is not a
+    regular file is a damaged checkpoint (exit 3)."""
     saved = found.path / checkpoint.METRICS
-    return saved if os.path.lexists(saved) else job.metrics
+    best = None
+    for path in ([saved] if os.path.lexists(saved) else []) + [job.metrics]:
+        try:
+            records, bad = metrics.read(path)
+        except ValueError as err:  # not a regular file: named
+            raise (_refused(str(err)) if path == saved else UserError(str(err))) from None
+        records = [r for r in records if r.step <= found.step]
+        if best is None or len(records) > len(best[0]):
+            best = (records, bad, path)
+    return best
 
 
 def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | None) -> None:
