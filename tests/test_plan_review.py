@@ -552,3 +552,14 @@ def test_a_family_the_planner_prices_as_llama_says_so(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     assert main(["plan", "--model", str(tmp_path), "--seq", "8192", "--ranks", "2"]) == 0
     assert "Llama-style decoder" not in capsys.readouterr().out
+
+
+def test_autocast_s_precision_table_says_its_float32_parts():
+    """The training job's bfloat16 (autocast over float32 weights) showed "activations:
+    bfloat16" while its residual stream and norms stay float32 (priced so: norm_bytes)."""
+    from ringctl.planner.memory import precision
+
+    m = ModelShape(2, 64, 128, 256, heads=4, kv_heads=2, head_dim=16)
+    job = Workload(1024, 4, 2, 16, model=m, mode="train", optimizer="adam", autocast=True)
+    assert precision(job)["activations"] == "bfloat16 (the residual stream and norms float32)"
+    assert precision(replace(job, autocast=False))["activations"] == "bfloat16"

@@ -60,9 +60,11 @@ def precision(w) -> dict[str, str]:
         out["gradients"] = "float32" if adam else w.dtype
     if adam:
         out["Adam moments (2 per parameter)"] = "float32"
+    # under autocast the residual stream and the norms stay float32 (norm_bytes)
+    shown = f"{w.dtype} (the residual stream and norms float32)" if autocast(w) else w.dtype
     out.update(
         {
-            "activations": w.dtype,
+            "activations": shown,
             "K/V blocks on the ring": w.dtype,
             "log-sum-exp, softmax statistics": "float32",
         }
