@@ -720,14 +720,13 @@ def _drop_earlier_checkpoints(root: Path) -> None:
     since; each is the model's and the optimizer's state, gigabytes a fetch)."""
     from ..train.checkpoint import CheckpointDir
 
-    newest = (root / LATEST).read_text().strip()
     checkpoints = CheckpointDir(root)
     try:  # the folder latest names arrived (a job that moved on meanwhile pruned it there)
-        checkpoints.read(newest, where=str(root / LATEST))
+        newest = checkpoints.latest()
     except ValueError:
         return
     for folder in checkpoints.complete():  # real folders named step-N: no link
-        if folder.name != newest:
+        if newest is not None and folder != newest.path:
             shutil.rmtree(folder)
 
 

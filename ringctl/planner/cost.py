@@ -198,21 +198,21 @@ def attention_parts(w: Workload, ranks: int, cpu: bool = False) -> dict[str, flo
     return parts
 
 
-def ulysses_parts(w: Workload, ranks: int) -> dict[str, float]:
+def ulysses_parts(w: Workload, attn: Workload, ring: int) -> dict[str, float]:
     """A hybrid layout's forward beside the ring's own buffers (ringattn.hybrid._ulysses_ring):
     the heads-sharded q, k, v the all-to-all receives, and the ring's contiguous copies of
     them (views into one buffer); K/V heads replicated up to U where the model has fewer.
     Unpriced, the forward measured 11.1 MiB against 5.1 at U = 2 and 14.1 against 4.1 at
     U = 4 (8k tokens, 4 ranks, 8/2 heads of 32, float32): these terms are the difference.
-    Training's peak is in backward, where the plan already held (1.00-1.07x)."""
+    Training's peak is in backward, where the plan already held (1.00-1.07x). ``attn`` and
+    ``ring``: the ring this layout runs (``attention_view``)."""
     if w.ulysses == 1 or w.trains:
         return {}
-    attn, ring = attention_view(w, ranks)
     b = DTYPE_BYTES[w.dtype]
     qkv = attn.batch * attn.seq_len / ring * (attn.heads + 2 * attn.kv_heads) * attn.head_dim * b
     parts = {"Ulysses: received q, k, v and the ring's contiguous copies": 2 * qkv}
     if w.kv_heads < w.ulysses:
-        tokens = w.batch * w.seq_len / ranks
+        tokens = w.batch * w.seq_len / (ring * w.ulysses)  # this rank's, as the caller's
         parts["Ulysses: K/V heads replicated to U"] = 2 * tokens * w.ulysses * w.head_dim * b
     return parts
 
@@ -227,7 +227,7 @@ def memory_phases(
     beside a layer: the ring's buffers, the MLP's gradients and the logits are transients of
     different phases, so the peak is what is always held plus the largest phase."""
     attn, ring = attention_view(w, ranks)
-    buffers = attention_parts(attn, ring, cpu) | ulysses_parts(w, ranks)
+    buffers = attention_parts(attn, ring, cpu) | ulysses_parts(w, attn, ring)
     if w.model is None:
         return buffers, {}
     for counted in ("q, k, v shards", "output shard", "log-sum-exp"):

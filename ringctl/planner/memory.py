@@ -242,9 +242,9 @@ def head_matrix(w) -> int:
 
 
 def largest_unit(w) -> int:
-    """Parameters of the largest unit gathered (FSDP) or cast (autocast) at once: one decoder
-    layer, or the embedding or lm_head matrix, vocab x hidden whole (tied, the one matrix is
-    still all of it, not half of embedding_params)."""
+    """Parameters of the largest unit gathered (FSDP) or cast per use (mixed precision
+    without FSDP) at once: one decoder layer, or the embedding or lm_head matrix, vocab x
+    hidden whole (tied, the one matrix is still all of it, not half of embedding_params)."""
     from .model import layer_params
 
     m = w.model
