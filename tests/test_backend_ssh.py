@@ -151,7 +151,7 @@ def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
         kept.mkdir(parents=True)
         (kept / "rank-0.out").write_text("the first run\n")
         # status says where that run's logs are: on the login node until fetched
-        where = b._kept(job_id, str(remote))(1)
+        where = b.requeue_kept(job_id, str(remote))(1)
         assert (
             where
             == f"attempts/requeue-{job_id}-1 on {settings.target} (`ringctl fetch` copies it here)"

@@ -706,10 +706,10 @@ def test_a_running_job_s_failed_gather_advises_partial_only_when_not_given():
     """`gather --partial` of a running job with nothing complete yet said "... or gather the
     complete documents now with --partial"."""
     from ringctl.backends.base import JobState, JobStatus
-    from ringctl.commands.gather import _not_finished_line
+    from ringctl.commands.gather import not_finished_line
 
     running = JobStatus("7", JobState.RUNNING)
-    line = _not_finished_line(running, Path("/j"), partial=False)
+    line = not_finished_line(running, Path("/j"), partial=False)
     assert line.endswith("or gather what is complete now with --partial"), line
-    line = _not_finished_line(running, Path("/j"), partial=True)
+    line = not_finished_line(running, Path("/j"), partial=True)
     assert "--partial" not in line and line.startswith("the job is RUNNING"), line

@@ -195,7 +195,7 @@ class SlurmBackend(Backend):
         runs = self._sacct_runs(job_id, JobDir(job_dir).read_meta().get("sacct_since"))
         if not runs:
             return []
-        kept = self._kept(job_id, self.cluster_dir(job_dir))
+        kept = self.requeue_kept(job_id, self.cluster_dir(job_dir))
         lines = slurm_reruns.rerun_lines(self._run, job_id, runs[:-1], 0, kept=kept)
         last = runs[-1][0]
         if last.step is None and ss.is_node_failure(last):
@@ -249,10 +249,10 @@ class SlurmBackend(Backend):
     ) -> str:
         """What Slurm's requeues did before the last run ("" when it never requeued)."""
         earlier = (runs or [])[:-1]
-        kept = self._kept(job_id, where)
+        kept = self.requeue_kept(job_id, where)
         return slurm_reruns.rerun_summary(self._run, job_id, earlier, restarts, kept)
 
-    def _kept(self, job_id: str, where: str) -> slurm_reruns.Kept:
+    def requeue_kept(self, job_id: str, where: str) -> slurm_reruns.Kept:
         """Where the k-th rerun kept the run before it (``kept_place``), once its
         attempts/requeue-<id>-<k>/logs exists (the script makes it before moving anything)."""
 

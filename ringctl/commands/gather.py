@@ -178,7 +178,7 @@ def partial_state_line(status, job_path: Path | None, result, out: str | None = 
     )
 
 
-def _not_finished_line(status, job_path: Path, partial: bool) -> str | None:
+def not_finished_line(status, job_path: Path, partial: bool) -> str | None:
     """The line that leads a failed gather of a job that has not ended (PENDING, RUNNING):
     its shards are missing because they are not written yet, which the list of problems
     alone does not say (and --partial, unless it was given: it was advised again). None for
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
                 result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
             except UserError:
                 state_now = status or _state_now(backend, job.path)
-                lead = _not_finished_line(state_now, job.path, args.partial)
+                lead = not_finished_line(state_now, job.path, args.partial)
                 if lead:  # before the problems the cli prints: why they are there
                     print(f"ringctl gather: {visible(lead)}", file=sys.stderr)
                 raise
