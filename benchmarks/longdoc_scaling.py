@@ -428,7 +428,8 @@ def table(rows: list[Row]) -> str:
         "tables at head dims 16, 64 and 128, the job's 16 read from its own, and the measured "
         "matmul rate for projections, MLP and head, and the measured elementwise rate for "
         "norms, RoPE and activations) and memory per rank; `--repredict` prices every row "
-        "again with the calibration as it is. Scoring CPU: the busiest rank's CPU seconds from "
+        "again with the calibration as it is, `--repredict-memory` only the memory (it does not "
+        "depend on a calibration). Scoring CPU: the busiest rank's CPU seconds from "
         "the start of scoring to its exit (less disturbed by other load than wall time). Load: "
         "1-minute load average before/after the job. Rows keep the day they were measured "
         "(host column): this virtual machine's speed changes from day to day (the full causal "
@@ -575,6 +576,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="price the rows of --json again with the planner as it is; run nothing",
     )
+    ap.add_argument(
+        "--repredict-memory",
+        action="store_true",
+        help="price only the memory per rank of the rows of --json again (it does not depend "
+        "on a calibration; the seconds keep their day's); run nothing",
+    )
     args = ap.parse_args(argv)
     args.argv = argv
     if args.window < 1:
@@ -627,8 +634,31 @@ def repredict(path: Path, root: Path, device) -> list[Row]:
     return rows
 
 
+def repredict_memory(path: Path, root: Path) -> list[Row]:
+    """Every stored row's memory per rank priced again by the planner as it is now. Memory
+    does not depend on a device's rates, so the recorded calibration serves any host; the
+    seconds stay as priced by the calibration of their own day."""
+    from ringctl.planner.devices import get_device
+
+    recorded = json.loads(PLAN_CHECK.read_text())
+    extra = root / "devices.json"
+    extra.write_text(json.dumps({recorded["device"]: recorded["calibration"]}))
+    device = get_device(recorded["device"], extra)
+    rows = merge(path, [])
+    for row in rows:
+        config = model_config(root, row.window)
+        row.predicted_memory_mib = predict(config, row.tokens, row.ranks, device)[1]
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.repredict_memory:
+        with tempfile.TemporaryDirectory(prefix="longdoc-scaling-") as root:
+            merged = save(args.json, repredict_memory(args.json, Path(root)), args.argv)
+        print(table(merged))
+        plot(merged, args.json.with_suffix(".png"))
+        return 0
     specs = [] if args.repredict else selected(args)
     if not specs and not args.repredict:
         print("no rows: the flags leave none")
