@@ -27,6 +27,13 @@ WRITE_ERRNOS = frozenset(
 WRITE_FAILED_EXIT = 1
 
 
+class StoppedOnRequest(Exception):
+    """A task stopped by the job's warning signal (Slurm's --signal before the time limit, a
+    preemption, `ringctl cancel`) after saving its work: not done, so the job must not read
+    COMPLETED, and not a crash either: the worker says it in one line, without a traceback
+    ("RuntimeError: stopped on request" and a traceback in every rank's log read as one)."""
+
+
 class SubmittedNotRecorded(UserError):
     """The backend queued the job, then job.json could not take its id (the disk filled
     meanwhile): the job runs and no job directory names it, so the line says which job and how

@@ -100,6 +100,7 @@ def script_names() -> dict[str, str]:
         "attempts": ATTEMPTS,
         "progress": PROGRESS,
         "rings": RINGS,
+        "metrics": METRICS,
     }
 
 

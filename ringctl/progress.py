@@ -24,7 +24,7 @@ from .text import cut
 if TYPE_CHECKING:
     from .backends.shell import Shell
 
-COUNT_FIELDS = ("done", "total", "before")
+COUNT_FIELDS = ("done", "total", "before", "checkpoint")  # checkpoint: a training job's step
 NUMBER_FIELDS = ("elapsed_s", "rate", "eta_s", "updated_at", "tokens_per_s", "loss")
 TEXT_FIELDS = ("unit", "current")  # current: where a long document's forward is (longdoc)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import WORKER_ERROR_PREFIX as ERROR_PREFIX
+from .errors import StoppedOnRequest
 from .jobdir import JobDir
 from .lifetime import die_with_launcher
 
@@ -361,11 +362,13 @@ def main(argv: list[str] | None = None) -> int:
             ident = identify(job_dir)
         except Exception:
             ident = None
-        traceback.print_exc()
+        stopped = isinstance(err, StoppedOnRequest)  # saved and stopped: said, not a crash
+        if not stopped:
+            traceback.print_exc()
         who = f"rank {ident.rank} (task {ident.task_index} on {ident.node})" if ident else "rank ?"
         # gloo prefixes its errors with its source location: "[/…/unbound_buffer.cc:78] "
         text = re.sub(r"^\[[^\]\s]+\.(?:cc|cpp|h|hpp):\d+\]\s*", "", str(err).strip())
-        line = f"{type(err).__name__}: {text}".strip().splitlines()
+        line = (text if stopped else f"{type(err).__name__}: {text}").strip().splitlines()
         message = " ".join(s.strip() for s in line)[:500] or type(err).__name__
         write_result(
             job_dir,
@@ -379,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                 "failed_at": time.time(),
             },
         )
-        print(f"{ERROR_PREFIX}{who} failed: {message}", file=sys.stderr, flush=True)
+        ended = "stopped" if stopped else "failed"
+        print(f"{ERROR_PREFIX}{who} {ended}: {message}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Skip interpreter teardown: a broken process group can block it for a long time.
         os._exit(1)

@@ -240,3 +240,21 @@ def test_a_gguf_header_claiming_more_than_the_file_holds_is_refused_at_once(tmp_
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 10**12, 0))
     with pytest.raises(ValueError, match=r"1,000,000,000,000 tensors need at least"):
         converted(path)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "folder", "device"])
+def test_a_gguf_path_that_is_not_a_regular_file_is_refused_in_one_line(tmp_path, kind):
+    """A FIFO, a folder or a link to a device named *.gguf: "no such GGUF file" as a
+    FileNotFoundError traceback at submit (only ValueError was turned into a line)."""
+    import os
+
+    path = tmp_path / f"{kind}.gguf"
+    if kind == "pipe":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(UserError) as err:
+        load_job(JOB, [f"task.model_path={path}"])
+    assert f"task.model_path: {path}: not a regular file" in str(err.value)

@@ -211,3 +211,52 @@ def test_a_peft_adapter_directory_is_refused(tmp_path):
     (model_dir / "adapter_config.json").write_text('{"base_model_name_or_path": "/elsewhere"}')
     with pytest.raises(ValueError, match="adapter_config.json: a PEFT adapter"):
         load_model(model_dir)
+
+
+def _byte_level_tokenizer(folder: Path) -> Path:
+    """A small real tokenizer directory (tokenizer.json, tokenizer_config.json)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=" "))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=" ").save_pretrained(folder)
+    return folder
+
+
+def test_a_tokenizer_that_cannot_be_read_is_refused_at_submit_naming_its_file(tmp_path):
+    """A truncated tokenizer.json passed submit and failed every rank after the queue wait
+    ("RuntimeError: Unterminated string ..."), naming neither the file nor the key; a
+    tokenizer_path naming a file (vocab.json, a .gguf) passed too."""
+    from ringctl.config import load_job
+    from ringctl.errors import UserError
+    from ringctl.longdoc.model.tokenize import HFTokenizer
+
+    tokenizer = _byte_level_tokenizer(tmp_path / "tok")
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({k: v for k, v in TINY.items()} | {"vocab_size": 95}))
+    job = ROOT / "jobs" / "train.yaml"
+    base = [f"task.model_path={model}"]
+    assert load_job(job, [*base, f"task.tokenizer_path={tokenizer}"])  # whole: accepted
+    whole = (tokenizer / "tokenizer.json").read_bytes()
+    (tokenizer / "tokenizer.json").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError) as err:
+        load_job(job, [*base, f"task.tokenizer_path={tokenizer}"])
+    said = str(err.value)
+    assert f"task.tokenizer_path: {tokenizer / 'tokenizer.json'}: not readable as JSON" in said
+    with pytest.raises(ValueError, match=re.escape(f"{tokenizer}: the tokenizer cannot be loaded")):
+        HFTokenizer(tokenizer)  # on the ranks, had it passed: named too
+    with pytest.raises(UserError, match="task.tokenizer_path: .* is not a directory"):
+        load_job(job, [*base, f"task.tokenizer_path={tokenizer / 'tokenizer_config.json'}"])
+
+
+@pytest.mark.parametrize("value", ["{/tmp: 1}", "5", "[/tmp, [a]]"])
+def test_inputs_that_are_not_paths_are_refused_naming_the_key(value):
+    """A mapping's keys were read as input paths; a number failed as "task: 'int' object is
+    not iterable"."""
+    from ringctl.config import load_job
+    from ringctl.errors import UserError
+
+    with pytest.raises(UserError, match="task.inputs: must be a path or a list of paths"):
+        load_job(ROOT / "jobs" / "train.yaml", [f"task.inputs={value}"])

@@ -1,6 +1,6 @@
 """The training job on the real test cluster: submitted with backend=slurm on four emulated
-nodes, requeued by Slurm after its first checkpoint (`scontrol requeue`), it resumes by
-itself from checkpoints/latest and ends COMPLETED with every step's loss and the final
+nodes, requeued by Slurm before and after its first checkpoint (`scontrol requeue`), it
+starts again or resumes by itself from checkpoints/latest and ends COMPLETED with every step's loss and the final
 weights of the same job run uninterrupted on local ranks of the same shape (bitwise: the same
 kernels in the same order; the shared-memory transport between the emulated nodes, which share
 a host, carries exactly the bytes gloo would)."""
@@ -40,13 +40,14 @@ def backend_status(job):
 
 
 def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_path, capsys):  # noqa: F811
-    # 20 steps: Slurm requeues the job while it runs, well after its first checkpoint (with 10
-    # the requeue could land while the job ended). One thread per rank in both runs: the local
-    # backend gives each of 4 ranks 2 cores // 4 = 1, Slurm sets none (torch takes the node's
-    # 2), and the CPU kernels' rounding depends on their thread count (here step 13's loss
-    # moved by 3e-8 with 2 threads against 1, as a local run with 2 threads showed).
-    threads = "env.vars.OMP_NUM_THREADS=1"
-    steps = ["task.max_steps=20", "task.checkpoint_every=2", threads, "slurm.requeue=true"]
+    """Requeued twice: once before its first checkpoint (the rerun starts again at step 1:
+    its history held steps 1-k, then 1-N, one file, exit 0), once after it (the rerun
+    resumes from it). No thread count is set: the batch script gives each rank its share
+    of the node's CPUs as the local backend does (torch took every core in each rank, and
+    the CPU kernels' rounding follows the thread count: the losses differed by 3e-8)."""
+    # margins: the first requeue lands within a step or two of step 1 (the first checkpoint
+    # is 14 steps on), the second 25 steps before the end
+    steps = ["task.max_steps=40", "task.checkpoint_every=15", "slurm.requeue=true"]
     shape = ["nodes=4", "tasks_per_node=1", "timeout=120", *steps]
     job = submit(
         capsys,
@@ -55,20 +56,29 @@ def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_pa
         f"slurm.partition={slurm_cluster.partition}",
     )
     job_id = json.loads((job / "job.json").read_text())["job_id"]
+    log = job / "logs" / "metrics.jsonl"
+    wait_for(lambda: log.exists() and log.read_text().count("\n") >= 1, 240, "the first step")
+    _requeue(job_id)
     wait_for(lambda: (job / "checkpoints" / "latest").exists(), 240, "the first checkpoint")
+    _requeue(job_id)
+    status = wait_for(lambda: _ended(job, job_id), 400, "the requeued runs to end")
+    assert status.state is JobState.COMPLETED, status
+    first, second = (job / "attempts" / f"requeue-{job_id}-{k}" / "logs" for k in (1, 2))
+    assert "] resumed from step-" not in (second / "rank-0.out").read_text()  # from step 1
+    assert (first / "metrics.jsonl").is_file()  # the first run's history, kept aside
+    assert "] resumed from step-" in (job / "logs" / "rank-0.out").read_text()
+    assert "CPU threads: 1" in (job / "logs" / "rank-0.out").read_text()  # 1 CPU a task
+    whole = tmp_path / "whole"
+    assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=4", *steps[:2])]) == 0
+    assert _losses(job) == _losses(whole)  # steps 1..40, each once
+    ours, theirs = _weights(job, tmp_path / "a"), _weights(whole, tmp_path / "b")
+    assert all(torch.equal(ours[name], want) for name, want in theirs.items())
+
+
+def _requeue(job_id: str) -> None:
     requeued = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True)
     assert requeued.returncode == 0, requeued.stderr
     start_now(job_id)  # not after Slurm's two-minute delay for requeued jobs
-    status = wait_for(lambda: _ended(job, job_id), 400, "the requeued run to end")
-    assert status.state is JobState.COMPLETED, status
-    assert any(p.name.startswith("requeue-") for p in (job / "attempts").iterdir())
-    # the rerun continued from a checkpoint (a restart from step 0 has the same losses)
-    assert "] resumed from step-" in (job / "logs" / "rank-0.out").read_text()
-    whole = tmp_path / "whole"
-    assert main(["run", *_args(whole, corpus, "nodes=1", "tasks_per_node=4", *steps[:3])]) == 0
-    assert _losses(job) == _losses(whole)
-    ours, theirs = _weights(job, tmp_path / "a"), _weights(whole, tmp_path / "b")
-    assert all(torch.equal(ours[name], want) for name, want in theirs.items())
 
 
 def test_a_training_job_over_ssh_is_gathered_as_run_here(

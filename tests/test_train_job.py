@@ -61,6 +61,17 @@ def _args(job_dir: Path, corpus: Path, *extra: str) -> list[str]:
     ]
 
 
+def _write_state(path: Path, record: dict) -> None:
+    """train_state.json as another run (another release) would have written it: with its
+    checksum recorded again (checksums.json covers it)."""
+    from ringctl.train.checkpoint import file_sha256
+
+    path.write_text(json.dumps(record))
+    sums_path = path.parent / "checksums.json"
+    sums = json.loads(sums_path.read_text())
+    sums_path.write_text(json.dumps(sums | {path.name: file_sha256(path)}))
+
+
 def _losses(job_dir: Path) -> list[float]:
     rows = [
         json.loads(line)
@@ -364,7 +375,7 @@ def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys
     kept = dict(record["run"])
     for key in ("byte_tokens", "tokenizer"):
         del record["run"][key]
-    state.write_text(json.dumps(record))
+    _write_state(state, record)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
     assert main(["resume", str(job), "--force", "--follow"]) == 1
     err = capsys.readouterr().err
@@ -373,7 +384,7 @@ def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys
     # one that trained on the model directory's tokenizer before its files had an identity
     # of their own resumes: they are in the model's identity, which is compared
     record["run"] = {k: v for k, v in kept.items() if k != "tokenizer"}
-    state.write_text(json.dumps(record))
+    _write_state(state, record)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
     assert main(["resume", str(job), "--force", "--follow"]) == 0, capsys.readouterr().err
 
@@ -423,14 +434,14 @@ def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypat
     assert calls == [4, 6] and got.step == 6 and not got.partial
     monkeypatch.setattr(export, "_write", write)
 
-    # the copy saved with the checkpoint damaged: the run's own log has the steps (exit 0,
-    # loss null, "no step recorded" before); made a link, the checkpoint is damaged (exit 3)
+    # the copy saved with the checkpoint damaged (covered by its checksums since: it was
+    # read past, the log's steps taken, exit 0) or made a link: a damaged checkpoint, exit 3
     saved = job / "checkpoints" / "step-0000006" / "metrics.jsonl"
     kept = saved.read_bytes()
     saved.write_bytes(b"\x00garbage\n" * 3)
-    got = export.gather(job, tmp_path / "g", job_config=config)
-    assert got.loss is not None and len(got.files) and got.step == 6
-    assert len((tmp_path / "g" / "metrics.jsonl").read_text().splitlines()) == 6
+    capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "g")]) == 3
+    assert f"{saved}: its sha256 is not the one" in capsys.readouterr().err
     saved.unlink()
     saved.symlink_to(job / "logs" / "metrics.jsonl")
     capsys.readouterr()
@@ -474,7 +485,7 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
     state = job / "checkpoints" / "step-0000002" / "train_state.json"
     record = json.loads(state.read_text())
     record["run"]["byte_tokens"] = True  # what a run of bytes recorded
-    state.write_text(json.dumps(record))
+    _write_state(state, record)
     capsys.readouterr()
     assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 0
     said = capsys.readouterr()
@@ -491,7 +502,7 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
     moved.rename(job / "checkpoints")
 
     record["run"]["byte_tokens"] = False
-    state.write_text(json.dumps(record))
+    _write_state(state, record)
     tok = tokenizer / "tokenizer.json"
     tok.write_text(tok.read_text().replace('"a":', '"A":', 1))
     assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
@@ -512,7 +523,8 @@ def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(
     folder = job / "checkpoints" / "step-0000004"
     sums = json.loads((folder / "checksums.json").read_text())
     shards = sorted(p.name for p in folder.iterdir() if p.suffix == ".distcp")
-    assert sorted(sums) == [".metadata", *shards, "config.json"] and len(shards) >= 1
+    covered = [".metadata", *shards, "config.json", "metrics.jsonl", "train_state.json"]
+    assert sorted(sums) == covered and len(shards) >= 1
     (job / "checkpoints" / "latest").write_text("step-0000004\n")
     assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
     shard = folder / shards[-1]
@@ -576,19 +588,3 @@ def test_a_gguf_model_s_tokenizer_changed_since_the_run_is_refused_at_gather(
     assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"{gguf}: the GGUF file (its tokenizer's source): the tokenizer's files changed" in err
-
-
-def test_a_checksums_file_of_the_dcp_files_alone_still_verifies(tmp_path):
-    """checksums.json first covered the DCP files alone; once config.json was covered too,
-    every checkpoint written before (a job running across the upgrade) was refused as if
-    corrupt: 'its files ... are not those checksums.json lists'."""
-    from ringctl.train.checkpoint import Checkpoint, file_sha256, verify
-
-    for name in (".metadata", "__0_0.distcp", "config.json"):
-        (tmp_path / name).write_bytes(name.encode())
-    sums = {n: file_sha256(tmp_path / n) for n in (".metadata", "__0_0.distcp")}
-    (tmp_path / "checksums.json").write_text(json.dumps(sums))
-    found = Checkpoint(tmp_path, 1, {"run": {"byte_tokens": True}})
-    assert verify(found) == ""
-    (tmp_path / "__0_0.distcp").write_bytes(b"changed")
-    assert "__0_0.distcp: its sha256 is not the one" in verify(found)

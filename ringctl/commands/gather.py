@@ -232,9 +232,14 @@ def run(args: argparse.Namespace) -> int:
             inputs = {"job_config": cfg, "remote": bool(job.read_meta().get("remote"))}
             try:
                 result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
-            except UserError:
+            except UserError as err:
                 state_now = status or _state_now(backend, job.path)
-                lead = not_finished_line(state_now, job.path, args.partial)
+                lead = (
+                    None
+                    if err.exit_code == 1
+                    # a race, not unwritten outputs
+                    else (not_finished_line(state_now, job.path, args.partial))
+                )
                 if lead:  # before the problems the cli prints: why they are there
                     print(f"ringctl gather: {visible(lead)}", file=sys.stderr)
                 raise

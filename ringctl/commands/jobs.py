@@ -240,10 +240,23 @@ def progress_text(p: dict | None, state: str) -> str:
         text += f", loss {float(p['loss']):.4g}"
     if p.get("tokens_per_s") is not None:
         text += f", {float(p['tokens_per_s']):,.0f} tokens/s"
+    if "checkpoint" in p and state != "COMPLETED":  # a training job: where a resume starts
+        text += checkpoint_text(p["checkpoint"], int(p["done"]), state)
     if state == "RUNNING" and p.get("eta_s") is not None:
         text += f", ETA {float(p['eta_s']):.0f}s"
     if state == "RUNNING" and p.get("current"):  # where a long document's forward is
         text += f"; now {cut(p['current'], 80)}"
+    return text
+
+
+def checkpoint_text(saved: int | None, done: int, state: str) -> str:
+    """A training job's newest checkpoint beside its last step, and the steps the next run
+    (a resume, or Slurm's rerun) does again where it stopped after that checkpoint."""
+    text = f", checkpoint at step {saved}" if saved else ", no checkpoint yet"
+    if state != "RUNNING" and done > (saved or 0):
+        first = (saved or 0) + 1
+        steps = f"step {first}" if first == done else f"steps {first}-{done}"
+        text += f" (the next run does {steps} again)"
     return text
 
 

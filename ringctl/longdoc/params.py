@@ -41,6 +41,7 @@ from typing import Any
 from ringattn.geometry import LAYOUTS
 
 from ..task_params import TaskParams
+from ..text import echo
 from .compute import MODES
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
@@ -96,7 +97,7 @@ class CorpusParams(TaskParams):
     def _normalise(self) -> None:
         if isinstance(self.inputs, (str, Path)):
             self.inputs = [str(self.inputs)]
-        elif self.inputs is not None:
+        elif isinstance(self.inputs, (list, tuple)) and all(_is_path(p) for p in self.inputs):
             self.inputs = [str(p) for p in self.inputs]
         for name in ("model_path", "tokenizer_path", "id_field", "split"):
             value = getattr(self, name)
@@ -148,7 +149,12 @@ class CorpusParams(TaskParams):
             out.append(("max_docs", why))
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
             out.append(("model_overrides", "must be a mapping of config fields to values"))
-        if self.inputs is not None and not self.inputs:
+        if self.inputs is not None and not (
+            isinstance(self.inputs, list) and all(_is_path(p) for p in self.inputs)
+        ):  # a mapping's keys were read as paths; a number was "'int' object is not iterable"
+            why = f"must be a path or a list of paths, not {echo(self.inputs)}"
+            out.append(("inputs", why))
+        elif self.inputs is not None and not self.inputs:
             out.append(("inputs", "is an empty list (null means the bundled samples)"))
         return out
 
@@ -215,3 +221,7 @@ class LongDocParams(CorpusParams):
             **({"id_field": self.id_field} if self.id_field else {}),
             **({"model_overrides": self.model_overrides} if self.model_overrides else {}),
         }
+
+
+def _is_path(value) -> bool:
+    return isinstance(value, (str, Path))

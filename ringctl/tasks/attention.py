@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import job_layout
+from ..errors import StoppedOnRequest
 from ..jobdir import JobDir
 from ..task_params import TaskParams
 from . import atomic_write_json, load_tensors, save_tensors
@@ -204,7 +205,7 @@ def _timed_steps(cfg, ctx, attend, q, k, v, dout) -> tuple[list[dict], tuple]:
     last = (None, None, None, None)
     for step in range(t.steps):
         if _stop_agreed(ctx):  # before the step's clock starts: not in its timing
-            raise RuntimeError(  # not done, and must not look done (it once ended COMPLETED)
+            raise StoppedOnRequest(  # not done, and must not look done (it ended COMPLETED)
                 f"stopped on request after {step} of {t.steps} steps; the outputs are not "
                 "written (a stopped job must not look done): `ringctl resume` runs it again"
             )

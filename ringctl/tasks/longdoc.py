@@ -31,6 +31,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..config import job_layout
+from ..errors import StoppedOnRequest
 from ..longdoc.model.hub import OFFLINE_ENV
 from ..longdoc.params import CorpusParams, LongDocParams
 from .base import Gatherer, Task, importable, world_size
@@ -135,6 +136,12 @@ class CorpusTask(Task):
             value = getattr(p, key)
             if value is not None and value != "bytes" and not Path(value).expanduser().exists():
                 raise bad(f"task.{key}", f"{value} does not exist")
+        if p.tokenizer_path not in (None, "bytes") and not Path(p.tokenizer_path).is_dir():
+            raise bad(  # a file passed here and was refused on every rank after the queue
+                "task.tokenizer_path",
+                f"{p.tokenizer_path} is not a directory (a tokenizer's folder, as "
+                "save_pretrained writes it; `bytes` for UTF-8 bytes)",
+            )
         self.check_gguf(p, bad)
         self.check_model(p, bad)
         self.check_inputs(p, bad)
@@ -179,7 +186,7 @@ class CorpusTask(Task):
         """The model and tokenizer, from config.json (transformers only for overrides and for
         a directory with its own code: their fields and classes are transformers')."""
         from ..longdoc.model.compat import config_refusal, read_model_config
-        from ..longdoc.model.directory import check_model_directory
+        from ..longdoc.model.directory import check_model_directory, check_tokenizer_files
         from ..longdoc.model.overrides import merge, problem
         from ..longdoc.model.tokenize import TOKENIZER_FILES
 
@@ -208,6 +215,8 @@ class CorpusTask(Task):
             try:  # no file read from outside the directory (directory.py)
                 if where:
                     check_model_directory(where)
+                if where and where == tokenizer:
+                    check_tokenizer_files(where)
             except ValueError as err:
                 raise bad(key, str(err)) from None
         self.check_custom_code(p, config, tokenizer, bad)
@@ -462,7 +471,7 @@ class LongDocTask(CorpusTask):
         )
         if summary.stopped:  # a preemption signal: the job is not done, and must not look done
             left = summary.total - summary.skipped - summary.done
-            raise RuntimeError(
+            raise StoppedOnRequest(
                 f"stopped on request before the end: {left} of {summary.total} documents left "
                 "(finished ones are written); `ringctl resume` continues"
             )

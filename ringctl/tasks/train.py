@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import job_layout
+from ..errors import StoppedOnRequest
 from ..train.params import TrainParams
 from .base import Gatherer, world_size
 from .longdoc import CorpusTask
@@ -140,7 +141,7 @@ class TrainTask(CorpusTask):
         )
         summary = run_training(self.params_of(cfg), opts)
         if summary.stopped:  # a preemption signal: not done, and must not look done
-            raise RuntimeError(
+            raise StoppedOnRequest(
                 f"stopped on request at step {summary.step} of {cfg.task.max_steps} "
                 f"(checkpoint {summary.checkpoint}); `ringctl resume` continues"
             )

@@ -7,7 +7,8 @@ Layout under the job directory's ``checkpoints/`` (``JobDir.checkpoints``)::
                              cursor, learning-rate schedule, what the run was configured
                              with), config.json (the model's), metrics.jsonl (the run's
                              history up to this step) and checksums.json (the sha256 of each
-                             DCP file, each rank hashing its share), written by rank 0
+                             of those files, each rank hashing the DCP files it wrote),
+                             written by rank 0
     latest                   the name of the newest complete checkpoint ("step-0000100")
 
 A save writes into ``step-NNNNNNN.tmp-<token>`` and becomes ``step-NNNNNNN`` by one rename
@@ -126,14 +127,17 @@ class CheckpointDir:
         and of the DCP files (``sums``: the ranks' own), the train state and the metrics so
         far beside it, the rename, ``latest``, and the pruning. Returns the folder."""
         atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
-        sums = {**sums, MODEL_CONFIG: file_sha256(staged / MODEL_CONFIG)}
+        atomic_write_json(staged / TRAIN_STATE, state)
+        if metrics.exists():
+            atomic_write(staged / METRICS, metrics.read_bytes())
+        sums = {
+            **sums,
+            **{n: file_sha256(staged / n) for n in RANK0_FILES if (staged / n).exists()},
+        }
         missing = sorted({p.name for p in covered_files(staged)} - set(sums))
         if missing:  # a rank's listing missed a file: it could never be resumed from
             raise ValueError(f"{staged}: no rank hashed {', '.join(missing)}")
         atomic_write_json(staged / CHECKSUMS, sums)
-        atomic_write_json(staged / TRAIN_STATE, state)
-        if metrics.exists():
-            atomic_write(staged / METRICS, metrics.read_bytes())
         fsync_dir(staged)  # their entries too, before the rename and latest
         final = self.root / step_name(step)
         if final.exists():  # a rerun of a step saved before (after a resume): replace it
@@ -156,10 +160,17 @@ class CheckpointDir:
                 shutil.rmtree(old, ignore_errors=True)
 
 
+# What rank 0 writes at publish beside the ranks' DCP files, each covered by checksums.json:
+# config.json (gather builds the exported model from it), train_state.json (the data cursor
+# and schedule a resume continues from: an offset changed by one resumed on other tokens,
+# exit 0) and metrics.jsonl (gather's loss and history, a resume's restored log).
+RANK0_FILES = (MODEL_CONFIG, TRAIN_STATE, METRICS)
+
+
 def covered_files(folder: Path) -> list[Path]:
     """What checksums.json covers, by name: the DCP files (``.metadata``, the ``*.distcp``
-    shards) and config.json (gather builds the exported model from it)."""
-    names = (DCP_METADATA, MODEL_CONFIG)
+    shards) and ``RANK0_FILES``."""
+    names = (DCP_METADATA, *RANK0_FILES)
     found = (p for p in folder.iterdir() if p.name in names or p.name.endswith(".distcp"))
     return sorted(found, key=lambda p: p.name)
 
@@ -187,7 +198,7 @@ def written_sums(folder: Path, rank: int, world: int) -> dict[str, str]:
         for p in covered_files(folder)
         if p.name.startswith(mine) or rank == 0 and not p.name.startswith(ours)
     ]
-    return {p.name: file_sha256(p) for p in chosen if p.name != MODEL_CONFIG}
+    return {p.name: file_sha256(p) for p in chosen if p.name not in RANK0_FILES}
 
 
 def share_sums(folder: Path, rank: int, world: int) -> dict[str, str]:
@@ -212,9 +223,9 @@ def verify(checkpoint: Checkpoint, rank: int = 0, world: int = 1) -> str:
         return f"{path}: not readable ({err})"
     if not isinstance(listed, dict) or not all(isinstance(v, str) for v in listed.values()):
         return f"{path}: must map each covered file's name to its sha256"
-    names = [p.name for p in covered_files(checkpoint.path)]
-    if MODEL_CONFIG not in listed:  # written when checksums.json covered the DCP files alone
-        names = [n for n in names if n != MODEL_CONFIG]
+    names = [
+        p.name for p in covered_files(checkpoint.path) if p.name not in _uncovered_then(listed)
+    ]
     if sorted(listed) != names:
         return f"{checkpoint.path}: its files ({', '.join(names)}) are not those {path} lists"
     try:
@@ -228,6 +239,16 @@ def verify(checkpoint: Checkpoint, rank: int = 0, world: int = 1) -> str:
                 "the save (the file changed since: a disk or copy error?)"
             )
     return ""
+
+
+def _uncovered_then(listed: dict) -> set[str]:
+    """Which of ``RANK0_FILES`` checksums.json did not cover yet when ``listed`` was written:
+    it covered the DCP files alone, then config.json too, then train_state.json and
+    metrics.jsonl too. A checkpoint of an earlier release (a job running across the upgrade)
+    is not refused as corrupt."""
+    if TRAIN_STATE in listed:
+        return set()
+    return {TRAIN_STATE, METRICS} if MODEL_CONFIG in listed else set(RANK0_FILES)
 
 
 def read_train_state(path: Path) -> dict[str, Any]:

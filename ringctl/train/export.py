@@ -104,16 +104,37 @@ def gather(
     notes = recover_killed(target)
     check_target(target, job.path, force=force)
     target.parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(PRUNED_RETRIES + 1):
-        found = _latest(job)
-        left = _steps_left(found, job_config, partial=partial)
+    for _ in range(PRUNED_RETRIES + 1):
+        read = _read_latest(job)  # the pointer, then what it names
         try:
+            found = _latest(job)
+            left = _steps_left(found, job_config, partial=partial)
             return _write_whole(target, job, found, job_config, force, left, notes)
         except (UserError, OSError):
-            if attempt == PRUNED_RETRIES or _latest(job).step == found.step:
+            if _read_latest(job) == read:  # nothing moved under it: the error is the truth
                 raise
-            # a running job pruned the checkpoint while it was read: take its newest
-    raise AssertionError("unreachable")
+            # a running job saved a newer checkpoint and pruned the one read: take the newest
+    raise CheckpointPruned(
+        f"{job.checkpoints}: the running job saved and pruned checkpoints faster than gather "
+        f"read one ({PRUNED_RETRIES + 1} tries, each pruned while read): run gather again, "
+        "or keep more (task.keep_checkpoints) or save less often (task.checkpoint_every)"
+    )
+
+
+class CheckpointPruned(UserError):
+    """Every checkpoint gather took was pruned by the running job while it was read: not a
+    damaged checkpoint (exit 3 said so, and "outputs not all written yet" beside it)."""
+
+    exit_code = 1
+
+
+def _read_latest(job: JobDir) -> bytes | None:
+    """``checkpoints/latest``'s bytes now (None: none, or unreadable): whether the job moved
+    it while gather read the checkpoint it named."""
+    try:
+        return read_regular(job.checkpoints / checkpoint.LATEST, checkpoint.MAX_POINTER_BYTES)
+    except ValueError:
+        return None
 
 
 def _target(job: JobDir, out) -> Path:
@@ -171,9 +192,9 @@ def _write_whole(target: Path, job: JobDir, found, job_config, force, left: int,
 def _write(
     tmp: Path, job: JobDir, found, job_config, unfinished: bool
 ) -> tuple[list[str], float | None, list]:
-    records, bad, source = _history(job, found)
+    records, bad, source, notes = _history(job, found)
     (tmp / "metrics.jsonl").write_text("".join(json.dumps(r.__dict__) + "\n" for r in records))
-    notes = [f"{source}: {bad} unreadable line(s) skipped"] if bad else []
+    notes += [f"{source}: {bad} unreadable line(s) skipped"] if bad else []
     files = ["metrics.jsonl"]
     png = _plot(tmp / "loss.png", records)
     files += [png] if png else []
@@ -184,7 +205,8 @@ def _write(
     notes += said
     export_model(found, tmp / "model", tokenizer)
     files.append("model/")
-    loss = records[-1].loss if records else None
+    whole = metrics.runs_through(records, found.step)
+    loss = records[-1].loss if records and whole else None
     summary = {
         "task": TASK,
         "step": found.step,
@@ -205,24 +227,31 @@ def _refused(problem: str) -> UserError:
     return GatherError([problem])
 
 
-def _history(job: JobDir, found: checkpoint.Checkpoint) -> tuple[list, int, Path]:
-    """(the run's step records up to ``found``, unreadable lines, the file): the copy saved
-    with the checkpoint (logs/metrics.jsonl is the attempt's: a resume moves it to
-    attempts/<n>/ and restores it only once the checkpoint loads, so a resume stopped before
-    that gathered no step, exit 0), or logs/metrics.jsonl where it holds more of those steps
-    (a saved copy damaged, or none from an earlier ringctl). A saved copy that is not a
-    regular file is a damaged checkpoint (exit 3)."""
+def _history(job: JobDir, found: checkpoint.Checkpoint) -> tuple[list, int, Path, list[str]]:
+    """(the run's step records up to ``found``, unreadable lines, the file, notes): the copy
+    saved with the checkpoint (covered by its checksums; logs/metrics.jsonl is the
+    attempt's: a resume moves it to attempts/<n>/ and restores it only once the checkpoint
+    loads, so a resume stopped before that gathered no step, exit 0), else logs/metrics.jsonl,
+    whichever holds steps 1 to the checkpoint's, each once and in order (``runs_through``).
+    Where neither does, the longer copy is written and the loss is not reported, said: the
+    copy with more lines was taken and its last line's loss reported, so a line appended
+    twice, lines reordered or cut gave another step's loss as the checkpoint's, exit 0.
+    A saved copy that is not a regular file is a damaged checkpoint (exit 3)."""
     saved = found.path / checkpoint.METRICS
-    best = None
+    copies = []
     for path in ([saved] if os.path.lexists(saved) else []) + [job.metrics]:
         try:
             records, bad = metrics.read(path)
         except ValueError as err:  # not a regular file: named
             raise (_refused(str(err)) if path == saved else UserError(str(err))) from None
         records = [r for r in records if r.step <= found.step]
-        if best is None or len(records) > len(best[0]):
-            best = (records, bad, path)
-    return best
+        if metrics.runs_through(records, found.step):
+            return records, bad, path, []
+        copies.append((records, bad, path))
+    records, bad, path = max(copies, key=lambda c: len(c[0]))
+    said = ", ".join(str(c[2]) for c in copies)
+    note = f"{said}: no copy holds steps 1 to {found.step} once each in order; loss not reported"
+    return records, bad, path, [note]
 
 
 def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | None) -> None:
@@ -249,12 +278,59 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
     for written in where.iterdir():  # transformers writes the weights 0600 (a shared cluster)
         written.chmod(default_file_mode())
     if tokenizer is not None:
-        from ..longdoc.model.tokenize import TOKENIZER_FILES
+        copy_tokenizer(tokenizer, where)
 
-        for name in TOKENIZER_FILES:  # regular files only: a link is not followed out
-            source = tokenizer / name
-            if source.is_file() and not source.is_symlink():
-                shutil.copyfile(source, where / name)
+
+def copy_tokenizer(source: Path, where: Path) -> None:
+    """Every file the tokenizer at ``source`` reads (``TOKENIZER_READS``; a link followed
+    only inside the model's own folder, as a Hugging Face cache snapshot's into its blobs),
+    then the copy loaded and held against the source: the same vocabulary and the same ids
+    of a sample, or refused naming both. A GPT-2-style tokenizer (vocab.json, merges.txt)
+    was exported as its tokenizer_config.json alone, which encoded text to no ids, exit 0;
+    a snapshot's files (links) were not copied at all."""
+    from ..bounded_read import open_regular
+    from ..longdoc.model.directory import TOKENIZER_READS, followed
+
+    for name in sorted(TOKENIZER_READS):
+        entry = source / name
+        if not os.path.lexists(entry):
+            continue
+        try:
+            with open_regular(followed(entry)) as f, open(where / name, "wb") as out:
+                shutil.copyfileobj(f, out)
+        except (ValueError, FileNotFoundError) as err:
+            raise UserError(f"{entry}: the tokenizer's file cannot be copied ({err})") from None
+    check_copied_tokenizer(source, where)
+
+
+# Text the exported tokenizer must encode as the run's did: words, digits, whitespace runs,
+# punctuation, accents, CJK and an emoji (byte fallback).
+TOKENIZER_SAMPLE = "The tide, at 04:30 -- 12.5 m.\n\tNaïve café; 海辺の灯台 🌊  end"
+
+
+def check_copied_tokenizer(source: Path, where: Path) -> None:
+    """UserError unless the tokenizer at ``where`` loads and gives the vocabulary and the
+    ids of ``TOKENIZER_SAMPLE`` that the one at ``source`` gives."""
+    from ..longdoc.model.tokenize import HFTokenizer
+
+    try:
+        run, copy = HFTokenizer(source), HFTokenizer(where)
+    except (OSError, ValueError, TypeError) as err:
+        said = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        raise UserError(
+            f"{where}: the tokenizer copied from {source} cannot be loaded "
+            f"({type(err).__name__}: {said})"
+        ) from None
+    sample = TOKENIZER_SAMPLE.encode("utf-8")
+    if (
+        run.vocab_size != copy.vocab_size
+        or run.encode(sample).tolist() != copy.encode(sample).tolist()
+    ):
+        raise UserError(
+            f"{where}: the tokenizer copied from {source} does not give the run's ids "
+            f"(vocabulary {copy.vocab_size} against {run.vocab_size}): it reads a file "
+            "gather does not copy; export the model and tokenizer by hand (save_pretrained)"
+        )
 
 
 def _save_quietly(model, where: Path) -> None:
@@ -435,7 +511,7 @@ def _plot(path: Path, records) -> str | None:
 def show(result: TrainGather, console) -> None:
     from rich.text import Text
 
-    loss = "no step recorded" if result.loss is None else f"loss {result.loss:.4f}"
+    loss = "loss not reported" if result.loss is None else f"loss {result.loss:.4f}"
     partial = " (partial: the run has not finished)" if result.partial else ""
     console.print(
         Text(

@@ -87,7 +87,14 @@ def _parse(raw: bytes) -> StepMetrics | None:
     return StepMetrics(**data)
 
 
-def restore(path: Path, saved: Path) -> None:
-    """``path`` becomes the history ``saved`` (a checkpoint's copy), steps after it dropped."""
-    records, _ = read(saved)
+def runs_through(records: list[StepMetrics], step: int) -> bool:
+    """Whether ``records`` are steps 1, 2, ..., ``step`` in order, each once: one run's
+    history up to that step (a line appended twice, lines reordered or cut are not)."""
+    return [r.step for r in records] == list(range(1, step + 1))
+
+
+def restore(path: Path, saved: Path | None) -> None:
+    """``path`` becomes the history ``saved`` (a checkpoint's copy), steps after it dropped;
+    an empty history for ``saved=None`` (a run starting at step 1)."""
+    records, _ = read(saved) if saved is not None else ([], 0)
     atomic_write(path, "".join(json.dumps(asdict(r)) + "\n" for r in records))

@@ -306,7 +306,9 @@ def resume_from(
     """Step 3: (step, cursor) to start from ``found`` (``agreed_latest``; None: step 0); the
     checkpoint's state loaded into the model, optimizer and schedule, and the metrics
     restored to its history."""
-    if found is None:
+    if found is None:  # the history starts again with step 1 (a Slurm requeue before the
+        if opts.rank == 0:  # first checkpoint reruns the job in place, its log there)
+            metrics.restore(JobDir(opts.job_dir).metrics, None)
         return 0, Cursor()
     recorded = found.state["run"]
     want, had = run, recorded | {"byte_tokens": run_byte_tokens(recorded)}
@@ -434,9 +436,12 @@ class _Loop:
         )
         self.sharded = opts.shard != "none"
         self.last: str | None = None
+        self.saved: int | None = None  # the newest checkpoint's step, for `ringctl status`
+        self.shown: dict = {}  # the last progress record's fields (shown again after a save)
 
     def run(self, step: int, cursor: Cursor) -> TrainSummary:
         params, start, loss = self.params, step, None
+        self.saved = step or None  # resumed from that step's checkpoint
         mine = ring_share(params.batch_sequences, self.seat.rings, self.seat.index)
         stopped = False
         while step < params.max_steps and not stopped:
@@ -473,14 +478,21 @@ class _Loop:
             result.seconds,
         )
         metrics.append(JobDir(self.opts.job_dir).metrics, record)
-        self.opts.progress(
-            step,
-            self.params.max_steps,
+        self.shown = dict(
+            done=step,
+            total=self.params.max_steps,
             unit="steps",
             before=start,
             loss=round(result.loss, 4),
             tokens_per_s=round(record.tokens_per_s, 1),
         )
+        self._show()
+
+    def _show(self) -> None:
+        """Rank 0's progress record: the step, its loss and rate, and the newest checkpoint's
+        step (after a cancel at step 33, status said 33/60 where the resume starts at 30)."""
+        shown = dict(self.shown)
+        self.opts.progress(shown.pop("done"), shown.pop("total"), checkpoint=self.saved, **shown)
 
     def _save(self, step: int, cursor: Cursor) -> None:
         if _agree_not_finite(self.model):
@@ -501,9 +513,10 @@ class _Loop:
             keep=self.params.keep_checkpoints,
             metrics=JobDir(self.opts.job_dir).metrics,
         )
-        self.last = str(folder)
+        self.last, self.saved = str(folder), step
         if self.opts.rank == 0:
             self.opts.log(f"checkpoint {folder.name} written")
+            self._show()
 
 
 def _refuse_diverged(step: int, result) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -64,6 +65,26 @@ def check_model_directory(directory: str | Path) -> None:
     _check_tokenizer_names(directory)
 
 
+def check_tokenizer_files(directory: str | Path) -> None:
+    """ValueError naming the first of the tokenizer's JSON files (``TOKENIZER_READS``) that
+    does not parse: a truncated tokenizer.json passed submit and failed every rank after the
+    queue wait, naming neither the file nor the key. Nothing for a path that is not a
+    directory."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for name in sorted(n for n in TOKENIZER_READS if n.endswith(".json")):
+        path = directory / name
+        if not os.path.lexists(path):
+            continue
+        raw = read_model_file(path)  # ValueError naming it: a link out, a pipe, too long
+        try:
+            json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            said = f"{type(err).__name__}: {err}"
+            raise ValueError(f"{path}: not readable as JSON ({said})") from None
+
+
 def followed(entry: Path, root: Path | None = None) -> Path:
     """``entry`` of a model directory, or where it links to: ValueError where that lies
     outside ``root`` (default: the ``containment_root`` of the entry's directory)."""
@@ -75,12 +96,12 @@ def followed(entry: Path, root: Path | None = None) -> Path:
     return target
 
 
-# What a job reads from a model directory that shapes its numbers: the config, the weights,
-# and the tokenizer (its ids). A model's identity hashes their bytes.
-IDENTITY_FILES = frozenset(
+# Every file a tokenizer reads from its directory (transformers' fast and slow classes of
+# causal LMs): its ids depend on each. gather copies them beside exported weights (three of
+# them were copied: a GPT-2-style vocab.json/merges.txt tokenizer was exported as one file
+# that encoded text to no ids, exit 0).
+TOKENIZER_READS = frozenset(
     {
-        "config.json",
-        INDEX_FILE,
         TOKENIZER_CONFIG,
         "tokenizer.json",
         "tokenizer.model",
@@ -88,8 +109,14 @@ IDENTITY_FILES = frozenset(
         "added_tokens.json",
         "vocab.json",
         "merges.txt",
+        "vocab.txt",
+        "spiece.model",
+        "sentencepiece.bpe.model",
     }
 )
+# What a job reads from a model directory that shapes its numbers: the config, the weights,
+# and the tokenizer (its ids). A model's identity hashes their bytes.
+IDENTITY_FILES = frozenset({"config.json", INDEX_FILE}) | TOKENIZER_READS
 _HASH_PIECE = 8 << 20
 
 
@@ -107,7 +134,7 @@ def model_identity(path: str | Path, *, weights: bool = True) -> str:
     ``weights=False``: a tokenizer's directory (its files but the config and weights)."""
     path = Path(path)
     if path.is_dir():
-        names = IDENTITY_FILES if weights else IDENTITY_FILES - {"config.json", INDEX_FILE}
+        names = IDENTITY_FILES if weights else TOKENIZER_READS
         chosen = (e for e in path.iterdir() if e.name in names or weights and _weights(e))
         files = sorted(chosen, key=lambda e: e.name)
     else:

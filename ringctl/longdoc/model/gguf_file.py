@@ -155,8 +155,10 @@ def converted(model_path: str | Path) -> Path:
 
     ValueError or FileNotFoundError: one line naming the file (or the cache entry) and why."""
     path = Path(model_path).expanduser().absolute()
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such GGUF file (no download is done)")
+    if not path.is_file():  # a folder, a pipe (reading it would block) or a device
+        raise ValueError(f"{path}: not a regular file (a GGUF file is one)")
     root = cache_root()
     entry = root / entry_name(file_identity(path, root))
     found = _inside(entry, root)

@@ -67,7 +67,13 @@ class HFTokenizer:
         from transformers import AutoTokenizer
 
         self.path = str(path)
-        self.tok = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
+        try:
+            self.tok = AutoTokenizer.from_pretrained(self.path, trust_remote_code=False)
+        except Exception as err:  # the tokenizers library raises its own (a bare Exception)
+            said = " ".join(str(err).split())[:300]
+            raise ValueError(
+                f"{self.path}: the tokenizer cannot be loaded ({type(err).__name__}: {said})"
+            ) from None
         self.vocab_size = len(self.tok)
         self.name = f"hf:{self.path}"
 
