@@ -449,8 +449,6 @@ SCRIPT_NAMES = frozenset(
     {
         "JOB_DIR",
         "PY",
-        "NODE_CPUS",
-        "RANK_THREADS",
         "NODES",
         "NODE_ARGS",
         "CONTAINER",

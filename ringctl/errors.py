@@ -34,6 +34,13 @@ class StoppedOnRequest(Exception):
     ("RuntimeError: stopped on request" and a traceback in every rank's log read as one)."""
 
 
+class CheckpointPruned(UserError):
+    """Every checkpoint gather took was pruned by the running job while it was read: not a
+    damaged checkpoint (exit 3 said so), nor outputs not written yet; exit 1, run again."""
+
+    exit_code = 1
+
+
 class SubmittedNotRecorded(UserError):
     """The backend queued the job, then job.json could not take its id (the disk filled
     meanwhile): the job runs and no job directory names it, so the line says which job and how

@@ -81,13 +81,15 @@ class TaskContext:
         unit: str = "items",
         before: int = 0,
         eta_s: float | None = None,
+        quiet: bool = False,
         **extra: Any,
     ) -> None:
         """Log progress with rate and ETA; rank 0 also keeps logs/progress.json up to date.
 
         `before` is how many of `done` an earlier attempt finished (a resumed job): the rate
         counts only this attempt's work, so the ETA is not flattered by skipped items. A task
-        that knows better (e.g. from bytes left) gives its own `eta_s`."""
+        that knows better (e.g. from bytes left) gives its own `eta_s`. ``quiet``: the record
+        only (a field changed since the last line, not the count)."""
         elapsed = time.monotonic() - self._start
         fresh = max(0, done - before)
         rate = fresh / elapsed if elapsed > 0 else 0.0
@@ -98,8 +100,9 @@ class TaskContext:
             parts.append(f"{before} from earlier attempts")
         if eta is not None:
             parts.append(f"ETA {eta:.0f}s")
-        parts += [f"{k}={v}" for k, v in extra.items()]
-        self.log("progress: " + ", ".join(parts))
+        parts += [f"{k}={v}" for k, v in extra.items() if v is not None]
+        if not quiet:
+            self.log("progress: " + ", ".join(parts))
         if self.rank == 0:
             from .progress import progress_record, write_record
 
@@ -285,6 +288,24 @@ def init_distributed(cfg, ident: Identity):
     return device, store
 
 
+def _apply_threads(cfg, torch) -> None:
+    """A rank started without ``OMP_NUM_THREADS`` (Slurm's srun: the local backend sets it
+    for its ranks by the same rule) takes ``threads.rank_threads``' count on its own node."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return  # torch read it at import
+    from .threads import rank_threads
+
+    on_node = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    threads = rank_threads(
+        None,
+        cpus_per_task=cfg.slurm.get("cpus_per_task"),
+        node_cpus=int(on_node) if on_node.isdigit() else len(os.sched_getaffinity(0)),
+        ranks_on_node=int(cfg.tasks_per_node),
+    )
+    os.environ["OMP_NUM_THREADS"] = threads
+    torch.set_num_threads(int(threads))
+
+
 def run(job_dir: Path) -> dict:
     from . import config, tasks
 
@@ -303,6 +324,7 @@ def run(job_dir: Path) -> dict:
             os.environ[str(key)] = str(value)
     import torch
 
+    _apply_threads(cfg, torch)
     print(
         f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
         f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"
@@ -382,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                 "failed_at": time.time(),
             },
         )
-        ended = "stopped" if stopped else "failed"
-        print(f"{ERROR_PREFIX}{who} {ended}: {message}", file=sys.stderr, flush=True)
+        said = message if stopped else f"failed: {message}"  # "stopped on request at ..."
+        print(f"{ERROR_PREFIX}{who} {said}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # Skip interpreter teardown: a broken process group can block it for a long time.
         os._exit(1)

@@ -92,8 +92,7 @@ def test_the_scripts_own_variables_cannot_be_given(name):
 def test_every_variable_the_template_assigns_is_reserved():
     assigned = set(re.findall(r"^\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)=", TEMPLATE.read_text(), re.M))
     assigned |= set(re.findall(r"mapfile -t ([A-Z_]+)", TEMPLATE.read_text()))
-    # the two the job may set itself: the script gives them a value only where it did not
-    assert assigned - {"NCCL_DEBUG", "OMP_NUM_THREADS"} <= SCRIPT_NAMES, assigned - SCRIPT_NAMES
+    assert assigned - {"NCCL_DEBUG"} <= SCRIPT_NAMES, assigned - SCRIPT_NAMES
 
 
 def test_deep_nesting_is_one_line_not_a_crash(tmp_path):

@@ -251,12 +251,29 @@ def test_a_tokenizer_that_cannot_be_read_is_refused_at_submit_naming_its_file(tm
         load_job(job, [*base, f"task.tokenizer_path={tokenizer / 'tokenizer_config.json'}"])
 
 
-@pytest.mark.parametrize("value", ["{/tmp: 1}", "5", "[/tmp, [a]]"])
+@pytest.mark.parametrize("value", ["{/tmp: 1}", "[/tmp, [a]]", "[true]"])
 def test_inputs_that_are_not_paths_are_refused_naming_the_key(value):
     """A mapping's keys were read as input paths; a number failed as "task: 'int' object is
-    not iterable"."""
+    not iterable" (a number is a folder's name now, as in a list: 2024/)."""
     from ringctl.config import load_job
     from ringctl.errors import UserError
 
     with pytest.raises(UserError, match="task.inputs: must be a path or a list of paths"):
         load_job(ROOT / "jobs" / "train.yaml", [f"task.inputs={value}"])
+    for number in ("97531", "[97531]"):
+        with pytest.raises(UserError, match="task.inputs: 97531 does not exist|97531"):
+            load_job(ROOT / "jobs" / "train.yaml", [f"task.inputs={number}"])
+
+
+def test_a_model_s_identity_is_the_one_earlier_releases_recorded(tmp_path):
+    """Runs record their model's and tokenizer's identity (run.json, a training run's
+    signature) and refuse a resume or gather whose identity changed. Hashing more tokenizer
+    files (vocab.txt, spiece.model, ...) changed the identity of every folder holding one:
+    a run of the earlier release was refused as "changed". The values here are those the
+    previous release computed for this folder."""
+    from ringctl.longdoc.model.directory import TOKENIZER_READS, model_identity
+
+    for name in sorted(TOKENIZER_READS | {"config.json", "model.safetensors"}):
+        (tmp_path / name).write_text(f"the bytes of {name}\n")
+    assert model_identity(tmp_path) == "18a59d1fcb24fcf8864c8e84a8f3ebb3"
+    assert model_identity(tmp_path, weights=False) == "dae97190d555f5913205662ec49788e4"

@@ -42,8 +42,8 @@ def backend_status(job):
 def test_a_requeued_training_job_resumes_by_itself(slurm_cluster, corpus, tmp_path, capsys):  # noqa: F811
     """Requeued twice: once before its first checkpoint (the rerun starts again at step 1:
     its history held steps 1-k, then 1-N, one file, exit 0), once after it (the rerun
-    resumes from it). No thread count is set: the batch script gives each rank its share
-    of the node's CPUs as the local backend does (torch took every core in each rank, and
+    resumes from it). No thread count is set: each rank takes its share of its node's CPUs
+    as a local rank does (ringctl/threads.py) (torch took every core in each rank, and
     the CPU kernels' rounding follows the thread count: the losses differed by 3e-8)."""
     # margins: the first requeue lands within a step or two of step 1 (the first checkpoint
     # is 14 steps on), the second 25 steps before the end

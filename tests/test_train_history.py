@@ -95,16 +95,22 @@ def test_no_whole_history_reports_no_loss_and_says_why(finished, tmp_path, capsy
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 
 
-@pytest.mark.parametrize("name", ["train_state.json", "metrics.jsonl"])
+@pytest.mark.parametrize("name", ["train_state.json", "train_state.json:run", "metrics.jsonl"])
 def test_a_checkpoint_s_own_file_changed_on_disk_is_a_damaged_checkpoint(
     finished, tmp_path, capsys, name
 ):
+    """Checked before any of it is believed: the run's record changed (here: as if it had
+    trained on a tokenizer) was refused as a tokenizer not found now (exit 2)."""
     job, records = _copy(finished, tmp_path)
+    name, _, part = name.partition(":")
     path = job / "checkpoints" / "step-0000004" / name
     text = path.read_text()
     if name == "train_state.json":
         state = json.loads(text)
-        state["cursor"]["offset"] += 1
+        if part == "run":
+            state["run"]["byte_tokens"] = False
+        else:
+            state["cursor"]["offset"] += 1
         path.write_text(json.dumps(state))
     else:
         path.write_text(text.replace(f'"loss": {records[-1]["loss"]}', '"loss": 0.5'))
@@ -138,30 +144,40 @@ def test_checkpoints_pruned_faster_than_gather_reads_them_is_said_not_damage(
 ):
     """A running job saving every step with keep_checkpoints=1 pruned each checkpoint gather
     took while it read it: exit 3 ("checksums.json: missing", "cannot be read") as if the
-    checkpoint were damaged. gather takes the newest again while ``latest`` moves, then says
-    what happened (exit 1); an error while ``latest`` stays is the truth (exit 3)."""
+    checkpoint were damaged. gather takes the newest again while the one it read is pruned,
+    then says what happened (exit 1). An error while the checkpoint stays (``latest`` moved
+    on or not) is the truth (exit 3), not a race."""
     from ringctl.train import export
 
     job, _ = _copy(finished, tmp_path)
-    latest = job / "checkpoints" / "latest"
+    root = job / "checkpoints"
+    for step in (6, 8, 10, 12):  # the running job's next saves, as complete folders
+        folder = root / f"step-{step:07d}"
+        shutil.copytree(root / "step-0000004", folder)
+        state = json.loads((folder / "train_state.json").read_text())
+        (folder / "train_state.json").write_text(json.dumps(state | {"step": step}))
     tries = []
 
     def pruned_under_it(tmp, job_dir, found, *args):
         tries.append(found.step)
-        latest.write_text("step-0000002\n" if found.step == 4 else "step-0000004\n")
+        (root / "latest").write_text(f"step-{found.step + 2:07d}\n")
+        shutil.rmtree(found.path)  # what prune does to the folder being read
         raise export._refused(f"{found.path}/checksums.json: missing")
 
     monkeypatch.setattr(export, "_write", pruned_under_it)
     assert main(["gather", str(job), "-o", str(tmp_path / "out"), "--partial"]) == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "the running job saved and pruned checkpoints faster than gather read one" in err
-    assert tries == [4, 2, 4, 2] and "not all written yet" not in err
+    assert tries == [4, 6, 8, 10] and "not all written yet" not in err
 
-    def damaged(tmp, job_dir, found, *args):
-        raise export._refused(f"{found.path}/checksums.json: missing")
+    def moved_on_but_kept(tmp, job_dir, found, *args):
+        (root / "latest").write_text("step-0000012\n")
+        raise export._refused(f"{found.path}/__0_0.distcp: its sha256 is not the one")
 
-    monkeypatch.setattr(export, "_write", damaged)
+    monkeypatch.setattr(export, "_write", moved_on_but_kept)
+    (root / "latest").write_text("step-0000002\n")
     assert main(["gather", str(job), "-o", str(tmp_path / "out"), "--partial"]) == 3
+    assert "step-0000002/__0_0.distcp: its sha256" in capsys.readouterr().err
 
 
 def test_status_names_the_checkpoint_a_resume_starts_from(finished):
@@ -180,6 +196,7 @@ def test_status_names_the_checkpoint_a_resume_starts_from(finished):
     said = progress_text(stopped, "CANCELLED")
     assert said.endswith(", checkpoint at step 30 (the next run does steps 31-33 again)")
     assert ", checkpoint at step 30, ETA" in progress_text(stopped, "RUNNING")
+    assert progress_text(stopped, "UNKNOWN").endswith(", checkpoint at step 30")
     early = record | {"done": 5, "total": 60, "checkpoint": None}
     assert progress_text(early, "PENDING").endswith(
         ", no checkpoint yet (the next run does steps 1-5 again)"
@@ -187,3 +204,22 @@ def test_status_names_the_checkpoint_a_resume_starts_from(finished):
     assert progress_text(record | {"done": 31, "checkpoint": 30}, "FAILED").endswith(
         "(the next run does step 31 again)"
     )
+
+
+def test_a_history_a_rerun_started_again_gives_its_last_run(finished, tmp_path, capsys):
+    """A Slurm requeue before the first checkpoint left steps 1-2 then 1-4 in one history
+    (an earlier release): its last run is the history, and its last loss the checkpoint's."""
+    job, records = _copy(finished, tmp_path)
+    folder = job / "checkpoints" / "step-0000004"
+    (folder / "metrics.jsonl").unlink()  # saved without its copy: the log is read
+    sums = json.loads((folder / "checksums.json").read_text())
+    del sums["metrics.jsonl"]
+    (folder / "checksums.json").write_text(json.dumps(sums))
+    log = job / "logs" / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("".join(line + "\n" for line in lines[:2] + lines))
+    out = tmp_path / "out"
+    assert main(["gather", str(job), "-o", str(out)]) == 0
+    assert f"step 4, loss {records[-1]['loss']:.4f}" in capsys.readouterr().out
+    written = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert written == records

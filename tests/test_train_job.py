@@ -425,6 +425,7 @@ def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypat
         calls.append(found.step)
         if len(calls) == 1:  # the job moved on and pruned what this gather was reading
             (job / "checkpoints" / "latest").write_text("step-0000006\n")
+            found.path.rename(tmp_path / "pruned")  # as prune removes it
             raise UserError(f"{found.path}/config.json: cannot be read (No such file)")
         return write(tmp, job_dir, found, *args)
 

@@ -339,7 +339,7 @@ def test_the_warning_signal_slurm_signal_names_checkpoints_and_stops(tmp_path, c
     assert "Error" not in final["reason"]
     for err in (job / "logs").glob("rank-*.err"):
         text = err.read_text()
-        assert "Traceback" not in text and "stopped: stopped on request at step" in text, text
+        assert "Traceback" not in text and ") stopped on request at step" in text, text
     assert (job / "checkpoints" / "latest").read_text().strip() == checkpoint.name
     capsys.readouterr()
     assert main(["render", "jobs/train.yaml", "backend=slurm", "slurm.signal=URG@120"]) == 2

@@ -37,6 +37,7 @@ from ..jobdir import JobDir
 from ..jsonsafe import whole_number
 from ..lifetime import SUPERVISED
 from ..text import cut, is_ascii_number
+from ..threads import rank_threads
 from .base import Backend, JobState, JobStatus
 from .joblogs import (
     error_summary,
@@ -526,8 +527,10 @@ class Supervisor:
         self.job.out.mkdir(exist_ok=True)
         port = rendezvous_port()
         self.state["master_port"] = port
-        threads = self.cfg.env.vars.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
-        threads = str(threads or max(1, (os.cpu_count() or 1) // self.world))
+        given = self.cfg.env.vars.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+        threads = rank_threads(  # every rank on this host
+            given, cpus_per_task=None, node_cpus=os.cpu_count() or 1, ranks_on_node=self.world
+        )
         launch = self._choose_launch(threads)
         for rank in range(self.world):
             extra = {

@@ -20,7 +20,8 @@ values (see ringctl.longdoc.output.export).
 
 Exit status: 0 when every document verified (with --partial: every complete one) and OUT was
 written; 1 when writing OUT failed (disk full, quota, read-only: one line naming OUT, and
-nothing is left there); 2 for a usage error (no such
+nothing is left there), or when a running training job pruned every checkpoint gather took
+while it read it (run it again); 2 for a usage error (no such
 job directory, a task without a gather step, OUT exists without --force, or is not an earlier
 gather output); 3 when outputs are missing, corrupt or malformed (each problem is named on
 stderr, and nothing is written).
@@ -36,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UserError
+from ..errors import CheckpointPruned, UserError
 from ..jobdir import job_of
 
 if TYPE_CHECKING:
@@ -232,14 +233,11 @@ def run(args: argparse.Namespace) -> int:
             inputs = {"job_config": cfg, "remote": bool(job.read_meta().get("remote"))}
             try:
                 result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
-            except UserError as err:
+            except CheckpointPruned:  # a race with the running job, said as one
+                raise
+            except UserError:
                 state_now = status or _state_now(backend, job.path)
-                lead = (
-                    None
-                    if err.exit_code == 1
-                    # a race, not unwritten outputs
-                    else (not_finished_line(state_now, job.path, args.partial))
-                )
+                lead = not_finished_line(state_now, job.path, args.partial)
                 if lead:  # before the problems the cli prints: why they are there
                     print(f"ringctl gather: {visible(lead)}", file=sys.stderr)
                 raise

@@ -249,11 +249,15 @@ def progress_text(p: dict | None, state: str) -> str:
     return text
 
 
+# The states of a job whose run stopped (PENDING: a requeued one waits to run again).
+STOPPED_STATES = ("PENDING", "FAILED", "CANCELLED", "TIMEOUT")
+
+
 def checkpoint_text(saved: int | None, done: int, state: str) -> str:
     """A training job's newest checkpoint beside its last step, and the steps the next run
     (a resume, or Slurm's rerun) does again where it stopped after that checkpoint."""
     text = f", checkpoint at step {saved}" if saved else ", no checkpoint yet"
-    if state != "RUNNING" and done > (saved or 0):
+    if state in STOPPED_STATES and done > (saved or 0):  # not RUNNING, nor UNKNOWN (maybe)
         first = (saved or 0) + 1
         steps = f"step {first}" if first == done else f"steps {first}-{done}"
         text += f" (the next run does {steps} again)"

@@ -33,7 +33,7 @@ Importing it imports neither torch nor transformers: ``ringctl submit`` validate
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,10 +95,10 @@ class CorpusParams(TaskParams):
         return params
 
     def _normalise(self) -> None:
-        if isinstance(self.inputs, (str, Path)):
+        if _is_path(self.inputs):
             self.inputs = [str(self.inputs)]
-        elif isinstance(self.inputs, (list, tuple)) and all(_is_path(p) for p in self.inputs):
-            self.inputs = [str(p) for p in self.inputs]
+        elif _is_sequence(self.inputs) and all(_is_path(p) for p in self.inputs):
+            self.inputs = [str(p) for p in self.inputs]  # a ListConfig too; [2024]: "2024"
         for name in ("model_path", "tokenizer_path", "id_field", "split"):
             value = getattr(self, name)
             setattr(self, name, None if value in (None, "") else str(value))
@@ -149,9 +149,10 @@ class CorpusParams(TaskParams):
             out.append(("max_docs", why))
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
             out.append(("model_overrides", "must be a mapping of config fields to values"))
-        if self.inputs is not None and not (
-            isinstance(self.inputs, list) and all(_is_path(p) for p in self.inputs)
-        ):  # a mapping's keys were read as paths; a number was "'int' object is not iterable"
+        paths = isinstance(self.inputs, list) and all(isinstance(p, str) for p in self.inputs)
+        if self.inputs is not None and not paths:
+            # left as given by _normalise: a mapping (its keys were read as paths), a number
+            # ("'int' object is not iterable"), a list holding a list, a mapping or a bool
             why = f"must be a path or a list of paths, not {echo(self.inputs)}"
             out.append(("inputs", why))
         elif self.inputs is not None and not self.inputs:
@@ -224,4 +225,10 @@ class LongDocParams(CorpusParams):
 
 
 def _is_path(value) -> bool:
-    return isinstance(value, (str, Path))
+    """A path as a config gives one: text, or a number (a folder named 2024)."""
+    number = isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (str, Path)) or number
+
+
+def _is_sequence(value) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))

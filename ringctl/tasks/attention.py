@@ -192,7 +192,7 @@ def _stop_agreed(ctx) -> bool:
 def _timed_steps(cfg, ctx, attend, q, k, v, dout) -> tuple[list[dict], tuple]:
     """Forward and backward ``task.steps`` times, each timed (a CUDA device is synchronised
     around each phase); (timings, the last step's out, dq, dk, dv). A stop requested on any
-    rank ends every rank at the same step with a RuntimeError (the job is not done)."""
+    rank ends every rank at the same step with StoppedOnRequest (the job is not done)."""
     import torch
 
     t = cfg.task

@@ -136,7 +136,8 @@ class CorpusTask(Task):
             value = getattr(p, key)
             if value is not None and value != "bytes" and not Path(value).expanduser().exists():
                 raise bad(f"task.{key}", f"{value} does not exist")
-        if p.tokenizer_path not in (None, "bytes") and not Path(p.tokenizer_path).is_dir():
+        tokenizer_dir = p.tokenizer_path and Path(p.tokenizer_path).expanduser()
+        if p.tokenizer_path not in (None, "bytes") and not tokenizer_dir.is_dir():
             raise bad(  # a file passed here and was refused on every rank after the queue
                 "task.tokenizer_path",
                 f"{p.tokenizer_path} is not a directory (a tokenizer's folder, as "
@@ -186,9 +187,12 @@ class CorpusTask(Task):
         """The model and tokenizer, from config.json (transformers only for overrides and for
         a directory with its own code: their fields and classes are transformers')."""
         from ..longdoc.model.compat import config_refusal, read_model_config
-        from ..longdoc.model.directory import check_model_directory, check_tokenizer_files
+        from ..longdoc.model.directory import (
+            TOKENIZER_FILES,
+            check_model_directory,
+            check_tokenizer_files,
+        )
         from ..longdoc.model.overrides import merge, problem
-        from ..longdoc.model.tokenize import TOKENIZER_FILES
 
         try:
             raw = read_model_config(p.model_path)
@@ -215,7 +219,7 @@ class CorpusTask(Task):
             try:  # no file read from outside the directory (directory.py)
                 if where:
                     check_model_directory(where)
-                if where and where == tokenizer:
+                if where and key == "task.tokenizer_path":
                     check_tokenizer_files(where)
             except ValueError as err:
                 raise bad(key, str(err)) from None

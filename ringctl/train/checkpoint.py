@@ -49,7 +49,7 @@ TRAIN_STATE = "train_state.json"
 MODEL_CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 LATEST = "latest"
-CHECKSUMS = "checksums.json"  # {DCP file name: sha256}, written by rank 0 at publish
+CHECKSUMS = "checksums.json"  # {covered file's name: sha256}, written by rank 0 at publish
 STATE_KEYS = {"step", "cursor", "scheduler", "run"}
 MAX_POINTER_BYTES = 64
 MAX_STATE_BYTES = 4 << 20
@@ -123,9 +123,10 @@ class CheckpointDir:
         metrics: Path,
         sums: dict[str, str],
     ) -> Path:
-        """Rank 0, after every rank wrote ``staged``: the model's config, the checksums of it
-        and of the DCP files (``sums``: the ranks' own), the train state and the metrics so
-        far beside it, the rename, ``latest``, and the pruning. Returns the folder."""
+        """Rank 0, after every rank wrote ``staged``: the model's config, the train state and
+        the metrics so far beside the DCP files, then the checksums of them all (``sums``:
+        the ranks' own of the DCP files), the rename, ``latest``, and the pruning. Returns
+        the folder."""
         atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
         atomic_write_json(staged / TRAIN_STATE, state)
         if metrics.exists():
@@ -311,21 +312,35 @@ def save(
     return final
 
 
-def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
-    """Every rank: the model's and the optimizer's state from ``checkpoint``, resharded to
-    however this job holds them (DCP, read through ``dcp_reader``: its files may be
-    hostile). Collective over the job."""
+def verify_together(checkpoint: Checkpoint, *, group=None) -> None:
+    """Every rank hashes its share of the checkpoint's files (``verify``); ValueError on
+    every rank alike, whichever share held the changed file. Collective over the job; before
+    anything of the checkpoint is believed (its train_state's run signature and cursor were
+    compared first: a damaged one was refused as a changed setting)."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     from ..longdoc.consensus import agree
-    from . import dcp_reader
 
+    if not dist.is_initialized():  # one process (a check of it alone): the whole of it
+        error = verify(checkpoint)
+        if error:
+            raise ValueError(error)
+        return
     error = verify(checkpoint, dist.get_rank(group), dist.get_world_size(group))
-    try:  # every rank refuses alike, whichever share held the changed file
+    try:
         agree(error, group)
     except RuntimeError as err:
         raise ValueError(str(err)) from None
+
+
+def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
+    """Every rank: the model's and the optimizer's state from ``checkpoint`` (checked by
+    ``verify_together`` first), resharded to however this job holds them (DCP, read through
+    ``dcp_reader``: its files may be hostile). Collective over the job."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from . import dcp_reader
+
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp_reader.load(state, checkpoint.path, process_group=group)
@@ -335,14 +350,12 @@ def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
 
 
 def load_weights(model, checkpoint: Checkpoint) -> None:
-    """One process, no process group: the model's weights alone (gather's export)."""
+    """One process, no process group: the model's weights alone (gather's export, which
+    ``verify``-ies the checkpoint before it reads any of its files)."""
     import warnings
 
     from . import dcp_reader
 
-    error = verify(checkpoint)
-    if error:
-        raise ValueError(error)
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():  # "torch.distributed is disabled ...": it is, on purpose
         warnings.simplefilter("ignore", UserWarning)

@@ -3,11 +3,12 @@
     OUT/metrics.jsonl   every step's record (``metrics.py``: the job's logs/metrics.jsonl,
                         which a resume restores to its checkpoint's history)
     OUT/loss.png        the loss against the step (where matplotlib is installed: .[plot])
-    OUT/model/          a transformers directory (config.json, model.safetensors, the
-                        tokenizer's files when the job had a tokenizer directory), the weights
+    OUT/model/          a transformers directory (config.json, model.safetensors, every
+                        file of the run's tokenizer, checked to give its ids), the weights
                         consolidated from the newest checkpoint (DCP, loaded in one process),
                         which ``AutoModelForCausalLM.from_pretrained`` loads
-    OUT/summary.json    the checkpoint's step, the run's last loss, what was written
+    OUT/summary.json    the checkpoint's step, its loss (null where no copy of the history
+                        holds steps 1 to it once each: said), what was written
 
 Written whole or not at all, beside OUT, as every gather (``ringctl.output_dir``). A job with
 no checkpoint yet, or whose ``latest`` names a broken one, is refused in one line.
@@ -18,12 +19,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..atomic import default_file_mode
 from ..bounded_read import read_regular
-from ..errors import UserError, naming, with_filename
+from ..errors import CheckpointPruned, UserError, naming, with_filename
 from ..jobdir import JobDir, job_of
 from ..output_dir import (
     beside,
@@ -105,15 +107,20 @@ def gather(
     check_target(target, job.path, force=force)
     target.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(PRUNED_RETRIES + 1):
-        read = _read_latest(job)  # the pointer, then what it names
+        pointer = _read_latest(job)
         try:
             found = _latest(job)
-            left = _steps_left(found, job_config, partial=partial)
+        except UserError:
+            if _read_latest(job) == pointer:  # the error is the truth
+                raise
+            continue  # the folder it named was pruned before it was read: the newest
+        left = _steps_left(found, job_config, partial=partial)
+        try:
             return _write_whole(target, job, found, job_config, force, left, notes)
         except (UserError, OSError):
-            if _read_latest(job) == read:  # nothing moved under it: the error is the truth
+            if not _pruned(job, found):  # the error is the truth
                 raise
-            # a running job saved a newer checkpoint and pruned the one read: take the newest
+            # a running job saved a newer checkpoint and pruned the one read: the newest
     raise CheckpointPruned(
         f"{job.checkpoints}: the running job saved and pruned checkpoints faster than gather "
         f"read one ({PRUNED_RETRIES + 1} tries, each pruned while read): run gather again, "
@@ -121,11 +128,17 @@ def gather(
     )
 
 
-class CheckpointPruned(UserError):
-    """Every checkpoint gather took was pruned by the running job while it was read: not a
-    damaged checkpoint (exit 3 said so, and "outputs not all written yet" beside it)."""
-
-    exit_code = 1
+def _pruned(job: JobDir, found: checkpoint.Checkpoint) -> bool:
+    """Whether the job pruned ``found`` while gather read it: ``latest`` names another
+    checkpoint now and ``found``'s folder is going (a moment for its removal to finish: an
+    error met halfway through it is that removal's)."""
+    if _read_latest(job) == f"{found.path.name}\n".encode():
+        return False
+    for _ in range(20):
+        if not (found.path / checkpoint.TRAIN_STATE).exists():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _read_latest(job: JobDir) -> bytes | None:
@@ -192,9 +205,11 @@ def _write_whole(target: Path, job: JobDir, found, job_config, force, left: int,
 def _write(
     tmp: Path, job: JobDir, found, job_config, unfinished: bool
 ) -> tuple[list[str], float | None, list]:
-    records, bad, source, notes = _history(job, found)
+    problem = checkpoint.verify(found)  # before any of its files is believed
+    if problem:
+        raise _refused(problem)
+    records, loss, notes = _history(job, found)
     (tmp / "metrics.jsonl").write_text("".join(json.dumps(r.__dict__) + "\n" for r in records))
-    notes += [f"{source}: {bad} unreadable line(s) skipped"] if bad else []
     files = ["metrics.jsonl"]
     png = _plot(tmp / "loss.png", records)
     files += [png] if png else []
@@ -205,8 +220,6 @@ def _write(
     notes += said
     export_model(found, tmp / "model", tokenizer)
     files.append("model/")
-    whole = metrics.runs_through(records, found.step)
-    loss = records[-1].loss if records and whole else None
     summary = {
         "task": TASK,
         "step": found.step,
@@ -227,31 +240,35 @@ def _refused(problem: str) -> UserError:
     return GatherError([problem])
 
 
-def _history(job: JobDir, found: checkpoint.Checkpoint) -> tuple[list, int, Path, list[str]]:
-    """(the run's step records up to ``found``, unreadable lines, the file, notes): the copy
-    saved with the checkpoint (covered by its checksums; logs/metrics.jsonl is the
-    attempt's: a resume moves it to attempts/<n>/ and restores it only once the checkpoint
-    loads, so a resume stopped before that gathered no step, exit 0), else logs/metrics.jsonl,
-    whichever holds steps 1 to the checkpoint's, each once and in order (``runs_through``).
-    Where neither does, the longer copy is written and the loss is not reported, said: the
-    copy with more lines was taken and its last line's loss reported, so a line appended
-    twice, lines reordered or cut gave another step's loss as the checkpoint's, exit 0.
-    A saved copy that is not a regular file is a damaged checkpoint (exit 3)."""
+def _history(job: JobDir, found: checkpoint.Checkpoint) -> tuple[list, float | None, list]:
+    """(the run's step records up to ``found``, the loss to report, notes): from the copy
+    saved with the checkpoint (covered by its checksums; logs/metrics.jsonl is the attempt's:
+    a resume moves it to attempts/<n>/ and restores it only once the checkpoint loads, so a
+    resume stopped before that gathered no step, exit 0), else logs/metrics.jsonl: the first
+    holding one run's steps 1 to the checkpoint's (``metrics.one_run``), whose last loss is
+    the checkpoint's. Where neither does, the longer copy is written and no loss reported,
+    said: the copy with more lines was taken and its last line's loss reported, so a line
+    appended twice, lines reordered or cut gave another step's loss, exit 0. A saved copy
+    that is not a regular file is a damaged checkpoint (exit 3)."""
     saved = found.path / checkpoint.METRICS
-    copies = []
+    copies, notes = [], []
     for path in ([saved] if os.path.lexists(saved) else []) + [job.metrics]:
         try:
             records, bad = metrics.read(path)
         except ValueError as err:  # not a regular file: named
             raise (_refused(str(err)) if path == saved else UserError(str(err))) from None
+        notes += [f"{path}: {bad} unreadable line(s) skipped"] if bad else []
         records = [r for r in records if r.step <= found.step]
-        if metrics.runs_through(records, found.step):
-            return records, bad, path, []
-        copies.append((records, bad, path))
-    records, bad, path = max(copies, key=lambda c: len(c[0]))
-    said = ", ".join(str(c[2]) for c in copies)
-    note = f"{said}: no copy holds steps 1 to {found.step} once each in order; loss not reported"
-    return records, bad, path, [note]
+        run = metrics.one_run(records, found.step)
+        if run:
+            return run, run[-1].loss, notes
+        copies.append((records, path))
+    records, _ = max(copies, key=lambda c: len(c[0]))
+    said = ", ".join(str(c[1]) for c in copies)
+    notes.append(
+        f"{said}: no copy holds steps 1 to {found.step} once each in order; loss not reported"
+    )
+    return records, None, notes
 
 
 def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | None) -> None:

@@ -87,10 +87,14 @@ def _parse(raw: bytes) -> StepMetrics | None:
     return StepMetrics(**data)
 
 
-def runs_through(records: list[StepMetrics], step: int) -> bool:
-    """Whether ``records`` are steps 1, 2, ..., ``step`` in order, each once: one run's
-    history up to that step (a line appended twice, lines reordered or cut are not)."""
-    return [r.step for r in records] == list(range(1, step + 1))
+def one_run(records: list[StepMetrics], step: int) -> list[StepMetrics] | None:
+    """The records of one run's steps 1, 2, ..., ``step`` in order, each once (None: there
+    are none): from the last record of a step 1 on, so a history that a rerun started again
+    from step 1 (a Slurm requeue before the first checkpoint, by an earlier release) gives
+    its last run; a line appended twice, lines reordered or cut give none."""
+    starts = [i for i, r in enumerate(records) if r.step == 1]
+    tail = records[starts[-1] :] if starts else []
+    return tail if [r.step for r in tail] == list(range(1, step + 1)) else None
 
 
 def restore(path: Path, saved: Path | None) -> None:

@@ -310,6 +310,7 @@ def resume_from(
         if opts.rank == 0:  # first checkpoint reruns the job in place, its log there)
             metrics.restore(JobDir(opts.job_dir).metrics, None)
         return 0, Cursor()
+    checkpoint.verify_together(found)  # before its run signature and cursor are believed
     recorded = found.state["run"]
     want, had = run, recorded | {"byte_tokens": run_byte_tokens(recorded)}
     unrecorded = sorted(k for k in ADDED_KEYS if k in want and k not in had)
@@ -486,13 +487,15 @@ class _Loop:
             loss=round(result.loss, 4),
             tokens_per_s=round(record.tokens_per_s, 1),
         )
-        self._show()
+        self._show(quiet=False)
 
-    def _show(self) -> None:
+    def _show(self, *, quiet: bool) -> None:
         """Rank 0's progress record: the step, its loss and rate, and the newest checkpoint's
-        step (after a cancel at step 33, status said 33/60 where the resume starts at 30)."""
+        step (after a cancel at step 33, status said 33/60 where the resume starts at 30);
+        ``quiet`` after a save: the record again, not another log line."""
         shown = dict(self.shown)
-        self.opts.progress(shown.pop("done"), shown.pop("total"), checkpoint=self.saved, **shown)
+        done, total = shown.pop("done"), shown.pop("total")
+        self.opts.progress(done, total, checkpoint=self.saved, quiet=quiet, **shown)
 
     def _save(self, step: int, cursor: Cursor) -> None:
         if _agree_not_finite(self.model):
@@ -516,7 +519,7 @@ class _Loop:
         self.last, self.saved = str(folder), step
         if self.opts.rank == 0:
             self.opts.log(f"checkpoint {folder.name} written")
-            self._show()
+            self._show(quiet=True)
 
 
 def _refuse_diverged(step: int, result) -> None:

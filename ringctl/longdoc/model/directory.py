@@ -96,27 +96,35 @@ def followed(entry: Path, root: Path | None = None) -> Path:
     return target
 
 
-# Every file a tokenizer reads from its directory (transformers' fast and slow classes of
-# causal LMs): its ids depend on each. gather copies them beside exported weights (three of
-# them were copied: a GPT-2-style vocab.json/merges.txt tokenizer was exported as one file
-# that encoded text to no ids, exit 0).
-TOKENIZER_READS = frozenset(
+# A directory holding one of these has a tokenizer of its own (the job's default tokenizer:
+# tokenize.resolve_tokenizer_path).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+# The tokenizer files whose bytes a model's identity hashes (run.json, a training run's
+# signature): the list those identities were recorded with, kept as it is so that a run of
+# an earlier release resumes and gathers (adding a name changed every recorded identity of a
+# folder holding it).
+TOKENIZER_IDENTITY = frozenset(
     {
-        TOKENIZER_CONFIG,
-        "tokenizer.json",
-        "tokenizer.model",
+        *TOKENIZER_FILES,
         "special_tokens_map.json",
         "added_tokens.json",
         "vocab.json",
         "merges.txt",
-        "vocab.txt",
-        "spiece.model",
-        "sentencepiece.bpe.model",
     }
 )
+# Every file a tokenizer reads from its directory (transformers' classes for causal LMs and
+# the older formats beside them; the chat template, which shapes no ids): gather copies them
+# beside exported weights (three of them were copied: a GPT-2-style vocab.json/merges.txt
+# tokenizer was exported as one file that encoded text to no ids, exit 0).
+TOKENIZER_READS = TOKENIZER_IDENTITY | {
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+}
 # What a job reads from a model directory that shapes its numbers: the config, the weights,
 # and the tokenizer (its ids). A model's identity hashes their bytes.
-IDENTITY_FILES = frozenset({"config.json", INDEX_FILE}) | TOKENIZER_READS
+IDENTITY_FILES = frozenset({"config.json", INDEX_FILE}) | TOKENIZER_IDENTITY
 _HASH_PIECE = 8 << 20
 
 
@@ -134,7 +142,7 @@ def model_identity(path: str | Path, *, weights: bool = True) -> str:
     ``weights=False``: a tokenizer's directory (its files but the config and weights)."""
     path = Path(path)
     if path.is_dir():
-        names = IDENTITY_FILES if weights else TOKENIZER_READS
+        names = IDENTITY_FILES if weights else TOKENIZER_IDENTITY
         chosen = (e for e in path.iterdir() if e.name in names or weights and _weights(e))
         files = sorted(chosen, key=lambda e: e.name)
     else:
@@ -176,7 +184,7 @@ def _check_tokenizer_names(directory: Path) -> None:
     try:
         config = json.loads(read_model_file(path))
     except (ValueError, RecursionError):
-        return  # not this check's: the tokenizer's own loading reports it
+        return  # not this check's: check_tokenizer_files (at submit) reports it
     if not isinstance(config, dict):
         return
     value = config.get(FAST_TOKENIZER_FILES)

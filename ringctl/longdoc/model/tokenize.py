@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .directory import check_model_directory
+from .directory import TOKENIZER_FILES, check_model_directory
 from .gguf_file import converted, is_gguf
 from .hub import go_offline
 
@@ -104,9 +104,6 @@ class HFTokenizer:
             return ids, None
         end = int(enc["offset_mapping"][0][1])
         return ids, len(text.encode("utf-8")) - len(text[:end].encode("utf-8"))
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def resolve_tokenizer_path(tokenizer_path: str | None, model_path: str | None) -> str | None:

@@ -1,0 +1,22 @@
+"""How many CPU threads each rank computes with: one rule for every backend.
+
+The job's ``OMP_NUM_THREADS`` where it sets one (env.vars, or the environment ringctl runs
+in); else the CPUs Slurm gives each task (``slurm.cpus_per_task``); else the node's CPUs over
+its ranks. torch alone takes every core it sees in each rank: ranks-per-node times
+oversubscribed where Slurm binds no CPUs, and the CPU kernels' rounding follows the thread
+count, so the same job gave other numbers on Slurm than on the local backend (losses 1.8e-7
+apart where one thread a rank gives them bitwise).
+"""
+
+from __future__ import annotations
+
+
+def rank_threads(
+    given: str | None, *, cpus_per_task: int | None, node_cpus: int, ranks_on_node: int
+) -> str:
+    """The rank's ``OMP_NUM_THREADS`` value (text: OpenMP also takes "4,2")."""
+    if given:
+        return str(given)
+    if cpus_per_task:
+        return str(int(cpus_per_task))
+    return str(max(1, node_cpus // max(1, ranks_on_node)))

@@ -1,0 +1,36 @@
+"""Each rank's CPU thread count: one rule (ringctl/threads.py) for the local backend and a
+Slurm rank. A Slurm rank set none and torch took every core of the node in each rank: the
+same job gave other numbers there than locally (losses 1.8e-7 apart; the real cluster test,
+tests/test_train_cluster.py, now runs unpinned and is bitwise equal to the local run)."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import OmegaConf
+
+from ringctl.threads import rank_threads
+from ringctl.worker import _apply_threads
+
+
+def test_the_rule():
+    rule = dict(cpus_per_task=None, node_cpus=8, ranks_on_node=3)
+    assert rank_threads("3", **rule) == "3"  # the job's own
+    assert rank_threads(None, **rule) == "2"  # the node's CPUs over its ranks
+    assert rank_threads(None, **(rule | {"cpus_per_task": 4})) == "4"  # Slurm's per task
+    assert rank_threads(None, cpus_per_task=None, node_cpus=2, ranks_on_node=4) == "1"
+
+
+def test_a_slurm_rank_takes_its_share_of_its_node(monkeypatch):
+    cfg = OmegaConf.create({"tasks_per_node": 2, "slurm": {"cpus_per_task": None}})
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "4")
+    try:
+        _apply_threads(cfg, torch)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # given: torch read it at import
+        torch.set_num_threads(3)
+        _apply_threads(cfg, torch)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
