@@ -35,8 +35,9 @@ Run `ringctl VERB --help` for the options of each verb.
 exit status:
   0    done (`run`: the job COMPLETED)
   1    not done: the job did not complete (`run`, `resume -f`), no job found or a state
-       unknown (`status`), the job does not fit (`plan`), or a write the machine refused
-       (disk full, quota, read-only file system)
+       unknown (`status`), the job does not fit (`plan`), a running job pruned every
+       checkpoint `gather` took while it read it (run it again), or a write the machine
+       refused (disk full, quota, read-only file system)
   2    a usage error: a bad argument, job file, key or path (one line says which)
   3    `gather` refused: outputs or a checkpoint missing, damaged or changed (each named)
   130  interrupted (^C)

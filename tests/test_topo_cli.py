@@ -192,6 +192,7 @@ def test_malformed_probe_and_topology_name_file_and_line(tmp_path, capsys):
         (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "NET=-inf"], "must be a positive"),
         (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS=nan"], "must be a positive"),
         (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "SYS=0"], "must be a positive"),
+        (["topo", "--nvidia-smi", str(DGX), "--bandwidth", "NV=1e308"], "up to 1e+06 Gbit/s"),
         (["topo", "--nvidia-smi", "/nonexistent/topo.txt"], "/nonexistent/topo.txt: cannot"),
         (["topo", "--node", "n1=/nonexistent"], "/nonexistent: no such file"),
         (["topo", "--nvidia-smi", str(DGX), "--ranks-per-node", "9"], "fewer than"),

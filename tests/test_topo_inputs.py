@@ -317,3 +317,40 @@ def test_errors_quote_at_most_a_few_dozen_characters_of_a_word(text, parse):
         parse(text, "f")
     message = str(err.value)
     assert "..." in message and len(message) < 2 * ECHO_CHARS + 200 and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("probe", "expected"),
+    [
+        ("[" * 200_000 + "]" * 200_000, "expected a probe JSON (RecursionError)"),
+        ('{"nvidia_smi_topo": null, "cpu_count": ' + "9" * 5000 + "}", "(ValueError)"),
+        ('{"nvidia_smi_topo": null, "cpu_count": NaN}', "cpu_count must be a count"),
+        ('{"nvidia_smi_topo": null, "cpu_count": [8]}', "cpu_count must be a count"),
+    ],
+)
+def test_a_probe_no_reader_can_take_is_one_line(tmp_path, capsys, probe, expected):
+    """Probes are written by the job's processes: a deep or huge-number file was a traceback
+    (RecursionError, "Exceeds the limit (4300 digits)"), and a cpu_count of NaN or a list
+    was copied into placement.json (NaN is no JSON)."""
+    path = tmp_path / "n1.json"
+    path.write_text(probe)
+    assert main(["topo", "--node", f"n1={path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}" in err and expected in err and "Traceback" not in err
+
+
+def test_x_off_the_diagonal_is_refused_by_cell():
+    """X is the diagonal's token; elsewhere it had no bandwidth ("no bandwidth for link
+    kind 'X'", a traceback at placement)."""
+    text = matrix(2).replace("GPU0\tX\tNV18", "GPU0\tX\tX")
+    with pytest.raises(
+        UserError, match=r"X belongs on the diagonal only \(row GPU0, column GPU1\)"
+    ):
+        parse_nvidia_smi(text, "smi.txt")
+
+
+def test_one_gpu_index_named_twice_is_refused():
+    """GPU0 beside GPU00: two ranks got CUDA_VISIBLE_DEVICES=0, exit 0."""
+    text = matrix(2).replace("GPU1", "GPU00")
+    with pytest.raises(UserError, match="GPU0 and GPU00 are one GPU index"):
+        parse_nvidia_smi(text, "smi.txt")

@@ -284,6 +284,21 @@ def test_topology_name_prefix_is_tolerated():
     assert t.groups["s0"].nodes == ["a1", "a2"] and list(t.groups) == ["s0"]
 
 
+def test_scontrol_show_topology_of_blocks_with_their_aggregated_levels():
+    """Slurm 24.11+ prints an AggregatedBlock= line for every block level above the base
+    (topology_block.c's _print_topo_record; by default once there are two blocks): refused,
+    the batch script's placement failed and no rank of the job ever started."""
+    text = (
+        "BlockName=b1 BlockIndex=0 Nodes=gpu[01-02] BlockSize=2\n"
+        "BlockName=b2 BlockIndex=1 Nodes=gpu[03-04] BlockSize=2\n"
+        "AggregatedBlock=b[1-2] BlockIndex=0 Nodes=gpu[01-04] BlockSize=4\n"
+    )
+    t = parse_slurm_topology(text, "scontrol")
+    assert list(t.groups) == ["b1", "b2"]
+    assert [t.leaf_of(n) for n in ("gpu01", "gpu02", "gpu03", "gpu04")] == ["b1", "b1", "b2", "b2"]
+    assert t.node_order() == ["gpu01", "gpu02", "gpu03", "gpu04"]
+
+
 def test_scontrol_show_topology_upper_switch_lists_all_nodes():
     t = parse_slurm_topology(SCONTROL, "scontrol")
     assert [t.leaf_of(n) for n in ("n1", "n2", "n3", "n4")] == ["leaf1", "leaf1", "leaf2", "leaf2"]

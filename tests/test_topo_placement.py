@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -195,6 +196,33 @@ def test_node_with_only_ethernet_nics_up_uses_roce():
     assert {(h.src_end, h.dst_end, h.gbps) for h in net} == {("GDR", "GDR", 100.0)}
     assert phb.bottleneck.link == "SYS" and phb.bottleneck.gbps == DEFAULT_BANDWIDTHS["SYS"]
     assert {e.env["NCCL_NET_GDR_LEVEL"] for e in phb.ring} == {"PHB"}
+
+
+def test_every_network_hop_joins_nics_of_one_link_layer():
+    """Each node picked its NICs by its own GPUs: a node whose InfiniBand ports were down
+    (only RoCE up) beside one with both planned hops from InfiniBand into Ethernet, which
+    NCCL cannot join, exit 0. The ring takes the layer every node has; none: refused."""
+    both = {"mlx5_0": ("Active", 200, "InfiniBand"), "mlx5_1": ("Active", 100, "Ethernet")}
+    text = smi_text(2, lambda i, j: "NV12", [["PIX", "SYS"], ["SYS", "PIX"]])
+    a = node_from(text, "a", ibstat_text(both))
+    down = both | {"mlx5_0": ("Down", 200, "InfiniBand")}
+    b = node_from(text, "b", ibstat_text(down))
+    plan = plan_ring([a, b])
+    layer = {nic["name"]: nic["link_layer"] for nic in plan.nodes[0]["nics"]}
+    assert {e.nic for e in plan.ring} == {"mlx5_1"} and layer["mlx5_1"] == "Ethernet"
+    assert plan_ring([a, replace(a, name="c")]).ring[0].nic == "mlx5_0"  # both: InfiniBand
+    ib_only = node_from(text, "d", ibstat_text({"mlx5_0": both["mlx5_0"]}))
+    with pytest.raises(UserError, match="no link layer joins every node's usable NICs"):
+        plan_ring([b, ib_only])
+
+
+def test_a_node_without_gpus_is_not_planned_into_a_gpu_ring():
+    """A node whose probe lost nvidia-smi (a timeout) was planned as CPU ranks with SHM hops
+    inside a GPU ring, no CUDA_VISIBLE_DEVICES, exit 0."""
+    gpu = node_from(smi_text(2, lambda i, j: "NV12"), "gpu01")
+    lost = build_node("gpu05", None, None)
+    with pytest.raises(UserError, match="node gpu05 has no GPU in its topology while node gpu01"):
+        plan_ring([gpu, lost])
 
 
 def test_each_gpu_gets_its_nearest_usable_nic_ties_to_the_faster_port():

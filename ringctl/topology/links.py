@@ -97,6 +97,9 @@ def nvlink_problem(token: str) -> str:
     return f"{token[:24]!r} is not a count of NVLinks between two GPUs (NV1..NV{MAX_NVLINKS})"
 
 
+MAX_GBPS = 1e6  # a link's Gbit/s (NVLink 5 is 14,400 a GPU): a petabit is no typo's limit
+
+
 def merge_bandwidths(overrides: Mapping[str, float] | None) -> dict[str, float]:
     """The default table with the user's entries on top; unknown kinds are refused."""
     table = dict(DEFAULT_BANDWIDTHS)
@@ -104,8 +107,11 @@ def merge_bandwidths(overrides: Mapping[str, float] | None) -> dict[str, float]:
         key = kind.upper()
         if key not in table:
             raise ValueError(f"unknown link kind {kind!r}; known: {', '.join(table)}")
-        if not (math.isfinite(value) and value > 0):  # inf would win every placement
-            raise ValueError(f"bandwidth of {kind} must be a positive number, got {value}")
+        if not (math.isfinite(value) and 0 < value <= MAX_GBPS):  # inf would win every
+            raise ValueError(  # placement; 1e308 x an NVLink count overflowed to inf
+                f"bandwidth of {kind} must be a positive number up to {MAX_GBPS:g} Gbit/s, "
+                f"got {value}"
+            )
         table[key] = float(value)
     return table
 

@@ -173,12 +173,17 @@ def load_node_files(
     return build_node(check_node_name(name, name_source), smi, hcas)
 
 
+MAX_CPUS = 1 << 16  # a node's CPUs (os.cpu_count) in a probe: thousands at most
+
+
 def _load_probe(path: Path, name: str | None) -> NodeTopology:
     text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{path}:{err.lineno}: expected a probe JSON ({err.msg})") from None
+    except (ValueError, RecursionError) as err:  # a number of 5,000 digits, deep nesting
+        raise UserError(f"{path}: expected a probe JSON ({type(err).__name__})") from None
     if not isinstance(data, dict) or "nvidia_smi_topo" not in data:
         raise UserError(f"{path}:1: expected a probe JSON with key nvidia_smi_topo")
     for key in ("nvidia_smi_topo", "ibstat", "ibv_devinfo", "node"):
@@ -192,7 +197,12 @@ def _load_probe(path: Path, name: str | None) -> NodeTopology:
         if data.get(key):
             hcas = parse_hca_text(data[key], f"{path}[{key}]")
             break
-    return build_node(node_name, smi, hcas, data.get("cpu_count"))
+    cpus = data.get("cpu_count")
+    if cpus is not None and not (
+        isinstance(cpus, int) and not isinstance(cpus, bool) and 0 < cpus <= MAX_CPUS
+    ):  # copied into placement.json as it came (NaN, a list)
+        raise UserError(f"{path}: cpu_count must be a count from 1 to {MAX_CPUS} or null")
+    return build_node(node_name, smi, hcas, cpus)
 
 
 def load_node(path: str | Path, name: str | None = None) -> NodeTopology:

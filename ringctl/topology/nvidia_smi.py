@@ -163,8 +163,8 @@ def _check_links(links: list[str], label: str, devices: list[str], where: str) -
             )
         if nvlink_problem(token):
             raise UserError(f"{where}: row {label}, column {col}: {nvlink_problem(token)}")
-    if links[devices.index(label)] != "X":
-        raise UserError(f"{where}: expected X on the diagonal of row {label}")
+        if (token == "X") != (col == label):  # off it, X had no bandwidth: a traceback
+            raise UserError(f"{where}: X belongs on the diagonal only (row {label}, column {col})")
 
 
 def _row_values(rest: list[str], info: list[str], where: str) -> dict[str, str]:
@@ -201,6 +201,9 @@ def _topology(header: _Header, rows, row_info, legend: dict[str, str], source) -
     if not gpu_cols:
         raise UserError(f"{source}:{header.at + 1}: expected at least one GPU column")
     gpu_cols.sort(key=lambda d: int(d[3:]))
+    for a, b in zip(gpu_cols, gpu_cols[1:], strict=False):
+        if int(a[3:]) == int(b[3:]):  # GPU0 and GPU00: two ranks pinned to one device
+            raise UserError(f"{source}:{header.at + 1}: {a} and {b} are one GPU index")
     idx = {d: devices.index(d) for d in devices}
     topo = SmiTopology(extra_columns=[c for c in header.info if c not in _KNOWN])
     for d in gpu_cols:

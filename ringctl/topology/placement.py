@@ -23,9 +23,10 @@ in seconds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UserError
+from ..text import cut
 from .gdr import GdrPolicy, NicEnd, best_nic, end_gbps, gdr_env, is_c2c
 from .groups import Layout, NodeRole, choose_layout, partition_cycles
 from .links import link_gbps, merge_bandwidths, nic_path_rank
@@ -285,6 +286,14 @@ def _check(nodes: Sequence[NodeTopology], ranks_per_node: int | None) -> None:
         seen.add(n.name)
     if ranks_per_node is not None and ranks_per_node < 1:
         raise UserError("--ranks-per-node must be at least 1")
+    with_gpus = [n for n in nodes if n.gpus]
+    without = [n.name for n in nodes if not n.gpus]
+    if with_gpus and without:  # a probe whose nvidia-smi failed, planned as CPU ranks, exit 0
+        raise UserError(
+            f"node {without[0]} has no GPU in its topology while node {with_gpus[0].name} has "
+            f"{len(with_gpus[0].gpus)}: one ring cannot mix GPU and CPU ranks (see the "
+            "node's probe: its nvidia-smi may have failed; fix it, or leave the node out)"
+        )
     for node in nodes:
         if len(node.gpus) > MAX_NODE_GPUS:
             raise UserError(
@@ -296,6 +305,40 @@ def _check(nodes: Sequence[NodeTopology], ranks_per_node: int | None) -> None:
                 f"node {node.name} has {len(node.gpus)} GPUs, fewer than "
                 f"--ranks-per-node {ranks_per_node}"
             )
+
+
+def one_fabric(nodes: Sequence[NodeTopology]) -> list[NodeTopology]:
+    """The nodes with only the NICs of one link layer usable: NCCL cannot join an InfiniBand
+    port to a RoCE (Ethernet) one, and each node picks its NICs by its own GPUs, so one node
+    with its InfiniBand ports down planned hops from InfiniBand into Ethernet, exit 0.
+    InfiniBand where every node with a usable NIC of a known layer has one, else Ethernet
+    where every such node has that; refused naming a node otherwise."""
+    layers = {n.name: _layers(n) for n in nodes}
+    known = {name: got for name, got in layers.items() if got}
+    if len(set().union(*known.values()) if known else ()) <= 1:
+        return list(nodes)
+    for layer in ("infiniband", "ethernet"):
+        if all(layer in got for got in known.values()):
+            return [_only_layer(n, layer) for n in nodes]
+    said = "; ".join(f"node {name}: {'/'.join(sorted(got))}" for name, got in known.items())
+    raise UserError(
+        f"no link layer joins every node's usable NICs ({cut(said, 300)}): NCCL cannot join "
+        "InfiniBand to RoCE; bring the ports up or leave a node out"
+    )
+
+
+def _layers(node: NodeTopology) -> set[str]:
+    return {n.link_layer.lower() for n in node.nics if n.usable and n.link_layer}
+
+
+def _only_layer(node: NodeTopology, layer: str) -> NodeTopology:
+    nics = [
+        nic
+        if not nic.usable or not nic.link_layer or nic.link_layer.lower() == layer
+        else replace(nic, usable=False, why_unusable=f"{nic.link_layer}: the ring uses {layer}")
+        for nic in node.nics
+    ]
+    return replace(node, nics=nics)
 
 
 def _domains(ordered, paths, switches, nvlink_blocks: bool) -> list[str | None]:
@@ -319,7 +362,7 @@ def prepare_nodes(nodes, ranks_per_node, switch_topology, bandwidths, gdr, nvlin
         table = merge_bandwidths(bandwidths)
     except ValueError as err:
         raise UserError(str(err)) from None
-    ordered = order_nodes(nodes, switch_topology)
+    ordered = order_nodes(one_fabric(nodes), switch_topology)
     paths = {
         n.name: switch_topology.switch_path(n.name) if switch_topology else [] for n in ordered
     }

@@ -236,6 +236,12 @@ class _Reader:
             values = [v for v in pairs[0][1].split(",") if v]
             self.topo.block_sizes = [_number(v, where, "BlockSizes=N,N,...") for v in values]
             return
+        if pairs[0][0] == "aggregatedblock":
+            # `scontrol show topology` of topology/block (Slurm 24.11+) lists each block level
+            # above the base blocks (BlockSizes=, or by default once there are two blocks):
+            # unions of consecutive base blocks, whose order the base blocks' listing already
+            # gives. Refused, it stopped every job on such a cluster before any rank ran.
+            return
         if pairs[0][0] == "topologyname":  # newer Slurm may name the topology first
             pairs = pairs[1:]
             if not pairs:
