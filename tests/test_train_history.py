@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ringctl.cli import main
+from tests.test_train_job import _write_state
 
 
 @pytest.fixture(scope="module")
@@ -223,3 +224,42 @@ def test_a_history_a_rerun_started_again_gives_its_last_run(finished, tmp_path, 
     assert f"step 4, loss {records[-1]['loss']:.4f}" in capsys.readouterr().out
     written = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert written == records
+
+
+def test_a_resume_after_the_install_moved_the_bundled_model_continues(finished, tmp_path):
+    """A bundled or packaged model (bundled:..., package:...) is recorded as the path it
+    resolves to in the install; a new environment (venv, prefix, Python) moves it, and the
+    job could not be resumed at all (the path may not be overridden). The files' identity,
+    recorded on both sides, vouches for them: a moved path resumes, a changed model not."""
+    job, records = _copy(finished, tmp_path)
+    state_path = job / "checkpoints" / "step-0000002" / "train_state.json"
+    state = json.loads(state_path.read_text())
+    assert state["run"]["model"]  # the identity the run recorded
+    moved = state | {"run": state["run"] | {"model_path": "/old/venv/ringctl/data/tiny.json"}}
+    _write_state(state_path, moved)
+    (job / "checkpoints" / "latest").write_text("step-0000002\n")
+    assert main(["resume", str(job), "--force", "--follow"]) == 0
+    lines = (job / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["loss"] for x in lines] == [r["loss"] for r in records]
+    changed = moved | {"run": moved["run"] | {"model": "0" * 32}}
+    _write_state(state_path, changed)
+    (job / "checkpoints" / "latest").write_text("step-0000002\n")
+    assert main(["resume", str(job), "--force", "--follow"]) == 1
+
+
+def test_a_scoring_run_s_paths_are_judged_by_the_identity_of_their_files(tmp_path):
+    """run.json's model_path of a bundled model moved with the install: a resume was refused
+    as "a different run". Equal identities excuse the path; other identities do not; ranks
+    without the identity (all but rank 0) leave both to rank 0."""
+    from ringctl.longdoc.output.manifest import other_run, run_record, write_run
+
+    (tmp_path / "longdoc").mkdir()
+    root = tmp_path / "longdoc"
+    base = {"task": "score", "model_path": "/old/venv/demo", "tokenizer_path": None}
+    write_run(root, run_record(2, base | {"model": "a" * 32}))
+    now = base | {"model_path": "/new/venv/demo"}
+    assert other_run(root, now | {"model": "a" * 32}) == ""
+    said = other_run(root, now | {"model": "b" * 32})
+    assert "model_path: '/old/venv/demo' there, '/new/venv/demo' now" in said
+    assert other_run(root, now) == ""  # a rank but 0: rank 0 judges the files and paths
+    assert "task" in other_run(root, now | {"task": "embed"})

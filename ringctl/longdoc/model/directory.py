@@ -160,6 +160,25 @@ def model_identity(path: str | Path, *, weights: bool = True) -> str:
     return digest.hexdigest()[:32]
 
 
+# A run record's path key, and the identity key that vouches for the files it names.
+PATH_IDENTITY = {"model_path": "model", "tokenizer_path": "tokenizer"}
+
+
+def moved_not_changed(have: dict, want: dict) -> set[str]:
+    """The path keys of two run records (run.json, a checkpoint's run signature) that
+    differ only in where the files are: the identity of what each names is recorded on both
+    sides and equal. A bundled or packaged model (``bundled:...``, ``package:...``) is
+    recorded as the path it resolves to in the install, which a new environment moves: such
+    a job could not be resumed at all, and nothing could be overridden to let it."""
+    return {
+        path
+        for path, identity in PATH_IDENTITY.items()
+        if have.get(path) != want.get(path)
+        and have.get(identity) is not None
+        and have.get(identity) == want.get(identity)
+    }
+
+
 def read_model_file(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
     """A model directory's file (config.json, tokenizer_config.json), read as hostile: a
     regular file within ``limit`` bytes, through a link only into the model's own folder (a

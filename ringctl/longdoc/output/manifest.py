@@ -28,6 +28,7 @@ from ...atomic import atomic_write_json
 from ...bounded_read import read_regular
 from ..compute import MODES
 from ..inputs.documents import Listing, doc_key
+from ..model.directory import PATH_IDENTITY, moved_not_changed
 from .names import DOCUMENTS_FILE, FORMAT, RUN_FILE, OutputPaths
 
 # One path component: what documents.doc_key produces (letters, digits, ".", "_", "-"; never
@@ -96,8 +97,10 @@ def other_run(root: Path, signature: dict) -> str:
     have, problem = read_json_object(path)
     if have is None:
         return f"{path}: unreadable ({problem.removeprefix(f'{path}: ')})"
-    unjudged = {"world_size", *(() if "model" in want else IDENTITY_KEYS)}  # (ranks but 0)
-    keys = sorted(want.keys() | have.keys() - unjudged)
+    # ranks but 0 have no identity: the files, and the paths it vouches for, are rank 0's
+    identity = () if "model" in want else (*IDENTITY_KEYS, *PATH_IDENTITY)
+    unjudged = {"world_size", *identity, *moved_not_changed(have, want)}
+    keys = sorted((want.keys() | have.keys()) - unjudged)
     diff = {k: (have.get(k), want.get(k)) for k in keys if have.get(k) != want.get(k)}
     if not diff:
         return ""
