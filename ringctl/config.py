@@ -33,6 +33,7 @@ from .errors import UserError
 from .sbatch import slurm_time_seconds
 from .task_params import DEFAULT_TASK
 from .tasks.base import world_size
+from .topology.links import MAX_GBPS
 
 __all__ = ["job_layout", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
 
@@ -558,8 +559,10 @@ def _check_ring(cfg: DictConfig, bad) -> None:
         raise bad("ring.ulysses", "a Ulysses degree and a numeric ring.size cannot be combined")
     _check_budget(cfg, bad)
     rate = cfg.ring.network_gbps
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise bad("ring.network_gbps", f"must be a positive number of Gbit/s, got {rate}")
+    if rate is not None and not (math.isfinite(rate) and 0 < rate <= MAX_GBPS):
+        raise bad(  # the placement's own cap (topology.links), found at submit, not queued
+            "ring.network_gbps", f"must be a positive number up to {MAX_GBPS:g} Gbit/s, got {rate}"
+        )
 
 
 def job_layout(cfg) -> str:

@@ -327,6 +327,7 @@ def test_errors_quote_at_most_a_few_dozen_characters_of_a_word(text, parse):
         ('{"nvidia_smi_topo": null, "cpu_count": NaN}', "cpu_count must be a count"),
         ('{"nvidia_smi_topo": null, "cpu_count": [8]}', "cpu_count must be a count"),
     ],
+    ids=["deep", "5000-digits", "nan", "list"],
 )
 def test_a_probe_no_reader_can_take_is_one_line(tmp_path, capsys, probe, expected):
     """Probes are written by the job's processes: a deep or huge-number file was a traceback

@@ -295,6 +295,11 @@ def test_scontrol_show_topology_of_blocks_with_their_aggregated_levels():
     )
     t = parse_slurm_topology(text, "scontrol")
     assert list(t.groups) == ["b1", "b2"]
+    named = "".join(f"TopologyName=default {line}\n" for line in text.splitlines())
+    assert list(parse_slurm_topology(named + "TopologyName=default BlockSizes=2,4\n").groups) == [
+        "b1",
+        "b2",
+    ]
     assert [t.leaf_of(n) for n in ("gpu01", "gpu02", "gpu03", "gpu04")] == ["b1", "b1", "b2", "b2"]
     assert t.node_order() == ["gpu01", "gpu02", "gpu03", "gpu04"]
 

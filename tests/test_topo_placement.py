@@ -216,6 +216,34 @@ def test_every_network_hop_joins_nics_of_one_link_layer():
         plan_ring([b, ib_only])
 
 
+def test_the_ring_s_link_layer_is_the_faster_one_and_only_where_hops_leave_nvlink():
+    """InfiniBand was taken wherever every node had it: 4 x 400G RoCE rails beside a 100G
+    InfiniBand storage card went through the card (50 Gbit/s ends, not 200). A ring inside
+    one NVLink domain (--nvlink-blocks) uses no NIC: its nodes' layers were refused; an
+    "Unknown" link layer counted as a third one."""
+    from ringctl.topology.slurm import parse_slurm_topology
+
+    rails = [["PIX" if k == i else "SYS" for k in range(5)] for i in range(4)]
+    text = smi_text(4, lambda i, j: "NV12", rails)
+    ports = {f"mlx5_{k}": ("Active", 400, "Ethernet") for k in range(4)}
+    ports["mlx5_4"] = ("Active", 100, "InfiniBand")
+    nodes = [node_from(text, name, ibstat_text(ports)) for name in ("a", "b")]
+    plan = plan_ring(nodes)
+    assert {e.nic for e in plan.ring} == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}
+    assert plan.bottleneck.gbps == 200.0
+    pair = smi_text(2, lambda i, j: "NV18", [["PIX", "SYS"], ["SYS", "PIX"]])
+    ib = node_from(pair, "g1", ibstat_text({"mlx5_0": ("Active", 400, "InfiniBand")}))
+    roce = node_from(pair, "g2", ibstat_text({"mlx5_1": ("Active", 400, "Ethernet")}))
+    block = parse_slurm_topology("BlockName=nvl1 Nodes=g[1-2]\n", "topo")
+    assert {h.link for h in plan_ring([ib, roce], block, nvlink_blocks=True).hops} == {
+        "MNNVL",
+        "NV18",
+    }
+    unknown = {"mlx5_0": ("Active", 200, "InfiniBand"), "mlx5_1": ("Active", 200, "Unknown")}
+    ib_too = node_from(pair, "c", ibstat_text(unknown))
+    assert all(n["usable"] for n in plan_ring([ib_too, replace(ib_too, name="d")]).nodes[0]["nics"])
+
+
 def test_a_node_without_gpus_is_not_planned_into_a_gpu_ring():
     """A node whose probe lost nvidia-smi (a timeout) was planned as CPU ranks with SHM hops
     inside a GPU ring, no CUDA_VISIBLE_DEVICES, exit 0."""

@@ -226,40 +226,82 @@ def test_a_history_a_rerun_started_again_gives_its_last_run(finished, tmp_path, 
     assert written == records
 
 
-def test_a_resume_after_the_install_moved_the_bundled_model_continues(finished, tmp_path):
+def test_a_resume_after_the_install_moved_the_bundled_model_continues(finished, tmp_path, capsys):
     """A bundled or packaged model (bundled:..., package:...) is recorded as the path it
     resolves to in the install; a new environment (venv, prefix, Python) moves it, and the
     job could not be resumed at all (the path may not be overridden). The files' identity,
-    recorded on both sides, vouches for them: a moved path resumes, a changed model not."""
-    job, records = _copy(finished, tmp_path)
+    recorded on both sides, vouches for an installed model moved; not for a changed one,
+    nor for a user's own path (its identity hashes fewer tokenizer files than a tokenizer
+    may read)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "doc.txt").write_text("the tide goes out. " * 40)
+    job = tmp_path / "job"
+    args = [
+        "jobs/train.yaml",
+        f"job_dir={job}",
+        f"task.inputs=[{corpus}]",
+        "task.model_path=bundled:demo-byte-llama",
+        "task.seq_len=64",
+        "task.batch_sequences=2",
+        "task.max_steps=4",
+        "task.warmup_steps=1",
+        "task.checkpoint_every=2",
+        "tasks_per_node=1",
+        "timeout=60",
+    ]
+    assert main(["run", *args]) == 0
+
+    def losses() -> list[float]:
+        lines = (job / "logs" / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line)["loss"] for line in lines]
+
+    records = losses()
     state_path = job / "checkpoints" / "step-0000002" / "train_state.json"
     state = json.loads(state_path.read_text())
-    assert state["run"]["model"]  # the identity the run recorded
-    moved = state | {"run": state["run"] | {"model_path": "/old/venv/ringctl/data/tiny.json"}}
+    assert state["run"]["model"] and state["run"]["model_path"].endswith("demo-byte-llama")
+    moved = state | {"run": state["run"] | {"model_path": "/old/venv/ringctl/demo-byte-llama"}}
     _write_state(state_path, moved)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
     assert main(["resume", str(job), "--force", "--follow"]) == 0
-    lines = (job / "logs" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["loss"] for x in lines] == [r["loss"] for r in records]
+    assert losses() == records and len(records) == 4
     changed = moved | {"run": moved["run"] | {"model": "0" * 32}}
     _write_state(state_path, changed)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
+    capsys.readouterr()
     assert main(["resume", str(job), "--force", "--follow"]) == 1
+    assert "task.model_path" in capsys.readouterr().err
+    # a user's own path moved: refused, as before (the fixture's model_path is its own)
+    own, _ = _copy(finished, tmp_path / "own")
+    own_state = own / "checkpoints" / "step-0000002" / "train_state.json"
+    record = json.loads(own_state.read_text())
+    _write_state(own_state, record | {"run": record["run"] | {"model_path": "/elsewhere/m"}})
+    (own / "checkpoints" / "latest").write_text("step-0000002\n")
+    assert main(["resume", str(own), "--force", "--follow"]) == 1
 
 
 def test_a_scoring_run_s_paths_are_judged_by_the_identity_of_their_files(tmp_path):
     """run.json's model_path of a bundled model moved with the install: a resume was refused
-    as "a different run". Equal identities excuse the path; other identities do not; ranks
-    without the identity (all but rank 0) leave both to rank 0."""
+    as "a different run". Equal identities excuse an installed model's paths (a tokenizer in
+    its own folder with it); other identities, or a user's own path, do not; ranks without
+    the identity (all but rank 0) leave paths and files to rank 0."""
+    from ringctl.longdoc.model.load import resolve_model_path
     from ringctl.longdoc.output.manifest import other_run, run_record, write_run
 
-    (tmp_path / "longdoc").mkdir()
     root = tmp_path / "longdoc"
-    base = {"task": "score", "model_path": "/old/venv/demo", "tokenizer_path": None}
-    write_run(root, run_record(2, base | {"model": "a" * 32}))
-    now = base | {"model_path": "/new/venv/demo"}
-    assert other_run(root, now | {"model": "a" * 32}) == ""
-    said = other_run(root, now | {"model": "b" * 32})
-    assert "model_path: '/old/venv/demo' there, '/new/venv/demo' now" in said
+    root.mkdir()
+    here = resolve_model_path("bundled:demo-byte-llama")
+    old = "/old/venv/demo-byte-llama"
+    write_run(
+        root,
+        run_record(
+            2, {"task": "score", "model_path": old, "tokenizer_path": old, "model": "a" * 32}
+        ),
+    )
+    now = {"task": "score", "model_path": here, "tokenizer_path": here}
+    assert other_run(root, now | {"model": "a" * 32}, installed=True) == ""
+    said = other_run(root, now | {"model": "b" * 32}, installed=True)
+    assert f"model_path: '{old}' there, '{here}' now" in said
+    assert "tokenizer_path" in other_run(root, now | {"model": "a" * 32}, installed=False)
     assert other_run(root, now) == ""  # a rank but 0: rank 0 judges the files and paths
     assert "task" in other_run(root, now | {"task": "embed"})

@@ -231,7 +231,7 @@ def _add_node_inputs(p):
         "--ranks-per-node",
         type=int,
         metavar="N",
-        help="ranks per node (default: every GPU; 1 on nodes without GPUs)",
+        help="ranks per node (default: every GPU; 1 where no node has a GPU)",
     )
     many.add_argument(
         "--ring-size",

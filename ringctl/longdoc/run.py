@@ -59,7 +59,13 @@ from .inputs.documents import (
 )
 from .model.compat import window_refusal
 from .model.directory import model_identity
-from .model.load import attention_layers, bundled_config_path, load_model, resolve_model_path
+from .model.load import (
+    attention_layers,
+    bundled_config_path,
+    installed_model,
+    load_model,
+    resolve_model_path,
+)
 from .model.tokenize import ByteTokenizer, load_tokenizer
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
@@ -382,7 +388,8 @@ class LongDocRun:
         except ValueError as err:
             raise RuntimeError(str(err)) from None
         try:
-            error = other_run(self.store.root, self.run_signature())
+            installed = installed_model(self.params.model_path)
+            error = other_run(self.store.root, self.run_signature(), installed=installed)
         except RuntimeError as err:  # the model's files: every rank hears it
             error = str(err)
         error = error or check_expected(self.store.root, listing.documents)

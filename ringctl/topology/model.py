@@ -103,7 +103,8 @@ class Nic:
 class NodeTopology:
     """A node: its GPUs, its NICs and link tokens `gpu_links[i][j]`, `gpu_nic_links[i][k]`.
 
-    A node with no GPU (a CPU-only cluster) has empty lists; it still takes part in the ring.
+    A node with no GPU (a CPU-only cluster) has empty lists; it takes part in a ring of CPU
+    nodes only (beside a GPU node it is refused: its nvidia-smi may have failed).
     """
 
     name: str

@@ -310,32 +310,54 @@ def _check(nodes: Sequence[NodeTopology], ranks_per_node: int | None) -> None:
 def one_fabric(nodes: Sequence[NodeTopology]) -> list[NodeTopology]:
     """The nodes with only the NICs of one link layer usable: NCCL cannot join an InfiniBand
     port to a RoCE (Ethernet) one, and each node picks its NICs by its own GPUs, so one node
-    with its InfiniBand ports down planned hops from InfiniBand into Ethernet, exit 0.
-    InfiniBand where every node with a usable NIC of a known layer has one, else Ethernet
-    where every such node has that; refused naming a node otherwise."""
+    with its InfiniBand ports down planned hops from InfiniBand into Ethernet, exit 0. Of
+    the layers every node with a known one has, the one whose slowest node's fastest port is
+    the fastest (InfiniBand at a tie: a 100G InfiniBand storage card beside 400G RoCE rails
+    must not take the ring); none: refused, naming each node's layers."""
     layers = {n.name: _layers(n) for n in nodes}
     known = {name: got for name, got in layers.items() if got}
+    shared = set(LAYERS).intersection(*known.values()) if known else set()
     if len(set().union(*known.values()) if known else ()) <= 1:
         return list(nodes)
-    for layer in ("infiniband", "ethernet"):
-        if all(layer in got for got in known.values()):
-            return [_only_layer(n, layer) for n in nodes]
-    said = "; ".join(f"node {name}: {'/'.join(sorted(got))}" for name, got in known.items())
-    raise UserError(
-        f"no link layer joins every node's usable NICs ({cut(said, 300)}): NCCL cannot join "
-        "InfiniBand to RoCE; bring the ports up or leave a node out"
-    )
+    if not shared:
+        said = "; ".join(f"node {name}: {'/'.join(sorted(got))}" for name, got in known.items())
+        raise UserError(
+            f"no link layer joins every node's usable NICs ({cut(said, 300)}): NCCL cannot "
+            "join InfiniBand to RoCE; bring the ports up or leave a node out"
+        )
+    best = max(LAYERS, key=lambda lay: (lay in shared, _slowest_port(nodes, lay), lay == LAYERS[0]))
+    return [_only_layer(n, best) for n in nodes]
+
+
+LAYERS = ("infiniband", "ethernet")  # the link layers a ring's NICs are joined by
 
 
 def _layers(node: NodeTopology) -> set[str]:
-    return {n.link_layer.lower() for n in node.nics if n.usable and n.link_layer}
+    """The known link layers of a node's usable NICs ("Unknown", or none given: not one)."""
+    got = {(n.link_layer or "").lower() for n in node.nics if n.usable}
+    return got & set(LAYERS)
+
+
+def _slowest_port(nodes: Sequence[NodeTopology], layer: str) -> float:
+    """The fastest usable port of ``layer`` on the node where that is slowest."""
+    rates = [
+        max((n.rate_gbps or 0.0 for n in node.nics if n.usable and _is(n, layer)), default=0.0)
+        for node in nodes
+        if _layers(node)
+    ]
+    return min(rates, default=0.0)
+
+
+def _is(nic: Nic, layer: str) -> bool:
+    return (nic.link_layer or "").lower() == layer
 
 
 def _only_layer(node: NodeTopology, layer: str) -> NodeTopology:
+    """The node with its usable NICs of the other known layer marked unusable, said why."""
     nics = [
-        nic
-        if not nic.usable or not nic.link_layer or nic.link_layer.lower() == layer
-        else replace(nic, usable=False, why_unusable=f"{nic.link_layer}: the ring uses {layer}")
+        replace(nic, usable=False, why_unusable=f"{nic.link_layer}: the ring uses {layer}")
+        if nic.usable and not _is(nic, layer) and (nic.link_layer or "").lower() in LAYERS
+        else nic
         for nic in node.nics
     ]
     return replace(node, nics=nics)
@@ -362,12 +384,14 @@ def prepare_nodes(nodes, ranks_per_node, switch_topology, bandwidths, gdr, nvlin
         table = merge_bandwidths(bandwidths)
     except ValueError as err:
         raise UserError(str(err)) from None
-    ordered = order_nodes(one_fabric(nodes), switch_topology)
+    ordered = order_nodes(nodes, switch_topology)
     paths = {
         n.name: switch_topology.switch_path(n.name) if switch_topology else [] for n in ordered
     }
     counts = [(ranks_per_node or len(n.gpus)) if n.gpus else (ranks_per_node or 1) for n in ordered]
     domains = _domains(ordered, paths, switch_topology, nvlink_blocks)
+    if len(ordered) > 1 and (None in domains or len(set(domains)) > 1):  # hops leave a domain
+        ordered = one_fabric(ordered)
     return table, gdr or GdrPolicy(), ordered, paths, counts, domains
 
 
@@ -384,7 +408,7 @@ def plan_ring(
     """Place the ranks over `nodes`: every GPU of every node, or `ranks_per_node` of them, as
     one ring or as rings of `ring_size` consecutive ranks.
 
-    Nodes without GPUs get `ranks_per_node` (default 1) CPU ranks with gpu null.
+    Where no node has a GPU, each gets `ranks_per_node` (default 1) CPU ranks with gpu null.
     `nvlink_blocks`: Slurm blocks are multi-node NVLink domains (GB200/GB300 NVL72), so hops
     between nodes of one block are NVLink. Raises UserError when the request cannot be met.
     """

@@ -232,6 +232,10 @@ class _Reader:
         if not line or line.startswith("$"):
             return
         pairs = _words(line, where)
+        if pairs[0][0] == "topologyname":  # newer Slurm may name the topology first
+            pairs = pairs[1:]
+            if not pairs:
+                return
         if pairs[0][0] == "blocksizes":
             values = [v for v in pairs[0][1].split(",") if v]
             self.topo.block_sizes = [_number(v, where, "BlockSizes=N,N,...") for v in values]
@@ -242,10 +246,6 @@ class _Reader:
             # unions of consecutive base blocks, whose order the base blocks' listing already
             # gives. Refused, it stopped every job on such a cluster before any rank ran.
             return
-        if pairs[0][0] == "topologyname":  # newer Slurm may name the topology first
-            pairs = pairs[1:]
-            if not pairs:
-                return
         group = self._group(pairs, where)
         self.topo.groups[group.name] = group
         self.lines[group.name] = n

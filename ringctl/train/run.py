@@ -33,7 +33,8 @@ from ..jobdir import JobDir
 from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import agreed_inputs, any_has
-from ..longdoc.model.directory import moved_not_changed
+from ..longdoc.model.directory import moved_install
+from ..longdoc.model.load import installed_model
 from ..longdoc.model.tokenize import ByteTokenizer
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
@@ -318,7 +319,8 @@ def resume_from(
     # the model directory's tokenizer, in a checkpoint from before its files had an identity
     # of their own: they are in the model's (IDENTITY_FILES), which is compared
     covered = {"tokenizer"} if "tokenizer" not in had and _tokenizer_in_model(params) else set()
-    skipped = {*unrecorded, *covered, *moved_not_changed(had, want)}
+    moved = moved_install(had, want, installed=installed_model(params.model_path))
+    skipped = {*unrecorded, *covered, *moved}
     changed = sorted(k for k in want if want[k] != had.get(k) and k not in skipped)
     if changed:
         settings = [k for k in changed if k not in IDENTITY_KEYS]  # named first

@@ -160,23 +160,28 @@ def model_identity(path: str | Path, *, weights: bool = True) -> str:
     return digest.hexdigest()[:32]
 
 
-# A run record's path key, and the identity key that vouches for the files it names.
-PATH_IDENTITY = {"model_path": "model", "tokenizer_path": "tokenizer"}
+def moved_install(have: dict, want: dict, *, installed: bool) -> set[str]:
+    """The path keys of two run records (run.json, a checkpoint's run signature) that differ
+    only in where an installed model is (``installed``: the job names a bundled or packaged
+    model, ``load.installed_model``), the identity of its files recorded on both sides and
+    equal. Such a model is recorded as the path it resolves to in the install, which a new
+    environment moves: the job could not be resumed at all, and the path may not be
+    overridden. A user's own path is not excused: its identity hashes fewer tokenizer files
+    than a tokenizer may read (TOKENIZER_IDENTITY). A tokenizer read from the model's own
+    folder (tokenizer_path the model_path on both sides) moves with it."""
+    if not installed:
+        return set()
+    same_model = have.get("model") is not None and have.get("model") == want.get("model")
+    same_tokenizer = have.get("tokenizer") is not None and have.get("tokenizer") == want.get(
+        "tokenizer"
+    )
+    inside = all(r.get("tokenizer_path") == r.get("model_path") for r in (have, want))
+    vouched = {"model_path": same_model, "tokenizer_path": same_tokenizer or same_model and inside}
+    return {k for k, ok in vouched.items() if ok and have.get(k) != want.get(k)}
 
 
-def moved_not_changed(have: dict, want: dict) -> set[str]:
-    """The path keys of two run records (run.json, a checkpoint's run signature) that
-    differ only in where the files are: the identity of what each names is recorded on both
-    sides and equal. A bundled or packaged model (``bundled:...``, ``package:...``) is
-    recorded as the path it resolves to in the install, which a new environment moves: such
-    a job could not be resumed at all, and nothing could be overridden to let it."""
-    return {
-        path
-        for path, identity in PATH_IDENTITY.items()
-        if have.get(path) != want.get(path)
-        and have.get(identity) is not None
-        and have.get(identity) == want.get(identity)
-    }
+# The run records' path keys, whose files' identity only rank 0 computes.
+PATH_KEYS = ("model_path", "tokenizer_path")
 
 
 def read_model_file(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:

@@ -94,6 +94,18 @@ def resolve_model_path(model_path: str | None) -> str | None:
     return model_path
 
 
+def installed_model(model_path: str | None) -> bool:
+    """Whether ``model_path`` is where a reserved name resolves in this install (a bundled or
+    packaged model: its recorded path moves with the install, ``directory.moved_install``)."""
+    for name in RESERVED:
+        try:
+            if model_path is not None and resolve_model_path(name) == model_path:
+                return True
+        except ValueError:  # a package not installed here
+            continue
+    return False
+
+
 def packaged_file(packaged: Packaged, name: str) -> Path:
     """The model file inside the installed package, found by its import spec (the package's
     own code is not run) on the interpreter's path less the working directory: ranks run

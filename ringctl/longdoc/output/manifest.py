@@ -28,7 +28,7 @@ from ...atomic import atomic_write_json
 from ...bounded_read import read_regular
 from ..compute import MODES
 from ..inputs.documents import Listing, doc_key
-from ..model.directory import PATH_IDENTITY, moved_not_changed
+from ..model.directory import PATH_KEYS, moved_install
 from .names import DOCUMENTS_FILE, FORMAT, RUN_FILE, OutputPaths
 
 # One path component: what documents.doc_key produces (letters, digits, ".", "_", "-"; never
@@ -84,13 +84,16 @@ def write_run(root: Path, record: dict) -> None:
 IDENTITY_KEYS = ("model", "tokenizer")  # the files' sha256 (model.directory.model_identity)
 
 
-def other_run(root: Path, signature: dict) -> str:
+def other_run(root: Path, signature: dict, *, installed: bool = False) -> str:
     """Why root does not hold this run's results ("" when it does, or holds none). The job's
     size may differ (a resume on more or fewer ranks, or other ring sizes): each document's
     entries record the ring that wrote it. Every key either side records is compared, a key
     one side lacks as None: a signature leaves out what a run did not set (model_overrides),
     and a resume without the overrides once mixed both models' results. A signature without
-    the model's identity (only rank 0 computes it) leaves the identity keys to rank 0."""
+    the model's identity (only rank 0 computes it) leaves the identity keys, and the paths
+    they vouch for, to rank 0 (whose refusal every rank hears); an ``installed`` model's
+    paths moved with the install are excused where the identities are equal
+    (``directory.moved_install``)."""
     path, want = OutputPaths(root).run_file, {"format": FORMAT, **signature}
     if not os.path.lexists(path):
         return ""
@@ -98,8 +101,8 @@ def other_run(root: Path, signature: dict) -> str:
     if have is None:
         return f"{path}: unreadable ({problem.removeprefix(f'{path}: ')})"
     # ranks but 0 have no identity: the files, and the paths it vouches for, are rank 0's
-    identity = () if "model" in want else (*IDENTITY_KEYS, *PATH_IDENTITY)
-    unjudged = {"world_size", *identity, *moved_not_changed(have, want)}
+    identity = () if "model" in want else (*IDENTITY_KEYS, *PATH_KEYS)
+    unjudged = {"world_size", *identity, *moved_install(have, want, installed=installed)}
     keys = sorted((want.keys() | have.keys()) - unjudged)
     diff = {k: (have.get(k), want.get(k)) for k in keys if have.get(k) != want.get(k)}
     if not diff:
