@@ -21,6 +21,23 @@ from ringctl.cli import main
 from tests.test_train_job import _write_state
 
 
+def _run_args(job: Path, corpus: Path, model_path: str) -> list[str]:
+    """A 4-step run, one rank, checkpoints at steps 2 and 4."""
+    return [
+        "jobs/train.yaml",
+        f"job_dir={job}",
+        f"task.inputs=[{corpus}]",
+        f"task.model_path={model_path}",
+        "task.seq_len=64",
+        "task.batch_sequences=2",
+        "task.max_steps=4",
+        "task.warmup_steps=1",
+        "task.checkpoint_every=2",
+        "tasks_per_node=1",
+        "timeout=60",
+    ]
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, list[dict]]:
     """(job directory, its step records) of a finished 4-step run, one rank, checkpoints at
@@ -31,20 +48,7 @@ def finished(tmp_path_factory) -> tuple[Path, list[dict]]:
     for i in range(6):
         (corpus / f"doc{i}.txt").write_text(f"document {i}: " + "the tide goes out. " * (9 + i))
     job = root / "job"
-    args = [
-        "jobs/train.yaml",
-        f"job_dir={job}",
-        f"task.inputs=[{corpus}]",
-        "task.model_path=null",
-        "task.seq_len=64",
-        "task.batch_sequences=2",
-        "task.max_steps=4",
-        "task.warmup_steps=1",
-        "task.checkpoint_every=2",
-        "tasks_per_node=1",
-        "timeout=60",
-    ]
-    assert main(["run", *args]) == 0
+    assert main(["run", *_run_args(job, corpus, "null")]) == 0
     lines = (job / "logs" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -237,20 +241,7 @@ def test_a_resume_after_the_install_moved_the_bundled_model_continues(finished, 
     corpus.mkdir()
     (corpus / "doc.txt").write_text("the tide goes out. " * 40)
     job = tmp_path / "job"
-    args = [
-        "jobs/train.yaml",
-        f"job_dir={job}",
-        f"task.inputs=[{corpus}]",
-        "task.model_path=bundled:demo-byte-llama",
-        "task.seq_len=64",
-        "task.batch_sequences=2",
-        "task.max_steps=4",
-        "task.warmup_steps=1",
-        "task.checkpoint_every=2",
-        "tasks_per_node=1",
-        "timeout=60",
-    ]
-    assert main(["run", *args]) == 0
+    assert main(["run", *_run_args(job, corpus, "bundled:demo-byte-llama")]) == 0
 
     def losses() -> list[float]:
         lines = (job / "logs" / "metrics.jsonl").read_text().splitlines()
