@@ -314,11 +314,10 @@ def one_fabric(nodes: Sequence[NodeTopology]) -> list[NodeTopology]:
     the layers every node with a known one has, the one whose slowest node's fastest port is
     the fastest (InfiniBand at a tie: a 100G InfiniBand storage card beside 400G RoCE rails
     must not take the ring); none: refused, naming each node's layers."""
-    layers = {n.name: _layers(n) for n in nodes}
-    known = {name: got for name, got in layers.items() if got}
-    shared = set(LAYERS).intersection(*known.values()) if known else set()
-    if len(set().union(*known.values()) if known else ()) <= 1:
+    known = {n.name: got for n in nodes if (got := _layers(n))}
+    if len(set().union(*known.values())) <= 1:
         return list(nodes)
+    shared = set(LAYERS).intersection(*known.values())
     if not shared:
         said = "; ".join(f"node {name}: {'/'.join(sorted(got))}" for name, got in known.items())
         raise UserError(
@@ -332,31 +331,32 @@ def one_fabric(nodes: Sequence[NodeTopology]) -> list[NodeTopology]:
 LAYERS = ("infiniband", "ethernet")  # the link layers a ring's NICs are joined by
 
 
+def _layer(nic: Nic) -> str | None:
+    """The NIC's link layer, one of LAYERS (None: "Unknown", or none given)."""
+    layer = (nic.link_layer or "").lower()
+    return layer if layer in LAYERS else None
+
+
 def _layers(node: NodeTopology) -> set[str]:
-    """The known link layers of a node's usable NICs ("Unknown", or none given: not one)."""
-    got = {(n.link_layer or "").lower() for n in node.nics if n.usable}
-    return got & set(LAYERS)
+    """The known link layers of a node's usable NICs."""
+    return {_layer(n) for n in node.nics if n.usable} - {None}
 
 
 def _slowest_port(nodes: Sequence[NodeTopology], layer: str) -> float:
     """The fastest usable port of ``layer`` on the node where that is slowest."""
     rates = [
-        max((n.rate_gbps or 0.0 for n in node.nics if n.usable and _is(n, layer)), default=0.0)
+        max((n.rate_gbps or 0.0 for n in node.nics if n.usable and _layer(n) == layer), default=0)
         for node in nodes
         if _layers(node)
     ]
     return min(rates, default=0.0)
 
 
-def _is(nic: Nic, layer: str) -> bool:
-    return (nic.link_layer or "").lower() == layer
-
-
 def _only_layer(node: NodeTopology, layer: str) -> NodeTopology:
     """The node with its usable NICs of the other known layer marked unusable, said why."""
     nics = [
         replace(nic, usable=False, why_unusable=f"{nic.link_layer}: the ring uses {layer}")
-        if nic.usable and not _is(nic, layer) and (nic.link_layer or "").lower() in LAYERS
+        if nic.usable and _layer(nic) not in (None, layer)
         else nic
         for nic in node.nics
     ]

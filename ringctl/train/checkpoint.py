@@ -75,14 +75,19 @@ class CheckpointDir:
         self.root = Path(root)
 
     # ----------------------------------------------------------------------------- reading
+    def pointer(self) -> str | None:
+        """The name ``latest`` holds, as written (None: no checkpoint yet); ValueError where
+        it is not a regular file of at most MAX_POINTER_BYTES. Not checked to name a
+        checkpoint: ``latest`` does that."""
+        path = self.root / LATEST
+        if not os.path.lexists(path):
+            return None
+        return read_regular(path, MAX_POINTER_BYTES).decode("utf-8", errors="replace").strip()
+
     def latest(self) -> Checkpoint | None:
         """The checkpoint ``latest`` names (None: no checkpoint yet), checked."""
-        pointer = self.root / LATEST
-        if not os.path.lexists(pointer):
-            return None
-        raw = read_regular(pointer, MAX_POINTER_BYTES)
-        name = raw.decode("utf-8", errors="replace").strip()
-        return self.read(name, where=f"{pointer}")
+        name = self.pointer()
+        return None if name is None else self.read(name, where=f"{self.root / LATEST}")
 
     def read(self, name: str, *, where: str) -> Checkpoint:
         match = STEP_NAME.fullmatch(name)
@@ -155,7 +160,7 @@ class CheckpointDir:
         folders of earlier saves."""
         for tmp in self.root.glob("step-*.tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
-        latest = (self.root / LATEST).read_text().strip() if (self.root / LATEST).exists() else ""
+        latest = self.pointer() or ""
         for old in self.complete()[:-keep] if keep > 0 else []:
             if old.name != latest:
                 shutil.rmtree(old, ignore_errors=True)

@@ -107,11 +107,11 @@ def gather(
     check_target(target, job.path, force=force)
     target.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(PRUNED_RETRIES + 1):
-        pointer = _read_latest(job)
+        pointer = _pointer(job)
         try:
             found = _latest(job)
         except UserError:
-            if _read_latest(job) == pointer:  # the error is the truth
+            if _pointer(job) == pointer:  # the error is the truth
                 raise
             continue  # the folder it named was pruned before it was read: the newest
         left = _steps_left(found, job_config, partial=partial)
@@ -132,7 +132,7 @@ def _pruned(job: JobDir, found: checkpoint.Checkpoint) -> bool:
     """Whether the job pruned ``found`` while gather read it: ``latest`` names another
     checkpoint now and ``found``'s folder is going (a moment for its removal to finish: an
     error met halfway through it is that removal's)."""
-    if _read_latest(job) == f"{found.path.name}\n".encode():
+    if _pointer(job) == found.path.name:
         return False
     for _ in range(20):
         if not (found.path / checkpoint.TRAIN_STATE).exists():
@@ -141,11 +141,11 @@ def _pruned(job: JobDir, found: checkpoint.Checkpoint) -> bool:
     return False
 
 
-def _read_latest(job: JobDir) -> bytes | None:
-    """``checkpoints/latest``'s bytes now (None: none, or unreadable): whether the job moved
-    it while gather read the checkpoint it named."""
+def _pointer(job: JobDir) -> str | None:
+    """The name ``checkpoints/latest`` holds now (None: none, or unreadable): whether the job
+    moved it while gather read the checkpoint it named."""
     try:
-        return read_regular(job.checkpoints / checkpoint.LATEST, checkpoint.MAX_POINTER_BYTES)
+        return checkpoint.CheckpointDir(job.checkpoints).pointer()
     except ValueError:
         return None
 

@@ -33,7 +33,7 @@ from ..jobdir import JobDir
 from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import agreed_inputs, any_has
-from ..longdoc.model.directory import moved_install
+from ..longdoc.model.directory import IDENTITY_OF_PATH, moved_install
 from ..longdoc.model.load import installed_model
 from ..longdoc.model.tokenize import ByteTokenizer
 from . import checkpoint, metrics
@@ -223,7 +223,7 @@ def sequence_stream(params: TrainParams, tokenizer, log=None) -> tuple[SequenceS
 
 # The run signature's keys that identify files (``model_identity``), and the setting naming
 # where those files are: a resume refuses a model or tokenizer changed at the same path.
-IDENTITY_KEYS = {"model": "task.model_path", "tokenizer": "task.tokenizer_path"}
+IDENTITY_KEYS = {key: f"task.{path}" for path, key in IDENTITY_OF_PATH.items()}
 # Run-signature keys added after checkpoints were first written: one written before lacks
 # them, and resumes (its value then was never recorded: nothing to compare), with a notice.
 ADDED_KEYS = {"clip"}

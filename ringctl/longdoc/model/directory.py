@@ -160,6 +160,11 @@ def model_identity(path: str | Path, *, weights: bool = True) -> str:
     return digest.hexdigest()[:32]
 
 
+# A run record's path keys (run.json, a checkpoint's run signature), each with the key of
+# its files' identity (``model_identity``; only rank 0 of a scoring job computes them).
+IDENTITY_OF_PATH = {"model_path": "model", "tokenizer_path": "tokenizer"}
+
+
 def moved_install(have: dict, want: dict, *, installed: bool) -> set[str]:
     """The path keys of two run records (run.json, a checkpoint's run signature) that differ
     only in where an installed model is (``installed``: the job names a bundled or packaged
@@ -171,17 +176,13 @@ def moved_install(have: dict, want: dict, *, installed: bool) -> set[str]:
     folder (tokenizer_path the model_path on both sides) moves with it."""
     if not installed:
         return set()
-    same_model = have.get("model") is not None and have.get("model") == want.get("model")
-    same_tokenizer = have.get("tokenizer") is not None and have.get("tokenizer") == want.get(
-        "tokenizer"
-    )
-    inside = all(r.get("tokenizer_path") == r.get("model_path") for r in (have, want))
-    vouched = {"model_path": same_model, "tokenizer_path": same_tokenizer or same_model and inside}
-    return {k for k, ok in vouched.items() if ok and have.get(k) != want.get(k)}
-
-
-# The run records' path keys, whose files' identity only rank 0 computes.
-PATH_KEYS = ("model_path", "tokenizer_path")
+    same = {
+        path: have.get(key) is not None and have.get(key) == want.get(key)
+        for path, key in IDENTITY_OF_PATH.items()
+    }
+    if all(r.get("tokenizer_path") == r.get("model_path") for r in (have, want)):
+        same["tokenizer_path"] = same["tokenizer_path"] or same["model_path"]
+    return {path for path, ok in same.items() if ok and have.get(path) != want.get(path)}
 
 
 def read_model_file(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:

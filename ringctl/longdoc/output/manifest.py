@@ -28,7 +28,7 @@ from ...atomic import atomic_write_json
 from ...bounded_read import read_regular
 from ..compute import MODES
 from ..inputs.documents import Listing, doc_key
-from ..model.directory import PATH_KEYS, moved_install
+from ..model.directory import IDENTITY_OF_PATH, moved_install
 from .names import DOCUMENTS_FILE, FORMAT, RUN_FILE, OutputPaths
 
 # One path component: what documents.doc_key produces (letters, digits, ".", "_", "-"; never
@@ -81,7 +81,7 @@ def write_run(root: Path, record: dict) -> None:
     atomic_write_json(OutputPaths(root).run_file, record, indent=1)
 
 
-IDENTITY_KEYS = ("model", "tokenizer")  # the files' sha256 (model.directory.model_identity)
+IDENTITY_KEYS = tuple(IDENTITY_OF_PATH.values())  # the files' sha256 (model_identity)
 
 
 def other_run(root: Path, signature: dict, *, installed: bool = False) -> str:
@@ -101,7 +101,7 @@ def other_run(root: Path, signature: dict, *, installed: bool = False) -> str:
     if have is None:
         return f"{path}: unreadable ({problem.removeprefix(f'{path}: ')})"
     # ranks but 0 have no identity: the files, and the paths it vouches for, are rank 0's
-    identity = () if "model" in want else (*IDENTITY_KEYS, *PATH_KEYS)
+    identity = () if "model" in want else (*IDENTITY_KEYS, *IDENTITY_OF_PATH)
     unjudged = {"world_size", *identity, *moved_install(have, want, installed=installed)}
     keys = sorted((want.keys() | have.keys()) - unjudged)
     diff = {k: (have.get(k), want.get(k)) for k in keys if have.get(k) != want.get(k)}
