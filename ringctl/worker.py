@@ -288,7 +288,7 @@ def init_distributed(cfg, ident: Identity):
     return device, store
 
 
-def _apply_threads(cfg, torch) -> None:
+def apply_threads(cfg, torch) -> None:
     """A rank started without ``OMP_NUM_THREADS`` (Slurm's srun: the local backend sets it
     for its ranks by the same rule) takes ``threads.rank_threads``' count on its own node."""
     if os.environ.get("OMP_NUM_THREADS"):
@@ -324,7 +324,7 @@ def run(job_dir: Path) -> dict:
             os.environ[str(key)] = str(value)
     import torch
 
-    _apply_threads(cfg, torch)
+    apply_threads(cfg, torch)
     print(
         f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
         f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"

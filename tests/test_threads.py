@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ringctl.threads import rank_threads
-from ringctl.worker import _apply_threads
+from ringctl.worker import apply_threads
 
 
 def test_the_rule():
@@ -26,11 +26,11 @@ def test_a_slurm_rank_takes_its_share_of_its_node(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "4")
     try:
-        _apply_threads(cfg, torch)
+        apply_threads(cfg, torch)
         assert torch.get_num_threads() == 2
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # given: torch read it at import
         torch.set_num_threads(3)
-        _apply_threads(cfg, torch)
+        apply_threads(cfg, torch)
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)

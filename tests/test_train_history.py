@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ringctl.cli import main
-from tests.test_train_job import _write_state
+from tests.test_train_job import write_state
 
 
 def _run_args(job: Path, corpus: Path, model_path: str) -> list[str]:
@@ -152,6 +152,7 @@ def test_checkpoints_pruned_faster_than_gather_reads_them_is_said_not_damage(
     checkpoint were damaged. gather takes the newest again while the one it read is pruned,
     then says what happened (exit 1). An error while the checkpoint stays (``latest`` moved
     on or not) is the truth (exit 3), not a race."""
+    from ringctl.longdoc.output.gather import GatherError
     from ringctl.train import export
 
     job, _ = _copy(finished, tmp_path)
@@ -167,7 +168,7 @@ def test_checkpoints_pruned_faster_than_gather_reads_them_is_said_not_damage(
         tries.append(found.step)
         (root / "latest").write_text(f"step-{found.step + 2:07d}\n")
         shutil.rmtree(found.path)  # what prune does to the folder being read
-        raise export._refused(f"{found.path}/checksums.json: missing")
+        raise GatherError([f"{found.path}/checksums.json: missing"])
 
     monkeypatch.setattr(export, "_write", pruned_under_it)
     assert main(["gather", str(job), "-o", str(tmp_path / "out"), "--partial"]) == 1
@@ -177,7 +178,7 @@ def test_checkpoints_pruned_faster_than_gather_reads_them_is_said_not_damage(
 
     def moved_on_but_kept(tmp, job_dir, found, *args):
         (root / "latest").write_text("step-0000012\n")
-        raise export._refused(f"{found.path}/__0_0.distcp: its sha256 is not the one")
+        raise GatherError([f"{found.path}/__0_0.distcp: its sha256 is not the one"])
 
     monkeypatch.setattr(export, "_write", moved_on_but_kept)
     (root / "latest").write_text("step-0000002\n")
@@ -252,12 +253,12 @@ def test_a_resume_after_the_install_moved_the_bundled_model_continues(finished, 
     state = json.loads(state_path.read_text())
     assert state["run"]["model"] and state["run"]["model_path"].endswith("demo-byte-llama")
     moved = state | {"run": state["run"] | {"model_path": "/old/venv/ringctl/demo-byte-llama"}}
-    _write_state(state_path, moved)
+    write_state(state_path, moved)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
     assert main(["resume", str(job), "--force", "--follow"]) == 0
     assert losses() == records and len(records) == 4
     changed = moved | {"run": moved["run"] | {"model": "0" * 32}}
-    _write_state(state_path, changed)
+    write_state(state_path, changed)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
     capsys.readouterr()
     assert main(["resume", str(job), "--force", "--follow"]) == 1
@@ -266,7 +267,7 @@ def test_a_resume_after_the_install_moved_the_bundled_model_continues(finished, 
     own, _ = _copy(finished, tmp_path / "own")
     own_state = own / "checkpoints" / "step-0000002" / "train_state.json"
     record = json.loads(own_state.read_text())
-    _write_state(own_state, record | {"run": record["run"] | {"model_path": "/elsewhere/m"}})
+    write_state(own_state, record | {"run": record["run"] | {"model_path": "/elsewhere/m"}})
     (own / "checkpoints" / "latest").write_text("step-0000002\n")
     assert main(["resume", str(own), "--force", "--follow"]) == 1
 

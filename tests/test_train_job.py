@@ -61,7 +61,7 @@ def _args(job_dir: Path, corpus: Path, *extra: str) -> list[str]:
     ]
 
 
-def _write_state(path: Path, record: dict) -> None:
+def write_state(path: Path, record: dict) -> None:
     """train_state.json as another run (another release) would have written it: with its
     checksum recorded again (checksums.json covers it)."""
     from ringctl.train.checkpoint import file_sha256
@@ -375,7 +375,7 @@ def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys
     kept = dict(record["run"])
     for key in ("byte_tokens", "tokenizer"):
         del record["run"][key]
-    _write_state(state, record)
+    write_state(state, record)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
     assert main(["resume", str(job), "--force", "--follow"]) == 1
     err = capsys.readouterr().err
@@ -384,7 +384,7 @@ def test_a_model_directory_s_tokenizer_is_the_one_training_uses(tmp_path, capsys
     # one that trained on the model directory's tokenizer before its files had an identity
     # of their own resumes: they are in the model's identity, which is compared
     record["run"] = {k: v for k, v in kept.items() if k != "tokenizer"}
-    _write_state(state, record)
+    write_state(state, record)
     (job / "checkpoints" / "latest").write_text("step-0000002\n")
     assert main(["resume", str(job), "--force", "--follow"]) == 0, capsys.readouterr().err
 
@@ -486,7 +486,7 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
     state = job / "checkpoints" / "step-0000002" / "train_state.json"
     record = json.loads(state.read_text())
     record["run"]["byte_tokens"] = True  # what a run of bytes recorded
-    _write_state(state, record)
+    write_state(state, record)
     capsys.readouterr()
     assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 0
     said = capsys.readouterr()
@@ -503,7 +503,7 @@ def test_gather_copies_the_tokenizer_the_run_trained_with(tmp_path, capsys):
     moved.rename(job / "checkpoints")
 
     record["run"]["byte_tokens"] = False
-    _write_state(state, record)
+    write_state(state, record)
     tok = tokenizer / "tokenizer.json"
     tok.write_text(tok.read_text().replace('"a":', '"A":', 1))
     assert main(["gather", str(job), "-o", str(tmp_path / "c")]) == 2
