@@ -359,6 +359,14 @@ def test_ring_keys_reach_the_placement_step():
         load_job(SMOKE, ["ring.size=3"])
 
 
+def test_a_gloo_job_places_cpu_ranks():
+    """ring.dist_backend=gloo runs every rank on its CPU: the placement step is told so
+    (`ringctl topo --cpu`), else a GPU node beside a CPU-only one refused the job."""
+    assert "      --cpu \\\n" in render_script(load_job(SMOKE, ["ring.dist_backend=gloo"]))
+    for other in ("auto", "nccl"):
+        assert "--cpu" not in render_script(load_job(SMOKE, [f"ring.dist_backend={other}"]))
+
+
 def test_ulysses_reaches_the_placement_step():
     script = render_script(load_job(SMOKE, ["ring.ulysses=auto"]))
     assert "--ulysses auto \\" in script and "--heads 4 --kv-heads 2 \\" in script

@@ -118,6 +118,29 @@ def test_cpu_cluster_job_template_form(tmp_path, capsys, monkeypatch):
     assert plan.entry_for("n3", 0).rank == 2
 
 
+def test_a_cpu_job_places_gpu_and_cpu_only_nodes_in_one_ring(tmp_path, capsys):
+    """A gloo job on a GPU node and a CPU-only node was refused as a failed probe (the batch
+    script did not say the job runs on CPUs): --cpu leaves the GPUs out and places CPU
+    ranks, pinning no GPU; without it the mix is still refused."""
+    gpu = _probe(tmp_path / "g.json", "g1", smi=H100.read_text())
+    cpu = _probe(tmp_path / "c.json", "c1")
+    args = ["topo", "--node", str(gpu), str(cpu), "--ranks-per-node", "2", "--json"]
+    code, _, err = run(args, capsys)
+    assert code == 2 and "node c1 has no GPU in its topology while node g1 has 8" in err
+    assert "--cpu" in err
+    code, out, err = run([*args, "--cpu"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert sorted((e["node"], e["local_rank"], e["gpu"]) for e in data["ring"]) == [
+        ("c1", 0, None),
+        ("c1", 1, None),
+        ("g1", 0, None),
+        ("g1", 1, None),
+    ]
+    assert not any("CUDA_VISIBLE_DEVICES" in e["env"] for e in data["ring"])
+    assert all(not n["gpus"] for n in data["nodes"])
+
+
 def test_probe_records_tools_and_slurm_node_name(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -155,6 +155,8 @@ def run_topo(args: argparse.Namespace) -> int:
         nodes = [load_node(path, name) for name, path in map(parse_node_arg, args.node)]
     else:
         raise UserError("nothing to place: give --nvidia-smi FILE or --node NAME=PATH")
+    if args.cpu:
+        nodes = [node.without_gpus() for node in nodes]
     switches = _switches(args.slurm_topology)
     if args.nvlink_blocks and (switches is None or not switches.by_kind("block")):
         raise UserError("--nvlink-blocks needs a --slurm-topology with BlockName= lines")
@@ -239,6 +241,13 @@ def _add_node_inputs(p):
         metavar="N",
         help="rings of N consecutive ranks (a divisor of the ranks), placed inside nodes, "
         "NVLink domains and leaf switches where the sizes allow (default: one ring)",
+    )
+    many.add_argument(
+        "--cpu",
+        action="store_true",
+        help="place CPU ranks (a gloo job): the nodes' GPUs are left out, so GPU and "
+        "CPU-only nodes may share the ring (without it a node with no GPU beside GPU nodes "
+        "is refused: its nvidia-smi may have failed)",
     )
     return many
 

@@ -7,7 +7,7 @@ parser state along.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..text import ascii_number
 
@@ -116,3 +116,8 @@ class NodeTopology:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def without_gpus(self) -> NodeTopology:
+        """The node as a CPU job (gloo) uses it: its NICs and CPUs, none of its GPUs, so a
+        gloo job spanning GPU and CPU-only nodes is placed as one ring of CPU ranks."""
+        return replace(self, gpus=[], gpu_links=[], gpu_nic_links=[])
