@@ -319,6 +319,9 @@ def test_scontrol_show_topology_upper_switch_lists_all_nodes():
         ("Frobnicate=s0 Nodes=n1", "topo.conf:1: expected a line starting with SwitchName="),
         ("SwitchName=s0", "topo.conf:1: s0 has neither Nodes= nor Switches="),
         ("\nSwitchName=s0 Switches=s9", "topo.conf:2: switch s0 names an undefined switch s9"),
+        # written raw into the SVG (no longer XML) and the plan's table (a terminal escape)
+        ("SwitchName=le\x01af Nodes=n1", "topo.conf:1: switch name 'le\\x01af' holds a control"),
+        ("BlockName=b\x1b[31m Nodes=n1", "topo.conf:1: block name 'b\\x1b[31m' holds a control"),
     ],
 )
 def test_bad_topology_lines_are_refused(text, expected):

@@ -259,6 +259,10 @@ class _Reader:
             )
         if not first_value:
             raise UserError(f"{where}: {first_key} needs a name")
+        if not first_value.isprintable():  # written raw into the SVG (not XML) and the table
+            raise UserError(
+                f"{where}: {_KINDS[first_key]} name {echo(first_value)} holds a control character"
+            )
         if first_value in self.topo.groups:
             raise UserError(f"{where}: {cut(first_value)} is defined twice")
         group = Group(name=first_value, kind=_KINDS[first_key])
