@@ -146,7 +146,20 @@ def test_an_impossible_nvlink_count_names_the_cell(count):
     if count.isascii():
         assert "(NV1..NV64)" in message
     ok = LEONARDO.read_text().replace("GPU2    NV4     NV4 ", "GPU2    NV4     NV64 ", 1)
+    ok = ok.replace("GPU1    NV4      X      NV4 ", "GPU1    NV4      X      NV64 ", 1)
     assert parse_nvidia_smi(ok).gpu_links[2][1] == "NV64"  # the stated maximum is accepted
+
+
+def test_a_matrix_that_is_not_symmetric_is_refused():
+    """A link reads the same both ways; a row edited or pasted from another machine was read
+    from the upper triangle alone and planned, exit 0."""
+    text = LEONARDO.read_text().replace("GPU2    NV4     NV4 ", "GPU2    NV4     NV2 ", 1)
+    assert _error(text) == (
+        "topo.txt:1: GPU1 to GPU2 reads 'NV4' but GPU2 to GPU1 reads 'NV2': the matrix is not "
+        "symmetric"
+    )
+    nic = LEONARDO.read_text().replace("NIC1    SYS     PXB ", "NIC1    SYS     SYS ", 1)
+    assert "GPU1 to NIC1 reads 'PXB' but NIC1 to GPU1 reads 'SYS'" in _error(nic)
 
 
 def test_non_square_matrix_is_refused():

@@ -205,6 +205,7 @@ def _topology(header: _Header, rows, row_info, legend: dict[str, str], source) -
         if int(a[3:]) == int(b[3:]):  # GPU0 and GPU00: two ranks pinned to one device
             raise UserError(f"{source}:{header.at + 1}: {a} and {b} are one GPU index")
     idx = {d: devices.index(d) for d in devices}
+    _check_symmetric(devices, rows, header.at, source)
     topo = SmiTopology(extra_columns=[c for c in header.info if c not in _KNOWN])
     for d in gpu_cols:
         vals = row_info[d]
@@ -222,6 +223,19 @@ def _topology(header: _Header, rows, row_info, legend: dict[str, str], source) -
     topo.nic_names = [legend.get(d, d) for d in nic_cols]
     topo.nic_links = [[rows[d][idx[e]] for e in nic_cols] for d in nic_cols]
     return topo
+
+
+def _check_symmetric(devices: list[str], rows: dict, at: int, source: str) -> None:
+    """A link reads the same both ways in nvidia-smi's matrix; one that does not (a row
+    edited or pasted from two machines) was read from the upper triangle alone and planned."""
+    for i, a in enumerate(devices):
+        for j in range(i + 1, len(devices)):
+            b = devices[j]
+            if rows[a][j] != rows[b][i]:
+                raise UserError(
+                    f"{source}:{at + 1}: {a} to {b} reads {echo(rows[a][j])} but {b} to {a} "
+                    f"reads {echo(rows[b][i])}: the matrix is not symmetric"
+                )
 
 
 _KNOWN = {" ".join(p) for p in _INFO_COLUMNS}
