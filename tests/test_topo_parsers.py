@@ -292,6 +292,27 @@ SwitchName=spine Level=1 LinkSpeed=1 Nodes=n[1-4] Switches=leaf[1-2]
 """
 
 
+def test_lines_continued_with_a_backslash_are_joined_as_slurm_joins_them():
+    """Slurm's config reader joins a line ending in an odd number of backslashes to the next
+    (the backslash dropped, nothing in its place; comments cut first): a long Nodes= list is
+    often written so, and was refused."""
+    text = (
+        "SwitchName=s0 \\\n"
+        "   Nodes=n[1-\\  \n"
+        "4] # a comment \\\n"
+        "SwitchName=s1 Nodes=m1\n"
+        "SwitchName=top Switches=s[0-1] \\\n"
+    )
+    t = parse_slurm_topology(text, "topo.conf")
+    assert {name: g.nodes or g.children for name, g in t.groups.items()} == {
+        "s0": ["n1", "n2", "n3", "n4"],
+        "s1": ["m1"],
+        "top": ["s0", "s1"],
+    }
+    with pytest.raises(UserError, match="topo.conf:2: s2 has neither Nodes= nor Switches="):
+        parse_slurm_topology("SwitchName=s0 Nodes=a\nSwitchName=s2 \\\n\n", "topo.conf")
+
+
 def test_topology_name_prefix_is_tolerated():
     t = parse_slurm_topology("TopologyName=default SwitchName=s0 Nodes=a[1-2]\nTopologyName=x\n")
     assert t.groups["s0"].nodes == ["a1", "a2"] and list(t.groups) == ["s0"]

@@ -297,7 +297,25 @@ class _Reader:
 def parse_slurm_topology(text: str, source: str = "<topology>") -> SwitchTopology:
     """Read topology.conf or `scontrol show topology` output; `source` names it in errors."""
     reader = _Reader(source)
-    for n, raw in enumerate(text.splitlines(), 1):
-        reader.read(n, raw)
+    for n, line in _logical_lines(text):
+        reader.read(n, line)
     reader.check_children()
     return reader.topo
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(number of its first line, text) of each line as Slurm's config reader joins them: a
+    line ending in an odd number of backslashes (blanks after them allowed) goes on in the
+    next, the last backslash dropped and nothing put in its place; comments are cut from each
+    line first. A long Nodes= list is often written so; it was refused."""
+    start, held = 0, ""
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].rstrip()
+        backslashes = len(line) - len(line.rstrip("\\"))
+        if backslashes % 2:
+            start, held = start or n, held + line[:-1]
+            continue
+        yield start or n, held + line
+        start, held = 0, ""
+    if held:
+        yield start, held
