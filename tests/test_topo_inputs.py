@@ -96,6 +96,23 @@ def test_nic_columns_without_legend_match_ibstat_in_natural_order():
     ]
 
 
+def test_hcas_ibstat_lists_beside_unmatched_nic_columns_are_not_pinned():
+    """Without the legend, two NIC columns beside an ibstat listing three HCAs cannot be
+    matched: the HCAs, each one of the columns but which unknown, were planned as SYS and
+    pinned by index (GPU0 on mlx5_0, wherever it is) while the plan said NCCL_IB_HCA was not
+    pinned. They are not pinned now (NCCL, reading the PCI tree, chooses), and said so."""
+    hcas = parse_ibstat(ibstat(["mlx5_0", "mlx5_1", "mlx5_2"]))
+    nodes = [build_node(n, parse_nvidia_smi(matrix(2, 2)), hcas) for n in ("a", "b")]
+    plan = plan_ring(nodes)
+    assert {e.nic for e in plan.ring} <= {"mlx5_0", "mlx5_1", "mlx5_2"}
+    assert all("NCCL_IB_HCA" not in e.env for e in plan.ring)
+    (note,) = [a for a in plan.assumptions if a.startswith("HCAs ibstat lists")]
+    assert "NCCL_IB_HCA is not pinned" in note and "(6 NIC(s), first a:mlx5_0)" in note
+    # with no NIC column at all an ibstat HCA is still pinned (nothing to match it to)
+    bare = [build_node(n, parse_nvidia_smi(matrix(2)), hcas) for n in ("a", "b")]
+    assert all(e.env["NCCL_IB_HCA"].startswith("=mlx5_") for e in plan_ring(bare).ring)
+
+
 # ---- f2: NIC names must be device names ---------------------------------------------------
 
 

@@ -81,8 +81,11 @@ class Nic:
 
     `name_from` says how the name is known: "nvidia-smi" (its NIC Legend, or an old driver's
     column name), "ibstat" (an HCA only ibstat lists), "ibstat order" (a NICn column matched to
-    ibstat's HCAs by order, no legend) or "column label" (no legend, no ibstat: `name` is the
-    column's NICn, which no device is called, so no plan may pin it in NCCL_IB_HCA)."""
+    ibstat's HCAs by order, no legend), "column label" (no legend, no ibstat listing as many
+    HCAs: `name` is the column's NICn, which no device is called, so no plan may pin it in
+    NCCL_IB_HCA) or "ibstat unplaced" (an HCA ibstat lists beside such columns: it is one of
+    them, which one is unknown, so its distance from each GPU is too, and pinning it chose
+    by index; NCCL, reading the PCI tree, chooses better)."""
 
     name: str
     label: str | None
@@ -97,6 +100,11 @@ class Nic:
     def name_known(self) -> bool:
         """Whether `name` is a device's real name (one NCCL_IB_HCA can select)."""
         return self.name_from != "column label"
+
+    @property
+    def pinned(self) -> bool:
+        """Whether a rank using this NIC names it in NCCL_IB_HCA (see `name_from`)."""
+        return self.name_from not in ("column label", "ibstat unplaced")
 
 
 @dataclass

@@ -94,6 +94,7 @@ def build_node(
     node = NodeTopology(name=name, cpu_count=cpu_count)
     by_name = {h.name: h for h in hcas or []}
     known = hcas is not None
+    name_from = None
     if smi is not None:
         node.gpus = list(smi.gpus)
         node.gpu_links = [list(r) for r in smi.gpu_links]
@@ -107,7 +108,7 @@ def build_node(
     for hca in hcas or []:
         if hca.name not in listed:
             node.nics.append(_nic_from_hca(hca.name, None, hca, True))
-            node.nics[-1].name_from = "ibstat"
+            node.nics[-1].name_from = "ibstat unplaced" if name_from == "column label" else "ibstat"
             for row in node.gpu_nic_links:
                 row.append(UNKNOWN_PATH)
     return node

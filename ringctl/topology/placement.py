@@ -228,8 +228,9 @@ def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[st
     if nic is not None and gpu is not None:
         # '=' asks NCCL for an exact name: plain 'mlx5_1' would also match mlx5_10, mlx5_11.
         # A NIC known only by its column label (NIC0) is no device's name: `=NIC0` matched no
-        # HCA and NCCL fell back to sockets, so such a rank leaves the choice to NCCL.
-        if nic.name_known:
+        # HCA and NCCL fell back to sockets, so such a rank leaves the choice to NCCL; so
+        # does one on an HCA the matrix does not place (Nic.name_from).
+        if nic.pinned:
             env["NCCL_IB_HCA"] = f"={nic.name}" + (f":{nic.port}" if nic.port else "")
         env.update(gdr_env(policy, node))
     if gpu is not None and gpu.numa is not None:
@@ -623,8 +624,19 @@ def nic_name_notes(ordered: Sequence[NodeTopology]) -> list[str]:
             "many HCAs): NCCL_IB_HCA is not pinned for their ranks (NCCL chooses the HCA); give "
             "ibstat, or the legend",
         ),
+        (
+            "ibstat unplaced",
+            "HCAs ibstat lists beside NIC columns it could not be matched to (no NIC Legend; "
+            "another count): each GPU's distance to them is unknown (planned as SYS) and "
+            "NCCL_IB_HCA is not pinned for their ranks (NCCL chooses the HCA); give the legend",
+        ),
     ):
-        nics = [f"{n.name}:{nic.label}" for n in ordered for nic in n.nics if nic.name_from == how]
+        nics = [
+            f"{n.name}:{nic.label or nic.name}"
+            for n in ordered
+            for nic in n.nics
+            if nic.name_from == how
+        ]
         if nics:
             notes.append(f"{note} ({len(nics)} NIC(s), first {nics[0]})")
     return notes
