@@ -113,6 +113,21 @@ def test_hcas_ibstat_lists_beside_unmatched_nic_columns_are_not_pinned():
     assert all(e.env["NCCL_IB_HCA"].startswith("=mlx5_") for e in plan_ring(bare).ring)
 
 
+def test_an_ibstat_rate_of_zero_is_planned_and_labelled_as_assumed():
+    """ibstat prints Rate: 0 for a port whose rate it cannot read: the plan took the
+    assumed NET rate but labelled the hop's rate as ibstat's, with no note to give it."""
+    zero = ibstat(["mlx5_0"]).replace("Rate: 400", "Rate: 0")
+    for cpu in (False, True):
+        nodes = [
+            build_node(n, None if cpu else parse_nvidia_smi(matrix(1, 1, True)), parse_ibstat(zero))
+            for n in ("a", "b")
+        ]
+        plan = plan_ring(nodes)
+        net = [h for h in plan.hops if h.link == "NET"]
+        assert net and {h.rate_source for h in net} == {"assumed"}, cpu
+        assert any(a.startswith("network port rate assumed") for a in plan.assumptions)
+
+
 # ---- f2: NIC names must be device names ---------------------------------------------------
 
 

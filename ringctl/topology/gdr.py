@@ -125,12 +125,12 @@ def end_gbps(
     """How GPU position `gpu` sends (or receives) through NIC `nic` of `node`."""
     path = node.gpu_nic_links[gpu][nic]
     port = node.nics[nic].rate_gbps
-    rate = port if port else table["NET"]
+    rate = port if port else table["NET"]  # no rate, or ibstat's Rate: 0: assumed, and said
     direct = policy.reaches(path) and (not send or policy.read_enabled(node))
     cap = link_gbps(path, table)
     if direct:
-        return NicEnd(nic, GDR, min(rate, cap), port is None)
-    return NicEnd(nic, HOST_BOUNCE, min(rate * BOUNCE_SHARE, table["HOST"], cap), port is None)
+        return NicEnd(nic, GDR, min(rate, cap), not port)
+    return NicEnd(nic, HOST_BOUNCE, min(rate * BOUNCE_SHARE, table["HOST"], cap), not port)
 
 
 def best_nic(

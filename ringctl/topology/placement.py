@@ -215,7 +215,7 @@ class NodeCache:
         usable = [j for j, n in enumerate(node.nics) if n.usable]
         j = max(usable, key=lambda k: node.nics[k].rate_gbps or 0.0) if usable else None
         rate = node.nics[j].rate_gbps if j is not None else None
-        end = NicEnd(j, "host", rate or self.table["NET"], rate is None)  # a CPU rank
+        end = NicEnd(j, "host", rate or self.table["NET"], not rate)  # a CPU rank
         ends = {r: end for r in range(count)}
         return PlacedNode([None] * count, [j] * count, ends, dict(ends))
 
