@@ -313,6 +313,22 @@ class JobDir:
         self.logs.mkdir()
         return target
 
+    def restore_attempt(self, target: Path) -> list[str]:
+        """Undo `archive_attempt` into ``target`` (a resume whose submission failed): its
+        files come back, the fresh logs/ goes where nothing was written in it. Returns the
+        names left in ``target`` because the job directory has one of that name again."""
+        if self.logs.is_dir() and not self.logs.is_symlink() and not any(self.logs.iterdir()):
+            self.logs.rmdir()
+        kept = []
+        for entry in sorted(target.iterdir()):
+            if os.path.lexists(self.path / entry.name):
+                kept.append(entry.name)
+            else:
+                entry.rename(self.path / entry.name)
+        if not kept:
+            target.rmdir()
+        return kept
+
     def remove_stale_temporaries(self) -> list[Path]:
         """Temporary files a killed atomic write left behind (`.<name>.<random>.tmp`)."""
         removed = []

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from . import __version__
-from .atomic import atomic_write, default_dir_mode
+from .atomic import atomic_write, atomic_write_json, default_dir_mode
 from .backends import backend_class
 from .backends.base import Backend
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
@@ -323,6 +324,41 @@ def resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
     return cfg, render_script(cfg)
 
 
+@dataclass(frozen=True)
+class _ResumeUndo:
+    """What a resume changes before its submission, kept to be put back when the submission
+    fails (sbatch refusing a partition, a time limit, a controller down; a dropped SSH
+    connection): the attempt moved to attempts/<n>, config.yaml and job.sh rewritten and
+    job.json's id cleared left a directory no verb could reach ("no job id in job.json"),
+    a training job's checkpoints included."""
+
+    meta: dict
+    files: dict  # path -> bytes of config.yaml and job.sh
+
+    @classmethod
+    def taken(cls, job: JobDir) -> _ResumeUndo:
+        return cls(job.read_meta(), {p: p.read_bytes() for p in (job.config, job.script)})
+
+    def undone(self, job: JobDir, backend, previous: Path, err: BaseException) -> UserError:
+        """Put the directory back as it was; the error to raise, saying so (or what was not
+        put back)."""
+        said = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+        left = []
+        try:
+            for path, data in self.files.items():
+                atomic_write(path, data)
+            atomic_write_json(job.meta_file, self.meta)
+            kept = job.restore_attempt(previous)
+            if kept:
+                left.append(f"{', '.join(kept)} stay in {previous}")
+            left += backend.undo_resume(job, previous.name)
+        except OSError as undo_err:
+            left.append(f"putting the directory back failed: {undo_err}")
+        if left:
+            return UserError(f"{said}; the resume was not submitted ({'; '.join(left)})")
+        return UserError(f"{said}; the resume was not submitted, nothing changed")
+
+
 def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[str, ...] = ()):
     """Submit an ended job (failed, cancelled, timed out) again into its own directory.
 
@@ -353,16 +389,22 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         if not isinstance(history, list):  # checked before anything moves
             raise UserError(f"{job.meta_file}: attempts must be a list")
         backend.stop_leftovers(job)  # while state.json still names them
+        undo = _ResumeUndo.taken(job)
         previous = job.archive_attempt()
-        job.remove_stale_temporaries()
-        if changed is not None:
-            atomic_write(job.config, to_yaml(changed[0]))
-            atomic_write(job.script, changed[1])
-            job.script.chmod(default_dir_mode())  # as JobDir.create: the umask's say
-        history.append({"job_id": before.job_id, "state": before.state.value, "dir": str(previous)})
-        job.update_meta(attempts=history)
-        backend.prepare_resume(job)
-        job_id = backend.submit(job.path)
+        try:
+            job.remove_stale_temporaries()
+            if changed is not None:
+                atomic_write(job.config, to_yaml(changed[0]))
+                atomic_write(job.script, changed[1])
+                job.script.chmod(default_dir_mode())  # as JobDir.create: the umask's say
+            entry = {"job_id": before.job_id, "state": before.state.value, "dir": str(previous)}
+            job.update_meta(attempts=[*history, entry])
+            backend.prepare_resume(job)
+            job_id = backend.submit(job.path)
+        except SubmittedNotRecorded:
+            raise  # queued: the job runs, and the message says how to cancel it
+        except (Exception, KeyboardInterrupt) as err:
+            raise undo.undone(job, backend, previous, err) from None
         job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
     # said once all is recorded (a reader gone away cannot leave it half done); the names
     # are the job's to make: shown, never obeyed

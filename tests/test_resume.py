@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,9 +33,30 @@ def _final(job_dir: Path, timeout: float = 180):
         backend.close()
 
 
+def _refused_resume_changes_nothing(job_dir: Path, capsys) -> None:
+    """sbatch refusing a resume (here a partition that does not exist) left the attempt moved,
+    config.yaml rewritten and job.json without an id: every verb then said "no job id in
+    job.json", a training job's checkpoints out of reach. The directory is put back."""
+    before = {p.name: p.read_bytes() for p in (job_dir / "config.yaml", job_dir / "job.json")}
+    logs = sorted(p.name for p in (job_dir / "logs").iterdir())
+    capsys.readouterr()
+    assert main(["resume", str(job_dir), "slurm.partition=nopart"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "sbatch refused the job" in err and "the resume was not submitted, nothing changed" in err
+    )
+    assert {
+        p.name: p.read_bytes() for p in (job_dir / "config.yaml", job_dir / "job.json")
+    } == before
+    assert sorted(p.name for p in (job_dir / "logs").iterdir()) == logs
+    assert not (job_dir / "attempts" / "1").exists()
+    assert main(["status", str(job_dir)]) == 0 and "FAILED" in capsys.readouterr().out
+
+
 def _resume_and_check(job_dir: Path, capsys) -> None:
     first = _final(job_dir)
     assert first.state is JobState.FAILED and "injected fault" in first.reason, first
+    _refused_resume_changes_nothing(job_dir, capsys)
     capsys.readouterr()
     assert main(["resume", str(job_dir)]) == 0, capsys.readouterr().err
     second = _final(job_dir)
@@ -67,9 +89,21 @@ def test_resume_over_ssh(slurm_cluster, ssh_login, tmp_path, capsys):
         f"ssh.remote_dir={tmp_path / 'remote'}",
     ]
     job_dir = submit(capsys, SMOKE, *login, f"output_dir={tmp_path / 'local'}", "nodes=2", *ONCE)
-    _resume_and_check(job_dir, capsys)
     remote = tmp_path / "remote" / job_dir.name
+    _final(job_dir)
+    remote_logs = sorted(p.name for p in (remote / "logs").iterdir())
+    _resume_and_check(job_dir, capsys)  # a refused resume first: the login node's copy too
     assert (remote / "attempts" / "1" / "logs").is_dir() and (remote / "logs").is_dir()
+    assert sorted(p.name for p in (remote / "attempts" / "1" / "logs").iterdir()) == remote_logs
+    # the job writes its remote directory: an attempts/ made a link had the logs moved there
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.rmtree(remote / "attempts")
+    (remote / "attempts").symlink_to(elsewhere)
+    capsys.readouterr()
+    assert main(["resume", "--force", str(job_dir)]) == 2
+    assert "attempts is not a folder (a link?); nothing was moved" in capsys.readouterr().err
+    assert not any(elsewhere.iterdir()) and (remote / "logs").is_dir()
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])

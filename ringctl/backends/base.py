@@ -163,6 +163,12 @@ class Backend(ABC):
         """Forget the previous attempt's submission so that submit() accepts the directory."""
         job.update_meta(job_id=None)
 
+    def undo_resume(self, job: JobDir, attempt: str) -> list[str]:
+        """Put back what `prepare_resume` and a failed `submit` changed outside the job
+        directory (which resume puts back itself), the attempt being attempts/<attempt>;
+        returns what could not be, said. Local backends: nothing outside it."""
+        return []
+
     def close(self) -> None:  # noqa: B027 - a default, not an abstract method
         """Release connections (the ssh backend's); nothing for local backends."""
 

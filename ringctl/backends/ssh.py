@@ -47,6 +47,7 @@ from ..bounded_read import read_window
 from ..errors import UserError
 from ..jobdir import (
     ARCHIVED_ON_RESUME,
+    ATTEMPTS,
     CHECKPOINTS,
     DCP_METADATA,
     FETCHED_DIRS,
@@ -562,6 +563,11 @@ class SSHBackend(SlurmBackend):
                 f"{gone}: a resume continues the job there, and would compute every document "
                 "again; put the directory back, or submit a new job"
             )
+        attempts = posixpath.join(self.cluster_dir(job.path), ATTEMPTS)
+        try:
+            _refuse_linked(self.shell.sftp, attempts, self.settings.target)
+        except SFTP_ERRORS as err:
+            raise sftp_error(self.settings, f"reading {attempts}", err) from None
 
     def prepare_resume(self, job: JobDir) -> None:
         """The remote copy stays where it is (its out/ holds the finished work): its logs and
@@ -599,6 +605,8 @@ class SSHBackend(SlurmBackend):
         sftp = self.shell.sftp
         archive = posixpath.join(remote, attempt_name(self._resume_attempt))
         try:
+            for path in (posixpath.dirname(archive), archive):
+                _refuse_linked(sftp, path, self.settings.target)
             self._mkdirs(archive)
             for name in ARCHIVED_ON_RESUME:
                 try:
@@ -613,6 +621,33 @@ class SSHBackend(SlurmBackend):
             raise sftp_error(self.settings, what, err) from None
         self._resume_attempt = None
         return remote
+
+    def undo_resume(self, job: JobDir, attempt: str) -> list[str]:
+        """The login node's copy as it was before a resume whose sbatch failed: the logs and
+        placement moved to attempts/<n> there come back, config.yaml and job.sh (put back
+        here) are sent again. Nothing was moved where the failure came first."""
+        self._resume_attempt = None
+        remote = self.cluster_dir(job.path)
+        archive = posixpath.join(remote, attempt_name(attempt))
+        sftp = self.shell.sftp
+        try:
+            if not _is_real_dir(sftp, archive):
+                return []
+            fresh = posixpath.join(remote, LOGS)
+            if _is_real_dir(sftp, fresh) and not sftp.listdir(fresh):
+                sftp.rmdir(fresh)
+            for name in ARCHIVED_ON_RESUME:
+                try:
+                    sftp.rename(posixpath.join(archive, name), posixpath.join(remote, name))
+                except FileNotFoundError:
+                    pass
+            for name in RESENT_ON_RESUME:
+                _replace_remote(sftp, job.path / name, posixpath.join(remote, name))
+            if not sftp.listdir(archive):
+                sftp.rmdir(archive)
+        except (*SFTP_ERRORS, OSError) as err:
+            return [f"on {self.settings.target}, {remote} was not put back: {one_line(str(err))}"]
+        return []
 
     def cancel_command(self, job_dir: Path, job_id: str) -> str:
         s = self.settings
@@ -728,6 +763,28 @@ def _drop_earlier_checkpoints(root: Path) -> None:
     for folder in checkpoints.complete():  # real folders named step-N: no link
         if newest is not None and folder != newest.path:
             shutil.rmtree(folder)
+
+
+def _is_real_dir(sftp, path: str) -> bool:
+    """Whether ``path`` on the login node is a folder itself, not a link to one (lstat)."""
+    try:
+        return stat.S_ISDIR(sftp.lstat(path).st_mode or 0)
+    except FileNotFoundError:
+        return False
+
+
+def _refuse_linked(sftp, path: str, target: str) -> None:
+    """A folder resume moves files into must be the job's own: the job writes its remote
+    directory, and an attempts/ it made a link had the logs moved wherever it pointed."""
+    try:
+        mode = sftp.lstat(path).st_mode or 0
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        raise UserError(
+            f"ssh {target}: {path} is not a folder (a link?); nothing was moved, so the "
+            "resume stops: remove it on the login node"
+        )
 
 
 def _replace_remote(sftp, local: Path, remote: str) -> None:
