@@ -87,20 +87,25 @@ class HybridGroups:
     world_size: int
 
 
-def hybrid_groups(ulysses_degree: int) -> HybridGroups:
+def hybrid_groups(ulysses_degree: int, *, timeout=None) -> HybridGroups:
     """Split the default group into R groups of U consecutive ranks and U rings of R ranks.
 
     Collective: every rank of the default group must call it with the same degree (torch's
     ``new_group`` is). A degree that does not divide the world size raises on every rank.
+    ``timeout`` (a ``datetime.timedelta``) is the groups' collective timeout: pass the one
+    the default group was given, since torch gives a new group its own default (30 minutes
+    for gloo, 10 for NCCL), not the default group's, and a hung peer then held every rank
+    of a hybrid job that long.
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     ring_size, ring_rank, ulysses_rank = hybrid_grid(world, ulysses_degree, rank)
     ulysses = ring = None
     for r in range(ring_size):
-        group = dist.new_group(list(range(r * ulysses_degree, (r + 1) * ulysses_degree)))
+        members = list(range(r * ulysses_degree, (r + 1) * ulysses_degree))
+        group = dist.new_group(members, timeout=timeout)
         ulysses = group if r == ring_rank else ulysses
     for u in range(ulysses_degree):
-        group = dist.new_group(list(range(u, world, ulysses_degree)))
+        group = dist.new_group(list(range(u, world, ulysses_degree)), timeout=timeout)
         ring = group if u == ulysses_rank else ring
     assert ulysses is not None and ring is not None
     return HybridGroups(ulysses, ring, ulysses_degree, ring_size, rank, world)

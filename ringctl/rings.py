@@ -79,7 +79,7 @@ class RingGroups:
     _groups: dict[int, Any] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, world: int, rank: int, sizes: list[int]) -> RingGroups:
+    def create(cls, world: int, rank: int, sizes: list[int], timeout=None) -> RingGroups:
         import torch.distributed as dist
 
         made = cls(world, rank, sorted(sizes))
@@ -88,7 +88,7 @@ class RingGroups:
                 made._groups[size] = dist.group.WORLD
                 continue
             for ring in rings_of_size(world, size):
-                group = dist.new_group(ring.members)
+                group = dist.new_group(ring.members, timeout=timeout)  # TaskContext.timeout
                 if rank in ring.members:
                     made._groups[size] = group
         return made

@@ -65,6 +65,9 @@ class TaskContext:
     out_dir: Path
     plan_entry: dict | None = None
     placement: Any = None  # the job's placement.json (ringctl.topology.RingPlan), if any
+    # The job's collective timeout (`timeout`): every group a task makes is given it (torch
+    # gives a new group its own default, 30 minutes for gloo, not the default group's).
+    timeout: datetime.timedelta | None = None
     _stop: list[bool] = field(default_factory=lambda: [False])
     _start: float = field(default_factory=time.monotonic)
 
@@ -349,6 +352,7 @@ def run(job_dir: Path) -> dict:
         out_dir=out_dir,
         plan_entry=ident.plan_entry,
         placement=ident.placement,
+        timeout=datetime.timedelta(seconds=float(cfg.timeout)),
         _stop=stop,
     )
     started = time.time()

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from ringctl.backends.base import JobState
 from ringctl.cli import main
 from ringctl.config import load_resolved
+from ringctl.submission import open_job_dir
 from ringctl.tasks.attention import load_results, reference
+from tests.local_jobs import submit
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = str(ROOT / "jobs" / "smoke.yaml")
@@ -37,3 +40,19 @@ def test_hybrid_job_matches_float64(ulysses, tmp_path, capsys):
 def test_a_degree_that_does_not_divide_the_heads_is_refused(capsys):
     assert main(["config", SMOKE, "ring.ulysses=4", "task.heads=6", "task.kv_heads=2"]) == 2
     assert "ring.ulysses: 4 must divide the heads (6)" in capsys.readouterr().err
+
+
+def test_a_hung_rank_fails_a_hybrid_job_within_its_timeout(tmp_path, capsys):
+    """torch gives a group made by new_group its own default timeout (30 minutes for gloo),
+    not the default group's: a hung rank held every rank of a hybrid job that long, while
+    the flat ring failed within the job's `timeout`. Every group a task makes takes it."""
+    hang = ["task.fault_rank=2", "task.fault=hang", "timeout=10", "ring.ulysses=2"]
+    job = submit(capsys, SMOKE, f"job_dir={tmp_path / 'job'}", "nodes=1", "tasks_per_node=4", *hang)
+    _, _, backend = open_job_dir(job)
+    try:
+        status = backend.wait(job, timeout=90, poll_s=0.5)
+    finally:
+        if not backend.status(job).state.finished:
+            main(["cancel", str(job)])
+    assert status.state is JobState.FAILED, status
+    assert "Timed out" in status.reason or "timed out" in status.reason, status.reason

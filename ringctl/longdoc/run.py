@@ -237,13 +237,13 @@ def _check_group(rank: int, world_size: int, group) -> None:
         )
 
 
-def _ring_groups(schedule, job: _Ring) -> dict[int, Any]:
+def _ring_groups(schedule, job: _Ring, timeout=None) -> dict[int, Any]:
     """One process group per ring size the schedule uses (the job's own for the whole job);
     every rank creates every group, in the same order (torch's rule)."""
     sizes = sorted({p["ring_size"] for p in schedule.phases} | {job.world_size})
     if sizes == [job.world_size]:
         return {job.world_size: job.group}
-    made = RingGroups.create(job.world_size, job.rank, sizes)
+    made = RingGroups.create(job.world_size, job.rank, sizes, timeout)
     return {size: made.group(size) for size in sizes}
 
 
@@ -315,6 +315,8 @@ class LongDocOptions:
     shard: ``model.shard`` (none, ring, job): FSDP2 shards of the model over each ring (or the
     job, the rings then in lockstep: ``_Lockstep``); needs one ring size (the model is loaded
     once, for this rank's one ring).
+    timeout: the collective timeout of the rings' groups (``TaskContext.timeout``; None:
+    torch's default for a new group, 30 minutes for gloo).
     """
 
     progress: Callable[..., None] | None = None
@@ -324,6 +326,7 @@ class LongDocOptions:
     schedule_path: str | Path | None = None
     ring_progress: Callable[[str, dict], None] | None = None
     shard: str = "none"
+    timeout: Any = None
 
 
 class LongDocRun:
@@ -503,7 +506,7 @@ class LongDocRun:
     def run_phases(self, schedule, docs: list[Document]) -> list[int]:
         """Step 4b, every ring this rank belongs to, phase by phase; returns the documents and
         tokens of the rings this rank led (each document counted once, by its ring's lead)."""
-        groups = _ring_groups(schedule, self.job)
+        groups = _ring_groups(schedule, self.job, self.options.timeout)
         lockstep = _Lockstep.of(self.options.shard, schedule, self.job)
         single = len(schedule.phases) == 1 and schedule.phases[0]["rings"] == 1
         led = [0, 0]

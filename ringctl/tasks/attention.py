@@ -151,7 +151,7 @@ def _attention_for(cfg, ctx, layout: str, kv_heads: int):
     common = {"causal": t.causal, "softmax_scale": t.softmax_scale}
     if degree <= 1:
         return partial(ring_attention, group=ctx.group, layout=layout, **common), layout, 1
-    groups = hybrid_groups(degree)
+    groups = hybrid_groups(degree, timeout=ctx.timeout)
     hybrid = f"hybrid-{layout}"
     attend = partial(
         hybrid_attention,

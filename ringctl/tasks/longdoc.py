@@ -464,6 +464,7 @@ class LongDocTask(CorpusTask):
             schedule_path=job.schedule,
             ring_progress=ring_progress,
             shard=str(cfg.model.shard),
+            timeout=ctx.timeout,
         )
 
     def run(self, cfg, ctx) -> dict:

@@ -138,6 +138,7 @@ class TrainTask(CorpusTask):
             device=ctx.device,
             ring_size=size,
             shard=str(cfg.model.shard),
+            timeout=ctx.timeout,
         )
         summary = run_training(self.params_of(cfg), opts)
         if summary.stopped:  # a preemption signal: not done, and must not look done

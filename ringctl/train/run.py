@@ -56,6 +56,7 @@ class TrainOptions:
     device: Any = None
     ring_size: int | None = None  # null: one ring of the whole job
     shard: str = "none"  # none | job
+    timeout: Any = None  # the rings' collective timeout (TaskContext.timeout)
 
 
 @dataclass
@@ -74,7 +75,10 @@ def seat_of(opts: TrainOptions) -> RingSeat:
     if opts.world_size % size:
         raise ValueError(f"ring.size={size} does not divide the job's {opts.world_size} ranks")
     rings = opts.world_size // size
-    groups = [dist.new_group(list(range(i * size, (i + 1) * size))) for i in range(rings)]
+    groups = [
+        dist.new_group(list(range(i * size, (i + 1) * size)), timeout=opts.timeout)
+        for i in range(rings)
+    ]
     index = opts.rank // size
     group = groups[index] if rings > 1 else None
     return RingSeat(group, size, opts.rank % size, index, rings, None)
