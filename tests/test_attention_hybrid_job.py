@@ -56,3 +56,16 @@ def test_a_hung_rank_fails_a_hybrid_job_within_its_timeout(tmp_path, capsys):
             main(["cancel", str(job)])
     assert status.state is JobState.FAILED, status
     assert "Timed out" in status.reason or "timed out" in status.reason, status.reason
+
+
+def test_a_degree_the_placement_must_refuse_is_refused_at_submit(capsys):
+    """A Ulysses group sits inside one node: U=2 on nodes of one rank under
+    ring.placement=required waited in the queue, then failed in the batch script's placement
+    step. Refused when the config is read; optional (groups across nodes) and the local
+    backend (no placement step) are taken."""
+    shape = ["backend=slurm", "nodes=4", "tasks_per_node=1", "ring.ulysses=2"]
+    assert main(["config", SMOKE, *shape, "ring.placement=required"]) == 2
+    assert "ring.ulysses: 2 does not divide the 1 ranks of a node" in capsys.readouterr().err
+    assert main(["config", SMOKE, *shape, "ring.placement=optional"]) == 0
+    local = ["nodes=4", "tasks_per_node=1", "ring.ulysses=2", "ring.placement=required"]
+    assert main(["config", SMOKE, *local]) == 0

@@ -312,9 +312,22 @@ def test_script_fails_clearly_without_a_required_plan(tmp_path):
     env["FAKE_FAIL"] = "topo probe"
     proc = _run_script(job_dir, env, timeout=60)
     assert proc.returncode == 1
-    assert "FAILED: no placement, so no rank was started" in proc.stderr
+    assert (
+        "FAILED: no placement, so no rank was started (ring.placement=required): the node "
+        "probe failed (see logs/probe-*.out). Fix it" in proc.stderr
+    )
     assert ss.ranks_part(proc.stdout + proc.stderr) is None
     assert not list((job_dir / "logs").glob("rank-*"))
+
+
+def test_a_failed_placement_says_why_on_the_failed_line(tmp_path):
+    """status shows the batch script's FAILED line: it said "Fix the cause above", with the
+    cause in logs/placement.log, which status does not show."""
+    job_dir = _job_dir(tmp_path, ["ring.placement=required", "ring.nvlink_blocks=true"])
+    proc = _run_script(job_dir, _fake_slurm(tmp_path), timeout=60)
+    assert proc.returncode == 1
+    (line,) = [ln for ln in proc.stderr.splitlines() if "FAILED: no placement" in ln]
+    assert "the placement failed: ringctl topo: error: --nvlink-blocks needs a " in line, line
 
 
 def test_script_places_the_ring_with_ringctl_topo(tmp_path):

@@ -59,6 +59,8 @@ class Backend(ABC):
     runs_this_python: ClassVar[bool] = True
     # every rank runs on this machine: their memory together is this host's.
     ranks_here: ClassVar[bool] = False
+    # the batch script probes the nodes and places the ring on them (ring.placement).
+    places_ring: ClassVar[bool] = True
 
     @classmethod
     def create(cls, cfg) -> Backend:

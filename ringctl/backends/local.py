@@ -226,6 +226,7 @@ class LocalBackend(Backend):
     name = "local"
     poll_s = 0.2
     ranks_here = True
+    places_ring = False
 
     def __init__(self, cfg=None) -> None:
         self.cfg = cfg

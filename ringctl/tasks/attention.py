@@ -257,6 +257,20 @@ def _save_outputs(cfg, ctx, layout: str, degree: int, steps_done: int, tensors: 
     save_tensors(ctx.out_dir / f"rank-{ctx.rank}.safetensors", tensors, meta)
 
 
+def _unplaceable(cfg, degree: int) -> bool:
+    """Whether the batch script's placement step must refuse the job's Ulysses degree (it
+    waited in the queue to fail there): groups of one node's ranks, no NVLink blocks."""
+    from ..backends import backend_class
+
+    return (
+        degree > 1
+        and cfg.ring.placement == "required"
+        and not cfg.ring.nvlink_blocks
+        and backend_class(cfg.backend.value).places_ring
+        and int(cfg.tasks_per_node) % degree != 0
+    )
+
+
 class AttentionTask(Task):
     """Ring attention on random inputs, checked against `reference` (no gather step)."""
 
@@ -289,6 +303,14 @@ class AttentionTask(Task):
         why = ulysses_problem(degree, world, int(t.heads), int(kv))
         if why:
             raise bad("ring.ulysses", f"{degree} {why}")
+        if _unplaceable(cfg, degree):
+            raise bad(
+                "ring.ulysses",
+                f"{degree} does not divide the {cfg.tasks_per_node} ranks of a node "
+                "(tasks_per_node): a Ulysses group sits inside one node (or NVLink domain: "
+                "ring.nvlink_blocks), so ring.placement=required would stop the job before "
+                "any rank ran; ring.placement=optional runs its groups across nodes",
+            )
         split = f"hybrid-{layout}" if degree > 1 else layout  # the engine's padding rule
         multiple = layout_multiple(split, world, degree)
         if t.seq_len % multiple:
