@@ -10,12 +10,27 @@ apart where one thread a rank gives them bitwise).
 
 from __future__ import annotations
 
+from .text import is_ascii_number
+
+
+def plain_count(text: str) -> bool:
+    """A thread count as OMP_NUM_THREADS may hold one and int() reads: ASCII digits, >= 1."""
+    return is_ascii_number(text, 9) and int(text) >= 1
+
+
+def usable(given: str) -> bool:
+    """Whether OpenMP takes ``given`` as OMP_NUM_THREADS: counts of at least 1, comma
+    separated for nested levels ("4,2"). Another value (0, -1, "abc") is refused by the
+    OpenMP runtime with a warning, and torch then took every core in each rank."""
+    return all(plain_count(part) for part in str(given).split(","))
+
 
 def rank_threads(
     given: str | None, *, cpus_per_task: int | None, node_cpus: int, ranks_on_node: int
 ) -> str:
-    """The rank's ``OMP_NUM_THREADS`` value (text: OpenMP also takes "4,2")."""
-    if given:
+    """The rank's ``OMP_NUM_THREADS`` value (text: OpenMP also takes "4,2"); a value OpenMP
+    would not take counts as none given."""
+    if given and usable(given):
         return str(given)
     if cpus_per_task:
         return str(int(cpus_per_task))

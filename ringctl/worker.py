@@ -292,21 +292,23 @@ def init_distributed(cfg, ident: Identity):
 
 
 def apply_threads(cfg, torch) -> None:
-    """A rank started without ``OMP_NUM_THREADS`` (Slurm's srun: the local backend sets it
-    for its ranks by the same rule) takes ``threads.rank_threads``' count on its own node."""
-    if os.environ.get("OMP_NUM_THREADS"):
-        return  # torch read it at import
-    from .threads import rank_threads
+    """The rank computes with ``threads.rank_threads``' count on its own node: the job's
+    OMP_NUM_THREADS applied (torch caps the variable at the cores it sees at import, so
+    Slurm ran 2 threads where the local backend ran the 3 asked for), else the rule's count
+    (Slurm's srun starts a rank without one; the local backend sets it by the same rule)."""
+    from .threads import plain_count, rank_threads
 
+    given = os.environ.get("OMP_NUM_THREADS", "")
     on_node = os.environ.get("SLURM_CPUS_ON_NODE", "")
     threads = rank_threads(
-        None,
+        given,
         cpus_per_task=cfg.slurm.get("cpus_per_task"),
         node_cpus=int(on_node) if on_node.isdigit() else len(os.sched_getaffinity(0)),
         ranks_on_node=int(cfg.tasks_per_node),
     )
     os.environ["OMP_NUM_THREADS"] = threads
-    torch.set_num_threads(int(threads))
+    if plain_count(threads):  # "4,2" (nested levels): OpenMP's own reading stands
+        torch.set_num_threads(int(threads))
 
 
 def run(job_dir: Path) -> dict:

@@ -5,6 +5,8 @@ tests/test_train_cluster.py, now runs unpinned and is bitwise equal to the local
 
 from __future__ import annotations
 
+import os
+
 import torch
 from omegaconf import OmegaConf
 
@@ -15,9 +17,12 @@ from ringctl.worker import apply_threads
 def test_the_rule():
     rule = dict(cpus_per_task=None, node_cpus=8, ranks_on_node=3)
     assert rank_threads("3", **rule) == "3"  # the job's own
+    assert rank_threads("4,2", **rule) == "4,2"  # nested levels, as OpenMP reads them
     assert rank_threads(None, **rule) == "2"  # the node's CPUs over its ranks
     assert rank_threads(None, **(rule | {"cpus_per_task": 4})) == "4"  # Slurm's per task
     assert rank_threads(None, cpus_per_task=None, node_cpus=2, ranks_on_node=4) == "1"
+    for refused in ("0", "-1", "abc", "2,0", " 3"):  # OpenMP refuses them: every core taken
+        assert rank_threads(refused, **rule) == "2", refused
 
 
 def test_a_slurm_rank_takes_its_share_of_its_node(monkeypatch):
@@ -28,9 +33,14 @@ def test_a_slurm_rank_takes_its_share_of_its_node(monkeypatch):
     try:
         apply_threads(cfg, torch)
         assert torch.get_num_threads() == 2
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # given: torch read it at import
-        torch.set_num_threads(3)
+        # given: applied as the local backend applies it (torch caps the variable at the
+        # cores it sees at import: a Slurm rank ran 2 threads where local ran the 3 asked)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        torch.set_num_threads(1)
         apply_threads(cfg, torch)
         assert torch.get_num_threads() == 3
+        monkeypatch.setenv("OMP_NUM_THREADS", "0")  # not a count OpenMP takes: the rule's
+        apply_threads(cfg, torch)
+        assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
     finally:
         torch.set_num_threads(before)

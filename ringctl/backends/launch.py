@@ -33,7 +33,7 @@ import sys
 import traceback
 
 from ..lifetime import die_with_parent, prctl
-from ..text import is_ascii_number
+from ..threads import plain_count
 
 FORK = "fork"  # the rank is a fork of the supervisor
 EXEC = "exec"  # the rank is a new interpreter: python -m ringctl.worker JOB_DIR
@@ -46,11 +46,6 @@ AFTER_START_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "RINGATTN_")
 # imports in `warm_up` may: torch.cuda.is_available()), so such ranks start as new interpreters.
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-def plain_count(text: str) -> bool:
-    """A thread count as OMP_NUM_THREADS may hold one and int() reads: ASCII digits, >= 1."""
-    return is_ascii_number(text, 9) and int(text) >= 1
 
 
 def exec_reason(cfg, threads: str, start_env: dict[str, str]) -> str | None:
