@@ -455,6 +455,7 @@ SCRIPT_NAMES = frozenset(
         "CONTAINER",
         "RUN_ONE",
         "PLACED",
+        "UNPLACED",
         "RC",
         "RESTARTS",
         "KEPT",

@@ -246,3 +246,26 @@ def test_calibration_measures_every_head_dim_and_the_matmul_rate():
     assert max(d.matmul_tflops_by_width.values()) == d.tflops["float32"]
     assert d.elementwise_gbytes_s > 0
     assert any("d= 32 n=  128" in line for line in logged), logged
+
+
+def test_rings_of_a_job_share_their_hosts_memory_and_cores(tmp_path, capsys, monkeypatch):
+    """The ranks on a calibrated CPU host share its RAM and cores whatever the ring size:
+    priced by the ring's ranks, 4 rings of 1 rank on a 23.5 GiB host were each given 22.5 GiB
+    (66 GiB in all), "fits", exit 0, by `ringctl plan` and by submit's preflight alike."""
+    import ringctl.planner.devices as devices
+    from ringctl.cli import main
+    from ringctl.config import load_job
+    from ringctl.sizing import Sizing
+
+    blocks = {k: {"1024": [0.01, 0.02], "4096": [0.16, 0.32]} for k in KINDS}
+    entry = {"mem_gib": 23.5, "reserve_gib": 1.0, "block_seconds": blocks, "cores": 2}
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"cpu-host": entry | {"calib_shape": [1, 8, 64]}}))
+    monkeypatch.setattr(devices, "USER_DEVICES", path)
+    train = "jobs/train.yaml"
+    for size in ("1", "2", "null"):
+        shape = ["tasks_per_node=4", f"ring.size={size}"]
+        assert main(["plan", train, *shape, "--device", "cpu-host", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["memory_capacity_gib"] == 22.5 / 4, size
+        cfg = load_job(train, [*shape, "device=cpu-host"])
+        assert Sizing(cfg).preflight().estimate.memory_capacity_gib == 22.5 / 4, size

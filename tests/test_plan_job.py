@@ -91,6 +91,7 @@ def test_preflight_of_a_hybrid_job_prices_its_grid_as_plan_does(ulysses, degree,
         "task.kv_heads=2",
         "task.seq_len=20971520",
         f"ring.ulysses={ulysses}",
+        "ring.nvlink_blocks=true",  # groups of 16 span two nodes of 8: an NVLink domain's
     ]
     verdict = Sizing(load_job("jobs/attention.yaml", overrides)).preflight()
     assert verdict.estimate.ulysses == degree and not verdict.estimate.fits

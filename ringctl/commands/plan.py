@@ -40,7 +40,7 @@ from ..planner.devices import (
     share_problem,
 )
 from ..planner.memory import TRAIN
-from ..sizing import config_section, job_workload, resolve_model, ring_size
+from ..sizing import Sizing, config_section, job_workload, resolve_model, ring_size
 from ..text import cut
 from .arg_types import finite, ranks, whole
 
@@ -388,7 +388,7 @@ def run(args) -> int:
     _check_split(work, args.ranks)
     device = _device(args)
     link = _link(args, device)
-    ranks_on_host = max(1, args.ranks // max(1, args.nodes))
+    ranks_on_host = _ranks_on_host(args)
     latency = _latency(args)
     est = estimate(
         work,
@@ -467,6 +467,15 @@ def _report(work, est, device, link, longest, fewest, layouts) -> dict:
     return report
 
 
+def _ranks_on_host(args) -> int:
+    """The ranks sharing one host's memory and cores: a job's ranks on a node whatever its
+    ring size (``Sizing.ranks_on_host``), else the flags' ranks over their nodes."""
+    cfg = getattr(args, "job_cfg", None)
+    if cfg is not None:
+        return Sizing(cfg).ranks_on_host
+    return max(1, args.ranks // max(1, args.nodes))
+
+
 # --- job configs -------------------------------------------------------------------------
 
 
@@ -513,8 +522,7 @@ def _print_budget(args, work: Workload, device: Device) -> int:
     from ..tasks import get_task
 
     cfg, ring = args.job_cfg, args.ranks
-    per_host = max(1, min(ring, ring // max(1, args.nodes)))
-    budget = max_tokens_per_rank(work, device, ring, per_host)
+    budget = max_tokens_per_rank(work, device, ring, _ranks_on_host(args))
     listed = get_task(str(cfg.task.name)).document_lengths(cfg)
     spans = _job_makespans(args, work, device, listed) if listed else {}
     if args.json:
