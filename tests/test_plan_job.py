@@ -121,3 +121,23 @@ def test_plan_of_a_windowed_job_prices_its_window_unless_the_job_overrides_it(tm
     plain = dict(config, sliding_window=None)
     (tmp_path / "mistral.json").write_text(json.dumps(plain))
     assert forward_s() == pytest.approx(full, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--model", "llama3-8b"],
+        ["--checkpoint", "full"],
+        ["--shard", "full"],
+        ["--dtype", "float32"],
+        ["--no-causal"],
+        ["--seq", "65536"],  # the job sets task.seq_len
+    ],
+)
+def test_workload_flags_beside_a_job_are_refused_not_dropped(flags, capsys):
+    """`ringctl plan jobs/train.yaml --model llama3-8b --checkpoint full` printed the tiny
+    job's plan (0.01 GiB, "checkpoint none"), exit 0: the flags were dropped."""
+    assert main(["plan", "jobs/train.yaml", "--device", "H100-SXM", *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"ringctl plan: error: {flags[0]}: " in err and "jobs/train.yaml" in err
+    assert main(["plan", "jobs/train.yaml", "--device", "H100-SXM", "--ranks", "2"]) == 0

@@ -74,6 +74,16 @@ warnings), 2 for a usage error, else 0 (a schedule, corpus or calibration report
 """
 
 
+# The workload and model flags a job config's own keys decide (the job's --ranks, --nodes,
+# --device and --ulysses are taken from the flags where given): given beside a JOB, they were
+# dropped and the job's plan printed, exit 0 ("--model llama3-8b" priced the tiny model).
+JOB_SAYS = (
+    "batch heads kv_heads head_dim dtype mode task checkpoint shard shard_degree optimizer "
+    "lm_head_chunk mlp_chunk no_causal layout model layers hidden intermediate vocab "
+    "attention_only"
+).split()
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan",
@@ -107,7 +117,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--calibrate", action="store_true", help="measure this machine, store it")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, flag_defaults={d: p.get_default(d) for d in JOB_SAYS})
 
 
 def _workload_flags(p) -> None:
@@ -483,6 +493,13 @@ def _from_job(args) -> Workload:
     """The workload of a job config; its ranks, nodes and device fill the flags not given."""
     from ..config import load_job, world_size
 
+    given = [d for d in JOB_SAYS if getattr(args, d) != args.flag_defaults[d]]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UserError(
+            f"{flag}: with a job config ({args.job}) the job's own keys decide the workload; "
+            "give them as KEY=VALUE after it (e.g. task.seq_len=65536), or leave the job out"
+        )
     cfg = load_job(args.job, args.overrides)
     ring = ring_size(cfg)
     work = job_workload(cfg, ring)
@@ -506,6 +523,8 @@ def _from_job(args) -> Workload:
             "--calibrate` has measured this machine",
             file=sys.stderr,
         )
+    if args.seq and work.seq_len:
+        raise UserError(f"--seq: {args.job} sets the sequence length (task.seq_len=N after it)")
     if args.seq and not work.seq_len:
         work = replace(work, seq_len=args.seq)
     if args.ulysses != 1:  # the flag over the job's ring.ulysses (sizing.job_ulysses)
