@@ -141,3 +141,9 @@ def test_workload_flags_beside_a_job_are_refused_not_dropped(flags, capsys):
     err = capsys.readouterr().err
     assert f"ringctl plan: error: {flags[0]}: " in err and "jobs/train.yaml" in err
     assert main(["plan", "jobs/train.yaml", "--device", "H100-SXM", "--ranks", "2"]) == 0
+
+
+def test_a_job_split_error_names_the_jobs_key(capsys):
+    """It named a flag the user never gave: "--seq 3 cannot be split ..."."""
+    assert main(["plan", "jobs/train.yaml", "task.seq_len=3"]) == 2
+    assert "error: jobs/train.yaml: task.seq_len 3 cannot be split" in capsys.readouterr().err

@@ -353,11 +353,13 @@ def _device(args) -> Device:
     return replace(device, **changes) if changes else device
 
 
-def _check_split(work: Workload, ranks: int) -> None:
+def _check_split(work: Workload, ranks: int, job: str | None = None) -> None:
+    """The workload splits over the ranks; named as the job's key where a job gave it."""
     multiple = layout_multiple(work.layout, ranks)
     if work.seq_len % multiple:
+        said = f"{job}: task.seq_len" if job else "--seq"
         raise UserError(
-            f"--seq {work.seq_len} cannot be split over {ranks} ranks in the {work.layout} "
+            f"{said} {work.seq_len} cannot be split over {ranks} ranks in the {work.layout} "
             f"layout: it must be a multiple of {multiple}"
         )
     why = ulysses_problem(work.ulysses, ranks, work.heads, work.kv_heads)
@@ -395,7 +397,7 @@ def run(args) -> int:
         raise UserError("--ranks is required (ring size P)")
     if args.nodes > args.ranks:
         raise UserError(f"--nodes {args.nodes} is more than --ranks {args.ranks}")
-    _check_split(work, args.ranks)
+    _check_split(work, args.ranks, args.job if job is not None else None)
     device = _device(args)
     link = _link(args, device)
     ranks_on_host = _ranks_on_host(args)
