@@ -69,3 +69,24 @@ def test_a_degree_the_placement_must_refuse_is_refused_at_submit(capsys):
     assert main(["config", SMOKE, *shape, "ring.placement=optional"]) == 0
     local = ["nodes=4", "tasks_per_node=1", "ring.ulysses=2", "ring.placement=required"]
     assert main(["config", SMOKE, *local]) == 0
+
+
+def test_a_wrong_ring_fails_the_job_that_checks_a_machine(tmp_path, capsys):
+    """The smoke job "checks that a machine works end to end" but never compared its result:
+    a ring made 1% wrong (here by a sitecustomize scaling its output, as a broken kernel or
+    transport would) ended COMPLETED, exit 0. Rank 0 now holds the shards against float64
+    attention; the right ring passes with its figures in the log."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "sitecustomize.py").write_text(
+        "import ringattn\n"
+        "_ring = ringattn.ring_attention\n"
+        "ringattn.ring_attention = lambda *a, **k: _ring(*a, **k) * 1.01\n"
+    )
+    wrong = ["run", SMOKE, f"job_dir={tmp_path / 'wrong'}", f"env.vars.PYTHONPATH={broken}"]
+    assert main(wrong) == 1
+    said = capsys.readouterr()
+    assert "the ring's result is wrong: checked against float64 attention" in said.out + said.err
+    assert main(["run", SMOKE, f"job_dir={tmp_path / 'right'}"]) == 0
+    log = (tmp_path / "right" / "logs" / "rank-0.out").read_text()
+    assert "within the float32 tolerance 0.0001" in log

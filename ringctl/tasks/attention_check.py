@@ -1,0 +1,58 @@
+"""The attention job checks its own result: the ranks' out, dq, dk, dv against float64
+attention over the whole sequence (`attention.reference`), by rank 0 once every rank wrote
+its shards.
+
+Without it the smoke job, which "checks that a machine, a cluster or a set-up works end to
+end", wrote shards and timings only: a ring made 1% wrong (a broken kernel or transport on a
+new cluster) ended COMPLETED, exit 0. The reference holds a few B x H x N x N float64
+matrices in one process, so a job larger than `MAX_SCORES` is not checked, and says so.
+
+Tolerances are on the largest error relative to the largest reference value, per dtype. The
+reference rounds the inputs to the job's dtype first, so what is left is the kernels'
+arithmetic: float32 rounding (1.2e-7 per operation) summed over N keys stays near 1e-6 (the
+tests' bound is 1e-5; measured 1.7e-7 to 1.2e-6 over layouts, GQA, Ulysses degrees); half
+precision rounds every output to 8 (bfloat16) or 11 (float16) bits, 3.9e-3 and 4.9e-4
+relative, and gradients add a few such roundings (the bfloat16 ring measured 2.2e-3 to
+7.5e-3). A 1% error passes none of the float32 or float64 bounds.
+"""
+
+from __future__ import annotations
+
+# The largest B x H x N x N the float64 reference may hold (8 bytes each; the autograd graph
+# keeps about four of them: 2 GiB at the cap).
+MAX_SCORES = 1 << 26
+TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+
+
+def reference_size(cfg) -> int:
+    """B x H x N x N: the elements of one of the reference's score matrices."""
+    t = cfg.task
+    return int(t.batch) * int(t.heads) * int(t.seq_len) ** 2
+
+
+def check_outputs(cfg, out_dir) -> tuple[bool | None, str]:
+    """(passed, a line saying what was compared and how far apart); passed None: not
+    checked (too large for one process's float64 reference)."""
+    from .attention import load_results, reference
+
+    size = reference_size(cfg)
+    if size > MAX_SCORES:
+        gib = 4 * 8 * size / (1 << 30)
+        return None, (
+            f"not checked against float64 attention: its reference would hold about {gib:,.0f} "
+            f"GiB in one process (checked up to B x H x N^2 = {MAX_SCORES:,})"
+        )
+    want, got = reference(cfg), load_results(out_dir)
+    tol = TOLERANCE[str(cfg.task.dtype)]
+    errors = {}
+    for name in ("out", "dq", "dk", "dv"):
+        scale = float(want[name].abs().max()) or 1.0
+        errors[name] = float((got[name].double() - want[name]).abs().max()) / scale
+    worst = max(errors, key=errors.get)
+    passed = all(e <= tol for e in errors.values()) and all(e == e for e in errors.values())
+    shown = ", ".join(f"{n} {e:.2g}" for n, e in errors.items())
+    verdict = "within" if passed else "OVER"
+    return passed, (
+        f"checked against float64 attention: max |ring - reference| / max |reference| = "
+        f"{shown}; {worst} {verdict} the {cfg.task.dtype} tolerance {tol:g}"
+    )
