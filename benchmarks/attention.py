@@ -305,12 +305,18 @@ def _print_row(r: Result, baseline: Result | None) -> None:
     )
 
 
-def write_markdown(results: list[Result], path: Path, argv: list[str]) -> None:
+def write_markdown(results: list[Result], path: Path, argv: list[str], repeats: int = 1) -> None:
+    """The table; ``repeats`` 0 (a memory run) times one step each: said so, not "Medians"."""
+    timed = (
+        "Medians"
+        if repeats
+        else "One timed step each (a memory run, --repeats 0): times and ratios are single samples"
+    )
     lines = [
         "# Attention benchmark",
         "",
         f"`python -m benchmarks.attention {' '.join(argv)}` on {os.uname().nodename} "
-        f"({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}. Medians; ring ranks and the "
+        f"({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d')}. {timed}; ring ranks and the "
         "single-process SDPA baseline share the same cores and run in turn.",
         "",
         "| " + " | ".join(name for name, _ in COLUMNS) + " |",
@@ -513,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         results, run_argv = run_benchmark(args), sys.argv[1:] if argv is None else argv
     write_results(args.json, "attention", run_argv, results)
     markdown = args.json.with_suffix(".md")
-    write_markdown(results, markdown, run_argv)
+    write_markdown(results, markdown, run_argv, build_parser().parse_args(run_argv).repeats)
     plots = write_plots(results, args.json.with_suffix(""))
     print(f"wrote {args.json}, {markdown}" + "".join(f", {p}" for p in plots))
     return 0
