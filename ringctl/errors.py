@@ -41,6 +41,14 @@ class CheckpointPruned(UserError):
     exit_code = 1
 
 
+class RemoteGone(UserError):
+    """An ssh job's directory on the login node is gone (moved, or a scratch purge): nothing
+    can be fetched, and fetch said "fetched 0 file(s)", exit 0. gather goes on with the copy
+    here (the last fetch's), saying so. Exit status 1."""
+
+    exit_code = 1
+
+
 class SubmittedNotRecorded(UserError):
     """The backend queued the job, then job.json could not take its id (the disk filled
     meanwhile): the job runs and no job directory names it, so the line says which job and how

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -17,7 +18,7 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.backends.ssh import SSHBackend, SSHSettings, connect
-from ringctl.errors import UserError
+from ringctl.errors import RemoteGone, UserError
 
 pytestmark = pytest.mark.ssh
 
@@ -701,5 +702,7 @@ def test_a_job_whose_login_node_directory_is_gone_says_so(settings, make_job_dir
 
         with pytest.raises(UserError, match="would compute every document again"):
             b.refuse_resume(JobDir(job_dir))  # resume_job asks before anything moves
+        with pytest.raises(RemoteGone, match=re.escape(f"{said}: nothing was fetched")):
+            b.fetch(job_dir)  # it said "fetched 0 file(s)", exit 0
         (tmp_path / "elsewhere").rename(remote)
         assert b.status(job_dir).state is JobState.COMPLETED

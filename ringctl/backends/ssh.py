@@ -44,7 +44,7 @@ from paramiko import sftp as sftp_proto
 from paramiko.sftp_attr import SFTPAttributes
 
 from ..bounded_read import read_window
-from ..errors import UserError
+from ..errors import RemoteGone, UserError
 from ..jobdir import (
     ARCHIVED_ON_RESUME,
     ATTEMPTS,
@@ -709,6 +709,9 @@ class SSHBackend(SlurmBackend):
         except SFTP_ERRORS as err:
             what = f"fetching {remote} failed after {len(fetched)} files"
             raise sftp_error(self.settings, what, err) from None
+        gone = None if fetched else self.gone(job.path)
+        if gone:
+            raise RemoteGone(f"{gone}: nothing was fetched (the copy here is the last fetch's)")
         if f"{CHECKPOINTS}/{LATEST}" in fetched:
             _drop_earlier_checkpoints(job.checkpoints)
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))

@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import CheckpointPruned, UserError
+from ..errors import CheckpointPruned, RemoteGone, UserError
 from ..jobdir import job_of
 
 if TYPE_CHECKING:
@@ -133,7 +133,11 @@ def _fetch(job, backend, console, *, want_state: bool):
 
     with backend:
         status = backend.status(job.path) if want_state else None
-        fetched = backend.fetch(job.path)
+        try:
+            fetched = backend.fetch(job.path)
+        except RemoteGone as err:  # gather the copy here, saying whose it is
+            console.print(Text(f"note: {err}; gathering it"))
+            fetched = []
     if fetched:
         console.print(Text(f"fetched {len(fetched)} file(s) of the job into {job.path}"))
     return status
