@@ -104,6 +104,11 @@ def test_resume_over_ssh(slurm_cluster, ssh_login, tmp_path, capsys):
     assert main(["resume", "--force", str(job_dir)]) == 2
     assert "attempts is not a folder (a link?); nothing was moved" in capsys.readouterr().err
     assert not any(elsewhere.iterdir()) and (remote / "logs").is_dir()
+    # `run` over ssh ended COMPLETED with an empty out/ here and no word of fetching
+    capsys.readouterr()
+    run = ["run", SMOKE, *login, f"job_dir={tmp_path / 'local' / 'ran'}", "nodes=2"]
+    assert main([*run, "task.steps=1"]) == 0
+    assert "its files are on the login node: `ringctl fetch " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -112,6 +113,9 @@ def follow_to_end(job_dir: Path, job_id: str, backend, *, rank: int | None) -> i
         line += f": {visible(status.reason)}"
     print(line, file=sys.stdout if status.state.value == "COMPLETED" else sys.stderr)
     print(f"job directory: {job_dir}")
+    if JobDir(job_dir).read_meta().get("remote"):  # an ssh job: out/ here is still empty
+        fetch = f"ringctl fetch {shlex.quote(str(job_dir))}"
+        print(f"its files are on the login node: `{fetch}` copies them here")
     return 0 if status.state.value == "COMPLETED" else 1
 
 
