@@ -336,3 +336,33 @@ def test_many_rings_on_four_nodes_then_gather_equals_the_local_run(slurm_cluster
         got = load_file(str(path))["token_logprob"].double()
         want = load_file(str(local / "gathered" / "docs" / path.name))["token_logprob"].double()
         assert (got - want).abs().max() <= 1e-5 * want.abs().max(), path.name
+
+
+def test_status_of_a_running_ssh_job_shows_no_stale_fetched_progress(
+    slurm_cluster, ssh_login, tmp_path, capsys
+):
+    """A running ssh job whose login-node copy has no progress yet (a requeued rerun before
+    its first record) showed the last fetch's progress, run 1's "52/100 steps, ETA 12s",
+    with a note under the table: a running job's row now shows none."""
+    hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=1"]
+    job_dir = submit(
+        capsys, "jobs/smoke.yaml", f"output_dir={tmp_path}", *hang, *_ssh_overrides(ssh_login)
+    )
+    try:
+        _, _, backend = open_job_dir(job_dir)
+        with backend:
+            deadline = time.monotonic() + 120
+            while backend.status(job_dir).state is not JobState.RUNNING:
+                assert time.monotonic() < deadline, "the job did not start"
+                time.sleep(0.5)
+        stale = {"done": 52, "total": 100, "unit": "steps", "eta_s": 12}
+        (job_dir / "logs").mkdir(exist_ok=True)
+        (job_dir / "logs" / "progress.json").write_text(json.dumps(stale))
+        remote = Path(json.loads((job_dir / "job.json").read_text())["remote"]["dir"])
+        (remote / "logs" / "progress.json").unlink(missing_ok=True)
+        capsys.readouterr()
+        assert main(["status", "--json", str(job_dir)]) == 0
+        [row] = json.loads(capsys.readouterr().out)
+        assert row["state"] == "RUNNING" and not row["progress"], row
+    finally:
+        main(["cancel", str(job_dir)])

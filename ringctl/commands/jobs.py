@@ -336,9 +336,11 @@ def job_row(job_dir: Path, *, single: bool) -> dict:
             raise
         row["reason"] = str(err)
     remote = bool(meta.get("remote"))  # an ssh job: this directory has fetched copies
-    if live is None or (remote and not (row["progress"] or row["rings"])):
+    rerun = row["state"] in ("RUNNING", "PENDING")  # none there yet: a requeued rerun's
+    if live is None or (remote and not (row["progress"] or row["rings"]) and not rerun):
         # its config or its connection failed, or the login node's copy is gone: this
-        # directory's files, an ssh job's said to be the last fetch's
+        # directory's files, an ssh job's said to be the last fetch's (not for a job that
+        # runs: a requeued rerun read run 1's "52/100 steps, ETA 12s" at step 45)
         row.update(job_progress(LocalShell(), str(job_dir), notes))
         if remote and (row["progress"] or row["rings"]):
             why = "the login node was not reached" if live is None else "none there now"
