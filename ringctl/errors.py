@@ -41,6 +41,12 @@ class CheckpointPruned(UserError):
     exit_code = 1
 
 
+class NotSubmitted(UserError):
+    """The backend started nothing: it refused before sbatch ran, or sbatch exited non-zero.
+    Only then may a resume put the job directory back (any other failure of a submission,
+    a timeout or a dropped connection while sbatch ran, may have queued the job)."""
+
+
 class RemoteGone(UserError):
     """An ssh job's directory on the login node is gone (moved, or a scratch purge): nothing
     can be fetched, and fetch said "fetched 0 file(s)", exit 0. gather goes on with the copy

@@ -23,7 +23,7 @@ from .atomic import atomic_write, atomic_write_json, default_dir_mode
 from .backends import backend_class
 from .backends.base import Backend
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
-from .errors import SubmittedNotRecorded, UserError
+from .errors import NotSubmitted, SubmittedNotRecorded, UserError
 from .jobdir import CONFIG, META, SCRIPT, JobDir
 from .sizing import Sizing
 from .tasks import get_task
@@ -343,6 +343,13 @@ class _ResumeUndo:
         """Put the directory back as it was; the error to raise, saying so (or what was not
         put back)."""
         said = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+        left = self.put_back(job, backend, previous)
+        if left:
+            return UserError(f"{said}; the resume was not submitted ({'; '.join(left)})")
+        return UserError(f"{said}; the resume was not submitted, nothing changed")
+
+    def put_back(self, job: JobDir, backend, previous: Path) -> list[str]:
+        """Restore what the resume changed; what could not be, said."""
         left = []
         try:
             for path, data in self.files.items():
@@ -354,9 +361,25 @@ class _ResumeUndo:
             left += backend.undo_resume(job, previous.name)
         except OSError as undo_err:
             left.append(f"putting the directory back failed: {undo_err}")
-        if left:
-            return UserError(f"{said}; the resume was not submitted ({'; '.join(left)})")
-        return UserError(f"{said}; the resume was not submitted, nothing changed")
+        return left
+
+
+def _submitted(job: JobDir, backend, undo: _ResumeUndo, previous: Path) -> str:
+    """The resumed job's id; the directory put back where the backend started nothing
+    (``NotSubmitted``). Any other failure may have queued the job (sbatch timing out, the
+    connection dropping while it ran, an id it did not print): nothing is put back, which
+    would hide a queued job behind the last attempt's state, and the error says so."""
+    try:
+        return backend.submit(job.path)
+    except NotSubmitted as err:
+        raise undo.undone(job, backend, previous, err) from None
+    except SubmittedNotRecorded:
+        raise  # queued: the job runs, and the message says how to cancel it
+    except UserError as err:
+        raise UserError(
+            f"{err}; the resume may have been queued: job.json names no job (look for it "
+            f"with squeue), and the last attempt's files are in {previous}"
+        ) from None
 
 
 def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[str, ...] = ()):
@@ -400,11 +423,12 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
             entry = {"job_id": before.job_id, "state": before.state.value, "dir": str(previous)}
             job.update_meta(attempts=[*history, entry])
             backend.prepare_resume(job)
-            job_id = backend.submit(job.path)
-        except SubmittedNotRecorded:
-            raise  # queued: the job runs, and the message says how to cancel it
-        except (Exception, KeyboardInterrupt) as err:
+        except KeyboardInterrupt:
+            undo.put_back(job, backend, previous)
+            raise
+        except Exception as err:
             raise undo.undone(job, backend, previous, err) from None
+        job_id = _submitted(job, backend, undo, previous)
         job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
     # said once all is recorded (a reader gone away cannot leave it half done); the names
     # are the job's to make: shown, never obeyed

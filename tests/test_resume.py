@@ -17,6 +17,7 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
+from ringctl.errors import UserError
 from ringctl.submission import open_job_dir
 from tests.local_jobs import submit, wait_for
 
@@ -131,6 +132,39 @@ def test_ranks_that_leave_no_result_fail_the_job(backend, request, tmp_path, cap
     if backend == "slurm":  # the placement step "succeeded" too, writing nothing
         batch = (job_dir / "logs" / f"batch-{second.job_id}.out").read_text()
         assert "wrote no placement.json" in batch and "placement written" not in batch, batch
+
+
+def test_a_resume_that_may_have_been_queued_is_not_put_back(tmp_path, capsys, monkeypatch):
+    """Only a submission the backend started nothing for is put back (NotSubmitted: a
+    refusal before sbatch, sbatch exiting non-zero). sbatch timing out, the connection
+    dropping while it ran or an id it did not print may have queued the job: putting the
+    directory back hid it behind the last attempt's FAILED, and a second resume queued a
+    second job. A Ctrl-C before the submission puts the directory back and stays a Ctrl-C."""
+    from ringctl.backends.local import LocalBackend
+
+    job_dir = submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
+    assert _final(job_dir).state is JobState.FAILED
+    before = (job_dir / "job.json").read_bytes()
+
+    def interrupted(self, job):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalBackend, "prepare_resume", interrupted)
+    assert main(["resume", str(job_dir)]) == 130  # a Ctrl-C, still (cli: "interrupted")
+    assert (job_dir / "job.json").read_bytes() == before
+    assert not (job_dir / "attempts" / "1").exists()
+    monkeypatch.undo()
+
+    def no_id(self, path):
+        raise UserError("sbatch printed no job id: (timed out)")
+
+    monkeypatch.setattr(LocalBackend, "submit", no_id)
+    capsys.readouterr()
+    assert main(["resume", str(job_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "sbatch printed no job id: (timed out); the resume may have been queued" in err
+    assert json.loads((job_dir / "job.json").read_text())["job_id"] is None
+    assert (job_dir / "attempts" / "1" / "logs").is_dir()  # not put back over a queued job
 
 
 def test_resume_locally_and_concurrent_resumes(tmp_path, capsys):

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..bounded_read import read_regular
-from ..errors import UserError, path_error, with_filename
+from ..errors import NotSubmitted, UserError, path_error, with_filename
 from ..jobdir import JobDir
 from ..jsonsafe import whole_number
 from ..lifetime import SUPERVISED
@@ -257,19 +257,12 @@ class LocalBackend(Backend):
         job = JobDir(Path(job_dir).resolve())
         from ..config import load_resolved
 
-        self.refuse_unstartable(load_resolved(job.config))  # the config the supervisor runs
-        job.logs.mkdir(parents=True, exist_ok=True)  # (an earlier attempt's: stop_leftovers)
-        with open(job.supervisor_log, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "ringctl.backends.local", "supervise", str(job.path)],
-                cwd=job.path,
-                env=_child_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # survives the terminal; cancel signals its group
-                close_fds=True,
-            )
+        try:  # nothing started: the config the supervisor runs refused, or no process made
+            self.refuse_unstartable(load_resolved(job.config))
+            job.logs.mkdir(parents=True, exist_ok=True)  # (an earlier attempt's: stop_leftovers)
+            proc = self._start_supervisor(job)
+        except UserError as err:
+            raise NotSubmitted(str(err)) from None
         try:
             record = ProcessRecord.of(proc.pid, supervisor_marker(job))
             job.supervisor_file.write_text(json.dumps(asdict(record)) + "\n")
@@ -282,6 +275,21 @@ class LocalBackend(Backend):
                 raise with_filename(err, job.supervisor_file) from None
             raise
         return f"local-{proc.pid}"
+
+    @staticmethod
+    def _start_supervisor(job: JobDir) -> subprocess.Popen:
+        """The job's supervisor (``supervise``), in a session of its own."""
+        with open(job.supervisor_log, "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "ringctl.backends.local", "supervise", str(job.path)],
+                cwd=job.path,
+                env=_child_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # survives the terminal; cancel signals its group
+                close_fds=True,
+            )
 
     def status(self, job_dir: Path) -> JobStatus:
         job = JobDir(job_dir)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import NotSubmitted, UserError
 from ..jobdir import BATCH_LOG, JobDir, requeued_attempt
 from ..sbatch import batch_log_arguments
 from . import joblogs, slurm_reruns
@@ -131,7 +131,10 @@ class SlurmBackend(Backend):
         previous = job.read_meta().get("job_id")
         if previous:
             raise UserError(f"{job_dir}: already submitted as job {previous}")
-        where = self._prepare(job_dir)
+        try:
+            where = self._prepare(job_dir)
+        except UserError as err:  # before sbatch: nothing queued
+            raise NotSubmitted(str(err)) from None
         argv = [
             "sbatch",
             "--parsable",
@@ -141,7 +144,7 @@ class SlurmBackend(Backend):
         ]
         rc, out, err = self._run(argv)
         if rc != 0:
-            raise UserError(f"sbatch refused the job: {one_line(err or out) or f'exit {rc}'}")
+            raise NotSubmitted(f"sbatch refused the job: {one_line(err or out) or f'exit {rc}'}")
         lines = [ln for ln in out.strip().splitlines() if ln.strip()]
         job_id = lines[-1].split(";")[0].strip() if lines else ""
         if not SLURM_JOB_ID.fullmatch(job_id):
