@@ -90,3 +90,16 @@ def test_a_wrong_ring_fails_the_job_that_checks_a_machine(tmp_path, capsys):
     assert main(["run", SMOKE, f"job_dir={tmp_path / 'right'}"]) == 0
     log = (tmp_path / "right" / "logs" / "rank-0.out").read_text()
     assert "within the float32 tolerance 0.0001" in log
+
+
+def test_the_check_reads_only_this_runs_shards(tmp_path, capsys):
+    """out/ is kept across attempts: a resume on fewer ranks left the first run's rank-2 and
+    rank-3 shards, and the result check refused a right run ("shards of ranks [0, 1, 2, 3],
+    expected 0..1")."""
+    job = tmp_path / "job"
+    assert main(["run", SMOKE, f"job_dir={job}"]) == 0
+    assert main(["resume", "--force", str(job), "nodes=2"]) == 0
+    _, _, backend = open_job_dir(job)
+    status = backend.wait(job, timeout=120, poll_s=0.3)
+    assert status.state is JobState.COMPLETED, status
+    assert "within the float32 tolerance" in (job / "logs" / "rank-0.out").read_text()

@@ -5,7 +5,8 @@ shard (`ringattn.shard_sequence` in the job's layout), and runs `ring_attention`
 backward `task.steps` times. Each rank writes, atomically, `out/rank-<R>.safetensors` (its
 shards of out, dq, dk, dv and the global positions they hold) and `out/rank-<R>.json` (timings).
 `reference(cfg)` computes the same quantities over the whole sequence in float64 in one process,
-and `load_results(out_dir)` reassembles the ranks' shards, so the two can be compared.
+and `load_results(out_dir)` reassembles the ranks' shards: with `save_outputs`, rank 0 compares
+the two once every rank wrote its shards, and a wrong result fails the job (attention_check.py).
 
 Fault injection (for tests of failure handling): `fault_rank` set to a rank makes that rank, at
 step `fault_step` between forward and backward (mid-ring), `raise` an error, `hang` (sleep
@@ -107,15 +108,24 @@ def reference(cfg) -> dict[str, torch.Tensor]:
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def load_results(out_dir: str | Path) -> dict[str, torch.Tensor]:
-    """Reassemble every rank's shards (out/rank-*.safetensors) into full tensors."""
+def load_results(out_dir: str | Path, world: int | None = None) -> dict[str, torch.Tensor]:
+    """Reassemble every rank's shards (out/rank-*.safetensors) into full tensors; with
+    ``world``, those of ranks 0..world-1 only, each written by a job of that many ranks (out/
+    is kept across attempts: a resume on fewer ranks leaves the earlier run's higher ones)."""
     from ringattn import unshard_sequence
 
-    files = sorted(Path(out_dir).glob("rank-*.safetensors"))
+    if world is None:
+        files = sorted(Path(out_dir).glob("rank-*.safetensors"))
+    else:
+        files = [Path(out_dir) / f"rank-{r}.safetensors" for r in range(world)]
+        files = [f for f in files if f.is_file()]
     if not files:
         raise FileNotFoundError(f"no rank-*.safetensors in {out_dir}")
     shards = [load_tensors(f) for f in files]
-    world = int(shards[0][1]["world_size"])
+    world = int(shards[0][1]["world_size"]) if world is None else world
+    stale = [meta["rank"] for _, meta in shards if int(meta["world_size"]) != world]
+    if stale:
+        raise ValueError(f"{out_dir}: shards of ranks {stale} are of a job of another size")
     ranks = sorted(int(meta["rank"]) for _, meta in shards)
     if ranks != list(range(world)):
         raise ValueError(f"{out_dir}: shards of ranks {ranks}, expected 0..{world - 1}")

@@ -33,6 +33,7 @@ def reference_size(cfg) -> int:
 def check_outputs(cfg, out_dir) -> tuple[bool | None, str]:
     """(passed, a line saying what was compared and how far apart); passed None: not
     checked (too large for one process's float64 reference)."""
+    from ..config import world_size
     from .attention import load_results, reference
 
     size = reference_size(cfg)
@@ -42,7 +43,7 @@ def check_outputs(cfg, out_dir) -> tuple[bool | None, str]:
             f"not checked against float64 attention: its reference would hold about {gib:,.0f} "
             f"GiB in one process (checked up to B x H x N^2 = {MAX_SCORES:,})"
         )
-    want, got = reference(cfg), load_results(out_dir)
+    want, got = reference(cfg), load_results(out_dir, world_size(cfg))
     tol = TOLERANCE[str(cfg.task.dtype)]
     errors = {}
     for name in ("out", "dq", "dk", "dv"):
