@@ -372,12 +372,16 @@ def test_ring_keys_reach_the_placement_step():
         load_job(SMOKE, ["ring.size=3"])
 
 
-def test_a_gloo_job_places_cpu_ranks():
-    """ring.dist_backend=gloo runs every rank on its CPU: the placement step is told so
-    (`ringctl topo --cpu`), else a GPU node beside a CPU-only one refused the job."""
-    assert "      --cpu \\\n" in render_script(load_job(SMOKE, ["ring.dist_backend=gloo"]))
+def test_a_cpu_job_places_cpu_ranks():
+    """A job asking no GPU (gpus_per_node: 0, the bundled jobs) or ring.dist_backend=gloo
+    runs every rank on its CPU: the placement step is told so (`ringctl topo --cpu`), else a
+    GPU node beside a CPU-only one refused the job."""
+    gpus = ["gpus_per_node=1", "tasks_per_node=1"]
+    assert "      --cpu \\\n" in render_script(load_job(SMOKE, [*gpus, "ring.dist_backend=gloo"]))
+    assert "      --cpu \\\n" in render_script(load_job(SMOKE, []))  # gpus_per_node: 0
     for other in ("auto", "nccl"):
-        assert "--cpu" not in render_script(load_job(SMOKE, [f"ring.dist_backend={other}"]))
+        script = render_script(load_job(SMOKE, [*gpus, f"ring.dist_backend={other}"]))
+        assert "--cpu" not in script
 
 
 def test_ulysses_reaches_the_placement_step():
