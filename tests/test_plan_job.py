@@ -130,6 +130,7 @@ def test_plan_of_a_windowed_job_prices_its_window_unless_the_job_overrides_it(tm
         ["--checkpoint", "full"],
         ["--shard", "full"],
         ["--dtype", "float32"],
+        ["--dtype", "bfloat16"],  # the flag's default, still not the job's float32
         ["--no-causal"],
         ["--seq", "65536"],  # the job sets task.seq_len
     ],
@@ -141,9 +142,13 @@ def test_workload_flags_beside_a_job_are_refused_not_dropped(flags, capsys):
     err = capsys.readouterr().err
     assert f"ringctl plan: error: {flags[0]}: " in err and "jobs/train.yaml" in err
     assert main(["plan", "jobs/train.yaml", "--device", "H100-SXM", "--ranks", "2"]) == 0
+    corpus = ["--model", "llama3-8b", "--ranks", "8", "--corpus", "lognormal:20:4096:65536"]
+    assert main(["plan", "jobs/longdoc.yaml", *corpus]) == 0  # a corpus: the flags size it
 
 
 def test_a_job_split_error_names_the_jobs_key(capsys):
     """It named a flag the user never gave: "--seq 3 cannot be split ..."."""
     assert main(["plan", "jobs/train.yaml", "task.seq_len=3"]) == 2
     assert "error: jobs/train.yaml: task.seq_len 3 cannot be split" in capsys.readouterr().err
+    assert main(["plan", "jobs/longdoc.yaml", "--seq", "1048571", "--ranks", "4"]) == 2
+    assert "error: --seq 1048571 cannot be split" in capsys.readouterr().err

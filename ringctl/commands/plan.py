@@ -117,7 +117,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
     p.add_argument("--calibrate", action="store_true", help="measure this machine, store it")
+    # Absent flags read None, so that one given at its default is told apart; run() puts
+    # the defaults back.
     p.set_defaults(func=run, flag_defaults={d: p.get_default(d) for d in JOB_SAYS})
+    p.set_defaults(**dict.fromkeys(JOB_SAYS))
 
 
 def _workload_flags(p) -> None:
@@ -377,6 +380,10 @@ def _check_split(work: Workload, ranks: int, job: str | None = None) -> None:
 
 
 def run(args) -> int:
+    args.flags_given = [d for d in JOB_SAYS if getattr(args, d) is not None]
+    for dest in JOB_SAYS:
+        if getattr(args, dest) is None:
+            setattr(args, dest, args.flag_defaults[dest])
     if args.calibrate:
         device = calibrate_and_store()
         if not args.seq:
@@ -397,7 +404,8 @@ def run(args) -> int:
         raise UserError("--ranks is required (ring size P)")
     if args.nodes > args.ranks:
         raise UserError(f"--nodes {args.nodes} is more than --ranks {args.ranks}")
-    _check_split(work, args.ranks, args.job if job is not None else None)
+    # a job's own length named as its key; --seq given for a job without one, as the flag
+    _check_split(work, args.ranks, args.job if job is not None and not args.seq else None)
     device = _device(args)
     link = _link(args, device)
     ranks_on_host = _ranks_on_host(args)
@@ -495,7 +503,7 @@ def _from_job(args) -> Workload:
     """The workload of a job config; its ranks, nodes and device fill the flags not given."""
     from ..config import load_job, world_size
 
-    given = [d for d in JOB_SAYS if getattr(args, d) != args.flag_defaults[d]]
+    given = [] if args.corpus else args.flags_given  # a corpus is sized by the flags
     if given:
         flag = "--" + given[0].replace("_", "-")
         raise UserError(
