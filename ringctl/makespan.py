@@ -37,13 +37,15 @@ def price_job(
     work: Workload,
     device: Device,
     nodes: int,
+    ranks_on_host: int | None = None,
 ) -> Schedule:
     """The scheduler's schedule of ``(id, tokens)`` documents on a job of ``world`` ranks over
     ``nodes`` nodes, priced in seconds by the planner. A document no ring holds is refused by
     the scheduler (``DocumentTooLong``, a UserError naming it)."""
     docs = [DocLength(i, doc_id, n) for i, (doc_id, n) in enumerate(lengths)]
     schedule = schedule_documents(docs, world=world, size=size, budget=budget, layout=work.layout)
-    return priced(schedule, partial(document_cost, w=work, device=device, nodes=nodes))
+    cost = partial(document_cost, w=work, device=device, nodes=nodes, ranks_on_host=ranks_on_host)
+    return priced(schedule, cost)
 
 
 def corpus_comparison(

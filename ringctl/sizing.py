@@ -243,7 +243,7 @@ class Sizing:
             raise UserError(f"{err}; give ring.max_tokens_per_rank to size the rings") from None
         if work is None:
             return None
-        return auto_budget(work, device, self.world, self.per_node), str(self.device_name)
+        return auto_budget(work, device, self.world, self.ranks_on_host), str(self.device_name)
 
     def documents(self, lengths: list[tuple[str, int]]) -> tuple[list[str], list[str]] | None:
         """(problems, warnings) of a long-document job's documents: a document no ring of the
@@ -288,7 +288,10 @@ class Sizing:
         if not limit:
             return []
         nodes = max(1, -(-biggest // self.per_node))
-        seconds = sum(document_cost(n, biggest, work, device, nodes=nodes) for _, n in lengths)
+        seconds = sum(
+            document_cost(n, biggest, work, device, nodes=nodes, ranks_on_host=self.ranks_on_host)
+            for _, n in lengths
+        )
         seconds /= max(1, self.world // biggest)  # the rings of the job share the documents
         if seconds <= limit:
             return []

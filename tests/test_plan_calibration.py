@@ -269,3 +269,28 @@ def test_rings_of_a_job_share_their_hosts_memory_and_cores(tmp_path, capsys, mon
         assert json.loads(capsys.readouterr().out)["memory_capacity_gib"] == 22.5 / 4, size
         cfg = load_job(train, [*shape, "device=cpu-host"])
         assert Sizing(cfg).preflight().estimate.memory_capacity_gib == 22.5 / 4, size
+
+
+def test_a_jobs_makespan_shares_its_hosts_cores(tmp_path, capsys, monkeypatch):
+    """The makespan `ringctl plan JOB` predicts (and submit's slurm.time warning) priced each
+    ring as if alone on its host: 4 rings of 1 rank on one 2-core host at the speed of 4
+    rings on 4 hosts (1.26 s for 2.51)."""
+    import re
+
+    import ringctl.planner.devices as devices
+    from ringctl.cli import main
+
+    blocks = {k: {"1024": [0.01, 0.02], "4096": [0.16, 0.32]} for k in KINDS}
+    entry = {"mem_gib": 23.5, "reserve_gib": 1.0, "block_seconds": blocks, "cores": 2}
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"cpu-host": entry | {"calib_shape": [1, 8, 64]}}))
+    monkeypatch.setattr(devices, "USER_DEVICES", path)
+    spans = {}
+    for shape in ("nodes=1 tasks_per_node=4", "nodes=4 tasks_per_node=1"):
+        job = ["jobs/longdoc.yaml", *shape.split(), "ring.size=1"]
+        job += ["task.model_path=bundled:demo-byte-llama", "--device", "cpu-host"]
+        assert main(["plan", *job]) == 0
+        said = re.search(r"the job's \(ring.size=1\): ([0-9.]+) s", capsys.readouterr().out)
+        spans[shape] = float(said.group(1))
+    shared, alone = spans.values()
+    assert shared == pytest.approx(2 * alone, rel=0.01), spans  # 4 ranks' threads on 2 cores

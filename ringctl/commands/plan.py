@@ -577,12 +577,20 @@ def _job_makespans(args, work: Workload, device: Device, listed) -> dict[str, fl
     ring = config_section(cfg, "ring")
     size, budget = ring.get("size"), ring.get("max_tokens_per_rank")
     if str(size) == "auto" and budget is None:  # what submit writes in
-        budget = auto_budget(work, device, world, int(cfg.tasks_per_node))
+        budget = auto_budget(work, device, world, _ranks_on_host(args))
         if budget < 1:
             raise UserError(
                 f"{args.job}: ring.size=auto: the model alone does not fit one {device.name}"
             )
-    job = partial(price_job, listed, world=world, work=work, device=device, nodes=int(cfg.nodes))
+    job = partial(
+        price_job,
+        listed,
+        world=world,
+        work=work,
+        device=device,
+        nodes=int(cfg.nodes),
+        ranks_on_host=_ranks_on_host(args),
+    )
     label = f"the job's (ring.size={'null' if size is None else size})"
     spans = {label: job(size=size, budget=budget).makespan}
     if size is not None and str(size) != str(world):

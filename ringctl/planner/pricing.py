@@ -62,8 +62,9 @@ def max_tokens_per_rank(w: Workload, device: Device, ring_size: int, ranks_on_ho
 def smallest_budget(w: Workload, device: Device, sizes, ranks_per_host: int) -> int:
     """The per-rank budget every ring size in ``sizes`` holds: the smallest of
     ``max_tokens_per_rank`` over them (one budget for the job, as ``ring.max_tokens_per_rank``
-    is one number)."""
-    return min(max_tokens_per_rank(w, device, n, min(n, ranks_per_host)) for n in sizes)
+    is one number). ``ranks_per_host``: the job's ranks on a host, which share it whatever
+    the ring size (``Sizing.ranks_on_host``)."""
+    return min(max_tokens_per_rank(w, device, n, ranks_per_host) for n in sizes)
 
 
 def _ring_estimate(w: Workload, seq: int, ring_size: int, device: Device, nodes: int, per_host):
