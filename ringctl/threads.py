@@ -18,11 +18,13 @@ def plain_count(text: str) -> bool:
     return is_ascii_number(text, 9) and int(text) >= 1
 
 
-def usable(given: str) -> bool:
-    """Whether OpenMP takes ``given`` as OMP_NUM_THREADS: counts of at least 1, comma
-    separated for nested levels ("4,2"). Another value (0, -1, "abc") is refused by the
-    OpenMP runtime with a warning, and torch then took every core in each rank."""
-    return all(plain_count(part) for part in str(given).split(","))
+def usable(given: str) -> str | None:
+    """``given`` as OpenMP reads OMP_NUM_THREADS, blanks dropped (" 4" and "4, 2" are 4 and
+    4,2 to libgomp): counts of at least 1, comma separated for nested levels; None for a
+    value the OpenMP runtime refuses with a warning (0, -1, "abc"), where torch then took
+    every core in each rank."""
+    parts = [part.strip() for part in str(given).split(",")]
+    return ",".join(parts) if all(plain_count(part) for part in parts) else None
 
 
 def rank_threads(
@@ -30,8 +32,9 @@ def rank_threads(
 ) -> str:
     """The rank's ``OMP_NUM_THREADS`` value (text: OpenMP also takes "4,2"); a value OpenMP
     would not take counts as none given."""
-    if given and usable(given):
-        return str(given)
+    read = usable(given) if given else None
+    if read:
+        return read
     if cpus_per_task:
         return str(int(cpus_per_task))
     return str(max(1, node_cpus // max(1, ranks_on_node)))

@@ -21,8 +21,10 @@ def test_the_rule():
     assert rank_threads(None, **rule) == "2"  # the node's CPUs over its ranks
     assert rank_threads(None, **(rule | {"cpus_per_task": 4})) == "4"  # Slurm's per task
     assert rank_threads(None, cpus_per_task=None, node_cpus=2, ranks_on_node=4) == "1"
-    for refused in ("0", "-1", "abc", "2,0", " 3"):  # OpenMP refuses them: every core taken
+    for refused in ("0", "-1", "abc", "2,0", "3x"):  # OpenMP refuses them: every core taken
         assert rank_threads(refused, **rule) == "2", refused
+    for blank, read in ((" 3", "3"), ("3 ", "3"), ("4, 2", "4,2")):  # as libgomp reads them
+        assert rank_threads(blank, **rule) == read, blank
 
 
 def test_a_slurm_rank_takes_its_share_of_its_node(monkeypatch):
