@@ -292,7 +292,9 @@ def _checked(cfg, ctx) -> str | None:
 
 def _unplaceable(cfg, degree: int) -> bool:
     """Whether the batch script's placement step must refuse the job's Ulysses degree (it
-    waited in the queue to fail there): groups of one node's ranks, no NVLink blocks."""
+    waited in the queue to fail there): the placement's rule (``topology.ulysses``: each
+    NVLink domain's ranks divide into groups of U) where the domains are nodes (no NVLink
+    blocks) of tasks_per_node ranks."""
     from ..backends import backend_class
 
     return (
