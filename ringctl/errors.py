@@ -1,6 +1,7 @@
 """The exceptions the command line turns into one line instead of a traceback.
 
-`UserError`: bad input from the user, exit status 2 (`SubmittedNotRecorded`: 1). An `OSError`
+`UserError`: bad input from the user, exit status 2 (`SubmittedNotRecorded`, `CheckpointPruned`,
+`RemoteGone`: 1). An `OSError`
 of `WRITE_ERRNOS` (disk full, quota, file too large, read-only file system, no permission): the
 file system refused, exit status 1; writers name the file (`with_filename`), since a failed
 write() names none.
@@ -42,9 +43,11 @@ class CheckpointPruned(UserError):
 
 
 class NotSubmitted(UserError):
-    """The backend started nothing: it refused before sbatch ran, or sbatch exited non-zero.
-    Only then may a resume put the job directory back (any other failure of a submission,
-    a timeout or a dropped connection while sbatch ran, may have queued the job)."""
+    """The backend started nothing: it refused before starting the job (the local backend's
+    config check; the Slurm and ssh backends' preparation), or sbatch exited with its own
+    non-zero status. Only then may a resume put the job directory back (any other failure
+    of a submission, a timeout or a dropped connection while sbatch ran, may have queued
+    the job)."""
 
 
 class RemoteGone(UserError):

@@ -58,6 +58,7 @@ def corpus_comparison(
     low: int,
     high: int,
     seed: int = 0,
+    ranks_on_host: int | None = None,
 ) -> dict:
     """A seeded log-normal corpus on ``world`` ranks: one ring of the whole job against
     ``ring.size=auto`` under the budget submit would derive, both the job's scheduler, priced:
@@ -65,11 +66,14 @@ def corpus_comparison(
     documents' overhead on a big ring). ValueError: auto cannot run (no budget)."""
     lengths = lognormal_lengths(count, low, high, seed)
     listed = [(f"#{i}", n) for i, n in enumerate(lengths)]
-    budget = auto_budget(w, device, world, device.gpus_per_node)
+    per_host = ranks_on_host or min(world, device.gpus_per_node)
+    budget = auto_budget(w, device, world, per_host)
     if budget < 1:
         why = "ring.size=auto cannot run (submit refuses it too)"
         raise ValueError(f"the model alone does not fit one {device.name}: {why}")
-    job = partial(price_job, listed, world=world, work=w, device=device, nodes=nodes)
+    job = partial(
+        price_job, listed, world=world, work=w, device=device, nodes=nodes, ranks_on_host=per_host
+    )
     one, auto = job(size=None, budget=None), job(size="auto", budget=budget)
     sizes: dict[int, int] = {}
     for e in auto.entries:

@@ -224,7 +224,10 @@ class Sizing:
     def ranks_on_host(self) -> int:
         """The job's ranks on one node, which share its memory and cores whatever the ring
         size: priced by the ring's (4 rings of 1 on a 23.5 GiB host got 22.5 GiB each,
-        66 GiB in all, "fits", and a quarter of the time)."""
+        66 GiB in all, "fits", and a quarter of the time). The local backend runs every
+        rank on this host, however many nodes the job names."""
+        if backend_class(self.cfg.backend.value).ranks_here:
+            return self.world
         return max(1, min(self.world, self.per_node))
 
     def budget(self) -> tuple[int, str] | None:

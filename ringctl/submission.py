@@ -21,7 +21,7 @@ from pathlib import Path
 from . import __version__
 from .atomic import atomic_write, atomic_write_json, default_dir_mode
 from .backends import backend_class
-from .backends.base import Backend
+from .backends.base import Backend, JobState, JobStatus
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from .errors import NotSubmitted, SubmittedNotRecorded, UserError
 from .jobdir import CONFIG, META, SCRIPT, JobDir
@@ -326,11 +326,12 @@ def resumed_config(job: JobDir, overrides: list[str], *, force: bool = False):
 
 @dataclass(frozen=True)
 class _ResumeUndo:
-    """What a resume changes before its submission, kept to be put back when the submission
-    fails (sbatch refusing a partition, a time limit, a controller down; a dropped SSH
-    connection): the attempt moved to attempts/<n>, config.yaml and job.sh rewritten and
-    job.json's id cleared left a directory no verb could reach ("no job id in job.json"),
-    a training job's checkpoints included."""
+    """What a resume changes before its submission, kept to be put back when the backend
+    started nothing (``NotSubmitted``: sbatch refusing a partition or a time limit, a login
+    node's copy that could not be prepared) or the resume stopped before submitting: the
+    attempt moved to attempts/<n>, config.yaml and job.sh rewritten and job.json's id
+    cleared left a directory no verb could reach ("no job id in job.json"), a training job's
+    checkpoints included."""
 
     meta: dict
     files: dict  # path -> bytes of config.yaml and job.sh
@@ -364,6 +365,17 @@ class _ResumeUndo:
         return left
 
 
+def _last_state(job: JobDir, backend, *, force: bool) -> JobStatus:
+    """The job's state before a resume. A resume whose submission may have queued the job
+    left job.json naming none (``_submitted``): with --force (the user looked, and cancelled
+    it if it was there) it reads UNKNOWN and the resume goes on; else the backend's refusal
+    says what to do."""
+    meta = job.read_meta()
+    if force and not meta.get("job_id") and meta.get("attempts"):
+        return JobStatus("", JobState.UNKNOWN, "the last resume's submission is unknown")
+    return backend.status(job.path)
+
+
 def _submitted(job: JobDir, backend, undo: _ResumeUndo, previous: Path) -> str:
     """The resumed job's id; the directory put back where the backend started nothing
     (``NotSubmitted``). Any other failure may have queued the job (sbatch timing out, the
@@ -378,7 +390,8 @@ def _submitted(job: JobDir, backend, undo: _ResumeUndo, previous: Path) -> str:
     except UserError as err:
         raise UserError(
             f"{err}; the resume may have been queued: job.json names no job (look for it "
-            f"with squeue), and the last attempt's files are in {previous}"
+            "with squeue --me; cancel it if it is there, then `ringctl resume --force "
+            f"{job.path}`); the last attempt's files are in {previous}"
         ) from None
 
 
@@ -393,7 +406,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
     changed = resumed_config(job, list(overrides), force=force)  # before anything moves
     backend.refuse_unstartable(cfg if changed is None else changed[0])
     with job.lock("resume"):
-        before = backend.status(job.path)
+        before = _last_state(job, backend, force=force)
         if not before.state.finished and before.state.value != "UNKNOWN":
             raise UserError(
                 f"{job.path}: job {before.job_id} is {before.state.value}; cancel it first "
@@ -424,7 +437,8 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
             job.update_meta(attempts=[*history, entry])
             backend.prepare_resume(job)
         except KeyboardInterrupt:
-            undo.put_back(job, backend, previous)
+            for left in undo.put_back(job, backend, previous):
+                print(f"warning: interrupted, and {left}", file=sys.stderr)
             raise
         except Exception as err:
             raise undo.undone(job, backend, previous, err) from None

@@ -11,7 +11,7 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.backends.slurm import SlurmBackend
-from ringctl.errors import UserError
+from ringctl.errors import NotSubmitted, UserError
 
 # The script's line before the ranks' srun: srun's lines above it are not about ranks.
 STARTING = "12:00:00 ringctl-job: starting 4 ranks; rendezvous at n1:20042\n"
@@ -299,3 +299,29 @@ def test_a_batch_log_longer_than_its_tail_still_blames_a_rank(job_dir):
     )
     st = SlurmBackend(shell, expected_ranks=4096).status(submitted(job_dir))
     assert st.reason == "rank 7 exited with exit code 1 (n0007): rank 7 failed: CUDA out of memory"
+
+
+@pytest.mark.parametrize(
+    "answer, refused",
+    [
+        ((1, "", "sbatch: error: invalid partition specified: nopart\n"), True),
+        ((-1, "", ""), False),  # a dropped ssh channel, or sbatch killed by a signal
+        ((0, "no id here\n", ""), False),
+    ],
+)
+def test_only_sbatchs_own_refusal_reads_as_not_submitted(job_dir, answer, refused):
+    """A resume puts the directory back only on NotSubmitted; an ssh channel closed while
+    sbatch ran gives exit status -1, which read as "sbatch refused the job: exit -1": the
+    directory was put back over a job that may have been queued."""
+    shell = FakeShell({"sbatch": [answer], "date": [(0, "2026-11-30T10:00:00\n", "")]})
+    with pytest.raises(UserError) as info:
+        SlurmBackend(shell).submit(job_dir)
+    assert isinstance(info.value, NotSubmitted) is refused, info.value
+
+
+def test_a_job_json_left_by_a_resume_that_may_have_queued_says_the_way_on(job_dir):
+    """It said "no job id in job.json (was the job submitted?)" to every verb."""
+    meta = {"backend": "slurm", "job_id": None, "attempts": [{"job_id": "41", "dir": "a/1"}]}
+    (job_dir / "job.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="may have been queued; look for it .*resume --force"):
+        SlurmBackend(FakeShell({})).status(job_dir)

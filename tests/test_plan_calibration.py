@@ -286,11 +286,17 @@ def test_a_jobs_makespan_shares_its_hosts_cores(tmp_path, capsys, monkeypatch):
     path.write_text(json.dumps({"cpu-host": entry | {"calib_shape": [1, 8, 64]}}))
     monkeypatch.setattr(devices, "USER_DEVICES", path)
     spans = {}
-    for shape in ("nodes=1 tasks_per_node=4", "nodes=4 tasks_per_node=1"):
-        job = ["jobs/longdoc.yaml", *shape.split(), "ring.size=1"]
+    shapes = (
+        "nodes=1 tasks_per_node=4",
+        "nodes=4 tasks_per_node=1",
+        "backend=local nodes=4 tasks_per_node=1",
+    )
+    for shape in shapes:
+        job = ["jobs/longdoc.yaml", "backend=slurm", *shape.split(), "ring.size=1"]
         job += ["task.model_path=bundled:demo-byte-llama", "--device", "cpu-host"]
         assert main(["plan", *job]) == 0
         said = re.search(r"the job's \(ring.size=1\): ([0-9.]+) s", capsys.readouterr().out)
         spans[shape] = float(said.group(1))
-    shared, alone = spans.values()
+    shared, alone, local = spans.values()
     assert shared == pytest.approx(2 * alone, rel=0.01), spans  # 4 ranks' threads on 2 cores
+    assert local == shared, spans  # the local backend: every rank on this host

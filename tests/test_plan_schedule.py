@@ -143,6 +143,10 @@ def test_plan_prints_the_makespan_of_the_schedule_a_job_wrote(tmp_path, capsys):
     write_schedule(path, seconds)
     assert main(["plan", str(tmp_path), "--json"]) == 0  # a job directory with its schedule
     assert json.loads(capsys.readouterr().out)["makespan_s"] == pytest.approx(seconds.makespan)
+    assert main(["plan", str(tmp_path), "--model", "llama3-8b"]) == 2  # dropped, exit 0
+    assert "--model: a job directory's schedule is priced as its job runs it" in (
+        capsys.readouterr().err
+    )
     path.write_text(json.dumps([{"ring": 0}]))
     assert main(["plan", "--schedule", str(path)]) == 2
     assert "not a schedule" in capsys.readouterr().err

@@ -165,6 +165,10 @@ def test_a_resume_that_may_have_been_queued_is_not_put_back(tmp_path, capsys, mo
     assert "sbatch printed no job id: (timed out); the resume may have been queued" in err
     assert json.loads((job_dir / "job.json").read_text())["job_id"] is None
     assert (job_dir / "attempts" / "1" / "logs").is_dir()  # not put back over a queued job
+    assert "then `ringctl resume --force " in err  # the way on, once the queue was looked at
+    monkeypatch.undo()
+    assert main(["resume", "--force", str(job_dir)]) == 0, capsys.readouterr().err
+    assert _final(job_dir).state is JobState.COMPLETED
 
 
 def test_resume_locally_and_concurrent_resumes(tmp_path, capsys):

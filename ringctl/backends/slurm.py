@@ -107,6 +107,12 @@ class SlurmBackend(Backend):
         job_dir = Path(job_dir)
         data = JobDir(job_dir).read_meta()
         job_id = data.get("job_id")
+        if not job_id and data.get("attempts"):  # a resume whose sbatch may have queued it
+            raise UserError(
+                f"{job_dir}: job.json names no job: the last resume's submission may have been "
+                "queued; look for it (squeue --me), cancel it if so, then `ringctl resume "
+                f"--force {job_dir}`"
+            )
         if not job_id:
             raise UserError(f"{job_dir}: no job id in job.json (was the job submitted?)")
         if data.get("backend") not in (None, self.name):
@@ -143,8 +149,10 @@ class SlurmBackend(Backend):
             f"{where}/job.sh",
         ]
         rc, out, err = self._run(argv)
-        if rc != 0:
+        if rc > 0:  # sbatch's own refusal: nothing queued
             raise NotSubmitted(f"sbatch refused the job: {one_line(err or out) or f'exit {rc}'}")
+        if rc != 0:  # killed by a signal, or the connection closed with no exit status
+            raise UserError(f"sbatch ended without an exit status ({rc}): {one_line(err or out)}")
         lines = [ln for ln in out.strip().splitlines() if ln.strip()]
         job_id = lines[-1].split(";")[0].strip() if lines else ""
         if not SLURM_JOB_ID.fullmatch(job_id):

@@ -392,6 +392,9 @@ def run(args) -> int:
     job_dir = None
     if args.job and JobDir(args.job).schedule.is_file():  # a job directory
         job_dir, args.schedule = JobDir(args.job), JobDir(args.job).schedule
+    if job_dir is not None and args.flags_given:  # its schedule is priced as the job runs
+        flag = "--" + args.flags_given[0].replace("_", "-")
+        raise UserError(f"{flag}: a job directory's schedule is priced as its job runs it")
     if args.schedule:
         return _print_makespan(args, job_dir)
     job = _from_job(args) if args.job else None
@@ -637,7 +640,11 @@ def _priced_for_device(args, job_dir: JobDir | None, schedule):
     if not name or work is None:
         return None
     device = get_device(str(name), args.devices)
-    return priced(schedule, partial(document_cost, w=work, device=device, nodes=int(cfg.nodes)))
+    per_host = Sizing(cfg).ranks_on_host
+    cost = partial(
+        document_cost, w=work, device=device, nodes=int(cfg.nodes), ranks_on_host=per_host
+    )
+    return priced(schedule, cost)
 
 
 MAX_CORPUS = 100_000  # documents a paper corpus prices (each one scheduled and priced)
@@ -678,6 +685,7 @@ def _print_corpus(args, work: Workload, device: Device) -> int:
             low=low,
             high=high,
             seed=rest[0] if rest else 0,
+            ranks_on_host=_ranks_on_host(args),
         )
     except ValueError as err:
         raise UserError(f"--corpus: {err}") from None

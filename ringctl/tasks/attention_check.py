@@ -30,21 +30,22 @@ def reference_size(cfg) -> int:
     return int(t.batch) * int(t.heads) * int(t.seq_len) ** 2
 
 
-def check_outputs(cfg, out_dir) -> tuple[bool | None, str]:
-    """(passed, a line saying what was compared and how far apart); passed None: not
-    checked (too large for one process's float64 reference)."""
-    from ..config import world_size
-    from .attention import load_results, reference
-
+def too_large(cfg) -> str | None:
+    """Why the job is not checked (its reference too large for one process), or None."""
     size = reference_size(cfg)
-    if size > MAX_SCORES:
-        gib = 4 * 8 * size / (1 << 30)
-        return None, (
-            f"not checked against float64 attention: its reference would hold about {gib:,.0f} "
-            f"GiB in one process (checked up to B x H x N^2 = {MAX_SCORES:,})"
-        )
-    want, got = reference(cfg), load_results(out_dir, world_size(cfg))
-    tol = TOLERANCE[str(cfg.task.dtype)]
+    if size <= MAX_SCORES:
+        return None
+    gib = 4 * 8 * size / (1 << 30)
+    return (
+        f"not checked against float64 attention: its reference would hold about {gib:,.0f} "
+        f"GiB in one process (checked up to B x H x N^2 = {MAX_SCORES:,})"
+    )
+
+
+def compare(want: dict, got: dict, dtype: str) -> tuple[bool, str]:
+    """(passed, a line saying how far apart): the ranks' reassembled out, dq, dk, dv
+    (``got``) against the float64 reference (``want``), within ``TOLERANCE[dtype]``."""
+    tol = TOLERANCE[dtype]
     errors = {}
     for name in ("out", "dq", "dk", "dv"):
         scale = float(want[name].abs().max()) or 1.0
@@ -55,5 +56,5 @@ def check_outputs(cfg, out_dir) -> tuple[bool | None, str]:
     verdict = "within" if passed else "OVER"
     return passed, (
         f"checked against float64 attention: max |ring - reference| / max |reference| = "
-        f"{shown}; {worst} {verdict} the {cfg.task.dtype} tolerance {tol:g}"
+        f"{shown}; {worst} {verdict} the {dtype} tolerance {tol:g}"
     )

@@ -294,7 +294,8 @@ def _check(nodes: Sequence[NodeTopology], ranks_per_node: int | None) -> None:
             f"node {without[0]} has no GPU in its topology while node {with_gpus[0].name} has "
             f"{len(with_gpus[0].gpus)}: one ring cannot mix GPU and CPU ranks (see the "
             "node's probe: its nvidia-smi may have failed; fix it, or leave the node out; a CPU "
-            "job places CPU ranks with --cpu, as the batch script does for ring.dist_backend=gloo)"
+            "job places CPU ranks with --cpu, as the batch script does for a job asking no GPU or "
+            "ring.dist_backend=gloo)"
         )
     for node in nodes:
         if len(node.gpus) > MAX_NODE_GPUS:
