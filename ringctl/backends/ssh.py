@@ -608,14 +608,9 @@ class SSHBackend(SlurmBackend):
             for path in (posixpath.dirname(archive), archive):
                 _refuse_linked(sftp, path, self.settings.target)
             self._mkdirs(archive)
-            for name in ARCHIVED_ON_RESUME:
-                try:
-                    sftp.rename(posixpath.join(remote, name), posixpath.join(archive, name))
-                except FileNotFoundError:
-                    pass
+            _move_archived(sftp, remote, archive)
             sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(job.logs))
-            for name in RESENT_ON_RESUME:
-                _replace_remote(sftp, job.path / name, posixpath.join(remote, name))
+            _resend(sftp, job, remote)
         except SFTP_ERRORS as err:
             what = f"preparing {remote} for the resumed job failed"
             raise sftp_error(self.settings, what, err) from None
@@ -636,13 +631,8 @@ class SSHBackend(SlurmBackend):
             fresh = posixpath.join(remote, LOGS)
             if _is_real_dir(sftp, fresh) and not sftp.listdir(fresh):
                 sftp.rmdir(fresh)
-            for name in ARCHIVED_ON_RESUME:
-                try:
-                    sftp.rename(posixpath.join(archive, name), posixpath.join(remote, name))
-                except FileNotFoundError:
-                    pass
-            for name in RESENT_ON_RESUME:
-                _replace_remote(sftp, job.path / name, posixpath.join(remote, name))
+            _move_archived(sftp, archive, remote)
+            _resend(sftp, job, remote)
             if not sftp.listdir(archive):
                 sftp.rmdir(archive)
         except (*SFTP_ERRORS, OSError) as err:
@@ -766,6 +756,22 @@ def _drop_earlier_checkpoints(root: Path) -> None:
     for folder in checkpoints.complete():  # real folders named step-N: no link
         if newest is not None and folder != newest.path:
             shutil.rmtree(folder)
+
+
+def _move_archived(sftp, source: str, target: str) -> None:
+    """The names a resume archives (logs, placement) from one folder to the other on the
+    login node: into attempts/<n> for a resume, back for one put back."""
+    for name in ARCHIVED_ON_RESUME:
+        try:
+            sftp.rename(posixpath.join(source, name), posixpath.join(target, name))
+        except FileNotFoundError:
+            pass
+
+
+def _resend(sftp, job: JobDir, remote: str) -> None:
+    """config.yaml and job.sh as they are here, to the login node's copy."""
+    for name in RESENT_ON_RESUME:
+        _replace_remote(sftp, job.path / name, posixpath.join(remote, name))
 
 
 def _is_real_dir(sftp, path: str) -> bool:
