@@ -278,17 +278,23 @@ def init_distributed(cfg, ident: Identity):
             f"rendezvous: only {arrived} of {ident.world_size} ranks arrived at "
             f"{ident.master_addr}:{ident.master_port} within {cfg.rendezvous_timeout:g}s"
         ) from None
-    store.set_timeout(datetime.timedelta(seconds=float(cfg.timeout)))
+    store.set_timeout(collective_timeout(cfg))
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(
         backend,
         store=store,
         rank=ident.rank,
         world_size=ident.world_size,
-        timeout=datetime.timedelta(seconds=float(cfg.timeout)),
+        timeout=collective_timeout(cfg),
         **kwargs,
     )
     return device, store
+
+
+def collective_timeout(cfg) -> datetime.timedelta:
+    """The job's ``timeout``: the process group's, the store's after the rendezvous, and
+    every group a task makes (``TaskContext.timeout``)."""
+    return datetime.timedelta(seconds=float(cfg.timeout))
 
 
 def apply_threads(cfg, torch) -> None:
@@ -354,7 +360,7 @@ def run(job_dir: Path) -> dict:
         out_dir=out_dir,
         plan_entry=ident.plan_entry,
         placement=ident.placement,
-        timeout=datetime.timedelta(seconds=float(cfg.timeout)),
+        timeout=collective_timeout(cfg),
         _stop=stop,
     )
     started = time.time()

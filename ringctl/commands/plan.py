@@ -84,6 +84,11 @@ JOB_SAYS = (
 ).split()
 
 
+def _flag(dest: str) -> str:
+    """The command-line spelling of a JOB_SAYS flag (``kv_heads``: ``--kv-heads``)."""
+    return "--" + dest.replace("_", "-")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan",
@@ -393,7 +398,7 @@ def run(args) -> int:
     if args.job and JobDir(args.job).schedule.is_file():  # a job directory
         job_dir, args.schedule = JobDir(args.job), JobDir(args.job).schedule
     if job_dir is not None and args.flags_given:  # its schedule is priced as the job runs
-        flag = "--" + args.flags_given[0].replace("_", "-")
+        flag = _flag(args.flags_given[0])
         raise UserError(f"{flag}: a job directory's schedule is priced as its job runs it")
     if args.schedule:
         return _print_makespan(args, job_dir)
@@ -508,7 +513,7 @@ def _from_job(args) -> Workload:
 
     given = [] if args.corpus else args.flags_given  # a corpus is sized by the flags
     if given:
-        flag = "--" + given[0].replace("_", "-")
+        flag = _flag(given[0])
         raise UserError(
             f"{flag}: with a job config ({args.job}) the job's own keys decide the workload; "
             "give them as KEY=VALUE after it (e.g. task.seq_len=65536), or leave the job out"

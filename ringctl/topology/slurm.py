@@ -227,7 +227,7 @@ class _Reader:
 
     def read(self, n: int, raw: str) -> None:
         """Take line n: a group, BlockSizes=, or nothing (blank, comment, a shell prompt)."""
-        line = raw.split("#", 1)[0].strip()
+        line = raw.strip()  # comments cut by _logical_lines
         where = f"{self.source}:{n}"
         if not line or line.startswith("$"):
             return
