@@ -100,7 +100,7 @@ def default_python(cfg) -> str:
         return str(cfg.env.python)
     if cfg.env.venv or cfg.env.conda or cfg.env.container_image:
         return "python3"
-    if not backend_class(cfg.backend.value).runs_this_python:
+    if not backend_class(cfg.backend.value).files_here:
         return "python3"
     return sys.executable or "python3"
 

@@ -167,7 +167,7 @@ def check_packages(cfg) -> None:
     """Refuse a job whose task needs a package this Python cannot import, before anything is
     created. Only where the job runs this interpreter (local, or slurm with no other env)."""
     env = cfg.env
-    here = backend_class(cfg.backend.value).runs_this_python
+    here = backend_class(cfg.backend.value).files_here
     if not here or env.python or env.venv or env.conda or env.container_image:
         return
     missing = get_task(str(cfg.task.name)).missing_packages(cfg)
@@ -223,6 +223,7 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     cfg = checked_for_submission(cfg, str(job_file), force=force)
     script = render_script(cfg)  # before anything is written: a template error stops here
     backend = get_backend(cfg)
+    backend.check_named_files(get_task(str(cfg.task.name)).named_files(cfg))
     target = Path(str(cfg.job_dir)).expanduser() if cfg.job_dir else None
     stem = f"{safe_dir_name(str(cfg.name))}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     job = JobDir.create(

@@ -38,3 +38,15 @@ def submit(capsys, *argv: str) -> Path:
     capsys.readouterr()
     assert main(["submit", *argv]) == 0, capsys.readouterr().err
     return submitted_job_dir(capsys.readouterr().out)
+
+
+def ssh_overrides(login) -> list[str]:
+    """The overrides that send a job to the test cluster's loopback sshd (``ssh_login``)."""
+    return [
+        "backend=ssh",
+        f"ssh.host={login.host}",
+        f"ssh.port={login.port}",
+        f"ssh.user={login.user}",
+        f"ssh.key={login.key}",
+        f"ssh.known_hosts={login.known_hosts}",
+    ]

@@ -1,5 +1,5 @@
 """The backends' registry (``ringctl.backends``) is all the rest of ringctl knows of them: each
-name's class, which callers ask what they need (``runs_this_python``, ``ranks_here``) instead of
+name's class, which callers ask what they need (``files_here``, ``ranks_here``) instead of
 testing a name, and the config sections the backends declare, which the config reader adds to
 every job's schema and checks without knowing their keys."""
 
@@ -25,7 +25,7 @@ def test_each_name_is_its_backend_s_class():
         assert issubclass(cls, Backend) and cls.name == name
     assert [member.value for member in BackendName] == list(BACKENDS)
     assert backend_class("local").ranks_here and not backend_class("slurm").ranks_here
-    assert not backend_class("ssh").runs_this_python and backend_class("slurm").runs_this_python
+    assert not backend_class("ssh").files_here and backend_class("slurm").files_here
     with pytest.raises(KeyError, match="known: local, slurm, ssh"):
         backend_class("pbs")
 

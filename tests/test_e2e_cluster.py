@@ -22,7 +22,7 @@ from ringctl.backends.base import JobState
 from ringctl.cli import main
 from ringctl.config import load_resolved
 from ringctl.submission import open_job_dir
-from tests.local_jobs import submit, submitted_job_dir
+from tests.local_jobs import ssh_overrides, submit, submitted_job_dir
 
 pytestmark = pytest.mark.slurm
 
@@ -71,17 +71,6 @@ def _wait(job_dir: Path, timeout: float = 180) -> tuple[object, list[str]]:
     raise AssertionError(f"{job_dir}: not finished after {timeout}s (states seen: {seen})")
 
 
-def _ssh_overrides(login) -> list[str]:
-    return [
-        "backend=ssh",
-        f"ssh.host={login.host}",
-        f"ssh.port={login.port}",
-        f"ssh.user={login.user}",
-        f"ssh.key={login.key}",
-        f"ssh.known_hosts={login.known_hosts}",
-    ]
-
-
 def _check_attention_outputs(job_dir: Path) -> dict[str, torch.Tensor]:
     from ringctl.tasks.attention import load_results, reference
 
@@ -97,7 +86,7 @@ def _check_attention_outputs(job_dir: Path) -> dict[str, torch.Tensor]:
 def test_attention_job_on_four_nodes_matches_the_reference(
     via, slurm_cluster, ssh_login, tmp_path, capsys
 ):
-    extra = _ssh_overrides(ssh_login) if via == "ssh" else ["backend=slurm"]
+    extra = ssh_overrides(ssh_login) if via == "ssh" else ["backend=slurm"]
     job_dir = submit(
         capsys,
         "jobs/smoke.yaml",
@@ -234,7 +223,7 @@ def test_longdoc_on_four_nodes_then_gather_matches_one_process(
         "nodes=4",
         "tasks_per_node=1",
         "task.model_path=null",
-        *_ssh_overrides(ssh_login),  # the random tiny Llama (reference)
+        *ssh_overrides(ssh_login),  # the random tiny Llama (reference)
     )
     status, _ = _wait(job_dir, timeout=300)
     assert status.state is JobState.COMPLETED, status
@@ -346,7 +335,7 @@ def test_status_of_a_running_ssh_job_shows_no_stale_fetched_progress(
     with a note under the table: a running job's row now shows none."""
     hang = ["task.fault_rank=0", "task.fault=hang", "timeout=600", "nodes=1"]
     job_dir = submit(
-        capsys, "jobs/smoke.yaml", f"output_dir={tmp_path}", *hang, *_ssh_overrides(ssh_login)
+        capsys, "jobs/smoke.yaml", f"output_dir={tmp_path}", *hang, *ssh_overrides(ssh_login)
     )
     try:
         _, _, backend = open_job_dir(job_dir)

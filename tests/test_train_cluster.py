@@ -15,7 +15,7 @@ import torch
 
 from ringctl.backends.base import JobState
 from ringctl.cli import main
-from tests.local_jobs import submit, wait_for
+from tests.local_jobs import ssh_overrides, submit, wait_for
 from tests.test_slurm_requeue import start_now
 from tests.test_train_job import _args, _losses, _weights, corpus  # noqa: F401 - fixture
 
@@ -92,13 +92,11 @@ def test_a_training_job_over_ssh_is_gathered_as_run_here(
     checkpoints live only there until gather fetches them: fetch passed over every dot file,
     DCP's .metadata among them, and no training job run over SSH could be gathered. Its
     losses and weights equal the same job's on local ranks (one thread each: bitwise)."""
-    from tests.test_e2e_cluster import _ssh_overrides
-
     steps = ["task.max_steps=4", "task.checkpoint_every=2", "env.vars.OMP_NUM_THREADS=1"]
     job = submit(
         capsys,
         *_args(tmp_path / "job", corpus, "nodes=2", "tasks_per_node=1", *steps),
-        *_ssh_overrides(ssh_login),
+        *ssh_overrides(ssh_login),
         f"ssh.remote_dir={tmp_path / 'login-node'}",
         f"slurm.partition={slurm_cluster.partition}",
     )

@@ -3,7 +3,7 @@ remote login node). Each backend is one module behind the small interface in `ba
 
 This registry is what the rest of ringctl knows of them, as `ringctl.tasks` is for tasks:
 `BACKENDS` names each backend's class as "module:Class", imported when asked for (the ssh
-backend brings paramiko), so a caller asks the class what it needs to know (`runs_this_python`,
+backend brings paramiko), so a caller asks the class what it needs to know (`files_here`,
 `ranks_here`) instead of testing a backend's name; `SECTIONS` names the config sections the
 backends declare (a dataclass of keys and defaults, with its `check(cfg, bad)` and the keys
 that hold `seconds`), from modules light enough to load with every config. Adding a backend

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..jobdir import JobDir
+from ..tasks.base import NamedFile
 from . import joblogs
 from .shell import LocalShell, Shell
 
@@ -53,10 +54,13 @@ class Backend(ABC):
     name: ClassVar[str]
     poll_s: float = 1.0
     # What callers ask before (or without) making one, instead of testing its name:
-    # the ranks can start this interpreter (sys.executable) and import what it imports (a
-    # filesystem shared with the nodes), so submit checks the task's packages here and the
-    # script runs this Python; else the job names its own or runs `python3`.
-    runs_this_python: ClassVar[bool] = True
+    # the nodes see this machine's files (a filesystem shared with them): a job's paths
+    # (task.inputs, task.model_path) name files here, which submit checks and reads, and the
+    # ranks can start this interpreter (sys.executable) and import what it imports, so submit
+    # checks the task's packages here and the script runs this Python. Else (ssh) the paths
+    # are the login node's (`check_named_files` looks there) and the job names its own Python
+    # or runs `python3`.
+    files_here: ClassVar[bool] = True
     # every rank runs on this machine: their memory together is this host's.
     ranks_here: ClassVar[bool] = False
     # the batch script probes the nodes and places the ring on them (ring.placement).
@@ -77,6 +81,12 @@ class Backend(ABC):
 
     @abstractmethod
     def cancel(self, job_dir: Path) -> None: ...
+
+    def check_named_files(self, named: list[NamedFile]) -> None:
+        """Refuse, before anything is created, a job whose named files (its task's
+        ``named_files``) are not where its ranks run. Nothing here: where the nodes see this
+        machine's files (``files_here``), the task's checks read them when the config loads."""
+        return None
 
     # -- where the job's files are (the ssh backend's are on the login node) ------------------
     @property

@@ -58,6 +58,7 @@ from ..jobdir import (
     attempt_name,
 )
 from ..sbatch import path_problem
+from ..tasks.base import NamedFile
 from ..text import cut
 from ..train.checkpoint import LATEST
 from .base import JobState, JobStatus
@@ -449,7 +450,7 @@ class SSHBackend(SlurmBackend):
     `close()` (or `with SSHBackend(...) as b:`) ends the connection."""
 
     name = "ssh"
-    runs_this_python = False  # the nodes see the login node's files, not this machine's
+    files_here = False  # the nodes see the login node's files, not this machine's
 
     @classmethod
     def create(cls, cfg) -> SSHBackend:
@@ -519,6 +520,36 @@ class SSHBackend(SlurmBackend):
                 f"{job.meta_file}: remote.dir: expected an absolute path, got {cut(repr(recorded))}"
             )
         return recorded or posixpath.join(self.remote_base(), Path(job_dir).resolve().name)
+
+    def check_named_files(self, named: list[NamedFile]) -> None:
+        """Each file the job names, looked for on the login node (the ranks read the files
+        there, and this machine's may be others or none): a required one missing is refused,
+        as are inputs none of which exists; a missing input the job reports is said."""
+        missing = [n for n in named if not self._remote_exists(n)]
+        target = self.settings.target
+        for n in missing:
+            if n.required:
+                raise UserError(
+                    f"{n.key}: {n.path} does not exist on the login node {target}. "
+                    "Nothing was submitted"
+                )
+        inputs = [n for n in named if n.key == "task.inputs"]
+        if inputs and all(n in missing for n in inputs):
+            raise UserError(
+                f"task.inputs: none of them exists on the login node {target} "
+                f"({', '.join(n.path for n in inputs)}). Nothing was submitted"
+            )
+        for n in missing:
+            print(f"warning: {n.key}: {n.path} does not exist on {target}", file=sys.stderr)
+
+    def _remote_exists(self, named: NamedFile) -> bool:
+        try:
+            self.shell.sftp.stat(named.path)  # a link is followed, as the ranks follow it
+        except FileNotFoundError:
+            return False
+        except SFTP_ERRORS as err:
+            raise sftp_error(self.settings, f"{named.key}: looking for {named.path}", err) from None
+        return True
 
     def kept_place(self, place: str) -> str:
         """On the login node: this directory has it once fetched (a status read "its logs are

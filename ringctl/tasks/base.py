@@ -16,6 +16,7 @@ import importlib.util
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,6 +35,17 @@ def importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
         return False
+
+
+@dataclass(frozen=True)
+class NamedFile:
+    """A file or folder a job's config names, which its ranks read: ``key`` says where
+    (``task.inputs``); ``required``: the job cannot run without it (else a missing one is the
+    task's to report, as ``task.on_missing`` says)."""
+
+    key: str
+    path: str
+    required: bool = True
 
 
 class Gatherer:
@@ -91,6 +103,12 @@ class Task(ABC):
     def document_lengths(self, cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
         """(id, tokens) of each document of a job whose sequences vary ([]: none). `bundled`:
         include inputs that ship with ringctl (False: those are known to fit)."""
+        return []
+
+    def named_files(self, cfg) -> list[NamedFile]:
+        """The files the job's config names for its ranks to read (its inputs, its model), for
+        a backend whose nodes do not see this machine's files to look for where they run
+        (``Backend.check_named_files``); none by default."""
         return []
 
     @abstractmethod

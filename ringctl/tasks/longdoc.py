@@ -14,7 +14,9 @@ is its face in a job config. Its parameters are `ringctl.longdoc.params.LongDocP
 a model that ring attention cannot run exactly (refused by name, from its config.json), a byte
 tokenizer with a model of another vocabulary, and inputs that cannot be read. Relative input and
 model paths are made absolute when the job is submitted (`prepare`), so ranks that run inside
-the job directory (or on another node with the same filesystem) find them.
+the job directory (or on another node with the same filesystem) find them. Over ssh the paths
+are the login node's (`files_here`): they must be absolute, are looked for there at submit
+(`named_files`, `SSHBackend.check_named_files`), and none is read or sized on this machine.
 
 `LongDocTask` is the task (`ringctl.tasks.base.Task`): its methods hold the code, it needs
 transformers and tokenizers on the ranks, and its gather step is `ringctl.longdoc.output.gather`
@@ -24,6 +26,7 @@ ask the registry (`ringctl.tasks.get_task("longdoc")`) or the class, never this 
 
 from __future__ import annotations
 
+import posixpath
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from ..config import job_layout
 from ..errors import StoppedOnRequest
 from ..longdoc.model.hub import OFFLINE_ENV
 from ..longdoc.params import CorpusParams, LongDocParams
-from .base import Gatherer, Task, importable, world_size
+from .base import Gatherer, NamedFile, Task, importable, world_size
 
 Params = LongDocParams
 
@@ -58,6 +61,14 @@ __all__ = ["CorpusTask", "LongDocGatherer", "LongDocTask", "ModelSection", "Para
 
 
 _WARNED: set[str] = set()
+
+
+def files_here(cfg) -> bool:
+    """Whether the job's paths name this machine's files (``Backend.files_here``: local,
+    slurm); over ssh they are the login node's, which submit neither reads nor sizes here."""
+    from ..backends import backend_class
+
+    return backend_class(str(getattr(cfg.backend, "value", cfg.backend))).files_here
 
 
 def _warn_once(line: str) -> None:
@@ -125,13 +136,17 @@ class CorpusTask(Task):
 
     def check(self, cfg, bad) -> None:
         self.check_plain_rings(cfg, bad)
-        self.check_model_name(cfg.task.get("model_path"), bad)
+        here = files_here(cfg)
+        self.check_model_name(cfg.task.get("model_path"), bad, installed_here=here)
         try:
             p = self.params.from_any(OmegaConf.to_container(cfg.task, resolve=True), validate=False)
         except (TypeError, ValueError) as err:
             raise bad("task", str(err)) from None
         for key, why in p.problems():
             raise bad(f"task.{key}", why)
+        if not here:  # the login node's files: looked for there at submit, read by the ranks
+            self.check_login_node_paths(p, bad)
+            return
         for key in ("model_path", "tokenizer_path"):
             value = getattr(p, key)
             if value is not None and value != "bytes" and not Path(value).expanduser().exists():
@@ -159,15 +174,53 @@ class CorpusTask(Task):
             )
 
     @staticmethod
-    def check_model_name(model_path, bad) -> None:
+    def check_model_name(model_path, bad, *, installed_here: bool = True) -> None:
         """A reserved name (``bundled:``, ``package:``) that this install cannot resolve: an
-        unknown name, or a packaged model whose package is missing (with its install line)."""
-        from ..longdoc.model.load import resolve_model_path
+        unknown name, or a packaged model whose package is missing (with its install line).
+        ``installed_here`` False (ssh): the login node's install resolves it; only an unknown
+        name is refused here."""
+        from ..longdoc.model.load import resolve_model_path, unknown_reserved_name
 
+        name = None if model_path is None else str(model_path)
         try:
-            resolve_model_path(None if model_path is None else str(model_path))
+            if installed_here:
+                resolve_model_path(name)
+            elif unknown_reserved_name(name):
+                raise ValueError(unknown_reserved_name(name))
         except ValueError as err:
             raise bad("task.model_path", str(err)) from None
+
+    def check_login_node_paths(self, p: CorpusParams, bad) -> None:
+        """Paths of a job whose nodes do not see this machine's files (ssh) name the login
+        node's, so they must be absolute there: a relative one was made absolute against this
+        machine's working directory, and ``~`` against this machine's home."""
+        for named in self.named_paths(p):
+            if not posixpath.isabs(named.path):
+                raise bad(
+                    named.key,
+                    f"{named.path} is not absolute: with backend=ssh the job's paths name the "
+                    "login node's files (read by the ranks there), so give each as an absolute "
+                    "path on the login node",
+                )
+
+    def named_files(self, cfg) -> list[NamedFile]:
+        return self.named_paths(self.params_of(cfg))
+
+    @staticmethod
+    def named_paths(p: CorpusParams) -> list[NamedFile]:
+        """The job's model, tokenizer and input paths as given (reserved model names and
+        ``bytes`` are names, not paths); a missing input is required only under
+        ``task.on_missing: stop``."""
+        from ..longdoc.model.load import RESERVED
+
+        named = [
+            NamedFile(f"task.{key}", str(value))
+            for key, value in (("model_path", p.model_path), ("tokenizer_path", p.tokenizer_path))
+            if value is not None and value not in ("bytes", *RESERVED)
+        ]
+        inputs = [p.inputs] if isinstance(p.inputs, str) else list(p.inputs or ())
+        stop = p.on_missing == "stop"
+        return named + [NamedFile("task.inputs", str(path), required=stop) for path in inputs]
 
     @staticmethod
     def check_gguf(p: CorpusParams, bad) -> None:
@@ -260,16 +313,34 @@ class CorpusTask(Task):
         """Absolute paths, so ranks started in the job directory find the inputs and model."""
         from ..longdoc.model.load import RESERVED
 
+        here = files_here(cfg)
         cfg = OmegaConf.to_container(cfg, resolve=True)
         t = cfg["task"]
         if isinstance(t["inputs"], str):
             t["inputs"] = [t["inputs"]]
+        if not here:  # the login node's paths: absolute already (check_login_node_paths)
+            return cfg
         if t["inputs"]:
             t["inputs"] = [str(Path(p).expanduser().absolute()) for p in t["inputs"]]
         for key in ("model_path", "tokenizer_path"):
             if t[key] and t[key] not in ("bytes", *RESERVED):  # names, resolved where run
                 t[key] = str(Path(t[key]).expanduser().absolute())
         return cfg
+
+    def job_model_shape(self, cfg):
+        """``model_shape`` of the job's model, where this machine can read it: a UserError
+        for a path on the login node (ssh), whose config.json is not here to price."""
+        from ..errors import UserError
+        from ..longdoc.model.load import RESERVED
+
+        path = cfg.task.get("model_path")
+        if not files_here(cfg) and path is not None and str(path) not in RESERVED:
+            raise UserError(
+                f"task.model_path: {path} is on the login node (backend=ssh): its config.json "
+                "is not read here, so the job is not sized; give ring.max_tokens_per_rank "
+                "(`ringctl plan --model` prices a copy of that config)"
+            )
+        return self.model_shape(cfg.task)
 
     @staticmethod
     def model_shape(task):
@@ -348,7 +419,8 @@ class LongDocTask(CorpusTask):
     def prepare(self, cfg):
         """As every corpus task's; and, once per submission (not at every load of the config,
         as ``check``), the documents scored past the model's trained context."""
-        self.check_context(cfg)
+        if files_here(cfg):  # over ssh the documents and the model are the login node's
+            self.check_context(cfg)
         return super().prepare(cfg)
 
     def check_context(self, cfg) -> None:
@@ -405,7 +477,7 @@ class LongDocTask(CorpusTask):
         budget)."""
         from ..planner.cost import Workload
 
-        m = self.model_shape(cfg.task)
+        m = self.job_model_shape(cfg)
         mode = {"score": "score", "embed": "embed", "grad": "train"}[str(cfg.task.mode)]
         return Workload(
             seq_len=0,
@@ -428,6 +500,8 @@ class LongDocTask(CorpusTask):
         (False: none; they fit)."""
         from ..longdoc.schedule import estimated_tokens
 
+        if not files_here(cfg):  # the login node's documents: not read from here
+            return []
         params = LongDocParams.from_any(
             OmegaConf.to_container(cfg.task, resolve=True), validate=False
         )

@@ -105,7 +105,7 @@ class TrainTask(CorpusTask):
         with the optimizer's state (``ringctl plan jobs/train.yaml``)."""
         from ..planner.cost import Workload
 
-        m = self.model_shape(cfg.task)
+        m = self.job_model_shape(cfg)
         return Workload(
             seq_len=int(cfg.task.seq_len),
             heads=m.heads,

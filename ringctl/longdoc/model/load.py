@@ -88,10 +88,19 @@ def resolve_model_path(model_path: str | None) -> str | None:
         return str(resources.files("ringctl.longdoc") / "data" / "demo-byte-llama")
     if model_path in PACKAGED:
         return str(packaged_file(PACKAGED[model_path], model_path))
-    for prefix, known in (("bundled:", BUNDLED_TRAINED), ("package:", ", ".join(PACKAGED))):
-        if model_path is not None and model_path.startswith(prefix):
-            raise ValueError(f"no {prefix[:-1]} model {model_path!r} (there is {known})")
+    unknown = unknown_reserved_name(model_path)
+    if unknown:
+        raise ValueError(unknown)
     return model_path
+
+
+def unknown_reserved_name(model_path: str | None) -> str | None:
+    """Why ``model_path`` is a reserved name's form (``bundled:``, ``package:``) naming no
+    model ringctl knows, or None: a name, whatever is installed where the job runs."""
+    for prefix, known in (("bundled:", BUNDLED_TRAINED), ("package:", ", ".join(PACKAGED))):
+        if model_path not in RESERVED and str(model_path or "").startswith(prefix):
+            return f"no {prefix[:-1]} model {model_path!r} (there is {known})"
+    return None
 
 
 def installed_model(model_path: str | None) -> bool:
