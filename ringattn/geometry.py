@@ -403,11 +403,9 @@ class SequenceLayout:
     _plans: dict = field(default_factory=dict, repr=False)
 
     def fingerprint(self) -> int:
-        """A 31-bit checksum of where every token lives (ranks compare it before a ring)."""
-        if "fingerprint" not in self._plans:
-            key = (self.name, self.world_size, self.rows, self.doc_lengths, self.balance_window)
-            self._plans["fingerprint"] = zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
-        return self._plans["fingerprint"]
+        """``packing_checksum`` of this layout's documents (ranks compare it before a ring)."""
+        window = None if self.name == "contiguous" else self.balance_window  # unused there
+        return packing_checksum(self.doc_lengths, window)
 
     @property
     def padding(self) -> int:
@@ -621,6 +619,16 @@ def check_cu_seqlens(cu_seqlens: Sequence[int]) -> tuple[int, ...]:
     if cu[-1] < 1:
         raise ValueError("cu_seqlens packs no token (N = 0)")
     return cu
+
+
+def packing_checksum(doc_lengths: Sequence[int], balance_window: int | None = None) -> int:
+    """A 31-bit checksum of a packing: its documents' lengths, and the window its causal work
+    is balanced for. The ranks of a ring compare it before a call (the layout and the world
+    size apart), so it is the same whichever form a rank passes the packing in: cu_seqlens
+    as a list or a tensor, or the SequenceLayout ``pack_sequence`` made of it (a rank passing
+    one and its neighbour the other, the same packing, were refused as disagreeing)."""
+    key = (tuple(int(n) for n in doc_lengths), balance_window)
+    return zlib.crc32(repr(key).encode()) & 0x7FFFFFFF
 
 
 @functools.lru_cache(maxsize=64)

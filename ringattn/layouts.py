@@ -44,7 +44,6 @@ rows that is a multiple of U.
 from __future__ import annotations
 
 import operator
-import zlib
 from collections.abc import Sequence
 
 import torch
@@ -59,6 +58,7 @@ from .geometry import (
     hybrid_grid,
     layout_multiple,
     packed_layout,
+    packing_checksum,
     padded_length,
     plain_layout,
     ring_layout_of,
@@ -271,10 +271,12 @@ def packed_tokens(cu_seqlens: CuSeqlens) -> int:
 
 
 def packing_fingerprint(cu_seqlens: CuSeqlens) -> int:
-    """A 31-bit checksum of the packing, which every rank of a ring must agree on."""
+    """The packing's checksum (``geometry.packing_checksum``), which every rank of a ring
+    must agree on, whatever form each passes it in."""
     if isinstance(cu_seqlens, SequenceLayout):
         return cu_seqlens.fingerprint()
-    return zlib.crc32(repr(_cu_tuple(cu_seqlens)).encode()) & 0x7FFFFFFF
+    cu = _cu_tuple(cu_seqlens)
+    return packing_checksum([b - a for a, b in zip(cu, cu[1:], strict=False)])
 
 
 def shard_sequence(

@@ -553,8 +553,24 @@ class RingAttentionFunction(torch.autograd.Function):
         dq, dk, dv = _backward_all(dout, q, k, v, out, lse, ctx.setup)
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
+            dout = _padding_zeroed(dout, ctx.setup)
             dsinks = sink_grad(dout, out, lse, sinks, rows=max(1, 2**24 // out[0, 0].numel()))
         return dq, dk, dv, dsinks, None
+
+
+def _padding_zeroed(dout: torch.Tensor, setup: RingSetup) -> torch.Tensor:
+    """``dout`` with the packed layout's padding rows zeroed (a copy; dout itself where there
+    are none), as the ring's own backward leaves them out: their output is 0, and an inf or
+    NaN there, which no real row sees, made the sink gradient NaN (inf * 0)."""
+    geo = setup.geometry
+    if not geo.padding:
+        return dout
+    ranks = setup.transport.endpoints()
+    pad = [p < 0 for r in ranks for p in geo.positions(r.rank)]
+    if not any(pad):
+        return dout
+    rows = torch.tensor(pad, device=dout.device)[None, :, None, None]
+    return dout.masked_fill(rows, 0)
 
 
 def _transport(q, k, causal, layout, sinks, group, comm, window, packing, scale) -> Transport:
@@ -584,9 +600,10 @@ def ring_geometry_of(q: torch.Tensor, transport: Transport, layout: str, cu_seql
         packed_tokens(cu_seqlens), world_size=world, layout=layout, cu_seqlens=cu_seqlens
     )
     if q.shape[1] != geo.rows * local:
+        held = f", {geo.rows * local} for the {local} ranks q holds" if local > 1 else ""
         raise ValueError(
             f"q holds {q.shape[1]} rows; the packed layout of cu_seqlens (N={geo.tokens}) over "
-            f"{world} ranks gives each rank {geo.rows}: shard q, k and v with "
+            f"{world} ranks gives each rank {geo.rows}{held}: shard q, k and v with "
             "shard_sequence(..., cu_seqlens=cu_seqlens)"
         )
     return geo
@@ -623,7 +640,11 @@ def ring_attention(
     ``cu_seqlens``: packed documents (``[0, l1, l1+l2, ..., N]``, flash-attn's varlen
     convention, or ``pack_sequence``'s layout), each query seeing only the keys of its own
     document (and, within it, the causal mask and the window). q, k, v are then this rank's
-    rows of ``shard_sequence(..., cu_seqlens=cu_seqlens)``; padding rows give zeros.
+    rows of ``shard_sequence(..., cu_seqlens=cu_seqlens)``; padding rows give zeros. Shard
+    with the very packing passed here: ``pack_sequence(cu, balance_window=W)`` places the
+    tokens differently from ``cu`` itself with the same rows per rank, and this call cannot see
+    how q was cut (a wrong result, no error; ``ringattn.hf`` checks the positions it is given).
+    The ranks may pass the packing in different forms (a list, a tensor, its layout).
 
     ``comm``: the transport, default the ring of ``group``'s processes. With
     ``ringattn.local_ring.LocalRing(P)`` one process runs all P ranks: q, k, v (and the result)

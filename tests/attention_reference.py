@@ -101,14 +101,20 @@ def make_inputs(case: Case) -> dict[str, torch.Tensor]:
         "dout": make(shape_q, 1.0),
     }
     if case.sinks:  # about the size of the scores, so the sink takes a real share of each row
-        inputs["sinks"] = (torch.randn(case.heads, generator=g) * 2.0 + 1.0).float()
+        # float32 (a model's parameter beside bf16 activations), float64 in a float64 case:
+        # its gradient comes back in its own dtype, which float64's bound must not be given
+        sink_dtype = torch.float64 if case.torch_dtype == torch.float64 else torch.float32
+        inputs["sinks"] = (torch.randn(case.heads, generator=g) * 2.0 + 1.0).to(sink_dtype)
     return inputs
 
 
 def reference(
     inputs: dict[str, torch.Tensor], causal: bool, window: int | None = None
 ) -> dict[str, torch.Tensor]:
-    q, k, v = (inputs[n].double().requires_grad_() for n in ("q", "k", "v"))
+    # copies: .double() of a float64 input is the input itself, whose gradient then summed
+    # over every call (packed_reference's documents share the sinks)
+    fresh = lambda t: t.detach().to(torch.float64, copy=True).requires_grad_()  # noqa: E731
+    q, k, v = (fresh(inputs[n]) for n in ("q", "k", "v"))
     groups = q.shape[2] // k.shape[2]
     kr, vr = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kr) / math.sqrt(q.shape[-1])
@@ -122,7 +128,7 @@ def reference(
         scores = scores.masked_fill(j <= i - window, float("-inf"))
     sinks = None
     if "sinks" in inputs:
-        sinks = inputs["sinks"].double().requires_grad_()
+        sinks = fresh(inputs["sinks"])
         column = sinks[None, :, None, None].expand(*scores.shape[:3], 1)
         probs = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
     else:
@@ -275,8 +281,12 @@ def packed_sdpa_bf16_error(case: Case, inputs, ref, device: str = "cpu") -> dict
     }
 
 
-def packed_ring_outputs(rank: int, world: int, cases: list[Case]) -> dict[str, dict]:
-    """This rank's out, dq, dk, dv (and dsinks share) of packed cases on a gloo ring."""
+def packed_ring_outputs(
+    rank: int, world: int, cases: list[Case], packing_form=None
+) -> dict[str, dict]:
+    """This rank's out, dq, dk, dv (and dsinks share) of packed cases on a gloo ring; the
+    packing passed as ``packing_form(rank, world, case)`` gives it (default: an int32
+    tensor of the case's cu_seqlens)."""
     import ringattn
 
     results = {}
@@ -299,7 +309,11 @@ def packed_ring_outputs(rank: int, world: int, cases: list[Case]) -> dict[str, d
             causal=case.causal,
             layout=case.layout,
             window=case.window,
-            cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+            cu_seqlens=(
+                torch.tensor(cu, dtype=torch.int32)
+                if packing_form is None
+                else packing_form(rank, world, case)
+            ),
             **kw,
         )
         out.backward(shard["dout"])
@@ -404,7 +418,7 @@ def compare(
 ) -> dict[str, tuple[float, float]]:
     """(relative error, bound) of each output of ``got`` that ``case`` holds to a bound, against
     the float64 reference (packed cases: each document alone). Each output must have the
-    case's dtype (the sink gradient float32)."""
+    case's dtype (the sink gradient its sinks' dtype: ``make_inputs``)."""
     inputs = make_inputs(case)
     if case.docs is None:
         ref = reference(inputs, case.causal, case.window)
@@ -413,7 +427,7 @@ def compare(
     result = {}
     for name, bound in bounds(case, inputs, device).items():
         value = got[name]
-        want = torch.float32 if name == "dsinks" else case.torch_dtype
+        want = inputs["sinks"].dtype if name == "dsinks" else case.torch_dtype
         assert value.dtype == want, f"{case.id} {name}: {value.dtype}, expected {want}"
         result[name] = (relative_error(value.cpu(), ref[name]), bound)
     return result

@@ -143,6 +143,85 @@ def test_gloo_ring_matches_each_document_alone(world, transport):
         check(case, got)
 
 
+def _packing_in_each_rank_s_form(rank: int, world: int, case: Case):
+    """Rank 0 passes cu_seqlens as a list, the others the layout pack_sequence makes of it."""
+    if rank == 0:
+        return case.cu_seqlens
+    return ringattn.pack_sequence(case.cu_seqlens, world_size=world, layout=case.layout)
+
+
+def test_ranks_passing_one_packing_in_different_forms_agree():
+    """The ranks' agreement compared a list's checksum with the layout's (another formula):
+    the same packing passed as [0, 5, 11] on one rank and pack_sequence([0, 5, 11]) on the
+    other was refused as "ranks disagree"; a different packing still is."""
+    case = _case((5, 6, 1, 9), dtype="float64", sinks=True)
+    per_rank = run_distributed(packed_ring_outputs, 2, [case], _packing_in_each_rank_s_form)
+    check(case, unshard_packed([r[case.id] for r in per_rank], case))
+    other = _case((6, 5, 1, 9), dtype="float64")  # the same rows, other documents
+    said = run_distributed(_other_packing_on_rank_1, 2, other)
+    assert all("ranks disagree" in m and "packing=" in m for m in said), said
+
+
+def _other_packing_on_rank_1(rank: int, world: int, case: Case) -> str:
+    cu = case.cu_seqlens if rank == 0 else [0, 5, 11, 12, 21]
+    x = torch.zeros(1, ringattn.pack_sequence(cu, world_size=world, layout="zigzag").rows, 2, 8)
+    try:
+        ringattn.ring_attention(x, x, x, causal=True, layout="zigzag", cu_seqlens=cu)
+    except ValueError as err:
+        return str(err)
+    return "ran"
+
+
+def test_a_non_finite_dout_in_padding_rows_leaves_the_sink_gradient_exact():
+    """Padding rows' output is 0 and the ring's backward leaves them out, but the sink
+    gradient summed dout * out over every row: an inf there (no real row sees it) made
+    dsinks NaN (inf * 0). Held against the same call with dout zero in the padding rows."""
+    from ringattn.local_ring import LocalRing
+
+    cu, world = [0, 3, 7, 12, 13], 4  # 13 tokens in 4 x 4 rows: 3 padding rows
+    gen = torch.Generator().manual_seed(3)
+    full = {n: torch.randn(1, 13, 4, 8, generator=gen, dtype=torch.float64) for n in "qkvd"}
+    stacked = {
+        n: torch.cat(
+            [
+                ringattn.shard_sequence(t, world_size=world, rank=r, layout="zigzag", cu_seqlens=cu)
+                for r in range(world)
+            ],
+            dim=1,
+        )
+        for n, t in full.items()
+    }
+    pad = torch.tensor(
+        [
+            p < 0
+            for r in range(world)
+            for p in ringattn.sequence_positions(
+                13, world_size=world, rank=r, layout="zigzag", cu_seqlens=cu
+            ).tolist()
+        ]
+    )
+    assert int(pad.sum()) == 3
+    grads = []
+    for fill in (0.0, float("inf")):
+        sinks = torch.randn(4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+        sinks.requires_grad_()
+        dout = stacked["d"].masked_fill(pad[None, :, None, None], fill)
+        out = ringattn.ring_attention(
+            stacked["q"],
+            stacked["k"],
+            stacked["v"],
+            causal=True,
+            layout="zigzag",
+            comm=LocalRing(world),
+            cu_seqlens=cu,
+            sinks=sinks,
+        )
+        out.backward(dout)
+        grads.append(sinks.grad)
+    assert torch.isfinite(grads[1]).all(), grads[1]
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_no_document_sees_another():
     """Changing one document's keys and values changes no other document's output."""
     case = _case(MIXED, causal=False, seed=9)
@@ -197,6 +276,12 @@ def test_a_mismatched_shard_is_refused():
     q = torch.zeros(1, 10, 2, 8)  # 11 packed tokens over 2 ranks take 6 rows each
     with pytest.raises(ValueError, match="shard q, k and v with shard_sequence"):
         ringattn.ring_attention(q, q, q, comm=LocalRing(2), cu_seqlens=[0, 5, 11], layout="zigzag")
+    one = torch.zeros(1, 6, 2, 8)  # one rank's shard where LocalRing(2) runs both ranks
+    said = "q holds 6 rows; .* gives each rank 6, 12 for the 2 ranks q holds"
+    with pytest.raises(ValueError, match=said):
+        ringattn.ring_attention(
+            one, one, one, comm=LocalRing(2), cu_seqlens=[0, 5, 11], layout="zigzag"
+        )
     with pytest.raises(ValueError, match="must not decrease"):
         ringattn.ring_attention(q, q, q, comm=LocalRing(2), cu_seqlens=[0, 9, 5], layout="zigzag")
     with pytest.raises(ValueError, match="cu_seqlens packs N=11"):
