@@ -106,6 +106,8 @@ def script_names() -> dict[str, str]:
 
 # Files a job's own processes (or a remote copy of the directory) may never replace: they say
 # what was asked, where it runs and how to reach it.
+# job.json's mark of a submission that may have been queued with no id recorded (`submit`)
+UNKNOWN_SUBMISSION = "submission_unknown"
 CONTROL_FILES = frozenset({CONFIG, SCRIPT, META, STATE, SUPERVISOR, LOCK})
 # What a directory keeps across attempts; everything else belongs to one attempt. A training
 # job's checkpoints are what its next attempt resumes from (moved with the logs, every
@@ -274,12 +276,31 @@ class JobDir:
         fails now (a disk that filled meanwhile) leaves a queued job no job.json names: one
         line says which job and how to cancel it (`cancel_with`), and the directory stays."""
         try:
-            return self.update_meta(job_id=job_id, **fields)
+            data = self.read_meta()
+            data.pop(UNKNOWN_SUBMISSION, None)  # known now
+            data.update(job_id=job_id, **fields)
+            atomic_write_json(self.meta_file, data)
+            return data
         except OSError as err:
             raise SubmittedNotRecorded(
                 f"submitted job {job_id}, but could not record it in {self.meta_file}: "
                 f"{err.strerror or err}; cancel it with `{cancel_with}` if unwanted"
             ) from None
+
+    def submission_unknown(self) -> bool:
+        """Whether job.json names no job because its last submission may have been queued
+        (sbatch timing out, a connection dropped while it ran, no id printed): a plain
+        submit's (``mark_submission_unknown``) or a resume's (the attempts it moved)."""
+        meta = self.read_meta()
+        return not meta.get("job_id") and bool(meta.get("attempts") or meta.get(UNKNOWN_SUBMISSION))
+
+    def mark_submission_unknown(self) -> None:
+        """Say in job.json that the submission may have been queued (best effort: the
+        error that follows says it too)."""
+        try:
+            self.update_meta(**{UNKNOWN_SUBMISSION: True})
+        except (OSError, UserError):
+            pass
 
     def read_state(self) -> dict | None:
         try:

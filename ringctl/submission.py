@@ -237,6 +237,16 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
         job_id = backend.submit(job.path)
     except SubmittedNotRecorded:
         raise  # queued: the job needs its directory
+    except NotSubmitted:
+        shutil.rmtree(job.path, ignore_errors=True)  # the backend started nothing
+        raise
+    except UserError as err:  # sbatch timing out, a connection dropped while it ran, no id
+        job.mark_submission_unknown()
+        raise UserError(
+            f"{err}; the job may have been queued: its directory {job.path} is kept, naming "
+            "no job (look for it with squeue --me and cancel it if it is there, then `ringctl "
+            f"resume --force {job.path}` runs it, or delete the directory)"
+        ) from None
     except BaseException:
         shutil.rmtree(job.path, ignore_errors=True)
         raise
@@ -371,9 +381,8 @@ def _last_state(job: JobDir, backend, *, force: bool) -> JobStatus:
     left job.json naming none (``_submitted``): with --force (the user looked, and cancelled
     it if it was there) it reads UNKNOWN and the resume goes on; else the backend's refusal
     says what to do."""
-    meta = job.read_meta()
-    if force and not meta.get("job_id") and meta.get("attempts"):
-        return JobStatus("", JobState.UNKNOWN, "the last resume's submission is unknown")
+    if force and job.submission_unknown():
+        return JobStatus("", JobState.UNKNOWN, "the last submission is unknown")
     return backend.status(job.path)
 
 

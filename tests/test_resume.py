@@ -73,6 +73,38 @@ def _resume_and_check(job_dir: Path, capsys) -> None:
 
 
 @pytest.mark.slurm
+def test_a_submission_that_may_have_been_queued_keeps_its_directory(
+    slurm_cluster, tmp_path, capsys, monkeypatch
+):
+    """sbatch queues the job and prints no id (as when its answer is lost: a timeout, an ssh
+    channel closed): submit deleted the job directory the queued job then ran in. It is kept,
+    says so, and every verb gives the way on; `resume --force` runs it, once looked at."""
+    real = shutil.which("sbatch")
+    shim = tmp_path / "bin" / "sbatch"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\n"{real}" "$@" > "{tmp_path}/queued-id"\n')
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    capsys.readouterr()
+    argv = [SMOKE, "backend=slurm", f"output_dir={tmp_path / 'jobs'}", "task.steps=1"]
+    assert main(["submit", *argv]) == 2
+    err = capsys.readouterr().err
+    [job_dir] = (tmp_path / "jobs").iterdir()
+    assert "sbatch printed no job id" in err and "the job may have been queued" in err, err
+    assert f"its directory {job_dir} is kept" in err and "resume --force" in err
+    queued = (tmp_path / "queued-id").read_text().strip()
+    assert queued.isdigit()  # sbatch did queue it, into the directory now kept
+    monkeypatch.undo()
+    for verb in ("status", "resume"):  # resume: not before the queue is looked at
+        assert main([verb, str(job_dir)]) == 2
+        assert "the last submission may have been queued" in capsys.readouterr().err
+    subprocess.run(["scancel", queued], check=True)
+    assert main(["resume", "--force", str(job_dir)]) == 0, capsys.readouterr().err
+    assert _final(job_dir).state is JobState.COMPLETED
+    assert "submission_unknown" not in json.loads((job_dir / "job.json").read_text())
+
+
+@pytest.mark.slurm
 def test_resume_on_slurm(slurm_cluster, tmp_path, capsys):
     job_dir = submit(capsys, SMOKE, "backend=slurm", f"output_dir={tmp_path}", "nodes=2", *ONCE)
     _resume_and_check(job_dir, capsys)

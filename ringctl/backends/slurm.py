@@ -107,9 +107,9 @@ class SlurmBackend(Backend):
         job_dir = Path(job_dir)
         data = JobDir(job_dir).read_meta()
         job_id = data.get("job_id")
-        if not job_id and data.get("attempts"):  # a resume whose sbatch may have queued it
+        if JobDir(job_dir).submission_unknown():  # a submission sbatch may have queued
             raise UserError(
-                f"{job_dir}: job.json names no job: the last resume's submission may have been "
+                f"{job_dir}: job.json names no job: the last submission may have been "
                 "queued; look for it (squeue --me), cancel it if so, then `ringctl resume "
                 f"--force {job_dir}`"
             )
@@ -133,7 +133,7 @@ class SlurmBackend(Backend):
     def submit(self, job_dir: Path) -> str:
         job = JobDir(job_dir)
         if not job.script.is_file():
-            raise UserError(f"{job_dir}: no job.sh to submit")
+            raise NotSubmitted(f"{job_dir}: no job.sh to submit")
         previous = job.read_meta().get("job_id")
         if previous:
             raise UserError(f"{job_dir}: already submitted as job {previous}")
