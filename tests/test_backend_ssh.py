@@ -119,6 +119,18 @@ def test_remote_commands_are_quoted(settings, tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_command_ending_with_no_exit_status_is_an_error(settings):
+    """A command killed by a signal on the login node (sshd sends exit-signal, no status)
+    read as exit status -1, which callers took for the command's own answer (squeue's,
+    sacct's, sbatch's 'refusal'). It is an error naming the command; a plain exit is not."""
+    with SSHBackend(settings) as b:
+        assert b.shell.run(["sh", "-c", "exit 3"])[0] == 3
+        with pytest.raises(UserError, match=r"`sh` ended with no exit status") as err:
+            b.shell.run(["sh", "-c", "kill -KILL $$"])
+        assert "\n" not in str(err.value)
+        assert b.shell.run(["true"])[0] == 0  # the connection serves on
+
+
 def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):
     job_dir = make_job_dir(
         "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --time=2\n"

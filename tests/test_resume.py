@@ -203,6 +203,36 @@ def test_a_resume_that_may_have_been_queued_is_not_put_back(tmp_path, capsys, mo
     assert _final(job_dir).state is JobState.COMPLETED
 
 
+def test_a_local_resume_that_could_not_start_is_put_back(tmp_path, capsys, monkeypatch):
+    """An OSError starting the supervisor (a full disk at supervisor.log) is a submission
+    that started nothing, as a refusal is: the resume is put back (it stranded the
+    directory: attempt moved, job.json naming no job), and a plain submit leaves nothing."""
+    import errno
+
+    from ringctl.backends.local import LocalBackend
+
+    job_dir = submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
+    assert _final(job_dir).state is JobState.FAILED
+    before = (job_dir / "job.json").read_bytes()
+
+    def full_disk(job):
+        raise OSError(errno.ENOSPC, "No space left on device", str(job.supervisor_log))
+
+    monkeypatch.setattr(LocalBackend, "_start_supervisor", staticmethod(full_disk))
+    capsys.readouterr()
+    assert main(["resume", str(job_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "supervisor.log: No space left on device" in err and "nothing changed" in err, err
+    assert (job_dir / "job.json").read_bytes() == before
+    assert not (job_dir / "attempts" / "1").exists()
+    fresh = tmp_path / "fresh"
+    assert main(["submit", SMOKE, f"output_dir={fresh}"]) == 2
+    assert "could not start" in capsys.readouterr().err and not list(fresh.iterdir())
+    monkeypatch.undo()
+    assert main(["resume", str(job_dir)]) == 0, capsys.readouterr().err
+    assert _final(job_dir).state is JobState.COMPLETED
+
+
 def test_resume_locally_and_concurrent_resumes(tmp_path, capsys):
     job_dir = submit(capsys, SMOKE, f"output_dir={tmp_path}", "nodes=2", *ONCE)
     assert _final(job_dir).state is JobState.FAILED

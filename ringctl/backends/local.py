@@ -263,6 +263,9 @@ class LocalBackend(Backend):
             proc = self._start_supervisor(job)
         except UserError as err:
             raise NotSubmitted(str(err)) from None
+        except OSError as err:  # a full disk at supervisor.log, no fork: a resume is put back
+            said = path_error(err) or f"{err.strerror or err}"
+            raise NotSubmitted(f"the job could not start: {said}") from None
         try:
             record = ProcessRecord.of(proc.pid, supervisor_marker(job))
             job.supervisor_file.write_text(json.dumps(asdict(record)) + "\n")

@@ -295,6 +295,11 @@ class SSHShell:
                     time.sleep(0.01)
             rc = chan.recv_exit_status()
             chan.close()
+            if rc == -1:  # paramiko's word for no exit status: an exit-signal, or a close
+                raise UserError(
+                    f"ssh {self.where}: `{argv[0]}` ended with no exit status (killed by a "
+                    "signal, or the connection closed while it ran)"
+                )
         except TimeoutError:
             raise UserError(
                 f"ssh {self.where}: `{argv[0]}` did not answer within {timeout:.0f}s"
