@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jinja2
 
-from .backends import backend_class
+from .backends import files_here
 from .config import to_plain, world_size
 from .errors import UserError
 from .jobdir import script_names
@@ -100,7 +100,7 @@ def default_python(cfg) -> str:
         return str(cfg.env.python)
     if cfg.env.venv or cfg.env.conda or cfg.env.container_image:
         return "python3"
-    if not backend_class(cfg.backend.value).files_here:
+    if not files_here(cfg):
         return "python3"
     return sys.executable or "python3"
 

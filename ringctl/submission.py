@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import __version__
 from .atomic import atomic_write, atomic_write_json, default_dir_mode
-from .backends import backend_class
+from .backends import backend_class, files_here
 from .backends.base import Backend, JobState, JobStatus
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from .errors import NotSubmitted, SubmittedNotRecorded, UserError
@@ -167,7 +167,7 @@ def check_packages(cfg) -> None:
     """Refuse a job whose task needs a package this Python cannot import, before anything is
     created. Only where the job runs this interpreter (local, or slurm with no other env)."""
     env = cfg.env
-    here = backend_class(cfg.backend.value).files_here
+    here = files_here(cfg)
     if not here or env.python or env.venv or env.conda or env.container_image:
         return
     missing = get_task(str(cfg.task.name)).missing_packages(cfg)

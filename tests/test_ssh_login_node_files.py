@@ -130,3 +130,20 @@ def test_an_ssh_job_reads_its_model_and_documents_on_the_cluster(
     want = logits[0].double().log_softmax(-1)[:-1].gather(-1, ids[1:, None])[:, 0]
     err = (got["token_logprob"].double() - want).abs().max() / want.abs().max()
     assert err < 1e-5, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("backend", ["local", "ssh"])
+def test_gather_of_an_ssh_training_job_says_where_its_tokenizer_is(backend, tmp_path: Path):
+    """Its tokenizer is the login node's: gather here refused it as "not found now" with no
+    way on; it says to gather on the login node or copy it to the same path here."""
+    from omegaconf import OmegaConf
+
+    from ringctl.train.checkpoint import Checkpoint
+    from ringctl.train.export import LOGIN_NODE_TOKENIZER, run_tokenizer_dir
+
+    tokenizer = str(tmp_path / "on-the-cluster" / "tokenizer")
+    run = Checkpoint(tmp_path, 1, {"run": {"tokenizer_path": tokenizer, "byte_tokens": False}})
+    job = {"backend": backend, "task": {"tokenizer_path": tokenizer, "model_path": None}}
+    with pytest.raises(UserError, match="the run trained with a tokenizer") as err:
+        run_tokenizer_dir(OmegaConf.create(job), run)
+    assert (LOGIN_NODE_TOKENIZER in str(err.value)) == (backend == "ssh")

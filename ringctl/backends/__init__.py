@@ -40,3 +40,10 @@ def backend_class(name: str) -> type:
 def config_sections() -> dict[str, type]:
     """Each section the backends declare -> its dataclass."""
     return {section: _load(spec) for section, spec in SECTIONS.items()}
+
+
+def files_here(cfg) -> bool:
+    """Whether a job's paths (task.inputs, task.model_path) name this machine's files: its
+    backend's ``Backend.files_here`` (local, slurm); over ssh they are the login node's."""
+    backend = cfg.backend
+    return backend_class(str(getattr(backend, "value", backend))).files_here

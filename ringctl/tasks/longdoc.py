@@ -33,6 +33,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..backends import files_here
 from ..config import job_layout
 from ..errors import StoppedOnRequest
 from ..longdoc.model.hub import OFFLINE_ENV
@@ -61,14 +62,6 @@ __all__ = ["CorpusTask", "LongDocGatherer", "LongDocTask", "ModelSection", "Para
 
 
 _WARNED: set[str] = set()
-
-
-def files_here(cfg) -> bool:
-    """Whether the job's paths name this machine's files (``Backend.files_here``: local,
-    slurm); over ssh they are the login node's, which submit neither reads nor sizes here."""
-    from ..backends import backend_class
-
-    return backend_class(str(getattr(cfg.backend, "value", cfg.backend))).files_here
 
 
 def _warn_once(line: str) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..atomic import default_file_mode
+from ..backends import files_here
 from ..bounded_read import read_regular
 from ..errors import CheckpointPruned, UserError, naming, with_filename
 from ..jobdir import JobDir, job_of
@@ -448,6 +449,14 @@ def saved_model_config(path: Path) -> dict:
     return data
 
 
+# An ssh job's tokenizer is the login node's file (its paths name the cluster's files).
+LOGIN_NODE_TOKENIZER = (
+    "; the job ran over ssh, with the login node's tokenizer: run `ringctl gather` there, or "
+    "copy the tokenizer's directory to the same path here (its files are checked against the "
+    "run's)"
+)
+
+
 def run_tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | None, list[str]]:
     """The tokenizer directory to copy beside the weights (None: the run trained on UTF-8
     bytes) and notes. Found by the rule the run used (``CorpusParams.tokenizer_dir`` of the
@@ -480,6 +489,7 @@ def run_tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | 
             f"{echo(task.get('tokenizer_path'))}), which is not found now"
             + (f" at {path}" if path else "")
             + ": the weights need its files beside them"
+            + ("" if files_here(job_config) else LOGIN_NODE_TOKENIZER)
         )
     # a GGUF file's tokenizer is the file's own: its "model" identity stands for it
     gguf = is_gguf(model_path)
