@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from .text import is_ascii_number
 
+# What libgomp skips around a count (C's isspace): str.strip() also took Unicode blanks
+# (a no-break space), which libgomp refuses, so the value read 4 here and "none" on the rank.
+C_BLANKS = " \t\n\v\f\r"
+
 
 def plain_count(text: str) -> bool:
     """A thread count as OMP_NUM_THREADS may hold one and int() reads: ASCII digits, >= 1."""
@@ -23,7 +27,7 @@ def usable(given: str) -> str | None:
     4,2 to libgomp): counts of at least 1, comma separated for nested levels; None for a
     value the OpenMP runtime refuses with a warning (0, -1, "abc"), where torch then took
     every core in each rank."""
-    parts = [part.strip() for part in str(given).split(",")]
+    parts = [part.strip(C_BLANKS) for part in str(given).split(",")]
     return ",".join(parts) if all(plain_count(part) for part in parts) else None
 
 

@@ -23,8 +23,10 @@ def test_the_rule():
     assert rank_threads(None, cpus_per_task=None, node_cpus=2, ranks_on_node=4) == "1"
     for refused in ("0", "-1", "abc", "2,0", "3x"):  # OpenMP refuses them: every core taken
         assert rank_threads(refused, **rule) == "2", refused
-    for blank, read in ((" 3", "3"), ("3 ", "3"), ("4, 2", "4,2")):  # as libgomp reads them
-        assert rank_threads(blank, **rule) == read, blank
+    for blank, read in ((" 3", "3"), ("3 ", "3"), ("4, 2", "4,2"), ("\t3\n", "3")):
+        assert rank_threads(blank, **rule) == read, blank  # as libgomp reads them
+    for unicode_blank in ("3\u00a0", "\u20033"):  # not C's blanks: libgomp refuses them
+        assert rank_threads(unicode_blank, **rule) == "2", unicode_blank
 
 
 def test_a_slurm_rank_takes_its_share_of_its_node(monkeypatch):

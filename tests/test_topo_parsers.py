@@ -154,12 +154,12 @@ def test_a_matrix_that_is_not_symmetric_is_refused():
     """A link reads the same both ways; a row edited or pasted from another machine was read
     from the upper triangle alone and planned, exit 0."""
     text = LEONARDO.read_text().replace("GPU2    NV4     NV4 ", "GPU2    NV4     NV2 ", 1)
-    assert _error(text) == (
-        "topo.txt:1: GPU1 to GPU2 reads 'NV4' but GPU2 to GPU1 reads 'NV2': the matrix is not "
-        "symmetric"
+    assert _error(text) == (  # at the edited row's line, not the header's
+        "topo.txt:4: GPU2 to GPU1 reads 'NV2' but GPU1 to GPU2 (line 3) reads 'NV4': the "
+        "matrix is not symmetric"
     )
     nic = LEONARDO.read_text().replace("NIC1    SYS     PXB ", "NIC1    SYS     SYS ", 1)
-    assert "GPU1 to NIC1 reads 'PXB' but NIC1 to GPU1 reads 'SYS'" in _error(nic)
+    assert "NIC1 to GPU1 reads 'SYS' but GPU1 to NIC1 (line 3) reads 'PXB'" in _error(nic)
 
 
 def test_non_square_matrix_is_refused():

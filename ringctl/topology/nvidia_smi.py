@@ -227,14 +227,19 @@ def _topology(header: _Header, rows, row_info, legend: dict[str, str], source) -
 
 def _check_symmetric(devices: list[str], rows: dict, at: int, source: str) -> None:
     """A link reads the same both ways in nvidia-smi's matrix; one that does not (a row
-    edited or pasted from two machines) was read from the upper triangle alone and planned."""
+    edited or pasted from two machines) was read from the upper triangle alone and planned.
+    Named at the later of the two rows' lines (rows follow the header, ``at``, line by line)."""
+    line = {label: at + 2 + n for n, label in enumerate(rows)}
     for i, a in enumerate(devices):
         for j in range(i + 1, len(devices)):
             b = devices[j]
             if rows[a][j] != rows[b][i]:
+                first, later = sorted(((a, j), (b, i)), key=lambda r: line[r[0]])
                 raise UserError(
-                    f"{source}:{at + 1}: {a} to {b} reads {echo(rows[a][j])} but {b} to {a} "
-                    f"reads {echo(rows[b][i])}: the matrix is not symmetric"
+                    f"{source}:{line[later[0]]}: {later[0]} to {first[0]} reads "
+                    f"{echo(rows[later[0]][later[1]])} but {first[0]} to {later[0]} (line "
+                    f"{line[first[0]]}) reads {echo(rows[first[0]][first[1]])}: the matrix is "
+                    "not symmetric"
                 )
 
 
