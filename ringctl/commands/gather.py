@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..backends import files_here
 from ..errors import CheckpointPruned, RemoteGone, UserError
 from ..jobdir import job_of
 
@@ -234,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
             state = status.state.value if status is not None else None
             # the inputs named by the job's own config are checked against the outputs, where
             # they are visible (not an ssh job's: they live on the login node)
-            inputs = {"job_config": cfg, "remote": bool(job.read_meta().get("remote"))}
+            inputs = {"job_config": cfg, "remote": not files_here(cfg)}
             try:
                 result = gatherer.gather(path, args.out, job_state=state, **options, **inputs)
             except CheckpointPruned:  # a race with the running job, said as one
