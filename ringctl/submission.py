@@ -415,6 +415,9 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
     job, cfg, backend = open_job_dir(path)
     changed = resumed_config(job, list(overrides), force=force)  # before anything moves
     backend.refuse_unstartable(cfg if changed is None else changed[0])
+    why = get_task(str(cfg.task.name)).resume_problem(cfg, job.path)
+    if why:
+        raise UserError(f"{why}. Nothing was resumed")
     with job.lock("resume"):
         before = _last_state(job, backend, force=force)
         if not before.state.finished and before.state.value != "UNKNOWN":

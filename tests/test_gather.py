@@ -96,6 +96,7 @@ def _jobs(rank: int, world: int, base: str, inputs: list[str], qwen_dir: str, ma
     )
     res["embed"] = run({"inputs": inputs, "task": "embed"}, "embed/out")
     res["markup"] = run({"inputs": markup}, "markup/out")
+    res["foreign"] = run({"inputs": inputs, "chunk_size": 7, "model_path": qwen_dir}, "other/out")
     return res
 
 
@@ -142,7 +143,8 @@ def test_runs_resume_and_policies(jobs: dict) -> None:
         assert r["stopped"].stopped and r["stopped"].done == 0
     lines = r0["lines"]
     per_doc = [ln for ln in lines if ln.startswith("doc ")]
-    assert len(per_doc) == 5 + 1 + 1 + 5 + 5 + 2  # first, resumed, repaired, grad, embed, markup
+    # first, resumed, repaired, grad, embed, markup, another model's
+    assert len(per_doc) == 5 + 1 + 1 + 5 + 5 + 2 + 5
     assert all("tokens/s" in ln and "ETA" in ln for ln in per_doc)
     assert any("missing input" in ln and "gone.txt" in ln for ln in lines)
     assert not any(ln.startswith("doc ") for ln in r1["lines"])  # one line per doc: rank 0
@@ -243,6 +245,39 @@ def test_tampered_shard_is_refused_by_name(jobs: dict, tmp_path: Path, capsys) -
     err = capsys.readouterr().err
     assert str(victim) in err and "checksum" in err
     assert _nothing_written(job)
+
+
+def test_another_runs_shards_are_refused_not_gathered(jobs: dict, tmp_path: Path, capsys):
+    """Shards of the same documents from a job with another model (the same byte tokenizer,
+    ring and layout) copied in passed every check (their own checksums hold): gather printed
+    the other model's numbers as this job's, exit 0, and a resume took them as complete.
+    Each entry records its run's fingerprint (model identity, dtype, settings)."""
+    from ringctl.longdoc.inputs.documents import doc_key
+    from ringctl.longdoc.output.completeness import document_status
+    from ringctl.longdoc.output.manifest import read_run
+
+    job, shards = _copy_job(jobs, tmp_path)
+    key = doc_key("docs.jsonl#2")
+    for rank_only in (False, True):  # the whole document, or one rank's half of it
+        theirs = jobs["base"] / "other" / "out" / "longdoc" / "shards" / key
+        if rank_only:
+            shutil.copy2(theirs / "rank-00001.json", shards / key)
+            shutil.copy2(theirs / "rank-00001.safetensors", shards / key)
+        else:
+            shutil.rmtree(shards / key)
+            shutil.copytree(theirs, shards / key)
+        assert _cli([str(job)]) == GATHER_FAILED_EXIT
+        err = capsys.readouterr().err
+        assert "docs.jsonl#2" in err and "the outputs of another run" in err, err
+        assert _nothing_written(job)
+        root = job / "out" / "longdoc"
+        run, _ = read_run(root)
+        doc = {"id": "docs.jsonl#2", "key": key}
+        assert document_status(root, doc, run)[1], "a resume would take it as complete"
+        shutil.rmtree(shards / key)
+        shutil.copytree(jobs["base"] / "score" / "out" / "longdoc" / "shards" / key, shards / key)
+    assert _cli([str(job)]) == 0  # its own shards back: gathered
+    capsys.readouterr()
 
 
 def test_missing_shards_are_named(jobs: dict, tmp_path: Path, capsys) -> None:

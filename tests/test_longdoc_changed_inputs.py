@@ -124,3 +124,22 @@ def test_a_resume_refuses_a_model_changed_at_the_same_path(tmp_path, capsys) -> 
     assert main(["resume", str(job), "--force", "--follow"]) == 1
     err = capsys.readouterr().err
     assert "holds the results of a different run (model: '" in err, err
+
+
+def test_a_resume_over_inputs_listing_other_documents_is_refused_before_it_is_queued(
+    tmp_path, capsys
+) -> None:
+    """A file added to the input folder (another removed): the resume was queued, then every
+    rank refused it ("started for other documents"), a traceback in the rank log; on Slurm
+    after a queue wait. Refused by `ringctl resume` itself, nothing moved."""
+    docs = _inputs(tmp_path)
+    job = _run(tmp_path, docs)
+    (docs / "b.txt").unlink()
+    (docs / "d.txt").write_text("a document added since")
+    meta = (job / "job.json").read_bytes()
+    capsys.readouterr()
+    assert main(["resume", str(job), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "expected.json: this output directory was started for other documents" in err, err
+    assert err.rstrip().endswith("Nothing was resumed") and err.count("\n") == 1, err
+    assert (job / "job.json").read_bytes() == meta and not (job / "attempts").exists()

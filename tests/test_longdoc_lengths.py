@@ -66,3 +66,35 @@ def test_the_estimator_and_the_scheduler_import_without_torch():
         "import ringctl.longdoc.schedule, ringctl.longdoc.schedule, ringctl.tasks.longdoc\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_a_document_denser_than_the_sample_is_counted_before_it_is_placed(tmp_path):
+    """The job sizes documents with one bytes-per-token ratio sampled from the first ones: a
+    document of short words (2 bytes a token against the sample's 11) was estimated at a
+    fifth of its tokens and put on a ring of 1 rank, which then ran it over
+    ring.max_tokens_per_rank unsaid (an out-of-memory on a GPU). A document whose estimate
+    picks a ring its bytes would not fit is tokenised for its real count."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ringctl.longdoc.model.tokenize import load_tokenizer
+
+    words = {"[UNK]": 0, "abcdefghij": 1, "a": 2}
+    tok = Tokenizer(models.WordLevel(words, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    for n in range(20):  # the sample: 11 bytes a token
+        (corpus / f"{n:02d}.txt").write_text("abcdefghij " * 300)
+    (corpus / "z-dense.txt").write_text("a " * 600)  # 1,200 bytes, 600 tokens: 2 a token
+    docs = list_documents([str(corpus)]).documents
+    assert sampled_bytes_per_token(docs, tokenizer) > 10  # the dense one taken for 118
+    budget = 400  # a rank holds 400 tokens: the dense document needs a ring of 2
+    options = RingOptions(size="auto", max_tokens_per_rank=budget)
+    schedule = plan_schedule(docs, options, world=2, layout="zigzag", tokenizer=tokenizer)
+    dense = next(e for e in schedule.entries if e.doc_id == "z-dense.txt")
+    assert dense.tokens == len(tokenizer.encode(b"a " * 600)) == 600
+    assert dense.ring_size == 2, dense
+    assert all(e.ring_size == 1 for e in schedule.entries if e.doc_id != "z-dense.txt")

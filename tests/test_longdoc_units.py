@@ -97,6 +97,37 @@ def test_bad_inputs_are_named(tmp_path: Path, corpus: Path) -> None:
         list_documents(corpus, on_missing="ignore")
 
 
+def test_two_records_with_one_id_are_named_by_line(tmp_path: Path) -> None:
+    """It named the file twice, no lines, and advised naming "the directory that holds them"."""
+    records = tmp_path / "r.jsonl"
+    rows = [{"id": "dup", "text": "first"}, {"id": "ok", "text": "x"}, {"id": "dup", "text": "y"}]
+    records.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DocumentError) as err:
+        list_documents(records, id_field="id")
+    assert str(err.value) == (
+        f"two records of {records} (lines 1 and 3) give the same document id 'dup' "
+        "(task.id_field): make the ids unique, or leave task.id_field null (ids are then FILE#N)"
+    )
+
+
+@pytest.mark.parametrize("entry", ["a link to nothing", "a pipe"])
+def test_an_input_folder_entry_that_is_no_file_is_refused_not_dropped(tmp_path, entry) -> None:
+    """c.txt -> gone.txt or a FIFO d.txt in an input folder were neither read, missing nor
+    passed over: the job said "missing inputs: 0" and gathered without them, exit 0."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a document")
+    odd = folder / "c.txt"
+    if entry == "a pipe":
+        os.mkfifo(odd)
+    else:
+        odd.symlink_to(folder / "gone.txt")
+    with pytest.raises(DocumentError) as err:
+        list_documents(folder)
+    assert str(err.value).startswith(f"{odd}: not a regular file or folder (a link to nothing")
+    assert "\n" not in str(err.value)
+
+
 def test_bundled_samples_and_config() -> None:
     docs = list_documents(samples_dir()).documents
     assert len(docs) >= 3

@@ -30,6 +30,15 @@ def agree(error: str, group) -> None:
             raise RuntimeError(e if r == dist.get_rank(group) else f"rank {r}: {e}")
 
 
+def from_lead(value, group):
+    """Rank 0's ``value`` (of ``group``) on every rank of it: one object broadcast."""
+    if dist.get_world_size(group) == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    return box[0]
+
+
 def agreed_inputs(list_inputs: Callable[[], Listing], group=None) -> tuple[Listing, str]:
     """(this rank's listing, its ``listing_signature``) once every rank of ``group`` listed
     the same documents. Each rank lists the inputs on its own, and ranks that saw different

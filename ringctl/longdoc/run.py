@@ -49,7 +49,7 @@ from ..errors import UserError
 from ..progress import ring_record
 from ..rings import RingGroups
 from .compute.scoring import ShardResult, comm_device, run_task
-from .consensus import agree, agreed_inputs, any_has, document_verdict
+from .consensus import agree, agreed_inputs, any_has, document_verdict, from_lead
 from .inputs.documents import (
     Document,
     DocumentError,
@@ -69,7 +69,14 @@ from .model.load import (
 from .model.tokenize import ByteTokenizer, load_tokenizer
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
-from .output.manifest import documents_record, other_run, run_record, write_documents, write_run
+from .output.manifest import (
+    documents_record,
+    other_run,
+    run_fingerprint,
+    run_record,
+    write_documents,
+    write_run,
+)
 from .output.store import ShardStore
 from .params import LongDocParams
 from .schedule import RingOptions, document_bytes, plan_schedule, write_job_schedule
@@ -115,11 +122,11 @@ def _eta(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def _to_do(docs: list[Document], store: ShardStore, params: LongDocParams, job: _Ring):
+def _to_do(docs: list[Document], store: ShardStore, run: dict, params: LongDocParams, job: _Ring):
     """Step 3, resume: the documents not complete yet, by gather's own definition (whatever
-    ring size wrote them), a document whose input was edited since its outputs were written
-    included. Document i is checked by job rank i mod W, then the ranks agree."""
-    run = run_record(job.world_size, params.signature())
+    ring size wrote them; this ``run``'s shards only), a document whose input was edited
+    since its outputs were written included. Document i is checked by job rank i mod W, then
+    the ranks agree."""
     found = [
         document_status(store.root, d.describe(), run, d.identity)[1]
         if i % job.world_size == job.rank
@@ -364,6 +371,7 @@ class LongDocRun:
         self.model: Any = None
         self.inputs: dict[str, dict | None] = {}  # document id -> its input's identity, as read
         self._identity: dict | None = None  # run_signature's model and tokenizer identity
+        self.run_record: dict = {}  # run.json as rank 0 records it, on every rank (list_inputs)
 
     def run(self) -> LongDocSummary:
         """List, load and probe the model, find what is left, schedule the rings, score."""
@@ -374,7 +382,7 @@ class LongDocRun:
             self.load_model(self.job)
         else:  # the model: once its ring exists
             self.tokenizer = load_tokenizer(self.params.tokenizer_path)
-        todo = _to_do(docs, self.store, self.params, self.job)
+        todo = _to_do(docs, self.store, self.run_record, self.params, self.job)
         self.summary.skipped = len(docs) - len(todo)
         schedule = self.plan(todo, docs)
         self.announce(schedule, todo)
@@ -397,6 +405,8 @@ class LongDocRun:
             error = str(err)
         error = error or check_expected(self.store.root, listing.documents)
         agree(error, job.group)
+        record = run_record(job.world_size, self.run_signature()) if job.lead else None
+        self.run_record = from_lead(record, job.group)  # with the identity rank 0 computed
         for note in listing.notes():
             job.log(note)
         if job.lead:
@@ -425,7 +435,7 @@ class LongDocRun:
     def _record_listing(self, inputs: list[str], listing: Listing) -> None:
         """Rank 0: the run's signature, the documents expected, and the listing's index."""
         root = self.store.root
-        write_run(root, run_record(self.job.world_size, self.run_signature()))
+        write_run(root, self.run_record)
         write_expected(root, listing.documents)
         write_documents(root, documents_record(inputs, listing))
 
@@ -604,6 +614,7 @@ class LongDocRun:
             grads=result.grads if ring.lead else None,
             input_identity=self.inputs.pop(doc.id, None),
             packing=result.packing,
+            run=run_fingerprint(self.run_record),
         )
 
     def skip_missing(self, doc: Document, verdict, ring: _Ring) -> None:
@@ -668,6 +679,7 @@ class _RingPass:
             if self.lockstep is not None:
                 self.lockstep.idle(self.owner.model)
             return False
+        self.check_budget(doc, n)
         if self.packing and n:
             self.queue(doc, ids, n)
             return False
@@ -676,6 +688,23 @@ class _RingPass:
             result = self.owner.score_document(doc, ids, self.ring)
         self.finish([(doc, ids)], [result])
         return False
+
+    def check_budget(self, doc: Document, n: int) -> None:
+        """A document whose real length its ring cannot hold under ``ring.max_tokens_per_rank``
+        fails the job by name (the schedule sized it from an estimate: ``scheduled_tokens``),
+        before any rank runs out of memory; every rank of the ring has the agreed length."""
+        from ringattn.geometry import ring_capacity, ring_holds
+
+        size, layout = self.ring.world_size, self.owner.params.layout
+        if self.budget is None or ring_holds(n, size, int(self.budget), layout):
+            return
+        raise RuntimeError(
+            f"{doc.id}: {n:,} tokens do not fit its ring of {size} rank(s) at "
+            f"ring.max_tokens_per_rank={int(self.budget):,} (it holds "
+            f"{ring_capacity(size, int(self.budget), layout):,}): the schedule's estimate was "
+            "short; give a larger ring.max_tokens_per_rank or ring.size, then `ringctl "
+            "resume` (finished documents are kept)"
+        )
 
     def watched(self, doc: Document):
         """On the ring's lead, the document's forward counted layer by layer for its progress

@@ -14,7 +14,8 @@ by ``bytes_per_token``.
   is loaded): every rank tokenises the same small sample (the first documents, up to
   ``SAMPLE_BYTES``) and divides by its bytes per token, a closer estimate. The ring that runs
   a document tokenises it for real, and one whose real length no longer fits its ring's
-  budget fails the job by name rather than running out of memory.
+  budget fails the job by name rather than running out of memory. A document whose estimate
+  picks a ring its bytes would not fit is counted for real first (``scheduled_tokens``).
 
 The schedule: every rank computes the same one from the same inputs, with no coordinator.
 Ring sizes come from `ring.size`: null (one ring of the whole job, in input order), N (W/N
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..rings import ring_sizes
 from ..scheduler import DocLength, Schedule, schedule_documents, write_schedule
 from .inputs.documents import Document
 
@@ -44,6 +46,7 @@ __all__ = [
     "input_indices",
     "plan_schedule",
     "sampled_bytes_per_token",
+    "scheduled_tokens",
     "write_job_schedule",
 ]
 
@@ -80,6 +83,32 @@ def sampled_bytes_per_token(docs: Sequence[Document], tokenizer) -> float:
         raw_bytes += len(raw)
         tokens += len(tokenizer.encode(raw))
     return raw_bytes / tokens if tokens else 4.0
+
+
+def scheduled_tokens(
+    docs: Sequence[Document], options: RingOptions, *, world: int, layout: str, tokenizer
+) -> list[int]:
+    """Each document's length for the schedule: the sampled estimate, and the real count
+    (tokenised here, on every rank alike) of a document whose estimate picks a ring that its
+    bytes, the bound, would not fit. One ratio for the whole corpus put a document of dense
+    punctuation (1,157 tokens, estimated 390) on a ring holding 700 a rank: it ran 65% over
+    the budget unsaid, an out-of-memory on a GPU. Only such documents are read twice."""
+    from ringattn.geometry import ring_holds  # the ringattn package imports torch
+
+    ratio = sampled_bytes_per_token(docs, tokenizer)
+    tokens = estimated_tokens(docs, ratio)
+    budget = options.max_tokens_per_rank
+    if ratio == 1.0 or budget is None:  # bytes are the tokens, or one ring takes any length
+        return tokens
+    sizes = ring_sizes(world, options.size if options.size is not None else world)
+    for i, doc in enumerate(docs):
+        ring = next((r for r in sizes if ring_holds(tokens[i], r, int(budget), layout)), None)
+        if ring is not None and not ring_holds(document_bytes(doc), ring, int(budget), layout):
+            try:
+                tokens[i] = len(tokenizer.encode(doc.read_bytes()))
+            except (OSError, ValueError):  # gone since listed: its ring says so when reached
+                continue
+    return tokens
 
 
 @dataclass(frozen=True)
@@ -121,7 +150,7 @@ def plan_schedule(
     (``ringctl.scheduler.schedule_documents``) on the lengths refined by the tokenizer. Each
     entry's index is the document's position in ``listing``, the job's whole input listing
     (``input_indices``; default `docs` itself, as on a first run): look documents up there."""
-    tokens = estimated_tokens(docs, sampled_bytes_per_token(docs, tokenizer))
+    tokens = scheduled_tokens(docs, options, world=world, layout=layout, tokenizer=tokenizer)
     indices = input_indices(docs, docs if listing is None else listing)
     lengths = [DocLength(i, doc.id, n) for i, doc, n in zip(indices, docs, tokens, strict=True)]
     return schedule_documents(

@@ -105,6 +105,11 @@ class Task(ABC):
         include inputs that ship with ringctl (False: those are known to fit)."""
         return []
 
+    def resume_problem(self, cfg, job_dir: Path) -> str | None:
+        """Why the job's ranks would refuse a resume of ``job_dir`` at once, found here first
+        (a resume queued on Slurm only to fail); None: nothing known against it."""
+        return None
+
     def named_files(self, cfg) -> list[NamedFile]:
         """The files the job's config names for its ranks to read (its inputs, its model), for
         a backend whose nodes do not see this machine's files to look for where they run

@@ -445,6 +445,25 @@ class LongDocTask(CorpusTask):
                 "gather's summary.json marks every document past it"
             )
 
+    def resume_problem(self, cfg, job_dir: Path) -> str | None:
+        """Inputs that list other documents than the job set out to compute (its
+        expected.json): every rank refused the resume after the queue. Checked where this
+        machine sees the inputs (not over ssh), as the ranks list them."""
+        from ..jobdir import task_output
+        from ..longdoc.inputs.documents import DocumentError
+        from ..longdoc.output.expected import check_expected
+        from ..longdoc.output.names import RUN_FILE, SUBDIR
+
+        root = task_output(Path(job_dir), SUBDIR, RUN_FILE)
+        if root is None or not files_here(cfg):  # nothing written yet, or not readable here
+            return None
+        params = self.params_of(cfg)
+        try:
+            listing = params.list_inputs(params.input_paths())
+        except DocumentError as err:
+            return f"task.inputs: {err}"
+        return check_expected(root, listing.documents) or None
+
     @staticmethod
     def check_shard(cfg, bad) -> None:
         """model.shard needs one ring size (the model is loaded once, sharded over the ring or

@@ -310,6 +310,12 @@ def _walk(root: Path, split: str | None, dicts: list[Path], passed: list[str]) -
                 found.append(((p.relative_to(root).as_posix(), 0), p))
             elif p.is_file():
                 passed.append(str(p))
+            else:  # listed nowhere, it vanished from the job unsaid (missing: 0, exit 0)
+                raise DocumentError(
+                    f"{p}: not a regular file or folder (a link to nothing, a pipe, a device "
+                    f"or a socket) in the input folder {root}: remove it, or name the inputs "
+                    "to read"
+                )
     return [p for _, p in sorted(found, key=lambda item: item[0])]
 
 
@@ -468,20 +474,32 @@ def _nothing_to_read(missing: list[str], skipped: list[str]) -> str:
     return "no document to read: " + ("; ".join(why) if why else "the inputs hold none")
 
 
+def _same_id(first: Document, second: Document) -> str:
+    """Why two documents may not share an id, with the way out that fits: two records of one
+    file (their id field: lines named), or two inputs (rename, or name their folder)."""
+    if first.source == second.source and first.line is not None and second.line is not None:
+        return (
+            f"two records of {second.source} (lines {first.line} and {second.line}) give the "
+            f"same document id {second.id!r} (task.id_field): make the ids unique, or leave "
+            "task.id_field null (ids are then FILE#N)"
+        )
+    return (
+        f"two inputs give the same document id {second.id!r}: {first.source} and "
+        f"{second.source} (name the directory that holds them instead, or rename one)"
+    )
+
+
 def _check_unique(docs: list[Document]) -> None:
     """Ids unique, writable, and their output keys unique too, case aside (a key is a slug
     and 40 bits of the id's hash: two ids of a large corpus can share one, and their shards
     overwrote each other; refused then only by gather, after the whole job had run)."""
-    seen: dict[str, str] = {}
+    seen: dict[str, Document] = {}
     keys: dict[str, str] = {}
     for d in docs:
         check_id(d.id, d.source)
         if d.id in seen:
-            raise DocumentError(
-                f"two inputs give the same document id {d.id!r}: {seen[d.id]} and {d.source} "
-                "(name the directory that holds them instead, or rename one)"
-            )
-        seen[d.id] = d.source
+            raise DocumentError(_same_id(seen[d.id], d))
+        seen[d.id] = d
         key = d.key.casefold()
         if key in keys:
             raise DocumentError(

@@ -37,7 +37,7 @@ import torch
 
 from ...output_dir import confined
 from ...text import cut
-from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_problems
+from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_fingerprint, run_problems
 from .names import OutputPaths
 from .store import dtype_name, expand_ranges, sha256_bytes, sha256_file
 
@@ -106,6 +106,8 @@ def _read_data(
 
 
 def _identity_mismatch(entry: dict, doc: dict, run: dict, rank: int) -> list[str]:
+    """The entry's fields that name another document, rank, ring or run than this one's. An
+    entry written before entries recorded their run (``run_fingerprint``) is not held to it."""
     wanted = (
         ("doc_id", doc["id"]),
         ("doc_key", doc["key"]),
@@ -113,8 +115,12 @@ def _identity_mismatch(entry: dict, doc: dict, run: dict, rank: int) -> list[str
         ("world_size", run["world_size"]),
         ("task", run["task"]),
         ("layout", run["layout"]),
+        *((("run", run_fingerprint(run)),) if "run" in entry else ()),
     )
-    return [f"{k}={entry.get(k)!r} (expected {v!r})" for k, v in wanted if entry.get(k) != v]
+    found = [f"{k}={entry.get(k)!r} (expected {v!r})" for k, v in wanted if entry.get(k) != v]
+    if found and found[-1].startswith("run="):  # what the hashes stand for, said
+        found[-1] += " (the outputs of another run: its model, dtype or settings differ)"
+    return found
 
 
 def _declared_tensors(entry: dict) -> dict[str, tuple[str, list]] | None:

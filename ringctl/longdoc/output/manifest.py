@@ -16,6 +16,7 @@ the key, and the caller decides how to report them (gather: exit status 3).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -74,6 +75,22 @@ def run_record(world_size: int, signature: dict) -> dict:
     """run.json's object: the output format, the job's size, and what a rerun in the same
     output directory must keep (``LongDocParams.signature``)."""
     return {"format": FORMAT, "world_size": world_size, **signature}
+
+
+def run_fingerprint(run: dict) -> str:
+    """What decides a run's numbers, hashed: every key of its run.json but its size and the
+    paths, whose files' identities (``model``, ``tokenizer``) stand for them (an installed
+    model moves with the install), and where the tokenizer came from (UTF-8 bytes, the
+    model's folder, its own). Each shard's entry records it; gather and resume take only the
+    shards of this run (another job's copied in, a model of the same tokenizer, was gathered
+    as this one's: wrong numbers, exit 0)."""
+    tokenizer, model = run.get("tokenizer_path"), run.get("model_path")
+    kept = {k: v for k, v in run.items() if k not in ("format", "world_size", *IDENTITY_OF_PATH)}
+    kept["tokenizer_from"] = (
+        "bytes" if tokenizer is None else ("model" if tokenizer == model else "own")
+    )
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def write_run(root: Path, record: dict) -> None:

@@ -101,11 +101,13 @@ class ShardStore(OutputPaths):
         grads: dict[str, torch.Tensor] | None = None,
         input_identity: dict | None = None,
         packing: dict | None = None,
+        run: str | None = None,
     ) -> dict:
         """Write this rank's tensors for one document, then its manifest entry; returns it.
         ``input_identity``: what the document's input was when this rank read it;
         ``packing``: a packed document's pack (``compute/packing.packing_record``), whose
-        layout gave this rank its rows (``padded_tokens`` is then None)."""
+        layout gave this rank its rows (``padded_tokens`` is then None); ``run``: the run's
+        ``manifest.run_fingerprint``, which gather and resume hold the entry to."""
         from safetensors.torch import save
 
         key = doc["key"]
@@ -124,6 +126,7 @@ class ShardStore(OutputPaths):
             "world_size": world_size,
             "layout": layout,
             "task": task,
+            **({"run": run} if run is not None else {}),
             "n_tokens": n_tokens,
             "padded_tokens": padded_tokens,
             **({"packing": packing} if packing is not None else {}),
