@@ -53,6 +53,23 @@ def test_unknown_host_refused_with_how_to_trust(settings, tmp_path):
     assert empty.read_text() == ""  # nothing was trusted
 
 
+def test_the_trust_command_for_the_default_known_hosts_works_as_given(
+    settings, tmp_path, monkeypatch
+):
+    """With ssh.known_hosts unset, the command said `... >> '~/.ssh/known_hosts'`: a quoted
+    ~ is no home to the shell ("No such file or directory"). The path is expanded; the
+    command, run as given, makes the host known."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    with pytest.raises(UserError) as err:
+        connect(replace(settings, known_hosts=None))
+    command = str(err.value).split("trust it with: ", 1)[1].split(" (or set", 1)[0]
+    assert f">> {home}/.ssh/known_hosts" in command and "~" not in command, command
+    subprocess.run(["bash", "-c", command], check=True, capture_output=True, timeout=30)
+    connect(replace(settings, known_hosts=None)).close()
+
+
 def test_trust_unknown_host_when_asked(settings, tmp_path):
     known = tmp_path / "new" / "known_hosts"
     client = connect(replace(settings, known_hosts=str(known), trust_unknown_host=True))

@@ -139,6 +139,9 @@ def test_a_cpu_job_places_gpu_and_cpu_only_nodes_in_one_ring(tmp_path, capsys):
     ]
     assert not any("CUDA_VISIBLE_DEVICES" in e["env"] for e in data["ring"])
     assert all(not n["gpus"] for n in data["nodes"])
+    code, out, err = run([a for a in args if a != "--json"] + ["--cpu"], capsys)
+    assert code == 0 and out.startswith("Ring of 4 ranks over 2 nodes"), out
+    assert "GPUDirect" not in out + err and "pinned in each rank" not in out + err  # env: {}
 
 
 def test_probe_records_tools_and_slurm_node_name(tmp_path, monkeypatch):

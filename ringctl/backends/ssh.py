@@ -91,7 +91,7 @@ class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client, hostname, key) -> None:
         s = self.s
         port = f"-p {s.port} " if s.port != 22 else ""
-        known = s.known_hosts or DEFAULT_KNOWN_HOSTS
+        known = s.known_hosts_path  # expanded: a quoted ~ is no home to the shell
         raise _UnknownHost(
             f"ssh {s.target}: host {hostname} is not in {known} (it offers {_fingerprint(key)}); "
             f"if that is the right host, trust it with: "

@@ -196,7 +196,8 @@ def _print_groups(plan: RingPlan, console: Console) -> None:
 def _print_assumptions(plan: RingPlan, console: Console) -> None:
     gdr = plan.gdr
     unpinned = any("NCCL_IB_HCA" in e.env and "NCCL_NET_GDR_LEVEL" not in e.env for e in plan.ring)
-    if gdr and any(h.link == "NET" for h in plan.hops):
+    pinned = any(name.startswith("NCCL_NET_GDR") for e in plan.ring for name in e.env)
+    if gdr and pinned and any(h.link == "NET" for h in plan.hops):  # CPU ranks: no GPUDirect
         _say(
             console,
             f"GPUDirect RDMA modelled with NCCL_NET_GDR_LEVEL={gdr.get('level')}, "
