@@ -165,3 +165,20 @@ def test_a_tampered_packing_record_is_refused_by_gather(jobs, tmp_path):
     with pytest.raises(GatherError) as err:
         gather(job, tmp_path / "out")
     assert "pack" in "\n".join(err.value.problems)
+
+
+def test_a_packed_document_s_time_is_its_share_by_tokens(jobs):
+    """Every document of a pack was given an equal share of its forward: a 29-token note and a
+    7,860-token file each "took" 16.5 s. Each now gets its share by tokens."""
+    base, _ = jobs
+    entries = _entries(base, "llama-packed")
+    packs: dict = {}
+    for e in entries.values():
+        if "packing" in e:
+            packs.setdefault(tuple(e["packing"]["cu_seqlens"]), []).append(e)
+    (cu, members), *_ = [(cu, m) for cu, m in packs.items() if len(m) > 1]
+    total = sum(e["seconds"] for e in members)
+    for e in members:
+        share = e["n_tokens"] / cu[-1]
+        assert abs(e["seconds"] - total * share) <= 1e-9 * max(total, 1), (e["doc_id"], share)
+    assert len({e["n_tokens"] for e in members}) > 1  # documents of different lengths
