@@ -254,9 +254,6 @@ class Sizing:
         predicted time over slurm.time (a warning, with a device). None: neither a device
         entry nor a budget says what a rank holds (``unchecked`` says what the longest one
         needs)."""
-        from ringattn.geometry import ring_holds
-
-        from .planner.pricing import max_tokens_per_rank
         from .scheduler import too_long
 
         cfg, device, name = self.cfg, self.device, self.device_name
@@ -266,20 +263,43 @@ class Sizing:
         work, unread = self._work
         if not lengths or (work is None and not unread):
             return [], []
+        budget, fits = self._document_budget()
         biggest = self.largest_ring
-        if not given and unread:  # the device's budget is the planner's: it must read the model
-            raise unread
-        budget = given or max_tokens_per_rank(work, device, biggest, self.ranks_on_host)
         of = f" ({name})" if device is not None and not given else ""
         layout = job_layout(cfg)
         problems = [
-            too_long(doc, n, [biggest], budget, layout) + of
-            for doc, n in lengths
-            if not ring_holds(n, biggest, budget, layout)
+            too_long(doc, n, [biggest], budget, layout) + of for doc, n in lengths if not fits(n)
         ]
         if device is None or problems or work is None:
             return problems, []
         return problems, self._time_warnings(lengths, work, device, biggest)
+
+    def ring_fits(self):
+        """``fits(tokens)``: whether the job's largest ring holds a document of that many
+        tokens, on its device or under its own ring.max_tokens_per_rank (what ``documents``
+        judges by); None where neither says what a rank holds, or the planner cannot."""
+        given = self.cfg.ring.max_tokens_per_rank
+        work, unread = self._work
+        if (self.device is None and not given) or (work is None and not unread):
+            return None
+        if unread and not given:  # ``documents`` says why, where there are documents
+            return None
+        return self._document_budget()[1]
+
+    def _document_budget(self):
+        """(tokens per rank, ``fits``) of ``documents``: the job's own budget, else its
+        device's as the planner prices it (a model it cannot read raises)."""
+        from ringattn.geometry import ring_holds
+
+        from .planner.pricing import max_tokens_per_rank
+
+        given = self.cfg.ring.max_tokens_per_rank
+        work, unread = self._work
+        biggest, layout = self.largest_ring, job_layout(self.cfg)
+        if not given and unread:  # the device's budget is the planner's: it must read the model
+            raise unread
+        budget = given or max_tokens_per_rank(work, self.device, biggest, self.ranks_on_host)
+        return budget, lambda n: ring_holds(n, biggest, budget, layout)
 
     def _time_warnings(self, lengths, work: Workload, device: Device, biggest: int) -> list[str]:
         """A predicted time over slurm.time, for the job's documents on its rings."""

@@ -140,11 +140,12 @@ def check_documents(sizing: Sizing, *, force: bool = False) -> None:
     predicted to outlast slurm.time is warned about, and refused under
     ring.placement=required. With neither, what the longest document needs is said. Lengths
     are the task's ``document_lengths`` (``longdoc.schedule``: bytes, a byte-tokenizer's count;
-    a model's tokenizer gives fewer tokens, so this errs on the safe side); the bundled samples
-    are not checked. A task with no documents (the attention task) lists none: nothing to
+    a model's tokenizer gives fewer tokens, and a document whose bytes no ring holds is counted
+    with it: ``ring_fits``), the bundled samples included (a budget of 2,000 passed submit and
+    failed on the ranks). A task with no documents (the attention task) lists none: nothing to
     check."""
     cfg = sizing.cfg
-    lengths = get_task(str(cfg.task.name)).document_lengths(cfg, bundled=False)
+    lengths = get_task(str(cfg.task.name)).document_lengths(cfg, fits=sizing.ring_fits())
     if not lengths:
         return
     verdict = sizing.documents(lengths)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ringctl.config import load_job
 from ringctl.longdoc.inputs.documents import list_documents
 from ringctl.longdoc.schedule import (
@@ -98,3 +100,61 @@ def test_a_document_denser_than_the_sample_is_counted_before_it_is_placed(tmp_pa
     assert dense.tokens == len(tokenizer.encode(b"a " * 600)) == 600
     assert dense.ring_size == 2, dense
     assert all(e.ring_size == 1 for e in schedule.entries if e.doc_id != "z-dense.txt")
+
+
+def _word_model(root: Path) -> Path:
+    """A saved tiny Llama (vocabulary 3) with a word-level tokenizer in its directory: one
+    token per word, 11 bytes a token for the documents below."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+
+    from ringctl.longdoc.model.load import build_random
+
+    folder = root / "words"
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "abcdefghij": 1, "a": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=3,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    build_random(config, seed=1, dtype=torch.float32, attn_implementation="eager").save_pretrained(
+        folder
+    )
+    return folder
+
+
+def test_submit_and_plan_refuse_by_a_document_s_real_length(tmp_path, capsys):
+    """Both sized documents by bytes, an upper bound for a model's tokenizer: a job whose
+    document makes 300 tokens (3,300 bytes) was refused on a ring holding 400 ("has 3,300
+    tokens: no ring of this job holds it"). A document whose bound no ring holds is now
+    counted with the job's tokenizer. And submit left the bundled samples out ("they fit"):
+    under a budget of 2,000 the byte model's job passed submit and failed on the ranks."""
+    from ringctl.cli import main
+    from ringctl.errors import UserError
+    from ringctl.submission import checked_for_submission
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "long.txt").write_text("abcdefghij " * 300)  # 3,300 bytes, 300 tokens
+    model = _word_model(tmp_path)
+    job = [f"task.inputs=[{docs}]", f"task.model_path={model}", "nodes=1", "tasks_per_node=2"]
+    job += ["ring.size=auto", "ring.max_tokens_per_rank=200"]  # a ring of 2 holds 400
+    checked_for_submission(load_job(JOB, job), str(JOB))  # not refused
+    capsys.readouterr()
+    assert main(["plan", str(JOB), *job]) == 0, capsys.readouterr().err
+    job[-1] = "ring.max_tokens_per_rank=100"  # 200 a ring: now it truly does not fit
+    with pytest.raises(UserError, match="'long.txt' has 300 tokens"):
+        checked_for_submission(load_job(JOB, job), str(JOB))
+    samples = ["task.model_path=bundled:demo-byte-llama", "ring.max_tokens_per_rank=2000"]
+    with pytest.raises(UserError, match="jargon-file-excerpts.txt.*Nothing was submitted"):
+        checked_for_submission(load_job(JOB, samples), str(JOB))

@@ -16,7 +16,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from ringattn.geometry import layout_multiple
+from ringattn.geometry import layout_multiple, ring_holds
 
 from ..errors import UserError
 from ..jobdir import JobDir
@@ -70,7 +70,8 @@ Models (--model): llama3-8b, llama3-70b, llama3-405b, llama2-7b, llama2-13b, lla
 llama-30b (ringctl/planner/data/models.json), or a Hugging Face model directory.
 
 Exit status 1 when the sequence does not fit the ranks' memory ("does not fit" among the
-warnings), 2 for a usage error, else 0 (a schedule, corpus or calibration report: 0).
+warnings), 2 for a usage error or a job's document that no ring of the job holds (submit
+refuses it too), else 0 (a schedule, corpus or calibration report: 0).
 """
 
 
@@ -121,7 +122,11 @@ def register(subparsers) -> None:
         help="a job's schedule: print its predicted makespan",
     )
     p.add_argument("--json", action="store_true", help="print the estimate as JSON")
-    p.add_argument("--calibrate", action="store_true", help="measure this machine, store it")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this machine and store it as device cpu-HOST (minutes; a quiet machine)",
+    )
     # Absent flags read None, so that one given at its default is told apart; run() puts
     # the defaults back.
     p.set_defaults(func=run, flag_defaults={d: p.get_default(d) for d in JOB_SAYS})
@@ -560,7 +565,8 @@ def _print_budget(args, work: Workload, device: Device) -> int:
 
     cfg, ring = args.job_cfg, args.ranks
     budget = max_tokens_per_rank(work, device, ring, _ranks_on_host(args))
-    listed = get_task(str(cfg.task.name)).document_lengths(cfg)
+    fits = _job_fits(args, work, device)
+    listed = get_task(str(cfg.task.name)).document_lengths(cfg, fits=fits)
     spans = _job_makespans(args, work, device, listed) if listed else {}
     if args.json:
         report = {
@@ -579,17 +585,10 @@ def _print_budget(args, work: Workload, device: Device) -> int:
 def _job_makespans(args, work: Workload, device: Device, listed) -> dict[str, float]:
     """{schedule: seconds}: the job's own (``ringctl.makespan.price_job``), and one ring of
     the whole job when that is not what the job runs."""
-    from ..makespan import auto_budget, price_job
+    from ..makespan import price_job
 
     cfg, world = args.job_cfg, args.world
-    ring = config_section(cfg, "ring")
-    size, budget = ring.get("size"), ring.get("max_tokens_per_rank")
-    if str(size) == "auto" and budget is None:  # what submit writes in
-        budget = auto_budget(work, device, world, _ranks_on_host(args))
-        if budget < 1:
-            raise UserError(
-                f"{args.job}: ring.size=auto: the model alone does not fit one {device.name}"
-            )
+    size, budget = _job_rings(args, work, device)
     job = partial(
         price_job,
         listed,
@@ -604,6 +603,36 @@ def _job_makespans(args, work: Workload, device: Device, listed) -> dict[str, fl
     if size is not None and str(size) != str(world):
         spans[f"one ring of {world}"] = job(size=None, budget=None).makespan
     return spans
+
+
+def _job_rings(args, work: Workload, device: Device) -> tuple:
+    """(ring.size, tokens per rank) the job runs with: its own, or for ring.size=auto the
+    planner's budget on ``device`` (what submit writes in)."""
+    from ..makespan import auto_budget
+
+    ring = config_section(args.job_cfg, "ring")
+    size, budget = ring.get("size"), ring.get("max_tokens_per_rank")
+    if str(size) == "auto" and budget is None:
+        budget = auto_budget(work, device, args.world, _ranks_on_host(args))
+        if budget < 1:
+            raise UserError(
+                f"{args.job}: ring.size=auto: the model alone does not fit one {device.name}"
+            )
+    return size, budget
+
+
+def _job_fits(args, work: Workload, device: Device):
+    """``fits(tokens)``: whether the job's largest ring holds a document that long under its
+    budget (None: one ring of the whole job, no budget); what the schedule's refusal asks."""
+    from ..config import job_layout
+    from ..rings import ring_sizes
+
+    size, budget = _job_rings(args, work, device)
+    if budget is None:
+        return None
+    largest = max(ring_sizes(args.world, size if size is not None else args.world))
+    layout = job_layout(args.job_cfg)
+    return lambda n: ring_holds(n, largest, int(budget), layout)
 
 
 def _print_makespan(args, job_dir: JobDir | None) -> int:

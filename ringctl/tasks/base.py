@@ -100,9 +100,10 @@ class Task(ABC):
         """What the planner sizes for this job (ringctl.sizing), or None: not known up front."""
         return None
 
-    def document_lengths(self, cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
-        """(id, tokens) of each document of a job whose sequences vary ([]: none). `bundled`:
-        include inputs that ship with ringctl (False: those are known to fit)."""
+    def document_lengths(self, cfg, *, fits=None) -> list[tuple[str, int]]:
+        """(id, tokens) of each document of a job whose sequences vary ([]: none); ``fits``:
+        whether a ring of the job holds that many tokens (an estimate it refuses is counted
+        for real, where the task can)."""
         return []
 
     def resume_problem(self, cfg, job_dir: Path) -> str | None:

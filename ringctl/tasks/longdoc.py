@@ -73,31 +73,42 @@ def _warn_once(line: str) -> None:
 
 def _longer_than(p: CorpusParams, docs: list, limit: int) -> tuple[list[tuple], int]:
     """((document, tokens) of the documents of more than ``limit`` tokens with the job's own
-    tokenizer, how many were left uncounted past ``CONTEXT_CHECK_BYTES``). A document's tokens
-    are at most the UTF-8 bytes of the text the tokenizer gets (U+FFFD, 3 bytes, for each
-    invalid byte) plus ``SLACK`` (byte-level BPE, SentencePiece: every other token covers a
-    byte), so only documents past that bound are tokenised. One that cannot be read now is
+    tokenizer, how many were left uncounted past ``CONTEXT_CHECK_BYTES``): only those whose
+    bound (``_token_bound``) passes the limit are tokenised (``_real_counts``)."""
+    counts, uncounted = _real_counts(p, docs, lambda bound: bound > limit)
+    return [(docs[i], n) for i, n in counts.items() if n > limit], uncounted
+
+
+def _token_bound(raw: bytes) -> int:
+    """The most tokens a text tokenizer makes of ``raw``: the UTF-8 bytes of the text it gets
+    (U+FFFD, 3 bytes, for each invalid byte) plus ``SLACK`` (byte-level BPE, SentencePiece:
+    every other token covers a byte; special tokens)."""
+    return len(raw.decode("utf-8", "replace").encode("utf-8")) + SLACK
+
+
+def _real_counts(p: CorpusParams, docs: list, uncertain) -> tuple[dict[int, int], int]:
+    """({index: tokens} of the documents whose bound ``uncertain(bound)`` calls too long to
+    take on trust, counted with the job's own tokenizer (loaded only when one needs it), how
+    many were left uncounted past ``CONTEXT_CHECK_BYTES``). One that cannot be read now is
     left out (the job names it when it runs)."""
     from ..longdoc.inputs.documents import DocumentError
     from ..longdoc.model.tokenize import load_tokenizer
 
-    tokenizer, found, budget = None, [], CONTEXT_CHECK_BYTES
+    tokenizer, counts, budget = None, {}, CONTEXT_CHECK_BYTES
     for i, doc in enumerate(docs):
         if budget <= 0:
-            return found, len(docs) - i
+            return counts, len(docs) - i
         try:
             raw = doc.read_bytes()
         except (OSError, DocumentError):
             continue
-        if len(raw.decode("utf-8", "replace").encode("utf-8")) + SLACK <= limit:
+        if not uncertain(_token_bound(raw)):
             continue
-        if tokenizer is None:  # loaded only when a document needs it
+        if tokenizer is None:
             tokenizer = load_tokenizer(p.tokenizer_dir())
         budget -= len(raw)
-        n = int(tokenizer.encode(raw).numel())
-        if n > limit:
-            found.append((doc, n))
-    return found, 0
+        counts[i] = int(tokenizer.encode(raw).numel())
+    return counts, 0
 
 
 class CorpusTask(Task):
@@ -504,12 +515,14 @@ class LongDocTask(CorpusTask):
             lm_head_chunk=int(cfg.task.chunk_size),
         )
 
-    def document_lengths(self, cfg, *, bundled: bool = True) -> list[tuple[str, int]]:
+    def document_lengths(self, cfg, *, fits=None) -> list[tuple[str, int]]:
         """(id, tokens) of each document of the job, as listed (missing inputs and bad
-        records left out, as the job leaves them), without tokenising: ``longdoc.schedule``'
-        estimate in bytes, exact for the byte-level tokenizer and an upper bound for a
-        model's. ``bundled``: with no ``task.inputs``, the bundled samples the job reads
-        (False: none; they fit)."""
+        records left out, as the job leaves them; with no ``task.inputs``, the bundled
+        samples): ``longdoc.schedule``'s estimate in bytes, exact for the byte-level tokenizer
+        and an upper bound for a model's. ``fits(tokens)``: whether a ring of the job holds
+        that many; a document whose bound it refuses is tokenised for its real count (within
+        ``CONTEXT_CHECK_BYTES``), so that a bound is never what refuses a job that runs
+        (29,800 bytes refused where SmolLM2 makes 7,860 tokens)."""
         from ..longdoc.schedule import estimated_tokens
 
         if not files_here(cfg):  # the login node's documents: not read from here
@@ -519,14 +532,25 @@ class LongDocTask(CorpusTask):
         )
         inputs = params.inputs
         if inputs is None:
-            if not bundled:
-                return []
             from importlib import resources
 
             inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
         listing = params.list_inputs(inputs, on_missing="report", on_bad_record="skip")
         docs = listing.documents
-        return list(zip((d.id for d in docs), estimated_tokens(docs), strict=True))
+        tokens = estimated_tokens(docs)
+        if fits is not None and params.tokenizer_dir() is not None:  # bytes: exact already
+            tokens = self._counted_where_too_long(params, docs, tokens, fits)
+        return list(zip((d.id for d in docs), tokens, strict=True))
+
+    @staticmethod
+    def _counted_where_too_long(params, docs, tokens: list[int], fits) -> list[int]:
+        """``tokens`` with the real count of each document whose estimate ``fits`` refuses."""
+        too_long = [i for i, n in enumerate(tokens) if not fits(n)]
+        counts, _ = _real_counts(params, [docs[i] for i in too_long], lambda bound: True)
+        out = list(tokens)
+        for j, n in counts.items():
+            out[too_long[j]] = n
+        return out
 
     @staticmethod
     def options_of(cfg, ctx):
