@@ -113,17 +113,40 @@ def test_the_medians_leave_the_warm_up_step_out() -> None:
     assert (alone["forward_median_s"], alone["median_of"]) == (9.0, "the one step")
 
 
-def _progress_within(rank: int, world: int, base: str) -> list:
-    """run_longdoc on one document with the progress said at every layer: rank 0's records."""
+def _progress_within(rank: int, world: int, base: str, budget: int | None = None) -> list:
+    """run_longdoc over the inputs with the progress said at every layer (``budget``: the
+    documents packed under it): rank 0's records, (done, extra) each."""
     import ringctl.longdoc.run as run
+    from ringctl.longdoc.schedule import RingOptions
 
     run.WITHIN_S = 0.0  # every call (30 s in a job)
     said: list = []
     inputs = Path(base) / "in"
     params = {"mode": "score", "inputs": [str(inputs)], "chunk_size": 64}
-    options = run.LongDocOptions(progress=lambda done, total, **extra: said.append(extra))
+    options = run.LongDocOptions(
+        progress=lambda done, total, **extra: said.append(extra | {"done": done}),
+        rings=RingOptions(size=world, max_tokens_per_rank=budget),
+    )
     run.run_longdoc(params, rank, world, None, Path(base) / f"out{rank}", lambda m: None, options)
     return said
+
+
+def test_progress_is_there_from_the_start_and_inside_a_pack(tmp_path: Path) -> None:
+    """A job showed no progress until its first document ended (a blank status cell, not
+    0/2), and a pack of documents (under a budget) said nothing while its forward ran."""
+    from ringctl.longdoc.model.load import attention_layers, load_model
+    from tests.distributed import run_distributed
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_bytes(b"the tide goes out " * 10)
+    (tmp_path / "in" / "doc.txt").write_bytes(b"the tide comes in " * 20)
+    said = run_distributed(_progress_within, 2, str(tmp_path), 4096)
+    first, *rest = said[0]
+    assert first["done"] == 0 and "current" not in first, first
+    layers = attention_layers(load_model(None))
+    currents = [r["current"] for r in rest if "current" in r]
+    pack = "doc.txt and 1 more, packed"  # the longer first
+    assert currents == [f"{pack}: layer {i} of {layers}" for i in range(1, layers + 1)]
 
 
 def test_a_long_documents_forward_says_its_layer(tmp_path: Path, capsys) -> None:
@@ -141,6 +164,7 @@ def test_a_long_documents_forward_says_its_layer(tmp_path: Path, capsys) -> None
     layers = attention_layers(load_model(None))
     currents = [r["current"] for r in said[0] if "current" in r]
     assert currents[layers:] == [f"doc.txt: layer {i} of {layers}" for i in range(1, layers + 1)]
+    assert said[0][0]["done"] == 0 and "current" not in said[0][0]  # the count from the start
     # a record is replaced whole: the last document's rate goes with the layer
     assert all("tokens_per_s" in r for r in said[0] if r.get("current", "").startswith("doc"))
     assert said[1] == []  # rank 0 reports the job's progress

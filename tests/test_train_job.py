@@ -403,7 +403,7 @@ def test_gather_of_an_unfinished_run_says_so(tmp_path, corpus, capsys, monkeypat
     assert main(["run", *_args(job, corpus)]) == 0
     (job / "checkpoints" / "latest").write_text("step-0000004\n")
     capsys.readouterr()
-    assert main(["gather", str(job), "-o", str(tmp_path / "a")]) == 2
+    assert main(["gather", str(job), "-o", str(tmp_path / "a")]) == 3  # as a scoring job's
     err = capsys.readouterr().err
     assert "step 4 of the run's 6 (task.max_steps)" in err and "--partial" in err, err
     assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--format", "csv"]) == 2

@@ -76,8 +76,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--partial",
         action="store_true",
-        help="write the documents complete so far (marked partial; the others are listed) "
-        "while the job still runs",
+        help="write what is complete so far, marked partial: a scoring job's finished "
+        "documents (the others are listed), a training job's newest checkpoint; while the job "
+        "runs, or after it stopped before its end",
     )
     p.add_argument(
         "--format",

@@ -536,8 +536,13 @@ def register(subparsers) -> None:
 def _register_job_file_verbs(subparsers) -> None:
     """config, render, submit, run: a job file and its KEY=VALUE overrides."""
 
-    def job_parser(name: str, help_: str, func):
-        p = subparsers.add_parser(name, help=help_, description=help_)
+    where = (
+        " The job directory goes under output_dir (default runs/, relative to where ringctl "
+        "runs) as NAME-DATE-TIME; job_dir=PATH names it exactly."
+    )
+
+    def job_parser(name: str, help_: str, func, more: str = ""):
+        p = subparsers.add_parser(name, help=help_, description=help_ + more)
         p.add_argument(
             "job",
             metavar="JOB",
@@ -556,10 +561,13 @@ def _register_job_file_verbs(subparsers) -> None:
         help="render with this job directory: an absolute path, as the cluster sees it",
     )
     force_help = "submit even when `ringctl plan` says the ranks cannot hold the job"
-    p = job_parser("submit", "Create the job directory and submit the job.", cmd_submit)
+    p = job_parser("submit", "Create the job directory and submit the job.", cmd_submit, where)
     p.add_argument("--force", action="store_true", help=force_help)
     p = job_parser(
-        "run", "Submit a job and follow its log until it ends (exit 0 only if COMPLETED).", cmd_run
+        "run",
+        "Submit a job and follow its log until it ends (exit 0 only if COMPLETED).",
+        cmd_run,
+        where,
     )
     p.add_argument("--force", action="store_true", help=force_help)
     whose = p.add_mutually_exclusive_group()

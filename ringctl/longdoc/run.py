@@ -199,16 +199,22 @@ class DocumentProgress:
         self.progress = progress
         self.start = time.monotonic()
         self.said_within = self.start
+        if progress is not None:  # the count from the start: status showed nothing until
+            try:  # the first document ended
+                progress(self.done_all, total, unit="documents")
+            except OSError:
+                pass
 
-    def within(self, doc: Document, layer: int, layers: int) -> None:
-        """Where the forward of one document is (its layer of the model's), said at most every
-        WITHIN_S: a document of a million tokens takes half an hour, and status and the log
-        showed nothing until it ended. The record's ``current`` goes with its next count."""
+    def within(self, what: str, layer: int, layers: int) -> None:
+        """Where the forward of one document (or pack: ``what`` names it) is, its layer of
+        the model's, said at most every WITHIN_S: a document of a million tokens takes half
+        an hour, and status and the log showed nothing until it ended. The record's
+        ``current`` goes with its next count."""
         now = time.monotonic()
         if self.progress is None or now - self.said_within < WITHIN_S:
             return
         self.said_within = now
-        current = f"{doc.id}: layer {layer} of {layers}"
+        current = f"{what}: layer {layer} of {layers}"
         try:  # advisory, inside the forward: a full disk must not stop the lead mid-layer
             self.progress(self.done_all, self.total, unit="documents", current=current, **self.said)
         except OSError:
@@ -684,7 +690,7 @@ class _RingPass:
             self.queue(doc, ids, n)
             return False
         self.flush()
-        with self.watched(doc):
+        with self.watched(doc.id):
             result = self.owner.score_document(doc, ids, self.ring)
         self.finish([(doc, ids)], [result])
         return False
@@ -706,16 +712,16 @@ class _RingPass:
             "resume` (finished documents are kept)"
         )
 
-    def watched(self, doc: Document):
-        """On the ring's lead, the document's forward counted layer by layer for its progress
-        (``DocumentProgress.within``); elsewhere nothing."""
+    def watched(self, what: str):
+        """On the ring's lead, the forward of ``what`` (a document, or a pack) counted layer by
+        layer for its progress (``DocumentProgress.within``); elsewhere nothing."""
         if self.shown is None:
             return contextlib.nullcontext()
         from ringattn.hf import count_calls
 
         layers = attention_layers(self.owner.model)
         shown = self.shown
-        return count_calls(on_call=lambda c: shown.within(doc, min(c.calls, layers), layers))
+        return count_calls(on_call=lambda c: shown.within(what, min(c.calls, layers), layers))
 
     def queue(self, doc: Document, ids, n: int) -> None:
         """A short document joins the pack; the pack runs first if it would then exceed the
@@ -729,7 +735,10 @@ class _RingPass:
 
     def flush(self) -> None:
         if self.pending:
-            self.finish(self.pending, self.owner.score_pack(self.pending, self.ring))
+            first, more = self.pending[0][0].id, len(self.pending) - 1
+            with self.watched(f"{first} and {more} more, packed" if more else first):
+                results = self.owner.score_pack(self.pending, self.ring)
+            self.finish(self.pending, results)
             self.pending.clear()
 
     def finish(self, items: list, results: list[ShardResult]) -> None:

@@ -173,8 +173,8 @@ def _steps_left(found: checkpoint.Checkpoint, job_config, *, partial: bool) -> i
     max_steps = _max_steps(job_config)
     if max_steps is None or found.step >= max_steps:
         return 0
-    if not partial:
-        raise UserError(
+    if not partial:  # the run's last checkpoint is missing: exit 3, as a scoring job's
+        raise _refused(  # documents not all written (it was 2, a usage error)
             f"{found.path}: the newest checkpoint is step {found.step} of the run's "
             f"{max_steps} (task.max_steps): the run has not finished; --partial writes this "
             "one, marked partial"

@@ -410,9 +410,11 @@ class JobModel:
         return self.tokenizer
 
     def mark(self, n_tokens: int) -> dict[str, Any]:
-        """A summary row's mark for a document longer than the trained context ({} if not)."""
+        """A summary row's mark: whether the document is longer than the trained context
+        (None: no limit known). Every row has it, so summary.csv's columns do not change
+        from one run to the next (the key was there only when true)."""
         limit = self.trained_context
-        return {"past_trained_context": True} if limit and n_tokens > limit else {}
+        return {"past_trained_context": n_tokens > limit if limit else None}
 
     def notes(self) -> list[str]:
         if not self.unscored:
