@@ -104,10 +104,10 @@ def script_names() -> dict[str, str]:
     }
 
 
-# Files a job's own processes (or a remote copy of the directory) may never replace: they say
-# what was asked, where it runs and how to reach it.
 # job.json's mark of a submission that may have been queued with no id recorded (`submit`)
 UNKNOWN_SUBMISSION = "submission_unknown"
+# Files a job's own processes (or a remote copy of the directory) may never replace: they say
+# what was asked, where it runs and how to reach it.
 CONTROL_FILES = frozenset({CONFIG, SCRIPT, META, STATE, SUPERVISOR, LOCK})
 # What a directory keeps across attempts; everything else belongs to one attempt. A training
 # job's checkpoints are what its next attempt resumes from (moved with the logs, every
@@ -265,8 +265,11 @@ class JobDir:
         """job.json ({} before submission); a damaged one is a one-line error."""
         return _read_json_object(self.meta_file, missing={})
 
-    def update_meta(self, **fields) -> dict:
+    def update_meta(self, *, drop: tuple[str, ...] = (), **fields) -> dict:
+        """job.json with ``fields`` set and the keys ``drop`` names removed."""
         data = self.read_meta()  # a backend may have added fields of its own: keep them
+        for key in drop:
+            data.pop(key, None)
         data.update(fields)
         atomic_write_json(self.meta_file, data)
         return data
@@ -275,12 +278,8 @@ class JobDir:
         """job.json takes the id (and fields) of a job the backend has just queued. A write that
         fails now (a disk that filled meanwhile) leaves a queued job no job.json names: one
         line says which job and how to cancel it (`cancel_with`), and the directory stays."""
-        try:
-            data = self.read_meta()
-            data.pop(UNKNOWN_SUBMISSION, None)  # known now
-            data.update(job_id=job_id, **fields)
-            atomic_write_json(self.meta_file, data)
-            return data
+        try:  # the submission is known now
+            return self.update_meta(job_id=job_id, drop=(UNKNOWN_SUBMISSION,), **fields)
         except OSError as err:
             raise SubmittedNotRecorded(
                 f"submitted job {job_id}, but could not record it in {self.meta_file}: "

@@ -214,7 +214,8 @@ def _job_files(cfg, script: str, job_file: str, overrides: list[str], backend: B
 
 def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
     """Load, check, render, create the job directory, submit. Returns (job, job_id, backend).
-    A submission that fails leaves no job directory behind."""
+    A submission that fails leaves no job directory behind, unless it may have queued the
+    job (a timeout, no id printed, no exit status): the directory stays, marked."""
     from .render import render_script
 
     cfg = load_job(job_file, overrides)

@@ -18,7 +18,7 @@ import pytest
 
 from ringctl.backends.base import JobState
 from ringctl.backends.ssh import SSHBackend, SSHSettings, connect
-from ringctl.errors import RemoteGone, UserError
+from ringctl.errors import NotSubmitted, RemoteGone, UserError
 
 pytestmark = pytest.mark.ssh
 
@@ -143,9 +143,12 @@ def test_a_command_ending_with_no_exit_status_is_an_error(settings):
     with SSHBackend(settings) as b:
         assert b.shell.run(["sh", "-c", "exit 3"])[0] == 3
         with pytest.raises(UserError, match=r"`sh` ended with no exit status") as err:
-            b.shell.run(["sh", "-c", "kill -KILL $$"])
-        assert "\n" not in str(err.value)
+            b.shell.run(["sh", "-c", "echo 'Submitted 42'; kill -KILL $$"])
+        assert "\n" not in str(err.value) and str(err.value).endswith(": Submitted 42")
         assert b.shell.run(["true"])[0] == 0  # the connection serves on
+        b.shell.client.get_transport().close()  # nothing can start: NotSubmitted
+        with pytest.raises(NotSubmitted, match="the connection is closed"):
+            b.shell.run(["sbatch", "job.sh"])
 
 
 def test_submit_status_logs_fetch_over_ssh(settings, make_job_dir, tmp_path):

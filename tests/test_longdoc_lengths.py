@@ -158,3 +158,42 @@ def test_submit_and_plan_refuse_by_a_document_s_real_length(tmp_path, capsys):
     samples = ["task.model_path=bundled:demo-byte-llama", "ring.max_tokens_per_rank=2000"]
     with pytest.raises(UserError, match="jargon-file-excerpts.txt.*Nothing was submitted"):
         checked_for_submission(load_job(JOB, samples), str(JOB))
+
+
+def test_a_document_sparser_than_the_sample_is_counted_not_refused_by_its_estimate(tmp_path):
+    """The second reading: a document whose sampled estimate fits no ring kept the estimate,
+    and the ranks refused the job by it ("has 84,852 tokens") after submit had counted it
+    and let it through. It is counted too."""
+    from ringctl.longdoc.model.tokenize import load_tokenizer
+
+    tokenizer = load_tokenizer(_word_model(tmp_path))
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    for n in range(30):  # the sample: 2 bytes a token
+        (corpus / f"{n:02d}.txt").write_text("a " * 300)
+    (corpus / "prose.txt").write_text("abcdefghij " * 600)  # 6,600 bytes, 600 tokens
+    docs = list_documents([str(corpus)]).documents
+    options = RingOptions(size="auto", max_tokens_per_rank=400)  # a ring of 2 holds 800
+    schedule = plan_schedule(docs, options, world=2, layout="zigzag", tokenizer=tokenizer)
+    prose = next(e for e in schedule.entries if e.doc_id == "prose.txt")
+    assert (prose.tokens, prose.ring_size) == (600, 2)
+
+
+def test_without_transformers_here_the_bounds_stand(tmp_path, monkeypatch):
+    """A job naming its own environment (env.venv) is not held to this host's packages: a
+    document's count needed transformers here, a ModuleNotFoundError traceback at submit."""
+    import sys
+
+    from ringctl.errors import UserError
+    from ringctl.submission import checked_for_submission
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "long.txt").write_text("abcdefghij " * 300)
+    job = [f"task.inputs=[{docs}]", f"task.model_path={_word_model(tmp_path)}"]
+    job += ["nodes=1", "tasks_per_node=2", "ring.size=auto", "ring.max_tokens_per_rank=200"]
+    job += [f"env.venv={tmp_path}"]
+    cfg = load_job(JOB, job)
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(UserError, match="'long.txt' has 3,300 tokens"):  # by its bound
+        checked_for_submission(cfg, str(JOB))

@@ -105,7 +105,7 @@ def test_two_records_with_one_id_are_named_by_line(tmp_path: Path) -> None:
     with pytest.raises(DocumentError) as err:
         list_documents(records, id_field="id")
     assert str(err.value) == (
-        f"two records of {records} (lines 1 and 3) give the same document id 'dup' "
+        f"two records of {records} (records 1 and 3) give the same document id 'dup' "
         "(task.id_field): make the ids unique, or leave task.id_field null (ids are then FILE#N)"
     )
 
@@ -240,3 +240,16 @@ def test_ringattn_imports_neither_transformers_nor_ringctl() -> None:
     for path in (ROOT / "ringattn").glob("*.py"):
         text = path.read_text()
         assert "import ringctl" not in text and "from ringctl" not in text, path
+
+
+def test_a_link_to_a_folder_in_an_input_folder_is_not_followed_nor_refused(tmp_path) -> None:
+    """The refusal of entries that are not files caught links to folders too (skipped
+    before, as Path.rglob skips them): the job refused its whole input folder."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "b.txt").write_text("elsewhere")
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a document")
+    (folder / "linked").symlink_to(other)
+    assert [d.id for d in list_documents(folder).documents] == ["a.txt"]

@@ -142,8 +142,10 @@ def test_resume_sizes_ring_size_auto_as_submit_does(tmp_path):
     job = types.SimpleNamespace(config=config)
     with pytest.raises(UserError, match="ring.size=auto needs a per-rank token budget"):
         resumed_config(job, ["ring.size=auto", "tasks_per_node=2"])
-    budget = resumed_config(job, ["ring.size=auto", "ring.max_tokens_per_rank=4096"])
-    assert budget is not None and budget[0].ring.max_tokens_per_rank == 4096
+    # 8192 a rank: a ring of 4 holds the bundled samples' longest (29,800 bytes, the bytes
+    # model's tokens), which submit now checks too (4096 passed, then failed on the ranks)
+    budget = resumed_config(job, ["ring.size=auto", "ring.max_tokens_per_rank=8192"])
+    assert budget is not None and budget[0].ring.max_tokens_per_rank == 8192
 
 
 # 5 --------------------------------------------------------------------------------------------

@@ -302,3 +302,15 @@ def test_a_reused_pid_is_never_signalled(tmp_path, capsys):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_missing_sbatch_submits_nothing_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """`backend=slurm` where sbatch is not installed started nothing: the second reading
+    caught the directory kept and the submission said "may have been queued"."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    out = tmp_path / "jobs"
+    capsys.readouterr()
+    assert main(["submit", SMOKE, "backend=slurm", f"output_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert "`sbatch` not found on this machine" in err and "may have been queued" not in err
+    assert not out.exists() or not list(out.iterdir())

@@ -67,7 +67,7 @@ def test_a_new_task_with_documents_has_them_checked_at_submit(monkeypatch):
     class DemoTask(AttentionTask):
         name = "demo"
 
-        def document_lengths(self, cfg, *, bundled=True):
+        def document_lengths(self, cfg, *, fits=None):
             return [("short", 10), ("huge", 1_000_000)]
 
         @staticmethod

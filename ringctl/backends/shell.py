@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..bounded_read import open_regular, read_range
-from ..errors import UserError
+from ..errors import NotSubmitted, UserError
 
 READ_LIMIT = 16 << 20  # bytes a read of a job's file returns at most (logs are read in pieces)
 
@@ -44,8 +44,8 @@ class LocalShell:
             proc = subprocess.run(
                 list(argv), capture_output=True, text=True, timeout=timeout, check=False
             )
-        except FileNotFoundError:
-            raise UserError(
+        except FileNotFoundError:  # nothing started: a submission through it was not made
+            raise NotSubmitted(
                 f"`{argv[0]}` not found on this machine: the slurm backend runs on a Slurm login "
                 "node (use the ssh backend to submit through one, or backend=local to run the "
                 "ranks here: `ringctl example` shows each job's settings)"

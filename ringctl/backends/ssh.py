@@ -44,7 +44,7 @@ from paramiko import sftp as sftp_proto
 from paramiko.sftp_attr import SFTPAttributes
 
 from ..bounded_read import read_window
-from ..errors import RemoteGone, UserError
+from ..errors import NotSubmitted, RemoteGone, UserError
 from ..jobdir import (
     ARCHIVED_ON_RESUME,
     ATTEMPTS,
@@ -265,14 +265,9 @@ class SSHShell:
         return self._sftp
 
     def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
-        command = shlex.join(argv)
+        chan = self._session(argv, timeout)
         try:
-            transport = self.client.get_transport()
-            if transport is None or not transport.is_active():
-                raise UserError(f"ssh {self.where}: the connection is closed")
-            chan = transport.open_session(timeout=timeout)
-            chan.settimeout(timeout)
-            chan.exec_command(command)
+            chan.exec_command(shlex.join(argv))
             out, err = bytearray(), bytearray()
             deadline = time.monotonic() + timeout
             while True:
@@ -296,9 +291,10 @@ class SSHShell:
             rc = chan.recv_exit_status()
             chan.close()
             if rc == -1:  # paramiko's word for no exit status: an exit-signal, or a close
+                said = one_line(bytes(err or out).decode("utf-8", "replace"))
                 raise UserError(
                     f"ssh {self.where}: `{argv[0]}` ended with no exit status (killed by a "
-                    "signal, or the connection closed while it ran)"
+                    "signal, or the connection closed while it ran)" + (f": {said}" if said else "")
                 )
         except TimeoutError:
             raise UserError(
@@ -309,6 +305,20 @@ class SSHShell:
                 f"ssh {self.where}: running `{argv[0]}` failed: {one_line(str(err))}"
             ) from None
         return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+    def _session(self, argv: Sequence[str], timeout: float):
+        """A channel to run ``argv`` on; a failure here started nothing (NotSubmitted)."""
+        try:
+            transport = self.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise NotSubmitted(f"ssh {self.where}: the connection is closed")
+            chan = transport.open_session(timeout=timeout)
+            chan.settimeout(timeout)
+        except (paramiko.SSHException, OSError) as err:
+            raise NotSubmitted(
+                f"ssh {self.where}: running `{argv[0]}` failed: {one_line(str(err))}"
+            ) from None
+        return chan
 
     def read_from(
         self, path: str, offset: int = 0, *, limit: int = READ_LIMIT, tail: bool = False

@@ -90,9 +90,10 @@ def scheduled_tokens(
 ) -> list[int]:
     """Each document's length for the schedule: the sampled estimate, and the real count
     (tokenised here, on every rank alike) of a document whose estimate picks a ring that its
-    bytes, the bound, would not fit. One ratio for the whole corpus put a document of dense
-    punctuation (1,157 tokens, estimated 390) on a ring holding 700 a rank: it ran 65% over
-    the budget unsaid, an out-of-memory on a GPU. Only such documents are read twice."""
+    bytes, the bound, would not fit, or fits no ring (refused by its real length only). One
+    ratio for the whole corpus put a document of dense punctuation (1,157 tokens, estimated
+    390) on a ring holding 700 a rank: it ran 65% over the budget unsaid, an out-of-memory on
+    a GPU. Only such documents are read twice."""
     from ringattn.geometry import ring_holds  # the ringattn package imports torch
 
     ratio = sampled_bytes_per_token(docs, tokenizer)
@@ -103,7 +104,7 @@ def scheduled_tokens(
     sizes = ring_sizes(world, options.size if options.size is not None else world)
     for i, doc in enumerate(docs):
         ring = next((r for r in sizes if ring_holds(tokens[i], r, int(budget), layout)), None)
-        if ring is not None and not ring_holds(document_bytes(doc), ring, int(budget), layout):
+        if ring is None or not ring_holds(document_bytes(doc), ring, int(budget), layout):
             try:
                 tokens[i] = len(tokenizer.encode(doc.read_bytes()))
             except (OSError, ValueError):  # gone since listed: its ring says so when reached

@@ -234,8 +234,9 @@ def _write(
 
 
 def _refused(problem: str) -> UserError:
-    """A checkpoint gather cannot vouch for (damaged, changed since its save, unreadable):
-    exit 3, as a scoring job's damaged outputs (2 is a usage error)."""
+    """A checkpoint gather cannot vouch for (damaged, changed since its save, unreadable) or
+    that is not the run's last (unfinished: --partial): exit 3, as a scoring job's damaged or
+    missing outputs (2 is a usage error)."""
     from ..longdoc.output.gather import GatherError
 
     return GatherError([problem])

@@ -310,7 +310,8 @@ def _walk(root: Path, split: str | None, dicts: list[Path], passed: list[str]) -
                 found.append(((p.relative_to(root).as_posix(), 0), p))
             elif p.is_file():
                 passed.append(str(p))
-            else:  # listed nowhere, it vanished from the job unsaid (missing: 0, exit 0)
+            elif not p.is_dir():  # (a link to a folder: not followed, as Path.rglob)
+                # listed nowhere, it vanished from the job unsaid (missing: 0, exit 0)
                 raise DocumentError(
                     f"{p}: not a regular file or folder (a link to nothing, a pipe, a device "
                     f"or a socket) in the input folder {root}: remove it, or name the inputs "
@@ -479,7 +480,7 @@ def _same_id(first: Document, second: Document) -> str:
     file (their id field: lines named), or two inputs (rename, or name their folder)."""
     if first.source == second.source and first.line is not None and second.line is not None:
         return (
-            f"two records of {second.source} (lines {first.line} and {second.line}) give the "
+            f"two records of {second.source} (records {first.line} and {second.line}) give the "
             f"same document id {second.id!r} (task.id_field): make the ids unique, or leave "
             "task.id_field null (ids are then FILE#N)"
         )

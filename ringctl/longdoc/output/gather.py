@@ -19,10 +19,11 @@ temporary directory renamed to ``out`` only when everything verified:
   (N, hidden) and ``pooled`` (hidden,); metadata: doc_id, source, task;
 * ``grads/<doc key>.safetensors`` (task grad with write_grads), checksum verified;
 * ``summary.json`` and ``summary.csv``: one row per document (tokens, log-likelihood,
-  perplexity, bits per byte with every tokenizer, ``past_trained_context`` for a document
-  longer than the model's trained context, seconds, ...; ``JobModel``), plus the inputs that
-  were missing when the job ran (CSV text cells that begin like a spreadsheet formula get a
-  leading ``'``: ``export.csv_text``); summary.json also has the model's ``trained_context``;
+  perplexity, bits per byte with every tokenizer, ``past_trained_context`` (whether the
+  document is longer than the model's trained context; null where none is known), seconds,
+  ...; ``JobModel``), plus the inputs that were missing when the job ran (CSV text cells
+  that begin like a spreadsheet formula get a leading ``'``: ``export.csv_text``);
+  summary.json also has the model's ``trained_context``;
 * ``tokens.parquet|csv`` (``pooled.*`` for embed) with ``--format parquet|csv``, and, for
   score/grad, ``loss-by-position.json`` / ``.png`` (see ``export.py`` and ``curve.py``);
 * ``.ringctl-gather``: the marker that makes it a gather output. ``--force`` replaces only a
