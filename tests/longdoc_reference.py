@@ -9,6 +9,7 @@ longdoc code, except the seeded construction (so both sides hold identical weigh
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -93,3 +94,33 @@ def unshard(per_rank: list[dict], name: str, n: int) -> torch.Tensor:
         seen[t["positions"]] += 1
     assert torch.equal(seen, torch.ones(n, dtype=torch.int64)), f"coverage {seen.tolist()}"
     return full
+
+
+def word_model(root: Path) -> Path:
+    """A saved tiny Llama (vocabulary 3: "abcdefghij", "a", unknown) with a word-level
+    tokenizer in its directory: one token per word ("abcdefghij " is 11 bytes a token)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoConfig, PreTrainedTokenizerFast
+
+    from ringctl.longdoc.model.load import build_random
+
+    folder = root / "words"
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "abcdefghij": 1, "a": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+    config = AutoConfig.for_model(
+        "llama",
+        vocab_size=3,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    build_random(config, seed=1, dtype=torch.float32, attn_implementation="eager").save_pretrained(
+        folder
+    )
+    return folder

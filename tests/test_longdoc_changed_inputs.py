@@ -143,3 +143,33 @@ def test_a_resume_over_inputs_listing_other_documents_is_refused_before_it_is_qu
     assert "expected.json: this output directory was started for other documents" in err, err
     assert err.rstrip().endswith("Nothing was resumed") and err.count("\n") == 1, err
     assert (job / "job.json").read_bytes() == meta and not (job / "attempts").exists()
+
+
+def test_bits_per_byte_need_not_read_the_input_again(tmp_path, capsys) -> None:
+    """An ssh job's inputs are the login node's: gather could not count a document's scored
+    bytes with a model's tokenizer, and every bits_per_byte read null (the demo's headline).
+    The ring's lead counts them as it reads the document and its entry records them; gather
+    takes that count where it cannot make its own (here: one input folder moved away)."""
+    from tests.longdoc_reference import word_model
+
+    kept, moved = tmp_path / "kept", tmp_path / "moved"
+    for folder, text in ((kept, "a abcdefghij " * 30), (moved, "abcdefghij a a " * 40)):
+        folder.mkdir()
+        (folder / f"{folder.name}.txt").write_text(text)
+    job = tmp_path / "job"
+    args = [f"job_dir={job}", f"task.inputs=[{kept},{moved}]", "nodes=1", "tasks_per_node=2"]
+    assert main(["run", JOB, *args, f"task.model_path={word_model(tmp_path)}"]) == 0
+    assert _gather(job, tmp_path / "here", capsys)[0] == 0
+    moved.rename(tmp_path / "away")
+    code, err = _gather(job, tmp_path / "gone", capsys)
+    assert code == 0, err
+    here, gone = (
+        {
+            r["document"]: r
+            for r in json.loads((tmp_path / o / "summary.json").read_text())["documents"]
+        }
+        for o in ("here", "gone")
+    )
+    assert here["moved.txt"]["bits_per_byte"] is not None
+    assert gone["moved.txt"]["bits_per_byte"] == here["moved.txt"]["bits_per_byte"]
+    assert gone["kept.txt"]["bits_per_byte"] == here["kept.txt"]["bits_per_byte"]

@@ -20,6 +20,7 @@ from ringctl.longdoc.schedule import (
     sampled_bytes_per_token,
 )
 from ringctl.tasks import get_task
+from tests.longdoc_reference import word_model
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "jobs" / "longdoc.yaml"
@@ -102,37 +103,6 @@ def test_a_document_denser_than_the_sample_is_counted_before_it_is_placed(tmp_pa
     assert all(e.ring_size == 1 for e in schedule.entries if e.doc_id != "z-dense.txt")
 
 
-def _word_model(root: Path) -> Path:
-    """A saved tiny Llama (vocabulary 3) with a word-level tokenizer in its directory: one
-    token per word, 11 bytes a token for the documents below."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoConfig, PreTrainedTokenizerFast
-
-    from ringctl.longdoc.model.load import build_random
-
-    folder = root / "words"
-    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "abcdefghij": 1, "a": 2}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
-    config = AutoConfig.for_model(
-        "llama",
-        vocab_size=3,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
-    build_random(config, seed=1, dtype=torch.float32, attn_implementation="eager").save_pretrained(
-        folder
-    )
-    return folder
-
-
 def test_submit_and_plan_refuse_by_a_document_s_real_length(tmp_path, capsys):
     """Both sized documents by bytes, an upper bound for a model's tokenizer: a job whose
     document makes 300 tokens (3,300 bytes) was refused on a ring holding 400 ("has 3,300
@@ -146,7 +116,7 @@ def test_submit_and_plan_refuse_by_a_document_s_real_length(tmp_path, capsys):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "long.txt").write_text("abcdefghij " * 300)  # 3,300 bytes, 300 tokens
-    model = _word_model(tmp_path)
+    model = word_model(tmp_path)
     job = [f"task.inputs=[{docs}]", f"task.model_path={model}", "nodes=1", "tasks_per_node=2"]
     job += ["ring.size=auto", "ring.max_tokens_per_rank=200"]  # a ring of 2 holds 400
     checked_for_submission(load_job(JOB, job), str(JOB))  # not refused
@@ -166,7 +136,7 @@ def test_a_document_sparser_than_the_sample_is_counted_not_refused_by_its_estima
     and let it through. It is counted too."""
     from ringctl.longdoc.model.tokenize import load_tokenizer
 
-    tokenizer = load_tokenizer(_word_model(tmp_path))
+    tokenizer = load_tokenizer(word_model(tmp_path))
     corpus = tmp_path / "docs"
     corpus.mkdir()
     for n in range(30):  # the sample: 2 bytes a token
@@ -190,7 +160,7 @@ def test_without_transformers_here_the_bounds_stand(tmp_path, monkeypatch):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "long.txt").write_text("abcdefghij " * 300)
-    job = [f"task.inputs=[{docs}]", f"task.model_path={_word_model(tmp_path)}"]
+    job = [f"task.inputs=[{docs}]", f"task.model_path={word_model(tmp_path)}"]
     job += ["nodes=1", "tasks_per_node=2", "ring.size=auto", "ring.max_tokens_per_rank=200"]
     job += [f"env.venv={tmp_path}"]
     cfg = load_job(JOB, job)

@@ -152,17 +152,32 @@ def _changed_inputs(docs: list[Document], changed: list[list[str]], params, job:
         job.log(f"input changed since its outputs were written, computed again: {some_names(ids)}")
 
 
-def _read_ids(doc: Document, tokenizer) -> tuple[torch.Tensor | None, int, dict | None, int]:
+def _read_ids(
+    doc: Document, tokenizer, scored: dict[str, int | None] | None = None
+) -> tuple[torch.Tensor | None, int, dict | None, int]:
     """(token ids or None when the input vanished, their checksum, the input's identity: what
     the document's outputs record of it, and how many of its bytes a text tokenizer read as
-    U+FFFD: not valid UTF-8; the byte tokenizer reads every byte as it is)."""
+    U+FFFD: not valid UTF-8; the byte tokenizer reads every byte as it is). ``scored`` (the
+    ring's lead): takes the document's scored bytes (``tokenize.scored``), which its entry
+    records for gather where the inputs are not at hand (an ssh job's, on the login node)."""
     try:
         raw = doc.read_bytes()
     except (FileNotFoundError, DocumentError):  # gone, or changed since it was listed
         return None, -1, None, 0
-    ids = tokenizer.encode(raw)
+    if scored is None:
+        ids = tokenizer.encode(raw)
+    else:
+        ids, scored[doc.id] = tokenizer.scored(raw)
     replaced = 0 if isinstance(tokenizer, ByteTokenizer) else invalid_utf8_count(raw)
     return ids, zlib.crc32(ids.numpy().tobytes()), input_identity([raw]), replaced
+
+
+def _with_scored_bytes(stats: dict, scored: int | None) -> dict:
+    """A scoring result's stats with the document's scored bytes where the ring's lead counted
+    them (bits per byte for gather without the input: ``JobModel.scored_bytes``)."""
+    if scored is None or "log_likelihood" not in stats:
+        return stats
+    return {**stats, "scored_bytes": int(scored)}
 
 
 def _stats_text(st: dict) -> str:
@@ -376,6 +391,7 @@ class LongDocRun:
         self.tokenizer: Any = None
         self.model: Any = None
         self.inputs: dict[str, dict | None] = {}  # document id -> its input's identity, as read
+        self.scored: dict[str, int | None] = {}  # document id -> its scored bytes (ring leads)
         self._identity: dict | None = None  # run_signature's model and tokenizer identity
         self.run_record: dict = {}  # run.json as rank 0 records it, on every rank (list_inputs)
 
@@ -615,7 +631,7 @@ class LongDocRun:
             n_tokens=n,
             padded_tokens=padded,
             tensors=result.tensors,
-            stats=result.stats,
+            stats=_with_scored_bytes(result.stats, self.scored.pop(doc.id, None)),
             seconds=result.seconds,
             grads=result.grads if ring.lead else None,
             input_identity=self.inputs.pop(doc.id, None),
@@ -668,7 +684,8 @@ class _RingPass:
     def step(self, doc: Document, stop: bool) -> bool:
         """One document: agreed by the ring (stop, missing or go), then queued for a batch or
         scored alone. Returns True when the ring stops here."""
-        ids, crc, identity, replaced = _read_ids(doc, self.owner.tokenizer)
+        scored = self.owner.scored if self.ring.lead else None
+        ids, crc, identity, replaced = _read_ids(doc, self.owner.tokenizer, scored)
         self.owner.inputs[doc.id] = identity
         if replaced and self.ring.lead:  # the Latin-1 sample was scored altered, unsaid
             self.ring.log(

@@ -80,7 +80,7 @@ from ..inputs.documents import Document
 from . import export
 from .completeness import CurrentInput, RankShard, document_shards
 from .expected import expected_problems, some_names
-from .manifest import read_documents, read_run, skipped_notes
+from .manifest import is_int, read_documents, read_run, skipped_notes
 from .names import RUN_FILE, SUBDIR, OutputPaths
 
 GATHER_FAILED_EXIT = 3
@@ -377,12 +377,19 @@ class JobModel:
         own resolution), when a document's scored bytes are N - 1 and no file is read."""
         return "tokenizer_path" in run and run["tokenizer_path"] is None
 
-    def scored_bytes(self, doc_id: str, ids, run: dict, document: Document | None) -> int | None:
-        """The document's scored bytes (see the class docstring), or None: not known here."""
+    def scored_bytes(
+        self, doc_id: str, ids, run: dict, document: Document | None, recorded=None
+    ) -> int | None:
+        """The document's scored bytes (see the class docstring), or None: not known here.
+        ``recorded``: what the ring's lead counted as it read the document (its entry's
+        stats), taken where the input or tokenizer is not here (an ssh job's inputs are the
+        login node's: its bits per byte read null); a count made here wins."""
         n = int(ids.numel())
         if self.byte_level(run):
             return n - 1 if n >= 2 else None
         counted = self._count(document, ids) if n >= 2 else None
+        if counted is None and n >= 2 and is_int(recorded) and 0 < recorded:
+            return int(recorded)
         if counted is None and n >= 2:
             self.unscored.append(doc_id)
         return counted
@@ -452,7 +459,8 @@ def _gathered(
         return None, []
     if "log_likelihood" in fields:
         document = (inputs.documents or {}).get(doc["id"])
-        scored = model.scored_bytes(doc["id"], tensors["input_ids"], run, document)
+        recorded = (shards[0].entry.get("stats") or {}).get("scored_bytes")
+        scored = model.scored_bytes(doc["id"], tensors["input_ids"], run, document, recorded)
         fields["bits_per_byte"] = bits_per_byte(fields["log_likelihood"], scored)
     seconds = max(_seconds(s.entry.get("seconds")) for s in shards)
     row = {"document": doc["id"], "tokens": n, **model.mark(n), **fields}
