@@ -748,3 +748,18 @@ def test_a_running_job_s_failed_gather_advises_partial_only_when_not_given():
     assert line.endswith("or gather what is complete now with --partial"), line
     line = not_finished_line(running, Path("/j"), partial=True)
     assert "--partial" not in line and line.startswith("the job is RUNNING"), line
+
+
+def test_an_entry_whose_stats_are_not_an_object_is_no_traceback(jobs, tmp_path, capsys):
+    """gather reads the scored bytes a ring's lead recorded in its entry's stats: an entry
+    whose stats is a list (damaged, or written by hand) must not be an AttributeError."""
+    from ringctl.longdoc.inputs.documents import doc_key
+
+    job, shards = _copy_job(jobs, tmp_path)
+    entry = shards / doc_key("docs.jsonl#1") / "rank-00000.json"
+    data = json.loads(entry.read_text())
+    data["stats"] = ["not", "an", "object"]
+    entry.write_text(json.dumps(data))
+    assert _cli([str(job)]) == 0, capsys.readouterr().err  # the data files vouch for the rest
+    summary = json.loads((job / "gathered" / "summary.json").read_text())
+    assert "docs.jsonl#1" in {r["document"] for r in summary["documents"]}

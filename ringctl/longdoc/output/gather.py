@@ -459,7 +459,8 @@ def _gathered(
         return None, []
     if "log_likelihood" in fields:
         document = (inputs.documents or {}).get(doc["id"])
-        recorded = (shards[0].entry.get("stats") or {}).get("scored_bytes")
+        stats = shards[0].entry.get("stats")
+        recorded = stats.get("scored_bytes") if isinstance(stats, dict) else None
         scored = model.scored_bytes(doc["id"], tensors["input_ids"], run, document, recorded)
         fields["bits_per_byte"] = bits_per_byte(fields["log_likelihood"], scored)
     seconds = max(_seconds(s.entry.get("seconds")) for s in shards)
