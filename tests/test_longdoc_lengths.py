@@ -167,3 +167,17 @@ def test_without_transformers_here_the_bounds_stand(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(UserError, match="'long.txt' has 3,300 tokens"):  # by its bound
         checked_for_submission(cfg, str(JOB))
+
+
+def test_the_unchecked_note_is_for_the_job_s_own_inputs(tmp_path, capsys):
+    """Submit now checks the bundled samples under a budget; with no device and no budget it
+    said "nothing checks that it fits" of them, on the demo's first command. Said for the
+    job's own inputs only."""
+    from ringctl.sizing import Sizing
+    from ringctl.submission import check_documents
+
+    check_documents(Sizing(load_job(JOB, ["task.model_path=null"])))
+    assert "nothing checks that it fits" not in capsys.readouterr().err
+    (tmp_path / "a.txt").write_text("a document of its own")
+    check_documents(Sizing(load_job(JOB, ["task.model_path=null", f"task.inputs=[{tmp_path}]"])))
+    assert "nothing checks that it fits" in capsys.readouterr().err
