@@ -286,11 +286,12 @@ class JobDir:
                 f"{err.strerror or err}; cancel it with `{cancel_with}` if unwanted"
             ) from None
 
-    def submission_unknown(self) -> bool:
-        """Whether job.json names no job because its last submission may have been queued
-        (sbatch timing out, a connection dropped while it ran, no id printed): a plain
-        submit's (``mark_submission_unknown``) or a resume's (the attempts it moved)."""
-        meta = self.read_meta()
+    def submission_unknown(self, meta: dict | None = None) -> bool:
+        """Whether job.json (``meta``: as already read) names no job because its last
+        submission may have been queued (sbatch timing out, a connection dropped while it
+        ran, no id printed): a plain submit's (``mark_submission_unknown``) or a resume's
+        (the attempts it moved)."""
+        meta = self.read_meta() if meta is None else meta
         return not meta.get("job_id") and bool(meta.get("attempts") or meta.get(UNKNOWN_SUBMISSION))
 
     def mark_submission_unknown(self) -> None:

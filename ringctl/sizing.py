@@ -263,7 +263,7 @@ class Sizing:
         work, unread = self._work
         if not lengths or (work is None and not unread):
             return [], []
-        budget, fits = self._document_budget()
+        budget, fits = self._document_budget
         biggest = self.largest_ring
         of = f" ({name})" if device is not None and not given else ""
         layout = job_layout(cfg)
@@ -284,8 +284,9 @@ class Sizing:
             return None
         if unread and not given:  # ``documents`` says why, where there are documents
             return None
-        return self._document_budget()[1]
+        return self._document_budget[1]
 
+    @cached_property
     def _document_budget(self):
         """(tokens per rank, ``fits``) of ``documents``: the job's own budget, else its
         device's as the planner prices it (a model it cannot read raises)."""

@@ -105,9 +105,10 @@ class SlurmBackend(Backend):
 
     def _job_id(self, job_dir: Path) -> str:
         job_dir = Path(job_dir)
-        data = JobDir(job_dir).read_meta()
+        job = JobDir(job_dir)
+        data = job.read_meta()
         job_id = data.get("job_id")
-        if JobDir(job_dir).submission_unknown():  # a submission sbatch may have queued
+        if job.submission_unknown(data):  # a submission sbatch may have queued
             raise UserError(
                 f"{job_dir}: job.json names no job: the last submission may have been "
                 "queued; look for it (squeue --me), cancel it if so, then `ringctl resume "

@@ -565,9 +565,9 @@ def _print_budget(args, work: Workload, device: Device) -> int:
 
     cfg, ring = args.job_cfg, args.ranks
     budget = max_tokens_per_rank(work, device, ring, _ranks_on_host(args))
-    fits = _job_fits(args, work, device)
-    listed = get_task(str(cfg.task.name)).document_lengths(cfg, fits=fits)
-    spans = _job_makespans(args, work, device, listed) if listed else {}
+    rings = _job_rings(args, work, device)
+    listed = get_task(str(cfg.task.name)).document_lengths(cfg, fits=_job_fits(args, *rings))
+    spans = _job_makespans(args, work, device, listed, rings) if listed else {}
     if args.json:
         report = {
             "device": device.name,
@@ -582,13 +582,13 @@ def _print_budget(args, work: Workload, device: Device) -> int:
     return 0
 
 
-def _job_makespans(args, work: Workload, device: Device, listed) -> dict[str, float]:
-    """{schedule: seconds}: the job's own (``ringctl.makespan.price_job``), and one ring of
-    the whole job when that is not what the job runs."""
+def _job_makespans(args, work: Workload, device: Device, listed, rings) -> dict[str, float]:
+    """{schedule: seconds}: the job's own (``ringctl.makespan.price_job``; ``rings``: its
+    ``_job_rings``), and one ring of the whole job when that is not what the job runs."""
     from ..makespan import price_job
 
     cfg, world = args.job_cfg, args.world
-    size, budget = _job_rings(args, work, device)
+    size, budget = rings
     job = partial(
         price_job,
         listed,
@@ -621,13 +621,13 @@ def _job_rings(args, work: Workload, device: Device) -> tuple:
     return size, budget
 
 
-def _job_fits(args, work: Workload, device: Device):
-    """``fits(tokens)``: whether the job's largest ring holds a document that long under its
-    budget (None: one ring of the whole job, no budget); what the schedule's refusal asks."""
+def _job_fits(args, size, budget):
+    """``fits(tokens)``: whether the job's largest ring (``size``, its ring.size) holds a
+    document that long under ``budget`` (None: one ring of the whole job, no budget); what
+    the schedule's refusal asks."""
     from ..config import job_layout
     from ..rings import ring_sizes
 
-    size, budget = _job_rings(args, work, device)
     if budget is None:
         return None
     largest = max(ring_sizes(args.world, size if size is not None else args.world))

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .compute.scoring import BypassError
+from .consensus import from_lead
 from .model.compat import length_limit, model_type, sliding_window
 
 PROBE_TOKENS = 251  # prime: never a multiple of the number of shards
@@ -308,10 +309,5 @@ def run_probe(model, *, group, layout: str, dtype_name: str, chunk_size: int) ->
             result = _compare(model, ids, [m for m, _ in every], dtype_name, world)
         if sharded:
             release(model)
-    verdict = [result.error]
-    if world > 1:
-        dist.broadcast_object_list(
-            verdict, src=dist.get_global_rank(group, 0) if group else 0, group=group
-        )
-    result.error = verdict[0]
+    result.error = from_lead(result.error, group)
     return result

@@ -86,11 +86,11 @@ def _token_bound(raw: bytes) -> int:
     return len(raw.decode("utf-8", "replace").encode("utf-8")) + SLACK
 
 
-def _real_counts(p: CorpusParams, docs: list, uncertain) -> tuple[dict[int, int], int]:
+def _real_counts(p: CorpusParams, docs: list, uncertain=None) -> tuple[dict[int, int], int]:
     """({index: tokens} of the documents whose bound ``uncertain(bound)`` calls too long to
-    take on trust, counted with the job's own tokenizer (loaded only when one needs it), how
-    many were left uncounted past ``CONTEXT_CHECK_BYTES``). One that cannot be read now is
-    left out (the job names it when it runs)."""
+    take on trust (None: every one), counted with the job's own tokenizer (loaded only when
+    one needs it), how many were left uncounted past ``CONTEXT_CHECK_BYTES``). One that
+    cannot be read now is left out (the job names it when it runs)."""
     from ..longdoc.inputs.documents import DocumentError
     from ..longdoc.model.tokenize import load_tokenizer
 
@@ -102,7 +102,7 @@ def _real_counts(p: CorpusParams, docs: list, uncertain) -> tuple[dict[int, int]
             raw = doc.read_bytes()
         except (OSError, DocumentError):
             continue
-        if not uncertain(_token_bound(raw)):
+        if uncertain is not None and not uncertain(_token_bound(raw)):
             continue
         if tokenizer is None:
             tokenizer = load_tokenizer(p.tokenizer_dir())
@@ -187,12 +187,13 @@ class CorpusTask(Task):
 
         name = None if model_path is None else str(model_path)
         try:
+            unknown = None if installed_here else unknown_reserved_name(name)
             if installed_here:
                 resolve_model_path(name)
-            elif unknown_reserved_name(name):
-                raise ValueError(unknown_reserved_name(name))
         except ValueError as err:
-            raise bad("task.model_path", str(err)) from None
+            unknown = str(err)
+        if unknown:
+            raise bad("task.model_path", unknown)
 
     def check_login_node_paths(self, p: CorpusParams, bad) -> None:
         """Paths of a job whose nodes do not see this machine's files (ssh) name the login
@@ -547,7 +548,7 @@ class LongDocTask(CorpusTask):
         """``tokens`` with the real count of each document whose estimate ``fits`` refuses."""
         too_long = [i for i, n in enumerate(tokens) if not fits(n)]
         try:
-            counts, _ = _real_counts(params, [docs[i] for i in too_long], lambda bound: True)
+            counts, _ = _real_counts(params, [docs[i] for i in too_long])
         except ImportError:  # no transformers here (the job names its own env): bounds stand
             return tokens
         out = list(tokens)
