@@ -152,3 +152,22 @@ def test_a_job_split_error_names_the_jobs_key(capsys):
     assert "error: jobs/train.yaml: task.seq_len 3 cannot be split" in capsys.readouterr().err
     assert main(["plan", "jobs/longdoc.yaml", "--seq", "1048571", "--ranks", "4"]) == 2
     assert "error: --seq 1048571 cannot be split" in capsys.readouterr().err
+
+
+def test_plan_of_a_job_with_its_own_budget_headlines_that_budget(capsys):
+    """A job giving ring.max_tokens_per_rank was headlined with the device's budget ("at most
+    2,850,958 tokens per rank; a ring of 2 holds documents up to 5,701,916") where its ranks
+    take 5,000 a rank (10,000 a ring); one over what the device holds is warned, exit 1."""
+    argv = ["plan", "jobs/longdoc.yaml", "device=H100-SXM", "ring.size=auto"]
+    assert main([*argv, "ring.max_tokens_per_rank=5000"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "ring.max_tokens_per_rank 5,000 (the device holds at most" in out
+    assert "a ring of 2 holds documents up to 10,000 tokens" in out and "warning" not in out
+    assert main([*argv, "ring.max_tokens_per_rank=5000", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["job_max_tokens_per_rank"] == 5000 and report["max_tokens_per_rank"] > 10**6
+    assert main([*argv, "ring.max_tokens_per_rank=900000000"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: ring.max_tokens_per_rank 900,000,000 is more than one H100-SXM holds" in out
+    assert main(argv[:2] + ["device=H100-SXM"]) == 0  # no budget of its own: the device's
+    assert "at most 2," in " ".join(capsys.readouterr().out.split())

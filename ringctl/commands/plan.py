@@ -568,18 +568,23 @@ def _print_budget(args, work: Workload, device: Device) -> int:
     rings = _job_rings(args, work, device)
     listed = get_task(str(cfg.task.name)).document_lengths(cfg, fits=_job_fits(args, *rings))
     spans = _job_makespans(args, work, device, listed, rings) if listed else {}
+    own = config_section(cfg, "ring").get("max_tokens_per_rank")
+    own = None if own is None else int(own)
+    over = own is not None and own > budget
     if args.json:
         report = {
             "device": device.name,
             "ring_size": ring,
             "max_tokens_per_rank": budget,
+            "job_max_tokens_per_rank": own,
             "documents": len(listed),
             "makespan_s": spans,
         }
         print(json.dumps(report, indent=2))
     else:
-        print_schedule(work, device, ring, budget, [n for _, n in listed], spans)
-    return 0
+        lengths = [n for _, n in listed]
+        print_schedule(work, device, ring, (budget, own), lengths, spans)
+    return 1 if over else 0
 
 
 def _job_makespans(args, work: Workload, device: Device, listed, rings) -> dict[str, float]:

@@ -160,19 +160,31 @@ def print_plan(work, est, device, link, longest, fewest, layouts=()) -> None:
         console.print(f"[yellow]warning:[/] {warning}")
 
 
-def print_schedule(work, device, ring, budget, lengths, spans) -> None:
+def print_schedule(work, device, ring, budgets, lengths, spans) -> None:
+    """``budgets``: (tokens per rank the device holds, the job's own ring.max_tokens_per_rank
+    or None). The headline is the budget the job runs with: a job that gives its own was
+    headlined with the device's (2.85M where its ranks take 5,000)."""
     from ringattn.geometry import ring_capacity  # the job's own rule
 
+    held, own = budgets
+    runs = held if own is None else own
     console = _console()
+    said = f"at most {held:,} tokens per rank"
+    if own is not None:
+        said = f"ring.max_tokens_per_rank {own:,} (the device holds at most {held:,} a rank)"
     console.print(
-        f"{work.run_mode}, {work.model.name or 'model'} on {device.name}: at most "
-        f"{budget:,} tokens per rank; a ring of {ring} holds documents up to "
-        f"{ring_capacity(ring, budget, work.layout):,} tokens"
+        f"{work.run_mode}, {work.model.name or 'model'} on {device.name}: {said}; a ring of "
+        f"{ring} holds documents up to {ring_capacity(ring, runs, work.layout):,} tokens"
     )
+    if own is not None and own > held:
+        console.print(
+            f"[yellow]warning:[/] ring.max_tokens_per_rank {own:,} is more than one "
+            f"{device.name} holds ({held:,} tokens a rank)"
+        )
     if lengths:
         console.print(
-            f"{len(lengths):,} documents, {sum(lengths):,} tokens, longest "
-            f"{max(lengths):,} (UTF-8 bytes: a bound with a tokenizer)"
+            f"{len(lengths):,} documents, {sum(lengths):,} tokens, longest {max(lengths):,} "
+            "(a model tokenizer's: bounds by UTF-8 bytes, counted where no ring holds one)"
         )
     for name, seconds in spans.items():
         console.print(f"predicted makespan, {name}: {seconds:.4g} s")
