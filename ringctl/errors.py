@@ -1,7 +1,7 @@
 """The exceptions the command line turns into one line instead of a traceback.
 
 `UserError`: bad input from the user, exit status 2 (`SubmittedNotRecorded`, `CheckpointPruned`,
-`RemoteGone`: 1). An `OSError`
+`RemoteGone`: 1; `Interrupted`: 130). An `OSError`
 of `WRITE_ERRNOS` (disk full, quota, file too large, read-only file system, no permission): the
 file system refused, exit status 1; writers name the file (`with_filename`), since a failed
 write() names none.
@@ -48,6 +48,15 @@ class NotSubmitted(UserError):
     non-zero status. Only then may a resume put the job directory back (any other failure
     of a submission, a timeout or a dropped connection while sbatch ran, may have queued
     the job)."""
+
+
+class Interrupted(UserError):
+    """A Ctrl-C (SIGINT) once the backend may have queued the job (while sbatch ran, or after
+    it printed an id): the job directory stays, and the line says what it holds and how to
+    find or cancel the job. Exit status 130, as for any interrupt; a Ctrl-C before that
+    removed the directory of a job Slurm ran (nothing named it)."""
+
+    exit_code = 130
 
 
 class RemoteGone(UserError):

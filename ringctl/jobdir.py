@@ -441,16 +441,32 @@ class JobDir:
         if not root.is_dir():
             return []
         found = []
-        for meta_path in root.glob(f"*/{META}"):
+        for meta_path in _meta_files(root):
             try:
                 meta = _read_json_object(meta_path, missing={})
-            except (UserError, RecursionError):  # damaged or hostile: not listed
+            except (UserError, RecursionError):  # damaged or hostile: listed, UNKNOWN
                 meta = {}
             if not isinstance(meta, dict) or (name is not None and meta.get("name") != name):
                 continue
             created = str(meta.get("created_at", ""))
-            found.append((created, meta_path.stat().st_mtime, JobDir(meta_path.parent)))
+            found.append((created, meta_path.lstat().st_mtime, JobDir(meta_path.parent)))
         return [d for _, _, d in sorted(found, key=lambda t: (t[0], t[1]))]
+
+
+def _meta_files(root: Path) -> list[Path]:
+    """job.json of each job directory directly under root: a job.json that is a link to
+    nothing too (a listing shows every job; glob passed it over), never one in a folder
+    whose name starts with a dot (a submit's ``.NAME.XXXX.creating``, listed as an UNKNOWN
+    job, even picked by --latest)."""
+    try:
+        folders = sorted(root.iterdir())
+    except OSError:
+        return []
+    return [
+        d / META
+        for d in folders
+        if not d.name.startswith(".") and d.is_dir() and os.path.lexists(d / META)
+    ]
 
 
 def job_of(path: Path) -> Path | None:

@@ -23,7 +23,7 @@ from .atomic import atomic_write, atomic_write_json, default_dir_mode
 from .backends import backend_class, files_here
 from .backends.base import Backend, JobState, JobStatus
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
-from .errors import NotSubmitted, SubmittedNotRecorded, UserError
+from .errors import Interrupted, NotSubmitted, SubmittedNotRecorded, UserError
 from .jobdir import CONFIG, META, SCRIPT, JobDir
 from .sizing import Sizing
 from .tasks import get_task
@@ -63,8 +63,22 @@ def open_job_dir(path: str | Path) -> tuple[JobDir, object, Backend]:
 
     job = JobDir.open(path)
     cfg = load_resolved(job.config)
-    name = job.read_meta().get("backend") or cfg.backend.value
-    return job, cfg, get_backend(cfg, name)
+    return job, cfg, get_backend(cfg, _recorded_backend(job, cfg.backend.value))
+
+
+def _recorded_backend(job: JobDir, configured: str) -> str:
+    """The backend job.json records (the config's where it records none): the one the config
+    names, else one line naming the file and key. A list there was a traceback in every verb,
+    and "ssh" beside a local config said "ssh.host: is required"."""
+    recorded = job.read_meta().get("backend")
+    if recorded in (None, ""):
+        return configured
+    if recorded != configured:
+        raise UserError(
+            f"{job.meta_file}: backend: {recorded!r}, but {job.config.name} says "
+            f"{configured!r} (a job keeps the backend it was submitted with)"
+        )
+    return recorded
 
 
 def check_plan(sizing: Sizing, *, force: bool = False) -> None:
@@ -244,16 +258,36 @@ def submit_job(job_file: str, overrides: list[str], *, force: bool = False):
         raise
     except UserError as err:  # sbatch timing out, a connection dropped while it ran, no id
         job.mark_submission_unknown()
-        raise UserError(
+        kept = type(err)(  # a Ctrl-C while sbatch ran keeps its exit status (Interrupted)
             f"{err}; the job may have been queued: its directory {job.path} is kept, naming "
             "no job (look for it with squeue --me and cancel it if it is there, then `ringctl "
             f"resume --force {job.path}` runs it, or delete the directory)"
-        ) from None
-    except BaseException:
-        shutil.rmtree(job.path, ignore_errors=True)
+        )
+        raise kept from None
+    except BaseException as err:
+        _drop_unless_named(job, err)
         raise
     job.record_submission(str(job_id), backend.cancel_command(job.path, str(job_id)))
     return job.path, str(job_id), backend
+
+
+def _drop_unless_named(job: JobDir, err: BaseException) -> None:
+    """After a submission failed unexpectedly (a Ctrl-C, a disk that filled, a bug): remove
+    the job directory, unless job.json already names the job the backend queued (Slurm's id
+    is recorded before the cluster's clock is read): then it stays, and a Ctrl-C says which
+    job runs (a Ctrl-C there removed the directory of a job Slurm went on to run)."""
+    try:
+        job_id = job.read_meta().get("job_id")
+    except (OSError, UserError):
+        job_id = None
+    if not job_id:
+        shutil.rmtree(job.path, ignore_errors=True)
+        return
+    if isinstance(err, KeyboardInterrupt):
+        raise Interrupted(
+            f"interrupted after job {job_id} was submitted: {job.path} names it (`ringctl "
+            f"cancel {job.path}` if it is unwanted)"
+        ) from None
 
 
 # What a resume may change: how the job runs, never what it computes or where it lives.
@@ -399,8 +433,8 @@ def _submitted(job: JobDir, backend, undo: _ResumeUndo, previous: Path) -> str:
         raise undo.undone(job, backend, previous, err) from None
     except SubmittedNotRecorded:
         raise  # queued: the job runs, and the message says how to cancel it
-    except UserError as err:
-        raise UserError(
+    except UserError as err:  # (a Ctrl-C while sbatch ran keeps its exit status)
+        raise type(err)(
             f"{err}; the resume may have been queued: job.json names no job (look for it "
             "with squeue --me; cancel it if it is there, then `ringctl resume --force "
             f"{job.path}`); the last attempt's files are in {previous}"

@@ -82,14 +82,15 @@ def test_local_submit_names_the_job_and_how_to_cancel_it(tmp_path, capsys, monke
 
 
 def test_slurm_submit_names_the_job_and_its_scancel(slurm_cluster, tmp_path, monkeypatch):
-    """The slurm backend records the id itself right after sbatch (here the disk fills as it
-    asks the cluster's clock, the step between): before the fix the error also made submit
-    delete the directory of the queued job."""
+    """The slurm backend records the id itself right after sbatch (here the disk fills as
+    sbatch queues the job): before the fix the error also made submit delete the directory of
+    the queued job. The cluster's clock is asked after the id is recorded (a Ctrl-C while a
+    slow login node answered removed the directory: tests/test_job_verbs_review.py)."""
     with _small_disk(tmp_path / "disk") as disk:
         job_dir = disk / "job"
         (job_dir / "logs").mkdir(parents=True)
         (job_dir / "job.sh").write_text("#!/bin/bash\n#SBATCH --time=1\ntrue\n")
-        _filled_after(monkeypatch, SlurmBackend, "_cluster_clock", disk)
+        _filled_after(monkeypatch, SlurmBackend, "_run", disk)  # sbatch's run
         held = SlurmBackend(sbatch_args=["--hold"])  # never starts: nothing opens the tmpfs
         with pytest.raises(SubmittedNotRecorded) as caught:
             held.submit(job_dir)

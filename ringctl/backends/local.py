@@ -203,11 +203,12 @@ MAX_RECORD_BYTES = 1 << 20  # supervisor.pid, state.json: a few hundred bytes a 
 def _read_record(job: JobDir) -> ProcessRecord | None:
     """The supervisor's record. Its marker is this job's, never the file's (a file saying
     "marker": "" and "start": null named any process of the user, and cancel killed it);
-    a start time must be an int (only a 0.1 bare pid has none)."""
+    a start time must be an int (only a 0.1 bare pid has none). A file that is missing or
+    damaged: the supervisor found by its command line (``_running_supervisor``)."""
     try:
         data = json.loads(read_regular(job.supervisor_file, MAX_RECORD_BYTES).decode())
-    except (ValueError, RecursionError):  # unreadable, a link, a FIFO, not JSON: no record
-        return None
+    except (ValueError, RecursionError):  # missing, a link, a FIFO, not JSON: no record
+        return _running_supervisor(job)
     if whole_number(data, 1):  # a 0.1 job directory: a bare pid, identity unknown
         return ProcessRecord(data, None, supervisor_marker(job))
     if (
@@ -215,8 +216,29 @@ def _read_record(job: JobDir) -> ProcessRecord | None:
         or not whole_number(data.get("pid"), 1)
         or not whole_number(data.get("start"), 1)
     ):
-        return None
+        return _running_supervisor(job)
     return ProcessRecord(data["pid"], data["start"], supervisor_marker(job))
+
+
+def _running_supervisor(job: JobDir) -> ProcessRecord | None:
+    """The job's supervisor among this machine's processes, when supervisor.pid cannot say:
+    the one whose command line runs this job's supervisor and which leads its own session
+    (forked ranks carry the same command line, in its session). A damaged file read as "no
+    supervisor": status said FAILED of a running job, and resume started a second ring
+    beside it, whose state.json the first then overwrote."""
+    marker = supervisor_marker(job)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            leads = os.getsid(pid) == pid
+        except OSError:  # gone meanwhile, or not ours to ask
+            continue
+        record = ProcessRecord.of(pid, marker)
+        if leads and record.start is not None and record.alive():
+            return record
+    return None
 
 
 # -- the backend -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import NotSubmitted, UserError
+from ..errors import Interrupted, NotSubmitted, UserError
 from ..jobdir import BATCH_LOG, JobDir, requeued_attempt
 from ..sbatch import batch_log_arguments
 from . import joblogs, slurm_reruns
@@ -149,7 +149,10 @@ class SlurmBackend(Backend):
             *self.sbatch_args,
             f"{where}/job.sh",
         ]
-        rc, out, err = self._run(argv)
+        try:
+            rc, out, err = self._run(argv)
+        except KeyboardInterrupt:  # sbatch may have queued it: the submission keeps the job
+            raise Interrupted("interrupted while sbatch ran") from None
         if rc > 0:  # sbatch's own refusal: nothing queued
             raise NotSubmitted(f"sbatch refused the job: {one_line(err or out) or f'exit {rc}'}")
         if rc != 0:  # killed by a signal, or the connection closed with no exit status
@@ -158,7 +161,8 @@ class SlurmBackend(Backend):
         job_id = lines[-1].split(";")[0].strip() if lines else ""
         if not SLURM_JOB_ID.fullmatch(job_id):
             raise UserError(f"sbatch printed no job id: {one_line(out + ' ' + err)}")
-        since = self._cluster_clock()
+        # The id first, before anything else is asked of the cluster (its clock: a login
+        # node slow to answer): a Ctrl-C from here on leaves a job.json that names the job.
         job.record_submission(
             job_id,
             self.cancel_command(job_dir, job_id),
@@ -166,10 +170,20 @@ class SlurmBackend(Backend):
             submitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             cluster_dir=where,
             batch_log=BATCH_LOG.format(job_id=job_id),
-            sacct_since=since,
             **self._submitted_fields(job_dir, where),
         )
+        self._record_clock(job)
         return job_id
+
+    def _record_clock(self, job: JobDir) -> None:
+        """sacct's --starttime for the job, when the cluster's clock can be read and job.json
+        written (else sacct goes unfiltered: slower, as right)."""
+        since = self._cluster_clock()
+        if since is not None:
+            try:
+                job.update_meta(sacct_since=since)
+            except OSError:
+                pass
 
     def _cluster_clock(self) -> str | None:
         """The cluster's local time two minutes ago (sacct reads --starttime in its own zone),

@@ -1,0 +1,164 @@
+"""Findings of a read-only review of the job lifecycle through the verbs (session of
+2026-12-05 11:22), each reproduced first: a Ctrl-C during a Slurm submission, a damaged
+supervisor.pid, hostile job.json values, and what a listing of job directories shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ringctl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = str(ROOT / "jobs" / "smoke.yaml")
+
+
+def _shim(tmp_path: Path, name: str, body: str) -> Path:
+    """An executable ``name`` first on PATH: ``body`` runs with $REAL set to the real one."""
+    real = shutil.which(name)
+    shim = tmp_path / "bin" / name
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(f'#!/bin/sh\nREAL="{real}"\n{body}\n')
+    shim.chmod(0o755)
+    return shim.parent
+
+
+def _submit_interrupted(tmp_path, capsys, monkeypatch, name: str, body: str):
+    """`ringctl submit` of a Slurm smoke job while ``name`` (sbatch or date) sends this
+    process SIGINT (a Ctrl-C: KeyboardInterrupt where Python waits for it)."""
+    monkeypatch.setenv("PATH", f"{_shim(tmp_path, name, body)}:{os.environ['PATH']}")
+    capsys.readouterr()
+    argv = [SMOKE, "backend=slurm", f"output_dir={tmp_path / 'jobs'}", "task.steps=1"]
+    code = main(["submit", *argv])
+    monkeypatch.undo()
+    queued = (tmp_path / "queued").read_text().split(";")[0].strip()
+    subprocess.run(["scancel", queued], check=False)
+    return code, capsys.readouterr().err, queued
+
+
+@pytest.mark.slurm
+def test_a_ctrl_c_after_sbatch_queued_the_job_keeps_the_directory_naming_it(
+    slurm_cluster, tmp_path, capsys, monkeypatch
+):
+    """A Ctrl-C while submit read the cluster's clock (after sbatch printed the id) removed
+    the job directory, and the job Slurm went on to run was named nowhere ("interrupted",
+    exit 130). job.json records the id first; the directory stays and the line names it."""
+    # sbatch answers as usual (keeping a copy of its id); then `date` sends the Ctrl-C
+    sbatch = _shim(tmp_path, "sbatch", f'"$REAL" "$@" | tee "{tmp_path}/queued"')
+    monkeypatch.setenv("PATH", f"{sbatch}:{os.environ['PATH']}")
+    code, err, queued = _submit_interrupted(
+        tmp_path, capsys, monkeypatch, "date", 'kill -INT $PPID; sleep 5; exec "$REAL" "$@"'
+    )
+    assert code == 130 and queued.isdigit(), err
+    [job_dir] = (tmp_path / "jobs").iterdir()
+    assert f"interrupted after job {queued} was submitted: {job_dir} names it" in err, err
+    assert json.loads((job_dir / "job.json").read_text())["job_id"] == queued
+    assert main(["status", str(job_dir)]) in (0, 1)  # the job, found by its id
+    assert queued in capsys.readouterr().out
+
+
+@pytest.mark.slurm
+def test_a_ctrl_c_while_sbatch_runs_keeps_the_directory_as_maybe_queued(
+    slurm_cluster, tmp_path, capsys, monkeypatch
+):
+    """A Ctrl-C while sbatch ran (it had queued the job, its answer not read yet) removed
+    the directory the queued job ran in: it stays, marked as a submission that may have been
+    queued (the way on as for a timeout), exit 130."""
+    code, err, queued = _submit_interrupted(
+        tmp_path,
+        capsys,
+        monkeypatch,
+        "sbatch",
+        f'"$REAL" "$@" > "{tmp_path}/queued"; kill -INT $PPID; sleep 5; cat "{tmp_path}/queued"',
+    )
+    assert code == 130 and queued.isdigit(), err
+    [job_dir] = (tmp_path / "jobs").iterdir()
+    assert "interrupted while sbatch ran; the job may have been queued" in err, err
+    assert f"its directory {job_dir} is kept" in err
+    assert json.loads((job_dir / "job.json").read_text()).get("submission_unknown") is True
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie (this test process started it and does not reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("damage", ["garbage\n", None])  # damaged, or deleted
+def test_a_running_local_job_whose_supervisor_pid_is_lost_is_still_found(tmp_path, capsys, damage):
+    """supervisor.pid damaged or gone while the job ran: status said FAILED ("the local
+    supervisor process is gone") of a live job, resume started a second ring beside it (whose
+    state.json the first then wrote), cancel reached nothing. The supervisor is found by its
+    command line: RUNNING, resume refused, cancel ends it."""
+    from tests.local_jobs import local_state, submit, wait_for
+
+    job_dir = submit(
+        capsys, SMOKE, f"output_dir={tmp_path}", "task.fault_rank=0", "task.fault=hang"
+    )
+    wait_for(lambda: local_state(job_dir).get("state") == "RUNNING", 60, "RUNNING")
+    pid = json.loads((job_dir / "supervisor.pid").read_text())["pid"]
+    if damage is None:
+        (job_dir / "supervisor.pid").unlink()
+    else:
+        (job_dir / "supervisor.pid").write_text(damage)
+    capsys.readouterr()
+    main(["status", str(job_dir), "--json"])
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["state"] == "RUNNING" and row["job_id"] == f"local-{pid}", row
+    assert main(["resume", "--force", str(job_dir)]) == 2
+    assert f"job local-{pid} is RUNNING; cancel it first" in capsys.readouterr().err
+    assert not (job_dir / "attempts").exists()
+    assert main(["cancel", str(job_dir)]) == 0
+    wait_for(lambda: _ended(pid), 30, "the supervisor to end")
+    capsys.readouterr()
+    main(["status", str(job_dir), "--json"])
+    assert json.loads(capsys.readouterr().out)[0]["state"] == "CANCELLED"
+
+
+def _job_dir(path: Path, meta: dict) -> Path:
+    """A job directory as submit makes it, with job.json ``meta`` (no job ever ran in it)."""
+    from ringctl.config import load_job, to_yaml
+
+    for sub in ("logs", "out", "probes"):
+        (path / sub).mkdir(parents=True)
+    (path / "config.yaml").write_text(to_yaml(load_job(SMOKE, [])))
+    (path / "job.json").write_text(json.dumps(meta))
+    return path
+
+
+@pytest.mark.parametrize("recorded", [["x"], 5, "ssh"])
+def test_a_job_json_backend_not_the_configs_is_one_line_naming_the_key(tmp_path, capsys, recorded):
+    """A list there was `TypeError: unhashable type` in every verb; 5 said "backend 5 is not
+    available in this installation"; "ssh" beside a local config "ssh.host: is required"."""
+    job = _job_dir(tmp_path / "job", {"backend": recorded, "name": "smoke"})
+    for verb in ("status", "logs", "cancel", "resume"):
+        capsys.readouterr()
+        assert main([verb, str(job)]) in (1, 2), verb
+        err = capsys.readouterr().err
+        said = f"{job / 'job.json'}: backend: {recorded!r}, but config.yaml says 'local'"
+        assert said in err and "Traceback" not in err, (verb, err)
+
+
+def test_a_listing_shows_a_dangling_job_json_and_never_a_submits_temporary(tmp_path, capsys):
+    """A submit's `.NAME.XXXX.creating` folder (seen while it runs, left by one killed) was
+    listed as a job, UNKNOWN, and picked by --latest for its future created_at; a job whose
+    job.json is a link to nothing was left out of the listing."""
+    root = tmp_path / "runs"
+    ok = _job_dir(root / "ok", {"backend": "local", "name": "smoke"})
+    _job_dir(root / ".smoke.abc.creating", {"name": "smoke", "created_at": "2999-01-01"})
+    dangling = _job_dir(root / "dangling", {})
+    (dangling / "job.json").unlink()
+    (dangling / "job.json").symlink_to(tmp_path / "nowhere")
+    capsys.readouterr()
+    main(["status", "--root", str(root), "--json"])
+    rows = {Path(r["job_dir"]).name: r["state"] for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"ok", "dangling"} and rows["dangling"] == "UNKNOWN", rows
+    assert main(["status", "--root", str(root), "--latest", "--dir-only"]) in (0, 1)
+    assert capsys.readouterr().out.strip() in (str(ok), str(dangling))
