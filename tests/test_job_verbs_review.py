@@ -1,6 +1,7 @@
 """Findings of a read-only review of the job lifecycle through the verbs (session of
 2026-12-05 11:22), each reproduced first: a Ctrl-C during a Slurm submission, a damaged
-supervisor.pid, hostile job.json values, and what a listing of job directories shows."""
+supervisor.pid, hostile job.json values, and what a listing of job directories shows; and
+the config review's local job naming a batch script's environment."""
 
 from __future__ import annotations
 
@@ -162,3 +163,19 @@ def test_a_listing_shows_a_dangling_job_json_and_never_a_submits_temporary(tmp_p
     assert set(rows) == {"ok", "dangling"} and rows["dangling"] == "UNKNOWN", rows
     assert main(["status", "--root", str(root), "--latest", "--dir-only"]) in (0, 1)
     assert capsys.readouterr().out.strip() in (str(ok), str(dangling))
+
+
+@pytest.mark.parametrize(
+    "given",
+    ["env.venv=/nonexistent", "env.modules=[cuda/12]", "env.conda=base", "env.container_image=i"],
+)
+def test_a_local_job_naming_a_batch_scripts_environment_is_refused(tmp_path, capsys, given):
+    """(config review) backend=local ran a job naming a venv, modules, a conda environment
+    and a container that do not exist, COMPLETED, none of them used or said (and this
+    interpreter's packages went unchecked): refused by name, nothing made."""
+    capsys.readouterr()
+    assert main(["submit", SMOKE, given, f"output_dir={tmp_path / 'runs'}"]) == 2
+    key = given.split("=")[0]
+    assert f"{key}: the local backend runs the ranks with" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir())

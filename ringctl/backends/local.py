@@ -268,8 +268,21 @@ class LocalBackend(Backend):
 
     def refuse_unstartable(self, cfg) -> None:
         """A job whose env.python names no executable (a path, or a command on PATH): its
-        ranks could never start, and its supervisor would only record FAILED."""
-        if cfg.env.python and shutil.which(rank_python(cfg)) is None:
+        ranks could never start, and its supervisor would only record FAILED. A job naming
+        an environment only a batch script sets up (env.venv, env.conda, env.modules,
+        env.container_image/mounts): its ranks would run without it (a venv that did not
+        exist ran COMPLETED, this interpreter's packages unchecked)."""
+        env = cfg.env
+        script_only = ("venv", "conda", "modules", "container_image", "container_mounts")
+        given = [k for k in script_only if env.get(k)]
+        if given:
+            raise UserError(
+                f"env.{given[0]}: the local backend runs the ranks with {rank_python(cfg)} in "
+                "this environment, and sets up no venv, conda, modules or container (the "
+                "batch script of backend=slurm or ssh does): unset it here, or name the "
+                "interpreter to run with env.python"
+            )
+        if env.python and shutil.which(rank_python(cfg)) is None:
             raise UserError(
                 f"env.python: {cfg.env.python}: no such executable file (nor a command on "
                 "PATH); the ranks could not start"
