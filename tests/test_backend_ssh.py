@@ -404,6 +404,23 @@ def test_fetch_follows_no_symlink_at_the_top_of_a_folder(settings, make_job_dir,
     assert list((job_dir / "logs").iterdir()) == []
 
 
+def test_fetch_says_which_remote_entries_inside_a_folder_it_passes_over(
+    settings, make_job_dir, tmp_path, capsys
+):
+    """A shard or log made a link (or a FIFO) on the login node was passed over without a
+    word: gather then called it missing, nothing saying why. Still never followed."""
+    job_dir, remote = _remote_job(settings, make_job_dir, tmp_path, "linked-inside")
+    (tmp_path / "secret.txt").write_text("not the job's\n")
+    (remote / "out" / "shard.safetensors").symlink_to(tmp_path / "secret.txt")
+    os.mkfifo(remote / "out" / "pipe")
+    with SSHBackend(settings) as b:
+        fetched = b.fetch(job_dir)
+    assert fetched == ["out/ok.txt"] and not (job_dir / "out" / "shard.safetensors").exists()
+    err = capsys.readouterr().err
+    assert "did not fetch out/shard.safetensors: on the login node it is a symbolic link" in err
+    assert "did not fetch out/pipe: on the login node it is not a regular file" in err
+
+
 def test_fetch_skips_a_file_that_went_away_while_fetching(
     settings, make_job_dir, tmp_path, capsys, monkeypatch
 ):

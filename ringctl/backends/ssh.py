@@ -1010,8 +1010,11 @@ def _walk_remote(sftp, rdir: str, rel: str, depth: int = 0) -> Iterator[tuple[st
             _warn(f"did not fetch {rel}/{name}/: folders nest at most {_MAX_DEPTH} deep")
         elif stat.S_ISDIR(mode):
             yield from _walk_remote(sftp, posixpath.join(rdir, name), f"{rel}/{name}", depth + 1)
-        elif stat.S_ISREG(mode):  # symlinks and devices never come back
+        elif stat.S_ISREG(mode):
             yield posixpath.join(rdir, name), f"{rel}/{name}"
+        else:  # links, FIFOs, devices never come back: said (gather then names it missing)
+            kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+            _warn(f"did not fetch {rel}/{name}: on the login node it is {kind}")
 
 
 def _is_dcp_metadata(raw: bytes, rel: str) -> bool:
