@@ -589,6 +589,22 @@ def test_document_list_is_checked_against_the_expected_one(
         write_expected(_root(job), documents[:2])
 
 
+def test_a_job_without_expected_json_is_gathered_saying_so(jobs: dict, tmp_path, capsys):
+    """expected.json deleted and documents.json cut to one document: gathered as the whole
+    job, exit 0, unsaid. Still gathered (outputs older than the file have none), said."""
+    from ringctl.longdoc.output.names import EXPECTED_FILE
+
+    job, _ = _copy_job(jobs, tmp_path, name="no-expected")
+    (_root(job) / EXPECTED_FILE).unlink(missing_ok=True)
+    index = _index(job)
+    index["documents"] = index["documents"][:1]
+    _write_index(job, index)
+    assert _cli([str(job)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{EXPECTED_FILE} is absent (outputs older than it, or removed)" in out, out
+    assert "documents.json lists are taken as the whole job" in out
+
+
 def test_one_definition_of_complete(jobs: dict, tmp_path: Path) -> None:
     """A copied entry (rank 1's entry as rank 0's) passed resume's check (the file the entry
     names matched its checksum) while gather refused it: both now ask completeness.py."""

@@ -120,6 +120,19 @@ def write_expected(root: str | Path, documents, tokens: dict[str, int] | None = 
     return path
 
 
+def absent_note(root: str | Path) -> list[str]:
+    """Gather's note when there is no expected.json (outputs of a release before it, or a
+    file removed since): documents.json's list, which nothing can check then, is taken as
+    the whole job (a list cut down to one document gathered as a whole job, unsaid)."""
+    path = OutputPaths(root).expected_file
+    if os.path.lexists(path):
+        return []
+    return [
+        f"{path} is absent (outputs older than it, or removed): the documents "
+        f"{OutputPaths(root).documents_file.name} lists are taken as the whole job"
+    ]
+
+
 def expected_problems(root: Path, listed: list[dict]) -> tuple[dict[str, int], list[str]]:
     """Gather's check: ({id: expected token count} where recorded, problems of documents.json
     against expected.json). No expected.json: ({}, [])."""

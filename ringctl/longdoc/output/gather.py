@@ -79,7 +79,7 @@ from ...terminal import visible
 from ..inputs.documents import Document
 from . import export
 from .completeness import CurrentInput, RankShard, document_shards
-from .expected import expected_problems, some_names
+from .expected import absent_note, expected_problems, some_names
 from .manifest import is_int, read_documents, read_run, skipped_notes
 from .names import RUN_FILE, SUBDIR, OutputPaths
 
@@ -541,7 +541,7 @@ def verify_job(
     if problems:
         raise GatherError(problems)
     missing = list(index.get("missing_inputs", []))
-    notes = skipped_notes(index) + inputs.notes() + model.notes()
+    notes = absent_note(root) + skipped_notes(index) + inputs.notes() + model.notes()
     return Verified(run, docs, missing, incomplete, notes, model.trained_context)
 
 
