@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import operator
 import struct
 from contextlib import contextmanager
 
@@ -80,11 +81,15 @@ def check_window(window, causal: bool) -> int | None:
     """A sliding window is a positive whole number of keys, and only under the causal mask."""
     if window is None:
         return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+    try:  # operator.index: an integer of any kind (numpy's too), never a float cut short
+        keys = -1 if isinstance(window, bool) else operator.index(window)  # index(True) is 1
+    except TypeError:
+        keys = -1
+    if keys < 1:
         raise ValueError(f"ring_attention: window must be a positive int or None, got {window!r}")
     if not causal:
         raise ValueError("ring_attention: a sliding window needs causal=True")
-    return window
+    return keys
 
 
 def check_scale(softmax_scale, where: str = "ring_attention") -> float | None:

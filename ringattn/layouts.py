@@ -112,6 +112,11 @@ def check_divisible(seq_len: int, *, world_size: int, layout: str, ulysses_degre
 
 
 def _cu_tuple(cu_seqlens) -> tuple[int, ...]:
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.is_meta:  # no values to read
+        raise ValueError(
+            "cu_seqlens is a meta tensor: its values decide the layout, so it must hold them "
+            "(a list, or a CPU or device tensor)"
+        )
     if isinstance(cu_seqlens, torch.Tensor):
         if (
             cu_seqlens.dim() != 1

@@ -196,3 +196,24 @@ def test_cu_seqlens_of_bools_are_refused(cu):
     t = torch.randn(1, 2, 2, 4)
     with pytest.raises(ValueError, match="cu_seqlens must"):
         ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2), cu_seqlens=cu)
+
+
+def test_a_window_given_as_a_numpy_integer_is_taken_and_others_refused():
+    """np.int64(3) (a window read from an array or a config) was refused as not an int; a
+    float, a bool, text or a number below 1 still are, by name."""
+    np = pytest.importorskip("numpy")
+    t = torch.randn(1, 8, 2, 4, dtype=torch.float64)
+    run = lambda w: ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2), window=w)  # noqa: E731
+    assert torch.equal(run(np.int64(3)), run(3))
+    for bad in (np.float64(3.0), 3.0, np.True_, True, "3", np.int64(0)):
+        with pytest.raises(ValueError, match="window must be a positive int or None, got"):
+            run(bad)
+
+
+def test_cu_seqlens_on_the_meta_device_is_refused_by_name():
+    """A meta cu_seqlens (a model traced on meta) was torch's NotImplementedError from
+    .tolist(): said, since its values decide the layout."""
+    t = torch.randn(1, 8, 2, 4)
+    cu = torch.tensor([0, 3, 8], device="meta")
+    with pytest.raises(ValueError, match="cu_seqlens is a meta tensor"):
+        ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2), cu_seqlens=cu)
