@@ -26,6 +26,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
 from . import job_yaml, sbatch
 from .backends import BACKENDS, config_sections
@@ -33,6 +34,7 @@ from .errors import UserError
 from .sbatch import slurm_time_seconds
 from .task_params import DEFAULT_TASK
 from .tasks.base import world_size
+from .text import echo
 from .topology.links import MAX_GBPS
 
 __all__ = ["job_layout", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
@@ -176,9 +178,8 @@ def _meant(schema: DictConfig, key: str) -> str | None:
 def _task_name(layers: list[tuple[str, DictConfig]]) -> str:
     name = DEFAULT_TASK
     for _, layer in layers:
-        task = layer.get("task") if isinstance(layer, DictConfig) else None
-        if isinstance(task, DictConfig) and task.get("name") is not None:
-            name = str(task.get("name"))
+        given = _named_task(layer)
+        name = name if given is None else given
     return name
 
 
@@ -194,6 +195,7 @@ def _renamed(layers):
             parent = OmegaConf.select(layer, old_parent) if old_parent else layer
             if isinstance(parent, DictConfig) and old_leaf in parent:
                 value = parent[old_leaf]
+                _same_as_new(source, layer, old, new, value)
                 layer = OmegaConf.masked_copy(layer, list(layer.keys()))
                 parent = OmegaConf.select(layer, old_parent) if old_parent else layer
                 del parent[old_leaf]
@@ -202,14 +204,50 @@ def _renamed(layers):
         yield source, layer
 
 
+def _same_as_new(source: str, layer: DictConfig, old: str, new: str, value) -> None:
+    """A layer giving both a renamed key and its new name: the same value, or refused (the
+    old key silently won: `ring.plan: skip` beside `ring.placement: required` ran unplaced)."""
+    given = OmegaConf.select(layer, new, default=None)
+    if given is not None and str(given) != str(value):
+        raise UserError(
+            f"{source}: {old} (deprecated) is {value!r} and {new} is {given!r}: give {new} only"
+        )
+
+
 def _drop_other_tasks(layers, task_name: str):
     """A `task` section belongs to the task it names: when a later layer switches the task
-    (`task.name=longdoc` over a file written for `attention`), earlier parameters are dropped."""
+    (`task.name=train` over a file written for `longdoc`), an earlier section is kept when the
+    new task has all its keys (inputs, model_path, dtype: the file's own, not the defaults),
+    and refused, naming the keys, when it has not: dropping them ran the job on the bundled
+    samples with the random model, without a word. Its `name` goes, which the switch replaces."""
+    from . import tasks
+
+    layers = list(layers)
+    switch = [source for source, layer in layers if _named_task(layer) == task_name][-1:]
+    keys = {f.name for f in dataclasses.fields(tasks.get_task(task_name).params)}
     for source, layer in layers:
-        task = layer.get("task")
-        if isinstance(task, DictConfig) and task.get("name") not in (None, task_name):
-            layer = OmegaConf.masked_copy(layer, [k for k in layer if k != "task"])
+        name = _named_task(layer)
+        if name is not None and name != task_name:
+            task = layer.get("task")
+            other = sorted(str(k) for k in task if str(k) not in keys)
+            if other:
+                raise UserError(
+                    f"{switch[0] if switch else source}: task.name={task_name} over the "
+                    f"{name} task of {source}, whose task.{', task.'.join(other)} "
+                    f"{'is' if len(other) == 1 else 'are'} not {task_name}'s and would be "
+                    f"dropped: remove {'it' if len(other) == 1 else 'them'} there, or switch "
+                    "the task in that file"
+                )
+            layer = OmegaConf.masked_copy(layer, list(layer.keys()))
+            del layer.task["name"]
         yield source, layer
+
+
+def _named_task(layer: DictConfig) -> str | None:
+    """The task a layer's `task.name` names, or None."""
+    task = layer.get("task") if isinstance(layer, DictConfig) else None
+    name = task.get("name") if isinstance(task, DictConfig) else None
+    return None if name is None else str(name)
 
 
 def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -273,6 +311,7 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         except (TypeError, ValueError) as err:  # e.g. a list where the schema has a mapping
             raise UserError(f"{source}: {_shape_error(cfg, layer) or err}") from None
     unfilled = _marked_unfilled(prepared)
+    unresolved = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
     try:
         missing = sorted(set(OmegaConf.missing_keys(cfg)) | set(unfilled))
         if not missing:
@@ -290,12 +329,19 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
         raise UserError(
             f"{source}: missing mandatory value{'s' if len(missing) > 1 else ''}: {keys} "
             f"(set {'them' if len(missing) > 1 else 'it'} in the file or on the command line, "
-            f"e.g. {missing[0]}=...)"
+            f"e.g. {_settable(missing[0])}=...)"
         )
+    _check_typed_given(cfg, prepared, unresolved)
     _check_text_given_as_text(cfg, prepared)
     _check(cfg, lambda key: _source_of(prepared, key))
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _settable(key: str) -> str:
+    """The key an override sets for a missing ``key``: a list's own (``env.modules[0]`` is no
+    override's key: ``env.modules=[...]`` sets the list)."""
+    return key.split("[", 1)[0]
 
 
 def _marked_unfilled(layers: list[tuple[str, DictConfig]]) -> dict[str, str]:
@@ -355,6 +401,45 @@ def _check_text_given_as_text(cfg: DictConfig, layers: list[tuple[str, DictConfi
                     f"{kind.get(type(given), type(given).__name__)} {given!r} (read as "
                     f"{have!r}): quote it to mean the text as written"
                 )
+
+
+_TYPED_NODES = ((BooleanNode, bool), (IntegerNode, int), (FloatNode, float))
+
+
+def _typed_slots(node: Any, prefix: str):
+    """(key, bool, int or float) for each field the schema types as one of them."""
+    if not isinstance(node, DictConfig) or node._is_none():
+        return
+    for key in node.keys():
+        child = node._get_node(key)
+        path = _join(prefix, key)
+        kinds = [kind for cls, kind in _TYPED_NODES if isinstance(child, cls)]
+        if kinds:
+            yield path, kinds[0]
+        else:
+            yield from _typed_slots(child, path)
+
+
+def _check_typed_given(cfg: DictConfig, layers: list[tuple[str, DictConfig]], unresolved) -> None:
+    """A boolean or number field given anything but its type or its YAML 1.2 core text
+    (``job_yaml.typed_text_problem``: OmegaConf took ``requeue: '0123'`` or ``causal: -1`` for
+    true, ``nodes: '٤'`` for 4), naming the last file or override that set it. An
+    interpolation is judged by the text it gives (``unresolved``: the merged config before
+    interpolation, read without the schema's types)."""
+    slots = dict(_typed_slots(cfg, ""))
+    raw: DictConfig | None = None
+    seen: set[str] = set()
+    for source, layer in reversed(layers):
+        for key, given in _given(_plain(layer), ""):
+            if key not in slots or key in seen:
+                continue
+            seen.add(key)
+            if isinstance(given, str) and "${" in given:
+                raw = raw if raw is not None else OmegaConf.create(unresolved)
+                given = OmegaConf.select(raw, key)
+            why = job_yaml.typed_text_problem(given, slots[key])
+            if why:
+                raise UserError(f"{source}: {key}: {why}")
 
 
 def _containers_in_text_slots(node: Any, prefix: str):
@@ -516,6 +601,8 @@ def _check(cfg: DictConfig, source_of) -> None:
             raise bad(f"env.vars.{var}", why)
     if not str(cfg.name).strip():
         raise bad("name", "must not be empty")
+    _check_int64(cfg, bad)
+    _check_env(cfg, bad)
     _check_numbers(cfg, bad)
     _check_ring(cfg, bad)
     for cls in config_sections().values():
@@ -543,6 +630,45 @@ def _check(cfg: DictConfig, source_of) -> None:
     from . import tasks
 
     tasks.get_task(cfg.task.name).check(cfg, bad)
+
+
+INT64 = 1 << 63  # an integer field is a 64-bit signed number: torch, numpy, json readers
+
+
+def _check_int64(cfg: DictConfig, bad) -> None:
+    """Every integer field within a 64-bit signed number, the widest any reader of the job
+    holds (``torch.Generator.manual_seed`` failed on every rank past it); a task bounds its
+    own sizes tighter (``task_params.int_problem``)."""
+    for key, kind in _typed_slots(cfg, ""):
+        value = OmegaConf.select(cfg, key) if kind is int else None
+        if value is not None and not -INT64 <= value < INT64:
+            raise bad(key, f"{value} is out of range (an integer field holds -2**63 to 2**63-1)")
+
+
+def _check_env(cfg: DictConfig, bad) -> None:
+    """Module names and the environment's paths as the batch script and the local backend
+    read them alike."""
+    for i, module in enumerate(cfg.env.modules):
+        if str(module).startswith("-"):
+            raise bad(
+                f"env.modules[{i}]",
+                f"{echo(module)} begins with '-', which `module load` reads as an option; "
+                "give module names only",
+            )
+    for key in ("python", "venv", "conda"):
+        value = cfg.env[key]
+        if value is not None and _home_of_another(str(value)):
+            raise bad(
+                f"env.{key}",
+                f"{echo(value)}: ~user is kept as written by the batch script (only ~ and ~/ "
+                "are the home directory there) and read as that user's home on this machine; "
+                "write the path in full",
+            )
+
+
+def _home_of_another(path: str) -> bool:
+    """Whether ``path`` begins with ``~user`` (``render.quote_path`` reads only ``~``, ``~/``)."""
+    return path.startswith("~") and path != "~" and not path.startswith("~/")
 
 
 def _check_ring(cfg: DictConfig, bad) -> None:

@@ -62,9 +62,11 @@ MAX_SIGNAL_LEAD_S = 0xFFFF  # sbatch keeps the lead time in 16 bits
 
 def slurm_time_seconds(value) -> int | None:
     """Slurm's --time formats (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds; None when the
-    text is not one of them or a field has more digits than Slurm's C `int`s can hold."""
-    text = str(value).strip()
-    m = re.fullmatch(r"(?:(\d{1,6})-)?(\d{1,8})(?::(\d{1,8}))?(?::(\d{1,8}))?", text)
+    text is not one of them or a field has more digits than Slurm's C `int`s can hold. ASCII
+    digits, nothing around them: `\\d` took '٣٠' and a strip took ' 90', both written to
+    the header as given."""
+    text = str(value)
+    m = re.fullmatch(r"(?:([0-9]{1,6})-)?([0-9]{1,8})(?::([0-9]{1,8}))?(?::([0-9]{1,8}))?", text)
     if m is None:
         return None
     days, a, b, c = (int(g) if g is not None else None for g in m.groups())
@@ -90,7 +92,7 @@ def _time_problem(text: str) -> str | None:
 
 def signal_lead(text: str) -> tuple[str, int] | None:
     """`USR1@120` -> ("USR1", 120); the lead defaults to 60 s like sbatch. None: not SIG[@S]."""
-    m = re.fullmatch(r"(?:SIG)?([A-Za-z0-9]{1,8})(?:@(\d{1,6}))?", text)
+    m = re.fullmatch(r"(?:SIG)?([A-Za-z0-9]{1,8})(?:@([0-9]{1,6}))?", text)
     if m is None:
         return None
     return m.group(1).upper(), int(m.group(2) or 60)
@@ -145,7 +147,8 @@ class Rule:
     def problem(self, text: str) -> str | None:
         if not text:
             return "must not be empty"
-        if self.pattern is not None and not re.fullmatch(self.pattern, text):
+        # ASCII: Unicode case folding would take 'ſ' for 's' and 'K' (Kelvin) for 'k'
+        if self.pattern is not None and not re.fullmatch(self.pattern, text, re.ASCII):
             return f"{echo(text, 100)} is not {self.what}"
         if len(text) > self.max_len:
             return f"is longer than {self.max_len} characters"
@@ -198,7 +201,7 @@ RULES: dict[str, Rule] = {
         "a GRES list (NAME[:TYPE][:COUNT],...)", rf"{_WORD}(?::{_WORD})*(?:,{_WORD}(?::{_WORD})*)*"
     ),
     "licenses": Rule(
-        "a license list (NAME[:COUNT],...)", rf"{_WORD}(?::\d+)?(?:,{_WORD}(?::\d+)?)*"
+        "a license list (NAME[:COUNT],...)", rf"{_WORD}(?::[0-9]+)?(?:,{_WORD}(?::[0-9]+)?)*"
     ),
     "mail-type": Rule(
         f"a comma-separated list of {', '.join(_MAIL_TYPES)}",

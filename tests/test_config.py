@@ -141,7 +141,7 @@ def test_bad_files_and_override_syntax(tmp_path):
         load_job(SMOKE, ["env.modules=[`id`]"])
 
 
-def test_a_task_brings_its_own_schema(monkeypatch):
+def test_a_task_brings_its_own_schema(monkeypatch, tmp_path):
     """How the long-document task plugs in: its params, an extra top-level section, a check."""
 
     @dataclass
@@ -170,14 +170,18 @@ def test_a_task_brings_its_own_schema(monkeypatch):
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(tasks.TASKS, "demo", f"{module.__name__}:DemoTask")
 
-    # Switching the task drops the file's attention parameters; the new task's keys apply.
-    cfg = load_job(SMOKE, ["task.name=demo", "model.path=/models/x", "task.mode=embed"])
+    # Switching the task over a file of another task's parameters is refused, naming them
+    # (tests/test_config_review_s51.py); over a file with none, the new task's keys apply.
+    with pytest.raises(UserError, match=r"task\.name=demo over the attention task of .*smoke"):
+        load_job(SMOKE, ["task.name=demo"])
+    plain = write(tmp_path, "name: plain\n")
+    cfg = load_job(plain, ["task.name=demo", "model.path=/models/x", "task.mode=embed"])
     assert cfg.task.mode == "embed" and cfg.model.path == "/models/x"
     assert "seq_len" not in cfg.task
     with pytest.raises(UserError, match=r"unknown key task\.seq_len"):
-        load_job(SMOKE, ["task.name=demo", "task.seq_len=8"])
+        load_job(plain, ["task.name=demo", "task.seq_len=8"])
     with pytest.raises(UserError, match=r"task\.mode: expected"):
-        load_job(SMOKE, ["task={name: demo, mode: train}"])
+        load_job(plain, ["task={name: demo, mode: train}"])
 
 
 # --- the same errors through the command line: one line on stderr, exit status 2 --------------
@@ -251,8 +255,8 @@ def test_signal_lead_longer_than_the_time_limit_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("override", "key", "why"),
     [
-        ("timeout=nan", "timeout", "number of seconds from 1"),
-        ("rendezvous_timeout=inf", "rendezvous_timeout", "number of seconds from 1"),
+        ("timeout=.nan", "timeout", "number of seconds from 1"),
+        ("rendezvous_timeout=.inf", "rendezvous_timeout", "number of seconds from 1"),
         ("ssh.port=99999", "ssh.port", "1 to 65535"),
         ("ssh.port=-1", "ssh.port", "1 to 65535"),
         ("ssh.connect_timeout=-1", "ssh.connect_timeout", "number of seconds from 1"),

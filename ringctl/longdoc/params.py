@@ -40,7 +40,7 @@ from typing import Any
 
 from ringattn.geometry import LAYOUTS
 
-from ..task_params import TaskParams
+from ..task_params import MAX_SIZE, TaskParams, int_problem
 from ..text import echo
 from .compute import MODES
 
@@ -95,10 +95,7 @@ class CorpusParams(TaskParams):
         return params
 
     def _normalise(self) -> None:
-        if _is_path(self.inputs):
-            self.inputs = [str(self.inputs)]
-        elif _is_sequence(self.inputs) and all(_is_path(p) for p in self.inputs):
-            self.inputs = [str(p) for p in self.inputs]  # a ListConfig too; [2024]: "2024"
+        self.inputs = normalised_inputs(self.inputs)
         for name in ("model_path", "tokenizer_path", "id_field", "split"):
             value = getattr(self, name)
             setattr(self, name, None if value in (None, "") else str(value))
@@ -142,8 +139,9 @@ class CorpusParams(TaskParams):
             if getattr(self, key) not in allowed:
                 why = f"must be one of {', '.join(allowed)}, not {getattr(self, key)!r}"
                 out.append((key, why))
-        if int(self.chunk_size) < 1:
-            out.append(("chunk_size", f"must be >= 1, not {self.chunk_size}"))
+        why = int_problem(self.chunk_size, 1, MAX_SIZE)  # rows of a tensor: a size
+        if why:
+            out.append(("chunk_size", why))
         if self.max_docs is not None and int(self.max_docs) < 1:  # 0: a job that reads nothing
             why = f"must be >= 1 (null: every document), not {self.max_docs}; no document to read"
             out.append(("max_docs", why))
@@ -222,6 +220,18 @@ class LongDocParams(CorpusParams):
             **({"id_field": self.id_field} if self.id_field else {}),
             **({"model_overrides": self.model_overrides} if self.model_overrides else {}),
         }
+
+
+def normalised_inputs(inputs):
+    """``task.inputs`` as a list of path texts where it names paths (a path, a number: a
+    folder named 2024, or a list of these; a ListConfig too): the one reading of the job's
+    checks, its submit (``CorpusTask.prepare``) and its ranks. Anything else as given, for
+    ``problems`` to name."""
+    if _is_path(inputs):
+        return [str(inputs)]
+    if _is_sequence(inputs) and all(_is_path(p) for p in inputs):
+        return [str(p) for p in inputs]
+    return inputs
 
 
 def _is_path(value) -> bool:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from ..config import job_layout
 from ..errors import StoppedOnRequest
 from ..jobdir import JobDir
-from ..task_params import TaskParams
+from ..task_params import MAX_COUNT, MAX_SEED, MAX_SIZE, TaskParams, int_problem
 from . import atomic_write_json, load_tensors, save_tensors
 from .base import Task
 
@@ -60,6 +60,40 @@ class Params(TaskParams):
     fault_rank: int | None = None
     fault: str = "raise"
     fault_step: int = 0
+
+
+# (key, least, most) of the integer parameters (task_params: the one rule of their bounds)
+PARAM_BOUNDS = (
+    *((key, 1, MAX_SIZE) for key in ("seq_len", "batch", "heads", "head_dim")),
+    ("steps", 1, MAX_COUNT),
+    ("seed", 0, MAX_SEED),
+)
+
+
+def check_input_size(t, bad) -> None:
+    """q of ``make_inputs`` (float64, on every rank) within a 64-bit byte count: each size
+    below 2**31 does not keep four of them from overflowing torch's sizes."""
+    elements = t.batch * t.seq_len * t.heads * t.head_dim
+    if elements * 8 >= 1 << 63:
+        raise bad(
+            "task.seq_len",
+            f"batch x seq_len x heads x head_dim is {elements:,} elements: the inputs in "
+            "float64 would be more bytes than a 64-bit size holds",
+        )
+
+
+def check_softmax_scale(scale, bad) -> None:
+    """The engine's own rule (``ringattn.checks.check_scale``), at load: every rank refused a
+    NaN, infinite, zero or negative scale after the queue. Its module imports torch, asked
+    only for a scale given."""
+    if scale is None:
+        return
+    from ringattn.checks import check_scale
+
+    try:
+        check_scale(scale)
+    except ValueError as err:
+        raise bad("task.softmax_scale", str(err)) from None
 
 
 def _dtype(name: str):
@@ -322,9 +356,12 @@ class AttentionTask(Task):
         from .base import world_size
 
         t = cfg.task
-        for key in ("seq_len", "batch", "heads", "head_dim", "steps"):
-            if t[key] < 1:
-                raise bad(f"task.{key}", f"must be at least 1, got {t[key]}")
+        for key, least, most in PARAM_BOUNDS:
+            why = int_problem(t[key], least, most)
+            if why:
+                raise bad(f"task.{key}", why)
+        check_input_size(t, bad)
+        check_softmax_scale(t.softmax_scale, bad)
         if t.dtype not in DTYPES:
             raise bad(
                 "task.dtype", f"unknown dtype {t.dtype!r}; expected one of {', '.join(DTYPES)}"

@@ -37,7 +37,7 @@ from ..backends import files_here
 from ..config import job_layout
 from ..errors import StoppedOnRequest
 from ..longdoc.model.hub import OFFLINE_ENV
-from ..longdoc.params import CorpusParams, LongDocParams
+from ..longdoc.params import CorpusParams, LongDocParams, normalised_inputs
 from .base import Gatherer, NamedFile, Task, importable, world_size
 
 Params = LongDocParams
@@ -321,8 +321,7 @@ class CorpusTask(Task):
         here = files_here(cfg)
         cfg = OmegaConf.to_container(cfg, resolve=True)
         t = cfg["task"]
-        if isinstance(t["inputs"], str):
-            t["inputs"] = [t["inputs"]]
+        t["inputs"] = normalised_inputs(t["inputs"])  # the checks' reading: 2024 is "2024"
         if not here:  # the login node's paths: absolute already (check_login_node_paths)
             return cfg
         if t["inputs"]:

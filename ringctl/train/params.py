@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from ..longdoc.params import CorpusParams
+from ..task_params import MAX_COUNT, MAX_SEED, MAX_SIZE, int_problem
 
 TRAIN_DTYPES = ("float32", "bfloat16")
 
@@ -59,19 +60,19 @@ class TrainParams(CorpusParams):
 
     def problems(self) -> list[tuple[str, str]]:
         out = super().problems()
-        counts = {
-            "seq_len": 2,
-            "batch_sequences": 1,
-            "max_steps": 1,
-            "warmup_steps": 0,
-            "checkpoint_every": 1,
-            "keep_checkpoints": 1,
-            "seed": 0,
+        counts = {  # key: (least, most): task_params' bounds
+            "seq_len": (2, MAX_SIZE),
+            "batch_sequences": (1, MAX_SIZE),
+            "max_steps": (1, MAX_COUNT),
+            "warmup_steps": (0, MAX_COUNT),
+            "checkpoint_every": (1, MAX_COUNT),
+            "keep_checkpoints": (1, MAX_COUNT),
+            "seed": (0, MAX_SEED),
         }
-        for key, least in counts.items():
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                out.append((key, f"must be an integer >= {least}, not {value!r}"))
+        for key, (least, most) in counts.items():
+            why = int_problem(getattr(self, key), least, most)
+            if why:
+                out.append((key, why))
         warmup, steps = self.warmup_steps, self.max_steps
         if not any(key in (k for k, _ in out) for key in ("warmup_steps", "max_steps")):
             if warmup > steps:  # the schedule never reached task.lr, the run ended well
