@@ -179,6 +179,17 @@ def _refuse_unsupported(module, attention_mask, dropout, kwargs) -> None:
         )
 
 
+def _refuse_cached_keys(query: torch.Tensor, key: torch.Tensor) -> None:
+    """More keys than queries: a KV cache's (generate() with use_cache, past_key_values),
+    which ring attention does not hold (it was refused as "q and k/v must agree")."""
+    if query.shape[2] != key.shape[2]:
+        raise ValueError(
+            f"ringattn: {key.shape[2]} keys for {query.shape[2]} queries reached the attention "
+            "layer (a KV cache: past_key_values, or generate() with use_cache=True); ring "
+            "attention attends over the sequence it is given: pass use_cache=False"
+        )
+
+
 def ring_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -196,6 +207,7 @@ def ring_attention_forward(
     head_dim) and no attention weights.
     """
     _refuse_unsupported(module, attention_mask, dropout, kwargs)
+    _refuse_cached_keys(query, key)
     group = _setting(kwargs, "group")
     layout = _setting(kwargs, "layout")
     ulysses = _setting(kwargs, "ulysses_group")
@@ -206,6 +218,7 @@ def ring_attention_forward(
     extra = {} if sinks is None else {"sinks": sinks}
     cu_seqlens = _setting(kwargs, "cu_seqlens")
     refusal, shifts = _packing_refusal(module, kwargs, cu_seqlens, layout, world)
+    refusal = refusal or _padding_refusal(world)
     if cu_seqlens is not None:
         extra["cu_seqlens"] = cu_seqlens
     for counter in _COUNTERS:
@@ -327,7 +340,10 @@ def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> S
     cu_seqlens (documents packed without saying so, attended across); under cu_seqlens, rows
     of a batch that differ, or a jump inside a document it packs (``_position_jump``). Each
     a PositionsError: one rank may find it alone, and the ring's agreement raises it on all."""
-    key = (pos._version, *(_setting(kwargs, s) for s in _PACKING_SETTINGS))
+    # an inference tensor has no version counter (torch.inference_mode: a traceback), and is
+    # checked every time
+    version = object() if pos.is_inference() else pos._version
+    key = (version, *(_setting(kwargs, s) for s in _PACKING_SETTINGS))
     last = _POSITIONS_CHECKED[0]
     if last is not None and last[0]() is pos and last[1] is cu_seqlens and last[2] == key:
         return last[3]
@@ -590,14 +606,40 @@ def _refuse_padding_mask(*, attention_mask: torch.Tensor | None = None, **_: Any
 
     transformers builds the layer mask from the user's 2D mask through this function. Ring
     attention needs none, so this returns None, after checking that the 2D mask pads nothing.
+    A mask that pads is refused by the next attention call (``_padding_refusal``), through
+    the ring's agreement on every rank: each rank sees only its own shard of the mask, and a
+    rank raising here alone left the others waiting for it until the group's timeout.
     """
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError(
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    _PADDED.set(
+        ValueError(
             "ringattn: a padding attention_mask (with zeros) was given; ring attention runs one "
             "unpadded document per row and would ignore it. Remove the padding (one document "
             "per call) and pass attention_mask=None"
         )
+        if padded
+        else None
+    )
     return None
+
+
+# The refusal of this forward's padding mask (``_refuse_padding_mask``), taken by its first
+# attention call.
+_PADDED: contextvars.ContextVar[ValueError | None] = contextvars.ContextVar(
+    "ringattn_padded", default=None
+)
+
+
+def _padding_refusal(world: int) -> ValueError | None:
+    """The padding mask's refusal, taken once (a later forward that builds no mask must not
+    see it): held for the ring's agreement, raised here where none follows (one rank)."""
+    refusal = _PADDED.get()
+    if refusal is None:
+        return None
+    _PADDED.set(None)
+    if world == 1:
+        raise refusal
+    return refusal
 
 
 def register(name: str = DEFAULT_NAME) -> str:

@@ -20,6 +20,7 @@ one ring step as the loop does it, which the planner's calibration uses.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -70,12 +71,16 @@ class LocalRing:
     """A transport for ``ring_attention(..., comm=LocalRing(P))``: P ranks, one process."""
 
     def __init__(self, world_size: int, *, record_steps: bool = False) -> None:
-        if not isinstance(world_size, int) or world_size < 1:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"LocalRing: world_size must be an integer >= 1, got {world_size!r}")
         self.world_size = world_size
         self.record_steps = record_steps
         self._ranks = [VirtualRank(self, r) for r in range(world_size)]
         self._marks: list[list[Any]] = []
+        # One ring call at a time: the virtual ranks' posted exchanges are the ring's, and two
+        # threads driving one LocalRing (nn.DataParallel's replicas share it) mixed their
+        # blocks: 3 results of 50 wrong, no error. A second call waits for the first.
+        self._driving = threading.Lock()
 
     def endpoints(self) -> list[VirtualRank]:
         return self._ranks
@@ -112,6 +117,10 @@ class LocalRing:
         """Run one loop per virtual rank in lock step; their results in rank order."""
         if len(loops) != self.world_size:
             raise ValueError(f"LocalRing({self.world_size}) got {len(loops)} loops")
+        with self._driving:
+            return self._drive(loops, device)
+
+    def _drive(self, loops: Sequence[Generator[Any, None, Any]], device) -> list[Any]:
         for r in self._ranks:
             r.posted.clear()
         self._marks = [[] for _ in loops]

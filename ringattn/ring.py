@@ -45,6 +45,7 @@ the sink column, whose dP is zero).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +53,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .checks import (
     check_causal,
@@ -534,28 +534,54 @@ def _backward_all(dout, q, k, v, out, lse, setup: RingSetup):
 
 
 class RingAttentionFunction(torch.autograd.Function):
+    """The ring's forward and backward as one autograd node. Both run with autocast off: the
+    inputs' dtype decides the precision (under a bf16 autocast the matmul kernels computed in
+    bf16 what the fused ones computed in float32, 9.9e-3 off for float32 inputs, by which
+    kernel a shape picked)."""
+
     @staticmethod
     def forward(ctx, q, k, v, sinks, setup: RingSetup):
         # torch's fused CPU op reads q as if head_dim had stride 1: a q of the same values with
         # stride 2 there gave outputs and gradients 1.4 off, no error. Only such inputs are
         # copied (a transposed one reads right, and the hybrid all-to-all's never are whole).
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        out, lse = _forward_all(q, k, v, sinks, setup)
+        with _without_autocast(q.device):
+            out, lse = _forward_all(q, k, v, sinks, setup)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.setup = setup
         return out
 
     @staticmethod
-    @once_differentiable  # its ops read the saved out/lse as constants: a 2nd order was wrong
     def backward(ctx, dout):
+        if torch.is_grad_enabled():  # backward(create_graph=True): a second order
+            raise RuntimeError(SECOND_ORDER)
         q, k, v, out, lse, sinks = ctx.saved_tensors
         dout = dout.contiguous()
-        dq, dk, dv = _backward_all(dout, q, k, v, out, lse, ctx.setup)
-        dsinks = None
-        if sinks is not None and ctx.needs_input_grad[3]:
-            dout = _padding_zeroed(dout, ctx.setup)
-            dsinks = sink_grad(dout, out, lse, sinks, rows=max(1, 2**24 // out[0, 0].numel()))
+        with _without_autocast(q.device):
+            dq, dk, dv = _backward_all(dout, q, k, v, out, lse, ctx.setup)
+            dsinks = None
+            if sinks is not None and ctx.needs_input_grad[3]:
+                dout = _padding_zeroed(dout, ctx.setup)
+                rows = max(1, 2**24 // out[0, 0].numel())
+                dsinks = sink_grad(dout, out, lse, sinks, rows=rows)
         return dq, dk, dv, dsinks, None
+
+
+def _without_autocast(device: torch.device):
+    """Autocast off on ``device`` (nothing to turn off where it has none: meta tensors)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+# The backward's ops read the saved out/lse as constants, so a second order through them was
+# wrong (2.13 off against 1.37); torch's once_differentiable then cut the graph instead, and
+# hessian, hvp and jacobian(create_graph=True) read the missing link as zeros (|H| 0.0 against
+# 0.267). Refused where the backward is asked to build a graph.
+SECOND_ORDER = (
+    "ring_attention: second-order gradients are not implemented (a backward with "
+    "create_graph=True: hessian, hvp, gradient penalties); its first-order gradients are exact"
+)
 
 
 def _padding_zeroed(dout: torch.Tensor, setup: RingSetup) -> torch.Tensor:

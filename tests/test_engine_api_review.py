@@ -1,0 +1,142 @@
+"""Findings of a read-only review of the engine's API as user scripts call it (session of
+2026-12-05 11:22), each reproduced first: second derivatives, a LocalRing shared by threads,
+autocast around the call, and the Hugging Face integration's padding masks (refused on one
+rank, others waiting), inference mode and KV caches. The references are plain float64
+attention (``tests.ring_harness``) or the engine's own result without the feature."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import ringattn
+from ringattn.local_ring import LocalRing
+from tests.distributed import run_distributed
+from tests.test_hf_packed import _model, _outcome, _tokens
+
+
+def _qkv(n: int = 16, dtype=torch.float64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, n, 2, 8, dtype=dtype, generator=g) for _ in range(3)]
+
+
+def _ring(q, k, v, world: int = 2, **kw):
+    return ringattn.ring_attention(q, k, v, causal=True, comm=LocalRing(world), **kw)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "chunked"])
+def test_second_order_gradients_are_refused_by_name(kernel, monkeypatch):
+    """once_differentiable cut the graph from dq back to q: hessian and hvp read the missing
+    link as zeros (|H| 0.0 where float64 gives 0.267), exit 0. A backward asked to build a
+    graph is refused by name; the first order stays exact (gradcheck)."""
+    monkeypatch.setenv("RINGATTN_KERNEL", kernel)
+    q, k, v = _qkv()
+
+    def f(x):
+        return _ring(x, k, v).square().sum()
+
+    with pytest.raises(RuntimeError, match="second-order gradients are not implemented"):
+        torch.autograd.functional.hessian(f, q)
+    with pytest.raises(RuntimeError, match="second-order gradients are not implemented"):
+        torch.autograd.functional.hvp(f, q, torch.ones_like(q))
+    qg = q.clone().requires_grad_()
+    torch.autograd.gradcheck(lambda x: _ring(x, k, v), (qg,), eps=1e-6, atol=1e-8)
+
+
+def test_a_local_ring_shared_by_threads_gives_each_its_own_result():
+    """Two threads driving one LocalRing (nn.DataParallel's replicas share it) mixed their
+    blocks: 3 results of 50 wrong by up to 0.72, others "posted unequal exchanges". Calls
+    take turns; bool world sizes are refused."""
+    ring = LocalRing(4)
+    cases = [_qkv(32, seed=s) for s in range(2)]
+    wants = [_ring(*c, world=4) for c in cases]
+    wrong: list[str] = []
+
+    def work(i: int) -> None:
+        for _ in range(25):
+            try:
+                got = ringattn.ring_attention(*cases[i], causal=True, comm=ring)
+                if not torch.equal(got, wants[i]):
+                    wrong.append(f"thread {i}: wrong")
+            except RuntimeError as err:
+                wrong.append(f"thread {i}: {err}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    with pytest.raises(ValueError, match="world_size must be an integer >= 1, got True"):
+        LocalRing(True)
+
+
+@pytest.mark.parametrize("kernel", ["torch", "chunked"])
+def test_autocast_around_the_call_leaves_the_engine_at_its_inputs_precision(kernel, monkeypatch):
+    """Under a bf16 autocast the matmul kernels (chunked; the banded kernel's matmul band)
+    ran in bf16 what the fused kernel ran in float32: float32 inputs came back 9.9e-3 off,
+    by which kernel a shape picked. Autocast stops at the engine: the same numbers as
+    without it."""
+    monkeypatch.setenv("RINGATTN_KERNEL", kernel)
+    q, k, v = (t.float().requires_grad_() for t in _qkv(64))
+    want = _ring(q, k, v, window=24)
+    want_grads = torch.autograd.grad(want.square().sum(), (q, k, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = _ring(q, k, v, window=24)
+        grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=0, atol=1e-6)
+    for g, w in zip(grads, want_grads, strict=True):
+        assert torch.allclose(g, w, rtol=0, atol=1e-5)
+
+
+def _hf_calls(rank: int, world: int) -> dict:
+    """A right-padded sequence's mask sharded like its ids (zeros on rank 1 only), then a
+    right call; and, as one rank of this ring, a KV cache and inference mode."""
+    import ringattn
+    from ringattn.hf import register, ring_settings
+
+    register()
+    model = _model(dict(model_type="llama"), "ringattn")
+    n = 32
+    kw = dict(world_size=world, rank=rank, layout="contiguous")
+    ids = ringattn.shard_sequence(_tokens()[:n], dim=0, **kw)[None]
+    pos = ringattn.sequence_positions(n, **kw)[None]
+    mask = torch.ones(1, n, dtype=torch.long)
+    mask[:, -5:] = 0
+    said = {}
+    try:
+        with torch.no_grad(), ring_settings(layout="contiguous"):
+            shard = ringattn.shard_sequence(mask, dim=1, **kw)
+            model(input_ids=ids, attention_mask=shard, position_ids=pos, use_cache=False)
+        said["padded"] = "ran"
+    except ValueError as err:
+        said["padded"] = str(err)
+    said["right"] = _outcome(model, ids, pos, layout="contiguous")
+    with torch.inference_mode(), ring_settings(layout="contiguous"):
+        said["inference"] = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    with torch.no_grad(), ring_settings(layout="contiguous"):
+        said["no_grad"] = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        past = model(input_ids=ids, position_ids=pos, use_cache=True).past_key_values
+        try:  # the next token after this rank's share, its keys in the cache
+            model(input_ids=ids[:, :1], position_ids=pos[:, -1:] + 1, past_key_values=past)
+            said["cache"] = "ran"
+        except ValueError as err:
+            said["cache"] = str(err)
+    return said
+
+
+def test_hf_refusals_reach_every_rank_and_inference_mode_runs():
+    """A padding mask whose zeros fall on rank 1 alone: rank 1 refused while building the
+    mask, rank 0 waited in the ring for it until the group's timeout (30 min by default).
+    Both refuse now, and the next call runs on both. Under torch.inference_mode the
+    position check read an inference tensor's version counter (a traceback); it runs, as
+    under no_grad. A KV cache was "q and k/v must agree on batch, seq_local"; said."""
+    said = run_distributed(_hf_calls, 2)
+    assert "a padding attention_mask (with zeros) was given" in said[1]["padded"]
+    assert said[0]["padded"].startswith("ringattn: rank 1 of the ring refused its input")
+    assert [r["right"] for r in said] == ["ran", "ran"]
+    for r in said:
+        assert torch.equal(r["inference"], r["no_grad"])
+        assert "a KV cache: past_key_values, or generate() with use_cache=True" in r["cache"]
