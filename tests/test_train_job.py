@@ -589,3 +589,63 @@ def test_a_gguf_model_s_tokenizer_changed_since_the_run_is_refused_at_gather(
     assert main(["gather", str(job), "-o", str(tmp_path / "b")]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"{gguf}: the GGUF file (its tokenizer's source): the tokenizer's files changed" in err
+
+
+def _resummed(folder: Path) -> None:
+    """checksums.json recorded again over the folder's files (as a writer who can edit them)."""
+    from ringctl.train.checkpoint import covered_files, file_sha256
+
+    sums = {p.name: file_sha256(p) for p in covered_files(folder)}
+    (folder / "checksums.json").write_text(json.dumps(sums))
+
+
+def _edited_metadata(folder: Path, kind: str) -> None:
+    """.metadata with lm_head's entry dropped, or its storage pointed at config.json."""
+    import pickle
+
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    md = FileSystemReader(str(folder)).read_metadata()  # the test's own file: trusted here
+    name = "model.lm_head.weight"
+    for key in [k for k in md.storage_data if k.fqn == name]:
+        if kind == "drop":
+            del md.storage_data[key]
+        else:
+            entry = md.storage_data[key]
+            md.storage_data[key] = replace(entry, relative_path="config.json", offset=0, length=10)
+    if kind == "drop":
+        del md.state_dict_metadata[name]
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    _resummed(folder)
+
+
+def test_a_lost_latest_resumes_from_the_newest_published_checkpoint(tmp_path, corpus, capsys):
+    """checkpoints/latest gone (a kill between a folder's publish and the pointer's write, or
+    lost since) with step-0000004 complete: resume started again from step 0, saying nothing
+    (its saves then replaced the folders), and gather said "no checkpoint yet". Both take the
+    newest published folder, said; the resumed run equals the first bitwise. (review: a
+    checkpoint whose .metadata disagrees with its config.json was exit 2, a usage error, and
+    torch's weights-only refusal was relayed with its advice to load the file unsafely)"""
+    job = tmp_path / "job"
+    assert main(["run", *_args(job, corpus)]) == 0
+    first = _losses(job)
+    import shutil
+
+    shutil.rmtree(job / "checkpoints" / "step-0000006")
+    (job / "checkpoints" / "latest").unlink()
+    assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
+    capsys.readouterr()
+    assert main(["resume", str(job), "--force", "--follow"]) == 0
+    said = "resumed from step-0000004 (step 4); checkpoints/latest is missing"
+    assert said in capsys.readouterr().out
+    assert _losses(job) == first
+    folder = job / "checkpoints" / "step-0000006"
+    for kind, why in (
+        ("point", "not data torch.load reads with weights_only=True"),
+        ("drop", "has lm_head.weight, which the checkpoint beside it does not hold"),
+    ):
+        _edited_metadata(folder, kind)
+        capsys.readouterr()
+        assert main(["gather", str(job), "-o", str(tmp_path / kind)]) == 3, kind
+        err = capsys.readouterr().err
+        assert why in err and "weights_only` set to `False" not in err, err

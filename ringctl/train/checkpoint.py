@@ -78,11 +78,21 @@ class CheckpointDir:
     def pointer(self) -> str | None:
         """The name ``latest`` holds, as written (None: no checkpoint yet); ValueError where
         it is not a regular file of at most MAX_POINTER_BYTES. Not checked to name a
-        checkpoint: ``latest`` does that."""
+        checkpoint: ``latest`` does that. With no ``latest``, the newest published folder
+        (``unpointed``)."""
         path = self.root / LATEST
         if not os.path.lexists(path):
-            return None
+            return self.unpointed()
         return read_regular(path, MAX_POINTER_BYTES).decode("utf-8", errors="replace").strip()
+
+    def unpointed(self) -> str | None:
+        """The newest published folder when no ``latest`` names one (None: none). A folder
+        is published (renamed from its staging name) only once every rank's files are in
+        it, before ``latest`` names it: a kill between the two, or a ``latest`` lost since,
+        left complete checkpoints that a resume passed over, starting again from step 0
+        (and its saves then replaced them) without a word."""
+        done = self.complete()
+        return done[-1].name if done else None
 
     def latest(self) -> Checkpoint | None:
         """The checkpoint ``latest`` names (None: no checkpoint yet), checked."""

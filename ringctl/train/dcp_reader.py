@@ -119,7 +119,8 @@ class _Planner(DefaultLoadPlanner):
         try:
             safe = torch.load(value, weights_only=True)
         except Exception as err:
-            raise Refused(f"{read_item.dest_index.fqn}: not a plain value ({err})") from None
+            said = _one_line(err)
+            raise Refused(f"{read_item.dest_index.fqn}: not a plain value ({said})") from None
         again = io.BytesIO()
         torch.save(safe, again)  # what DCP's own load_bytes reads: the value checked above
         again.seek(0)
@@ -146,5 +147,10 @@ def load(state: dict, folder: Path, **kwargs) -> None:
 
 
 def _one_line(err: BaseException) -> str:
+    """torch's error in one line; a weights-only refusal as what it means, never torch's
+    advice (to load the hostile file again with weights_only=False: cut at 300 characters,
+    it lost its own warning that this can run the file's code)."""
+    if "weights only load failed" in str(err).lower():
+        return f"{type(err).__name__}: not data torch.load reads with weights_only=True"
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:300]

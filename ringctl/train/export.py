@@ -290,6 +290,8 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
         _check_against(config, found, path)
         model = _build(config, path)
         checkpoint.load_weights(model, found)
+    except UserError as err:  # the model config.json describes is not the checkpoint's: exit 3
+        raise _refused(str(err)) from None
     except (ValueError, TypeError, KeyError) as err:
         said = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         raise _refused(naming(path, said, within=found.path)) from None
