@@ -172,6 +172,11 @@ def _refuse_unsupported(module, attention_mask, dropout, kwargs) -> None:
             f"ringattn: {type(module).__name__} attends both ways (is_causal=False), and ring "
             "attention applies the causal mask: refused rather than run causal"
         )
+    if kwargs.get("output_attentions"):  # transformers warns for sdpa; it got [] silently
+        raise ValueError(
+            "ringattn: output_attentions=True: ring attention never forms the attention "
+            "weights (an N x N matrix no rank holds); pass output_attentions=False"
+        )
     if kwargs.get("softcap") is not None:
         raise ValueError(
             f"ringattn: {type(module).__name__} soft-caps its attention logits "

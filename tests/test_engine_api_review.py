@@ -140,3 +140,24 @@ def test_hf_refusals_reach_every_rank_and_inference_mode_runs():
     for r in said:
         assert torch.equal(r["inference"], r["no_grad"])
         assert "a KV cache: past_key_values, or generate() with use_cache=True" in r["cache"]
+
+
+def test_hf_output_attentions_is_refused_by_name():
+    """output_attentions=True gave attentions=[] without a word (transformers warns for sdpa,
+    and a caller's attentions[0] then failed far from the cause)."""
+    said = run_distributed(_attentions_asked, 1)
+    assert "ringattn: output_attentions=True: ring attention never forms" in said[0]
+
+
+def _attentions_asked(rank: int, world: int) -> str:
+    from ringattn.hf import register
+
+    register()
+    model = _model(dict(model_type="llama"), "ringattn")
+    ids = _tokens()[:16][None]
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False, output_attentions=True)
+    except ValueError as err:
+        return str(err)
+    return "ran"
