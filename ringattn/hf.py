@@ -223,7 +223,8 @@ def ring_attention_forward(
     extra = {} if sinks is None else {"sinks": sinks}
     cu_seqlens = _setting(kwargs, "cu_seqlens")
     refusal, shifts = _packing_refusal(module, kwargs, cu_seqlens, layout, world)
-    refusal = refusal or _padding_refusal(world)
+    padded = _padding_refusal(world)  # taken whatever else refuses: never left for a later call
+    refusal = refusal or padded
     if cu_seqlens is not None:
         extra["cu_seqlens"] = cu_seqlens
     for counter in _COUNTERS:
@@ -345,9 +346,9 @@ def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> S
     cu_seqlens (documents packed without saying so, attended across); under cu_seqlens, rows
     of a batch that differ, or a jump inside a document it packs (``_position_jump``). Each
     a PositionsError: one rank may find it alone, and the ring's agreement raises it on all."""
-    # an inference tensor has no version counter (torch.inference_mode: a traceback), and is
-    # checked every time
-    version = object() if pos.is_inference() else pos._version
+    # an inference tensor has no version counter (torch.inference_mode: a traceback): the
+    # same tensor is taken as unchanged within its forward
+    version = "inference" if pos.is_inference() else pos._version
     key = (version, *(_setting(kwargs, s) for s in _PACKING_SETTINGS))
     last = _POSITIONS_CHECKED[0]
     if last is not None and last[0]() is pos and last[1] is cu_seqlens and last[2] == key:

@@ -82,6 +82,15 @@ class LocalRing:
         # blocks: 3 results of 50 wrong, no error. A second call waits for the first.
         self._driving = threading.Lock()
 
+    def __getstate__(self) -> dict:  # a lock cannot be copied (deepcopy of a model, pickle)
+        state = dict(self.__dict__)
+        del state["_driving"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._driving = threading.Lock()
+
     def endpoints(self) -> list[VirtualRank]:
         return self._ranks
 

@@ -37,7 +37,14 @@ from .tasks.base import world_size
 from .text import echo
 from .topology.links import MAX_GBPS
 
-__all__ = ["job_layout", "load_job", "load_resolved", "slurm_time_seconds", "world_size"]
+__all__ = [
+    "job_layout",
+    "load_job",
+    "load_recorded",
+    "load_resolved",
+    "slurm_time_seconds",
+    "world_size",
+]
 
 
 # `backend:` takes the name of a registered backend (ringctl.backends.BACKENDS).
@@ -207,7 +214,7 @@ def _renamed(layers):
 def _same_as_new(source: str, layer: DictConfig, old: str, new: str, value) -> None:
     """A layer giving both a renamed key and its new name: the same value, or refused (the
     old key silently won: `ring.plan: skip` beside `ring.placement: required` ran unplaced)."""
-    given = OmegaConf.select(layer, new, default=None)
+    given = OmegaConf.select(layer, new, default=None, throw_on_resolution_failure=False)
     if given is not None and str(given) != str(value):
         raise UserError(
             f"{source}: {old} (deprecated) is {value!r} and {new} is {given!r}: give {new} only"
@@ -235,8 +242,8 @@ def _drop_other_tasks(layers, task_name: str):
                     f"{switch[0] if switch else source}: task.name={task_name} over the "
                     f"{name} task of {source}, whose task.{', task.'.join(other)} "
                     f"{'is' if len(other) == 1 else 'are'} not {task_name}'s and would be "
-                    f"dropped: remove {'it' if len(other) == 1 else 'them'} there, or switch "
-                    "the task in that file"
+                    f"dropped: start from that task's file (`ringctl example {task_name}`), "
+                    f"or remove {'it' if len(other) == 1 else 'them'} there"
                 )
             layer = OmegaConf.masked_copy(layer, list(layer.keys()))
             del layer.task["name"]
@@ -291,6 +298,37 @@ def load_job_from_dict(data: dict, *, source: str) -> DictConfig:
 def load_resolved(path: str | Path) -> DictConfig:
     """Load a job directory's config.yaml (already resolved) with the same checks."""
     return load_job(path)
+
+
+def load_recorded(path: str | Path) -> tuple[DictConfig, str]:
+    """A job directory's config.yaml for the verbs that look at a job or stop it (status,
+    logs, cancel, gather): (config, "") by today's checks; where one refuses it (a rule added
+    since its release accepted it: ``task.seed: -1``), (the file as written over its task's
+    schema, unchecked, the refusal), so that an earlier release's job can still be seen and
+    cancelled (every verb refused it, a queued job out of reach). What runs it again (resume,
+    the ranks) keeps the checks."""
+    try:
+        return load_resolved(path), ""
+    except UserError as err:
+        refused = str(err)
+    cfg = _as_written(Path(path))
+    if cfg is None:
+        raise UserError(refused)
+    return cfg, refused
+
+
+def _as_written(path: Path) -> DictConfig | None:
+    """config.yaml merged over its task's schema without the checks (None: not even that)."""
+    try:
+        layers = [(str(path), OmegaConf.create(job_yaml.load_file(path)))]
+        cfg = OmegaConf.structured(job_schema(_task_name(layers)))
+        for _, layer in _renamed(layers):
+            cfg = OmegaConf.merge(cfg, layer)
+        OmegaConf.resolve(cfg)
+    except (UserError, OmegaConfBaseException, TypeError, ValueError, KeyError):
+        return None
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
 
 
 def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:

@@ -57,12 +57,19 @@ def get_backend(cfg, name: str | None = None) -> Backend:
     return cls.create(cfg)
 
 
-def open_job_dir(path: str | Path) -> tuple[JobDir, object, Backend]:
-    """(job, cfg, backend) for an existing job directory (a one-line error if it is not)."""
-    from .config import load_resolved
+def open_job_dir(path: str | Path, *, checked: bool = False) -> tuple[JobDir, object, Backend]:
+    """(job, cfg, backend) for an existing job directory (a one-line error if it is not).
+    Its config by today's checks where ``checked`` (what runs it again: resume), else as its
+    release wrote it where a rule added since refuses it, said (``config.load_recorded``)."""
+    from .config import load_recorded, load_resolved
 
     job = JobDir.open(path)
-    cfg = load_resolved(job.config)
+    if checked:
+        cfg = load_resolved(job.config)
+    else:
+        cfg, refused = load_recorded(job.config)
+        if refused:
+            print(f"note: {refused} (read as written; a resume checks it)", file=sys.stderr)
     return job, cfg, get_backend(cfg, _recorded_backend(job, cfg.backend.value))
 
 
@@ -180,10 +187,16 @@ def check_documents(sizing: Sizing, *, force: bool = False) -> None:
 
 def check_packages(cfg) -> None:
     """Refuse a job whose task needs a package this Python cannot import, before anything is
-    created. Only where the job runs this interpreter (local, or slurm with no other env)."""
+    created. Only where the job runs this interpreter (local with no env.python, whatever
+    else env names: ``local.unset_up_env`` says so; slurm with no other env)."""
+    from .backends.local import unset_up_env
+
     env = cfg.env
-    here = files_here(cfg)
-    if not here or env.python or env.venv or env.conda or env.container_image:
+    local = cfg.backend.value == "local"
+    if local and unset_up_env(cfg):
+        print(f"warning: {unset_up_env(cfg)}", file=sys.stderr)
+    elsewhere = env.python or (not local and (env.venv or env.conda or env.container_image))
+    if not files_here(cfg) or elsewhere:
         return
     missing = get_task(str(cfg.task.name)).missing_packages(cfg)
     if missing:
@@ -448,7 +461,7 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
     documents whose shards are all written and verified). The previous attempt's logs and
     placement move to attempts/<n>/. Under the directory's lock; a refusal changes nothing.
     """
-    job, cfg, backend = open_job_dir(path)
+    job, cfg, backend = open_job_dir(path, checked=True)
     changed = resumed_config(job, list(overrides), force=force)  # before anything moves
     backend.refuse_unstartable(cfg if changed is None else changed[0])
     why = get_task(str(cfg.task.name)).resume_problem(cfg, job.path)

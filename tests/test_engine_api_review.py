@@ -6,6 +6,8 @@ attention (``tests.ring_harness``) or the engine's own result without the featur
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 
 import pytest
@@ -71,6 +73,8 @@ def test_a_local_ring_shared_by_threads_gives_each_its_own_result():
     assert wrong == []
     with pytest.raises(ValueError, match="world_size must be an integer >= 1, got True"):
         LocalRing(True)
+    copied = pickle.loads(pickle.dumps(copy.deepcopy(ring)))  # (the lock is not copied)
+    assert torch.equal(ringattn.ring_attention(*cases[0], causal=True, comm=copied), wants[0])
 
 
 @pytest.mark.parametrize("kernel", ["torch", "chunked"])

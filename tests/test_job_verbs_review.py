@@ -169,13 +169,32 @@ def test_a_listing_shows_a_dangling_job_json_and_never_a_submits_temporary(tmp_p
     "given",
     ["env.venv=/nonexistent", "env.modules=[cuda/12]", "env.conda=base", "env.container_image=i"],
 )
-def test_a_local_job_naming_a_batch_scripts_environment_is_refused(tmp_path, capsys, given):
+def test_a_local_job_naming_a_batch_scripts_environment_is_warned(tmp_path, capsys, given):
     """(config review) backend=local ran a job naming a venv, modules, a conda environment
     and a container that do not exist, COMPLETED, none of them used or said (and this
-    interpreter's packages went unchecked): refused by name, nothing made."""
+    interpreter's packages went unchecked). Said; the job runs as it is (a file written for
+    Slurm runs here), its packages checked."""
     capsys.readouterr()
-    assert main(["submit", SMOKE, given, f"output_dir={tmp_path / 'runs'}"]) == 2
+    assert main(["run", SMOKE, given, "task.steps=1", f"output_dir={tmp_path / 'runs'}"]) == 0
     key = given.split("=")[0]
-    assert f"{key}: the local backend runs the ranks with" in capsys.readouterr().err
-    runs = tmp_path / "runs"
-    assert not runs.exists() or not any(runs.iterdir())
+    assert f"warning: {key}: not set up by the local backend" in capsys.readouterr().err
+
+
+def test_a_job_an_earlier_release_accepted_can_still_be_seen_and_cancelled(tmp_path, capsys):
+    """(second reading) Every verb re-checked config.yaml by today's rules: an attention job
+    that ran with task.seed=-1 (accepted before the seed was bounded) was refused by status,
+    logs and cancel, a queued job out of reach. They read it as written, saying so; a
+    resume, which runs it again, is still refused by name."""
+    from ringctl.config import load_job, to_yaml
+
+    job = _job_dir(tmp_path / "old", {"backend": "local", "name": "attention"})
+    text = to_yaml(load_job("jobs/attention.yaml", ["backend=local", "gpus_per_node=0"]))
+    assert "  seed: 0\n" in text
+    (job / "config.yaml").write_text(text.replace("  seed: 0\n", "  seed: -1\n"))
+    for verb in ("status", "logs", "cancel"):
+        capsys.readouterr()
+        assert main([verb, str(job)]) in (0, 1), verb
+        err = capsys.readouterr().err
+        assert "note: " in err and "task.seed" in err and "read as written" in err, (verb, err)
+    assert main(["resume", "--force", str(job)]) == 2
+    assert "task.seed: must be from 0" in capsys.readouterr().err

@@ -162,7 +162,7 @@ def test_without_transformers_here_the_bounds_stand(tmp_path, monkeypatch):
     (docs / "long.txt").write_text("abcdefghij " * 300)
     job = [f"task.inputs=[{docs}]", f"task.model_path={word_model(tmp_path)}"]
     job += ["nodes=1", "tasks_per_node=2", "ring.size=auto", "ring.max_tokens_per_rank=200"]
-    job += [f"env.venv={tmp_path}"]
+    job += [f"env.venv={tmp_path}", "backend=slurm"]  # (a local job runs this interpreter)
     cfg = load_job(JOB, job)
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(UserError, match="'long.txt' has 3,300 tokens"):  # by its bound

@@ -633,8 +633,10 @@ def test_a_lost_latest_resumes_from_the_newest_published_checkpoint(tmp_path, co
 
     shutil.rmtree(job / "checkpoints" / "step-0000006")
     (job / "checkpoints" / "latest").unlink()
-    assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
     capsys.readouterr()
+    assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "is missing: gathered step-0000004, the newest published checkpoint" in said, said
     assert main(["resume", str(job), "--force", "--follow"]) == 0
     said = "resumed from step-0000004 (step 4); checkpoints/latest is missing"
     assert said in capsys.readouterr().out

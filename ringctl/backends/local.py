@@ -222,18 +222,18 @@ def _read_record(job: JobDir) -> ProcessRecord | None:
 
 def _running_supervisor(job: JobDir) -> ProcessRecord | None:
     """The job's supervisor among this machine's processes, when supervisor.pid cannot say:
-    the one whose command line runs this job's supervisor and which leads its own session
-    (forked ranks carry the same command line, in its session). A damaged file read as "no
-    supervisor": status said FAILED of a running job, and resume started a second ring
-    beside it, whose state.json the first then overwrote."""
-    marker = supervisor_marker(job)
+    this user's process whose command line runs this job's supervisor and which leads its
+    own session (forked ranks carry the same command line, in its session). A damaged file
+    read as "no supervisor": status said FAILED of a running job, and resume started a
+    second ring beside it, whose state.json the first then overwrote."""
+    marker, uid = supervisor_marker(job), os.getuid()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        try:
-            leads = os.getsid(pid) == pid
-        except OSError:  # gone meanwhile, or not ours to ask
+        try:  # this user's (another's job in a shared folder is not ours to signal)
+            leads = entry.stat().st_uid == uid and os.getsid(pid) == pid
+        except OSError:  # gone meanwhile
             continue
         record = ProcessRecord.of(pid, marker)
         if leads and record.start is not None and record.alive():
@@ -268,21 +268,8 @@ class LocalBackend(Backend):
 
     def refuse_unstartable(self, cfg) -> None:
         """A job whose env.python names no executable (a path, or a command on PATH): its
-        ranks could never start, and its supervisor would only record FAILED. A job naming
-        an environment only a batch script sets up (env.venv, env.conda, env.modules,
-        env.container_image/mounts): its ranks would run without it (a venv that did not
-        exist ran COMPLETED, this interpreter's packages unchecked)."""
-        env = cfg.env
-        script_only = ("venv", "conda", "modules", "container_image", "container_mounts")
-        given = [k for k in script_only if env.get(k)]
-        if given:
-            raise UserError(
-                f"env.{given[0]}: the local backend runs the ranks with {rank_python(cfg)} in "
-                "this environment, and sets up no venv, conda, modules or container (the "
-                "batch script of backend=slurm or ssh does): unset it here, or name the "
-                "interpreter to run with env.python"
-            )
-        if env.python and shutil.which(rank_python(cfg)) is None:
+        ranks could never start, and its supervisor would only record FAILED."""
+        if cfg.env.python and shutil.which(rank_python(cfg)) is None:
             raise UserError(
                 f"env.python: {cfg.env.python}: no such executable file (nor a command on "
                 "PATH); the ranks could not start"
@@ -397,6 +384,23 @@ def died_unrecorded(job: JobDir) -> str:
         "the local supervisor ended without recording a state"
         + (f": {said}" if said else "")
         + f" (see {job.supervisor_log})"
+    )
+
+
+SCRIPT_ONLY_ENV = ("venv", "conda", "modules", "container_image", "container_mounts")
+
+
+def unset_up_env(cfg) -> str:
+    """The warning for a local job naming an environment only a batch script sets up
+    (``SCRIPT_ONLY_ENV``), or "": its ranks run without it (a venv and modules that did not
+    exist ran COMPLETED, unsaid). A warning, not a refusal: a job file written for Slurm runs
+    here as it is."""
+    given = [f"env.{k}" for k in SCRIPT_ONLY_ENV if cfg.env.get(k)]
+    if not given:
+        return ""
+    return (
+        f"{', '.join(given)}: not set up by the local backend (a batch script's, with "
+        f"backend=slurm or ssh): the ranks run {rank_python(cfg)} in this environment"
     )
 
 

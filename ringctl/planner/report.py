@@ -167,7 +167,7 @@ def print_schedule(work, device, ring, budgets, lengths, spans) -> None:
     from ringattn.geometry import ring_capacity  # the job's own rule
 
     held, own = budgets
-    runs = held if own is None else own
+    runs = held if own is None else min(own, held)  # a budget past the device's is not held
     console = _console()
     said = f"at most {held:,} tokens per rank"
     if own is not None:

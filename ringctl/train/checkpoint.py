@@ -95,9 +95,19 @@ class CheckpointDir:
         return done[-1].name if done else None
 
     def latest(self) -> Checkpoint | None:
-        """The checkpoint ``latest`` names (None: no checkpoint yet), checked."""
+        """The checkpoint ``latest`` names (None: no checkpoint yet), checked; with no
+        ``latest``, the newest published folder (``unpointed``), named as that."""
         name = self.pointer()
-        return None if name is None else self.read(name, where=f"{self.root / LATEST}")
+        if name is None:
+            return None
+        where = str(self.root / LATEST)
+        if not self.pointed():
+            where = f"{self.root} (no {LATEST}: its newest published folder)"
+        return self.read(name, where=where)
+
+    def pointed(self) -> bool:
+        """Whether ``latest`` is there (else ``pointer`` names the newest published folder)."""
+        return os.path.lexists(self.root / LATEST)
 
     def read(self, name: str, *, where: str) -> Checkpoint:
         match = STEP_NAME.fullmatch(name)

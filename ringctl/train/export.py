@@ -81,6 +81,16 @@ def _latest(job: JobDir) -> checkpoint.Checkpoint:
     return found
 
 
+def _unpointed_note(job: JobDir, found: checkpoint.Checkpoint) -> list[str]:
+    """Gather's note when no ``latest`` named the checkpoint (``CheckpointDir.pointer``)."""
+    if checkpoint.CheckpointDir(job.checkpoints).pointed():
+        return []
+    return [
+        f"{job.checkpoints / checkpoint.LATEST} is missing: gathered {found.path.name}, the "
+        "newest published checkpoint"
+    ]
+
+
 def gather(
     job_dir,
     out=None,
@@ -116,8 +126,9 @@ def gather(
                 raise
             continue  # the folder it named was pruned before it was read: the newest
         left = _steps_left(found, job_config, partial=partial)
+        said = notes + _unpointed_note(job, found)
         try:
-            return _write_whole(target, job, found, job_config, force, left, notes)
+            return _write_whole(target, job, found, job_config, force, left, said)
         except (UserError, OSError):
             if not _pruned(job, found):  # the error is the truth
                 raise

@@ -340,7 +340,7 @@ def resume_from(
     restart_schedule(scheduler, found.step)
     if opts.rank == 0:
         metrics.restore(JobDir(opts.job_dir).metrics, found.path / checkpoint.METRICS)
-    unpointed = not (found.path.parent / checkpoint.LATEST).exists()  # (CheckpointDir.pointer)
+    unpointed = not checkpoint.CheckpointDir(found.path.parent).pointed()
     said = "; checkpoints/latest is missing: the newest published one" if unpointed else ""
     opts.log(f"resumed from {found.path.name} (step {found.step}){said}")
     return found.step, cursor
