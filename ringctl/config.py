@@ -585,6 +585,7 @@ SCRIPT_NAMES = frozenset(
         "BATCH_LOG",
         "MASTER_ADDR",
         "MASTER_PORT",
+        "RINGCTL_RUN_ID",
         "RANK",
         "WORLD_SIZE",
         "LOCAL_RANK",

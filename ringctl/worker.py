@@ -259,7 +259,7 @@ def init_distributed(cfg, ident: Identity):
     # node); ring rank 0 may be elsewhere when the plan reorders the ring.
     is_master = ident.task_index == 0
     rendezvous = datetime.timedelta(seconds=float(cfg.rendezvous_timeout))
-    store = dist.TCPStore(
+    tcp = dist.TCPStore(
         ident.master_addr,
         ident.master_port,
         ident.world_size,
@@ -267,13 +267,14 @@ def init_distributed(cfg, ident: Identity):
         timeout=rendezvous,
         wait_for_workers=False,
     )
+    store = dist.PrefixStore(f"ringctl/{run_id()}/", tcp)  # this run's keys only
     # Meet first (patiently: ranks start at different times), then the group's timeout applies.
-    if int(store.add("ringctl/arrived", 1)) == ident.world_size:
-        store.set("ringctl/all-arrived", "1")  # the last to arrive opens the gate
+    if int(store.add("arrived", 1)) == ident.world_size:
+        store.set("all-arrived", "1")  # the last to arrive opens the gate
     try:
-        store.wait(["ringctl/all-arrived"], rendezvous)
+        store.wait(["all-arrived"], rendezvous)
     except Exception:  # a timeout (DistStoreError / RuntimeError, by torch version)
-        arrived = int(store.add("ringctl/arrived", 0))
+        arrived = int(store.add("arrived", 0))
         raise WorkerError(
             f"rendezvous: only {arrived} of {ident.world_size} ranks arrived at "
             f"{ident.master_addr}:{ident.master_port} within {cfg.rendezvous_timeout:g}s"
@@ -289,6 +290,17 @@ def init_distributed(cfg, ident: Identity):
         **kwargs,
     )
     return device, store
+
+
+RUN_ID = "RINGCTL_RUN_ID"  # set by the batch script and the local supervisor, alike on all ranks
+
+
+def run_id() -> str:
+    """This run's name among the rendezvous store's keys (``RUN_ID``; else Slurm's job id):
+    two jobs whose ports met on one host (Slurm's ids 20000 apart) shared the keys, and a
+    rank of the later one was counted among the earlier job's ranks, opened its gate, then
+    died and took that job down with it."""
+    return os.environ.get(RUN_ID) or os.environ.get("SLURM_JOB_ID") or "job"
 
 
 def collective_timeout(cfg) -> datetime.timedelta:

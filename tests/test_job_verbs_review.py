@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,43 @@ def test_a_job_an_earlier_release_accepted_can_still_be_seen_and_cancelled(tmp_p
         assert "note: " in err and "task.seed" in err and "read as written" in err, (verb, err)
     assert main(["resume", "--force", str(job)]) == 2
     assert "task.seed: must be from 0" in capsys.readouterr().err
+
+
+def _rank(job: Path, rank: int, port: int, run: str) -> subprocess.Popen:
+    """``python -m ringctl.worker JOB`` as rank ``rank`` of 2, rendezvous at ``port``."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RINGCTL_RUN"))}
+    env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1")
+    env.update(MASTER_PORT=str(port), RINGCTL_RUN_ID=run, OMP_NUM_THREADS="1")
+    log = open(job / "logs" / f"rank-{rank}.err", "wb")  # noqa: SIM115 (the child's)
+    return subprocess.Popen(
+        [sys.executable, "-m", "ringctl.worker", str(job)], env=env, stderr=log, stdout=log
+    )
+
+
+def test_a_rank_of_another_job_on_the_same_port_is_no_member(tmp_path):
+    """(several-jobs review) Slurm jobs whose ids are 20000 apart got one rendezvous port on a
+    shared host: a rank of the later job was counted among the earlier job's ranks, opened
+    its gate, and both ran as one ring until the intruder died and took the earlier job
+    down. The store's keys are each run's own: the intruder waits alone and times out by
+    name; the earlier job meets its own rank and completes."""
+    from ringctl.backends.local import rendezvous_port
+    from ringctl.config import load_job, to_yaml
+
+    jobs = {}
+    for name, extra in (("a", []), ("b", ["rendezvous_timeout=6", "task.seq_len=128"])):
+        job = _job_dir(tmp_path / name, {"backend": "local", "name": "smoke"})
+        cfg = load_job(SMOKE, ["nodes=1", "tasks_per_node=2", "task.steps=1", *extra])
+        (job / "config.yaml").write_text(to_yaml(cfg))
+        jobs[name] = job
+    port = rendezvous_port()
+    first = _rank(jobs["a"], 0, port, "a")
+    time.sleep(3)  # its store is up
+    intruder = _rank(jobs["b"], 1, port, "b")
+    assert intruder.wait(timeout=60) != 0
+    said = (jobs["b"] / "logs" / "rank-1.err").read_text()
+    assert "rendezvous: only 1 of 2 ranks arrived" in said, said
+    assert first.poll() is None  # still waiting for its own rank 1
+    second = _rank(jobs["a"], 1, port, "a")
+    assert first.wait(timeout=120) == 0 and second.wait(timeout=120) == 0

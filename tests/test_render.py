@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import socket
 import stat
@@ -65,7 +66,7 @@ def test_smoke_script(tmp_path):
     assert 'ringctl topo probe -o "probes/$SLURMD_NODENAME.json"' in script
     assert "--slurm-topology" in script and "--ranks-per-node 1 -o placement.json" in script
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script
-    assert "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))" in script
+    assert "MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))" in script
     srun = script[script.index("srun --kill-on-bad-exit=1") :]
     assert "--output=logs/rank-%t.out --error=logs/rank-%t.err" in srun
     assert '-m ringctl.worker "$JOB_DIR"' in srun
@@ -219,19 +220,25 @@ exit 1
 """
 
 
+def _free_port(low: int, high: int) -> int:
+    """A port in [low, high) nothing holds now."""
+    for port in random.sample(range(low, high), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {low}..{high}")
+
+
 def _fake_slurm(tmp_path: Path) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (bin_dir / name).write_text(text.replace("#!/usr/bin/env python3", f"#!{sys.executable}"))
         (bin_dir / name).chmod(0o755 | stat.S_IXUSR)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    while port < 20000:  # the script derives the port as 20000 + job id % 20000
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+    port = _free_port(20000, 32000)  # the script derives the port as 20000 + job id % 12000
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",

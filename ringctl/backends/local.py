@@ -22,6 +22,7 @@ import json
 import math
 import os
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -57,6 +58,7 @@ _CLEARED_VARS = (
     "LOCAL_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "RINGCTL_RUN_ID",
     "GROUP_RANK",
     SUPERVISED,  # a rank's own (ringctl.lifetime), never a nested job's
 )
@@ -578,6 +580,7 @@ class Supervisor:
         self.job.out.mkdir(exist_ok=True)
         port = rendezvous_port()
         self.state["master_port"] = port
+        run = f"local-{os.getpid()}-{secrets.token_hex(4)}"  # (worker.RUN_ID: the store's keys)
         given = self.cfg.env.vars.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
         threads = rank_threads(  # every rank on this host
             given, cpus_per_task=None, node_cpus=os.cpu_count() or 1, ranks_on_node=self.world
@@ -587,6 +590,7 @@ class Supervisor:
             extra = {
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
+                "RINGCTL_RUN_ID": run,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(self.world),
                 "LOCAL_RANK": str(rank),
