@@ -211,6 +211,7 @@ def ring_attention_forward(
     head_dim) with RoPE applied and GQA heads not repeated. Returns (batch, seq_local, heads,
     head_dim) and no attention weights.
     """
+    padded = _take_padding_refusal()  # first: never left for a later call, whatever refuses
     _refuse_unsupported(module, attention_mask, dropout, kwargs)
     _refuse_cached_keys(query, key)
     group = _setting(kwargs, "group")
@@ -223,7 +224,8 @@ def ring_attention_forward(
     extra = {} if sinks is None else {"sinks": sinks}
     cu_seqlens = _setting(kwargs, "cu_seqlens")
     refusal, shifts = _packing_refusal(module, kwargs, cu_seqlens, layout, world)
-    padded = _padding_refusal(world)  # taken whatever else refuses: never left for a later call
+    if padded is not None and world == 1:  # no agreement follows: raised here
+        raise padded
     refusal = refusal or padded
     if cu_seqlens is not None:
         extra["cu_seqlens"] = cu_seqlens
@@ -346,9 +348,9 @@ def _check_positions_once(pos: torch.Tensor, cu_seqlens: Any, kwargs: dict) -> S
     cu_seqlens (documents packed without saying so, attended across); under cu_seqlens, rows
     of a batch that differ, or a jump inside a document it packs (``_position_jump``). Each
     a PositionsError: one rank may find it alone, and the ring's agreement raises it on all."""
-    # an inference tensor has no version counter (torch.inference_mode: a traceback): the
-    # same tensor is taken as unchanged within its forward
-    version = "inference" if pos.is_inference() else pos._version
+    # an inference tensor has no version counter (torch.inference_mode: a traceback), and
+    # may be changed in place between forwards: checked at every call
+    version = object() if pos.is_inference() else pos._version
     key = (version, *(_setting(kwargs, s) for s in _PACKING_SETTINGS))
     last = _POSITIONS_CHECKED[0]
     if last is not None and last[0]() is pos and last[1] is cu_seqlens and last[2] == key:
@@ -636,15 +638,12 @@ _PADDED: contextvars.ContextVar[ValueError | None] = contextvars.ContextVar(
 )
 
 
-def _padding_refusal(world: int) -> ValueError | None:
+def _take_padding_refusal() -> ValueError | None:
     """The padding mask's refusal, taken once (a later forward that builds no mask must not
-    see it): held for the ring's agreement, raised here where none follows (one rank)."""
+    see it), for the ring's agreement to raise on every rank."""
     refusal = _PADDED.get()
-    if refusal is None:
-        return None
-    _PADDED.set(None)
-    if world == 1:
-        raise refusal
+    if refusal is not None:
+        _PADDED.set(None)
     return refusal
 
 

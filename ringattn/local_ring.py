@@ -20,6 +20,7 @@ one ring step as the loop does it, which the planner's calibration uses.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Generator, Sequence
@@ -86,6 +87,9 @@ class LocalRing:
         state = dict(self.__dict__)
         del state["_driving"]
         return state
+
+    def __copy__(self) -> LocalRing:  # a shallow copy shared the ranks, not the lock
+        return copy.deepcopy(self)
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -214,7 +214,9 @@ def _renamed(layers):
 def _same_as_new(source: str, layer: DictConfig, old: str, new: str, value) -> None:
     """A layer giving both a renamed key and its new name: the same value, or refused (the
     old key silently won: `ring.plan: skip` beside `ring.placement: required` ran unplaced)."""
-    given = OmegaConf.select(layer, new, default=None, throw_on_resolution_failure=False)
+    given = OmegaConf.to_container(layer, resolve=False)  # as written: `${...}` unresolved
+    for part in new.split("."):
+        given = given.get(part) if isinstance(given, dict) else None
     if given is not None and str(given) != str(value):
         raise UserError(
             f"{source}: {old} (deprecated) is {value!r} and {new} is {given!r}: give {new} only"
@@ -318,13 +320,19 @@ def load_recorded(path: str | Path) -> tuple[DictConfig, str]:
 
 
 def _as_written(path: Path) -> DictConfig | None:
-    """config.yaml merged over its task's schema without the checks (None: not even that)."""
+    """config.yaml merged over its task's schema without the task's and the values' checks
+    (None: not even that); the backends' own sections checked still (an ssh.command_timeout
+    of .inf hung status)."""
     try:
         layers = [(str(path), OmegaConf.create(job_yaml.load_file(path)))]
         cfg = OmegaConf.structured(job_schema(_task_name(layers)))
         for _, layer in _renamed(layers):
             cfg = OmegaConf.merge(cfg, layer)
         OmegaConf.resolve(cfg)
+        if OmegaConf.missing_keys(cfg):  # (`???`: a traceback where a verb reads it)
+            return None
+        for cls in config_sections().values():  # what the backends act on (ssh, slurm)
+            cls.check(cfg, lambda key, why: UserError(f"{path}: {key}: {why}"))
     except (UserError, OmegaConfBaseException, TypeError, ValueError, KeyError):
         return None
     OmegaConf.set_readonly(cfg, True)

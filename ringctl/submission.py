@@ -187,15 +187,16 @@ def check_documents(sizing: Sizing, *, force: bool = False) -> None:
 
 def check_packages(cfg) -> None:
     """Refuse a job whose task needs a package this Python cannot import, before anything is
-    created. Only where the job runs this interpreter (local with no env.python, whatever
-    else env names: ``local.unset_up_env`` says so; slurm with no other env)."""
+    created. Only where the job runs this interpreter (a backend that sets up no environment,
+    ``Backend.sets_up_env``, with no env.python, whatever else env names: ``unset_up_env``
+    says so; slurm with no other env)."""
     from .backends.local import unset_up_env
 
     env = cfg.env
-    local = cfg.backend.value == "local"
-    if local and unset_up_env(cfg):
+    set_up = backend_class(cfg.backend.value).sets_up_env
+    if not set_up and unset_up_env(cfg):
         print(f"warning: {unset_up_env(cfg)}", file=sys.stderr)
-    elsewhere = env.python or (not local and (env.venv or env.conda or env.container_image))
+    elsewhere = env.python or (set_up and (env.venv or env.conda or env.container_image))
     if not files_here(cfg) or elsewhere:
         return
     missing = get_task(str(cfg.task.name)).missing_packages(cfg)

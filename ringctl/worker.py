@@ -267,14 +267,14 @@ def init_distributed(cfg, ident: Identity):
         timeout=rendezvous,
         wait_for_workers=False,
     )
-    store = dist.PrefixStore(f"ringctl/{run_id()}/", tcp)  # this run's keys only
+    store = dist.PrefixStore(f"ringctl/{run_id()}", tcp)  # this run's keys only
     # Meet first (patiently: ranks start at different times), then the group's timeout applies.
     if int(store.add("arrived", 1)) == ident.world_size:
         store.set("all-arrived", "1")  # the last to arrive opens the gate
     try:
         store.wait(["all-arrived"], rendezvous)
     except Exception:  # a timeout (DistStoreError / RuntimeError, by torch version)
-        arrived = int(store.add("arrived", 0))
+        arrived = _arrived(store)
         raise WorkerError(
             f"rendezvous: only {arrived} of {ident.world_size} ranks arrived at "
             f"{ident.master_addr}:{ident.master_port} within {cfg.rendezvous_timeout:g}s"
@@ -292,6 +292,15 @@ def init_distributed(cfg, ident: Identity):
     return device, store
 
 
+def _arrived(store) -> str:
+    """How many of this run's ranks reached the store, for the timeout's line ("?" when the
+    store is gone: another job's, which ended)."""
+    try:
+        return str(int(store.add("arrived", 0)))
+    except Exception:  # noqa: BLE001 (the store's own errors vary by torch version)
+        return "?"
+
+
 RUN_ID = "RINGCTL_RUN_ID"  # set by the batch script and the local supervisor, alike on all ranks
 
 
@@ -300,7 +309,8 @@ def run_id() -> str:
     two jobs whose ports met on one host (Slurm's ids 20000 apart) shared the keys, and a
     rank of the later one was counted among the earlier job's ranks, opened its gate, then
     died and took that job down with it."""
-    return os.environ.get(RUN_ID) or os.environ.get("SLURM_JOB_ID") or "job"
+    slurm = ".".join(os.environ.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID"))
+    return os.environ.get(RUN_ID) or (slurm if slurm != "." else "job")
 
 
 def collective_timeout(cfg) -> datetime.timedelta:

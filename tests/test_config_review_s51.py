@@ -217,6 +217,9 @@ def test_a_deprecated_plan_beside_a_different_placement_is_refused(tmp_path):
     refused(path, [], rf"^{path}: ring\.plan \(deprecated\) is 'skip' and ring\.placement is")
     path.write_text("name: smoke\nring:\n  plan: skip\n  placement: skip\n")
     assert load_job(path).ring.placement == "skip"
+    # (second reading) an interpolation there was a traceback, then read as the plan's value
+    path.write_text("name: smoke\nring:\n  plan: skip\n  placement: ${nowhere.x}\n")
+    refused(path, [], r"ring\.plan \(deprecated\) is 'skip' and ring\.placement is '\$\{nowhere")
 
 
 # --- 9, 10, 11 -----------------------------------------------------------------------------

@@ -75,6 +75,8 @@ def test_a_local_ring_shared_by_threads_gives_each_its_own_result():
         LocalRing(True)
     copied = pickle.loads(pickle.dumps(copy.deepcopy(ring)))  # (the lock is not copied)
     assert torch.equal(ringattn.ring_attention(*cases[0], causal=True, comm=copied), wants[0])
+    shallow = copy.copy(ring)  # a whole copy: a shallow one shared the ranks, not the lock
+    assert shallow.endpoints()[0] is not ring.endpoints()[0]
 
 
 @pytest.mark.parametrize("kernel", ["torch", "chunked"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -34,9 +35,14 @@ def _submit_interrupted(tmp_path, capsys, monkeypatch, name: str, body: str):
     """`ringctl submit` of a Slurm smoke job while ``name`` (sbatch or date) sends this
     process SIGINT (a Ctrl-C: KeyboardInterrupt where Python waits for it)."""
     monkeypatch.setenv("PATH", f"{_shim(tmp_path, name, body)}:{os.environ['PATH']}")
+    # a Ctrl-C as in a terminal: pytest-xdist's workers ignore SIGINT
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     capsys.readouterr()
     argv = [SMOKE, "backend=slurm", f"output_dir={tmp_path / 'jobs'}", "task.steps=1"]
-    code = main(["submit", *argv])
+    try:
+        code = main(["submit", *argv])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     monkeypatch.undo()
     queued = (tmp_path / "queued").read_text().split(";")[0].strip()
     subprocess.run(["scancel", queued], check=False)
@@ -199,6 +205,12 @@ def test_a_job_an_earlier_release_accepted_can_still_be_seen_and_cancelled(tmp_p
         assert "note: " in err and "task.seed" in err and "read as written" in err, (verb, err)
     assert main(["resume", "--force", str(job)]) == 2
     assert "task.seed: must be from 0" in capsys.readouterr().err
+    # a value that cannot be read as written either (`???`) is the one-line refusal it was
+    (job / "config.yaml").write_text(text.replace("name: attention\n", "name: ???\n", 1))
+    for verb in ("status", "logs"):
+        assert main([verb, str(job)]) in (1, 2), verb
+        err = capsys.readouterr().err
+        assert "missing mandatory value" in err and "Traceback" not in err, err
 
 
 def _rank(job: Path, rank: int, port: int, run: str) -> subprocess.Popen:

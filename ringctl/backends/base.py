@@ -65,6 +65,9 @@ class Backend(ABC):
     ranks_here: ClassVar[bool] = False
     # the batch script probes the nodes and places the ring on them (ring.placement).
     places_ring: ClassVar[bool] = True
+    # the batch script sets up env.venv, env.conda, env.modules and a container for the
+    # ranks; where not (local), they run this interpreter, whatever those name.
+    sets_up_env: ClassVar[bool] = True
 
     @classmethod
     def create(cls, cfg) -> Backend:

@@ -250,6 +250,7 @@ class LocalBackend(Backend):
     name = "local"
     poll_s = 0.2
     ranks_here = True
+    sets_up_env = False
     places_ring = False
 
     def __init__(self, cfg=None) -> None:

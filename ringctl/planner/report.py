@@ -162,8 +162,9 @@ def print_plan(work, est, device, link, longest, fewest, layouts=()) -> None:
 
 def print_schedule(work, device, ring, budgets, lengths, spans) -> None:
     """``budgets``: (tokens per rank the device holds, the job's own ring.max_tokens_per_rank
-    or None). The headline is the budget the job runs with: a job that gives its own was
-    headlined with the device's (2.85M where its ranks take 5,000)."""
+    or None). The headline is the job's own budget beside the device's, and what a ring holds
+    by the smaller (a job that gives its own was headlined with the device's: 2.85M where its
+    ranks take 5,000)."""
     from ringattn.geometry import ring_capacity  # the job's own rule
 
     held, own = budgets
