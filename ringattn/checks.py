@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextvars
 import math
-import operator
 import struct
 from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
+from .geometry import integer_of
 from .layouts import LAYOUTS, check_layout
 
 _DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -81,11 +81,8 @@ def check_window(window, causal: bool) -> int | None:
     """A sliding window is a positive whole number of keys, and only under the causal mask."""
     if window is None:
         return None
-    try:  # operator.index: an integer of any kind (numpy's too), never a float cut short
-        keys = -1 if isinstance(window, bool) else operator.index(window)  # index(True) is 1
-    except TypeError:
-        keys = -1
-    if keys < 1:
+    keys = integer_of(window)  # an integer of any kind (numpy's too), never a bool or float
+    if keys is None or keys < 1:
         raise ValueError(f"ring_attention: window must be a positive int or None, got {window!r}")
     if not causal:
         raise ValueError("ring_attention: a sliding window needs causal=True")

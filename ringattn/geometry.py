@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import operator
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -599,6 +600,18 @@ def plain_layout(seq_len: int, world_size: int, layout: str) -> SequenceLayout:
             late = 2 * world_size - 1 - rank
             runs.append((Run(0, rank * half, half), Run(half, late * half, half)))
     return SequenceLayout(layout, world_size, per_rank, seq_len, tuple(runs), False, (seq_len,))
+
+
+def integer_of(value) -> int | None:
+    """``value`` as an int where it is an integer of any kind (numpy's too), else None: never
+    a bool (``operator.index(True)`` is 1) nor a float silently cut (3.9 -> 3). The one
+    reading of a whole-number argument (a window, the entries of cu_seqlens)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def check_cu_seqlens(cu_seqlens: Sequence[int]) -> tuple[int, ...]:

@@ -43,7 +43,6 @@ rows that is a multiple of U.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import torch
@@ -56,6 +55,7 @@ from .geometry import (
     check_sequence_layout,
     chunks_per_rank,
     hybrid_grid,
+    integer_of,
     layout_multiple,
     packed_layout,
     packing_checksum,
@@ -128,14 +128,14 @@ def _cu_tuple(cu_seqlens) -> tuple[int, ...]:
                 f"{cu_seqlens.dtype} of shape {tuple(cu_seqlens.shape)}"
             )
         return tuple(cu_seqlens.tolist())
-    try:  # operator.index: an integer of any kind, never a float silently cut (3.9 -> 3)
-        if any(isinstance(c, bool) for c in cu_seqlens):  # operator.index(True) is 1
-            raise TypeError
-        return tuple(operator.index(c) for c in cu_seqlens)
-    except TypeError:
-        raise ValueError(
-            f"cu_seqlens must hold integers [0, l1, l1+l2, ..., N], got {list(cu_seqlens)[:6]!r}"
-        ) from None
+    try:
+        given = list(cu_seqlens)
+    except TypeError:  # not a sequence at all
+        given = [cu_seqlens]
+    cu = tuple(integer_of(c) for c in given)  # integers of any kind, never bools or floats
+    if None in cu:
+        raise ValueError(f"cu_seqlens must hold integers [0, l1, l1+l2, ..., N], got {given[:6]!r}")
+    return cu
 
 
 def pack_sequence(

@@ -263,18 +263,21 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> D
     """Load, merge and validate a job; a `UserError` names what is wrong and where."""
     from .resources import find_job
 
-    path = find_job(path)
+    layers = [_file_layer(find_job(path))]
+    for item in overrides:
+        layers.append((f"override {item!r}", _override(item)))
+    return _build(layers)
+
+
+def _file_layer(path: Path) -> tuple[str, DictConfig]:
+    """(source, layer) of a job file: a YAML mapping (``job_yaml``'s rules)."""
     data = job_yaml.load_file(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: a job file must be a YAML mapping of keys to values")
     try:
-        raw = OmegaConf.create(data)
+        return str(path), OmegaConf.create(data)
     except OmegaConfBaseException as err:
         raise UserError(f"{path}: {_first_line(err)}") from None
-    layers: list[tuple[str, DictConfig]] = [(str(path), raw)]
-    for item in overrides:
-        layers.append((f"override {item!r}", _override(item)))
-    return _build(layers)
 
 
 def _override(item: str) -> DictConfig:
@@ -324,13 +327,7 @@ def _as_written(path: Path) -> DictConfig | None:
     (None: not even that); the backends' own sections checked still (an ssh.command_timeout
     of .inf hung status)."""
     try:
-        layers = [(str(path), OmegaConf.create(job_yaml.load_file(path)))]
-        cfg = OmegaConf.structured(job_schema(_task_name(layers)))
-        for _, layer in _renamed(layers):
-            cfg = OmegaConf.merge(cfg, layer)
-        OmegaConf.resolve(cfg)
-        if OmegaConf.missing_keys(cfg):  # (`???`: a traceback where a verb reads it)
-            return None
+        cfg, _, _ = _merged([_file_layer(path)])  # (`???` refused: a traceback where read)
         for cls in config_sections().values():  # what the backends act on (ssh, slurm)
             cls.check(cfg, lambda key, why: UserError(f"{path}: {key}: {why}"))
     except (UserError, OmegaConfBaseException, TypeError, ValueError, KeyError):
@@ -340,6 +337,18 @@ def _as_written(path: Path) -> DictConfig | None:
 
 
 def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
+    """The job the layers give (``_merged``), checked and read-only."""
+    cfg, prepared, unresolved = _merged(layers)
+    _check_typed_given(cfg, prepared, unresolved)
+    _check_text_given_as_text(cfg, prepared)
+    _check(cfg, lambda key: _source_of(prepared, key))
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _merged(layers: list[tuple[str, DictConfig]]) -> tuple[DictConfig, list, dict]:
+    """(the layers merged over their task's schema and resolved, the layers as merged, the
+    merge before interpolation): no value checked but what the merge and a ``???`` refuse."""
     from . import tasks
 
     task_name = _task_name(layers)
@@ -377,11 +386,7 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
             f"(set {'them' if len(missing) > 1 else 'it'} in the file or on the command line, "
             f"e.g. {_settable(missing[0])}=...)"
         )
-    _check_typed_given(cfg, prepared, unresolved)
-    _check_text_given_as_text(cfg, prepared)
-    _check(cfg, lambda key: _source_of(prepared, key))
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+    return cfg, prepared, unresolved
 
 
 def _settable(key: str) -> str:

@@ -194,8 +194,9 @@ def check_packages(cfg) -> None:
 
     env = cfg.env
     set_up = backend_class(cfg.backend.value).sets_up_env
-    if not set_up and unset_up_env(cfg):
-        print(f"warning: {unset_up_env(cfg)}", file=sys.stderr)
+    unused = "" if set_up else unset_up_env(cfg)
+    if unused:
+        print(f"warning: {unused}", file=sys.stderr)
     elsewhere = env.python or (set_up and (env.venv or env.conda or env.container_image))
     if not files_here(cfg) or elsewhere:
         return
