@@ -16,7 +16,7 @@ import torch
 import ringattn
 from ringattn.local_ring import LocalRing
 from tests.distributed import run_distributed
-from tests.test_hf_packed import _model, _outcome, _tokens
+from tests.test_hf_packed import outcome, packed_tokens, tiny_model
 
 
 def _qkv(n: int = 16, dtype=torch.float64, seed: int = 0):
@@ -104,10 +104,10 @@ def _hf_calls(rank: int, world: int) -> dict:
     from ringattn.hf import register, ring_settings
 
     register()
-    model = _model(dict(model_type="llama"), "ringattn")
+    model = tiny_model(dict(model_type="llama"), "ringattn")
     n = 32
     kw = dict(world_size=world, rank=rank, layout="contiguous")
-    ids = ringattn.shard_sequence(_tokens()[:n], dim=0, **kw)[None]
+    ids = ringattn.shard_sequence(packed_tokens()[:n], dim=0, **kw)[None]
     pos = ringattn.sequence_positions(n, **kw)[None]
     mask = torch.ones(1, n, dtype=torch.long)
     mask[:, -5:] = 0
@@ -119,7 +119,7 @@ def _hf_calls(rank: int, world: int) -> dict:
         said["padded"] = "ran"
     except ValueError as err:
         said["padded"] = str(err)
-    said["right"] = _outcome(model, ids, pos, layout="contiguous")
+    said["right"] = outcome(model, ids, pos, layout="contiguous")
     with torch.inference_mode(), ring_settings(layout="contiguous"):
         said["inference"] = model(input_ids=ids, position_ids=pos, use_cache=False).logits
     with torch.no_grad(), ring_settings(layout="contiguous"):
@@ -159,8 +159,8 @@ def _attentions_asked(rank: int, world: int) -> str:
     from ringattn.hf import register
 
     register()
-    model = _model(dict(model_type="llama"), "ringattn")
-    ids = _tokens()[:16][None]
+    model = tiny_model(dict(model_type="llama"), "ringattn")
+    ids = packed_tokens()[:16][None]
     try:
         with torch.no_grad():
             model(input_ids=ids, use_cache=False, output_attentions=True)

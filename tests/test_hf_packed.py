@@ -28,7 +28,7 @@ MODELS = {
 }
 
 
-def _model(spec: dict, attn: str):
+def tiny_model(spec: dict, attn: str):
     from transformers import AutoConfig
 
     from ringctl.longdoc.model.load import build_random
@@ -38,7 +38,7 @@ def _model(spec: dict, attn: str):
     return build_random(config, seed=7, dtype=torch.float32, attn_implementation=attn).eval()
 
 
-def _tokens() -> torch.Tensor:
+def packed_tokens() -> torch.Tensor:
     return torch.randint(
         0, BASE["vocab_size"], (sum(DOCS),), generator=torch.Generator().manual_seed(3)
     )
@@ -51,7 +51,7 @@ def _cu() -> list[int]:
     return cu
 
 
-def _outcome(model, ids: torch.Tensor, positions, **settings) -> str:
+def outcome(model, ids: torch.Tensor, positions, **settings) -> str:
     """What one rank says of one forward under ``ring_settings(**settings)``: "ran", or the
     ValueError it raised."""
     from ringattn.hf import ring_settings
@@ -74,10 +74,10 @@ def _ranks(rank: int, world: int) -> dict:
     from ringattn.hf import register, ring_settings
 
     register()
-    ids, cu = _tokens(), _cu()
+    ids, cu = packed_tokens(), _cu()
     out = {}
     for name, spec in MODELS.items():
-        model = _model(spec, "ringattn")
+        model = tiny_model(spec, "ringattn")
         window = spec.get("sliding_window")
         packing = ringattn.pack_sequence(
             cu, world_size=world, layout="zigzag", balance_window=window
@@ -111,13 +111,13 @@ def test_packed_documents_equal_each_document_alone():
 def _assert_each_document_alone(name: str, spec: dict, shards: list) -> None:
     """Every document's log-probabilities from the ranks' (logits, global rows) shards equal
     that document alone through the model's own attention, within TOL."""
-    ids, cu = _tokens(), _cu()
+    ids, cu = packed_tokens(), _cu()
     full = torch.full((sum(DOCS), BASE["vocab_size"]), float("nan"))
     for logits, positions in shards:
         keep = positions >= 0
         full[positions[keep]] = logits[keep]
     attn = "eager" if spec["model_type"] == "gpt_oss" else "sdpa"
-    model = _model(spec, attn)
+    model = tiny_model(spec, attn)
     worst = 0.0
     for a, b in zip(cu, cu[1:], strict=False):
         if b - a < 2:  # a one-token document predicts nothing
@@ -149,13 +149,13 @@ def _hybrid_ranks(rank: int, world: int):
 
     register()
     groups = hybrid_groups(2)
-    ids, cu, layout = _tokens(), _cu(), "hybrid-zigzag"
+    ids, cu, layout = packed_tokens(), _cu(), "hybrid-zigzag"
     kw = dict(world_size=world, rank=groups.rank, layout=layout, ulysses_degree=2)
     packing = ringattn.pack_sequence(cu, world_size=world, layout=layout, ulysses_degree=2)
     shard_ids = ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw)
     positions = ringattn.document_positions(packing, **kw).clamp(min=0)
     wrong = torch.arange(positions.numel()) % 3  # restarts every third row
-    model = _model(MODELS["llama"], "ringattn")
+    model = tiny_model(MODELS["llama"], "ringattn")
     settings = dict(group=groups.ring, ulysses_group=groups.ulysses, layout=layout)
     with torch.no_grad(), ring_settings(cu_seqlens=packing, **settings):
         with pytest.raises(ValueError, match=r"position_ids jump inside document \d+ of cu_"):
@@ -203,7 +203,7 @@ def _grid_positions(rank: int, world: int) -> dict:
     layout, n, cu = "hybrid-contiguous", 48, [0, 3, 43, 48]
     kw = dict(world_size=world, rank=groups.rank, layout=layout, ulysses_degree=2)
     packing = ringattn.pack_sequence(cu, world_size=world, layout=layout, ulysses_degree=2)
-    ids = _tokens()[:n]
+    ids = packed_tokens()[:n]
     plain = ringattn.shard_sequence(ids, dim=0, **kw)[None]
     packed = ringattn.shard_sequence(ids, dim=0, cu_seqlens=packing, **kw)[None]
     in_sequence = ringattn.sequence_positions(n, **kw)[None]
@@ -220,10 +220,10 @@ def _grid_positions(rank: int, world: int) -> dict:
             ringattn.document_positions(packing, **kw).clamp(min=0)[None],
         ),
     }
-    model = _model(MODELS["llama"], "ringattn")
+    model = tiny_model(MODELS["llama"], "ringattn")
     settings = dict(group=groups.ring, ulysses_group=groups.ulysses, layout=layout)
     return {
-        scenario: _outcome(model, ids, positions, cu_seqlens=cu_seqlens, **settings)
+        scenario: outcome(model, ids, positions, cu_seqlens=cu_seqlens, **settings)
         for scenario, (cu_seqlens, ids, positions) in calls.items()
     }
 
@@ -231,7 +231,7 @@ def _grid_positions(rank: int, world: int) -> dict:
 def test_length_dependent_rope_is_refused_for_packing():
     from ringattn.hf import ring_settings
 
-    model = _model(
+    model = tiny_model(
         dict(model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "sdpa"
     )
     with pytest.raises(ValueError, match="scales RoPE by the sequence's length"):
@@ -253,9 +253,9 @@ def _packing_refusals(rank: int, world: int) -> bool:
     from ringattn.hf import register, ring_settings
 
     register()
-    model = _model(dict(model_type="llama"), "ringattn")
+    model = tiny_model(dict(model_type="llama"), "ringattn")
     docs, cu = (5, 7, 4), [0, 5, 12, 16]
-    ids = _tokens()[:16][None]
+    ids = packed_tokens()[:16][None]
     pos = torch.cat([torch.arange(n) for n in docs])[None]
     flat = torch.tensor(cu, dtype=torch.int32)
     with torch.no_grad(), ring_settings(layout="contiguous"):
@@ -272,7 +272,7 @@ def _packing_refusals(rank: int, world: int) -> bool:
             model(input_ids=ids, position_ids=rows[1:], use_cache=False)  # restarts at 8
         model(input_ids=ids, position_ids=pos, use_cache=False)
         model(input_ids=ids, position_ids=torch.arange(16)[None], use_cache=False)  # relative
-    dynamic = _model(
+    dynamic = tiny_model(
         dict(model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
         "ringattn",
     )
@@ -303,9 +303,9 @@ def _piece_positions(rank: int, world: int) -> dict:
     from ringattn.hf import register
 
     register()
-    model = _model(dict(model_type="llama"), "ringattn")
+    model = tiny_model(dict(model_type="llama"), "ringattn")
     cu, n = [0, 3, 43, 48], 48
-    ids = _tokens()[:n]
+    ids = packed_tokens()[:n]
     kw = dict(world_size=world, rank=rank, layout="zigzag")
     packed = ringattn.shard_sequence(ids, dim=0, cu_seqlens=cu, **kw)[None]
     plain = ringattn.shard_sequence(ids, dim=0, **kw)[None]
@@ -315,7 +315,7 @@ def _piece_positions(rank: int, world: int) -> dict:
         "right": (packed, cu, ringattn.document_positions(cu, **kw).clamp(min=0)[None]),
     }
     return {
-        scenario: _outcome(model, ids, positions, layout="zigzag", cu_seqlens=cu_seqlens)
+        scenario: outcome(model, ids, positions, layout="zigzag", cu_seqlens=cu_seqlens)
         for scenario, (ids, cu_seqlens, positions) in calls.items()
     }
 
@@ -357,10 +357,10 @@ def _one_rank_restarts(rank: int, world: int) -> dict:
     from ringattn.hf import register
 
     register()
-    model = _model(dict(model_type="llama"), "ringattn")
+    model = tiny_model(dict(model_type="llama"), "ringattn")
     cu, n = [0, 30, 48], 48
     kw = dict(world_size=world, rank=rank, layout="contiguous")
-    ids = ringattn.shard_sequence(_tokens()[:n], dim=0, **kw)[None]
+    ids = ringattn.shard_sequence(packed_tokens()[:n], dim=0, **kw)[None]
     docs = ringattn.document_positions(cu, **kw)[None]  # rank 1's share restarts at row 6
     rows = torch.cat([docs, docs + (rank == 1)])  # rank 1's rows differ
     calls = {  # (ids, cu_seqlens, positions)
@@ -369,7 +369,7 @@ def _one_rank_restarts(rank: int, world: int) -> dict:
         "right": (ids, cu, docs),
     }
     return {
-        scenario: _outcome(model, tokens, positions, layout="contiguous", cu_seqlens=cu_seqlens)
+        scenario: outcome(model, tokens, positions, layout="contiguous", cu_seqlens=cu_seqlens)
         for scenario, (tokens, cu_seqlens, positions) in calls.items()
     }
 
@@ -379,9 +379,9 @@ def _share_positions(rank: int, world: int) -> dict:
     from ringattn.hf import register
 
     register()
-    model = _model(dict(model_type="llama"), "ringattn")
+    model = tiny_model(dict(model_type="llama"), "ringattn")
     cu, n = [0, 3, 43, 48], 48
-    ids = _tokens()[:n]
+    ids = packed_tokens()[:n]
     kw = dict(world_size=world, rank=rank, layout="contiguous")
     shard = ringattn.shard_sequence(ids, dim=0, **kw)[None]
     in_sequence = ringattn.shard_sequence(torch.arange(n), dim=0, **kw)[None]
@@ -393,7 +393,7 @@ def _share_positions(rank: int, world: int) -> dict:
         "plain, right": (None, in_sequence),
     }
     return {
-        scenario: _outcome(model, shard, positions, layout="contiguous", cu_seqlens=cu_seqlens)
+        scenario: outcome(model, shard, positions, layout="contiguous", cu_seqlens=cu_seqlens)
         for scenario, (cu_seqlens, positions) in calls.items()
     }
 
