@@ -421,6 +421,40 @@ def test_fetch_says_which_remote_entries_inside_a_folder_it_passes_over(
     assert "did not fetch out/pipe: on the login node it is not a regular file" in err
 
 
+def test_fetch_without_remote_latest_brings_the_newest_published_checkpoint(
+    settings, make_job_dir, tmp_path, capsys
+):
+    """A login node's checkpoints/latest lost (or a kill between a folder's publish and
+    latest's write) while published folders are there: a resume there takes the newest
+    (CheckpointDir.unpointed), but fetch brought none, and a latest an earlier fetch left here
+    named an older step, which gather read. Now the newest published folder comes back, said,
+    and the stale latest and older folders here go."""
+    from ringctl.train.checkpoint import CheckpointDir
+
+    job_dir, remote = _remote_job(settings, make_job_dir, tmp_path, "lost-latest")
+    for name in ("step-0000002", "step-0000005", "step-0000009.tmp-feedface"):
+        (remote / "checkpoints" / name).mkdir(parents=True)
+        state = {"step": int(name[5:12]), "cursor": {}, "scheduler": {}, "run": {}}
+        (remote / "checkpoints" / name / "train_state.json").write_text(json.dumps(state))
+        (remote / "checkpoints" / name / ".metadata").write_bytes(b"dcp")
+    (tmp_path / "step-0000007").mkdir()  # a link named as a later step is not a folder
+    (remote / "checkpoints" / "step-0000007").symlink_to(tmp_path / "step-0000007")
+    (remote / "checkpoints" / "step-00000008").mkdir()  # not a name publish writes
+    # an earlier fetch's copy: step 2 and the latest that named it
+    (job_dir / "checkpoints" / "step-0000002").mkdir(parents=True)
+    (job_dir / "checkpoints" / "step-0000002" / ".metadata").write_bytes(b"dcp")
+    (job_dir / "checkpoints" / "latest").write_text("step-0000002\n")
+    with SSHBackend(settings) as b:
+        fetched = b.fetch(job_dir)
+    assert sorted(f for f in fetched if f.startswith("checkpoints/")) == [
+        "checkpoints/step-0000005/.metadata",
+        "checkpoints/step-0000005/train_state.json",
+    ]
+    assert "checkpoints/latest is missing on the login node" in capsys.readouterr().err
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == ["step-0000005"]
+    assert CheckpointDir(job_dir / "checkpoints").latest().step == 5
+
+
 def test_fetch_skips_a_file_that_went_away_while_fetching(
     settings, make_job_dir, tmp_path, capsys, monkeypatch
 ):

@@ -60,7 +60,7 @@ from ..jobdir import (
 from ..sbatch import path_problem
 from ..tasks.base import NamedFile
 from ..text import cut
-from ..train.checkpoint import LATEST
+from ..train.checkpoint import LATEST, STEP_NAME, step_name
 from .base import JobState, JobStatus
 from .shell import READ_LIMIT
 from .slurm import SlurmBackend, expected_ranks, one_line
@@ -750,6 +750,8 @@ class SSHBackend(SlurmBackend):
             raise RemoteGone(f"{gone}: nothing was fetched (the copy here is the last fetch's)")
         if f"{CHECKPOINTS}/{LATEST}" in fetched:
             _drop_earlier_checkpoints(job.checkpoints)
+        elif any(rel.startswith(f"{CHECKPOINTS}/") for rel in fetched):
+            _mirror_unpointed(job.checkpoints)
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched
 
@@ -775,17 +777,41 @@ class SSHBackend(SlurmBackend):
         prunes them; one pruned mid-copy arrived half, the staging folders too), and
         ``latest``, fetched first, could name a folder published after the listing: a
         gather --partial of a running job failed, or read a half folder."""
-        from ..train.checkpoint import STEP_NAME
-
         latest = posixpath.join(rdir, LATEST)
-        raw = self.shell.read_from(latest, 0, limit=64) or b""
+        raw = self.shell.read_from(latest, 0, limit=64)
+        if raw is None:  # lost, or a kill between a folder's publish and latest's write
+            yield from self._unpointed_checkpoint(rdir)
+            return
         name = raw.decode("utf-8", errors="replace").strip()
         if not STEP_NAME.fullmatch(name):
-            return  # none yet, or not a name (gather says so of the local copy)
+            return  # not a name (gather says so of the local copy)
         yield from _walk_remote(
             self.shell.sftp, posixpath.join(rdir, name), f"{CHECKPOINTS}/{name}"
         )
         yield latest, f"{CHECKPOINTS}/{LATEST}"
+
+    def _unpointed_checkpoint(self, rdir: str) -> Iterator[tuple[str, str]]:
+        """With no ``latest`` on the login node, its newest published folder (a real folder
+        named step-N, never a staging one), as a resume there takes it
+        (``CheckpointDir.unpointed``): none came back before, and gather --partial said
+        "no checkpoint yet" of a job that had saved."""
+        steps = []
+        for raw, entry in listdir_raw(self.shell.sftp, rdir):
+            name = raw.decode("utf-8", errors="replace")
+            match = STEP_NAME.fullmatch(name)
+            if match and name == step_name(int(match.group(1))):
+                if stat.S_ISDIR(entry.st_mode or 0):  # lstat's: a link is not a folder
+                    steps.append(int(match.group(1)))
+        if not steps:
+            return
+        name = step_name(max(steps))
+        _warn(
+            f"{CHECKPOINTS}/{LATEST} is missing on the login node: fetching its newest "
+            f"published folder, {name}"
+        )
+        yield from _walk_remote(
+            self.shell.sftp, posixpath.join(rdir, name), f"{CHECKPOINTS}/{name}"
+        )
 
 
 def _drop_earlier_checkpoints(root: Path) -> None:
@@ -802,6 +828,17 @@ def _drop_earlier_checkpoints(root: Path) -> None:
     for folder in checkpoints.complete():  # real folders named step-N: no link
         if newest is not None and folder != newest.path:
             shutil.rmtree(folder)
+
+
+def _mirror_unpointed(root: Path) -> None:
+    """A fetch that found no ``latest`` on the login node brought its newest published
+    folder: a ``latest`` an earlier fetch left here would name an older one (gather would
+    read it), so it goes, and the folders before the newest, as after any fetch."""
+    try:
+        os.unlink(root / LATEST)
+    except FileNotFoundError:
+        pass
+    _drop_earlier_checkpoints(root)
 
 
 def _move_archived(sftp, source: str, target: str) -> None:
