@@ -194,8 +194,9 @@ def _task_name(layers: list[tuple[str, DictConfig]]) -> str:
 RENAMED_KEYS = {"ring.plan": "ring.placement"}
 
 
-def _renamed(layers):
-    """Move renamed keys to their new names, saying so once per layer."""
+def _renamed(layers, *, quiet: bool = False):
+    """Move renamed keys to their new names, saying so once per layer (``quiet``: a second
+    reading of layers the first already spoke of)."""
     for source, layer in layers:
         for old, new in RENAMED_KEYS.items():
             old_parent, _, old_leaf = old.rpartition(".")
@@ -207,7 +208,8 @@ def _renamed(layers):
                 parent = OmegaConf.select(layer, old_parent) if old_parent else layer
                 del parent[old_leaf]
                 OmegaConf.update(layer, new, value, force_add=True)
-                print(f"ringctl: {source}: {old} is deprecated, read as {new}", file=sys.stderr)
+                if not quiet:
+                    print(f"ringctl: {source}: {old} is deprecated, read as {new}", file=sys.stderr)
         yield source, layer
 
 
@@ -327,7 +329,8 @@ def _as_written(path: Path) -> DictConfig | None:
     (None: not even that); the backends' own sections checked still (an ssh.command_timeout
     of .inf hung status)."""
     try:
-        cfg, _, _ = _merged([_file_layer(path)])  # (`???` refused: a traceback where read)
+        # quiet: load_recorded's first reading said a renamed key's note already
+        cfg, _, _ = _merged([_file_layer(path)], quiet=True)  # (`???` refused: a traceback)
         for cls in config_sections().values():  # what the backends act on (ssh, slurm)
             cls.check(cfg, lambda key, why: UserError(f"{path}: {key}: {why}"))
     except (UserError, OmegaConfBaseException, TypeError, ValueError, KeyError):
@@ -346,7 +349,9 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
     return cfg
 
 
-def _merged(layers: list[tuple[str, DictConfig]]) -> tuple[DictConfig, list, dict]:
+def _merged(
+    layers: list[tuple[str, DictConfig]], *, quiet: bool = False
+) -> tuple[DictConfig, list, dict]:
     """(the layers merged over their task's schema and resolved, the layers as merged, the
     merge before interpolation): no value checked but what the merge and a ``???`` refuse."""
     from . import tasks
@@ -357,7 +362,7 @@ def _merged(layers: list[tuple[str, DictConfig]]) -> tuple[DictConfig, list, dic
         known = ", ".join(sorted(tasks.TASKS))
         raise UserError(f"{source[0]}: task.name: unknown task {task_name!r} (known: {known})")
     cfg = OmegaConf.structured(job_schema(task_name))
-    prepared = list(_drop_other_tasks(_renamed(layers), task_name))
+    prepared = list(_drop_other_tasks(_renamed(layers, quiet=quiet), task_name))
     for source, layer in prepared:
         try:
             cfg = OmegaConf.merge(cfg, layer)

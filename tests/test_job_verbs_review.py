@@ -213,6 +213,24 @@ def test_a_job_an_earlier_release_accepted_can_still_be_seen_and_cancelled(tmp_p
         assert "missing mandatory value" in err and "Traceback" not in err, err
 
 
+def test_a_renamed_key_is_noted_once_when_read_as_written(tmp_path, capsys):
+    """An earlier release's config.yaml with `ring.plan` and a value today refuses: status
+    read it twice (by today's checks, then as written) and printed the deprecation note
+    twice. Once."""
+    from ringctl.config import load_job, to_yaml
+
+    job = _job_dir(tmp_path / "old", {"backend": "local", "name": "attention"})
+    text = to_yaml(load_job("jobs/attention.yaml", ["backend=local", "gpus_per_node=0"]))
+    assert "  seed: 0\n" in text and "  placement: " in text
+    old = text.replace("  seed: 0\n", "  seed: -1\n").replace("  placement: ", "  plan: ")
+    (job / "config.yaml").write_text(old)
+    capsys.readouterr()
+    assert main(["status", str(job)]) in (0, 1)
+    err = capsys.readouterr().err
+    assert err.count("ring.plan is deprecated, read as ring.placement") == 1, err
+    assert "read as written" in err
+
+
 def _rank(job: Path, rank: int, port: int, run: str) -> subprocess.Popen:
     """``python -m ringctl.worker JOB`` as rank ``rank`` of 2, rendezvous at ``port``."""
     import sys
