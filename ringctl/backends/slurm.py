@@ -23,15 +23,15 @@ from pathlib import Path
 from ..errors import Interrupted, NotSubmitted, UserError
 from ..jobdir import BATCH_LOG, JobDir, requeued_attempt
 from ..sbatch import batch_log_arguments
-from . import joblogs, slurm_reruns
+from . import joblogs, listing, slurm_reruns
 from . import slurm_states as ss
 from .base import Backend, JobState, JobStatus
 from .shell import LocalShell, Shell
+from .slurm_states import SLURM_JOB_ID
 
 __all__ = ["LocalShell", "Shell", "SlurmBackend"]
 
 _TAIL_BYTES = 64 * 1024
-SLURM_JOB_ID = re.compile(r"[0-9]+")  # what sbatch --parsable prints first (ASCII digits)
 # How many failed tasks are read back (over SSH, one file each) to find one whose error is
 # not a peer loss; beyond it the first is blamed.
 BLAME_READS = 8
@@ -240,6 +240,9 @@ class SlurmBackend(Backend):
     # -- status ------------------------------------------------------------------------------------
 
     def _squeue(self, job_id: str) -> ss.QueueEntry | None:
+        listed = listing.queue_answer(self._run, self.shell.where, job_id, ss.squeue_argv)
+        if listed is not None:  # a listing's one squeue for all its jobs
+            return ss.parse_squeue(listed, job_id)
         rc, out, err = self._run(ss.squeue_argv(job_id))
         if rc != 0:
             if ss.squeue_says_unknown(err):
@@ -257,6 +260,10 @@ class SlurmBackend(Backend):
     ) -> list[list[ss.AcctRecord]] | None:
         """sacct's records of each run of the job (several when Slurm requeued it), earliest
         first; None when sacct cannot answer (no accounting)."""
+        listed = listing.acct_answer(self._run, self.shell.where, job_id, ss.sacct_argv)
+        runs = None if listed is None else ss.runs_ended_since(listed, job_id, since)
+        if runs is not None:  # a listing's one sacct for all its jobs
+            return runs
         rc, out, err = self._run(ss.sacct_argv(job_id, since))
         if rc != 0:
             return None

@@ -96,6 +96,9 @@ def parse_exit_code(text: str) -> tuple[int | None, int | None]:
 SQUEUE_FIELDS = ("JobID", "State", "Reason", "TimeUsed", "RestartCnt")
 
 
+SLURM_JOB_ID = re.compile(r"[0-9]+")  # what sbatch --parsable prints first (ASCII digits)
+
+
 def squeue_argv(job_id: str) -> list[str]:
     # `-t all` so that a job finished less than MinJobAge ago is still shown with its end state.
     fields = ",".join(f"{name}:|" for name in SQUEUE_FIELDS)
@@ -215,6 +218,30 @@ def parse_sacct_runs(out: str, job_id: str) -> list[list[AcctRecord]]:
     for run in runs:
         run.sort(key=lambda r: (r.step is not None, r.step or ""))
     return runs
+
+
+# sacct's default time format (and ringctl's sacct_since)
+CLOCK = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}", re.ASCII)
+_NOT_ENDED = ("", "Unknown", "None")
+
+
+def runs_ended_since(out: str, job_id: str, since: str | None) -> list[list[AcctRecord]] | None:
+    """``parse_sacct_runs`` of an sacct asked from an earlier time than ``since`` (a
+    listing's one sacct for many jobs), keeping what ``--starttime=since`` would: the runs
+    not ended before it (an older job that had the same id ended before this one was
+    submitted). None where an end is not sacct's usual clock (SLURM_TIME_FORMAT set on the
+    cluster): the job then asks for itself."""
+    runs = parse_sacct_runs(out, job_id)
+    if since is None:
+        return runs
+    kept = []
+    for run in runs:
+        end = next((r.end for r in run if r.step is None), "")
+        if end in _NOT_ENDED or CLOCK.fullmatch(end) and end >= since:
+            kept.append(run)
+        elif not CLOCK.fullmatch(end):
+            return None
+    return kept
 
 
 def _acct_record(fields: list[str], job_id: str) -> AcctRecord | None:

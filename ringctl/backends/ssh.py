@@ -61,6 +61,7 @@ from ..sbatch import path_problem
 from ..tasks.base import NamedFile
 from ..text import cut
 from ..train.checkpoint import LATEST, STEP_NAME, step_name
+from . import listing
 from .base import JobState, JobStatus
 from .shell import READ_LIMIT
 from .slurm import SlurmBackend, expected_ranks, one_line
@@ -479,6 +480,7 @@ class SSHBackend(SlurmBackend):
         super().__init__(None, **slurm_options)
         self.settings = settings
         self._remote_base: str | None = None
+        self._shell_shared = False
 
     def __enter__(self) -> SSHBackend:
         return self
@@ -487,14 +489,24 @@ class SSHBackend(SlurmBackend):
         self.close()
 
     def close(self) -> None:
-        if self._shell_obj is not None:
+        if self._shell_obj is not None and not self._shell_shared:
             self._shell_obj.close()
-            self._shell_obj = None
+        self._shell_obj = None
 
     @property
     def shell(self) -> SSHShell:
+        """The connection: a listing's, shared with its other jobs of the same settings
+        (closed when the listing ends), else this backend's own."""
         if self._shell_obj is None:
-            self._shell_obj = SSHShell(connect(self.settings), self.settings)
+            settings = self.settings
+
+            def make() -> SSHShell:
+                return SSHShell(connect(settings), settings)
+
+            key = ("ssh", repr(settings))
+            listed = listing.shared(key, make, SSHShell.close)
+            self._shell_shared = listed is not None
+            self._shell_obj = listed if listed is not None else make()
         return self._shell_obj
 
     # -- where the job lives on the login node ----------------------------------------------------

@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..backends.listing import listing
 from ..backends.shell import LocalShell, Shell
 from ..config import load_job, to_yaml, world_size
 from ..errors import UserError
@@ -428,7 +429,11 @@ def cmd_status(args) -> int:
         for job_dir in dirs:  # a directory name may hold terminal escapes
             print(visible(str(job_dir)))
         return 0
-    rows = [job_row(d, single=True) if len(dirs) == 1 else listed_row(d) for d in dirs]
+    if len(dirs) == 1:
+        rows = [job_row(dirs[0], single=True)]
+    else:  # each cluster asked once for all the jobs, each login node connected to once
+        with listing(dirs):
+            rows = [listed_row(d) for d in dirs]
     if args.json:
         print(json.dumps(rows, indent=2, default=str, allow_nan=False))
     else:

@@ -1,0 +1,180 @@
+"""What the jobs of one listing share: `ringctl status` of many job directories asks each
+cluster once, not once per job.
+
+A listing of 300 Slurm jobs ran squeue and sacct 300 times each (about 0.15 s a job on the
+test cluster, seconds on a busy one, and the RPC storm Slurm's documentation asks scripts
+not to make), and an ssh listing opened one SSH connection per job (a second each). Within
+``listing(job_dirs)``:
+
+* a backend asks squeue and sacct once per cluster for every Slurm job id the listing's
+  job.json files record (``queue_answer``/``acct_answer``): each job takes its answer once,
+  and any later question (sacct's wait for accounting to catch up) asks afresh, as before;
+* connections a backend opens are kept for the next job with the same settings
+  (``shared``), and closed when the listing ends.
+
+Outside a listing (one job's status, logs, submit) nothing is shared: every function here
+answers None and the backends ask as they always did.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from ..jobdir import JobDir
+from .slurm_states import CLOCK, SLURM_JOB_ID
+
+IDS_PER_CALL = 256  # job ids one squeue/sacct is asked about (a command line stays short)
+
+Run = Callable[[Sequence[str]], tuple[int, str, str]]
+
+
+@dataclass
+class _Answers:
+    """One cluster's answers for the listing's ids: squeue's and sacct's output (None: not
+    asked yet, or the command failed: each job then asks for itself), and the ids whose
+    first question has not been answered yet."""
+
+    queue: str | None = None
+    acct: str | None = None
+    queue_asked: bool = False
+    acct_asked: bool = False
+    queue_untaken: Counter = field(default_factory=Counter)
+    acct_untaken: Counter = field(default_factory=Counter)
+
+
+@dataclass
+class Listing:
+    """The listing's Slurm job ids (id -> the earliest time sacct is asked from for it, None:
+    from the start; and how many of its directories name each), each cluster's answers, and
+    the connections kept open."""
+
+    since: dict[str, str | None]
+    named: Counter
+    answers: dict[str, _Answers] = field(default_factory=dict)
+    kept: dict[object, object] = field(default_factory=dict)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+_CURRENT: ContextVar[Listing | None] = ContextVar("ringctl_listing", default=None)
+
+
+@contextmanager
+def listing(job_dirs: Sequence[Path]) -> Iterator[Listing]:
+    """Share the cluster's answers and connections among the jobs of ``job_dirs``."""
+    current = Listing(*_recorded_ids(job_dirs))
+    token = _CURRENT.set(current)
+    try:
+        yield current
+    finally:
+        _CURRENT.reset(token)
+        for close in reversed(current.closers):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - a connection that fails to close: gone anyway
+                pass
+
+
+def _recorded_ids(job_dirs: Sequence[Path]) -> tuple[dict[str, str | None], Counter]:
+    """The Slurm job ids job.json records, with the time sacct is asked from for each (the
+    earlier of two directories naming one id; None: from the start). A job whose job.json
+    cannot be read asks for itself, and says why in its row."""
+    since: dict[str, str | None] = {}
+    named: Counter = Counter()
+    for job_dir in job_dirs:
+        try:
+            meta = JobDir(Path(job_dir)).read_meta()
+        except (UserError, OSError):
+            continue
+        job_id = meta.get("job_id")
+        if not isinstance(job_id, str) or not SLURM_JOB_ID.fullmatch(job_id):
+            continue
+        given = meta.get("sacct_since")
+        if given is not None and not (isinstance(given, str) and CLOCK.fullmatch(given)):
+            continue  # not a time ringctl wrote: that job asks for itself
+        if job_id in since:
+            known = since[job_id]
+            given = None if known is None or given is None else min(known, given)
+        since[job_id] = given
+        named[job_id] += 1
+    return since, named
+
+
+def shared(key: object, make: Callable[[], object], close: Callable[[object], None]):
+    """The listing's object under ``key`` (made on first use, closed when the listing ends);
+    outside a listing, None: the caller makes and closes its own."""
+    current = _CURRENT.get()
+    if current is None:
+        return None
+    if key not in current.kept:
+        made = make()
+        current.kept[key] = made
+        current.closers.append(lambda: close(made))
+    return current.kept[key]
+
+
+def queue_answer(run: Run, where: str, job_id: str, argv: Callable) -> str | None:
+    """squeue's output for the listing's jobs on ``where`` (``argv(ids)``: the command), for
+    ``job_id``'s first question; None outside a listing, for a job not in it, for a second
+    question, or where the shared command failed."""
+    answers = _answers(run, where, job_id, argv, None)
+    if answers is None or answers.queue_untaken[job_id] <= 0:
+        return None
+    answers.queue_untaken[job_id] -= 1
+    return answers.queue
+
+
+def acct_answer(run: Run, where: str, job_id: str, argv: Callable) -> str | None:
+    """sacct's output for the listing's jobs on ``where`` (``argv(ids, since)``), for
+    ``job_id``'s first question; None as ``queue_answer``. Asked from the earliest of the
+    jobs' start times: the caller keeps only the runs that ended after its own."""
+    answers = _answers(run, where, job_id, None, argv)
+    if answers is None or answers.acct_untaken[job_id] <= 0:
+        return None
+    answers.acct_untaken[job_id] -= 1
+    return answers.acct
+
+
+def _answers(run: Run, where: str, job_id: str, queue_argv, acct_argv) -> _Answers | None:
+    """The listing's answers on ``where``, asking the command ``job_id``'s question needs
+    the first time one is asked (None outside a listing or for a job not in it)."""
+    current = _CURRENT.get()
+    if current is None or job_id not in current.since:
+        return None
+    answers = current.answers.setdefault(where, _Answers())
+    ids = sorted(current.since, key=int)
+    if queue_argv is not None and not answers.queue_asked:
+        answers.queue_asked = True
+        answers.queue = _asked(run, [queue_argv(part) for part in _parts(ids)])
+        answers.queue_untaken = Counter(current.named if answers.queue is not None else {})
+    if acct_argv is not None and not answers.acct_asked:
+        answers.acct_asked = True
+        starts = [current.since[i] for i in ids]
+        since = None if None in starts else min(starts)
+        answers.acct = _asked(run, [acct_argv(part, since) for part in _parts(ids)])
+        answers.acct_untaken = Counter(current.named if answers.acct is not None else {})
+    return answers
+
+
+def _parts(ids: list[str]) -> Iterator[str]:
+    for start in range(0, len(ids), IDS_PER_CALL):
+        yield ",".join(ids[start : start + IDS_PER_CALL])
+
+
+def _asked(run: Run, commands: list[list[str]]) -> str | None:
+    """The commands' outputs joined; None where one failed (each job asks for itself)."""
+    outs = []
+    for argv in commands:
+        try:
+            rc, out, _ = run(argv)
+        except UserError:
+            return None
+        if rc != 0:
+            return None
+        outs.append(out)
+    return "".join(out if out.endswith("\n") or not out else out + "\n" for out in outs)

@@ -1,0 +1,150 @@
+"""`ringctl status` of many jobs (``ringctl.backends.listing``): each cluster is asked once
+(one squeue, one sacct) and each login node connected to once, and every row says what
+`ringctl status JOBDIR` of that job alone says (the reference: the same code asking for one
+job). A listing of 40 Slurm jobs ran 40 squeue and 40 sacct (6.1 s on the test cluster,
+1.7 s now); one of ssh jobs opened a connection per job (a second each)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from ringctl.backends import slurm_states as ss
+from ringctl.backends import ssh as ssh_backend
+from ringctl.backends.shell import LocalShell
+from ringctl.cli import main
+from tests.local_jobs import ssh_overrides, submitted_job_dir
+
+pytestmark = pytest.mark.slurm
+
+
+def _main(*argv: str) -> tuple[int, str, str]:
+    """`ringctl ARGV`: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _status(*dirs: Path) -> list[dict]:
+    code, out, err = _main("status", "--json", *map(str, dirs))
+    assert code in (0, 1), err
+    return json.loads(out)
+
+
+def _submit(*argv: str) -> Path:
+    code, out, err = _main("submit", *argv)
+    assert code == 0, err
+    return submitted_job_dir(out)
+
+
+def _finished(dirs: list[Path], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = _status(*dirs)
+        if all(r["state"] not in ("PENDING", "RUNNING", "UNKNOWN") for r in rows):
+            return
+        time.sleep(1)
+    raise AssertionError(f"not finished after {timeout}s: {[r['state'] for r in rows]}")
+
+
+class _Calls:
+    """Which Slurm commands ran where, and how many SSH connections opened: a spy that
+    calls the real command and the real connect."""
+
+    def __init__(self, monkeypatch, fail_shared: bool = False) -> None:
+        self.argv: list[tuple[str, list[str]]] = []
+        self.connects = 0
+        local_run, ssh_run, connect = LocalShell.run, ssh_backend.SSHShell.run, ssh_backend.connect
+
+        def spy(real, where):
+            def run(shell, argv, **kw):
+                self.argv.append((where, list(argv)))
+                shared = any(a.startswith("--jobs=") and "," in a for a in argv)
+                if fail_shared and shared:
+                    return 1, "", "slurm_load_jobs error: Socket timed out"
+                return real(shell, argv, **kw)
+
+            return run
+
+        def counted(settings):
+            self.connects += 1
+            return connect(settings)
+
+        monkeypatch.setattr(LocalShell, "run", spy(local_run, "here"))
+        monkeypatch.setattr(ssh_backend.SSHShell, "run", spy(ssh_run, "ssh"))
+        monkeypatch.setattr(ssh_backend, "connect", counted)
+
+    def count(self, where: str, command: str) -> int:
+        return sum(1 for w, argv in self.argv if w == where and argv[0] == command)
+
+
+@pytest.fixture(scope="module")
+def listed_jobs(slurm_cluster, ssh_login, tmp_path_factory) -> list[Path]:
+    """Three Slurm jobs (one whose rank 1 fails) and two ssh jobs, finished."""
+    out = tmp_path_factory.mktemp("listing")
+    part = f"slurm.partition={slurm_cluster.partition}"
+    shape = ["nodes=1", "tasks_per_node=2", f"output_dir={out}", part, "ring.placement=skip"]
+    fails = ["task.fault_rank=1", "task.fault=raise"]
+    ssh = ssh_overrides(ssh_login)
+    dirs = [
+        _submit("jobs/smoke.yaml", "backend=slurm", *shape),
+        _submit("jobs/smoke.yaml", "backend=slurm", *shape, *fails),
+        _submit("jobs/smoke.yaml", "backend=slurm", *shape, "name=other"),
+        _submit("jobs/smoke.yaml", *ssh, *shape),
+        _submit("jobs/smoke.yaml", *ssh, *shape, *fails),
+    ]
+    _finished(dirs)
+    return dirs
+
+
+def test_a_listing_asks_each_cluster_once_and_says_what_each_job_alone_says(
+    listed_jobs, monkeypatch
+):
+    alone = [row for d in listed_jobs for row in _status(d)]
+    assert [r["state"] for r in alone] == ["COMPLETED", "FAILED", "COMPLETED"] + [
+        "COMPLETED",
+        "FAILED",
+    ]
+    calls = _Calls(monkeypatch)
+    listed = _status(*listed_jobs)
+    assert listed == alone
+    assert calls.count("here", "squeue") == 1 and calls.count("here", "sacct") == 1
+    assert calls.count("ssh", "squeue") == 1 and calls.count("ssh", "sacct") == 1
+    assert calls.connects == 1  # one connection for both ssh jobs, closed at the end
+
+
+def test_a_listing_whose_shared_question_fails_asks_for_each_job(listed_jobs, monkeypatch):
+    """squeue or sacct failing for the listing's shared question: each job asks for itself,
+    as before, and the rows are the same."""
+    alone = [row for d in listed_jobs for row in _status(d)]
+    calls = _Calls(monkeypatch, fail_shared=True)
+    assert _status(*listed_jobs) == alone
+    assert calls.count("here", "squeue") == 1 + 3 and calls.count("ssh", "sacct") == 1 + 2
+
+
+SACCT = """\
+{id}|smoke|COMPLETED|0:0|4|None|n1|2026-11-01T10:00:00|2026-11-01T10:00:04
+{id}.batch|batch|COMPLETED|0:0|4||n1|2026-11-01T10:00:00|2026-11-01T10:00:04
+{id}|smoke|NODE_FAIL|0:0|9|None|n2|2026-12-05T14:00:00|2026-12-05T14:00:09
+{id}|smoke|RUNNING|0:0|30|None|n3|2026-12-05T14:01:00|Unknown
+"""
+
+
+def test_a_shared_sacct_keeps_the_runs_this_job_s_own_would():
+    """One sacct for the listing is asked from its earliest job's start: an older job that
+    had the same id (ids restart when a controller's state is lost) ended before this job's
+    sacct_since and is not its run; the requeued runs after it are."""
+    out = SACCT.format(id="77")
+    runs = ss.runs_ended_since(out, "77", "2026-12-05T13:58:00")
+    assert [run[0].raw_state for run in runs] == ["NODE_FAIL", "RUNNING"]
+    assert len(ss.runs_ended_since(out, "77", None)) == 3  # from the start: every run
+    assert ss.runs_ended_since(out, "78", "2026-12-05T13:58:00") == []
+    # an end sacct prints in another format (SLURM_TIME_FORMAT): the job asks for itself
+    other = out.replace("2026-11-01T10:00:04", "11/01 10:00")
+    assert ss.runs_ended_since(other, "77", "2026-12-05T13:58:00") is None
