@@ -191,10 +191,16 @@ def _gathered_shifts(fields: list[list[int]], group, device) -> list[list[int]]:
     most = max(f[0] for f in fields)
     if most <= SHIFT_SLOTS:
         return [f[1:] for f in fields]
-    mine = torch.tensor(_pairs_fields(_SHIFTS.get(), most), dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(mine) for _ in fields]
+    return gathered_ints(_pairs_fields(_SHIFTS.get(), most), group, device)
+
+
+def gathered_ints(values: list[int], group, device) -> list[list[int]]:
+    """Every rank's ``values`` (the same length on each), by one all_gather on ``device``
+    (the group's: a CUDA device under NCCL) and one copy back to the host."""
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, mine, group=group)
-    return [t.tolist() for t in everyone]
+    return torch.stack(everyone).tolist()
 
 
 def _check_shifts(everyone: list[list[int]]) -> None:
@@ -276,10 +282,7 @@ def check_ranks_agree(
     ]
     shifts = _SHIFTS.get()
     found = [len(shifts), *_pairs_fields(shifts, SHIFT_SLOTS), int(refusal is not None)]
-    mine = torch.tensor(agreed + found, dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(everyone, mine, group=group)
-    fields = [t.tolist() for t in everyone]
+    fields = gathered_ints(agreed + found, group, device)
     rows = [tuple(f[: len(agreed)]) for f in fields]
     refusing = [i for i, f in enumerate(fields) if f[-1]]
     if refusal is not None:

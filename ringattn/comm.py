@@ -99,6 +99,18 @@ def run_loop(loop: Generator[Any, None, Any]) -> Any:
         return stop.value
 
 
+def travels_batched(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether a ring exchange of these tensors is posted as one ``batch_isend_irecv``: for
+    CUDA tensors (NCCL), whatever the group's backend string says. Posted as separate
+    isend/irecv, NCCL builds a communicator per pair lazily at the first send, which waits
+    for its peer, itself waiting in its own first send to the next rank: a ring of them can
+    hang (NCCL asks for a send and its matching receive in one group). A group made by
+    ``init_process_group()`` with no backend reports "undefined" (and "cpu:gloo,cuda:nccl"
+    where named so), not "nccl": such a ring took the separate path. CPU tensors go by
+    isend/irecv, matched by tag (gloo)."""
+    return any(t.is_cuda for t in tensors)
+
+
 class RingComm:
     """This process as one rank of a ``torch.distributed`` ring (endpoint and transport)."""
 
@@ -111,7 +123,6 @@ class RingComm:
         )
         self.next_rank = self._peer(1)
         self.prev_rank = self._peer(-1)
-        self._batched = dist.get_backend(group) == "nccl"
 
     def _peer(self, shift: int) -> int:
         """The global rank ``shift`` places along the ring (negative: backwards)."""
@@ -155,9 +166,9 @@ class RingComm:
             STATS.bytes_sent += sum(t.numel() * t.element_size() for t in send)
             STATS.exchanges += 1
         send = [t.contiguous() for t in send]  # a block's rows of a batch: strided
-        if self._batched:
-            ops = [dist.P2POp(dist.isend, t, to, self.group) for t in send]
-            ops += [dist.P2POp(dist.irecv, t, source, self.group) for t in recv]
+        if travels_batched(send):
+            ops = [dist.P2POp(dist.isend, t, to, self.group, tag) for t in send]
+            ops += [dist.P2POp(dist.irecv, t, source, self.group, tag) for t in recv]
             return PendingExchange(dist.batch_isend_irecv(ops), recv, send)
         requests = [dist.isend(t, to, group=self.group, tag=tag) for t in send]
         requests += [dist.irecv(t, source, group=self.group, tag=tag) for t in recv]

@@ -52,6 +52,7 @@ from .checks import (
     check_scale,
     check_shift_pairs,
     check_window,
+    gathered_ints,
     pending_refusal,
     scale_bits,
     scale_of,
@@ -264,10 +265,7 @@ def _local_problem(d: _Desc) -> str | None:
 def _gather(desc_rows: list[int], group, device) -> list[list[int]]:
     if dist.get_world_size(group) == 1:
         return [desc_rows]
-    mine = torch.tensor(desc_rows, dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(everyone, mine, group=group)
-    return [t.tolist() for t in everyone]
+    return gathered_ints(desc_rows, group, device)
 
 
 def _variant(r: _Desc) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
@@ -96,13 +97,14 @@ class TorchCUDAKernel:
 
     * ``cudnn``: fp16/bf16, head_dim a multiple of 8 up to 128, at least two query rows and
       two keys (its backward refused a one-by-one block on the H200: "s_q = s_kv = 1 is not
-      supported"; packed documents of one token make them), cuDNN 9 on an sm80+ GPU, and
+      supported"; packed documents of one token make them), where torch's own selector puts
+      it first (cuDNN 9.15.1+ on an sm90/sm100 GPU: ``_cudnn_attention_usable``), and
       SDPA's own cuDNN switch on (``torch.backends.cuda.enable_cudnn_sdp``: a user who turns it
       off for SDPA turns it off here). ``_scaled_dot_product_cudnn_attention``: on an H200 it
       ran at about twice the flash op's rate (gpu-check, 2026-12-04: flash 353 TFLOP/s against
       SDPA's 684 on a bf16 block), which is why it comes first. Grouped heads natively; its
       lse comes as (B, H, Sq, 1) and goes back to its backward in that shape.
-    * ``flash``: fp16/bf16 with head_dim a multiple of 8 up to 256:
+    * ``flash``: fp16/bf16 with head_dim a multiple of 8 up to 256, on an sm80+ GPU:
       ``_scaled_dot_product_flash_attention`` (FlashAttention-2 inside torch). Grouped heads
       natively (kv heads dividing the query heads), so K/V are used as they arrive and dK/dV
       come back with kv_heads heads.
@@ -144,7 +146,7 @@ class TorchCUDAKernel:
         half = q.dtype in (torch.float16, torch.bfloat16) and d % 8 == 0
         takes = {
             "cudnn": _cudnn_takes(q, k.shape[1]),
-            "flash": half and d <= 256,
+            "flash": half and d <= 256 and _ampere_or_later(q.device),
             "efficient": True,
         }
         return next((op for op in self.ops if takes[op]), "efficient")
@@ -240,10 +242,18 @@ def _cudnn_takes(q: Tensor, keys: int) -> bool:
 _CUDNN_USABLE: dict[torch.device, bool] = {}
 
 
+CUDNN_FIRST = 91501  # cuDNN 9.15.1: what torch itself asks before it puts cuDNN first
+
+
 def _cudnn_attention_usable(device: torch.device) -> bool:
-    """cuDNN's fused attention can run here: SDPA's cuDNN switch on, and cuDNN 9+ on an sm80+
-    GPU. A meta device counts as such a GPU: the CPU suite runs the ring loop on meta tensors
-    to check the cuDNN op's calls (tests/test_cuda_meta.py)."""
+    """cuDNN's fused attention runs the ring's blocks here: SDPA's cuDNN switch on, and where
+    torch's own selector puts it first (``check_prefer_cudnn_attention``): an sm90 or sm100
+    GPU (Hopper, Blackwell data-centre parts) with cuDNN 9.15.1 or later. Elsewhere torch
+    deliberately passes it over (wrong results and NaN gradients were reported for sequence
+    lengths off its preferred multiples on earlier versions; the ring's blocks are N/2P rows),
+    and so does the ring: an A100 runs the flash op. Measured on an H200 only (torch 2.11,
+    cuDNN 9.19). A meta device counts as such a GPU: the CPU suite runs the ring loop on meta
+    tensors to check the cuDNN op's calls (tests/test_cuda_meta.py)."""
     if not torch.backends.cuda.cudnn_sdp_enabled():
         return False
     if device.type == "meta":
@@ -253,7 +263,7 @@ def _cudnn_attention_usable(device: torch.device) -> bool:
     if device not in _CUDNN_USABLE:
         version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         capability = torch.cuda.get_device_capability(device)
-        _CUDNN_USABLE[device] = (version or 0) >= 90000 and capability >= (8, 0)
+        _CUDNN_USABLE[device] = (version or 0) >= CUDNN_FIRST and capability in ((9, 0), (10, 0))
     return _CUDNN_USABLE[device]
 
 
@@ -505,8 +515,8 @@ class FlashAttnKernel:
 
         self._fwd = fa._flash_attn_forward
         self._bwd = fa._flash_attn_backward
-        self._fwd_params = inspect.signature(self._fwd).parameters
-        self._bwd_params = inspect.signature(self._bwd).parameters
+        self._fwd_params = _parameters(self._fwd)
+        self._bwd_params = _parameters(self._bwd)
 
     @staticmethod
     def _args(params, **kw):
@@ -553,6 +563,14 @@ class FlashAttnKernel:
         return dq, dk, dv
 
 
+def _parameters(fn) -> Mapping[str, inspect.Parameter]:
+    """The parameters a flash-attn function takes. From 2.7 on (torch >= 2.4) its private
+    functions are ``torch.library.custom_op`` objects, whose own signature is ``(*args,
+    **kwargs)``: read as such, every argument was dropped and the first call failed ("missing
+    value for argument 'q'"); the wrapped function's signature is the op's."""
+    return inspect.signature(getattr(fn, "_init_fn", fn)).parameters
+
+
 def _flash_attn_available() -> bool:
     try:
         import flash_attn  # noqa: F401
@@ -585,9 +603,10 @@ def select_kernel(q: Tensor) -> BlockKernel:
             )
         return _FORCED[forced]()
     if q.is_cuda:
-        half = q.dtype in (torch.float16, torch.bfloat16)
-        if half and _flash_attn_available() and not _cudnn_beats_flash_attn(q):
+        if _flash_attn_takes(q) and _flash_attn_available() and not _cudnn_beats_flash_attn(q):
             return FlashAttnKernel()
+        if q.dtype == torch.bfloat16 and not _ampere_or_later(q.device):
+            return ChunkedKernel()  # no fused bf16 op before sm80 (torch's math path too)
         if q.dtype in (torch.float16, torch.bfloat16, torch.float32) and q.shape[-1] % 8 == 0:
             return _cached(TorchCUDAKernel)
         return ChunkedKernel()
@@ -596,6 +615,23 @@ def select_kernel(q: Tensor) -> BlockKernel:
     ):
         return TorchCPUKernel()
     return ChunkedKernel()
+
+
+def _flash_attn_takes(q: Tensor) -> bool:
+    """flash-attn 2's kernels take this block: fp16/bf16 heads of a multiple of 8 up to 256
+    (its private functions do not pad as its public ones do) on an Ampere or later GPU."""
+    d = q.shape[-1]
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    return half and d % 8 == 0 and d <= 256 and _ampere_or_later(q.device)
+
+
+def _ampere_or_later(device: torch.device) -> bool:
+    """An sm80+ GPU (a meta device counts as one: the CPU suite's ring loop on meta tensors).
+    FlashAttention's kernels, torch's copy of them and bf16 need one ("Flash attention only
+    supports gpu architectures in the range [sm80, sm121]")."""
+    if device.type == "meta":
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
 def _cudnn_beats_flash_attn(q: Tensor) -> bool:
