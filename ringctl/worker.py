@@ -339,6 +339,33 @@ def apply_threads(cfg, torch) -> None:
         torch.set_num_threads(int(threads))
 
 
+def bind_to_gpu_cpus() -> str:
+    """Bind this rank to its GPU's CPUs (the plan's RINGCTL_CPU_AFFINITY, nvidia-smi's CPU
+    Affinity), within those it may use (Slurm's cpuset), when they hold its threads: a rank
+    left on the socket far from its GPU and NIC copied every block across the sockets'
+    link. Exported by the plan, it was applied by nothing. Returns what the start line
+    says ("" where the plan gives no list)."""
+    from .threads import plain_count
+    from .topology.model import cpu_set
+
+    listed = os.environ.get("RINGCTL_CPU_AFFINITY", "")
+    if not listed or not hasattr(os, "sched_setaffinity"):
+        return ""
+    try:
+        both = cpu_set(listed) & os.sched_getaffinity(0)
+    except ValueError:
+        return f"; RINGCTL_CPU_AFFINITY {listed[:40]!r} is not a CPU list: not bound"
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    need = int(threads) if plain_count(threads) else 1
+    if len(both) < need:
+        return (
+            f"; not bound to its GPU's CPUs: {len(both)} of them are this rank's, "
+            f"fewer than its {need} threads"
+        )
+    os.sched_setaffinity(0, both)
+    return f"; bound to {len(both)} CPUs beside its GPU"
+
+
 def run(job_dir: Path) -> dict:
     from . import config, tasks
 
@@ -358,12 +385,13 @@ def run(job_dir: Path) -> dict:
     import torch
 
     apply_threads(cfg, torch)
+    bound = bind_to_gpu_cpus()
     print(
         f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
         f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"
         f"{' (from placement.json)' if ident.plan_entry else ''}; rendezvous "
         f"{ident.master_addr}:{ident.master_port}; collective timeout {cfg.timeout:g}s; "
-        f"CPU threads: {torch.get_num_threads()}",
+        f"CPU threads: {torch.get_num_threads()}{bound}",
         flush=True,
     )
     import torch.distributed as dist

@@ -427,6 +427,25 @@ def test_large_nodes_use_the_heuristic_and_still_keep_nvlink_islands():
     )
 
 
+def test_ranks_of_a_pcie_node_keep_every_gpu_in_sight():
+    """(GPU review) Each rank was pinned to its GPU (CUDA_VISIBLE_DEVICES=<index>) on every
+    node: NCCL reaches a GPU the process cannot see through NVLink only (p2p.cc), so on a
+    PCIe node every hop inside it went through host memory, priced as a PCIe peer copy. A
+    PCIe node's ranks see every GPU and take the plan's index as their CUDA ordinal (PCI bus
+    order, as nvidia-smi numbers them); an NVLink node's stay pinned."""
+    from ringctl.worker import cuda_index
+
+    pcie = plan_ring([load_node_files(PCIE, name="pcie")])
+    assert {h.link for h in pcie.hops} <= {"PIX", "PXB", "PHB", "NODE", "SYS"}
+    for entry in pcie.ring:
+        assert "CUDA_VISIBLE_DEVICES" not in entry.env
+        assert entry.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        record = {"gpu": entry.gpu, "env": dict(entry.env)}
+        assert cuda_index(record, entry.local_rank, len(pcie.ring)) == entry.gpu
+    dgx = plan_ring([load_node_files(DGX, name="dgx")])
+    assert all(e.env["CUDA_VISIBLE_DEVICES"] == str(e.gpu) for e in dgx.ring)
+
+
 def test_every_pinned_rank_takes_the_one_device_it_sees():
     """The plan pins each rank with CUDA_VISIBLE_DEVICES=<its nvidia-smi index>; the worker
     took that index as the CUDA ordinal, which under the pin is 0: every rank of the DGX

@@ -101,7 +101,7 @@ class GdrPolicy:
             return self.read == "on"
         if len(node.gpus) == 1:
             return True
-        return any(t.startswith("NV") for row in node.gpu_links for t in row)
+        return node.nvlinked
 
 
 @dataclass(frozen=True)

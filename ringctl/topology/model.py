@@ -23,6 +23,17 @@ CPU_LIST = re.compile(r"[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*")
 MAX_CPU_LIST_CHARS = 65536
 
 
+def cpu_set(text: str) -> set[int]:
+    """The CPUs a ``CPU_LIST`` names ("0-27,56-83"); ValueError for anything else."""
+    if not CPU_LIST.fullmatch(text):
+        raise ValueError(f"{text[:40]!r} is not a CPU list")
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 @dataclass
 class Port:
     """One HCA port as `ibstat` / `ibv_devinfo` report it."""
@@ -124,6 +135,11 @@ class NodeTopology:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def nvlinked(self) -> bool:
+        """Whether any two of its GPUs are joined by NVLink (a link token NV<n>)."""
+        return any(t.startswith("NV") for row in self.gpu_links for t in row)
 
     def without_gpus(self) -> NodeTopology:
         """The node as a CPU job (gloo) uses it: its NICs and CPUs, none of its GPUs, so a

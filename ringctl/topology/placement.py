@@ -220,10 +220,22 @@ class NodeCache:
         return PlacedNode([None] * count, [j] * count, ends, dict(ends))
 
 
+def pins_gpu(node: NodeTopology) -> bool:
+    """Whether a rank of this node is pinned to its GPU (CUDA_VISIBLE_DEVICES: it sees that
+    one only): where the node's GPUs reach each other by NVLink, or it has one. NCCL reaches
+    a GPU the process cannot see through NVLink only (src/transport/p2p.cc: "we can still
+    communicate with 'invisible' devices", when they share NVLink); a pinned rank of a PCIe
+    node (L40S, H100 PCIe) sent every hop inside the node through host memory where the plan
+    priced it as a PCIe peer copy. There every GPU stays visible and the plan's index is the
+    rank's CUDA ordinal (CUDA_DEVICE_ORDER=PCI_BUS_ID numbers them as nvidia-smi does)."""
+    return len(node.gpus) == 1 or node.nvlinked
+
+
 def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[str, str]:
     env: dict[str, str] = {}
     if gpu is not None:  # nvidia-smi's index counts in PCI bus order; CUDA's, fastest first
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu.index)
+        if pins_gpu(node):
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu.index)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if nic is not None and gpu is not None:
         # '=' asks NCCL for an exact name: plain 'mlx5_1' would also match mlx5_10, mlx5_11.
