@@ -247,3 +247,38 @@ def test_a_rank_is_bound_to_its_gpu_s_cpus_where_they_hold_its_threads(listed, t
         assert cpus == str(before) and "not bound" in said, (cpus, said)
     else:
         assert cpus == str(bound) and "bound to" in said, (cpus, said)
+
+
+@pytest.mark.parametrize(
+    "world,layout,degree",
+    [(1, "zigzag", 1), (4, "zigzag", 1), (5, "contiguous", 1), (4, "hybrid-zigzag", 2)],
+)
+def test_each_rank_draws_only_its_share_of_the_attention_task_s_inputs(
+    monkeypatch, world, layout, degree
+):
+    """(GPU review) Every rank drew the whole sequence's q, k, v and output gradient in
+    float64 and kept its shard (jobs/attention.yaml: 20 GiB and ~90 s a rank). A rank now
+    draws the chunks its rows fall in, and its rows are the whole draw's rows at its
+    positions, the reference's (which draws them all)."""
+    from ringattn import sequence_positions
+    from ringctl.config import load_job
+    from ringctl.tasks import attention
+
+    cfg = load_job("jobs/smoke.yaml", ["task.seq_len=5000", "task.heads=2", "task.kv_heads=1"])
+    whole = attention.make_inputs(cfg)
+    assert [whole[n].shape[1] for n in attention.INPUT_NAMES] == [5000] * 4
+    assert whole["k"].shape[2] == 1 and whole["q"].shape[2] == 2
+    drawn = []
+    chunk = attention._chunk
+    monkeypatch.setattr(attention, "_chunk", lambda *a: drawn.append(a[2]) or chunk(*a))
+    where = {"world_size": world, "layout": layout}
+    if degree > 1:
+        where["ulysses_degree"] = degree
+    for rank in range(world):
+        positions = sequence_positions(5000, rank=rank, **where)
+        drawn.clear()
+        mine = attention.make_inputs(cfg, positions)
+        for name in attention.INPUT_NAMES:
+            assert torch.equal(mine[name], whole[name][:, positions]), (rank, name)
+        needed = set((positions // attention.INPUT_CHUNK).tolist())
+        assert sorted(set(drawn)) == sorted(needed) and len(drawn) == 4 * len(needed)

@@ -1,7 +1,8 @@
 """The attention task: ring attention forward and backward on deterministic random inputs.
 
-Every rank generates the same full q, k, v (and output gradient) from `task.seed`, keeps its
-shard (`ringattn.shard_sequence` in the job's layout), and runs `ring_attention` forward and
+Every rank draws its shard of q, k, v (and the output gradient) from `task.seed`: the rows
+`ringattn.sequence_positions` gives it in the job's layout, each chunk of the sequence from a
+seed of its own (`make_inputs`), and runs `ring_attention` forward and
 backward `task.steps` times. Each rank writes, atomically, `out/rank-<R>.safetensors` (its
 shards of out, dq, dk, dv and the global positions they hold) and `out/rank-<R>.json` (timings).
 `reference(cfg)` computes the same quantities over the whole sequence in float64 in one process,
@@ -18,6 +19,7 @@ methods; the functions here are their parts, and the reference tests compare aga
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import statistics
@@ -102,21 +104,44 @@ def _dtype(name: str):
     return getattr(torch, name)
 
 
-def make_inputs(cfg) -> dict[str, torch.Tensor]:
-    """The full-sequence q, k, v and output gradient, identical on every rank (CPU, float64)."""
+INPUT_CHUNK = 1024  # tokens of the inputs drawn from one seed (``make_inputs``)
+INPUT_NAMES = ("q", "k", "v", "dout")
+
+
+def make_inputs(cfg, positions=None) -> dict[str, torch.Tensor]:
+    """q, k, v and the output gradient (CPU, float64) at the sequence's ``positions`` (all,
+    in order, by default: the reference's), the same values whichever rank asks. Each
+    INPUT_CHUNK tokens of each tensor are drawn from a seed of their own, so that a rank
+    draws its share only: every rank drew the whole sequence in float64 (jobs/attention.yaml,
+    262,144 tokens: 20 GiB and about 90 s a rank before its first step, 160 GiB a node)."""
     import torch
 
     t = cfg.task
+    if positions is None:
+        positions = torch.arange(int(t.seq_len))
+    heads = {"q": t.heads, "dout": t.heads}
     kv = t.kv_heads if t.kv_heads is not None else t.heads
-    gen = torch.Generator().manual_seed(int(t.seed))
-    shape_q = (t.batch, t.seq_len, t.heads, t.head_dim)
-    shape_kv = (t.batch, t.seq_len, kv, t.head_dim)
-    return {
-        "q": torch.randn(shape_q, generator=gen, dtype=torch.float64),
-        "k": torch.randn(shape_kv, generator=gen, dtype=torch.float64),
-        "v": torch.randn(shape_kv, generator=gen, dtype=torch.float64),
-        "dout": torch.randn(shape_q, generator=gen, dtype=torch.float64),
-    }
+    chunks = torch.unique(positions // INPUT_CHUNK).tolist()
+    where = {c: i for i, c in enumerate(chunks)}  # a chunk's place among those drawn
+    rows = torch.tensor([where[c] for c in (positions // INPUT_CHUNK).tolist()], dtype=torch.long)
+    rows = rows * INPUT_CHUNK + positions % INPUT_CHUNK
+    inputs = {}
+    for name in INPUT_NAMES:
+        drawn = [_chunk(t, name, c, heads.get(name, kv)) for c in chunks]
+        inputs[name] = torch.cat(drawn, dim=1).index_select(1, rows)
+    return inputs
+
+
+def _chunk(t, name: str, index: int, heads: int) -> torch.Tensor:
+    """Tokens index*INPUT_CHUNK.. of input ``name`` (the last chunk padded to a whole one:
+    a chunk's values do not depend on the sequence's length beyond it)."""
+    import torch
+
+    text = f"{int(t.seed)}:{name}:{index}".encode()
+    seed = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+    gen = torch.Generator().manual_seed(seed)
+    shape = (t.batch, INPUT_CHUNK, heads, t.head_dim)
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
 def reference(cfg) -> dict[str, torch.Tensor]:
@@ -431,24 +456,18 @@ class AttentionTask(Task):
     def run(self, cfg, ctx) -> dict:
         """Shard the job's random inputs, time ``task.steps`` forward+backward steps of the ring
         (or hybrid) attention, and write this rank's result (and outputs when asked)."""
-        from ringattn import sequence_positions, shard_sequence
+        from ringattn import sequence_positions
 
         t = cfg.task
         dtype = _dtype(t.dtype)
-        inputs = make_inputs(cfg)
-        attend, layout, degree = _attention_for(
-            cfg, ctx, job_layout(cfg), int(inputs["k"].shape[2])
-        )
+        kv_heads = int(t.kv_heads if t.kv_heads is not None else t.heads)
+        attend, layout, degree = _attention_for(cfg, ctx, job_layout(cfg), kv_heads)
         where = {"world_size": ctx.world_size, "rank": ctx.rank, "layout": layout}
         if degree > 1:
             where["ulysses_degree"] = degree
-
-        def shard(x):
-            return shard_sequence(x, **where).to(dtype).to(ctx.device)
-
-        q, k, v, dout = (shard(inputs[n]) for n in ("q", "k", "v", "dout"))
-        del inputs
         positions = sequence_positions(t.seq_len, **where)
+        inputs = make_inputs(cfg, positions)  # this rank's rows only, as shard_sequence's
+        q, k, v, dout = (inputs.pop(n).to(dtype).to(ctx.device) for n in INPUT_NAMES)
         ctx.log(
             f"attention: seq_len={t.seq_len} (local {q.shape[1]}) batch={t.batch} heads={t.heads} "
             f"kv_heads={k.shape[2]} head_dim={t.head_dim} dtype={t.dtype} causal={t.causal} "
