@@ -156,6 +156,19 @@ def test_the_geometry_and_the_planner_load_without_torch():
     assert not {t for t in geometry if t.startswith(PACKAGES)}
 
 
+def test_every_bundled_job_is_read_and_checked_without_torch():
+    """Reading and checking a job config (`ringctl config`, status, render, the first step of
+    submit) does not load torch: the long-document job's check imported the model loader for
+    a model name and compute.fsdp for model.shard's values, 2 s of every command of it."""
+    code = (
+        "import sys; from ringctl.config import load_job; "
+        "[load_job(j) for j in ('smoke', 'attention', 'longdoc', 'train')]; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr or "torch was imported"
+
+
 def test_the_checker_sees_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -108,7 +108,7 @@ def test_a_resume_refuses_a_model_changed_at_the_same_path(tmp_path, capsys) -> 
 
     from safetensors.torch import save_file
 
-    from ringctl.longdoc.model.load import BUNDLED_TRAINED, resolve_model_path
+    from ringctl.longdoc.model.names import BUNDLED_TRAINED, resolve_model_path
 
     model = tmp_path / "model"
     shutil.copytree(resolve_model_path(BUNDLED_TRAINED), model)

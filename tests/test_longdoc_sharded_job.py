@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ringctl.cli import main
-from ringctl.longdoc.model.load import samples_dir
+from ringctl.longdoc.model.names import samples_dir
 
 # The random tiny Llama (model_path null), not the job's trained default: sharding, not the
 # model, is under test, and the bundled samples' 30 kB document runs in seconds with it.

@@ -78,7 +78,7 @@ def test_byte_tokenizer_with_another_vocabulary_is_refused(tmp_path: Path) -> No
     # A model directory with its tokenizer: the tokenizer is the default.
     full = _model_dir(tmp_path, "full", vocab=32000, tokenizer=True)
     _load(f"task.model_path={full}")
-    from ringctl.longdoc.model.tokenize import resolve_tokenizer_path
+    from ringctl.longdoc.model.names import resolve_tokenizer_path
 
     assert resolve_tokenizer_path(None, str(full)) == str(full)
     assert resolve_tokenizer_path("bytes", str(full)) is None

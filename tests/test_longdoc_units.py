@@ -18,7 +18,7 @@ from ringctl.longdoc.inputs.documents import (
     invalid_utf8_count,
     list_documents,
 )
-from ringctl.longdoc.model.load import bundled_config_path, samples_dir
+from ringctl.longdoc.model.names import bundled_config_path, samples_dir
 from ringctl.longdoc.model.tokenize import ByteTokenizer, load_tokenizer
 from ringctl.longdoc.output.completeness import document_status, rank_complete
 from ringctl.longdoc.output.store import ShardStore, atomic_write, expand_ranges, position_ranges

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ringctl.longdoc.model.load import SMOLLM2, resolve_model_path, samples_dir
+from ringctl.longdoc.model.names import SMOLLM2, resolve_model_path, samples_dir
 from tests.distributed import run_distributed
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -277,7 +277,7 @@ def test_a_scoring_run_s_paths_are_judged_by_the_identity_of_their_files(tmp_pat
     as "a different run". Equal identities excuse an installed model's paths (a tokenizer in
     its own folder with it); other identities, or a user's own path, do not; ranks without
     the identity (all but rank 0) leave paths and files to rank 0."""
-    from ringctl.longdoc.model.load import resolve_model_path
+    from ringctl.longdoc.model.names import resolve_model_path
     from ringctl.longdoc.output.manifest import other_run, run_record, write_run
 
     root = tmp_path / "longdoc"

@@ -235,7 +235,7 @@ def test_a_resume_after_the_model_changed_at_the_same_path_is_refused(tmp_path, 
     edited model is refused naming the path; the original bytes put back resume; a
     checkpoint from before the record is refused by name (nothing to check against)."""
     from ringctl.longdoc.model.directory import model_identity
-    from ringctl.longdoc.model.load import bundled_config_path
+    from ringctl.longdoc.model.names import bundled_config_path
 
     model = tmp_path / "model.json"
     original = bundled_config_path().read_bytes()

@@ -99,7 +99,7 @@ class CorpusParams(TaskParams):
         for name in ("model_path", "tokenizer_path", "id_field", "split"):
             value = getattr(self, name)
             setattr(self, name, None if value in (None, "") else str(value))
-        from .model.load import resolve_model_path
+        from .model.names import resolve_model_path
 
         self.model_path = resolve_model_path(self.model_path)
         if self.model_overrides is not None and not isinstance(self.model_overrides, dict):
@@ -114,7 +114,7 @@ class CorpusParams(TaskParams):
         directory's tokenizer files, or a GGUF file's converted directory, made on first
         use; None: UTF-8 bytes): the one rule of the scoring and the training job, asked on
         the ranks (not at load)."""
-        from .model.tokenize import resolve_tokenizer_path
+        from .model.names import resolve_tokenizer_path
 
         return resolve_tokenizer_path(self.tokenizer_path, self.model_path)
 
@@ -165,7 +165,7 @@ class CorpusParams(TaskParams):
         """The job's input paths: its own, or the bundled samples (``inputs: null``)."""
         if self.inputs is not None:
             return list(self.inputs)
-        from .model.load import samples_dir
+        from .model.names import samples_dir
 
         return [str(samples_dir())]
 

@@ -59,13 +59,8 @@ from .inputs.documents import (
 )
 from .model.compat import window_refusal
 from .model.directory import model_identity
-from .model.load import (
-    attention_layers,
-    bundled_config_path,
-    installed_model,
-    load_model,
-    resolve_model_path,
-)
+from .model.load import attention_layers, load_model
+from .model.names import bundled_config_path, installed_model, resolve_model_path
 from .model.tokenize import ByteTokenizer, load_tokenizer
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected

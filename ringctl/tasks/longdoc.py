@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from ..backends import files_here
 from ..config import job_layout
 from ..errors import StoppedOnRequest
+from ..longdoc.compute import SHARD_MODES
 from ..longdoc.model.hub import OFFLINE_ENV
 from ..longdoc.params import CorpusParams, LongDocParams, normalised_inputs
 from .base import Gatherer, NamedFile, Task, importable, world_size
@@ -183,7 +184,7 @@ class CorpusTask(Task):
         unknown name, or a packaged model whose package is missing (with its install line).
         ``installed_here`` False (ssh): the login node's install resolves it; only an unknown
         name is refused here."""
-        from ..longdoc.model.load import resolve_model_path, unknown_reserved_name
+        from ..longdoc.model.names import resolve_model_path, unknown_reserved_name
 
         name = None if model_path is None else str(model_path)
         try:
@@ -216,7 +217,7 @@ class CorpusTask(Task):
         """The job's model, tokenizer and input paths as given (reserved model names and
         ``bytes`` are names, not paths); a missing input is required only under
         ``task.on_missing: stop``."""
-        from ..longdoc.model.load import RESERVED
+        from ..longdoc.model.names import RESERVED
 
         named = [
             NamedFile(f"task.{key}", str(value))
@@ -316,7 +317,7 @@ class CorpusTask(Task):
 
     def prepare(self, cfg):
         """Absolute paths, so ranks started in the job directory find the inputs and model."""
-        from ..longdoc.model.load import RESERVED
+        from ..longdoc.model.names import RESERVED
 
         here = files_here(cfg)
         cfg = OmegaConf.to_container(cfg, resolve=True)
@@ -335,7 +336,7 @@ class CorpusTask(Task):
         """``model_shape`` of the job's model, where this machine can read it: a UserError
         for a path on the login node (ssh), whose config.json is not here to price."""
         from ..errors import UserError
-        from ..longdoc.model.load import RESERVED
+        from ..longdoc.model.names import RESERVED
 
         path = cfg.task.get("model_path")
         if not files_here(cfg) and path is not None and str(path) not in RESERVED:
@@ -352,7 +353,7 @@ class CorpusTask(Task):
         with task.model_overrides checked and set, read by the job's own reader
         (``longdoc.compat.read_model_config``)."""
         from ..longdoc.model.compat import model_shape as read_shape
-        from ..longdoc.model.load import resolve_model_path
+        from ..longdoc.model.names import resolve_model_path
 
         path = resolve_model_path(str(task.model_path) if task.get("model_path") else None)
         overrides = task.get("model_overrides")
@@ -479,8 +480,6 @@ class LongDocTask(CorpusTask):
     def check_shard(cfg, bad) -> None:
         """model.shard needs one ring size (the model is loaded once, sharded over the ring or
         the job); with several rings, model.shard=job runs them in lockstep (longdoc/run.py)."""
-        from ..longdoc.compute.fsdp import SHARD_MODES
-
         shard = str(cfg.model.shard)
         if shard not in SHARD_MODES:
             raise bad("model.shard", f"expected one of {', '.join(SHARD_MODES)}, got {shard!r}")

@@ -34,7 +34,7 @@ from ..longdoc.agreement import load_agreed
 from ..longdoc.compute.scoring import comm_device
 from ..longdoc.consensus import agreed_inputs, any_has
 from ..longdoc.model.directory import IDENTITY_OF_PATH, moved_install
-from ..longdoc.model.load import installed_model
+from ..longdoc.model.names import installed_model
 from ..longdoc.model.tokenize import ByteTokenizer
 from . import checkpoint, metrics
 from .data import Cursor, SequenceStream, ring_share
@@ -236,7 +236,7 @@ ADDED_KEYS = {"clip"}
 def model_files(params: TrainParams) -> Path:
     """The file or directory the job's model is read from: ``task.model_path`` (a reserved
     name resolved), or the bundled tiny Llama's JSON config when it is null."""
-    from ..longdoc.model.load import bundled_config_path, resolve_model_path
+    from ..longdoc.model.names import bundled_config_path, resolve_model_path
 
     return Path(resolve_model_path(params.model_path) or bundled_config_path())
 

@@ -67,8 +67,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model.directory import INDEX_FILE, SINGLE_FILE, check_model_directory
-
-SHARD_MODES = ("none", "ring", "job")
+from . import SHARD_MODES
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def followed(entry: Path, root: Path | None = None) -> Path:
 
 
 # A directory holding one of these has a tokenizer of its own (the job's default tokenizer:
-# tokenize.resolve_tokenizer_path).
+# names.resolve_tokenizer_path).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 # The tokenizer files whose bytes a model's identity hashes (run.json, a training run's
 # signature): the list those identities were recorded with, kept as it is so that a run of
@@ -168,7 +168,7 @@ IDENTITY_OF_PATH = {"model_path": "model", "tokenizer_path": "tokenizer"}
 def moved_install(have: dict, want: dict, *, installed: bool) -> set[str]:
     """The path keys of two run records (run.json, a checkpoint's run signature) that differ
     only in where an installed model is (``installed``: the job names a bundled or packaged
-    model, ``load.installed_model``), the identity of its files recorded on both sides and
+    model, ``names.installed_model``), the identity of its files recorded on both sides and
     equal. Such a model is recorded as the path it resolves to in the install, which a new
     environment moves: the job could not be resumed at all, and the path may not be
     overridden. A user's own path is not excused: its identity hashes fewer tokenizer files

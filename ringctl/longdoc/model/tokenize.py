@@ -1,6 +1,6 @@
 """Text -> token ids, offline.
 
-Which tokenizer (``resolve_tokenizer_path``): ``tokenizer_path`` when given; else the model
+Which tokenizer (``names.resolve_tokenizer_path``): ``tokenizer_path`` when given; else the model
 directory's own tokenizer when it has one (``tokenizer.json``, ``tokenizer_config.json``,
 ``tokenizer.model``; a GGUF file's is in the file, saved with its conversion); else bytes.
 ``tokenizer_path: bytes`` asks for bytes explicitly. Bytes fit only a model whose vocabulary is
@@ -32,8 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .directory import TOKENIZER_FILES, check_model_directory
-from .gguf_file import converted, is_gguf
+from .directory import check_model_directory
 from .hub import go_offline
 
 
@@ -104,20 +103,6 @@ class HFTokenizer:
             return ids, None
         end = int(enc["offset_mapping"][0][1])
         return ids, len(text.encode("utf-8")) - len(text[:end].encode("utf-8"))
-
-
-def resolve_tokenizer_path(tokenizer_path: str | None, model_path: str | None) -> str | None:
-    """The tokenizer directory a job uses (None: bytes); see the module docstring."""
-    if tokenizer_path == "bytes":
-        return None
-    if tokenizer_path:
-        return tokenizer_path
-    if is_gguf(model_path):
-        return str(converted(model_path))
-    if model_path and Path(model_path).is_dir():
-        if any((Path(model_path) / name).is_file() for name in TOKENIZER_FILES):
-            return model_path
-    return None
 
 
 def vocabulary_mismatch(tokenizer_vocab: int, model_vocab: int, *, is_bytes: bool) -> str:
