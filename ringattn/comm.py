@@ -118,8 +118,8 @@ class RingComm:
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self._global = (
-            (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        self._global = (  # through self.group: a subclass may hold it weakly (shm)
+            (lambda r: r) if group is None else (lambda r: dist.get_global_rank(self.group, r))
         )
         self.next_rank = self._peer(1)
         self.prev_rank = self._peer(-1)

@@ -42,6 +42,7 @@ import stat
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -255,13 +256,26 @@ class RingShm(RingComm):
         pids: list[tuple[int, str]],
         shared: list[bool],
     ) -> None:
-        super().__init__(group)
+        super().__init__(group)  # the group held weakly (``group``): _BY_GROUP's key
         self.token = token
         self.pids = [pid for pid, _ in pids]  # each rank's pid and pid namespace
         self.namespaces = [namespace for _, namespace in pids]
         self.shared = shared  # shared[r]: this rank and rank r share a /dev/shm
         self._channels: dict[tuple[int, int, int], _Channel] = {}
         self._sent: list = []  # token sends in flight (their tensors must live until done)
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The ring's group, held weakly: _BY_GROUP holds this ring under the group as a weak
+        key, which a strong reference here would keep alive for ever all the same."""
+        group = self._group() if self._group is not None else None
+        if self._group is not None and group is None:
+            raise RuntimeError("ringattn shm: the ring's process group has been destroyed")
+        return group
+
+    @group.setter
+    def group(self, group: dist.ProcessGroup | None) -> None:
+        self._group = None if group is None else weakref.ref(group)
 
     @classmethod
     def for_group(cls, group: dist.ProcessGroup | None, required: bool) -> RingShm | None:
@@ -345,7 +359,12 @@ class RingShm(RingComm):
         return pending
 
 
-_BY_GROUP: dict = {}
+# Weak keys: the cache must not keep a process group alive past destroy_process_group, which
+# joins its gloo threads only when the last reference goes. A group kept here instead lives into
+# interpreter shutdown, where a gloo worker still dropping a finished collective (the final
+# barrier's) must take the GIL to free its tensors and is killed inside a C++ destructor:
+# "terminate called without an active exception".
+_BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 TRANSPORTS = ("auto", "gloo", "shm")
 
 
