@@ -194,6 +194,12 @@ def _gathered_shifts(fields: list[list[int]], group, device) -> list[list[int]]:
     return gathered_ints(_pairs_fields(_SHIFTS.get(), most), group, device)
 
 
+def collective_device(q: torch.Tensor, group) -> torch.device:
+    """Where the checks' small collectives run: q's GPU on an NCCL group (NCCL takes CUDA
+    tensors only), else the CPU (gloo; a group with both backends takes CPU tensors there)."""
+    return q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
 def gathered_ints(values: list[int], group, device) -> list[list[int]]:
     """Every rank's ``values`` (the same length on each), by one all_gather on ``device``
     (the group's: a CUDA device under NCCL) and one copy back to the host."""
@@ -268,7 +274,7 @@ def check_ranks_agree(
         if refusal is not None:
             raise refusal
         return
-    device = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    device = collective_device(q, group)
     agreed = [  # every rank gives these alike
         *q.shape,
         k.shape[2],

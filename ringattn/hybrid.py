@@ -52,6 +52,7 @@ from .checks import (
     check_scale,
     check_shift_pairs,
     check_window,
+    collective_device,
     gathered_ints,
     pending_refusal,
     scale_bits,
@@ -349,7 +350,7 @@ def check_grid_agree(
     one. A rank that saw the faulty row names the problem; one that only heard of it names
     the rank that found it.
     """
-    device = q.device if dist.get_backend(ulysses_group) == "nccl" else torch.device("cpu")
+    device = collective_device(q, ulysses_group)
     agreed = dict(causal=causal, layout=layout, packing=packing, window=window, scale=scale)
     mine = _describe(q, k, v, agreed, ulysses_group, ring_group)
     width = len(mine.as_list())

@@ -247,14 +247,15 @@ CUDNN_FIRST = 91501  # cuDNN 9.15.1: what torch itself asks before it puts cuDNN
 
 def _cudnn_attention_usable(device: torch.device) -> bool:
     """cuDNN's fused attention runs the ring's blocks here: SDPA's cuDNN switch on, and where
-    torch's own selector puts it first (``check_prefer_cudnn_attention``): an sm90 or sm100
-    GPU (Hopper, Blackwell data-centre parts) with cuDNN 9.15.1 or later. Elsewhere torch
+    torch's own selector puts it first (``check_prefer_cudnn_attention``): an sm90, sm100 or
+    sm103 GPU (Hopper, Blackwell data-centre parts) with cuDNN 9.15.1 or later, unless
+    TORCH_CUDNN_SDPA_DEPRIORITIZED is set. Elsewhere torch
     deliberately passes it over (wrong results and NaN gradients were reported for sequence
     lengths off its preferred multiples on earlier versions; the ring's blocks are N/2P rows),
     and so does the ring: an A100 runs the flash op. Measured on an H200 only (torch 2.11,
     cuDNN 9.19). A meta device counts as such a GPU: the CPU suite runs the ring loop on meta
     tensors to check the cuDNN op's calls (tests/test_cuda_meta.py)."""
-    if not torch.backends.cuda.cudnn_sdp_enabled():
+    if not torch.backends.cuda.cudnn_sdp_enabled() or _deprioritized():
         return False
     if device.type == "meta":
         return True
@@ -263,8 +264,16 @@ def _cudnn_attention_usable(device: torch.device) -> bool:
     if device not in _CUDNN_USABLE:
         version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         capability = torch.cuda.get_device_capability(device)
-        _CUDNN_USABLE[device] = (version or 0) >= CUDNN_FIRST and capability in ((9, 0), (10, 0))
+        preferred = capability[0] in (9, 10) and capability[1] in (0, 3)
+        _CUDNN_USABLE[device] = (version or 0) >= CUDNN_FIRST and preferred
     return _CUDNN_USABLE[device]
+
+
+def _deprioritized() -> bool:
+    """TORCH_CUDNN_SDPA_DEPRIORITIZED set: torch's own switch that keeps cuDNN from going
+    first, honoured here too."""
+    value = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").strip().lower()
+    return value in ("1", "true", "yes", "on")
 
 
 def _repeat_heads(t: Tensor, heads: int) -> Tensor:

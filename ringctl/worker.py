@@ -211,13 +211,15 @@ def write_result(job_dir: Path, ident: Identity | None, record: dict) -> None:
         pass
 
 
-def cuda_index(entry: dict, local_rank: int, count: int) -> int:
+def cuda_index(entry: dict, local_rank: int, count: int, visible: str | None = None) -> int:
     """The CUDA ordinal of this rank's GPU among the ``count`` it sees.
 
     A plan that pins the rank to its GPU (``CUDA_VISIBLE_DEVICES``, set before torch starts)
     leaves it one device, which CUDA numbers 0: the GPU's nvidia-smi index is not its ordinal
-    (taken as one, every rank off GPU 0 was refused). A plan's GPU without that pin is an
-    ordinal among the visible devices; without a plan, the local rank picks one."""
+    (taken as one, every rank off GPU 0 was refused). A plan's GPU without that pin (a PCIe
+    node, ``placement.pins_gpu``) is its place in the ``CUDA_VISIBLE_DEVICES`` the rank
+    inherited (``visible``: Slurm's list of the job's GPUs, "4,5,6,7"), else an ordinal among
+    the visible devices; without a plan, the local rank picks one."""
     gpu = entry.get("gpu")
     if isinstance(gpu, int) and "CUDA_VISIBLE_DEVICES" in (entry.get("env") or {}):
         if count != 1:  # the pin did not take: two ranks could share a GPU
@@ -227,6 +229,14 @@ def cuda_index(entry: dict, local_rank: int, count: int) -> int:
             )
         return 0
     if isinstance(gpu, int):
+        listed = [part.strip() for part in (visible or "").split(",")]
+        if visible and all(part.isdigit() and part.isascii() for part in listed):
+            if str(gpu) not in listed:  # a GPU of the node this job was not given
+                raise WorkerError(
+                    f"placement.json gives this rank GPU {gpu}; CUDA_VISIBLE_DEVICES gives "
+                    f"it {visible} (the job's GPUs)"
+                )
+            gpu = listed.index(str(gpu))
         if gpu >= count:  # two ranks would share a GPU
             raise WorkerError(f"placement.json gives this rank GPU {gpu}; it sees {count}")
         return gpu
@@ -249,7 +259,9 @@ def init_distributed(cfg, ident: Identity):
         # a pin to a GPU this step cannot see left none: the ring would run on the CPU
         raise WorkerError(f"placement.json gives this rank GPU {gpu}; it sees no CUDA device")
     if cuda:
-        index = cuda_index(ident.plan_entry or {}, ident.local_rank, torch.cuda.device_count())
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        entry = ident.plan_entry or {}
+        index = cuda_index(entry, ident.local_rank, torch.cuda.device_count(), visible)
         device = torch.device("cuda", index)
         torch.cuda.set_device(device)
         backend = "nccl"
@@ -339,12 +351,26 @@ def apply_threads(cfg, torch) -> None:
         torch.set_num_threads(int(threads))
 
 
-def bind_to_gpu_cpus() -> str:
+def cpu_sharers(ident: Identity) -> int:
+    """How many ranks of this rank's node the plan gives its CPU list (itself among them)."""
+    mine = (ident.plan_entry or {}).get("env", {}).get("RINGCTL_CPU_AFFINITY")
+    if ident.placement is None or not mine:
+        return 1
+    return sum(
+        1
+        for e in ident.placement.ring
+        if e.node == ident.node and e.env.get("RINGCTL_CPU_AFFINITY") == mine
+    )
+
+
+def bind_to_gpu_cpus(sharers: int = 1) -> str:
     """Bind this rank to its GPU's CPUs (the plan's RINGCTL_CPU_AFFINITY, nvidia-smi's CPU
-    Affinity), within those it may use (Slurm's cpuset), when they hold its threads: a rank
-    left on the socket far from its GPU and NIC copied every block across the sockets'
-    link. Exported by the plan, it was applied by nothing. Returns what the start line
-    says ("" where the plan gives no list)."""
+    Affinity), within those it may use (Slurm's cpuset), when they hold the threads of the
+    ``sharers`` ranks of this node bound to the same list (GPUs of one socket share it: two
+    ranks of 32 threads each on a pair's 32 CPUs left the node's other CPUs idle): a rank left
+    on the socket far from its GPU and NIC copied every block across the sockets' link.
+    Exported by the plan, it was applied by nothing. Returns what the start line says (""
+    where the plan gives no list)."""
     from .threads import plain_count
     from .topology.model import cpu_set
 
@@ -356,11 +382,11 @@ def bind_to_gpu_cpus() -> str:
     except ValueError:
         return f"; RINGCTL_CPU_AFFINITY {listed[:40]!r} is not a CPU list: not bound"
     threads = os.environ.get("OMP_NUM_THREADS", "")
-    need = int(threads) if plain_count(threads) else 1
+    need = (int(threads) if plain_count(threads) else 1) * max(1, sharers)
     if len(both) < need:
         return (
-            f"; not bound to its GPU's CPUs: {len(both)} of them are this rank's, "
-            f"fewer than its {need} threads"
+            f"; not bound to its GPU's CPUs: {len(both)} of them are this rank's, fewer "
+            f"than the {need} threads of the {max(1, sharers)} rank(s) they would hold"
         )
     os.sched_setaffinity(0, both)
     return f"; bound to {len(both)} CPUs beside its GPU"
@@ -385,7 +411,7 @@ def run(job_dir: Path) -> dict:
     import torch
 
     apply_threads(cfg, torch)
-    bound = bind_to_gpu_cpus()
+    bound = bind_to_gpu_cpus(cpu_sharers(ident))
     print(
         f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
         f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -453,6 +454,14 @@ def test_fetch_without_remote_latest_brings_the_newest_published_checkpoint(
     assert "checkpoints/latest is missing on the login node" in capsys.readouterr().err
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == ["step-0000005"]
     assert CheckpointDir(job_dir / "checkpoints").latest().step == 5
+    # (second reading) the login node lost step 5 too: the folder fetched is the copy here,
+    # not the higher one an earlier fetch left (the fresh one was deleted, step 5 kept)
+    shutil.rmtree(remote / "checkpoints" / "step-0000005")
+    (job_dir / "checkpoints" / "latest").write_text("step-0000005\n")
+    with SSHBackend(settings) as b:
+        b.fetch(job_dir)
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == ["step-0000002"]
+    assert CheckpointDir(job_dir / "checkpoints").latest().step == 2
 
 
 def test_fetch_skips_a_file_that_went_away_while_fetching(

@@ -43,6 +43,7 @@ def _cuda(*shape, dtype=torch.bfloat16) -> torch.Tensor:
     [
         ((9, 0), 91900, True),  # H100/H200 with a recent cuDNN: torch puts it first too
         ((10, 0), 91501, True),  # B200
+        ((10, 3), 91900, True),  # B300 (second reading: torch takes sm103 too)
         ((9, 0), 91400, False),  # cuDNN before 9.15.1: torch does not put it first
         ((8, 0), 91900, False),  # A100: torch passes it over
         ((8, 9), 91900, False),  # L40S
@@ -58,6 +59,14 @@ def test_cudnn_runs_the_ring_only_where_torch_itself_puts_it_first(gpu, capabili
     with FakeTensorMode(allow_non_fake_inputs=True):
         q = _cuda(1, 512, 8, 128)
         assert TorchCUDAKernel().op_for(q, q) == ("cudnn" if first else "flash")
+
+
+def test_torch_s_switch_that_keeps_cudnn_from_going_first_is_honoured(gpu, monkeypatch):
+    gpu((9, 0))
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q = _cuda(1, 512, 8, 128)
+        assert TorchCUDAKernel().op_for(q, q) == "flash"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -213,16 +222,20 @@ def test_the_flash_attn_adapter_passes_its_arguments_to_flash_attn_2_8(flash_att
 
 
 @pytest.mark.parametrize(
-    "listed,threads,bound",
+    "listed,threads,sharers,bound",
     [
-        ("0", "1", [0]),  # its GPU's CPUs hold its threads: bound
-        ("0-1,7000", "2", [0, 1]),  # within the CPUs this rank may use
-        ("1", "2", None),  # fewer than its threads: left as it was
-        ("7000-7001", "1", None),  # none of them this rank's (Slurm's cpuset): left
-        ("n1:0", "1", None),  # not a CPU list
+        ("0", "1", 1, [0]),  # its GPU's CPUs hold its threads: bound
+        ("0-1,7000", "2", 1, [0, 1]),  # within the CPUs this rank may use
+        ("0-1", "1", 2, [0, 1]),  # two ranks of one thread share two CPUs
+        ("1", "2", 1, None),  # fewer than its threads: left as it was
+        ("0", "1", 2, None),  # two ranks' threads on one CPU (second reading): left
+        ("7000-7001", "1", 1, None),  # none of them this rank's (Slurm's cpuset): left
+        ("n1:0", "1", 1, None),  # not a CPU list
     ],
 )
-def test_a_rank_is_bound_to_its_gpu_s_cpus_where_they_hold_its_threads(listed, threads, bound):
+def test_a_rank_is_bound_to_its_gpu_s_cpus_where_they_hold_its_threads(
+    listed, threads, sharers, bound
+):
     """(GPU review) The plan exported RINGCTL_CPU_AFFINITY (nvidia-smi's CPU Affinity of the
     rank's GPU) and nothing applied it: a rank could run on the socket far from its GPU.
     Checked in a child process (the binding is real, sched_setaffinity)."""
@@ -233,7 +246,8 @@ def test_a_rank_is_bound_to_its_gpu_s_cpus_where_they_hold_its_threads(listed, t
         pytest.skip("needs two CPUs to tell a binding from none")
     code = (
         "import os; from ringctl.worker import bind_to_gpu_cpus; "
-        "said = bind_to_gpu_cpus(); print(sorted(os.sched_getaffinity(0))); print(said)"
+        f"said = bind_to_gpu_cpus({sharers}); print(sorted(os.sched_getaffinity(0))); "
+        "print(said)"
     )
     env = {**os.environ, "RINGCTL_CPU_AFFINITY": listed, "OMP_NUM_THREADS": threads}
     env.pop("PYTHONPATH", None)
@@ -282,3 +296,48 @@ def test_each_rank_draws_only_its_share_of_the_attention_task_s_inputs(
             assert torch.equal(mine[name], whole[name][:, positions]), (rank, name)
         needed = set((positions // attention.INPUT_CHUNK).tolist())
         assert sorted(set(drawn)) == sorted(needed) and len(drawn) == 4 * len(needed)
+
+
+def test_ranks_whose_gpus_share_a_cpu_list_are_counted_together():
+    """(second reading) Each rank checked its GPU's CPUs against its own threads only: on a
+    DGX the two ranks of a GPU pair bound to one 32-CPU list with 32 threads each, the
+    node's other CPUs idle. The plan's ranks of one node with the same list are counted."""
+    from ringctl.topology import load_node_files, plan_ring
+    from ringctl.worker import Identity, cpu_sharers
+    from tests.topo_fixtures import DGX
+
+    plan = plan_ring([load_node_files(DGX, name="dgx")])
+    lists = [e.env["RINGCTL_CPU_AFFINITY"] for e in plan.ring]
+    for entry in plan.ring:
+        ident = Identity("dgx", entry.local_rank, 0, entry.rank, len(plan.ring), "x", 1)
+        ident.plan_entry, ident.placement = {"env": dict(entry.env)}, plan
+        assert cpu_sharers(ident) == lists.count(entry.env["RINGCTL_CPU_AFFINITY"]) > 1
+    assert cpu_sharers(Identity("n", 0, 0, 0, 1, "x", 1)) == 1  # no plan
+
+
+def test_an_unpinned_rank_takes_its_gpu_among_the_job_s_own():
+    """(second reading) A PCIe node's rank sees every GPU Slurm gave the job, which sets
+    CUDA_VISIBLE_DEVICES to them (4,5,6,7 of 8): the plan's nvidia-smi index 5 is ordinal
+    1 there, and a GPU the job was not given is refused by name, not taken (index 1 was
+    ordinal 1: physical GPU 5, which the plan did not price)."""
+    from ringctl.worker import WorkerError, cuda_index
+
+    assert cuda_index({"gpu": 5, "env": {}}, 0, 4, "4,5,6,7") == 1
+    with pytest.raises(WorkerError, match="GPU 1; CUDA_VISIBLE_DEVICES gives it 4,5,6,7"):
+        cuda_index({"gpu": 1, "env": {}}, 0, 4, "4,5,6,7")
+    assert cuda_index({"gpu": 3, "env": {}}, 0, 8, None) == 3  # every GPU visible
+    assert cuda_index({"gpu": 3, "env": {}}, 0, 8, "GPU-1a2b,GPU-3c4d") == 3  # UUIDs: as before
+
+
+def test_a_node_of_bridged_pairs_keeps_its_gpus_in_sight():
+    """(second reading) Pinning was kept where any two GPUs share NVLink: on a node of
+    bridged pairs the ring's hops between pairs (SYS) went through host memory. Pinned only
+    where every two GPUs are NVLinked."""
+    from ringctl.topology import load_node_files, plan_ring
+    from ringctl.topology.placement import pins_gpu
+    from tests.topo_fixtures import DGX, OLD
+
+    old = load_node_files(OLD, name="old")
+    assert old.nvlinked and not old.all_nvlinked and not pins_gpu(old)
+    assert all("CUDA_VISIBLE_DEVICES" not in e.env for e in plan_ring([old]).ring)
+    assert pins_gpu(load_node_files(DGX, name="dgx"))

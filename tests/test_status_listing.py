@@ -128,14 +128,6 @@ def test_a_listing_whose_shared_question_fails_asks_for_each_job(listed_jobs, mo
     assert calls.count("here", "squeue") == 1 + 3 and calls.count("ssh", "sacct") == 1 + 2
 
 
-SACCT = """\
-{id}|smoke|COMPLETED|0:0|4|None|n1|2026-11-01T10:00:00|2026-11-01T10:00:04
-{id}.batch|batch|COMPLETED|0:0|4||n1|2026-11-01T10:00:00|2026-11-01T10:00:04
-{id}|smoke|NODE_FAIL|0:0|9|None|n2|2026-12-05T14:00:00|2026-12-05T14:00:09
-{id}|smoke|RUNNING|0:0|30|None|n3|2026-12-05T14:01:00|Unknown
-"""
-
-
 def test_a_shared_sacct_keeps_the_runs_this_job_s_own_would():
     """One sacct for the listing is asked from its earliest job's start: an older job that
     had the same id (ids restart when a controller's state is lost) ended before this job's
@@ -143,8 +135,71 @@ def test_a_shared_sacct_keeps_the_runs_this_job_s_own_would():
     out = SACCT.format(id="77")
     runs = ss.runs_ended_since(out, "77", "2026-12-05T13:58:00")
     assert [run[0].raw_state for run in runs] == ["NODE_FAIL", "RUNNING"]
+    # a step that ended before it is not shown either (sacct drops it: second reading)
+    assert [r.step for r in runs[0]] == [None, "1"]
     assert len(ss.runs_ended_since(out, "77", None)) == 3  # from the start: every run
     assert ss.runs_ended_since(out, "78", "2026-12-05T13:58:00") == []
     # an end sacct prints in another format (SLURM_TIME_FORMAT): the job asks for itself
     other = out.replace("2026-11-01T10:00:04", "11/01 10:00")
     assert ss.runs_ended_since(other, "77", "2026-12-05T13:58:00") is None
+    # a start time that is not a real one: the job asks for itself
+    for since in ("2026-11-31T23:00:00", "garbage", 5):
+        assert ss.runs_ended_since(out, "77", since) is None
+
+
+@pytest.mark.parametrize("since", ["garbage", 5, "2026-11-31T23:00:00"])
+def test_a_hostile_start_time_beside_the_same_job_leaves_both_rows_as_alone(
+    listed_jobs, tmp_path, since
+):
+    """(second reading) A job.json whose sacct_since is not a real time ringctl wrote (text,
+    a number, November 31st, which sacct reads as December 1st) beside another directory of
+    the same job: the hostile one took the listing's answer and filtered it by its own value
+    (a TypeError row, or another reason than alone). It asks alone; so does the time of a
+    shared question not take it."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(listed_jobs[0], copy, symlinks=True)
+    meta = json.loads((copy / "job.json").read_text())
+    meta["sacct_since"] = since
+    (copy / "job.json").write_text(json.dumps(meta))
+    for dirs in ((copy, listed_jobs[0]), (listed_jobs[0], copy)):  # either taking first
+        alone = [row for d in dirs for row in _status(d)]
+        assert _status(*dirs) == alone
+        assert "TypeError" not in json.dumps(alone)
+
+
+def test_a_dropped_connection_is_made_again_for_the_next_job(ssh_login):
+    """(second reading) The listing handed out its kept connection without asking whether
+    it stood: a login node that dropped it (an sshd restart, an idle timeout) failed every
+    later job's row."""
+    from ringctl.backends.listing import listing
+    from ringctl.backends.ssh import SSHBackend, SSHSettings
+
+    settings = SSHSettings(
+        host=ssh_login.host,
+        port=ssh_login.port,
+        user=ssh_login.user,
+        key=ssh_login.key,
+        known_hosts=ssh_login.known_hosts,
+        connect_timeout=5,
+    )
+    with listing([]):
+        first = SSHBackend(settings)
+        shell = first.shell
+        assert shell.run(["true"])[0] == 0
+        first.close()
+        assert SSHBackend(settings).shell is shell  # kept for the next job
+        shell.client.get_transport().close()  # dropped by the login node
+        again = SSHBackend(settings).shell
+        assert again is not shell and again.run(["true"])[0] == 0
+
+
+SACCT = """\
+{id}|smoke|COMPLETED|0:0|4|None|n1|2026-11-01T10:00:00|2026-11-01T10:00:04
+{id}.batch|batch|COMPLETED|0:0|4||n1|2026-11-01T10:00:00|2026-11-01T10:00:04
+{id}|smoke|NODE_FAIL|0:0|9|None|n2|2026-12-05T13:57:00|2026-12-05T14:00:09
+{id}.0|python|FAILED|1:0|1||n2|2026-12-05T13:57:00|2026-12-05T13:57:30
+{id}.1|python|CANCELLED|0:15|9||n2|2026-12-05T13:59:00|2026-12-05T14:00:09
+{id}|smoke|RUNNING|0:0|30|None|n3|2026-12-05T14:01:00|Unknown
+"""

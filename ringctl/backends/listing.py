@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..jobdir import JobDir
-from .slurm_states import CLOCK, SLURM_JOB_ID
+from .slurm_states import SLURM_JOB_ID, is_clock
 
 IDS_PER_CALL = 256  # job ids one squeue/sacct is asked about (a command line stays short)
 
@@ -95,8 +95,8 @@ def _recorded_ids(job_dirs: Sequence[Path]) -> tuple[dict[str, str | None], Coun
         if not isinstance(job_id, str) or not SLURM_JOB_ID.fullmatch(job_id):
             continue
         given = meta.get("sacct_since")
-        if given is not None and not (isinstance(given, str) and CLOCK.fullmatch(given)):
-            continue  # not a time ringctl wrote: that job asks for itself
+        if given is not None and not is_clock(given):
+            continue  # not a time ringctl wrote: that job asks for itself (runs_ended_since)
         if job_id in since:
             known = since[job_id]
             given = None if known is None or given is None else min(known, given)
@@ -105,17 +105,28 @@ def _recorded_ids(job_dirs: Sequence[Path]) -> tuple[dict[str, str | None], Coun
     return since, named
 
 
-def shared(key: object, make: Callable[[], object], close: Callable[[object], None]):
-    """The listing's object under ``key`` (made on first use, closed when the listing ends);
-    outside a listing, None: the caller makes and closes its own."""
+def shared(
+    key: object,
+    make: Callable[[], object],
+    close: Callable[[object], None],
+    alive: Callable[[object], bool] = lambda _: True,
+):
+    """The listing's object under ``key`` (made on first use, closed when the listing ends;
+    made again where ``alive`` says the kept one is not: a login node that dropped the
+    connection mid-listing failed every later job's row); outside a listing, None: the
+    caller makes and closes its own."""
     current = _CURRENT.get()
     if current is None:
         return None
-    if key not in current.kept:
-        made = make()
-        current.kept[key] = made
-        current.closers.append(lambda: close(made))
-    return current.kept[key]
+    kept = current.kept.get(key)
+    if kept is not None and not alive(kept):
+        close(kept)
+        kept = None
+    if kept is None:
+        kept = make()
+        current.kept[key] = kept
+        current.closers.append(lambda: close(kept))
+    return kept
 
 
 def queue_answer(run: Run, where: str, job_id: str, argv: Callable) -> str | None:

@@ -260,7 +260,9 @@ class SlurmBackend(Backend):
     ) -> list[list[ss.AcctRecord]] | None:
         """sacct's records of each run of the job (several when Slurm requeued it), earliest
         first; None when sacct cannot answer (no accounting)."""
-        listed = listing.acct_answer(self._run, self.shell.where, job_id, ss.sacct_argv)
+        listed = None
+        if since is None or ss.is_clock(since):  # else (a hostile job.json) it asks alone
+            listed = listing.acct_answer(self._run, self.shell.where, job_id, ss.sacct_argv)
         runs = None if listed is None else ss.runs_ended_since(listed, job_id, since)
         if runs is not None:  # a listing's one sacct for all its jobs
             return runs

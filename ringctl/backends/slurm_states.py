@@ -225,22 +225,38 @@ CLOCK = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}", re.
 _NOT_ENDED = ("", "Unknown", "None")
 
 
+def is_clock(text) -> bool:
+    """A time in sacct's default format that is a real one (sacct reads 2026-11-31 as
+    December 1st: compared as text, such a time sorts before days it follows)."""
+    if not isinstance(text, str) or not CLOCK.fullmatch(text):
+        return False
+    try:
+        datetime.strptime(text, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return False
+    return True
+
+
 def runs_ended_since(out: str, job_id: str, since: str | None) -> list[list[AcctRecord]] | None:
     """``parse_sacct_runs`` of an sacct asked from an earlier time than ``since`` (a
-    listing's one sacct for many jobs), keeping what ``--starttime=since`` would: the runs
-    not ended before it (an older job that had the same id ended before this one was
-    submitted). None where an end is not sacct's usual clock (SLURM_TIME_FORMAT set on the
-    cluster): the job then asks for itself."""
+    listing's one sacct for many jobs), keeping what ``--starttime=since`` keeps: the runs,
+    and the steps, not ended before it (an older job that had the same id ended before this
+    one was submitted). None where ``since`` or an end is not sacct's usual clock
+    (SLURM_TIME_FORMAT set on the cluster; a hostile job.json): the job then asks for
+    itself."""
+    if since is not None and not is_clock(since):
+        return None
     runs = parse_sacct_runs(out, job_id)
     if since is None:
         return runs
     kept = []
     for run in runs:
-        end = next((r.end for r in run if r.step is None), "")
-        if end in _NOT_ENDED or CLOCK.fullmatch(end) and end >= since:
-            kept.append(run)
-        elif not CLOCK.fullmatch(end):
+        if any(r.end not in _NOT_ENDED and not is_clock(r.end) for r in run):
             return None
+        has_job_line = any(r.step is None for r in run)
+        run = [r for r in run if r.end in _NOT_ENDED or r.end >= since]
+        if run and (run[0].step is None or not has_job_line):  # the job's line kept
+            kept.append(run)
     return kept
 
 

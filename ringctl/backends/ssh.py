@@ -356,6 +356,12 @@ class SSHShell:
             self._sftp = None
         self.client.close()
 
+    def is_open(self) -> bool:
+        """Whether the connection still stands (a login node may drop it: an sshd restart,
+        an idle timeout)."""
+        transport = self.client.get_transport()
+        return transport is not None and transport.is_active()
+
 
 def _install_host_keys(client: paramiko.SSHClient, s: SSHSettings) -> None:
     """The known hosts (the job's file; revocations from every file OpenSSH reads) and the
@@ -504,7 +510,7 @@ class SSHBackend(SlurmBackend):
                 return SSHShell(connect(settings), settings)
 
             key = ("ssh", repr(settings))
-            listed = listing.shared(key, make, SSHShell.close)
+            listed = listing.shared(key, make, SSHShell.close, SSHShell.is_open)
             self._shell_shared = listed is not None
             self._shell_obj = listed if listed is not None else make()
         return self._shell_obj
@@ -762,8 +768,10 @@ class SSHBackend(SlurmBackend):
             raise RemoteGone(f"{gone}: nothing was fetched (the copy here is the last fetch's)")
         if f"{CHECKPOINTS}/{LATEST}" in fetched:
             _drop_earlier_checkpoints(job.checkpoints)
-        elif any(rel.startswith(f"{CHECKPOINTS}/") for rel in fetched):
-            _mirror_unpointed(job.checkpoints)
+        else:
+            folders = {r.split("/")[1] for r in fetched if r.startswith(f"{CHECKPOINTS}/")}
+            if folders:  # the newest published folder, with no latest there
+                _mirror_unpointed(job.checkpoints, folders.pop())
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched
 
@@ -842,15 +850,20 @@ def _drop_earlier_checkpoints(root: Path) -> None:
             shutil.rmtree(folder)
 
 
-def _mirror_unpointed(root: Path) -> None:
+def _mirror_unpointed(root: Path, fetched: str) -> None:
     """A fetch that found no ``latest`` on the login node brought its newest published
-    folder: a ``latest`` an earlier fetch left here would name an older one (gather would
-    read it), so it goes, and the folders before the newest, as after any fetch."""
+    folder, ``fetched``: the local copy is that folder alone. A ``latest`` an earlier fetch
+    left here would name an older step (gather would read it), and a folder here the login
+    node no longer has (a later step it lost with its ``latest``) would be taken as newer."""
+    from ..train.checkpoint import CheckpointDir
+
     try:
         os.unlink(root / LATEST)
     except FileNotFoundError:
         pass
-    _drop_earlier_checkpoints(root)
+    for folder in CheckpointDir(root).complete():  # real folders named step-N: no link
+        if folder.name != fetched:
+            shutil.rmtree(folder)
 
 
 def _move_archived(sftp, source: str, target: str) -> None:

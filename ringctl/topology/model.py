@@ -141,6 +141,15 @@ class NodeTopology:
         """Whether any two of its GPUs are joined by NVLink (a link token NV<n>)."""
         return any(t.startswith("NV") for row in self.gpu_links for t in row)
 
+    @property
+    def all_nvlinked(self) -> bool:
+        """Whether every two of its GPUs are joined by NVLink (NVSwitch nodes, full meshes;
+        not a node of bridged pairs, whose pairs meet over PCIe)."""
+        n = len(self.gpu_links)
+        return all(
+            self.gpu_links[i][j].startswith("NV") for i in range(n) for j in range(n) if i != j
+        )
+
     def without_gpus(self) -> NodeTopology:
         """The node as a CPU job (gloo) uses it: its NICs and CPUs, none of its GPUs, so a
         gloo job spanning GPU and CPU-only nodes is placed as one ring of CPU ranks."""

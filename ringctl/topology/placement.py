@@ -222,13 +222,15 @@ class NodeCache:
 
 def pins_gpu(node: NodeTopology) -> bool:
     """Whether a rank of this node is pinned to its GPU (CUDA_VISIBLE_DEVICES: it sees that
-    one only): where the node's GPUs reach each other by NVLink, or it has one. NCCL reaches
-    a GPU the process cannot see through NVLink only (src/transport/p2p.cc: "we can still
-    communicate with 'invisible' devices", when they share NVLink); a pinned rank of a PCIe
-    node (L40S, H100 PCIe) sent every hop inside the node through host memory where the plan
-    priced it as a PCIe peer copy. There every GPU stays visible and the plan's index is the
-    rank's CUDA ordinal (CUDA_DEVICE_ORDER=PCI_BUS_ID numbers them as nvidia-smi does)."""
-    return len(node.gpus) == 1 or node.nvlinked
+    one only): where every two of the node's GPUs are joined by NVLink, or it has one. NCCL
+    reaches a GPU the process cannot see through NVLink only (src/transport/p2p.cc: "we can
+    still communicate with 'invisible' devices", when they share NVLink); a pinned rank of a
+    PCIe node (L40S, H100 PCIe), or of one whose GPUs are bridged in pairs, sent every hop
+    over PCIe through host memory where the plan priced a PCIe peer copy. There every GPU
+    stays visible and the plan's index is the rank's CUDA ordinal (CUDA_DEVICE_ORDER=
+    PCI_BUS_ID numbers them as nvidia-smi does; ``worker.cuda_index`` maps it through the
+    job's own CUDA_VISIBLE_DEVICES where Slurm sets one)."""
+    return len(node.gpus) == 1 or node.all_nvlinked
 
 
 def _env(node: NodeTopology, nic: Nic | None, gpu, policy: GdrPolicy) -> dict[str, str]:
