@@ -18,12 +18,8 @@ import pytest
 import torch
 
 from ringctl.config import load_job
-from ringctl.longdoc.model.load import (
-    BUNDLED_TRAINED,
-    load_model,
-    resolve_model_path,
-    samples_dir,
-)
+from ringctl.longdoc.model.load import load_model
+from ringctl.longdoc.model.names import BUNDLED_TRAINED, resolve_model_path, samples_dir
 from ringctl.longdoc.output.gather import bits_per_byte
 from ringctl.longdoc.params import LongDocParams
 from ringctl.tasks.longdoc import LongDocTask
