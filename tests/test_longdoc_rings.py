@@ -213,3 +213,29 @@ def test_a_document_no_ring_holds_is_refused_by_name(jobs):
     for r in results:
         assert "'whole.txt' has 700 tokens" in r["refused"], r["refused"]
         assert "needs a ring of at least 4 ranks" in r["refused"]
+
+
+def test_a_missing_rank_of_a_ring_of_two_is_named_as_such(jobs, tmp_path):
+    """(embed/grad review) With rank 0's shard of a document gone, its ring's size was read
+    from rank 0's entry alone, so the job's (4): ranks 2 and 3 were said missing too and rank
+    1's world_size 2 "expected 4". The ring's size comes from the entries that are there."""
+    import shutil
+
+    from ringctl.longdoc.inputs.documents import doc_key
+    from ringctl.longdoc.output.gather import GatherError
+    from ringctl.longdoc.output.names import OutputPaths
+
+    base, _ = jobs
+    copy = tmp_path / "pairs"
+    shutil.copytree(base / "pairs", copy, symlinks=True)
+    roots = [p.parent for p in copy.rglob("run.json")]
+    assert len(roots) == 1
+    paths = OutputPaths(roots[0])
+    key = doc_key("pair.txt")
+    for path in paths.entry_path(key, 0), paths.data_path(key, 0):
+        path.unlink()
+    with pytest.raises(GatherError) as err:
+        gather(copy, tmp_path / "out", force=True)
+    said = str(err.value)
+    assert "rank 0's manifest entry" in said and "missing" in said, said
+    assert "rank 2" not in said and "rank 3" not in said and "expected 4" not in said, said

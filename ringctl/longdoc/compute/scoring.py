@@ -346,7 +346,9 @@ def _backward(model, ll_local: torch.Tensor, n_scored: int, group) -> dict[str, 
 
 
 def output_head(model) -> Callable[[torch.Tensor], torch.Tensor]:
-    """hidden (S, H) -> float32 logits (S, V), as the model's own forward computes them.
+    """hidden (S, H) -> logits (S, V) in float32, or float64 for a float64 model (cast to
+    float32, a float64 job's loss and gradients were float32's, ~1e-7 off), as the model's own
+    forward computes them.
 
     Scoring never builds vocabulary-sized logits for a whole shard, so it cannot call the
     causal LM's ``forward`` (which computes them all at once). It applies the output
@@ -370,7 +372,7 @@ def output_head(model) -> Callable[[torch.Tensor], torch.Tensor]:
             out = out * scale
         if divide not in (None, 1, 1.0):
             out = out / divide
-        out = out.float()
+        out = out.to(torch.promote_types(out.dtype, torch.float32))  # float64 stays so
         if cap is not None:
             out = torch.tanh(out / cap) * cap
         return out

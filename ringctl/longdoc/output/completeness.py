@@ -373,14 +373,17 @@ def _coverage_problems(shards: list[RankShard], n: int) -> list[str]:
 
 
 def ring_size_of(root: Path, doc: dict, run: dict) -> int:
-    """The size of the ring that wrote the document: rank 0's entry's world_size when it is a
-    rank count, else the run's (the entries are then checked against it and found wanting)."""
-    entry_path, _ = shard_paths(root, doc["key"], 0)
-    entry = None
-    if confined(entry_path, root):
-        entry, _ = _read_entry(entry_path, 0)
-    size = (entry or {}).get("world_size")
-    return size if is_int(size) and 1 <= size <= MAX_WORLD_SIZE else run["world_size"]
+    """The size of the ring that wrote the document: the first rank's entry (of the run's
+    ranks) whose world_size is a rank count, else the run's (the entries are then checked
+    against it and found wanting). Rank 0's alone: with it missing, a document of a ring of
+    2 in a job of 4 was said to miss ranks 2 and 3 too, rank 1's world_size 2 "expected 4"."""
+    for rank in range(min(run["world_size"], MAX_WORLD_SIZE)):
+        entry_path, _ = shard_paths(root, doc["key"], rank)
+        entry = _read_entry(entry_path, rank)[0] if confined(entry_path, root) else None
+        size = (entry or {}).get("world_size")
+        if is_int(size) and 1 <= size <= MAX_WORLD_SIZE:
+            return size
+    return run["world_size"]
 
 
 # A document's rank problems listed before the rest are left unchecked: an entry's world_size
