@@ -74,3 +74,21 @@ def test_the_float64_probe_s_noise_is_the_kept_log_probabilities_rounding_not_ea
     assert noise == probe.STORED_EPS * float(want.abs().max())
     eager = probe.stock_logprobs(model, ids, "eager")
     assert noise != probe._metric("float64", eager, want)  # not eager's float32 softmax
+
+
+def test_the_planner_prices_the_logits_in_the_dtype_the_scorer_computes_them():
+    """(second reading) With float64 logits kept, the planner still priced a float64 grad
+    job's logits and their gradients in float32 (24 bytes a token and vocabulary entry
+    where they hold 32). Its dtype is the scorer's, dtype by dtype."""
+    from transformers import AutoConfig
+
+    from ringctl.longdoc.compute.scoring import output_head
+    from ringctl.longdoc.model.load import build_random
+    from ringctl.planner.memory import logits_dtype
+
+    for name in ("float32", "float64", "bfloat16", "float16"):
+        dtype = getattr(torch, name)
+        config = AutoConfig.for_model(**MODEL_CONFIGS["llama"])
+        model = build_random(config, seed=SEED, dtype=dtype, attn_implementation="sdpa")
+        hidden = torch.zeros(3, config.hidden_size, dtype=dtype)
+        assert output_head(model)(hidden).dtype == getattr(torch, logits_dtype(name)), name

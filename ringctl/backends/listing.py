@@ -124,8 +124,9 @@ def shared(
         kept = None
     if kept is None:
         kept = make()
+        if key not in current.kept:  # one closer a key: it closes what is kept then
+            current.closers.append(lambda: close(current.kept[key]))
         current.kept[key] = kept
-        current.closers.append(lambda: close(kept))
     return kept
 
 

@@ -72,7 +72,7 @@ def precision(w) -> dict[str, str]:
     if trains:
         out["dK/dV accumulators (travelling)"] = "float32"
     if w.model is not None and runs_lm_head(w):
-        out["logits, log-softmax"] = "float32"
+        out["logits, log-softmax"] = logits_dtype(w.dtype)
     return out
 
 
@@ -158,15 +158,23 @@ def backward_working_set(w, tokens: float) -> float:
     return _elems(w, tokens)[4] * tokens * DTYPE_BYTES[w.dtype]
 
 
+def logits_dtype(dtype: str) -> str:
+    """The dtype the logits and log-softmax are computed in: float32 at least (scoring's
+    ``output_head``: bf16/fp16 go up to float32, float64 stays float64)."""
+    return "float64" if dtype == "float64" else "float32"
+
+
 def logits_bytes(w, tokens: float) -> float:
     """lm_head output and the log-softmax over one chunk (``lm_head_chunk`` tokens; 0: all
     tokens of the rank at once, as a training loop that calls cross_entropy on the whole
     sequence does): the matmul's output in the compute dtype, its float32 upcast (none when
-    computing in float32), the saved log-softmax, and when training two float32 gradients
-    alive in its backward (the log-softmax's and the logits': the job's chunked loss
-    measured 1.21x of one gradient's count in float32, 0.95x of two in bfloat16)."""
+    computing in float32 or float64, which the logits keep), the saved log-softmax, and when
+    training two gradients alive in its backward (the log-softmax's and the logits': the
+    job's chunked loss measured 1.21x of one gradient's count in float32, 0.95x of two in
+    bfloat16), all in the logits' dtype (``logits_dtype``)."""
     b = DTYPE_BYTES[w.dtype]
-    per = b + (4 if b != 4 else 0) + 4 + (8 if w.trains else 0)
+    kept = DTYPE_BYTES[logits_dtype(w.dtype)]
+    per = b + (kept if kept != b else 0) + kept + (2 * kept if w.trains else 0)
     chunk = tokens if not w.lm_head_chunk else min(tokens, w.lm_head_chunk)
     return chunk * w.model.vocab * per
 

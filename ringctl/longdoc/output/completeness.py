@@ -28,6 +28,7 @@ also rewrite an entry's checksum (see the README).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ import torch
 from ...output_dir import confined
 from ...text import cut
 from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_fingerprint, run_problems
-from .names import OutputPaths
+from .names import ENTRY_NAME, OutputPaths
 from .store import dtype_name, expand_ranges, sha256_bytes, sha256_file
 
 
@@ -373,14 +374,26 @@ def _coverage_problems(shards: list[RankShard], n: int) -> list[str]:
 
 
 def ring_size_of(root: Path, doc: dict, run: dict) -> int:
-    """The size of the ring that wrote the document: the first rank's entry (of the run's
-    ranks) whose world_size is a rank count, else the run's (the entries are then checked
-    against it and found wanting). Rank 0's alone: with it missing, a document of a ring of
-    2 in a job of 4 was said to miss ranks 2 and 3 too, rank 1's world_size 2 "expected 4"."""
-    for rank in range(min(run["world_size"], MAX_WORLD_SIZE)):
+    """The size of the ring that wrote the document: the lowest rank's entry there (of the
+    run's ranks) whose world_size is a rank count, else the run's (the entries are then
+    checked against it and found wanting). Rank 0's alone: with it missing, a document of a
+    ring of 2 in a job of 4 was said to miss ranks 2 and 3 too, rank 1's world_size 2
+    "expected 4". The document's folder is listed once: looking for every rank's entry of a
+    document not written yet cost world_size lookups each (13 s for 200 documents of a job
+    of 1024 ranks, resume and status)."""
+    doc_dir = OutputPaths(root).doc_dir(doc["key"])
+    if not confined(doc_dir, root):
+        return run["world_size"]
+    try:
+        names = {entry.name for entry in os.scandir(doc_dir)}
+    except OSError:  # not written yet (or not a folder: the checks say so)
+        return run["world_size"]
+    present = (int(n[5:10]) for n in names if ENTRY_NAME.fullmatch(n))
+    for rank in sorted(r for r in present if r < run["world_size"]):
         entry_path, _ = shard_paths(root, doc["key"], rank)
-        entry = _read_entry(entry_path, rank)[0] if confined(entry_path, root) else None
-        size = (entry or {}).get("world_size")
+        if not confined(entry_path, root):
+            continue
+        size = (_read_entry(entry_path, rank)[0] or {}).get("world_size")
         if is_int(size) and 1 <= size <= MAX_WORLD_SIZE:
             return size
     return run["world_size"]

@@ -16,6 +16,7 @@ A rank's entry and data file are found by these fixed names, never by the name a
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 FORMAT = "ringctl.longdoc/1"  # run.json, documents.json and every manifest entry say it
@@ -30,6 +31,9 @@ GRADS = "grads"
 def entry_name(rank: int) -> str:
     """rank-NNNNN.json: a rank's manifest entry for one document."""
     return f"rank-{rank:05d}.json"
+
+
+ENTRY_NAME = re.compile(r"rank-[0-9]{5}\.json")  # what entry_name gives: rank = name[5:10]
 
 
 def data_name(rank: int) -> str:
