@@ -231,12 +231,13 @@ def cuda_index(entry: dict, local_rank: int, count: int, visible: str | None = N
     if isinstance(gpu, int):
         listed = [part.strip() for part in (visible or "").split(",")]
         if visible and all(part.isdigit() and part.isascii() for part in listed):
-            if str(gpu) not in listed:  # a GPU of the node this job was not given
+            indices = [int(part) for part in listed]  # "04" is GPU 4
+            if gpu not in indices:  # a GPU of the node this job was not given
                 raise WorkerError(
                     f"placement.json gives this rank GPU {gpu}; CUDA_VISIBLE_DEVICES gives "
                     f"it {visible} (the job's GPUs)"
                 )
-            gpu = listed.index(str(gpu))
+            gpu = indices.index(gpu)
         if gpu >= count:  # two ranks would share a GPU
             raise WorkerError(f"placement.json gives this rank GPU {gpu}; it sees {count}")
         return gpu

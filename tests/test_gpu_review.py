@@ -323,6 +323,7 @@ def test_an_unpinned_rank_takes_its_gpu_among_the_job_s_own():
     from ringctl.worker import WorkerError, cuda_index
 
     assert cuda_index({"gpu": 5, "env": {}}, 0, 4, "4,5,6,7") == 1
+    assert cuda_index({"gpu": 4, "env": {}}, 0, 2, "02, 04") == 1  # as CUDA reads them
     with pytest.raises(WorkerError, match="GPU 1; CUDA_VISIBLE_DEVICES gives it 4,5,6,7"):
         cuda_index({"gpu": 1, "env": {}}, 0, 4, "4,5,6,7")
     assert cuda_index({"gpu": 3, "env": {}}, 0, 8, None) == 3  # every GPU visible
