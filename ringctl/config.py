@@ -75,7 +75,8 @@ class SlurmConfig:
     qos: str | None = None
     time: str | None = "00:30:00"  # Slurm's --time (e.g. 90, 1:30:00, 2-00:00:00)
     constraint: str | None = None
-    exclusive: bool = False
+    exclusive: bool = False  # --exclusive; with mem unset, --mem=0 too (else Slurm gives an
+    # exclusive job all its nodes' CPUs and GPUs but only the memory it asks for, its default)
     switches: str | None = None  # --switches=COUNT[@MAX_WAIT], e.g. "1" or "1@00:10:00"
     cpus_per_task: int | None = None
     mem: str | None = None
@@ -597,6 +598,9 @@ SCRIPT_NAMES = frozenset(
         "RUN_ONE",
         "PLACED",
         "UNPLACED",
+        "UNPROBED",
+        "PROBE_MINUTES",
+        "SRUN_CPUS_PER_TASK",
         "RC",
         "RESTARTS",
         "KEPT",

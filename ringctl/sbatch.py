@@ -465,6 +465,8 @@ def header_lines(cfg, job_dir: str | None = None) -> list[str]:
             words.append(header_word(option, str(value)))
     if cfg.slurm.exclusive:
         words.append(header_word("exclusive"))
+        if _get(cfg, "slurm.mem") is None:  # all the node's memory, as its CPUs and GPUs
+            words.append(header_word("mem", "0"))
     # Always said, never left to the cluster's JobRequeue default (1: requeue after a node
     # failure); append, so that a requeued attempt's batch log is still there for the script
     # to keep (templates/slurm.sh.j2: "a rerun by Slurm"), where truncate would erase it.

@@ -336,17 +336,21 @@ def apply_threads(cfg, torch) -> None:
     """The rank computes with ``threads.rank_threads``' count on its own node: the job's
     OMP_NUM_THREADS applied (torch caps the variable at the cores it sees at import, so
     Slurm ran 2 threads where the local backend ran the 3 asked for), else the rule's count
-    (Slurm's srun starts a rank without one; the local backend sets it by the same rule)."""
-    from .threads import plain_count, rank_threads
+    (Slurm's srun starts a rank without one; the local backend sets it by the same rule), at
+    most the CPUs the rank may run on (a site binding each task to its own CPUs)."""
+    from .threads import plain_count, rank_threads, usable
 
     given = os.environ.get("OMP_NUM_THREADS", "")
     on_node = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    allowed = len(os.sched_getaffinity(0))
     threads = rank_threads(
         given,
         cpus_per_task=cfg.slurm.get("cpus_per_task"),
-        node_cpus=int(on_node) if on_node.isdigit() else len(os.sched_getaffinity(0)),
+        node_cpus=int(on_node) if on_node.isdigit() else allowed,
         ranks_on_node=int(cfg.tasks_per_node),
     )
+    if not usable(given) and plain_count(threads) and int(threads) > allowed:
+        threads = str(allowed)  # a task Slurm binds to its own CPUs: 28 threads on 1 CPU
     os.environ["OMP_NUM_THREADS"] = threads
     if plain_count(threads):  # "4,2" (nested levels): OpenMP's own reading stands
         torch.set_num_threads(int(threads))

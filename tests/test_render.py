@@ -321,10 +321,32 @@ def test_script_fails_clearly_without_a_required_plan(tmp_path):
     assert proc.returncode == 1
     assert (
         "FAILED: no placement, so no rank was started (ring.placement=required): the node "
-        "probe failed (see logs/probe-*.out). Fix it" in proc.stderr
+        "probe failed or did not end within 5 min on 127.0.0.1 127.0.0.2 (see "
+        "logs/probe-*.out). Fix it" in proc.stderr
     )
     assert ss.ranks_part(proc.stdout + proc.stderr) is None
     assert not list((job_dir / "logs").glob("rank-*"))
+
+
+def test_a_64_node_job_s_script_bounds_its_probe_and_asks_what_slurm_does_not_pass_on():
+    """(scale review) The probe step had no bound: one node whose nvidia-smi hangs held all
+    512 GPUs idle until the job's time limit (reproduced on the test cluster: TIMEOUT, no
+    node named). srun does not inherit sbatch's --cpus-per-task since Slurm 22.05
+    (sbatch(1)): the ranks ran on one CPU each where 16 were asked. --exclusive gives a job
+    all its nodes' CPUs and GPUs but only the memory it asks for (sbatch(1): "use --mem=0")."""
+    from ringctl.config import load_job
+    from ringctl.render import render_script
+
+    shape = ["nodes=64", "gpus_per_node=8", "tasks_per_node=8"]
+    script = render_script(load_job("jobs/attention.yaml", [*shape, "slurm.cpus_per_task=16"]))
+    assert '--time="$PROBE_MINUTES" --output=logs/probe-%n.out' in script
+    assert 'PROBE_MINUTES="${RINGCTL_PROBE_MINUTES:-5}"' in script
+    assert "export SRUN_CPUS_PER_TASK=16\n" in script
+    assert "#SBATCH --exclusive\n#SBATCH --mem=0\n" in script  # attention.yaml: exclusive
+    given = render_script(load_job("jobs/attention.yaml", [*shape, "slurm.mem=200G"]))
+    assert "#SBATCH --mem=200G\n" in given and "--mem=0" not in given
+    plain = render_script(load_job("jobs/smoke.yaml", [*shape, "task.seq_len=1024"]))
+    assert "SRUN_CPUS_PER_TASK" not in plain and "--mem" not in plain
 
 
 def test_a_failed_placement_says_why_on_the_failed_line(tmp_path):

@@ -48,3 +48,31 @@ def test_a_slurm_rank_takes_its_share_of_its_node(monkeypatch):
         assert torch.get_num_threads() == 2 and os.environ["OMP_NUM_THREADS"] == "2"
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_rank_bound_to_fewer_cpus_runs_no_more_threads_than_it_has():
+    """(scale review) A site binding each Slurm task to its own CPUs (TaskPlugin affinity)
+    gave a rank of 8 on a 224-CPU node one CPU, and it ran 28 threads on it. The rule's count
+    stops at the CPUs the rank may run on; a count the job gives stands (a child process,
+    bound for real)."""
+    import subprocess
+    import sys
+
+    if len(os.sched_getaffinity(0)) < 2:
+        return  # nothing to tell apart on one CPU
+    code = (
+        "import os, torch; from omegaconf import OmegaConf; "
+        "from ringctl.worker import apply_threads; os.sched_setaffinity(0, {0}); "
+        "cfg = OmegaConf.create({'tasks_per_node': 8, 'slurm': {'cpus_per_task': None}}); "
+        "apply_threads(cfg, torch); print(os.environ['OMP_NUM_THREADS'])"
+    )
+    for given, want in ((None, "1"), ("3", "3")):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        env["SLURM_CPUS_ON_NODE"] = "224"
+        if given:
+            env["OMP_NUM_THREADS"] = given
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == want, (given, done.stdout)
