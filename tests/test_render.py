@@ -345,6 +345,9 @@ def test_a_64_node_job_s_script_bounds_its_probe_and_asks_what_slurm_does_not_pa
     assert "#SBATCH --exclusive\n#SBATCH --mem=0\n" in script  # attention.yaml: exclusive
     given = render_script(load_job("jobs/attention.yaml", [*shape, "slurm.mem=200G"]))
     assert "#SBATCH --mem=200G\n" in given and "--mem=0" not in given
+    image = ["env.container_image=nvcr.io#nvidia/pytorch:24.05-py3"]
+    boxed = render_script(load_job("jobs/attention.yaml", [*shape, *image]))
+    assert 'PROBE_MINUTES="${RINGCTL_PROBE_MINUTES:-20}"' in boxed  # an image to import first
     plain = render_script(load_job("jobs/smoke.yaml", [*shape, "task.seq_len=1024"]))
     assert "SRUN_CPUS_PER_TASK" not in plain and "--mem" not in plain
 
