@@ -599,6 +599,7 @@ SCRIPT_NAMES = frozenset(
         "PLACED",
         "UNPLACED",
         "UNPROBED",
+        "SHOWN",
         "PROBE_MINUTES",
         "SRUN_CPUS_PER_TASK",
         "RC",
@@ -626,12 +627,28 @@ SLURM_JOB_PREFIXES = ("SLURM_JOB_", "SLURM_STEP_")  # the job's own facts, set b
 
 def reserved_env_name(name: str) -> str | None:
     """Why ``name`` cannot be an ``env.vars`` entry, or None."""
+    if name == "SRUN_CPUS_PER_TASK":
+        return "is what the batch script exports from slurm.cpus_per_task: set that instead"
     if name in SCRIPT_NAMES or name.startswith(SLURM_JOB_PREFIXES):
         return (
             "is set or read by the job's batch script or its ranks (the job's directory, nodes, "
             "rendezvous or ranks); it cannot be given"
         )
     return None
+
+
+PROBE_MINUTES_MAX = 24 * 60
+
+
+def _env_value_problem(name: str, value) -> str | None:
+    """Why an env.vars value the batch script reads itself cannot be taken, or None:
+    RINGCTL_PROBE_MINUTES is srun's --time for the probe step (0 would be no bound)."""
+    if name != "RINGCTL_PROBE_MINUTES":
+        return None
+    text = str(value)
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= PROBE_MINUTES_MAX:
+        return None
+    return f"must be a whole number of minutes from 1 to {PROBE_MINUTES_MAX}, got {value!r}"
 
 
 def _check(cfg: DictConfig, source_of) -> None:
@@ -657,7 +674,7 @@ def _check(cfg: DictConfig, source_of) -> None:
             shown = var if _ONE_LINE.fullmatch(var) and var.isprintable() else repr(var)
             where = source_of(f"env.vars.{var}")
             raise UserError(f"{where}: env.vars.{shown}: is not a valid environment variable name")
-        why = reserved_env_name(str(var))
+        why = reserved_env_name(str(var)) or _env_value_problem(str(var), cfg.env.vars[var])
         if why:
             raise bad(f"env.vars.{var}", why)
     if not str(cfg.name).strip():

@@ -465,7 +465,7 @@ def header_lines(cfg, job_dir: str | None = None) -> list[str]:
             words.append(header_word(option, str(value)))
     if cfg.slurm.exclusive:
         words.append(header_word("exclusive"))
-        if _get(cfg, "slurm.mem") is None:  # all the node's memory, as its CPUs and GPUs
+        if not _asks_memory(cfg):  # all the node's memory, as its CPUs and GPUs
             words.append(header_word("mem", "0"))
     # Always said, never left to the cluster's JobRequeue default (1: requeue after a node
     # failure); append, so that a requeued attempt's batch log is still there for the script
@@ -484,6 +484,16 @@ def header_lines(cfg, job_dir: str | None = None) -> list[str]:
     for item in cfg.slurm.extra_sbatch:
         words.append(header_word(*parse_extra(item)))
     return [f"#SBATCH {word}" for word in words]
+
+
+MEMORY_OPTIONS = ("mem-per-cpu", "mem-per-gpu")  # --mem's alternatives (extra_sbatch)
+
+
+def _asks_memory(cfg) -> bool:
+    """Whether the job asks for memory itself: slurm.mem, or --mem-per-cpu/--mem-per-gpu in
+    extra_sbatch (sbatch refuses --mem beside them: "mutually exclusive")."""
+    extra = {parse_extra(item)[0] for item in cfg.slurm.extra_sbatch}
+    return _present(_get(cfg, "slurm.mem")) or bool(extra & set(MEMORY_OPTIONS))
 
 
 def _path_word(option: str, path: str) -> str:

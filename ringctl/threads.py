@@ -10,11 +10,21 @@ apart where one thread a rank gives them bitwise).
 
 from __future__ import annotations
 
+import os
+
 from .text import is_ascii_number
 
 # What libgomp skips around a count (C's isspace): str.strip() also took Unicode blanks
 # (a no-break space), which libgomp refuses, so the value read 4 here and "none" on the rank.
 C_BLANKS = " \t\n\v\f\r"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a Slurm task bound to its own, a
+    taskset), or the machine's where the system cannot say."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def plain_count(text: str) -> bool:

@@ -338,11 +338,11 @@ def apply_threads(cfg, torch) -> None:
     Slurm ran 2 threads where the local backend ran the 3 asked for), else the rule's count
     (Slurm's srun starts a rank without one; the local backend sets it by the same rule), at
     most the CPUs the rank may run on (a site binding each task to its own CPUs)."""
-    from .threads import plain_count, rank_threads, usable
+    from .threads import plain_count, rank_threads, usable, usable_cpus
 
     given = os.environ.get("OMP_NUM_THREADS", "")
     on_node = os.environ.get("SLURM_CPUS_ON_NODE", "")
-    allowed = len(os.sched_getaffinity(0))
+    allowed = usable_cpus()
     threads = rank_threads(
         given,
         cpus_per_task=cfg.slurm.get("cpus_per_task"),

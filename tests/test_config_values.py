@@ -141,3 +141,18 @@ def test_plan_refuses_numbers_it_cannot_price(flags, said, capsys):
         code = exit_.code
     assert code == 2
     assert said in capsys.readouterr().err
+
+
+def test_the_probe_s_minutes_and_srun_s_cpus_are_refused_where_the_script_cannot_take_them():
+    """(re-reading) env.vars.RINGCTL_PROBE_MINUTES reaches srun's --time: 0 is no bound,
+    "5m" no time srun takes (the job then failed naming every node). SRUN_CPUS_PER_TASK is
+    what the script exports from slurm.cpus_per_task: the refusal names that key."""
+    from ringctl.config import load_job
+    from ringctl.errors import UserError
+
+    assert load_job(SMOKE, ["env.vars.RINGCTL_PROBE_MINUTES=12"]).env.vars.RINGCTL_PROBE_MINUTES
+    for bad in ("0", "5m", "-1", "1441", "'٣'"):
+        with pytest.raises(UserError, match="RINGCTL_PROBE_MINUTES: must be a whole number"):
+            load_job(SMOKE, [f"env.vars.RINGCTL_PROBE_MINUTES={bad}"])
+    with pytest.raises(UserError, match="SRUN_CPUS_PER_TASK: is what the batch script exports"):
+        load_job(SMOKE, ["env.vars.SRUN_CPUS_PER_TASK=4"])

@@ -193,6 +193,9 @@ if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in " ".join(args):
 procs = []
 for t in range(ntasks):
     node = nodes[t // per_node]
+    if os.environ.get("FAKE_FAIL_NODE") == node and "topo probe" in " ".join(args):
+        procs.append(subprocess.Popen(["false"]))  # this node's probe fails, the others run
+        continue
     env = dict(os.environ, SLURM_PROCID=str(t), SLURM_LOCALID=str(t % per_node),
                SLURMD_NODENAME=node, SLURM_NTASKS=str(ntasks), SLURM_STEP_ID="0")
     def path(p):
@@ -345,11 +348,34 @@ def test_a_64_node_job_s_script_bounds_its_probe_and_asks_what_slurm_does_not_pa
     assert "#SBATCH --exclusive\n#SBATCH --mem=0\n" in script  # attention.yaml: exclusive
     given = render_script(load_job("jobs/attention.yaml", [*shape, "slurm.mem=200G"]))
     assert "#SBATCH --mem=200G\n" in given and "--mem=0" not in given
+    # (re-reading) sbatch refuses --mem beside --mem-per-gpu/--mem-per-cpu ("mutually
+    # exclusive"): a job asking memory so gets no --mem=0
+    for option in ("--mem-per-gpu=80G", "--mem-per-cpu=4G"):
+        extra = render_script(
+            load_job("jobs/attention.yaml", [*shape, f"slurm.extra_sbatch=[{option}]"])
+        )
+        assert f"#SBATCH {option}\n" in extra and "--mem=0" not in extra, option
     image = ["env.container_image=nvcr.io#nvidia/pytorch:24.05-py3"]
     boxed = render_script(load_job("jobs/attention.yaml", [*shape, *image]))
     assert 'PROBE_MINUTES="${RINGCTL_PROBE_MINUTES:-20}"' in boxed  # an image to import first
     plain = render_script(load_job("jobs/smoke.yaml", [*shape, "task.seq_len=1024"]))
     assert "SRUN_CPUS_PER_TASK" not in plain and "--mem" not in plain
+
+
+def test_a_failed_probe_names_the_nodes_it_did_not_finish_on(tmp_path):
+    """(re-reading) The failure named every node of the job whose probes/<node>.json is
+    missing; an earlier attempt's file for the failing node would have hidden it. The
+    earlier files go first, and the node named is the one that failed."""
+    job_dir = _job_dir(tmp_path, ["ring.placement=required"])
+    (job_dir / "probes").mkdir(exist_ok=True)
+    (job_dir / "probes" / "127.0.0.2.json").write_text("{}")  # an earlier attempt's
+    env = _fake_slurm(tmp_path)
+    env["FAKE_FAIL_NODE"] = "127.0.0.2"
+    proc = _run_script(job_dir, env, timeout=60)
+    assert proc.returncode == 1
+    (line,) = [ln for ln in proc.stderr.splitlines() if "FAILED: no placement" in ln]
+    assert "did not end within 5 min on 127.0.0.2 (see logs/probe-*.out)" in line, line
+    assert (job_dir / "probes" / "127.0.0.1.json").is_file()
 
 
 def test_a_failed_placement_says_why_on_the_failed_line(tmp_path):

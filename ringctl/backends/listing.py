@@ -121,11 +121,11 @@ def shared(
     kept = current.kept.get(key)
     if kept is not None and not alive(kept):
         close(kept)
-        kept = None
+        kept = current.kept[key] = None  # closed: never closed again
     if kept is None:
         kept = make()
         if key not in current.kept:  # one closer a key: it closes what is kept then
-            current.closers.append(lambda: close(current.kept[key]))
+            current.closers.append(lambda: current.kept[key] and close(current.kept[key]))
         current.kept[key] = kept
     return kept
 

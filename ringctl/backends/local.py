@@ -38,7 +38,7 @@ from ..jobdir import JobDir
 from ..jsonsafe import whole_number
 from ..lifetime import SUPERVISED
 from ..text import cut, is_ascii_number
-from ..threads import rank_threads
+from ..threads import rank_threads, usable_cpus
 from .base import Backend, JobState, JobStatus
 from .joblogs import (
     error_summary,
@@ -584,7 +584,10 @@ class Supervisor:
         run = f"local-{os.getpid()}-{secrets.token_hex(4)}"  # (worker.RUN_ID: the store's keys)
         given = self.cfg.env.vars.get("OMP_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
         threads = rank_threads(  # every rank on this host
-            given, cpus_per_task=None, node_cpus=os.cpu_count() or 1, ranks_on_node=self.world
+            given,
+            cpus_per_task=None,
+            node_cpus=usable_cpus(),  # the CPUs the ranks may run on
+            ranks_on_node=self.world,
         )
         launch = self._choose_launch(threads)
         for rank in range(self.world):

@@ -75,9 +75,9 @@ def ranges_text(idx: list[int], limit: int = 6) -> str:
 
 
 def _read_entry(entry_path: Path, rank: int) -> tuple[dict | None, str]:
-    if not entry_path.is_file():
-        return None, f"rank {rank}'s manifest entry {entry_path} is missing"
     try:
+        if not entry_path.is_file():
+            return None, f"rank {rank}'s manifest entry {entry_path} is missing"
         entry = json.loads(entry_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:
         return None, f"{entry_path} is unreadable or corrupt ({err})"
