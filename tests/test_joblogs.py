@@ -62,3 +62,43 @@ def test_an_unreadable_log_is_named_and_the_others_still_shown(tmp_path):
     assert str(logs / "rank-0.out") in lines[0] or str(logs / "rank-0.out") in lines[1]
     followed = list(follow_logs(source, None, _passes([lambda: None, lambda: None]), poll_s=0))
     assert followed == lines  # each unreadable log named once, not on every pass
+
+
+def test_a_pass_reads_only_the_logs_that_grew(tmp_path, monkeypatch):
+    """(scale review) Following 512 ranks read each of their 1,024 logs twice a poll (its
+    new bytes, then whether it was cut): 2,050 reads a pass, over SFTP about five round trips
+    each. A pass lists the folder once and reads the logs whose size moved; a cut one is
+    still read from its start, said."""
+    source = _source(tmp_path)
+    logs = tmp_path / "logs"
+    for r in range(20):
+        (logs / f"rank-{r}.out").write_text(f"rank {r} starts\n")
+    reads: list[str] = []
+    real = LocalShell.read_from
+    monkeypatch.setattr(
+        LocalShell,
+        "read_from",
+        lambda self, path, *a, **k: reads.append(path) or real(self, path, *a, **k),
+    )
+    counts = []
+
+    def note(action=lambda: None):
+        def step():
+            counts.append(len(reads))
+            action()
+
+        return step
+
+    steps = [
+        note(),
+        note(),  # nothing written: nothing read
+        note(lambda: (logs / "rank-7.out").write_text("rank 7 starts\nrank 7 goes on\n")),
+        note(lambda: (logs / "rank-3.out").write_text("cut\n")),
+        note(),
+    ]
+    lines = list(follow_logs(source, None, _passes(steps), poll_s=0))
+    per_pass = [b - a for a, b in zip(counts, counts[1:], strict=False)]
+    assert per_pass[0] == 20 and per_pass[1] == 0  # the first pass reads all, an idle none
+    assert per_pass[2] == 1 and per_pass[3] == 1  # the grown log; the cut one, from its start
+    assert "[rank 7] rank 7 goes on" in lines and "[rank 3] " + TRUNCATED in lines
+    assert "[rank 3] cut" in lines

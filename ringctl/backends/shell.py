@@ -8,6 +8,7 @@ lists, never shell text.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from collections.abc import Sequence
 from typing import Protocol
@@ -34,6 +35,10 @@ class Shell(Protocol):
 
     def listdir(self, path: str) -> list[str]:
         """Names in a directory; [] when it does not exist."""
+
+    def file_sizes(self, path: str) -> dict[str, int]:
+        """{name: size} of a directory's regular files (not links), from one listing; {}
+        when it does not exist: what a follower polls instead of reading every log."""
 
 
 class LocalShell:
@@ -71,3 +76,11 @@ class LocalShell:
             return os.listdir(path)
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def file_sizes(self, path: str) -> dict[str, int]:
+        try:
+            with os.scandir(path) as entries:
+                found = {e.name: e.stat(follow_symlinks=False) for e in entries}
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        return {name: st.st_size for name, st in found.items() if stat.S_ISREG(st.st_mode)}

@@ -350,6 +350,21 @@ class SSHShell:
             raise sftp_error(self.settings, f"listing {path}", err) from None
         return [n.decode() for n, _ in raw if n not in (b".", b"..") and _utf8(n)]
 
+    def file_sizes(self, path: str) -> dict[str, int]:
+        """``listdir``'s names that are regular files (the server's attributes are lstat's),
+        with their sizes: one SFTP listing where a follower read every log twice a poll."""
+        try:
+            raw = listdir_raw(self.sftp, path)
+        except FileNotFoundError:
+            return {}
+        except SFTP_ERRORS as err:
+            raise sftp_error(self.settings, f"listing {path}", err) from None
+        return {
+            n.decode(): a.st_size or 0
+            for n, a in raw
+            if _utf8(n) and stat.S_ISREG(a.st_mode or 0) and a.st_size is not None
+        }
+
     def close(self) -> None:
         if self._sftp is not None:
             self._sftp.close()
