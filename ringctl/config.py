@@ -34,7 +34,7 @@ from .errors import UserError
 from .sbatch import slurm_time_seconds
 from .task_params import DEFAULT_TASK
 from .tasks.base import world_size
-from .text import echo
+from .text import ascii_number, echo
 from .topology.links import MAX_GBPS
 
 __all__ = [
@@ -645,8 +645,8 @@ def _env_value_problem(name: str, value) -> str | None:
     RINGCTL_PROBE_MINUTES is srun's --time for the probe step (0 would be no bound)."""
     if name != "RINGCTL_PROBE_MINUTES":
         return None
-    text = str(value)
-    if text.isascii() and text.isdigit() and 1 <= int(text) <= PROBE_MINUTES_MAX:
+    minutes = ascii_number(str(value), 9)
+    if minutes is not None and 1 <= minutes <= PROBE_MINUTES_MAX:
         return None
     return f"must be a whole number of minutes from 1 to {PROBE_MINUTES_MAX}, got {value!r}"
 

@@ -32,6 +32,7 @@ from .errors import WORKER_ERROR_PREFIX as ERROR_PREFIX
 from .errors import StoppedOnRequest
 from .jobdir import JobDir
 from .lifetime import die_with_launcher
+from .text import ascii_number
 
 
 class WorkerError(Exception):
@@ -229,9 +230,8 @@ def cuda_index(entry: dict, local_rank: int, count: int, visible: str | None = N
             )
         return 0
     if isinstance(gpu, int):
-        listed = [part.strip() for part in (visible or "").split(",")]
-        if visible and all(part.isdigit() and part.isascii() for part in listed):
-            indices = [int(part) for part in listed]  # "04" is GPU 4
+        indices = [ascii_number(part.strip(), 9) for part in (visible or "").split(",")]
+        if visible and None not in indices:  # numbers, as CUDA reads them: "04" is GPU 4
             if gpu not in indices:  # a GPU of the node this job was not given
                 raise WorkerError(
                     f"placement.json gives this rank GPU {gpu}; CUDA_VISIBLE_DEVICES gives "
@@ -386,12 +386,12 @@ def bind_to_gpu_cpus(sharers: int = 1) -> str:
         both = cpu_set(listed) & os.sched_getaffinity(0)
     except ValueError:
         return f"; RINGCTL_CPU_AFFINITY {listed[:40]!r} is not a CPU list: not bound"
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    need = (int(threads) if plain_count(threads) else 1) * max(1, sharers)
+    threads, sharers = os.environ.get("OMP_NUM_THREADS", ""), max(1, sharers)
+    need = (int(threads) if plain_count(threads) else 1) * sharers
     if len(both) < need:
         return (
             f"; not bound to its GPU's CPUs: {len(both)} of them are this rank's, fewer "
-            f"than the {need} threads of the {max(1, sharers)} rank(s) they would hold"
+            f"than the {need} threads of the {sharers} rank(s) they would hold"
         )
     os.sched_setaffinity(0, both)
     return f"; bound to {len(both)} CPUs beside its GPU"

@@ -153,13 +153,10 @@ def _new_bytes(shell: Shell, path: str, offset: int, size: int | None = None) ->
 def _listed_sizes(source: LogSource) -> dict[str, int]:
     """{path: size} of the regular files in the logs folder (the batch log's too), from one
     listing a poll: a follower of 512 ranks read each of 1,024 logs twice a poll (over SFTP
-    about five round trips each). A shell that cannot list sizes: {} (every log is read)."""
-    listing = getattr(source.shell, "file_sizes", None)
-    if listing is None:
-        return {}
+    about five round trips each)."""
     folder = f"{source.job_dir}/{LOGS}"
     try:
-        return {f"{folder}/{name}": size for name, size in listing(folder).items()}
+        return {f"{folder}/{name}": size for name, size in source.shell.file_sizes(folder).items()}
     except UserError:
         return {}  # the listing is refused: each log is read (and says why)
 

@@ -35,17 +35,28 @@ Run = Callable[[Sequence[str]], tuple[int, str, str]]
 
 
 @dataclass
-class _Answers:
-    """One cluster's answers for the listing's ids: squeue's and sacct's output (None: not
-    asked yet, or the command failed: each job then asks for itself), and the ids whose
-    first question has not been answered yet."""
+class _Answer:
+    """One command's output (squeue's or sacct's) for the listing's ids on one cluster:
+    asked once (None: not yet, or it failed: each job then asks for itself), and how many
+    of the listing's directories of each id have not taken it yet."""
 
-    queue: str | None = None
-    acct: str | None = None
-    queue_asked: bool = False
-    acct_asked: bool = False
-    queue_untaken: Counter = field(default_factory=Counter)
-    acct_untaken: Counter = field(default_factory=Counter)
+    out: str | None = None
+    asked: bool = False
+    untaken: Counter = field(default_factory=Counter)
+
+    def ask(self, run: Run, commands: Callable[[], list[list[str]]], named: Counter) -> None:
+        """Run the ``commands()`` the first time only."""
+        if not self.asked:
+            self.asked = True
+            self.out = _asked(run, commands())
+            self.untaken = Counter(named if self.out is not None else {})
+
+    def take(self, job_id: str) -> str | None:
+        """The output for a directory of ``job_id``'s first question, once each."""
+        if self.untaken[job_id] <= 0:
+            return None
+        self.untaken[job_id] -= 1
+        return self.out
 
 
 @dataclass
@@ -56,7 +67,7 @@ class Listing:
 
     since: dict[str, str | None]
     named: Counter
-    answers: dict[str, _Answers] = field(default_factory=dict)
+    answers: dict[tuple[str, str], _Answer] = field(default_factory=dict)  # (where, command)
     kept: dict[object, object] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -134,46 +145,35 @@ def queue_answer(run: Run, where: str, job_id: str, argv: Callable) -> str | Non
     """squeue's output for the listing's jobs on ``where`` (``argv(ids)``: the command), for
     ``job_id``'s first question; None outside a listing, for a job not in it, for a second
     question, or where the shared command failed."""
-    answers = _answers(run, where, job_id, argv, None)
-    if answers is None or answers.queue_untaken[job_id] <= 0:
+    current = _CURRENT.get()
+    if current is None or job_id not in current.since:
         return None
-    answers.queue_untaken[job_id] -= 1
-    return answers.queue
+    answer = current.answers.setdefault((where, "squeue"), _Answer())
+    answer.ask(run, lambda: [argv(part) for part in _parts(current)], current.named)
+    return answer.take(job_id)
 
 
 def acct_answer(run: Run, where: str, job_id: str, argv: Callable) -> str | None:
     """sacct's output for the listing's jobs on ``where`` (``argv(ids, since)``), for
     ``job_id``'s first question; None as ``queue_answer``. Asked from the earliest of the
     jobs' start times: the caller keeps only the runs that ended after its own."""
-    answers = _answers(run, where, job_id, None, argv)
-    if answers is None or answers.acct_untaken[job_id] <= 0:
-        return None
-    answers.acct_untaken[job_id] -= 1
-    return answers.acct
-
-
-def _answers(run: Run, where: str, job_id: str, queue_argv, acct_argv) -> _Answers | None:
-    """The listing's answers on ``where``, asking the command ``job_id``'s question needs
-    the first time one is asked (None outside a listing or for a job not in it)."""
     current = _CURRENT.get()
     if current is None or job_id not in current.since:
         return None
-    answers = current.answers.setdefault(where, _Answers())
+
+    def commands() -> list[list[str]]:
+        starts = list(current.since.values())
+        since = None if None in starts else min(starts)  # the earliest; None: from the start
+        return [argv(part, since) for part in _parts(current)]
+
+    answer = current.answers.setdefault((where, "sacct"), _Answer())
+    answer.ask(run, commands, current.named)
+    return answer.take(job_id)
+
+
+def _parts(current: Listing) -> Iterator[str]:
+    """The listing's ids, IDS_PER_CALL to a command."""
     ids = sorted(current.since, key=int)
-    if queue_argv is not None and not answers.queue_asked:
-        answers.queue_asked = True
-        answers.queue = _asked(run, [queue_argv(part) for part in _parts(ids)])
-        answers.queue_untaken = Counter(current.named if answers.queue is not None else {})
-    if acct_argv is not None and not answers.acct_asked:
-        answers.acct_asked = True
-        starts = [current.since[i] for i in ids]
-        since = None if None in starts else min(starts)
-        answers.acct = _asked(run, [acct_argv(part, since) for part in _parts(ids)])
-        answers.acct_untaken = Counter(current.named if answers.acct is not None else {})
-    return answers
-
-
-def _parts(ids: list[str]) -> Iterator[str]:
     for start in range(0, len(ids), IDS_PER_CALL):
         yield ",".join(ids[start : start + IDS_PER_CALL])
 

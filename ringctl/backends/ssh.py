@@ -60,7 +60,7 @@ from ..jobdir import (
 from ..sbatch import path_problem
 from ..tasks.base import NamedFile
 from ..text import cut
-from ..train.checkpoint import LATEST, STEP_NAME, step_name
+from ..train.checkpoint import LATEST, STEP_NAME, checkpoint_step, step_name
 from . import listing
 from .base import JobState, JobStatus
 from .shell import READ_LIMIT
@@ -832,11 +832,9 @@ class SSHBackend(SlurmBackend):
         "no checkpoint yet" of a job that had saved."""
         steps = []
         for raw, entry in listdir_raw(self.shell.sftp, rdir):
-            name = raw.decode("utf-8", errors="replace")
-            match = STEP_NAME.fullmatch(name)
-            if match and name == step_name(int(match.group(1))):
-                if stat.S_ISDIR(entry.st_mode or 0):  # lstat's: a link is not a folder
-                    steps.append(int(match.group(1)))
+            step = checkpoint_step(raw.decode("utf-8", errors="replace"))
+            if step is not None and stat.S_ISDIR(entry.st_mode or 0):  # lstat: not a link
+                steps.append(step)
         if not steps:
             return
         name = step_name(max(steps))
@@ -860,8 +858,15 @@ def _drop_earlier_checkpoints(root: Path) -> None:
         newest = checkpoints.latest()
     except ValueError:
         return
-    for folder in checkpoints.complete():  # real folders named step-N: no link
-        if newest is not None and folder != newest.path:
+    if newest is not None:
+        _keep_only(checkpoints, newest.path.name)
+
+
+def _keep_only(checkpoints, name: str) -> None:
+    """Remove every complete checkpoint folder here but ``name`` (real folders named step-N,
+    never a link: ``CheckpointDir.complete``)."""
+    for folder in checkpoints.complete():
+        if folder.name != name:
             shutil.rmtree(folder)
 
 
@@ -876,9 +881,7 @@ def _mirror_unpointed(root: Path, fetched: str) -> None:
         os.unlink(root / LATEST)
     except FileNotFoundError:
         pass
-    for folder in CheckpointDir(root).complete():  # real folders named step-N: no link
-        if folder.name != fetched:
-            shutil.rmtree(folder)
+    _keep_only(CheckpointDir(root), fetched)
 
 
 def _move_archived(sftp, source: str, target: str) -> None:

@@ -211,14 +211,14 @@ def _compare(model, ids, pieces, dtype_name: str, world: int) -> ProbeResult:
     measured = _metric(dtype_name, got[:-1], want)
     tol = probe_tolerance(dtype_name, noise)
     kind = "max" if dtype_name in ("float32", "float64") else "mean"
-    unmeasured = "; its noise unmeasured: only one stock attention runs" if noise is None else ""
+    noise_said = "; its noise unmeasured: only one stock attention runs" if noise is None else ""
     if dtype_name == "float64" and noise is not None:
-        unmeasured = "; its noise: float32's rounding of the log-probabilities kept"
+        noise_said = "; its noise: float32's rounding of the log-probabilities kept"
     what = (
         f"model type {model_type(model.config)!r}, {n} probe tokens on {world} "
         f"rank{'s' * (world != 1)}, "
         f"{dtype_name}: {kind} |log p(ring) - log p(model's own forward)| = {measured:.3g} "
-        f"(tolerance {tol:.3g}{unmeasured})"
+        f"(tolerance {tol:.3g}{noise_said})"
     )
     error = "" if measured <= tol else f"the model does not agree with itself on the ring: {what}"
     return ProbeResult(error, f"probe: {what}", n, measured, tol)

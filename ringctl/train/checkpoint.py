@@ -59,6 +59,14 @@ def step_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
+def checkpoint_step(name: str) -> int | None:
+    """The step a checkpoint folder's name gives, in ``step_name``'s own form only (not
+    ``step-00000008`` nor a staging ``.tmp-`` name), else None."""
+    match = STEP_NAME.fullmatch(name)
+    step = int(match.group(1)) if match else None
+    return step if step is not None and name == step_name(step) else None
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A complete checkpoint folder and what rank 0 wrote beside the DCP files."""
@@ -110,8 +118,8 @@ class CheckpointDir:
         return os.path.lexists(self.root / LATEST)
 
     def read(self, name: str, *, where: str) -> Checkpoint:
-        match = STEP_NAME.fullmatch(name)
-        if match is None or name != step_name(int(match.group(1))):
+        step = checkpoint_step(name)
+        if step is None:
             raise ValueError(f"{where}: {echo(name)} is not a checkpoint name (step-NNNNNNN)")
         path = self.root / name
         if path.is_symlink() or not (path / TRAIN_STATE).is_file():
@@ -119,7 +127,7 @@ class CheckpointDir:
         if not (path / DCP_METADATA).is_file():
             raise ValueError(f"{where}: names {name}, which is missing or incomplete")
         state = read_train_state(path / TRAIN_STATE)
-        if state["step"] != int(match.group(1)):
+        if state["step"] != step:
             raise ValueError(f"{path / TRAIN_STATE}: step {state['step']} in folder {name}")
         return Checkpoint(path, state["step"], state)
 
