@@ -640,6 +640,17 @@ def reserved_env_name(name: str) -> str | None:
 PROBE_MINUTES_MAX = 24 * 60
 
 
+def probe_minutes(cfg) -> int:
+    """srun's --time for the node probe step: env.vars.RINGCTL_PROBE_MINUTES (checked at load),
+    else 5, or 20 where the step first imports a container image. Written into the script as a
+    number: read there from the environment, a submitting shell's RINGCTL_PROBE_MINUTES=0
+    (sbatch exports it) was no bound at all."""
+    given = cfg.env.vars.get("RINGCTL_PROBE_MINUTES")
+    if given is not None:
+        return int(ascii_number(str(given), 9))
+    return 20 if cfg.env.container_image else 5
+
+
 def _env_value_problem(name: str, value) -> str | None:
     """Why an env.vars value the batch script reads itself cannot be taken, or None:
     RINGCTL_PROBE_MINUTES is srun's --time for the probe step (0 would be no bound)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import jinja2
 
 from .backends import files_here
-from .config import to_plain, world_size
+from .config import probe_minutes, to_plain, world_size
 from .errors import UserError
 from .jobdir import script_names
 from .resources import template_dir as bundled_template_dir
@@ -127,4 +127,5 @@ def render_script(
         world_size=world_size(cfg),
         use_gpus=cfg.gpus_per_node > 0,
         names=script_names(),
+        probe_minutes=probe_minutes(cfg),
     )

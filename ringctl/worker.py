@@ -346,7 +346,7 @@ def apply_threads(cfg, torch) -> None:
     threads = rank_threads(
         given,
         cpus_per_task=cfg.slurm.get("cpus_per_task"),
-        node_cpus=int(on_node) if on_node.isdigit() else allowed,
+        node_cpus=ascii_number(on_node, 6) or allowed,  # "²".isdigit(), and int() refused it
         ranks_on_node=int(cfg.tasks_per_node),
     )
     if not usable(given) and plain_count(threads) and int(threads) > allowed:
@@ -356,9 +356,16 @@ def apply_threads(cfg, torch) -> None:
         torch.set_num_threads(int(threads))
 
 
+def gpu_cpus(ident: Identity) -> str:
+    """The CPU list the plan gives this rank (its GPU's CPUs), "" without one: the plan's, not
+    an inherited RINGCTL_CPU_AFFINITY (a submitting shell's value bound ranks no plan placed,
+    each counted alone)."""
+    return str((ident.plan_entry or {}).get("env", {}).get("RINGCTL_CPU_AFFINITY") or "")
+
+
 def cpu_sharers(ident: Identity) -> int:
     """How many ranks of this rank's node the plan gives its CPU list (itself among them)."""
-    mine = (ident.plan_entry or {}).get("env", {}).get("RINGCTL_CPU_AFFINITY")
+    mine = gpu_cpus(ident)
     if ident.placement is None or not mine:
         return 1
     return sum(
@@ -368,7 +375,7 @@ def cpu_sharers(ident: Identity) -> int:
     )
 
 
-def bind_to_gpu_cpus(sharers: int = 1) -> str:
+def bind_to_gpu_cpus(listed: str, sharers: int = 1) -> str:
     """Bind this rank to its GPU's CPUs (the plan's RINGCTL_CPU_AFFINITY, nvidia-smi's CPU
     Affinity), within those it may use (Slurm's cpuset), when they hold the threads of the
     ``sharers`` ranks of this node bound to the same list (GPUs of one socket share it: two
@@ -379,7 +386,6 @@ def bind_to_gpu_cpus(sharers: int = 1) -> str:
     from .threads import plain_count
     from .topology.model import cpu_set
 
-    listed = os.environ.get("RINGCTL_CPU_AFFINITY", "")
     if not listed or not hasattr(os, "sched_setaffinity"):
         return ""
     try:
@@ -416,7 +422,7 @@ def run(job_dir: Path) -> dict:
     import torch
 
     apply_threads(cfg, torch)
-    bound = bind_to_gpu_cpus(cpu_sharers(ident))
+    bound = bind_to_gpu_cpus(gpu_cpus(ident), cpu_sharers(ident))
     print(
         f"ringctl.worker: task {ident.task_index} on {ident.node} (local rank "
         f"{ident.local_rank}) -> ring rank {ident.rank} of {ident.world_size}"

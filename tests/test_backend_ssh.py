@@ -464,6 +464,41 @@ def test_fetch_without_remote_latest_brings_the_newest_published_checkpoint(
     assert CheckpointDir(job_dir / "checkpoints").latest().step == 2
 
 
+def test_fetch_of_a_latest_that_names_no_step_leaves_no_older_one_here(
+    settings, make_job_dir, tmp_path, capsys
+):
+    """(hostile-input review) The login node's checkpoints/latest holding no step name was
+    passed over without a word: the latest an earlier fetch left here named step 2, and gather
+    read it, exit 0. It comes as it is, said, and gather refuses it by name (as a resume there
+    does). A folder here in latest's place (refused by the fetch) was taken for a login node
+    with no latest: its removal raised IsADirectoryError after the files were written."""
+    from ringctl.train.checkpoint import CheckpointDir
+
+    job_dir, remote = _remote_job(settings, make_job_dir, tmp_path, "garbage-latest")
+    for name in ("step-0000002", "step-0000005"):
+        for where in (remote, job_dir) if name == "step-0000002" else (remote,):
+            (where / "checkpoints" / name).mkdir(parents=True)
+            state = {"step": int(name[5:12]), "cursor": {}, "scheduler": {}, "run": {}}
+            (where / "checkpoints" / name / "train_state.json").write_text(json.dumps(state))
+            (where / "checkpoints" / name / ".metadata").write_bytes(b"dcp")
+    (job_dir / "checkpoints" / "latest").write_text("step-0000002\n")
+    (remote / "checkpoints" / "latest").write_text("garbage\n")
+    with SSHBackend(settings) as b:
+        fetched = b.fetch(job_dir)
+    assert "checkpoints/latest" in fetched
+    assert "checkpoints/latest on the login node names no checkpoint" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="is not a checkpoint name"):
+        CheckpointDir(job_dir / "checkpoints").latest()
+    # a folder in latest's place here, latest naming step 5 there: no IsADirectoryError
+    (job_dir / "checkpoints" / "latest").unlink()
+    (job_dir / "checkpoints" / "latest").mkdir()
+    (remote / "checkpoints" / "latest").write_text("step-0000005\n")
+    with SSHBackend(settings) as b:
+        fetched = b.fetch(job_dir)
+    assert "checkpoints/step-0000005/.metadata" in fetched
+    assert "checkpoints/latest" not in fetched and (job_dir / "checkpoints" / "latest").is_dir()
+
+
 def test_fetch_skips_a_file_that_went_away_while_fetching(
     settings, make_job_dir, tmp_path, capsys, monkeypatch
 ):
@@ -476,8 +511,8 @@ def test_fetch_skips_a_file_that_went_away_while_fetching(
         (remote / "logs" / name).write_text(f"{name}\n")
     listed = SSHBackend._fetchable
 
-    def moved_meanwhile(self, rdir):
-        for rpath, rel in listed(self, rdir):
+    def moved_meanwhile(self, rdir, *rest):
+        for rpath, rel in listed(self, rdir, *rest):
             if rel == "logs/rank-0.out":
                 os.unlink(rpath)  # after the listing, before the read
             yield rpath, rel
@@ -663,8 +698,8 @@ def test_fetch_bounds_what_it_reads_and_keeps_going_past_odd_entries(
     (job_dir / "logs" / "sub").symlink_to(outside)
     listed = SSHBackend._fetchable
 
-    def swapped_meanwhile(self, rdir):
-        for rpath, rel in listed(self, rdir):
+    def swapped_meanwhile(self, rdir, *rest):
+        for rpath, rel in listed(self, rdir, *rest):
             if rel == "logs/rank-0.out":
                 os.unlink(rpath)
                 os.mkfifo(rpath)

@@ -246,10 +246,10 @@ def test_a_rank_is_bound_to_its_gpu_s_cpus_where_they_hold_its_threads(
         pytest.skip("needs two CPUs to tell a binding from none")
     code = (
         "import os; from ringctl.worker import bind_to_gpu_cpus; "
-        f"said = bind_to_gpu_cpus({sharers}); print(sorted(os.sched_getaffinity(0))); "
-        "print(said)"
+        f"said = bind_to_gpu_cpus({listed!r}, {sharers}); "
+        "print(sorted(os.sched_getaffinity(0))); print(said)"
     )
-    env = {**os.environ, "RINGCTL_CPU_AFFINITY": listed, "OMP_NUM_THREADS": threads}
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
     env.pop("PYTHONPATH", None)
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60

@@ -261,3 +261,22 @@ def test_the_ring_size_of_a_document_is_read_from_the_entries_that_are_there(tmp
     (folder / "rank-00001.json").write_text('{"world_size": 2}')
     (folder / "notes.txt").write_text("")
     assert completeness.ring_size_of(tmp_path, doc, run) == 2 and looked == [1]
+
+
+def test_an_entry_nested_too_deeply_is_a_reason_not_a_traceback(tmp_path):
+    """(hostile-input review) A rank's entry of 200,000 nested '[' raised RecursionError out of
+    the entry reader (it caught OSError and ValueError), which status, gather and a resume's
+    ranks reach first through ring_size_of: a traceback. It is read as every output JSON file
+    is (a regular file, bounded), and says why."""
+    from ringctl.longdoc.inputs.documents import doc_key
+    from ringctl.longdoc.output import completeness
+    from ringctl.longdoc.output.names import OutputPaths
+
+    doc = {"id": "a.txt", "key": doc_key("a.txt")}
+    folder = OutputPaths(tmp_path).doc_dir(doc["key"])
+    folder.mkdir(parents=True)
+    entry = folder / "rank-00000.json"
+    entry.write_text("[" * 200_000 + "]" * 200_000)
+    assert completeness.ring_size_of(tmp_path, doc, {"world_size": 4}) == 4
+    said = completeness._read_entry(entry, 0)
+    assert said[0] is None and "nested too deeply" in said[1] and str(entry) in said[1], said

@@ -320,6 +320,9 @@ def test_script_fails_clearly_without_a_required_plan(tmp_path):
     job_dir = _job_dir(tmp_path, ["ring.placement=required"])
     env = _fake_slurm(tmp_path)
     env["FAKE_FAIL"] = "topo probe"
+    # (hostile-input review) a submitting shell's RINGCTL_PROBE_MINUTES reached the script
+    # (sbatch exports the environment) unchecked: 0 made the probe step unbounded
+    env["RINGCTL_PROBE_MINUTES"] = "0"
     proc = _run_script(job_dir, env, timeout=60)
     assert proc.returncode == 1
     assert (
@@ -343,7 +346,9 @@ def test_a_64_node_job_s_script_bounds_its_probe_and_asks_what_slurm_does_not_pa
     shape = ["nodes=64", "gpus_per_node=8", "tasks_per_node=8"]
     script = render_script(load_job("jobs/attention.yaml", [*shape, "slurm.cpus_per_task=16"]))
     assert '--time="$PROBE_MINUTES" --output=logs/probe-%n.out' in script
-    assert 'PROBE_MINUTES="${RINGCTL_PROBE_MINUTES:-5}"' in script
+    assert "\nPROBE_MINUTES=5\n" in script
+    given = load_job("jobs/attention.yaml", [*shape, "env.vars.RINGCTL_PROBE_MINUTES=12"])
+    assert "\nPROBE_MINUTES=12\n" in render_script(given)
     assert "export SRUN_CPUS_PER_TASK=16\n" in script
     assert "#SBATCH --exclusive\n#SBATCH --mem=0\n" in script  # attention.yaml: exclusive
     given = render_script(load_job("jobs/attention.yaml", [*shape, "slurm.mem=200G"]))
@@ -357,7 +362,7 @@ def test_a_64_node_job_s_script_bounds_its_probe_and_asks_what_slurm_does_not_pa
         assert f"#SBATCH {option}\n" in extra and "--mem=0" not in extra, option
     image = ["env.container_image=nvcr.io#nvidia/pytorch:24.05-py3"]
     boxed = render_script(load_job("jobs/attention.yaml", [*shape, *image]))
-    assert 'PROBE_MINUTES="${RINGCTL_PROBE_MINUTES:-20}"' in boxed  # an image to import first
+    assert "\nPROBE_MINUTES=20\n" in boxed  # an image to import first
     plain = render_script(load_job("jobs/smoke.yaml", [*shape, "task.seq_len=1024"]))
     assert "SRUN_CPUS_PER_TASK" not in plain and "--mem" not in plain
 

@@ -169,6 +169,24 @@ def test_a_hostile_start_time_beside_the_same_job_leaves_both_rows_as_alone(
         assert "TypeError" not in json.dumps(alone)
 
 
+def test_a_job_id_longer_than_slurm_s_leaves_the_other_rows_as_alone(listed_jobs, tmp_path):
+    """(hostile-input review) A job.json whose job_id is 5,000 digits beside a real job: the
+    listing's shared squeue sorted the ids as numbers, which Python refuses past 4,300 digits,
+    and every Slurm row of the listing was UNKNOWN with a ValueError for its reason. Slurm's
+    ids are 32-bit: at most 10 digits are an id; the copy's own row names its job.json."""
+    import shutil
+
+    copy = tmp_path / "long-id"
+    shutil.copytree(listed_jobs[0], copy, symlinks=True)
+    meta = json.loads((copy / "job.json").read_text())
+    meta["job_id"] = "9" * 5000
+    (copy / "job.json").write_text(json.dumps(meta))
+    alone = _status(listed_jobs[0])
+    rows = _status(listed_jobs[0], copy)
+    assert rows[0] == alone[0] and alone[0]["state"] == "COMPLETED"
+    assert "ValueError" not in json.dumps(rows) and "job.json" in rows[1]["reason"]
+
+
 def test_a_dropped_connection_is_made_again_for_the_next_job(ssh_login):
     """(second reading) The listing handed out its kept connection without asking whether
     it stood: a login node that dropped it (an sshd restart, an idle timeout) failed every

@@ -61,6 +61,11 @@ def test_long_interleaved_cpu_affinity_is_kept_and_the_plan_loads(tmp_path, caps
         ("RINGCTL_CPU_AFFINITY", EVEN + ",x"),  # long, not a CPU list
         ("RINGCTL_CPU_AFFINITY", "0-3;" + EVEN),
         ("CUDA_DEVICE_ORDER", EVEN),  # a long CPU list, in another variable
+        # (hostile-input review) CPUs Linux cannot have, a range backwards, and 8,191 ranges
+        # of 0-99999 (within the length bound: ~34 s of CPU a rank to read as a set)
+        ("RINGCTL_CPU_AFFINITY", "0-99999"),
+        ("RINGCTL_CPU_AFFINITY", "5-3"),
+        ("RINGCTL_CPU_AFFINITY", ",".join(["0-99999"] * 8191)),
     ):
         data = json.loads(written)
         data["ring"][1]["env"][name] = value

@@ -345,3 +345,18 @@ def test_the_warning_signal_slurm_signal_names_checkpoints_and_stops(tmp_path, c
     assert main(["render", "jobs/train.yaml", "backend=slurm", "slurm.signal=URG@120"]) == 2
     err = capsys.readouterr().err
     assert "slurm.signal" in err and "do not take SIGURG as a warning" in err
+
+
+def test_an_inherited_cpu_list_does_not_bind_ranks_no_plan_placed(tmp_path, capsys, monkeypatch):
+    """(hostile-input review) The worker bound each rank to $RINGCTL_CPU_AFFINITY whatever set
+    it: a value the submitting shell held (sbatch and the local backend pass the environment
+    on) bound ranks no plan placed, each counted alone (four ranks on CPU 0 here). Only the
+    plan's list for the rank binds it."""
+    monkeypatch.setenv("RINGCTL_CPU_AFFINITY", "0")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread a rank: CPU 0 holds each alone
+    code, out, err, job_dir = run_job(tmp_path, capsys)
+    assert code == 0, out + err
+    for rank in range(4):
+        start = (job_dir / "logs" / f"rank-{rank}.out").read_text()
+        line = next(x for x in start.splitlines() if "-> ring rank" in x)
+        assert "bound" not in line, line

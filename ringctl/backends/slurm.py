@@ -12,7 +12,6 @@ is also where `srun` reports a task that failed). The ranks write `logs/rank-<R>
 
 from __future__ import annotations
 
-import re
 import shlex
 import socket
 import time
@@ -193,7 +192,7 @@ class SlurmBackend(Backend):
         except UserError:
             return None
         text = out.strip()
-        return text if rc == 0 and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", text) else None
+        return text if rc == 0 and ss.is_clock(text) else None
 
     def status(self, job_dir: Path) -> JobStatus:
         job_id = self._job_id(job_dir)

@@ -96,7 +96,10 @@ def parse_exit_code(text: str) -> tuple[int | None, int | None]:
 SQUEUE_FIELDS = ("JobID", "State", "Reason", "TimeUsed", "RestartCnt")
 
 
-SLURM_JOB_ID = re.compile(r"[0-9]+")  # what sbatch --parsable prints first (ASCII digits)
+# What sbatch --parsable prints first: ASCII digits, at most 10 (Slurm's job ids are 32-bit).
+# Unbounded, one job.json holding 5,000 digits failed every job's row of a shared listing
+# (int() refuses over 4,300 digits) and a few such ids passed the argument limit.
+SLURM_JOB_ID = re.compile(r"[0-9]{1,10}")
 
 
 def squeue_argv(job_id: str) -> list[str]:

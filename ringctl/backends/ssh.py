@@ -59,7 +59,7 @@ from ..jobdir import (
 )
 from ..sbatch import path_problem
 from ..tasks.base import NamedFile
-from ..text import cut
+from ..text import cut, echo
 from ..train.checkpoint import LATEST, STEP_NAME, checkpoint_step, step_name
 from . import listing
 from .base import JobState, JobStatus
@@ -771,8 +771,9 @@ class SSHBackend(SlurmBackend):
         job = JobDir(Path(job_dir).resolve())
         remote = self.cluster_dir(job.path)
         fetched: list[str] = []
+        unpointed: list[str] = []  # the folder brought where the login node has no latest
         try:
-            for rpath, rel in self._fetchable(remote):
+            for rpath, rel in self._fetchable(remote, unpointed):
                 if fetch_one(self.shell.sftp, rpath, job.path, rel):
                     fetched.append(rel)
         except SFTP_ERRORS as err:
@@ -781,17 +782,19 @@ class SSHBackend(SlurmBackend):
         gone = None if fetched else self.gone(job.path)
         if gone:
             raise RemoteGone(f"{gone}: nothing was fetched (the copy here is the last fetch's)")
-        if f"{CHECKPOINTS}/{LATEST}" in fetched:
+        # By what the login node holds, not by what came: a latest refused here (a folder in
+        # its place) was taken for none there, and the local copy's latest removed as one.
+        if unpointed:
+            if any(r.startswith(f"{CHECKPOINTS}/{unpointed[0]}/") for r in fetched):
+                _mirror_unpointed(job.checkpoints, unpointed[0])
+        elif f"{CHECKPOINTS}/{LATEST}" in fetched:
             _drop_earlier_checkpoints(job.checkpoints)
-        else:
-            folders = {r.split("/")[1] for r in fetched if r.startswith(f"{CHECKPOINTS}/")}
-            if folders:  # the newest published folder, with no latest there
-                _mirror_unpointed(job.checkpoints, folders.pop())
         job.update_meta(fetched_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
         return fetched
 
-    def _fetchable(self, remote: str) -> Iterator[tuple[str, str]]:
-        """(remote path, relative local path) of the regular files that may come back."""
+    def _fetchable(self, remote: str, unpointed: list[str]) -> Iterator[tuple[str, str]]:
+        """(remote path, relative local path) of the regular files that may come back; the
+        checkpoint folder taken where the login node has no ``latest`` is put in ``unpointed``."""
         sftp = self.shell.sftp  # the outputs, logs, probes and earlier attempts' logs (those
         # a Slurm requeue kept exist only on the login node), then placement.json
         for top in FETCHED_DIRS:
@@ -799,33 +802,40 @@ class SSHBackend(SlurmBackend):
             if not _top_entry_is(sftp, rdir, stat.S_ISDIR, f"{top}/", "a directory"):
                 continue
             if top == CHECKPOINTS:
-                yield from self._newest_checkpoint(rdir)
+                yield from self._newest_checkpoint(rdir, unpointed)
             else:
                 yield from _walk_remote(sftp, rdir, top)
         rpath = posixpath.join(remote, PLACEMENT)
         if _top_entry_is(sftp, rpath, stat.S_ISREG, PLACEMENT, "a regular file"):
             yield rpath, PLACEMENT
 
-    def _newest_checkpoint(self, rdir: str) -> Iterator[tuple[str, str]]:
+    def _newest_checkpoint(self, rdir: str, unpointed: list[str]) -> Iterator[tuple[str, str]]:
         """Of checkpoints/: the folder ``latest`` names, then ``latest`` itself, last (it
         names a folder already here). Every folder ever fetched came back before (the job
         prunes them; one pruned mid-copy arrived half, the staging folders too), and
         ``latest``, fetched first, could name a folder published after the listing: a
-        gather --partial of a running job failed, or read a half folder."""
+        gather --partial of a running job failed, or read a half folder. A ``latest`` that
+        names no step comes as it is: gather refuses it by name, as a resume there does (it
+        was left out, and gather read the older step an earlier fetch's ``latest`` named)."""
         latest = posixpath.join(rdir, LATEST)
         raw = self.shell.read_from(latest, 0, limit=64)
         if raw is None:  # lost, or a kill between a folder's publish and latest's write
-            yield from self._unpointed_checkpoint(rdir)
+            yield from self._unpointed_checkpoint(rdir, unpointed)
             return
         name = raw.decode("utf-8", errors="replace").strip()
         if not STEP_NAME.fullmatch(name):
-            return  # not a name (gather says so of the local copy)
+            _warn(
+                f"{CHECKPOINTS}/{LATEST} on the login node names no checkpoint "
+                f"({echo(name)}): copied as it is (gather and a resume refuse it)"
+            )
+            yield latest, f"{CHECKPOINTS}/{LATEST}"
+            return
         yield from _walk_remote(
             self.shell.sftp, posixpath.join(rdir, name), f"{CHECKPOINTS}/{name}"
         )
         yield latest, f"{CHECKPOINTS}/{LATEST}"
 
-    def _unpointed_checkpoint(self, rdir: str) -> Iterator[tuple[str, str]]:
+    def _unpointed_checkpoint(self, rdir: str, unpointed: list[str]) -> Iterator[tuple[str, str]]:
         """With no ``latest`` on the login node, its newest published folder (a real folder
         named step-N, never a staging one), as a resume there takes it
         (``CheckpointDir.unpointed``): none came back before, and gather --partial said
@@ -838,6 +848,7 @@ class SSHBackend(SlurmBackend):
         if not steps:
             return
         name = step_name(max(steps))
+        unpointed.append(name)
         _warn(
             f"{CHECKPOINTS}/{LATEST} is missing on the login node: fetching its newest "
             f"published folder, {name}"

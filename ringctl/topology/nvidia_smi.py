@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 from ..text import cut, echo
 from .links import is_link_token, normalise_token, nvlink_problem
-from .model import CPU_LIST, MAX_CPU_LIST_CHARS, NIC_NAME, Gpu
+from .model import MAX_CPU_LIST_CHARS, NIC_NAME, Gpu, is_cpu_list
 
 __all__ = ["SmiTopology", "parse_nvidia_smi"]
 
@@ -63,7 +63,7 @@ def _check_info(value: str, column: str, where: str) -> None:
         return
     if len(value) > MAX_CPU_LIST_CHARS:
         raise UserError(f"{where}: {column} longer than {MAX_CPU_LIST_CHARS} characters")
-    if not CPU_LIST.fullmatch(value):
+    if not is_cpu_list(value):
         raise UserError(
             f"{where}: expected a {column} such as 0-15,32-47 or N/A, found {echo(value)} "
             "(a row longer than the header: columns cut or wrapped?)"

@@ -66,7 +66,7 @@ from typing import Any
 from ..bounded_read import read_regular
 from ..errors import UserError, naming
 from ..jsonsafe import whole_number
-from .model import CPU_LIST, MAX_CPU_LIST_CHARS
+from .model import is_cpu_list
 from .nodes import NODE_NAME
 
 __all__ = [
@@ -354,18 +354,12 @@ MAX_GPU_INDEX = 4096
 
 def _plain_env_value(name: str, value: object) -> bool:
     """A value a worker may apply: plain characters up to 256, or for RINGCTL_CPU_AFFINITY
-    also a longer CPU list (digits, ',' and '-' only, up to MAX_CPU_LIST_CHARS). nvidia-smi
+    a CPU list ``cpu_set`` takes (CPUs below 8,192, ranges forward, possibly longer). nvidia-smi
     prints a dual-socket host's interleaved CPUs one by one (0,2,4,...: 392 characters for 112
     CPUs); kept, not dropped, so a worker can still bind its rank to the GPU's CPUs."""
-    if not isinstance(value, str):
-        return False
-    if _ENV_VALUE.fullmatch(value):
-        return True
-    return (
-        name == "RINGCTL_CPU_AFFINITY"
-        and len(value) <= MAX_CPU_LIST_CHARS
-        and CPU_LIST.fullmatch(value) is not None
-    )
+    if name == "RINGCTL_CPU_AFFINITY":
+        return is_cpu_list(value)
+    return isinstance(value, str) and _ENV_VALUE.fullmatch(value) is not None
 
 
 def _check_entry(entry: RankEntry, where: str) -> None:

@@ -27,7 +27,6 @@ also rewrite an entry's checksum (see the README).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +37,14 @@ import torch
 
 from ...output_dir import confined
 from ...text import cut
-from .manifest import MAX_WORLD_SIZE, doc_problems, is_int, run_fingerprint, run_problems
+from .manifest import (
+    MAX_WORLD_SIZE,
+    doc_problems,
+    is_int,
+    read_json_object,
+    run_fingerprint,
+    run_problems,
+)
 from .names import ENTRY_NAME, OutputPaths
 from .store import dtype_name, expand_ranges, sha256_bytes, sha256_file
 
@@ -75,15 +81,11 @@ def ranges_text(idx: list[int], limit: int = 6) -> str:
 
 
 def _read_entry(entry_path: Path, rank: int) -> tuple[dict | None, str]:
-    try:
-        if not entry_path.is_file():
-            return None, f"rank {rank}'s manifest entry {entry_path} is missing"
-        entry = json.loads(entry_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        return None, f"{entry_path} is unreadable or corrupt ({err})"
-    if not isinstance(entry, dict):
-        return None, f"{entry_path} is corrupt (not a JSON object)"
-    return entry, ""
+    """A rank's entry, read as every output JSON file is (a regular file, bounded; nesting
+    too deep is a reason, not a RecursionError traceback at status and gather)."""
+    if not os.path.lexists(entry_path):
+        return None, f"rank {rank}'s manifest entry {entry_path} is missing"
+    return read_json_object(entry_path)
 
 
 def _read_data(
