@@ -31,6 +31,7 @@ from typing import Protocol
 import torch
 
 from .geometry import BANDED_MAX_SCORES, band_chunks, banded_rows
+from .switches import KERNEL, choice
 
 Tensor = torch.Tensor
 
@@ -430,7 +431,7 @@ class BandedKernel:
     def _fused(self, q: Tensor) -> bool:
         if self.fused is not None:
             return self.fused
-        if os.environ.get("RINGATTN_KERNEL", "").strip().lower() == "chunked":
+        if choice(KERNEL, os.environ.get(KERNEL)) == "chunked":
             return False
         return q.device.type == "cpu" and hasattr(
             torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward"
@@ -604,12 +605,8 @@ def select_kernel(q: Tensor) -> BlockKernel:
     else torch's fused kernels (fp16/bf16/fp32, head_dim a multiple of 8), else chunked
     matmuls. CPU: torch's fused CPU kernel.
     """
-    forced = os.environ.get("RINGATTN_KERNEL", "").strip().lower()
+    forced = choice(KERNEL, os.environ.get(KERNEL))
     if forced:
-        if forced not in _FORCED:
-            raise ValueError(
-                f"RINGATTN_KERNEL={forced!r}: expected one of {', '.join(sorted(_FORCED))}"
-            )
         return _FORCED[forced]()
     if q.is_cuda:
         if _flash_attn_takes(q) and _flash_attn_available() and not _cudnn_beats_flash_attn(q):

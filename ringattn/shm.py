@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from .comm import STATS, RingComm
+from .switches import TRANSPORT, choice
 
 PREFIX = "ringattn-shm"
 
@@ -365,16 +366,13 @@ class RingShm(RingComm):
 # barrier's) must take the GIL to free its tensors and is killed inside a C++ destructor:
 # "terminate called without an active exception".
 _BY_GROUP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-TRANSPORTS = ("auto", "gloo", "shm")
 
 
 def ring_transport(group: dist.ProcessGroup | None) -> RingComm:
     """The ring of ``group``'s processes: through shared memory where its ranks share a host
     and it runs on gloo (``RINGATTN_TRANSPORT``: see the module docstring), else
     ``RingComm``'s point-to-point."""
-    mode = os.environ.get("RINGATTN_TRANSPORT", "auto").strip().lower() or "auto"
-    if mode not in TRANSPORTS:
-        raise ValueError(f"RINGATTN_TRANSPORT={mode!r}: expected one of {', '.join(TRANSPORTS)}")
+    mode = choice(TRANSPORT, os.environ.get(TRANSPORT))
     if mode != "gloo" and dist.get_world_size(group) > 1 and dist.get_backend(group) == "gloo":
         ring = RingShm.for_group(group, required=mode == "shm")
         if ring is not None:

@@ -30,7 +30,8 @@ VERB_MODULES = [
 # What `ringctl --help` says of exit statuses: each is what `_run` and `main` return (a verb may
 # add its own, e.g. gather's 3; its --help says so).
 EPILOG = """\
-Run `ringctl VERB --help` for the options of each verb.
+Run `ringctl VERB --help` for the options of each verb. A first job: `ringctl run smoke`
+(4 processes on this machine, seconds); `ringctl example` lists the bundled jobs.
 
 exit status:
   0    done (`run`: the job COMPLETED)

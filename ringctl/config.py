@@ -28,6 +28,8 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
+from ringattn import switches
+
 from . import job_yaml, sbatch
 from .backends import BACKENDS, config_sections
 from .errors import UserError
@@ -161,6 +163,12 @@ def _describe(err: OmegaConfBaseException, schema: DictConfig | None = None) -> 
         except OmegaConfBaseException:
             meant = None
         return f"unknown key {key}" + (f" (did you mean {meant}?)" if meant else "")
+    if msg.startswith("Merge error:") and " is not a subclass of " in msg:  # task=5
+        section = f"{key}: " if key else ""  # OmegaConf names none for a merge
+        return (
+            f"{section}gives a value to a section of keys: give its keys one by one "
+            "(SECTION.KEY=VALUE)"
+        )
     return f"{key}: {msg}" if key else msg
 
 
@@ -289,6 +297,8 @@ def _override(item: str) -> DictConfig:
     if not sep or not key:
         raise UserError(f"override {item!r} is not of the form key=value (e.g. nodes=4)")
     source = f"override {item!r}"
+    if "" in key.split("."):  # OmegaConf read ring..size as ring: "unknown key ring"
+        raise UserError(f"{source}: {key} is not a key (a name is empty between its dots)")
     value = job_yaml.load_text(text, source, what="not a valid value")
     layer = OmegaConf.create()
     try:
@@ -345,7 +355,7 @@ def _build(layers: list[tuple[str, DictConfig]]) -> DictConfig:
     cfg, prepared, unresolved = _merged(layers)
     _check_typed_given(cfg, prepared, unresolved)
     _check_text_given_as_text(cfg, prepared)
-    _check(cfg, lambda key: _source_of(prepared, key))
+    _check(cfg, lambda key, *also: _source_of(prepared, key, *also))
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
@@ -562,11 +572,18 @@ def _shape_error(cfg: DictConfig, layer: DictConfig) -> str | None:
 _PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
-def _source_of(layers: list[tuple[str, DictConfig]], key: str) -> str:
-    """The file or override that set `key` last (the first file when none did: a default)."""
+def _source_of(layers: list[tuple[str, DictConfig]], key: str, *also: str) -> str:
+    """The file or override that set `key` last (the first file when none did: a default);
+    with ``also``, the keys a check read beside it, the latest of their sources: `nodes=3`
+    typed on the command line, not the bundled file's task.seq_len it cannot split."""
+    return layers[max(_layer_of(layers, k) for k in (key, *also))][0]
+
+
+def _layer_of(layers: list[tuple[str, DictConfig]], key: str) -> int:
+    """The index of the last layer that sets `key` (0 when none does)."""
     parts = [(m.group(1), m.group(2)) for m in _PATH_PART.finditer(key)]
-    for source, layer in reversed(layers):
-        node: Any = _plain(layer)
+    for at in range(len(layers) - 1, -1, -1):
+        node: Any = _plain(layers[at][1])
         for name, index in parts:
             if name is not None and isinstance(node, dict) and name in node:
                 node = node[name]
@@ -576,8 +593,8 @@ def _source_of(layers: list[tuple[str, DictConfig]], key: str) -> str:
                 break
         else:
             if parts:
-                return source
-    return layers[0][0]
+                return at
+    return 0
 
 
 _ONE_LINE = re.compile(r"[^\n\r\x00]*")
@@ -652,8 +669,15 @@ def probe_minutes(cfg) -> int:
 
 
 def _env_value_problem(name: str, value) -> str | None:
-    """Why an env.vars value the batch script reads itself cannot be taken, or None:
-    RINGCTL_PROBE_MINUTES is srun's --time for the probe step (0 would be no bound)."""
+    """Why an env.vars value that ringctl or the engine reads cannot be taken, or None:
+    RINGCTL_PROBE_MINUTES is srun's --time for the probe step (0 would be no bound); the
+    engine's switches (RINGATTN_KERNEL, RINGATTN_TRANSPORT) take their named values only."""
+    if name in switches.CHOICES:
+        try:
+            switches.choice(name, str(value))
+        except ValueError:
+            return f"must be one of {', '.join(switches.CHOICES[name])}, got {value!r}"
+        return None
     if name != "RINGCTL_PROBE_MINUTES":
         return None
     minutes = ascii_number(str(value), 9)
@@ -664,10 +688,11 @@ def _env_value_problem(name: str, value) -> str | None:
 
 def _check(cfg: DictConfig, source_of) -> None:
     """Checks a type cannot express; nothing past here should fail for a reason in the config.
-    `source_of(key)` names the file or override the value came from."""
+    `source_of(key, *also)` names the file or override the value came from (the latest of
+    theirs where a check reads other keys beside it: ``bad(key, why, *also)``)."""
 
-    def bad(key: str, why: str) -> UserError:
-        return UserError(f"{source_of(key)}: {key}: {why}")
+    def bad(key: str, why: str, *also: str) -> UserError:
+        return UserError(f"{source_of(key, *also)}: {key}: {why}")
 
     # Values that reach a batch script: one line each, or the line structure breaks.
     for key, value in _leaves(OmegaConf.to_container(cfg, enum_to_str=True)):

@@ -8,6 +8,7 @@ run with PYTHONPATH (where the checkout's folders are used directly).
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from pathlib import Path
 
@@ -71,6 +72,10 @@ def find_job(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
+    if path.is_dir() and (path / "config.yaml").is_file():  # a job directory
+        raise UserError(
+            f"{path} is a job directory, not a job file: ringctl status/logs/resume {path}"
+        )
     if path.exists():
         raise UserError(f"job file {path} is not a file")
     jobs = bundled_jobs()
@@ -78,4 +83,6 @@ def find_job(name_or_path: str | Path) -> Path:
     if len(path.parts) == 1 and stem in jobs:
         return jobs[stem]
     known = ", ".join(jobs) or "none"
-    raise UserError(f"job file {path} not found (bundled jobs, usable by name: {known})")
+    close = difflib.get_close_matches(stem, list(jobs), n=1) if len(path.parts) == 1 else []
+    meant = f"did you mean {close[0]}? " if close else ""
+    raise UserError(f"job file {path} not found ({meant}bundled jobs, usable by name: {known})")

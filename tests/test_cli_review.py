@@ -301,6 +301,16 @@ def test_status_of_a_missing_root_names_it_in_every_form(tmp_path: Path, capsys)
         assert f"--root {missing}: no such directory" in capsys.readouterr().err
 
 
+def test_a_first_status_with_no_runs_folder_says_no_job_yet(tmp_path: Path, capsys, monkeypatch):
+    """(newcomer review) `ringctl status` before any job said "--root runs: no such
+    directory", naming a flag the user never typed, as if something were broken."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert "no jobs yet here: no runs/ folder (`ringctl run smoke` makes one" in err, err
+    assert "--root" not in err and err.count("\n") == 1
+
+
 def test_status_of_a_job_file_without_jobs_exits_1_as_every_form(tmp_path: Path, capsys):
     """`ringctl --help` says exit 1 for "no job found" in every form of status; `status
     smoke` (a job file none of whose jobs exist) exited 2, the code of a usage error."""
@@ -376,3 +386,16 @@ def test_a_damaged_state_beside_a_live_supervisor_is_still_followed(tmp_path: Pa
         proc.kill()
         proc.wait()
     assert local.LocalBackend().is_finished(job)
+
+
+def test_a_misspelled_job_name_or_a_job_directory_given_as_a_job_is_named(tmp_path, capsys):
+    """(newcomer review) `ringctl run smoek` listed the bundled jobs but suggested none, as a
+    misspelled key is; `ringctl run runs/JOB` (a job directory) said "is not a file"."""
+    assert main(["run", "smoek", f"output_dir={tmp_path}"]) == 2
+    assert "job file smoek not found (did you mean smoke? bundled jobs" in capsys.readouterr().err
+    job_dir = tmp_path / "smoke-1"
+    job_dir.mkdir()
+    (job_dir / "config.yaml").write_text("name: smoke\n")
+    assert main(["run", str(job_dir)]) == 2
+    said = capsys.readouterr().err
+    assert f"{job_dir} is a job directory, not a job file: ringctl status/logs/resume" in said

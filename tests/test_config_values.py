@@ -156,3 +156,47 @@ def test_the_probe_s_minutes_and_srun_s_cpus_are_refused_where_the_script_cannot
             load_job(SMOKE, [f"env.vars.RINGCTL_PROBE_MINUTES={bad}"])
     with pytest.raises(UserError, match="SRUN_CPUS_PER_TASK: is what the batch script exports"):
         load_job(SMOKE, ["env.vars.SRUN_CPUS_PER_TASK=4"])
+
+
+def test_the_engine_s_switches_are_checked_before_anything_is_written(
+    tmp_path, capsys, monkeypatch
+):
+    """(newcomer review) env.vars.RINGATTN_KERNEL=flsh passed submit (only 'flash' was looked
+    at, for its package): every rank of the job then failed with a traceback, after the queue
+    wait on Slurm. The engine's switches are read by one rule (ringattn.switches), at load
+    for env.vars and at submit for the shell's value the ranks inherit; nothing is written."""
+    from ringattn import kernels, switches
+
+    assert tuple(sorted(kernels._FORCED)) == switches.CHOICES[switches.KERNEL]
+    for name, bad in (("RINGATTN_KERNEL", "flsh"), ("RINGATTN_TRANSPORT", "tcp")):
+        with pytest.raises(UserError, match=rf"env.vars.{name}: must be one of .*'{bad}'"):
+            load_job(SMOKE, [f"env.vars.{name}={bad}"])
+    assert load_job(SMOKE, ["env.vars.RINGATTN_KERNEL=Chunked"])  # as the engine reads it
+    monkeypatch.setenv("RINGATTN_KERNEL", "flsh")
+    assert main(["run", str(SMOKE), f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "this shell's environment: RINGATTN_KERNEL='flsh': expected one of" in err, err
+    assert err.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+def test_a_refusal_names_what_the_user_typed(tmp_path):
+    """(newcomer review) `nodes=3` made the bundled file's task.seq_len unsplittable and the
+    error named the bundled file (a site-packages path after a wheel install), not the
+    override; `task=5` said OmegaConf's "Merge error: int is not a subclass of Params";
+    `ring..size=2` said "unknown key ring (did you mean ring?)"."""
+    said = {}
+    for item in ("nodes=3", "task=5", "ring..size=2"):
+        with pytest.raises(UserError) as err:
+            load_job(SMOKE, [item])
+        said[item] = str(err.value)
+    assert said["nodes=3"].startswith("override 'nodes=3': task.seq_len: 256 cannot be split")
+    assert said["task=5"] == (
+        "override 'task=5': gives a value to a section of keys: give its keys one by one "
+        "(SECTION.KEY=VALUE)"
+    )
+    assert said["ring..size=2"] == (
+        "override 'ring..size=2': ring..size is not a key (a name is empty between its dots)"
+    )
+    # a file's own value it cannot split is still the file's
+    with pytest.raises(UserError, match=r"override 'task.seq_len=100': task.seq_len: 100"):
+        load_job(SMOKE, ["task.seq_len=100"])

@@ -119,7 +119,7 @@ def test_the_scored_bytes_are_counted_by_hand(tmp_path, cache):
     assert bytes_tok.scored("é the".encode())[1] == 6 - 1  # the byte tokenizer: N - 1
 
 
-def test_a_conversion_is_made_once_and_found_by_content(tiny, tmp_path):
+def test_a_conversion_is_made_once_and_found_by_content(tiny, tmp_path, capsys):
     entry = converted(tiny)
     made = (entry / "model.safetensors").stat().st_mtime_ns
     assert converted(tiny) == entry and (entry / "model.safetensors").stat().st_mtime_ns == made
@@ -129,7 +129,12 @@ def test_a_conversion_is_made_once_and_found_by_content(tiny, tmp_path):
     copy.write_bytes(tiny.read_bytes())
     assert converted(copy) == entry
     other = write_tiny_gguf(tmp_path / "other.gguf", seed=1, context=CONTEXT)
+    capsys.readouterr()
     assert converted(other) != entry  # other bytes: another entry
+    # (newcomer review) a conversion is said, once, before transformers' progress bars:
+    # `ringctl plan` of the main job spent seconds and 517 MB of cache without a word
+    assert capsys.readouterr().err.count("other.gguf into the GGUF cache") == 1
+    assert converted(other) and "GGUF cache" not in capsys.readouterr().err  # found: silent
     assert entry.parent == cache_root().resolve()
 
 

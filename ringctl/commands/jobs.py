@@ -22,10 +22,12 @@ Submitting and resuming (the checks, the sizing, the job directory) live in
 
 from __future__ import annotations
 
+import argparse
 import json
 import posixpath
 import shlex
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -148,9 +150,9 @@ def _status_targets(args) -> list[Path]:
     elif targets:
         dirs = [Path(t) for t in targets]
     else:
-        dirs = [j.path for j in JobDir.find(Path(args.root))]
+        dirs = [j.path for j in JobDir.find(Path(args.root or DEFAULT_ROOT))]
         if not dirs:
-            raise NoJobs(_no_jobs_line(Path(args.root)))
+            raise NoJobs(_no_jobs_line(args.root))
     return dirs[-1:] if args.latest else dirs
 
 
@@ -173,7 +175,18 @@ class NoJobs(UserError):
     exit_code = 1
 
 
-def _no_jobs_line(root: Path) -> str:
+DEFAULT_ROOT = "runs"  # output_dir's default: where jobs go, relative to where ringctl runs
+
+
+def _no_jobs_line(given: str | None) -> str:
+    """Why `status` lists nothing: the --root the user gave, or the default's absence named as
+    no job yet (a newcomer's first `status` named a --root never typed)."""
+    root = Path(given or DEFAULT_ROOT)
+    if given is None and not root.is_dir():
+        return (
+            f"no jobs yet here: no {root}/ folder (`ringctl run smoke` makes one; or give a "
+            "job directory: ringctl status JOBDIR)"
+        )
     where = f"no jobs under {root}/" if root.is_dir() else f"--root {root}: no such directory"
     return f"{where} (give a job directory: ringctl status JOBDIR)"
 
@@ -530,6 +543,19 @@ def add_rank(p, help_: str):
     return p.add_argument("--rank", type=int, default=None, metavar="R", help=help_)
 
 
+# Where a job runs is one key of its config: every verb that takes a job says so.
+WHERE_EPILOG = """\
+where a job runs (the key backend):
+  ringctl run smoke                              this machine: 4 processes (backend=local)
+  ringctl submit smoke backend=slurm slurm.partition=gpu nodes=4
+                                                 the Slurm cluster this machine submits to
+  ringctl submit smoke backend=ssh ssh.host=login1
+                                                 a Slurm cluster through its login node (SSH)
+  ringctl render smoke backend=slurm             print the batch script, submit nothing
+then: ringctl status (the jobs under runs/), ringctl logs -f JOBDIR, ringctl gather JOBDIR;
+copy a bundled job to edit: ringctl example smoke DIR"""
+
+
 def register(subparsers) -> None:
     """Add the job verbs to ringctl's sub-parsers (in the order `ringctl --help` lists them)."""
     _register_job_file_verbs(subparsers)
@@ -547,7 +573,13 @@ def _register_job_file_verbs(subparsers) -> None:
     )
 
     def job_parser(name: str, help_: str, func, more: str = ""):
-        p = subparsers.add_parser(name, help=help_, description=help_ + more)
+        p = subparsers.add_parser(
+            name,
+            help=help_,
+            description=textwrap.fill(help_ + more, 79),  # the epilog's lines kept as written
+            epilog=WHERE_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument(
             "job",
             metavar="JOB",
@@ -590,7 +622,7 @@ def _register_status(subparsers) -> None:
         metavar="JOBDIR | JOB [KEY=VALUE ...]",
         help="job directories, or a job file (+ overrides) for the directories of that job",
     )
-    p.add_argument("--root", default="runs", help="where to look without JOBDIR (default: runs)")
+    p.add_argument("--root", default=None, help="where to look without JOBDIR (default: runs)")
     p.add_argument("--latest", action="store_true", help="only the most recent job")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--dir-only", action="store_true", help="print the job directories only")

@@ -421,6 +421,7 @@ class AttentionTask(Task):
                 f"{t.seq_len} cannot be split over {world} ranks ({cfg.nodes} nodes x "
                 f"{cfg.tasks_per_node}) in the {layout} layout: it must be a multiple of {multiple}"
                 f" (e.g. {padded})",
+                *("nodes", "tasks_per_node", "ring.layout", "ring.ulysses"),
             )
 
     @staticmethod

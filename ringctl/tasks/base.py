@@ -20,8 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ringattn import switches
+
+from ..errors import UserError
+
 # Forcing RINGATTN_KERNEL=flash (env.vars or the submitting shell) needs flash-attn on the ranks.
 KERNEL_PACKAGES = {"flash": ("flash_attn", "pip install 'ringctl[flash]' (CUDA only)")}
+
+
+def _inherited_kernel() -> str:
+    """RINGATTN_KERNEL as this shell holds it (the ranks of a local or Slurm job inherit it),
+    refused by name where the engine would refuse it on every rank."""
+    try:
+        return switches.choice(switches.KERNEL, os.environ.get(switches.KERNEL))
+    except ValueError as err:
+        raise UserError(f"this shell's environment: {err}") from None
 
 
 def world_size(cfg) -> int:
@@ -129,7 +142,10 @@ class Task(ABC):
         """(module, install line) of each optional package the job needs and cannot import:
         the task's own, and flash-attn when the job forces RINGATTN_KERNEL=flash."""
         needs = list(self.packages)
-        kernel = cfg.env.vars.get("RINGATTN_KERNEL") or os.environ.get("RINGATTN_KERNEL")
+        if switches.KERNEL in cfg.env.vars:  # checked with the config
+            kernel = switches.choice(switches.KERNEL, str(cfg.env.vars[switches.KERNEL]))
+        else:  # the submitting shell's, which the ranks inherit
+            kernel = _inherited_kernel()
         if kernel in KERNEL_PACKAGES:
             needs.append(KERNEL_PACKAGES[kernel])
         return [(module, install) for module, install in needs if not importable(module)]

@@ -47,6 +47,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -170,6 +171,13 @@ def converted(model_path: str | Path) -> Path:
             why = refusal(path)
             if why:
                 raise ValueError(why)
+            # seconds and hundreds of MB, with transformers' own progress bars: said first
+            print(
+                f"ringctl: converting {path.name} into the GGUF cache {root}, once (later "
+                "jobs reuse it)",
+                file=sys.stderr,
+                flush=True,
+            )
             try:
                 _convert_into(path, entry, root)
             except (OSError, KeyError, RuntimeError) as err:  # a full disk, an odd file
