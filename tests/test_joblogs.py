@@ -102,3 +102,29 @@ def test_a_pass_reads_only_the_logs_that_grew(tmp_path, monkeypatch):
     assert per_pass[2] == 1 and per_pass[3] == 1  # the grown log; the cut one, from its start
     assert "[rank 7] rank 7 goes on" in lines and "[rank 3] " + TRUNCATED in lines
     assert "[rank 3] cut" in lines
+
+
+def test_a_failed_rank_placed_elsewhere_in_the_ring_says_its_ring_rank(tmp_path):
+    """(64-node review, left then) status named a failed rank by its launch index (its log
+    files' number, `logs --rank`), while the rank's own lines and errors say its ring rank:
+    they differ once placement reorders nodes ("rank 5 exited 1: ... injected fault on rank
+    2"). Where they differ, the error starts with the ring rank and its node."""
+    import json
+
+    from ringctl.backends.joblogs import rank_error
+    from ringctl.backends.shell import LocalShell
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def said(record: dict, index: int = 5) -> str:
+        (logs / f"rank-{index}.result.json").write_text(json.dumps(record))
+        return rank_error(LocalShell(), str(tmp_path), index)
+
+    failed = {"state": "FAILED", "error": "RuntimeError: injected fault on rank 2"}
+    assert said({**failed, "rank": 2, "node": "n3"}) == (
+        "ring rank 2 on n3: RuntimeError: injected fault on rank 2"
+    )
+    assert said({**failed, "rank": 5, "node": "n3"}) == "RuntimeError: injected fault on rank 2"
+    assert said({**failed, "rank": 2, "node": "\x1b[2Jn3"}).startswith("ring rank 2: Runtime")
+    assert said({**failed, "rank": True, "node": "n3"}).startswith("RuntimeError")

@@ -220,17 +220,24 @@ def is_peer_loss(error: str) -> bool:
     return any(marker in text for marker in PEER_LOSS)
 
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
 def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
     """Why rank (launch index) `rank` failed, in one line: its result file's error, else the
-    worker's `ringctl.worker: ` line, else the last error-looking line of its stderr."""
+    worker's `ringctl.worker: ` line, else the last error-looking line of its stderr. Where
+    the result says the rank took another place in the ring (placement reorders nodes), the
+    line starts with it: status named launch index 5 while the rank's own lines said ring
+    rank 2."""
     raw = shell.read_from(f"{job_dir}/{rank_log_name(rank, RESULT)}", 0, limit=_RESULT_BYTES)
     if raw:
         try:
-            error = json.loads(raw.decode("utf-8", errors="replace")).get("error")
-        except (json.JSONDecodeError, AttributeError):
-            error = None
+            record = json.loads(raw.decode("utf-8", errors="replace"))
+            error = record.get("error")
+        except (json.JSONDecodeError, AttributeError, RecursionError):
+            record, error = {}, None
         if error:
-            return " ".join(str(error).split())[:limit]
+            return (_ring_place(record, rank) + " ".join(str(error).split()))[:limit]
     err = f"{job_dir}/{rank_log_name(rank, 'err')}"
     data = shell.read_from(err, 0, limit=_TAIL_BYTES, tail=True) or b""
     stderr = data.decode("utf-8", errors="replace")
@@ -238,6 +245,15 @@ def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
         if line.startswith(WORKER_ERROR_PREFIX):
             return line[len(WORKER_ERROR_PREFIX) :].strip()[:limit]
     return error_summary(stderr, limit)
+
+
+def _ring_place(record: dict, rank: int) -> str:
+    """ "ring rank R on NODE: " where a result records a ring rank other than its launch index."""
+    ring_rank, node = record.get("rank"), record.get("node")
+    if not isinstance(ring_rank, int) or isinstance(ring_rank, bool) or ring_rank == rank:
+        return ""
+    where = f" on {node}" if isinstance(node, str) and _NODE_NAME.fullmatch(node) else ""
+    return f"ring rank {ring_rank}{where}: "
 
 
 @dataclass(frozen=True)
