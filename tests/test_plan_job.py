@@ -171,3 +171,26 @@ def test_plan_of_a_job_with_its_own_budget_headlines_that_budget(capsys):
     assert "warning: ring.max_tokens_per_rank 900,000,000 is more than one H100-SXM holds" in out
     assert main(argv[:2] + ["device=H100-SXM"]) == 0  # no budget of its own: the device's
     assert "at most 2," in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_job_that_does_not_fit_is_told_which_key_would_fit_it(capsys):
+    """(64-node review, left then) `ringctl plan JOB` said "does not fit: N GiB per rank
+    needed" and named nothing to change: the key that sets the ranks a sequence is split
+    over (nodes x tasks_per_node for one ring of the job, ring.size for rings), with the fewest
+    that fit it, the figure the plan prints above. Checked by planning that many."""
+    argv = ["plan", "attention", "task.seq_len=400000000", "--json"]
+    assert main(argv) == 1
+    report = json.loads(capsys.readouterr().out)
+    hint = report["warnings"][-1]
+    assert hint == (
+        f"to fit: {report['fewest_ranks']} ranks or more (nodes x tasks_per_node; this job has 16)"
+    )
+    nodes = report["fewest_ranks"] // 8
+    assert main([*argv, f"nodes={nodes}"]) == 0  # 8 a node: that many fit
+    assert json.loads(capsys.readouterr().out)["fits"]
+    ringed = ["plan", "train", "ring.size=2", "task.seq_len=40000000", "--device", "H100-SXM"]
+    assert main([*ringed, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["warnings"][-1] == (
+        f"to fit: ring.size={report['fewest_ranks']} or more (ranks a sequence is split over)"
+    )

@@ -436,6 +436,8 @@ def run(args) -> int:
     fewest = (
         fewest_ranks(work, device, ranks_on_host=ranks_on_host) if device.cores is None else None
     )
+    if not est.fits and fewest is not None:
+        est.warnings.append(_fit_hint(args, fewest))
     layouts = _layouts(args, work, device, link) if not args.json or args.ranks > 1 else []
     if args.json:
         print(_json(_report(work, est, device, link, longest, fewest, layouts)))
@@ -444,6 +446,17 @@ def run(args) -> int:
 
         print_plan(work, est, device, link, longest, fewest, layouts)
     return 1 if est.warnings and not est.fits else 0
+
+
+def _fit_hint(args, fewest: int) -> str:
+    """What to change so that a plan that does not fit would: the key (or flag) that sets the
+    ranks sharing the sequence, with the fewest that hold it (the warning named no key)."""
+    cfg = getattr(args, "job_cfg", None)
+    if cfg is None:
+        return f"to fit on {args.device or DEFAULT_DEVICE}: --ranks {fewest} or more"
+    if ring_size(cfg) is not None:
+        return f"to fit: ring.size={fewest} or more (ranks a sequence is split over)"
+    return f"to fit: {fewest} ranks or more (nodes x tasks_per_node; this job has {args.world})"
 
 
 def _json(report: dict) -> str:
