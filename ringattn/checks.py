@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import numbers
 import struct
 from contextlib import contextmanager
 
@@ -77,15 +78,20 @@ def check_causal(causal, where: str = "ring_attention") -> bool:
     raise ValueError(f"{where}: causal must be True or False, got {causal!r}")
 
 
-def check_window(window, causal: bool) -> int | None:
+MAX_INT64 = (1 << 63) - 1
+
+
+def check_window(window, causal: bool, where: str = "ring_attention") -> int | None:
     """A sliding window is a positive whole number of keys, and only under the causal mask."""
     if window is None:
         return None
     keys = integer_of(window)  # an integer of any kind (numpy's too), never a bool or float
-    if keys is None or keys < 1:
-        raise ValueError(f"ring_attention: window must be a positive int or None, got {window!r}")
+    if keys is None or not 1 <= keys <= MAX_INT64:  # the agreement sends it as an int64
+        raise ValueError(
+            f"{where}: window must be an int from 1 to 2**63-1 or None, got {window!r}"
+        )
     if not causal:
-        raise ValueError("ring_attention: a sliding window needs causal=True")
+        raise ValueError(f"{where}: a sliding window needs causal=True")
     return keys
 
 
@@ -94,7 +100,7 @@ def check_scale(softmax_scale, where: str = "ring_attention") -> float | None:
     give NaN for a causal block scaled by 0 or less, and NaN or inf spoil every score."""
     if softmax_scale is None:
         return None
-    ok = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+    ok = isinstance(softmax_scale, numbers.Real) and not isinstance(softmax_scale, bool)
     if not ok or not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(
             f"{where}: softmax_scale must be a finite number > 0 or None, got {softmax_scale!r}"

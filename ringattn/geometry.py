@@ -78,7 +78,12 @@ def chunks_per_rank(layout: str) -> int:
 
 
 def hybrid_grid(world_size: int, ulysses_degree: int, rank: int) -> tuple[int, int, int]:
-    """(ring size R, ring rank, ulysses rank) of hybrid rank ``rank`` among P = U x R ranks."""
+    """(ring size R, ring rank, ulysses rank) of hybrid rank ``rank`` among P = U x R ranks.
+    The gate of every layout function's ranks: whole numbers (a float rank raised a
+    TypeError from inside a tuple index; world_size=True was a ring of 1)."""
+    world_size, ulysses_degree, rank = whole_numbers(
+        world_size=world_size, ulysses_degree=ulysses_degree, rank=rank
+    )
     if ulysses_degree < 1 or world_size < 1 or world_size % ulysses_degree:
         raise ValueError(
             f"the Ulysses degree U={ulysses_degree} must be >= 1 and divide the world size "
@@ -612,6 +617,14 @@ def integer_of(value) -> int | None:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def whole_numbers(**named) -> tuple[int, ...]:
+    """The values as ints (``integer_of``), or a ValueError naming the first that is not one."""
+    for name, value in named.items():
+        if integer_of(value) is None:
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    return tuple(integer_of(value) for value in named.values())
 
 
 def check_cu_seqlens(cu_seqlens: Sequence[int]) -> tuple[int, ...]:

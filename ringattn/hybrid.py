@@ -65,6 +65,7 @@ from .layouts import (
     CuSeqlens,
     hybrid_grid,
     packed_tokens,
+    packing_argument,
     packing_fingerprint,
     ring_geometry,
     ring_layout_of,
@@ -453,9 +454,10 @@ def hybrid_attention(
     """
     _require_groups(ulysses_group, ring_group)
     causal = check_causal(causal, "hybrid_attention")
-    window = check_window(window, causal)
+    window = check_window(window, causal, "hybrid_attention")
     softmax_scale = check_scale(softmax_scale, "hybrid_attention")
     degree = dist.get_world_size(ulysses_group)
+    cu_seqlens = packing_argument(cu_seqlens)
     packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
     check_grid_agree(
         q,

@@ -62,6 +62,7 @@ from .geometry import (
     padded_length,
     plain_layout,
     ring_layout_of,
+    whole_numbers,
 )
 
 __all__ = [
@@ -89,6 +90,9 @@ CuSeqlens = Sequence[int] | torch.Tensor | SequenceLayout
 def check_divisible(seq_len: int, *, world_size: int, layout: str, ulysses_degree: int = 1):
     """A plain sequence of ``seq_len`` splits over ``world_size`` ranks in ``layout``, or a
     ValueError naming N, P, the layout, the rule and the length to pad to."""
+    whole_numbers(world_size=world_size, ulysses_degree=ulysses_degree)
+    if integer_of(seq_len) is None or seq_len < 1:  # -4 % 4 == 0 passed as no token at all
+        raise ValueError(f"the sequence length N must be an int >= 1, got {seq_len!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     multiple = layout_multiple(layout, world_size, ulysses_degree)
@@ -155,6 +159,8 @@ def pack_sequence(
     if layout in LAYOUTS and ulysses_degree != 1:
         layout_multiple(layout, world_size, ulysses_degree)  # raises the hybrid-layout error
     cu = _cu_tuple(cu_seqlens)
+    if balance_window is not None and integer_of(balance_window) is not None:
+        balance_window = integer_of(balance_window)  # numpy's ints too, as window is read
     return packed_layout(cu, ring_size, ring_layout_of(layout), ulysses_degree, balance_window)
 
 
@@ -284,6 +290,23 @@ def packing_fingerprint(cu_seqlens: CuSeqlens) -> int:
     return packing_checksum([b - a for a, b in zip(cu, cu[1:], strict=False)])
 
 
+def _dimension(x: torch.Tensor, dim) -> int:
+    """``dim`` as an index of x's dimensions (negative counts from the end), else a ValueError
+    naming it (an IndexError from inside the shape before)."""
+    index = integer_of(dim)
+    if index is None or not -x.dim() <= index < x.dim():
+        raise ValueError(f"dim {dim!r} is not a dimension of a {x.dim()}-D tensor")
+    return index % x.dim()
+
+
+def packing_argument(cu_seqlens):
+    """``cu_seqlens`` as a call keeps it: a tensor or a packed layout as given, anything else
+    read once into a tuple (an iterator, read by the checksum first, was empty after it)."""
+    if cu_seqlens is None or isinstance(cu_seqlens, (torch.Tensor, SequenceLayout)):
+        return cu_seqlens
+    return _cu_tuple(cu_seqlens)
+
+
 def shard_sequence(
     x: torch.Tensor,
     *,
@@ -299,6 +322,7 @@ def shard_sequence(
 
     For a hybrid layout, ``rank`` is the hybrid rank and ``ulysses_degree`` is U.
     """
+    dim = _dimension(x, dim)
     positions = sequence_positions(
         x.shape[dim],
         world_size=world_size,
@@ -332,6 +356,7 @@ def unshard_sequence(
     if world_size == 0:
         raise ValueError("unshard_sequence needs at least one shard")
     hybrid_grid(world_size, ulysses_degree, 0)
+    dim = _dimension(chunks[0], dim)
     local = chunks[0].shape[dim]
     if any(c.shape[dim] != local for c in chunks):
         raise ValueError(

@@ -70,6 +70,7 @@ from .layouts import (
     CuSeqlens,
     check_divisible,
     packed_tokens,
+    packing_argument,
     packing_fingerprint,
     ring_geometry,
 )
@@ -681,6 +682,7 @@ def ring_attention(
     causal = check_causal(causal)
     window = check_window(window, causal)
     softmax_scale = check_scale(softmax_scale)
+    cu_seqlens = packing_argument(cu_seqlens)
     packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
     transport = _transport(q, k, causal, layout, sinks, group, comm, window, packing, softmax_scale)
     geometry = ring_geometry_of(q, transport, layout, cu_seqlens)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 import threading
 
 import pytest
 import torch
 
 import ringattn
+from ringattn import ring_attention, shard_sequence
 from ringattn.local_ring import LocalRing
 from tests.distributed import run_distributed
 from tests.test_hf_packed import outcome, packed_tokens, tiny_model
@@ -167,3 +169,74 @@ def _attentions_asked(rank: int, world: int) -> str:
     except ValueError as err:
         return str(err)
     return "ran"
+
+
+def test_layout_arguments_that_are_not_whole_numbers_or_dimensions_are_named():
+    """(engine API review, packed sequences) A float rank raised "tuple indices must be
+    integers" from inside the layout; world_size=2.0 failed in a fresh process and passed after
+    a call with 2 (the packed layout's cache); world_size=True was a ring of one; N <= 0 gave
+    an empty shard (-4 % 4 == 0); dim past the tensor's an IndexError from its shape."""
+    from ringattn import document_positions, pack_sequence, sequence_positions, unshard_sequence
+
+    x = torch.zeros(1, 8, 2, 4)
+    refused = {
+        "rank must be an int, got 1.0": lambda: document_positions(
+            [0, 3, 10], world_size=2, rank=1.0, layout="zigzag"
+        ),
+        "world_size must be an int, got 2.0": lambda: shard_sequence(
+            x, world_size=2.0, rank=0, layout="zigzag"
+        ),
+        "world_size must be an int, got True": lambda: pack_sequence(
+            [0, 3, 10], world_size=True, layout="zigzag"
+        ),
+        "N must be an int >= 1, got -4": lambda: sequence_positions(
+            -4, world_size=2, rank=0, layout="zigzag"
+        ),
+        "N must be an int >= 1, got 0": lambda: sequence_positions(
+            0, world_size=2, rank=0, layout="zigzag"
+        ),
+        "dim 4 is not a dimension of a 4-D tensor": lambda: shard_sequence(
+            x, world_size=2, rank=0, layout="zigzag", dim=4
+        ),
+        "dim -5 is not a dimension of a 4-D tensor": lambda: unshard_sequence(
+            [x, x], layout="zigzag", dim=-5
+        ),
+    }
+    shard_sequence(x, world_size=2, rank=0, layout="zigzag", cu_seqlens=[0, 3, 8])  # cached
+    for said, call in refused.items():
+        with pytest.raises(ValueError, match=re.escape(said)):
+            call()
+    assert torch.equal(  # a negative dim counts from the end, as torch's
+        shard_sequence(x, world_size=2, rank=1, layout="zigzag", dim=-3),
+        shard_sequence(x, world_size=2, rank=1, layout="zigzag", dim=1),
+    )
+
+
+def test_a_packing_given_once_as_an_iterator_or_as_numpy_numbers_is_read_as_a_list():
+    """(engine API review) cu_seqlens=iter([...]) was read by the packing's checksum, then
+    again, empty: "cu_seqlens must be [0, l1, ...]: got []". softmax_scale=np.float32 was
+    refused where np.float64 was taken, balance_window=np.int64 where window=np.int64 is;
+    a window of 2**63 passed LocalRing and failed a process group's agreement with
+    "Overflow when unpacking long long"."""
+    import numpy as np
+
+    from ringattn import pack_sequence
+
+    cu = [0, 3, 10]
+    x = torch.randn(1, 10, 2, 8, dtype=torch.float64)
+    q = torch.cat(
+        [shard_sequence(x, world_size=2, rank=r, layout="zigzag", cu_seqlens=cu) for r in (0, 1)],
+        1,
+    )
+
+    def run(packing, **kw):
+        kw = {"causal": True, "layout": "zigzag", "comm": LocalRing(2), **kw}
+        return ring_attention(q, q, q, cu_seqlens=packing, **kw)
+
+    want = run(cu)
+    assert torch.equal(run(iter(cu)), want)
+    assert torch.equal(run(cu, softmax_scale=np.float32(0.5)), run(cu, softmax_scale=0.5))
+    balanced = pack_sequence(cu, world_size=2, layout="zigzag", balance_window=np.int64(3))
+    assert balanced == pack_sequence(cu, world_size=2, layout="zigzag", balance_window=3)
+    with pytest.raises(ValueError, match=r"window must be an int from 1 to 2\*\*63-1"):
+        run(cu, window=1 << 63)
