@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks.attention_workers import Config, RingPool, SdpaProcess, device_kind
 from benchmarks.results_file import write_results
+from ringattn import switches
 
 DEFAULT_OUT = Path("benchmarks/results/attention.json")
 LOAD_THRESHOLD_CORES = 0.25
@@ -445,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--transports",
         nargs="+",
         default=None,
-        choices=["auto", "gloo", "shm"],
+        choices=switches.CHOICES[switches.TRANSPORT],
         help="with --pairings: run each ring once per transport (RINGATTN_TRANSPORT in its "
         "ranks; default: as the environment sets it)",
     )

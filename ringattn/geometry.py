@@ -118,6 +118,7 @@ def layout_multiple(layout: str, world_size: int, ulysses_degree: int = 1) -> in
     """What a plain sequence's length must be a multiple of to split over ``world_size`` ranks
     in ``layout``: P (contiguous), 2P (zigzag), lcm(P, 2R) (hybrid-zigzag, R = P / U)."""
     check_sequence_layout(layout)
+    world_size, ulysses_degree = whole_numbers(world_size=world_size, ulysses_degree=ulysses_degree)
     if layout in LAYOUTS:
         if ulysses_degree != 1:
             raise ValueError(
@@ -672,7 +673,7 @@ def packed_layout(
     check_layout(layout)
     if world_size < 1 or row_multiple < 1:
         raise ValueError(f"world_size ({world_size}) and row_multiple must be >= 1")
-    if balance_window is not None and (type(balance_window) is not int or balance_window < 1):
+    if balance_window is not None and (integer_of(balance_window) is None or balance_window < 1):
         raise ValueError(
             f"balance_window must be a whole number >= 1 or None, got {balance_window!r}"
         )

@@ -58,7 +58,7 @@ import torch.distributed as dist
 from .checks import Shifts, refused_together, shifts_agreed
 from .geometry import PAD
 from .hybrid import hybrid_rank
-from .layouts import HYBRID_LAYOUTS, packed_share
+from .layouts import HYBRID_LAYOUTS, packed_share, packing_argument
 from .ring import ring_attention
 
 DEFAULT_NAME = "ringattn"
@@ -580,6 +580,7 @@ def ring_settings(
     """The ring's settings for every attention call in the block (see the module docstring)."""
     if cu_seqlens is not None and model is not None:
         _refuse_packed_length_rope(model)
+    cu_seqlens = packing_argument(cu_seqlens)  # every layer reads it: an iterator, once
     settings = RingSettings(
         group=group,
         layout=layout,

@@ -159,8 +159,8 @@ def pack_sequence(
     if layout in LAYOUTS and ulysses_degree != 1:
         layout_multiple(layout, world_size, ulysses_degree)  # raises the hybrid-layout error
     cu = _cu_tuple(cu_seqlens)
-    if balance_window is not None and integer_of(balance_window) is not None:
-        balance_window = integer_of(balance_window)  # numpy's ints too, as window is read
+    if balance_window is not None:  # before the cache: 4.0 == 4 found a layout made for 4
+        (balance_window,) = whole_numbers(balance_window=balance_window)
     return packed_layout(cu, ring_size, ring_layout_of(layout), ulysses_degree, balance_window)
 
 
@@ -357,6 +357,7 @@ def unshard_sequence(
         raise ValueError("unshard_sequence needs at least one shard")
     hybrid_grid(world_size, ulysses_degree, 0)
     dim = _dimension(chunks[0], dim)
+    cu_seqlens = packing_argument(cu_seqlens)  # read once per rank below
     local = chunks[0].shape[dim]
     if any(c.shape[dim] != local for c in chunks):
         raise ValueError(

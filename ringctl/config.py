@@ -114,10 +114,13 @@ class RingConfig:
     network_gbps: float | None = None  # the inter-node rate when the nodes cannot tell it
 
 
+DEFAULT_OUTPUT_DIR = "runs"  # where jobs go, relative to where ringctl runs
+
+
 @dataclass
 class JobConfig:
     name: str = MISSING
-    output_dir: str = "runs"
+    output_dir: str = DEFAULT_OUTPUT_DIR
     job_dir: str | None = None  # default: <output_dir>/<name>-<YYYYmmdd-HHMMSS>
     backend: BackendName = BackendName.local
     nodes: int = 1
@@ -166,8 +169,8 @@ def _describe(err: OmegaConfBaseException, schema: DictConfig | None = None) -> 
     if msg.startswith("Merge error:") and " is not a subclass of " in msg:  # task=5
         section = f"{key}: " if key else ""  # OmegaConf names none for a merge
         return (
-            f"{section}gives a value to a section of keys: give its keys one by one "
-            "(SECTION.KEY=VALUE)"
+            f"{section}a single value where a section of keys goes: give its keys (under it "
+            "in a file, SECTION.KEY=VALUE on the command line)"
         )
     return f"{key}: {msg}" if key else msg
 
@@ -795,7 +798,8 @@ def _check_ring(cfg: DictConfig, bad) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise bad(f"ring.{key}", f"expected null, auto or a number of ranks, got {value!r}")
         if world % value:
-            raise bad(f"ring.{key}", f"{value} does not divide the job's {world} ranks")
+            why = f"{value} does not divide the job's {world} ranks"
+            raise bad(f"ring.{key}", why, "nodes", "tasks_per_node")
     if isinstance(cfg.ring.size, int) and cfg.ring.ulysses not in (None, 1):
         raise bad("ring.ulysses", "a Ulysses degree and a numeric ring.size cannot be combined")
     _check_budget(cfg, bad)
@@ -849,6 +853,7 @@ def _check_numbers(cfg: DictConfig, bad) -> None:
             "tasks_per_node",
             f"{cfg.tasks_per_node} ranks a node share {cfg.gpus_per_node} GPUs: each rank "
             "takes one GPU (NCCL refuses two ranks on one); set tasks_per_node <= "
+            "gpus_per_node",
             "gpus_per_node",
         )
     if cfg.slurm.cpus_per_task is not None and cfg.slurm.cpus_per_task < 1:

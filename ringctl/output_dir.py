@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .atomic import current_umask
+from .bounded_read import read_regular
 from .errors import UserError
 
 MARKER = ".ringctl-gather"
@@ -43,14 +44,17 @@ def write_marker(out: Path, job: Path, task: str, partial: bool) -> None:
     (out / MARKER).write_text(json.dumps(marker) + "\n")
 
 
+MAX_MARKER_BYTES = 1 << 16  # four short fields
+
+
 def marker_of(path: Path) -> dict | None:
     """The marker of an earlier gather output in path (None: not one)."""
     marker = path / MARKER
     if marker.is_symlink() or not marker.is_file():
         return None
     try:
-        data = json.loads(marker.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_regular(marker, MAX_MARKER_BYTES))
+    except (OSError, ValueError, RecursionError):  # not one written here: not a gather output
         return None
     return data if isinstance(data, dict) and data.get("format") == MARKER_FORMAT else None
 

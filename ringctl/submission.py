@@ -27,6 +27,7 @@ from .errors import Interrupted, NotSubmitted, SubmittedNotRecorded, UserError
 from .jobdir import CONFIG, META, SCRIPT, JobDir
 from .sizing import Sizing
 from .tasks import get_task
+from .tasks.base import engine_switches
 from .terminal import visible
 
 __all__ = [
@@ -198,6 +199,8 @@ def check_packages(cfg) -> None:
     if unused:
         print(f"warning: {unused}", file=sys.stderr)
     elsewhere = env.python or (set_up and (env.venv or env.conda or env.container_image))
+    if files_here(cfg):  # the ranks inherit this shell's environment, whatever python runs
+        engine_switches(cfg)
     if not files_here(cfg) or elsewhere:
         return
     missing = get_task(str(cfg.task.name)).missing_packages(cfg)

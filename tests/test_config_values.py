@@ -16,6 +16,7 @@ rendering; each case below rendered or ran something else before, exit 0).
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,14 @@ def test_the_engine_s_switches_are_checked_before_anything_is_written(
     err = capsys.readouterr().err
     assert "this shell's environment: RINGATTN_KERNEL='flsh': expected one of" in err, err
     assert err.count("\n") == 1 and not list(tmp_path.iterdir())
+    # (second reading) the shell's transport too, and with env.python naming the ranks'
+    # interpreter (its packages are not looked at here; the environment still passes on)
+    monkeypatch.setenv("RINGATTN_KERNEL", "torch")
+    monkeypatch.setenv("RINGATTN_TRANSPORT", "shmm")
+    for more in ([], [f"env.python={sys.executable}"]):
+        assert main(["run", str(SMOKE), f"output_dir={tmp_path}", *more]) == 2
+        assert "RINGATTN_TRANSPORT='shmm': expected one of" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_refusal_names_what_the_user_typed(tmp_path):
@@ -191,12 +200,31 @@ def test_a_refusal_names_what_the_user_typed(tmp_path):
         said[item] = str(err.value)
     assert said["nodes=3"].startswith("override 'nodes=3': task.seq_len: 256 cannot be split")
     assert said["task=5"] == (
-        "override 'task=5': gives a value to a section of keys: give its keys one by one "
-        "(SECTION.KEY=VALUE)"
+        "override 'task=5': a single value where a section of keys goes: give its keys (under "
+        "it in a file, SECTION.KEY=VALUE on the command line)"
     )
     assert said["ring..size=2"] == (
         "override 'ring..size=2': ring..size is not a key (a name is empty between its dots)"
     )
-    # a file's own value it cannot split is still the file's
     with pytest.raises(UserError, match=r"override 'task.seq_len=100': task.seq_len: 100"):
         load_job(SMOKE, ["task.seq_len=100"])
+    # a file's own values it cannot split are the file's; a layout typed after them is named
+    # (second reading: task.layout, which the task reads first, was not among the keys)
+    own = tmp_path / "own.yaml"
+    own.write_text(SMOKE.read_text().replace("seq_len: 256", "seq_len: 260"))
+    assert "seq_len: 260" in own.read_text()
+    with pytest.raises(UserError, match=rf"^{re.escape(str(own))}: task.seq_len: 260"):
+        load_job(own, [])
+    assert SMOKE.read_text().count("layout: zigzag") == 1
+    own.write_text(own.read_text().replace("layout: zigzag", "layout: contiguous"))
+    assert load_job(own, [])  # 260 over 4 contiguous ranks
+    with pytest.raises(UserError, match=r"^override 'task.layout=zigzag': task.seq_len: 260"):
+        load_job(own, ["task.layout=zigzag"])
+    # the other checks that read keys beside theirs (second reading)
+    for items, said in (
+        (["task.heads=3", "ring.ulysses=1"], "override 'task.heads=3': task.kv_heads"),
+        (["nodes=3", "ring.ulysses=2"], "override 'ring.ulysses=2': ring.ulysses: 2 does not"),
+        (["ring.ulysses=2", "nodes=3"], "override 'nodes=3': ring.ulysses: 2 does not"),
+    ):
+        with pytest.raises(UserError, match=re.escape(said)):
+            load_job(SMOKE, items)

@@ -240,3 +240,23 @@ def test_a_packing_given_once_as_an_iterator_or_as_numpy_numbers_is_read_as_a_li
     assert balanced == pack_sequence(cu, world_size=2, layout="zigzag", balance_window=3)
     with pytest.raises(ValueError, match=r"window must be an int from 1 to 2\*\*63-1"):
         run(cu, window=1 << 63)
+
+
+def test_the_twins_of_the_argument_fixes_read_arguments_the_same_way():
+    """(second reading) The iterator fix missed unshard_sequence (and ringattn.hf's settings,
+    read by every layer); balance_window=4.0 was refused in a fresh process and taken after a
+    call with 4 (the cache); padded_length(15, world_size=4.0) returned 16.0."""
+    from ringattn import pack_sequence, padded_length, unshard_sequence
+
+    x = torch.randn(1, 16, 2, 4)
+    cu = [0, 8, 16]
+    chunks = [
+        shard_sequence(x, world_size=2, rank=r, layout="zigzag", cu_seqlens=cu) for r in (0, 1)
+    ]
+    assert torch.equal(unshard_sequence(chunks, layout="zigzag", cu_seqlens=iter(cu)), x)
+    pack_sequence(cu, world_size=4, layout="zigzag", balance_window=4)  # cached
+    with pytest.raises(ValueError, match="balance_window must be an int, got 4.0"):
+        pack_sequence(cu, world_size=4, layout="zigzag", balance_window=4.0)
+    for bad in (4.0, True):
+        with pytest.raises(ValueError, match=f"world_size must be an int, got {bad}"):
+            padded_length(15, world_size=bad, layout="zigzag")

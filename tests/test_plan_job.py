@@ -192,5 +192,8 @@ def test_a_job_that_does_not_fit_is_told_which_key_would_fit_it(capsys):
     assert main([*ringed, "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["warnings"][-1] == (
-        f"to fit: ring.size={report['fewest_ranks']} or more (ranks a sequence is split over)"
+        f"to fit: ring.size={report['fewest_ranks']} or more (ranks a sequence is split over; "
+        "the job's nodes x tasks_per_node, 2 now, a multiple of it)"
     )
+    size = report["fewest_ranks"]  # (second reading) followed with as many ranks, it loads
+    assert load_job("train", [f"ring.size={size}", f"nodes={size}", "task.seq_len=40000000"])

@@ -247,7 +247,11 @@ def test_a_window_that_cuts_nothing_is_the_plain_causal_ring():
 
 @pytest.mark.parametrize(
     "window, causal, why",
-    [(0, True, "an int from 1 to"), (2.5, True, "an int from 1 to"), (4, False, "needs causal=True")],
+    [
+        (0, True, "an int from 1 to"),
+        (2.5, True, "an int from 1 to"),
+        (4, False, "needs causal=True"),
+    ],
 )
 def test_bad_windows_are_refused(window, causal, why):
     import ringattn

@@ -189,3 +189,18 @@ def test_node_names_are_checked_where_they_enter(tmp_path, capsys):
     code, _, err = run(["topo", "--node", f"n1={bad_dir}", "-o", str(out)], capsys)
     assert code == 0, err
     assert {e.node for e in load_plan(out).ring} == {"n1"}
+
+
+def test_a_plan_nested_too_deeply_is_refused_in_one_line(tmp_path):
+    """(second reading) placement.json of 200,000 nested '[' raised RecursionError on every
+    rank that read it (the loader caught JSON's own errors only); the gather marker's reader
+    likewise (it is then not a gather output)."""
+    from ringctl.output_dir import MARKER, marker_of
+
+    deep = "[" * 200_000 + "]" * 200_000
+    plan = tmp_path / "placement.json"
+    plan.write_text(deep)
+    with pytest.raises(UserError, match=r"placement.json: not JSON \(nested too deeply\)"):
+        load_plan(plan)
+    (tmp_path / MARKER).write_text(deep)
+    assert marker_of(tmp_path) is None

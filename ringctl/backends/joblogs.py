@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..errors import WORKER_ERROR_PREFIX, UserError
 from ..jobdir import FAILED_MARK, LOGS, RESULT, rank_log_file, rank_log_name, rank_stream_of
+from ..topology.nodes import NODE_NAME
 from .shell import READ_LIMIT, Shell
 
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*)$")
@@ -220,9 +221,6 @@ def is_peer_loss(error: str) -> bool:
     return any(marker in text for marker in PEER_LOSS)
 
 
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
 def rank_error(shell: Shell, job_dir: str, rank: int, limit: int = 300) -> str:
     """Why rank (launch index) `rank` failed, in one line: its result file's error, else the
     worker's `ringctl.worker: ` line, else the last error-looking line of its stderr. Where
@@ -252,7 +250,7 @@ def _ring_place(record: dict, rank: int) -> str:
     ring_rank, node = record.get("rank"), record.get("node")
     if not isinstance(ring_rank, int) or isinstance(ring_rank, bool) or ring_rank == rank:
         return ""
-    where = f" on {node}" if isinstance(node, str) and _NODE_NAME.fullmatch(node) else ""
+    where = f" on {node}" if isinstance(node, str) and NODE_NAME.fullmatch(node) else ""
     return f"ring rank {ring_rank}{where}: "
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..backends.listing import listing
 from ..backends.shell import LocalShell, Shell
-from ..config import load_job, to_yaml, world_size
+from ..config import DEFAULT_OUTPUT_DIR, load_job, to_yaml, world_size
 from ..errors import UserError
 from ..jobdir import PROGRESS, RINGS, JobDir, ring_progress_label, task_output
 from ..jsonsafe import finite_json
@@ -150,7 +150,7 @@ def _status_targets(args) -> list[Path]:
     elif targets:
         dirs = [Path(t) for t in targets]
     else:
-        dirs = [j.path for j in JobDir.find(Path(args.root or DEFAULT_ROOT))]
+        dirs = [j.path for j in JobDir.find(Path(_root(args.root)))]
         if not dirs:
             raise NoJobs(_no_jobs_line(args.root))
     return dirs[-1:] if args.latest else dirs
@@ -175,13 +175,15 @@ class NoJobs(UserError):
     exit_code = 1
 
 
-DEFAULT_ROOT = "runs"  # output_dir's default: where jobs go, relative to where ringctl runs
+def _root(given: str | None) -> str:
+    """--root as given ('' is the current directory, as before), else output_dir's default."""
+    return DEFAULT_OUTPUT_DIR if given is None else given
 
 
 def _no_jobs_line(given: str | None) -> str:
     """Why `status` lists nothing: the --root the user gave, or the default's absence named as
     no job yet (a newcomer's first `status` named a --root never typed)."""
-    root = Path(given or DEFAULT_ROOT)
+    root = Path(_root(given))
     if given is None and not root.is_dir():
         return (
             f"no jobs yet here: no {root}/ folder (`ringctl run smoke` makes one; or give a "
@@ -583,7 +585,7 @@ def _register_job_file_verbs(subparsers) -> None:
         p.add_argument(
             "job",
             metavar="JOB",
-            help="a job file (e.g. jobs/smoke.yaml) or a bundled job's name (smoke, attention, "
+            help="a job file (e.g. my-job.yaml) or a bundled job's name (smoke, attention, "
             "longdoc, train)",
         )
         add_overrides(p, "config overrides in dotted form, e.g. nodes=4 slurm.partition=gpu")
@@ -622,7 +624,11 @@ def _register_status(subparsers) -> None:
         metavar="JOBDIR | JOB [KEY=VALUE ...]",
         help="job directories, or a job file (+ overrides) for the directories of that job",
     )
-    p.add_argument("--root", default=None, help="where to look without JOBDIR (default: runs)")
+    p.add_argument(
+        "--root",
+        default=None,
+        help=f"where to look without JOBDIR (default: {DEFAULT_OUTPUT_DIR})",
+    )
     p.add_argument("--latest", action="store_true", help="only the most recent job")
     shown = p.add_mutually_exclusive_group()
     shown.add_argument("--dir-only", action="store_true", help="print the job directories only")

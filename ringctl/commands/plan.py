@@ -58,7 +58,7 @@ examples:
   # a model directory's config.json for the shape
   ringctl plan --model /models/Llama-3.1-70B --seq 1048576 --ranks 64 --nodes 8 --shard weights
   # size a job config (its task, ranks, nodes, device, ring.size, model.shard)
-  ringctl plan jobs/attention.yaml nodes=8 tasks_per_node=8 device=H100-SXM task.seq_len=1048576
+  ringctl plan attention nodes=8 tasks_per_node=8 device=H100-SXM task.seq_len=1048576
   # a corpus on paper: one ring of the whole job versus ring.size=auto, the job's scheduler
   ringctl plan --model llama3-8b --ranks 64 --nodes 8 --corpus lognormal:10000:4096:1048576
   # measure this machine (block kernel + rank-to-rank exchange) and store it as a device
@@ -455,7 +455,10 @@ def _fit_hint(args, fewest: int) -> str:
     if cfg is None:
         return f"to fit on {args.device or DEFAULT_DEVICE}: --ranks {fewest} or more"
     if ring_size(cfg) is not None:
-        return f"to fit: ring.size={fewest} or more (ranks a sequence is split over)"
+        return (
+            f"to fit: ring.size={fewest} or more (ranks a sequence is split over; the job's "
+            f"nodes x tasks_per_node, {args.world} now, a multiple of it)"
+        )
     return f"to fit: {fewest} ranks or more (nodes x tasks_per_node; this job has {args.world})"
 
 

@@ -393,7 +393,8 @@ class AttentionTask(Task):
             )
         kv = t.kv_heads if t.kv_heads is not None else t.heads
         if kv < 1 or t.heads % kv:
-            raise bad("task.kv_heads", f"heads ({t.heads}) must be a multiple of kv_heads ({kv})")
+            why = f"heads ({t.heads}) must be a multiple of kv_heads ({kv})"
+            raise bad("task.kv_heads", why, "task.heads")
         if t.layout is not None and t.layout not in LAYOUTS:
             raise bad("task.layout", f"unknown layout {t.layout!r}; expected contiguous or zigzag")
         if t.fault not in FAULTS:
@@ -421,7 +422,7 @@ class AttentionTask(Task):
                 f"{t.seq_len} cannot be split over {world} ranks ({cfg.nodes} nodes x "
                 f"{cfg.tasks_per_node}) in the {layout} layout: it must be a multiple of {multiple}"
                 f" (e.g. {padded})",
-                *("nodes", "tasks_per_node", "ring.layout", "ring.ulysses"),
+                *("nodes", "tasks_per_node", "task.layout", "ring.layout", "ring.ulysses"),
             )
 
     @staticmethod

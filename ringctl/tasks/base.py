@@ -28,13 +28,18 @@ from ..errors import UserError
 KERNEL_PACKAGES = {"flash": ("flash_attn", "pip install 'ringctl[flash]' (CUDA only)")}
 
 
-def _inherited_kernel() -> str:
-    """RINGATTN_KERNEL as this shell holds it (the ranks of a local or Slurm job inherit it),
-    refused by name where the engine would refuse it on every rank."""
-    try:
-        return switches.choice(switches.KERNEL, os.environ.get(switches.KERNEL))
-    except ValueError as err:
-        raise UserError(f"this shell's environment: {err}") from None
+def engine_switches(cfg) -> dict[str, str]:
+    """The engine's switches as the ranks of a job from this shell read them: env.vars' value
+    (checked with the config), else this shell's (a local or Slurm job's ranks inherit it),
+    refused by name where the engine would refuse it on every rank, after the queue wait."""
+    taken = {}
+    for name in switches.CHOICES:
+        given = cfg.env.vars.get(name)
+        try:
+            taken[name] = switches.choice(name, os.environ.get(name) if given is None else given)
+        except ValueError as err:
+            raise UserError(f"this shell's environment: {err}") from None
+    return taken
 
 
 def world_size(cfg) -> int:
@@ -142,10 +147,7 @@ class Task(ABC):
         """(module, install line) of each optional package the job needs and cannot import:
         the task's own, and flash-attn when the job forces RINGATTN_KERNEL=flash."""
         needs = list(self.packages)
-        if switches.KERNEL in cfg.env.vars:  # checked with the config
-            kernel = switches.choice(switches.KERNEL, str(cfg.env.vars[switches.KERNEL]))
-        else:  # the submitting shell's, which the ranks inherit
-            kernel = _inherited_kernel()
+        kernel = engine_switches(cfg)[switches.KERNEL]
         if kernel in KERNEL_PACKAGES:
             needs.append(KERNEL_PACKAGES[kernel])
         return [(module, install) for module, install in needs if not importable(module)]

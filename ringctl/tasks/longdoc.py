@@ -488,10 +488,12 @@ class LongDocTask(CorpusTask):
         if cfg.ring.size == "auto":
             why = "size would need its own sharded copy of the model); give ring.size=N"
             raise bad(
-                "model.shard", f"{shard} cannot be combined with ring.size=auto (each ring {why}"
+                "model.shard",
+                f"{shard} cannot be combined with ring.size=auto (each ring {why}",
+                "ring.size",
             )
         if shard == "job" and str(cfg.task.mode) == "grad":  # FSDP would sum documents
-            raise bad("model.shard", "job cannot run mode=grad; use model.shard=ring")
+            raise bad("model.shard", "job cannot run mode=grad; use model.shard=ring", "task.mode")
 
     def workload(self, cfg):
         """What the planner sizes for this job: its model (``task.model_path``: its

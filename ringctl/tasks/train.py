@@ -78,6 +78,7 @@ class TrainTask(CorpusTask):
             raise bad(
                 "ring.size",
                 f"a training job takes null or a divisor of its {world} ranks, not {size!r}",
+                *("nodes", "tasks_per_node"),
             )
         rings, batch = world // size, int(cfg.task.batch_sequences)
         if batch % rings:
@@ -85,6 +86,7 @@ class TrainTask(CorpusTask):
                 "task.batch_sequences",
                 f"{batch} sequences per step cannot be shared "
                 f"evenly by {rings} rings of {size} ranks",
+                *("ring.size", "nodes", "tasks_per_node"),
             )
         shard = str(cfg.model.shard)
         if shard not in SHARD_MODES:
@@ -98,6 +100,7 @@ class TrainTask(CorpusTask):
                 f"{seq_len:,} tokens do not fit a ring of {size} ranks "
                 f"at ring.max_tokens_per_rank={int(budget):,} (it holds "
                 f"{ring_capacity(size, int(budget), layout):,})",
+                *("ring.max_tokens_per_rank", "ring.size", "nodes", "tasks_per_node"),
             )
 
     def workload(self, cfg):

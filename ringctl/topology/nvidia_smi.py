@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 from ..text import cut, echo
 from .links import is_link_token, normalise_token, nvlink_problem
-from .model import MAX_CPU_LIST_CHARS, NIC_NAME, Gpu, is_cpu_list
+from .model import CPU_LIST, MAX_CPU_LIST_CHARS, MAX_CPUS, NIC_NAME, Gpu, is_cpu_list
 
 __all__ = ["SmiTopology", "parse_nvidia_smi"]
 
@@ -64,9 +64,14 @@ def _check_info(value: str, column: str, where: str) -> None:
     if len(value) > MAX_CPU_LIST_CHARS:
         raise UserError(f"{where}: {column} longer than {MAX_CPU_LIST_CHARS} characters")
     if not is_cpu_list(value):
+        cut_row = (
+            ""
+            if CPU_LIST.fullmatch(value)
+            else " (a row longer than the header: columns cut or wrapped?)"
+        )
         raise UserError(
-            f"{where}: expected a {column} such as 0-15,32-47 or N/A, found {echo(value)} "
-            "(a row longer than the header: columns cut or wrapped?)"
+            f"{where}: expected a {column} such as 0-15,32-47 or N/A (CPUs below "
+            f"{MAX_CPUS}, ranges forward), found {echo(value)}{cut_row}"
         )
 
 

@@ -328,6 +328,8 @@ class RingPlan:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise UserError(f"{source}:{err.lineno}: not JSON ({err.msg})") from None
+        except RecursionError:  # every rank reads it: a traceback on each
+            raise UserError(f"{source}: not JSON (nested too deeply)") from None
         if not isinstance(data, dict):
             raise UserError(f"{source}:1: expected a JSON object")
         return cls.from_dict(data, source)
