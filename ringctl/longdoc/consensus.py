@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +39,38 @@ def from_lead(value, group):
     box = [value]
     dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0, group=group)
     return box[0]
+
+
+READ_RATE_FLOOR = 20e6  # bytes a second: a slow shared filesystem's cold read
+READ_WAIT_FLOOR_S = 600.0
+
+
+def from_lead_reading(compute: Callable[[], Any], nbytes: int, group=None) -> Any:
+    """``compute()`` on the group's rank 0 (which reads ``nbytes`` of files: it hashes the
+    model's weights) and its value on every rank. The others wait in a group of their own
+    whose timeout covers that read at READ_RATE_FLOOR: under the job's collective timeout
+    (300 s by default) a model of 140 GB, two minutes of hashing from page cache and more
+    from a cold shared filesystem, failed every job at start and at each resume ("Timed out
+    waiting ... for recv"). Every rank of the job calls it (a new group is made by all)."""
+    if dist.get_world_size(group) == 1:
+        return compute()
+    seconds = READ_WAIT_FLOOR_S + nbytes / READ_RATE_FLOOR
+    members = dist.get_process_group_ranks(group) if group is not None else None
+    patient = dist.new_group(members, timeout=timedelta(seconds=seconds), backend="gloo")
+    try:
+        lead = dist.get_global_rank(group, 0) if group is not None else 0
+        box: list = [None]
+        if dist.get_rank() == lead:
+            try:
+                box = [("ok", compute())]
+            except (OSError, ValueError, RuntimeError) as err:  # raised on every rank alike
+                box = [("failed", type(err), str(err))]
+        dist.broadcast_object_list(box, src=lead, group=patient)
+    finally:
+        dist.destroy_process_group(patient)
+    if box[0][0] == "failed":
+        raise box[0][1](box[0][2])
+    return box[0][1]
 
 
 def agreed_inputs(list_inputs: Callable[[], Listing], group=None) -> tuple[Listing, str]:

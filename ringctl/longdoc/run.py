@@ -49,7 +49,13 @@ from ..errors import UserError
 from ..progress import ring_record
 from ..rings import RingGroups
 from .compute.scoring import ShardResult, comm_device, run_task
-from .consensus import agree, agreed_inputs, any_has, document_verdict, from_lead
+from .consensus import (
+    agree,
+    agreed_inputs,
+    any_has,
+    document_verdict,
+    from_lead_reading,
+)
 from .inputs.documents import (
     Document,
     DocumentError,
@@ -58,7 +64,7 @@ from .inputs.documents import (
     invalid_utf8_count,
 )
 from .model.compat import window_refusal
-from .model.directory import model_identity
+from .model.directory import identity_bytes, model_identity
 from .model.load import attention_layers, load_model
 from .model.names import bundled_config_path, installed_model, resolve_model_path
 from .model.tokenize import ByteTokenizer, load_tokenizer
@@ -422,8 +428,13 @@ class LongDocRun:
             error = str(err)
         error = error or check_expected(self.store.root, listing.documents)
         agree(error, job.group)
-        record = run_record(job.world_size, self.run_signature()) if job.lead else None
-        self.run_record = from_lead(record, job.group)  # with the identity rank 0 computed
+        # with the identity rank 0 computes, the others waiting as long as its read takes
+        model = resolve_model_path(self.params.model_path) or bundled_config_path()
+        self.run_record = from_lead_reading(
+            lambda: run_record(job.world_size, self.run_signature()),
+            identity_bytes(model),
+            job.group,
+        )
         for note in listing.notes():
             job.log(note)
         if job.lead:

@@ -271,15 +271,19 @@ def _tokenizer_in_model(params: TrainParams) -> bool:
 def agreed_identity(params: TrainParams) -> dict:
     """``files_identity``, read by rank 0 alone (the weights are read once more: their size
     at disk speed) and given to every rank, so every rank checks a resume against the same
-    one; a file rank 0 cannot read is refused on every rank in the same words."""
-    said: list = [None]
-    if dist.get_rank() == 0:
+    one; a file rank 0 cannot read is refused on every rank in the same words. The others
+    wait as long as reading the files takes (``consensus.from_lead_reading``)."""
+    from ..longdoc.consensus import from_lead_reading
+    from ..longdoc.model.directory import identity_bytes
+
+    def read() -> tuple[str, Any]:
         try:
-            said = [("ok", files_identity(params))]
+            return "ok", files_identity(params)
         except (OSError, ValueError) as err:
-            said = [("refused", f"the model's files cannot be read: {err}")]
-    dist.broadcast_object_list(said, src=0)
-    kind, value = said[0]
+            return "refused", f"the model's files cannot be read: {err}"
+
+    nbytes = identity_bytes(model_files(params))  # the weights: the tokenizer's are small
+    kind, value = from_lead_reading(read, nbytes)
     if kind == "refused":
         raise ValueError(value)
     return value

@@ -141,12 +141,7 @@ def model_identity(path: str | Path, *, weights: bool = True) -> str:
     speed (SmolLM2's 145 MB GGUF: a fraction of a second); rank 0 alone reads them.
     ``weights=False``: a tokenizer's directory (its files but the config and weights)."""
     path = Path(path)
-    if path.is_dir():
-        names = IDENTITY_FILES if weights else TOKENIZER_IDENTITY
-        chosen = (e for e in path.iterdir() if e.name in names or weights and _weights(e))
-        files = sorted(chosen, key=lambda e: e.name)
-    else:
-        files = [path]
+    files = _identity_files(path, weights)
     digest = hashlib.sha256()
     for entry in files:
         digest.update(entry.name.encode("utf-8", "surrogateescape") + b"\0")
@@ -158,6 +153,27 @@ def model_identity(path: str | Path, *, weights: bool = True) -> str:
             while piece := f.read(_HASH_PIECE):
                 digest.update(piece)
     return digest.hexdigest()[:32]
+
+
+def _identity_files(path: Path, weights: bool) -> list[Path]:
+    """The files ``model_identity`` hashes, in its order."""
+    if not path.is_dir():
+        return [path]
+    names = IDENTITY_FILES if weights else TOKENIZER_IDENTITY
+    chosen = (e for e in path.iterdir() if e.name in names or weights and _weights(e))
+    return sorted(chosen, key=lambda e: e.name)
+
+
+def identity_bytes(*paths: str | Path | None) -> int:
+    """How many bytes ``model_identity`` of these paths reads (a model's, then a
+    tokenizer's: its files but the weights), by their sizes; 0 for what cannot be listed."""
+    total = 0
+    for at, path in enumerate(p for p in paths if p):
+        try:
+            total += sum(f.stat().st_size for f in _identity_files(Path(path), at == 0))
+        except OSError:
+            pass
+    return total
 
 
 # A run record's path keys (run.json, a checkpoint's run signature), each with the key of

@@ -1,0 +1,55 @@
+"""Rank 0 reads the model's files (hashes its weights) while the other ranks wait: the wait
+outlasts the job's collective timeout by as long as the read takes (training review: a job
+whose model took longer to hash than `timeout` failed at start, and at each resume, with
+"Timed out waiting ... for recv"). Real processes on gloo, the group's timeout 2 s."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch.distributed as dist
+
+from tests.distributed import run_distributed
+
+SLOW_S = 4.0  # rank 0's read: twice the group's timeout
+
+
+def _slow_read(rank: int, world: int, patient: bool):
+    from ringctl.longdoc.consensus import from_lead_reading
+
+    def read():
+        time.sleep(SLOW_S)
+        return {"model": "abc"}
+
+    if patient:
+        return from_lead_reading(read, nbytes=0)
+    box = [read() if rank == 0 else None]  # what agreed_identity did: the group's own wait
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _refused(rank: int, world: int):
+    from ringctl.longdoc.consensus import from_lead_reading
+
+    def read():
+        raise ValueError("the model's files cannot be read: gone")
+
+    try:
+        from_lead_reading(read, nbytes=1 << 30)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def test_the_others_wait_as_long_as_rank_0_reads(monkeypatch):
+    monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "2")
+    assert run_distributed(_slow_read, 2, True) == [{"model": "abc"}] * 2
+    with pytest.raises(RuntimeError, match=r"rank \d of 2 failed"):  # the wait it replaces
+        run_distributed(_slow_read, 2, False)
+
+
+def test_a_read_rank_0_refuses_is_refused_on_every_rank_alike(monkeypatch):
+    monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "2")
+    said = run_distributed(_refused, 2)
+    assert said == ["the model's files cannot be read: gone"] * 2
