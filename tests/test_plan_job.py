@@ -197,3 +197,20 @@ def test_a_job_that_does_not_fit_is_told_which_key_would_fit_it(capsys):
     )
     size = report["fewest_ranks"]  # (second reading) followed with as many ranks, it loads
     assert load_job("train", [f"ring.size={size}", f"nodes={size}", "task.seq_len=40000000"])
+
+
+def test_the_plan_offers_a_hybrid_layout_only_to_a_task_that_runs_one(capsys):
+    """(training review) `ringctl plan` of a training job on 4 nodes x 8 GPUs recommended
+    "hybrid 2x16 (Ulysses x ring)", and ring.ulysses=2 is then refused by the task ("runs
+    plain rings"). Only the attention task runs hybrid grids."""
+    shape = ["nodes=4", "tasks_per_node=8", "gpus_per_node=8", "device=H100-SXM"]
+    for job, hybrid in (("train", False), ("longdoc", False), ("attention", True)):
+        seq = [] if job == "longdoc" else ["task.seq_len=65536"]
+        code = main(["plan", job, *shape, *seq, "--json"])
+        out = capsys.readouterr().out
+        if job == "longdoc":  # its documents vary: a budget, never a layout table
+            assert code == 0 and "layouts" not in out, out[:200]
+            continue
+        report = json.loads(out)
+        names = [row["name"] for row in report.get("layouts") or []]
+        assert any(n.startswith("hybrid") for n in names) is hybrid, (job, names)

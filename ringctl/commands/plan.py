@@ -475,9 +475,14 @@ def _json(report: dict) -> str:
 
 
 def _layouts(args, work: Workload, device: Device, link: Link):
-    """Flat ring vs the hybrid the node allows (none when no Ulysses degree fits)."""
+    """Flat ring vs the hybrid the node allows (none when no Ulysses degree fits, or for a
+    job whose task runs plain rings: the plan recommended a hybrid that training refuses)."""
     from ..planner.hybrid import compare_layouts, ulysses_degrees
+    from ..tasks import get_task
 
+    cfg = getattr(args, "job_cfg", None)
+    if cfg is not None and not get_task(str(cfg.task.name)).hybrid_grids:
+        return []
     if args.ranks < 2 or device.cores is not None:
         return []
     per_node = max(1, args.ranks // max(1, args.nodes))

@@ -374,6 +374,7 @@ class AttentionTask(Task):
 
     name = "attention"
     params = Params
+    hybrid_grids = True
 
     def check(self, cfg, bad) -> None:
         from ringattn.geometry import LAYOUTS, layout_multiple, padded_length, ulysses_problem

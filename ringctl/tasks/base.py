@@ -105,6 +105,9 @@ class Task(ABC):
     start_imports: ClassVar[tuple[str, ...]] = ("torch", "torch.distributed", "ringctl.worker")
     # What its ranks set in their environment before those imports (the supervisor too).
     start_env: ClassVar[dict[str, str]] = {}
+    # Whether it runs hybrid Ulysses x ring grids (ring.ulysses): the planner offers a
+    # hybrid layout only to a task that can take it.
+    hybrid_grids: ClassVar[bool] = False
 
     def check(self, cfg, bad: Callable[[str, str], Exception]) -> None:
         """Raise bad("task.x", "why") for an impossible value (at load, before submission)."""
