@@ -177,9 +177,13 @@ def test_a_killed_rank_then_resume_equals_the_uninterrupted_run(
     added.write_bytes(b"a document added after the checkpoint")
     try:
         capsys.readouterr()
-        assert main(["resume", str(one), "--force", "--follow"]) == 1
+        # (training review) refused before anything runs: every rank loaded the model first,
+        # then refused, and the job read FAILED
+        assert main(["resume", str(one), "--force", "--follow"]) == 2
         err = capsys.readouterr().err
         assert "written by a run with the input documents" in err, err
+        assert main(["status", "--json", str(one)]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["state"] == "COMPLETED"
     finally:
         added.unlink()
     assert main(["resume", str(one), "--force", "tasks_per_node=1", "--follow"]) == 0

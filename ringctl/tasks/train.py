@@ -153,5 +153,34 @@ class TrainTask(CorpusTask):
         ctx.log(f"train: {summary.steps} steps this attempt, at step {summary.step}, {loss}")
         return {"steps": summary.steps, "step": summary.step, "loss": summary.loss}
 
+    def resume_problem(self, cfg, job_dir) -> str | None:
+        """Input documents other than those the latest checkpoint trained on: every rank
+        loaded the model, then refused, and the job read FAILED (training review). Checked
+        where this machine sees the inputs (not over ssh), by the ranks' own rule."""
+        from ..backends import files_here
+        from ..jobdir import JobDir
+        from ..longdoc.inputs.documents import DocumentError, listing_signature
+        from ..train.checkpoint import CheckpointDir
+        from ..train.run import changed_run
+
+        if not files_here(cfg):
+            return None
+        try:
+            found = CheckpointDir(JobDir(job_dir).checkpoints).latest()
+        except ValueError:  # the ranks refuse it by name
+            return None
+        had = found.state.get("run", {}) if found is not None else {}
+        if "documents" not in had:  # no checkpoint yet (or one before documents were kept)
+            return None
+        params = self.params_of(cfg)
+        try:
+            listing = params.list_inputs(params.input_paths())
+        except DocumentError as err:
+            return f"task.inputs: {err}"
+        now = listing_signature(listing.documents)
+        if now == had["documents"]:
+            return None
+        return changed_run(found, "documents", had | {"documents": now}, had, params)
+
     def gatherer(self) -> Gatherer:
         return TrainGatherer()

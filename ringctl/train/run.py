@@ -332,7 +332,7 @@ def resume_from(
     changed = sorted(k for k in want if want[k] != had.get(k) and k not in skipped)
     if changed:
         settings = [k for k in changed if k not in IDENTITY_KEYS]  # named first
-        raise ValueError(_changed_run(found, (settings or changed)[0], want, had, params))
+        raise ValueError(changed_run(found, (settings or changed)[0], want, had, params))
     cursor = _checked_state(found, scheduler, stream, params)
     for key in unrecorded:
         opts.log(
@@ -350,7 +350,7 @@ def resume_from(
     return found.step, cursor
 
 
-def _changed_run(found, key: str, want: dict, had: dict, params: TrainParams) -> str:
+def changed_run(found, key: str, want: dict, had: dict, params: TrainParams) -> str:
     """The refusal of a resume whose run signature differs from the checkpoint's at ``key``."""
     if key in IDENTITY_KEYS:
         setting = IDENTITY_KEYS[key]
