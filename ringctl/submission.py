@@ -332,13 +332,16 @@ def _resume_key_problem(item: str, cfg=None) -> str | None:
     change named as ``cfg`` (the job's config, when given) has them."""
 
     key = item.split("=", 1)[0].strip()
+    own = get_task(str(cfg.task.name)).resume_keys if cfg is not None else ()
+    if key in own:  # how this task's runs may change, its results the same
+        return None
     if key in NOT_RESUME_KEYS:
         return (
             f"override {item!r}: a resume may not change {key}: the outputs already written "
             "were computed with the job's; run a new job for another"
         )
     if not key.startswith(RESUME_KEYS) and key not in RESUME_KEYS:
-        names = [k.rstrip(".") for k in RESUME_KEYS]
+        names = [k.rstrip(".") for k in RESUME_KEYS] + list(own)
         if cfg is not None:  # task.on_changed_input is a long-document job's alone
             names = [k for k in names if _has_key(cfg, k)]
         more = (  # a training run's schedule is over max_steps: more steps are another run

@@ -108,6 +108,9 @@ class Task(ABC):
     # Whether it runs hybrid Ulysses x ring grids (ring.ulysses): the planner offers a
     # hybrid layout only to a task that can take it.
     hybrid_grids: ClassVar[bool] = False
+    # Keys a resume of its jobs may change beyond submission.RESUME_KEYS (how it runs, its
+    # results the same).
+    resume_keys: ClassVar[tuple[str, ...]] = ()
 
     def check(self, cfg, bad: Callable[[str, str], Exception]) -> None:
         """Raise bad("task.x", "why") for an impossible value (at load, before submission)."""

@@ -60,6 +60,9 @@ class TrainTask(CorpusTask):
     params = TrainParams
     start_imports = (*CorpusTask.start_imports, "ringctl.train.run")
     sections = {"model": TrainModelSection}
+    # FSDP2 or whole weights: the same losses (a checkpoint loads either way, README); one
+    # that ran out of memory resumes sharded (it was refused as changing the results)
+    resume_keys = ("model.shard",)
 
     def check(self, cfg, bad) -> None:
         super().check(cfg, bad)
