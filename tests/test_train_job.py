@@ -13,6 +13,8 @@ on another.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -85,7 +87,11 @@ def _losses(job_dir: Path) -> list[float]:
 def _weights(job_dir: Path, out: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    assert main(["gather", str(job_dir), "-o", str(out)]) == 0
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert main(["gather", str(job_dir), "-o", str(out)]) == 0
+    # (training review) the bundled model reads bytes: said, as no tokenizer is beside it
+    assert "trained on UTF-8 bytes: no tokenizer is copied" in " ".join(said.getvalue().split())
     return load_file(str(out / "model" / "model.safetensors"))
 
 

@@ -496,7 +496,8 @@ def run_tokenizer_dir(job_config, found: checkpoint.Checkpoint) -> tuple[Path | 
     run, state = found.state["run"], found.path / checkpoint.TRAIN_STATE
     if run_byte_tokens(run):
         said = f"{state}: the run trained on UTF-8 bytes: no tokenizer is copied beside its weights"
-        return None, [f"{said} (not {path}'s)"] if path else []
+        # said either way: AutoTokenizer on the folder fails, and nothing said why (review)
+        return None, [f"{said} (not {path}'s)" if path else f"{said} (ids are the bytes)"]
     if not path or not Path(path).is_dir():
         raise UserError(
             f"{state}: the run trained with a tokenizer (task.tokenizer_path="
