@@ -160,7 +160,11 @@ def pack_sequence(
         layout_multiple(layout, world_size, ulysses_degree)  # raises the hybrid-layout error
     cu = _cu_tuple(cu_seqlens)
     if balance_window is not None:  # before the cache: 4.0 == 4 found a layout made for 4
-        (balance_window,) = whole_numbers(balance_window=balance_window)
+        if integer_of(balance_window) is None or integer_of(balance_window) < 1:
+            raise ValueError(
+                f"balance_window must be a whole number >= 1 or None, got {balance_window!r}"
+            )
+        balance_window = integer_of(balance_window)
     return packed_layout(cu, ring_size, ring_layout_of(layout), ulysses_degree, balance_window)
 
 

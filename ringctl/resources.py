@@ -13,6 +13,7 @@ import importlib.util
 from pathlib import Path
 
 from .errors import UserError
+from .jobdir import JobDir
 
 _CHECKOUT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def find_job(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    if path.is_dir() and (path / "config.yaml").is_file():  # a job directory
+    if path.is_dir() and JobDir(path).config.is_file():  # a job directory
         raise UserError(
             f"{path} is a job directory, not a job file: ringctl status/logs/resume {path}"
         )

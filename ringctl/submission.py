@@ -472,9 +472,6 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
     job, cfg, backend = open_job_dir(path, checked=True)
     changed = resumed_config(job, list(overrides), force=force)  # before anything moves
     backend.refuse_unstartable(cfg if changed is None else changed[0])
-    why = get_task(str(cfg.task.name)).resume_problem(cfg, job.path)
-    if why:
-        raise UserError(f"{why}. Nothing was resumed")
     with job.lock("resume"):
         before = _last_state(job, backend, force=force)
         if not before.state.finished and before.state.value != "UNKNOWN":
@@ -491,6 +488,9 @@ def resume_job(path: Path, *, force: bool = False, overrides: list[str] | tuple[
         if running:
             raise UserError(f"{job.path}: {running}; cancel it first, or wait for it to end")
         backend.refuse_resume(job)
+        why = get_task(str(cfg.task.name)).resume_problem(cfg, job.path)  # a running job: above
+        if why:
+            raise UserError(f"{why}. Nothing was resumed")
         history = job.read_meta().get("attempts", [])
         if not isinstance(history, list):  # checked before anything moves
             raise UserError(f"{job.meta_file}: attempts must be a list")

@@ -53,3 +53,26 @@ def test_a_read_rank_0_refuses_is_refused_on_every_rank_alike(monkeypatch):
     monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "2")
     said = run_distributed(_refused, 2)
     assert said == ["the model's files cannot be read: gone"] * 2
+
+
+def _undecodable(rank: int, world: int):
+    import json
+
+    from ringctl.longdoc.consensus import from_lead_reading
+
+    def read():
+        return json.loads("{not json")  # a JSONDecodeError: not built from a message alone
+
+    try:
+        from_lead_reading(read, nbytes=0)
+    except ValueError as err:
+        return type(err).__name__
+    return None
+
+
+def test_an_error_that_cannot_be_rebuilt_reaches_every_rank_as_its_kind(monkeypatch):
+    """(re-reading) Rank 0's error was raised on every rank as type(err)(message): a
+    JSONDecodeError (or UnicodeDecodeError) cannot be built so, and every rank raised a
+    TypeError. Rank 0 raises its own; the others the kind it is (ValueError here)."""
+    monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "20")
+    assert run_distributed(_undecodable, 2) == ["JSONDecodeError", "ValueError"]

@@ -255,7 +255,9 @@ def test_the_twins_of_the_argument_fixes_read_arguments_the_same_way():
     ]
     assert torch.equal(unshard_sequence(chunks, layout="zigzag", cu_seqlens=iter(cu)), x)
     pack_sequence(cu, world_size=4, layout="zigzag", balance_window=4)  # cached
-    with pytest.raises(ValueError, match="balance_window must be an int, got 4.0"):
+    with pytest.raises(
+        ValueError, match="balance_window must be a whole number >= 1 or None, got 4.0"
+    ):
         pack_sequence(cu, world_size=4, layout="zigzag", balance_window=4.0)
     for bad in (4.0, True):
         with pytest.raises(ValueError, match=f"world_size must be an int, got {bad}"):

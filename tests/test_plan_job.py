@@ -214,3 +214,7 @@ def test_the_plan_offers_a_hybrid_layout_only_to_a_task_that_runs_one(capsys):
         report = json.loads(out)
         names = [row["name"] for row in report.get("layouts") or []]
         assert any(n.startswith("hybrid") for n in names) is hybrid, (job, names)
+
+    # (re-reading) nor priced with --ulysses: refused by name
+    assert main(["plan", "train", *shape, "task.seq_len=65536", "--ulysses", "2"]) == 2
+    assert "--ulysses 2: the train task runs plain rings" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,12 @@ from ringctl.submission import open_job_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "jobs" / "smoke.yaml")
+
+
+def _cpus(node: str, local_rank: int) -> str:
+    """A CPU list that names a plan entry's (node, local rank), of CPUs this machine lacks
+    (1000 and up: no rank is bound by it)."""
+    return str(1000 + 16 * (zlib.crc32(node.encode()) % 400) + local_rank)
 
 
 def only_job_dir(root: Path) -> Path:
@@ -151,7 +158,7 @@ def _plan(nodes: list[str], per_node: int, order: list[tuple[str, int]]) -> dict
             "gpu": None,
             "nic": None,
             "numa": None,
-            "env": {"RINGCTL_CPU_AFFINITY": f"{n}:{lr}"},
+            "env": {"RINGCTL_CPU_AFFINITY": _cpus(n, lr)},
         }
         for r, (n, lr) in enumerate(order)
     ]
@@ -178,7 +185,7 @@ def test_identify_takes_the_rank_from_the_plan(tmp_path, monkeypatch):
         ident = identify(tmp_path)
         assert ident.task_index == task and ident.world_size == 4
         seen[(node, local)] = ident.rank
-        assert ident.plan_entry["env"]["RINGCTL_CPU_AFFINITY"] == f"{node}:{local}"
+        assert ident.plan_entry["env"]["RINGCTL_CPU_AFFINITY"] == _cpus(node, local)
     assert seen == {("n2", 1): 0, ("n1", 0): 1, ("n1", 1): 2, ("n2", 0): 3}
 
     monkeypatch.setenv("SLURMD_NODENAME", "n9")

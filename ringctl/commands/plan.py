@@ -572,6 +572,13 @@ def _from_job(args) -> Workload:
     if args.seq and not work.seq_len:
         work = replace(work, seq_len=args.seq)
     if args.ulysses != 1:  # the flag over the job's ring.ulysses (sizing.job_ulysses)
+        from ..tasks import get_task
+
+        if not get_task(str(cfg.task.name)).hybrid_grids:
+            raise UserError(
+                f"--ulysses {args.ulysses}: the {cfg.task.name} task runs plain rings "
+                "(ring.ulysses is the attention task's)"
+            )
         work = replace(work, ulysses=args.ulysses)
     args.job_cfg = cfg
     return work

@@ -51,26 +51,45 @@ def from_lead_reading(compute: Callable[[], Any], nbytes: int, group=None) -> An
     whose timeout covers that read at READ_RATE_FLOOR: under the job's collective timeout
     (300 s by default) a model of 140 GB, two minutes of hashing from page cache and more
     from a cold shared filesystem, failed every job at start and at each resume ("Timed out
-    waiting ... for recv"). Every rank of the job calls it (a new group is made by all)."""
+    waiting ... for recv"). The group is of the job's own backend (a gloo mesh beside NCCL
+    would need gloo to reach every node, GLOO_SOCKET_IFNAME unset), made by the group's
+    members alone; whatever rank 0's read raises is raised on every rank."""
     if dist.get_world_size(group) == 1:
         return compute()
     seconds = READ_WAIT_FLOOR_S + nbytes / READ_RATE_FLOOR
     members = dist.get_process_group_ranks(group) if group is not None else None
-    patient = dist.new_group(members, timeout=timedelta(seconds=seconds), backend="gloo")
+    patient = dist.new_group(
+        members,
+        timeout=timedelta(seconds=seconds),
+        use_local_synchronization=members is not None,  # a subgroup's ranks only
+    )
+    failure = None
     try:
         lead = dist.get_global_rank(group, 0) if group is not None else 0
         box: list = [None]
         if dist.get_rank() == lead:
             try:
                 box = [("ok", compute())]
-            except (OSError, ValueError, RuntimeError) as err:  # raised on every rank alike
-                box = [("failed", type(err), str(err))]
+            except BaseException as err:  # the others must not wait for a broadcast never sent
+                failure = err
+                box = [("failed", _kind_of(err).__name__, str(err))]
         dist.broadcast_object_list(box, src=lead, group=patient)
     finally:
         dist.destroy_process_group(patient)
+    if failure is not None:
+        raise failure  # rank 0's own, with its traceback
     if box[0][0] == "failed":
-        raise box[0][1](box[0][2])
+        raise _RAISED[box[0][1]](box[0][2])
     return box[0][1]
+
+
+_RAISED = {kind.__name__: kind for kind in (OSError, ValueError, RuntimeError)}
+
+
+def _kind_of(err: BaseException) -> type:
+    """The kind the other ranks raise for rank 0's error (built from its message alone: a
+    JSONDecodeError cannot be)."""
+    return next((kind for kind in _RAISED.values() if isinstance(err, kind)), RuntimeError)
 
 
 def agreed_inputs(list_inputs: Callable[[], Listing], group=None) -> tuple[Listing, str]:

@@ -429,11 +429,14 @@ class LongDocRun:
         error = error or check_expected(self.store.root, listing.documents)
         agree(error, job.group)
         # with the identity rank 0 computes, the others waiting as long as its read takes
-        model = resolve_model_path(self.params.model_path) or bundled_config_path()
+        try:  # a bound only: a name some node cannot resolve is refused in the agreement
+            nbytes = identity_bytes(
+                resolve_model_path(self.params.model_path) or bundled_config_path()
+            )
+        except (OSError, ValueError):
+            nbytes = 0
         self.run_record = from_lead_reading(
-            lambda: run_record(job.world_size, self.run_signature()),
-            identity_bytes(model),
-            job.group,
+            lambda: run_record(job.world_size, self.run_signature()), nbytes, job.group
         )
         for note in listing.notes():
             job.log(note)
