@@ -76,3 +76,38 @@ def test_an_error_that_cannot_be_rebuilt_reaches_every_rank_as_its_kind(monkeypa
     TypeError. Rank 0 raises its own; the others the kind it is (ValueError here)."""
     monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "20")
     assert run_distributed(_undecodable, 2) == ["JSONDecodeError", "ValueError"]
+
+
+def _slow_share(rank: int, world: int, folder: str, broken: bool):
+    """verify_together with rank 0's share read slowly (twice the group's timeout)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from ringctl.train import checkpoint
+
+    real = checkpoint.verify
+
+    def slow(found, r, w):
+        if r == 0:
+            time.sleep(SLOW_S)
+            if broken:
+                return f"{found.path}/__0_0.distcp: its sha256 is not the one recorded"
+        return real(found, r, w)
+
+    checkpoint.verify = slow
+    try:
+        checkpoint.verify_together(SimpleNamespace(path=Path(folder), state={"run": {}}))
+    except ValueError as err:
+        return str(err)
+    return "verified"
+
+
+def test_a_resume_s_checkpoint_check_waits_as_long_as_the_largest_share(monkeypatch, tmp_path):
+    """(training review, left then fixed) Each rank hashes its share of a checkpoint before
+    the agreement, under the collective timeout: a large optimizer state resumed on few
+    ranks is minutes of hashing a rank. The agreement waits as long as the largest share
+    takes; a changed file is still refused on every rank."""
+    monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "2")
+    assert run_distributed(_slow_share, 2, str(tmp_path), False) == ["verified"] * 2
+    said = run_distributed(_slow_share, 2, str(tmp_path), True)
+    assert said[0] == said[1].removeprefix("rank 0: ") and "its sha256 is not" in said[0], said

@@ -6,7 +6,8 @@ forever): each contributes its view through one small collective, and all act on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -56,15 +57,8 @@ def from_lead_reading(compute: Callable[[], Any], nbytes: int, group=None) -> An
     members alone; whatever rank 0's read raises is raised on every rank."""
     if dist.get_world_size(group) == 1:
         return compute()
-    seconds = READ_WAIT_FLOOR_S + nbytes / READ_RATE_FLOOR
-    members = dist.get_process_group_ranks(group) if group is not None else None
-    patient = dist.new_group(
-        members,
-        timeout=timedelta(seconds=seconds),
-        use_local_synchronization=members is not None,  # a subgroup's ranks only
-    )
     failure = None
-    try:
+    with patient_group(nbytes, group) as patient:
         lead = dist.get_global_rank(group, 0) if group is not None else 0
         box: list = [None]
         if dist.get_rank() == lead:
@@ -74,13 +68,29 @@ def from_lead_reading(compute: Callable[[], Any], nbytes: int, group=None) -> An
                 failure = err
                 box = [("failed", _kind_of(err).__name__, str(err))]
         dist.broadcast_object_list(box, src=lead, group=patient)
-    finally:
-        dist.destroy_process_group(patient)
     if failure is not None:
         raise failure  # rank 0's own, with its traceback
     if box[0][0] == "failed":
         raise _RAISED[box[0][1]](box[0][2])
     return box[0][1]
+
+
+@contextlib.contextmanager
+def patient_group(nbytes: int, group=None) -> Iterator:
+    """The ranks of ``group`` again, in a group whose collectives wait as long as reading
+    ``nbytes`` takes at READ_RATE_FLOOR (past the job's collective timeout), of the job's
+    own backend (a gloo mesh beside NCCL would need gloo to reach every node), made by the
+    group's members alone. Its members make it together, before the read."""
+    members = dist.get_process_group_ranks(group) if group is not None else None
+    patient = dist.new_group(
+        members,
+        timeout=timedelta(seconds=READ_WAIT_FLOOR_S + nbytes / READ_RATE_FLOOR),
+        use_local_synchronization=members is not None,  # a subgroup's ranks only
+    )
+    try:
+        yield patient
+    finally:
+        dist.destroy_process_group(patient)
 
 
 _RAISED = {kind.__name__: kind for kind in (OSError, ValueError, RuntimeError)}

@@ -241,6 +241,16 @@ def share_sums(folder: Path, rank: int, world: int) -> dict[str, str]:
     return {p.name: file_sha256(p) for p in covered_files(folder)[rank::world]}
 
 
+def largest_share_bytes(folder: Path, world: int) -> int:
+    """The bytes of the largest share ``share_sums`` gives a rank (0 where the files cannot
+    be listed: ``verify`` says why)."""
+    try:
+        sizes = [p.stat().st_size for p in covered_files(folder)]
+    except OSError:
+        return 0
+    return max((sum(sizes[rank::world]) for rank in range(max(1, world))), default=0)
+
+
 def verify(checkpoint: Checkpoint, rank: int = 0, world: int = 1) -> str:
     """Why this rank's share of the checkpoint's files is not what checksums.json says ("":
     it is). A checkpoint of an earlier ringctl has none (read as it is); one whose run
@@ -349,21 +359,26 @@ def verify_together(checkpoint: Checkpoint, *, group=None) -> None:
     """Every rank hashes its share of the checkpoint's files (``verify``); ValueError on
     every rank alike, whichever share held the changed file. Collective over the job; before
     anything of the checkpoint is believed (its train_state's run signature and cursor were
-    compared first: a damaged one was refused as a changed setting)."""
+    compared first: a damaged one was refused as a changed setting). The ranks wait for each
+    other as long as the largest share takes to read (``patient_group``): a checkpoint of a
+    large model's optimizer state resumed on few ranks is minutes of hashing a rank, past the
+    collective timeout."""
     import torch.distributed as dist
 
-    from ..longdoc.consensus import agree
+    from ..longdoc.consensus import agree, patient_group
 
     if not dist.is_initialized():  # one process (a check of it alone): the whole of it
         error = verify(checkpoint)
         if error:
             raise ValueError(error)
         return
-    error = verify(checkpoint, dist.get_rank(group), dist.get_world_size(group))
-    try:
-        agree(error, group)
-    except RuntimeError as err:
-        raise ValueError(str(err)) from None
+    world = dist.get_world_size(group)
+    with patient_group(largest_share_bytes(checkpoint.path, world), group) as patient:
+        error = verify(checkpoint, dist.get_rank(group), world)
+        try:
+            agree(error, patient)
+        except RuntimeError as err:
+            raise ValueError(str(err)) from None
 
 
 def load(model, optimizer, checkpoint: Checkpoint, *, group=None) -> None:
