@@ -66,7 +66,7 @@ from .inputs.documents import (
 from .model.compat import window_refusal
 from .model.directory import identity_bytes, model_identity
 from .model.load import attention_layers, load_model
-from .model.names import bundled_config_path, installed_model, resolve_model_path
+from .model.names import installed_model, model_files
 from .model.tokenize import ByteTokenizer, load_tokenizer
 from .output.completeness import INPUT_CHANGED, document_status
 from .output.expected import check_expected, some_names, write_expected
@@ -430,9 +430,7 @@ class LongDocRun:
         agree(error, job.group)
         # with the identity rank 0 computes, the others waiting as long as its read takes
         try:  # a bound only: a name some node cannot resolve is refused in the agreement
-            nbytes = identity_bytes(
-                resolve_model_path(self.params.model_path) or bundled_config_path()
-            )
+            nbytes = identity_bytes(model_files(self.params.model_path))
         except (OSError, ValueError):
             nbytes = 0
         self.run_record = from_lead_reading(
@@ -453,7 +451,7 @@ class LongDocRun:
             return self.params.signature()
         if self._identity is None:
             params = self.params
-            model = resolve_model_path(params.model_path) or bundled_config_path()
+            model = model_files(params.model_path)
             try:
                 self._identity = {"model": model_identity(model)}
                 tokenizer = params.tokenizer_path

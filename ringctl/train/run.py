@@ -234,11 +234,10 @@ ADDED_KEYS = {"clip"}
 
 
 def model_files(params: TrainParams) -> Path:
-    """The file or directory the job's model is read from: ``task.model_path`` (a reserved
-    name resolved), or the bundled tiny Llama's JSON config when it is null."""
-    from ..longdoc.model.names import bundled_config_path, resolve_model_path
+    """The file or directory the job's model is read from (``names.model_files``)."""
+    from ..longdoc.model import names
 
-    return Path(resolve_model_path(params.model_path) or bundled_config_path())
+    return names.model_files(params.model_path)
 
 
 def files_identity(params: TrainParams) -> dict:

@@ -60,6 +60,13 @@ def resolve_model_path(model_path: str | None) -> str | None:
     return model_path
 
 
+def model_files(model_path: str | None) -> Path:
+    """The file or directory a job's model is read from: ``model_path`` with a reserved name
+    resolved (``resolve_model_path``), or the bundled tiny Llama's JSON config when it is
+    None. What a model's identity hashes, for the scoring and the training job alike."""
+    return Path(resolve_model_path(model_path) or bundled_config_path())
+
+
 def unknown_reserved_name(model_path: str | None) -> str | None:
     """Why ``model_path`` is a reserved name's form (``bundled:``, ``package:``) naming no
     model ringctl knows, or None: a name, whatever is installed where the job runs."""
