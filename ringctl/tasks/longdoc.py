@@ -167,6 +167,18 @@ class CorpusTask(Task):
         self.check_model(p, bad)
         self.check_inputs(p, bad)
 
+    def listed_documents(self, cfg) -> tuple[list | None, str]:
+        """(the documents the job's ranks would list now, as this machine sees its inputs,
+        "") or (None, why the inputs cannot be listed, naming task.inputs): what a resume
+        compares with the documents its job set out with."""
+        from ..longdoc.inputs.documents import DocumentError
+
+        params = self.params_of(cfg)
+        try:
+            return params.list_inputs(params.input_paths()).documents, ""
+        except DocumentError as err:
+            return None, f"task.inputs: {err}"
+
     def check_plain_rings(self, cfg, bad) -> None:
         """The corpus tasks (scoring, training) run plain rings (``ring.size``): ring.ulysses
         is refused by name rather than ignored, since the placement step would group ranks
@@ -462,19 +474,16 @@ class LongDocTask(CorpusTask):
         expected.json): every rank refused the resume after the queue. Checked where this
         machine sees the inputs (not over ssh), as the ranks list them."""
         from ..jobdir import task_output
-        from ..longdoc.inputs.documents import DocumentError
         from ..longdoc.output.expected import check_expected
         from ..longdoc.output.names import RUN_FILE, SUBDIR
 
         root = task_output(Path(job_dir), SUBDIR, RUN_FILE)
         if root is None or not files_here(cfg):  # nothing written yet, or not readable here
             return None
-        params = self.params_of(cfg)
-        try:
-            listing = params.list_inputs(params.input_paths())
-        except DocumentError as err:
-            return f"task.inputs: {err}"
-        return check_expected(root, listing.documents) or None
+        documents, refused = self.listed_documents(cfg)
+        if documents is None:
+            return refused
+        return check_expected(root, documents) or None
 
     @staticmethod
     def check_shard(cfg, bad) -> None:

@@ -162,7 +162,7 @@ class TrainTask(CorpusTask):
         where this machine sees the inputs (not over ssh), by the ranks' own rule."""
         from ..backends import files_here
         from ..jobdir import JobDir
-        from ..longdoc.inputs.documents import DocumentError, listing_signature
+        from ..longdoc.inputs.documents import listing_signature
         from ..train.checkpoint import CheckpointDir
         from ..train.run import changed_run
 
@@ -175,14 +175,13 @@ class TrainTask(CorpusTask):
         had = found.state.get("run", {}) if found is not None else {}
         if "documents" not in had:  # no checkpoint yet (or one before documents were kept)
             return None
-        params = self.params_of(cfg)
-        try:
-            listing = params.list_inputs(params.input_paths())
-        except DocumentError as err:
-            return f"task.inputs: {err}"
-        now = listing_signature(listing.documents)
+        documents, refused = self.listed_documents(cfg)
+        if documents is None:
+            return refused
+        now = listing_signature(documents)
         if now == had["documents"]:
             return None
+        params = self.params_of(cfg)
         return changed_run(found, "documents", had | {"documents": now}, had, params)
 
     def gatherer(self) -> Gatherer:
