@@ -628,6 +628,19 @@ def whole_numbers(**named) -> tuple[int, ...]:
     return tuple(integer_of(value) for value in named.values())
 
 
+def check_balance_window(balance_window) -> int | None:
+    """The window a packing's causal work is balanced for: a whole number >= 1 (numpy's
+    too, as an int) or None; ValueError otherwise."""
+    if balance_window is None:
+        return None
+    keys = integer_of(balance_window)
+    if keys is None or keys < 1:
+        raise ValueError(
+            f"balance_window must be a whole number >= 1 or None, got {balance_window!r}"
+        )
+    return keys
+
+
 def check_cu_seqlens(cu_seqlens: Sequence[int]) -> tuple[int, ...]:
     """``[0, l1, l1 + l2, ..., N]``: starts at 0, never decreases, N >= 1 (empty documents are
     allowed and hold no rows)."""
@@ -673,10 +686,7 @@ def packed_layout(
     check_layout(layout)
     if world_size < 1 or row_multiple < 1:
         raise ValueError(f"world_size ({world_size}) and row_multiple must be >= 1")
-    if balance_window is not None and (integer_of(balance_window) is None or balance_window < 1):
-        raise ValueError(
-            f"balance_window must be a whole number >= 1 or None, got {balance_window!r}"
-        )
+    balance_window = check_balance_window(balance_window)
     cu = check_cu_seqlens(cu_seqlens)
     lengths = tuple(b - a for a, b in zip(cu, cu[1:], strict=False))
     tokens = cu[-1]

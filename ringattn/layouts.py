@@ -51,6 +51,7 @@ from .geometry import (
     HYBRID_LAYOUTS,
     LAYOUTS,
     SequenceLayout,
+    check_balance_window,
     check_layout,
     check_sequence_layout,
     chunks_per_rank,
@@ -159,12 +160,8 @@ def pack_sequence(
     if layout in LAYOUTS and ulysses_degree != 1:
         layout_multiple(layout, world_size, ulysses_degree)  # raises the hybrid-layout error
     cu = _cu_tuple(cu_seqlens)
-    if balance_window is not None:  # before the cache: 4.0 == 4 found a layout made for 4
-        if integer_of(balance_window) is None or integer_of(balance_window) < 1:
-            raise ValueError(
-                f"balance_window must be a whole number >= 1 or None, got {balance_window!r}"
-            )
-        balance_window = integer_of(balance_window)
+    # before the cache: 4.0 == 4 found the layout made for 4
+    balance_window = check_balance_window(balance_window)
     return packed_layout(cu, ring_size, ring_layout_of(layout), ulysses_degree, balance_window)
 
 
