@@ -232,7 +232,7 @@ def _sdpa_step(q, k, v, dout):
 
 
 def ring_rows(cfg, device, timer: Timer, deadline: float) -> list[Row]:
-    rows, per_token2 = [], None
+    rows, per_token2, measured = [], None, None  # measured: (N, row) of the first ring timed
     for n in cfg["ring_seqs"]:
         shape = (
             f"{cfg['dtype']} N={n} P={cfg['ranks']} causal zigzag "
@@ -245,13 +245,41 @@ def ring_rows(cfg, device, timer: Timer, deadline: float) -> list[Row]:
                 print(f"# {shape}: {note}", flush=True)
                 rows.append(Row("ring", "LocalRing fwd+bwd", shape, note=note))
                 continue
-        rows.append(_ring_row(cfg, n, shape, device, timer, first=per_token2 is None))
+        too_big = _past_memory(cfg, device, measured, n)
+        if too_big:
+            print(f"# {shape}: {too_big}", flush=True)
+            rows.append(Row("ring", "LocalRing fwd+bwd", shape, note=too_big))
+            continue
+        try:
+            rows.append(_ring_row(cfg, n, shape, device, timer, first=per_token2 is None))
+        except torch.OutOfMemoryError:  # the rows before it stand; say where memory ran out
+            rows.append(Row("ring", "LocalRing fwd+bwd", shape, note="out of GPU memory"))
+            torch.cuda.empty_cache()
+            continue
         per_token2 = (rows[-1].ours_s + rows[-1].sdpa_s) / (n * n)
+        measured = measured or (n, rows[-1])
         if device.type == "cuda":
             torch.cuda.empty_cache()
         if len(rows) == 1:
             rows.append(_windowed_row(cfg, n, device, timer, rows[0]))
     return rows
+
+
+def _past_memory(cfg, device, measured: tuple[int, Row] | None, n: int) -> str:
+    """Why a ring of N tokens would not fit this GPU, or "": LocalRing holds every rank's
+    blocks on the one device, so its peak grows as N; priced from the first measured ring, plus
+    the inputs (q, k, v, dout: the peaks are measured above them). An H100's 80 GB holds the 128k
+    ring, not the 1M one an H200's 141 GB holds (it ran out at 76 GiB)."""
+    if device.type != "cuda" or measured is None:
+        return ""
+    n0, first = measured
+    peak = max(first.ours_peak_gib or 0.0, first.sdpa_peak_gib or 0.0) * n / n0 * 1.1
+    width = 2 * (cfg["heads"] + cfg["kv_heads"]) * cfg["head_dim"]
+    inputs = n * width * torch.finfo(getattr(torch, cfg["dtype"])).bits / 8 / 2**30
+    free = torch.cuda.mem_get_info(device)[0] / 2**30
+    if peak + inputs <= 0.95 * free:
+        return ""
+    return f"skipped: needs ~{peak + inputs:.0f} GiB of GPU memory, {free:.0f} GiB free"
 
 
 def _windowed_row(cfg, n, device, timer: Timer, causal: Row) -> Row:
