@@ -474,14 +474,20 @@ def _json(report: dict) -> str:
         ) from None
 
 
+def _runs_hybrid(cfg) -> bool:
+    """Whether the job (None: no job, only --ranks) may run hybrid Ulysses x ring grids: its
+    task's ``hybrid_grids``, the one question the layout table and --ulysses ask."""
+    from ..tasks import get_task
+
+    return cfg is None or get_task(str(cfg.task.name)).hybrid_grids
+
+
 def _layouts(args, work: Workload, device: Device, link: Link):
     """Flat ring vs the hybrid the node allows (none when no Ulysses degree fits, or for a
     job whose task runs plain rings: the plan recommended a hybrid that training refuses)."""
     from ..planner.hybrid import compare_layouts, ulysses_degrees
-    from ..tasks import get_task
 
-    cfg = getattr(args, "job_cfg", None)
-    if cfg is not None and not get_task(str(cfg.task.name)).hybrid_grids:
+    if not _runs_hybrid(getattr(args, "job_cfg", None)):
         return []
     if args.ranks < 2 or device.cores is not None:
         return []
@@ -572,9 +578,7 @@ def _from_job(args) -> Workload:
     if args.seq and not work.seq_len:
         work = replace(work, seq_len=args.seq)
     if args.ulysses != 1:  # the flag over the job's ring.ulysses (sizing.job_ulysses)
-        from ..tasks import get_task
-
-        if not get_task(str(cfg.task.name)).hybrid_grids:
+        if not _runs_hybrid(cfg):
             raise UserError(
                 f"--ulysses {args.ulysses}: the {cfg.task.name} task runs plain rings "
                 "(ring.ulysses is the attention task's)"

@@ -542,9 +542,9 @@ class LongDocTask(CorpusTask):
         )
         inputs = params.inputs
         if inputs is None:
-            from importlib import resources
+            from ..longdoc.model.names import samples_dir  # no torch
 
-            inputs = [str(resources.files("ringctl.longdoc") / "data" / "samples")]  # no torch
+            inputs = [str(samples_dir())]
         listing = params.list_inputs(inputs, on_missing="report", on_bad_record="skip")
         docs = listing.documents
         tokens = estimated_tokens(docs)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -297,9 +296,10 @@ def _read_config_file(model_path: str | Path | None) -> dict:
     """A model path's config.json (a GGUF file's: its conversion's, made first if missing)."""
     from .directory import read_model_file
     from .gguf_file import converted, is_gguf
+    from .names import bundled_config_path
 
     if model_path is None:
-        path = Path(str(resources.files("ringctl.longdoc") / "data" / "tiny-llama.json"))
+        path = bundled_config_path()
     else:
         path = converted(model_path) if is_gguf(model_path) else Path(model_path)
         if path.is_dir():
