@@ -12,6 +12,7 @@ import pytest
 from ringctl.config import load_job
 from ringctl.errors import UserError
 from ringctl.sizing import Sizing
+from ringctl.tasks.longdoc import CorpusTask
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = json.loads((ROOT / "ringctl" / "longdoc" / "data" / "tiny-llama.json").read_text())
@@ -173,3 +174,28 @@ def test_a_device_number_past_any_device_is_a_bad_field(tmp_path, field, absurd,
         load_devices(path)
     path.write_text(device(plausible))
     assert load_devices(path)["odd"].name == "odd"
+
+
+@pytest.mark.parametrize("job", ["longdoc", "train"])
+def test_a_json_config_transformers_refuses_is_refused_at_submit(tmp_path, job):
+    """initializer_range 1e25 (transformers 5 checks it is within [0, 1] as it builds the
+    config): before, submitted, and every rank failed with huggingface_hub's traceback
+    (StrictDataclassFieldValidationError). Now the submit builds the config as the ranks do:
+    one line naming the file and the field, no job directory."""
+    from ringctl.submission import submit_job
+
+    model = _model(tmp_path, initializer_range=1e25)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("a short document")
+    job_dir = tmp_path / "job"
+    with pytest.raises(UserError) as err:
+        submit_job(
+            str(ROOT / "jobs" / f"{job}.yaml"),
+            [f"task.model_path={model}", f"task.inputs=[{doc}]", f"job_dir={job_dir}"],
+        )
+    said = str(err.value)
+    assert said.startswith(f"task.model_path: {model}: transformers refuses this model config: ")
+    assert "'initializer_range'" in said and said.endswith("got 1e+25. Nothing was submitted")
+    assert not job_dir.exists()
+    # the same file with a value transformers takes is not refused by this check
+    assert CorpusTask.check_built_config(_model(tmp_path, initializer_range=0.5), None) is None

@@ -337,12 +337,31 @@ class CorpusTask(Task):
         t["inputs"] = normalised_inputs(t["inputs"])  # the checks' reading: 2024 is "2024"
         if not here:  # the login node's paths: absolute already (check_login_node_paths)
             return cfg
+        self.check_built_config(t["model_path"], t["model_overrides"])
         if t["inputs"]:
             t["inputs"] = [str(Path(p).expanduser().absolute()) for p in t["inputs"]]
         for key in ("model_path", "tokenizer_path"):
             if t[key] and t[key] not in ("bytes", *RESERVED):  # names, resolved where run
                 t[key] = str(Path(t[key]).expanduser().absolute())
         return cfg
+
+    @staticmethod
+    def check_built_config(model_path, overrides) -> None:
+        """A hand-written .json model config built by transformers' class as the ranks build
+        it, once per submission (an import of transformers: not at every load, as ``check``):
+        a field it refuses is a one-line refusal here, not every rank's traceback."""
+        from ..errors import UserError
+        from ..longdoc.model.compat import built_config_refusal
+        from ..longdoc.model.load import builds_random
+
+        if model_path is None or not builds_random(model_path):  # the bundled one: known good
+            return
+        try:
+            why = built_config_refusal(model_path, overrides)
+        except ImportError:  # no transformers here: the package check refuses the job
+            return
+        if why:
+            raise UserError(f"task.model_path: {why}. Nothing was submitted")
 
     def job_model_shape(self, cfg):
         """``model_shape`` of the job's model, where this machine can read it: a UserError

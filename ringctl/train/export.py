@@ -289,7 +289,7 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
     (its config.json built by transformers' own classes: no ``auto_map`` code ever runs).
     config.json is the job directory's: the model it describes is checked against the
     checkpoint's tensors before it is built for real (``_check_against``)."""
-    from ..longdoc.model.load import config_from_fields
+    from ..longdoc.model.compat import config_from_fields
 
     path = found.path / checkpoint.MODEL_CONFIG
     try:

@@ -47,6 +47,7 @@ from ...planner.hf_config import (
     text_config,
     value_refusal,
 )
+from ...text import cut
 
 _OWN_ATTENTION = (
     "computes attention in its own code, not through transformers' attention interface, so "
@@ -290,6 +291,37 @@ def context_note(config: Any, n_tokens: int) -> str:
         f"(max_position_embeddings {limit}): positions {limit}-{n_tokens - 1} are scored past "
         "what the model was trained on"
     )
+
+
+def config_from_fields(data: dict, where: str | Path):
+    """(transformers config, seed) from a JSON config's fields (read once, the overrides
+    merged in: ``read_model_config``); keys starting with "_" are ours. transformers'
+    config classes, not torch: the submit's check (``built_config_refusal``) and the ranks
+    build it alike."""
+    from transformers import AutoConfig
+
+    if "model_type" not in data:
+        raise ValueError(f"{where}: a model config needs a 'model_type' (e.g. 'llama')")
+    seed = int(data.get("_ringctl_seed", 0))
+    fields = {k: v for k, v in data.items() if not k.startswith("_")}
+    return AutoConfig.for_model(**fields), seed
+
+
+def built_config_refusal(model_path: str | Path, overrides: Mapping | None = None) -> str | None:
+    """Why transformers' own config class refuses a hand-written .json model config, in one
+    line, or None. transformers 5 checks its fields as it builds the config (initializer_range
+    1e25: "must be ... smaller or equal to 1.0"), which every rank did at start, failing with
+    its traceback; the submit builds it the same way first. Needs transformers (ImportError
+    otherwise: the package check then refuses the job)."""
+    data = read_model_config(model_path, overrides)
+    try:
+        config_from_fields(data, model_path)
+    except ImportError:
+        raise
+    except Exception as err:  # whatever the class raises, the ranks would raise too
+        why = " ".join(str(err).split()).rstrip(".")
+        return f"{model_path}: transformers refuses this model config: {cut(why, 300)}"
+    return None
 
 
 def _read_config_file(model_path: str | Path | None) -> dict:

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .compat import config_from_fields
 from .hub import go_offline
 from .names import bundled_config_path
 
@@ -60,18 +61,6 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {name!r}")
     return DTYPES[name]
-
-
-def config_from_fields(data: dict, where: str | Path):
-    """(transformers config, seed) from a JSON config's fields (read once, the overrides
-    merged in: ``compat.read_model_config``); keys starting with "_" are ours."""
-    from transformers import AutoConfig
-
-    if "model_type" not in data:
-        raise ValueError(f"{where}: a model config needs a 'model_type' (e.g. 'llama')")
-    seed = int(data.get("_ringctl_seed", 0))
-    fields = {k: v for k, v in data.items() if not k.startswith("_")}
-    return AutoConfig.for_model(**fields), seed
 
 
 def built_with(config, merged: dict):
