@@ -572,7 +572,7 @@ def _shape_error(cfg: DictConfig, layer: DictConfig) -> str | None:
     return walk(_plain(cfg), _plain(layer), "")
 
 
-_PATH_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_PATH_PART = re.compile(r"([^.\[\]]+)|\[([0-9]+)\]")
 
 
 def _source_of(layers: list[tuple[str, DictConfig]], key: str, *also: str) -> str:

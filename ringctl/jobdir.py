@@ -121,7 +121,7 @@ def rank_log_file(rank: int | str, ext: str) -> str:
 
 
 # A rank's stdout and stderr logs in logs/, as `rank_log_file(R, "out" | "err")` names them.
-_RANK_STREAM = re.compile(r"rank-(\d+)\.(out|err)")
+_RANK_STREAM = re.compile(r"rank-([0-9]+)\.(out|err)")  # ASCII: "\d" took rank-٣
 
 
 def rank_stream_of(name: str) -> tuple[int, str] | None:

@@ -123,3 +123,10 @@ def test_the_worker_s_results_are_listed_by_the_names_it_writes(tmp_path, monkey
     listing = joblogs.list_results(LocalShell(), str(tmp_path), 4)
     assert (listing.missing, listing.failed) == ([0, 2], [1])
     assert joblogs.rank_error(LocalShell(), str(tmp_path), 1) == "ValueError: bad"
+
+
+def test_a_rank_log_name_takes_ascii_digits_only():
+    """`rank-٣.out` (an Arabic-Indic three) on a login node was shown as rank 3's log beside
+    the real rank 3's (`\\d` matches any Unicode digit and int() reads it)."""
+    assert jobdir.rank_stream_of("rank-3.out") == (3, "out")
+    assert jobdir.rank_stream_of("rank-\u0663.out") is None

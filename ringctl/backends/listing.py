@@ -70,6 +70,7 @@ class Listing:
     answers: dict[tuple[str, str], _Answer] = field(default_factory=dict)  # (where, command)
     kept: dict[object, object] = field(default_factory=dict)
     closers: list[Callable[[], None]] = field(default_factory=list)
+    refused: dict[object, UserError] = field(default_factory=dict)  # key -> why make() failed
 
 
 _CURRENT: ContextVar[Listing | None] = ContextVar("ringctl_listing", default=None)
@@ -124,17 +125,25 @@ def shared(
 ):
     """The listing's object under ``key`` (made on first use, closed when the listing ends;
     made again where ``alive`` says the kept one is not: a login node that dropped the
-    connection mid-listing failed every later job's row); outside a listing, None: the
+    connection mid-listing failed every later job's row; one that could not be made is not
+    tried again: a login node down cost each of its jobs' rows the connect timeout, 25
+    minutes for 100 jobs); outside a listing, None: the
     caller makes and closes its own."""
     current = _CURRENT.get()
     if current is None:
         return None
+    if key in current.refused:  # a login node down: said once a row, not waited for again
+        raise current.refused[key]
     kept = current.kept.get(key)
     if kept is not None and not alive(kept):
         close(kept)
         kept = current.kept[key] = None  # closed: never closed again
     if kept is None:
-        kept = make()
+        try:
+            kept = make()
+        except UserError as err:
+            current.refused[key] = err
+            raise
         if key not in current.kept:  # one closer a key: it closes what is kept then
             current.closers.append(lambda: current.kept[key] and close(current.kept[key]))
         current.kept[key] = kept

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import os
 import posixpath
 import secrets
@@ -33,8 +34,10 @@ import shutil
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -69,6 +72,11 @@ from .ssh_config import DEFAULT_KNOWN_HOSTS, SshConfig
 
 # One schema for SSH settings: the `ssh` section of a job config (ssh_config.SshConfig).
 SSHSettings = SshConfig
+
+# paramiko logs a transport thread's failure (a login node closing a new connection: "Error
+# reading SSH protocol banner") as a traceback through logging's last resort, ~20 lines ahead
+# of ringctl's own one-line reason. Its exceptions reach ringctl, which says them.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 # -- host keys -------------------------------------------------------------------------------------
@@ -258,17 +266,20 @@ class SSHShell:
     @property
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:
+            timeout = self.settings.command_timeout
             try:
-                self._sftp = self.client.open_sftp()
-            except (paramiko.SSHException, OSError) as err:
-                raise UserError(f"ssh {self.where}: SFTP failed: {one_line(str(err))}") from None
-            self._sftp.get_channel().settimeout(self.settings.command_timeout)
+                with self._answered_within("SFTP", timeout):
+                    self._sftp = self.client.open_sftp()
+            except SFTP_ERRORS as err:
+                raise sftp_error(self.settings, "SFTP failed", err) from None
+            self._sftp.get_channel().settimeout(timeout)
         return self._sftp
 
     def run(self, argv: Sequence[str], *, timeout: float = 60.0) -> tuple[int, str, str]:
         chan = self._session(argv, timeout)
         try:
-            chan.exec_command(shlex.join(argv))
+            with self._answered_within(f"`{argv[0]}`", timeout):
+                chan.exec_command(shlex.join(argv))
             out, err = bytearray(), bytearray()
             deadline = time.monotonic() + timeout
             while True:
@@ -301,10 +312,8 @@ class SSHShell:
             raise UserError(
                 f"ssh {self.where}: `{argv[0]}` did not answer within {timeout:.0f}s"
             ) from None
-        except (paramiko.SSHException, OSError) as err:
-            raise UserError(
-                f"ssh {self.where}: running `{argv[0]}` failed: {one_line(str(err))}"
-            ) from None
+        except SFTP_ERRORS as err:  # a dropped connection too: EOFError is no OSError
+            raise sftp_error(self.settings, f"running `{argv[0]}` failed", err) from None
         return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def _session(self, argv: Sequence[str], timeout: float):
@@ -315,11 +324,40 @@ class SSHShell:
                 raise NotSubmitted(f"ssh {self.where}: the connection is closed")
             chan = transport.open_session(timeout=timeout)
             chan.settimeout(timeout)
-        except (paramiko.SSHException, OSError) as err:
-            raise NotSubmitted(
-                f"ssh {self.where}: running `{argv[0]}` failed: {one_line(str(err))}"
-            ) from None
+        except SFTP_ERRORS as err:
+            said = sftp_error(self.settings, f"running `{argv[0]}` failed", err)
+            raise NotSubmitted(str(said)) from None
         return chan
+
+    @contextmanager
+    def _answered_within(self, what: str, timeout: float):
+        """Bound a request paramiko waits on with no timeout of its own (a command's exec, the
+        SFTP subsystem): a login node that stopped answering there held `status` and `cancel`
+        for ever. Past ``timeout`` the connection is closed, which ends the wait, and a
+        UserError says so (the next use connects again: ``SSHBackend.shell``)."""
+        transport = self.client.get_transport()
+        cut_off = threading.Event()
+
+        def close() -> None:
+            cut_off.set()
+            if transport is not None:
+                transport.close()
+
+        timer = threading.Timer(timeout, close)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        except BaseException:
+            if not cut_off.is_set():
+                raise
+        finally:
+            timer.cancel()
+        if cut_off.is_set():
+            raise UserError(
+                f"ssh {self.where}: {what} did not answer within {timeout:.0f}s "
+                "(the connection was closed)"
+            )
 
     def read_from(
         self, path: str, offset: int = 0, *, limit: int = READ_LIMIT, tail: bool = False
@@ -430,11 +468,16 @@ def _connect_failure(err: BaseException, s: SSHSettings, waited: float) -> UserE
         return UserError(f"ssh {s.target}: cannot connect: {'; '.join(sorted(reasons))}")
     if isinstance(err, paramiko.SSHException):
         text = one_line(str(err))
-        if waited >= 0.9 * t or "banner" in text or "No existing session" in text:
-            # paramiko ends a timed-out handshake quietly, then fails on the missing session
-            return UserError(
+        if waited >= 0.9 * t:  # paramiko ends a timed-out handshake quietly, then fails
+            return UserError(  # on the missing session
                 f"ssh {s.target}: timed out after {t:g}s waiting for the SSH handshake "
                 f"(is port {s.port} an SSH server?)"
+            )
+        if "banner" in text or "No existing session" in text:
+            return UserError(  # sshd's MaxStartups, a fail2ban: a busy login node says no
+                f"ssh {s.target}: the server closed the connection during the SSH handshake "
+                f"after {waited:.1f}s (a busy login node refusing new connections; is port "
+                f"{s.port} an SSH server?)"
             )
         return UserError(f"ssh {s.target}: {text}")
     if isinstance(err, OSError):
@@ -518,6 +561,8 @@ class SSHBackend(SlurmBackend):
     def shell(self) -> SSHShell:
         """The connection: a listing's, shared with its other jobs of the same settings
         (closed when the listing ends), else this backend's own."""
+        if self._shell_obj is not None and not self._shell_obj.is_open():
+            self.close()  # dropped (a timeout closed it, the login node did): connect again
         if self._shell_obj is None:
             settings = self.settings
 
@@ -686,6 +731,11 @@ class SSHBackend(SlurmBackend):
         try:
             for path in (posixpath.dirname(archive), archive):
                 _refuse_linked(sftp, path, self.settings.target)
+            if _is_real_dir(sftp, archive) and sftp.listdir(archive):
+                raise UserError(  # a resume that could not be put back left them (host down)
+                    f"ssh {self.settings.target}: {archive} already holds files (an earlier "
+                    f"resume's, not put back): move them back into {remote}, or remove them"
+                )
             self._mkdirs(archive)
             _move_archived(sftp, remote, archive)
             sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(job.logs))
@@ -719,10 +769,14 @@ class SSHBackend(SlurmBackend):
         return []
 
     def cancel_command(self, job_dir: Path, job_id: str) -> str:
+        """The ssh command that cancels the job, as ringctl connects: its key and known_hosts
+        file too (without them the printed line did not reach a host ringctl reached)."""
         s = self.settings
         port = ["-p", str(s.port)] if s.port != 22 else []
+        key = ["-i", os.path.expanduser(s.key)] if s.key else []
+        known = ["-o", f"UserKnownHostsFile={s.known_hosts_path}"] if s.known_hosts else []
         login = f"{s.user}@{s.host}" if s.user else s.host
-        return shlex.join(["ssh", *port, login, "scancel", job_id])
+        return shlex.join(["ssh", *port, *key, *known, login, "scancel", job_id])
 
     def _submitted_fields(self, job_dir: Path, cluster_dir: str) -> dict:
         s = self.settings
@@ -744,9 +798,13 @@ class SSHBackend(SlurmBackend):
             sftp.mkdir(p, mode=0o755)
 
     def _upload(self, local: Path, remote: str) -> None:
+        """The job directory copied to ``remote`` (which did not exist); on a failure, the
+        partial copy is removed where the connection still allows, else named."""
         sftp = self.shell.sftp
+        made = False  # only a folder this submission made is removed on a failure
         try:
             sftp.mkdir(remote, mode=_mode(local))
+            made = True
             for root, dirs, files in os.walk(local):
                 rel = os.path.relpath(root, local)
                 rdir = remote if rel == "." else posixpath.join(remote, *Path(rel).parts)
@@ -759,11 +817,20 @@ class SSHBackend(SlurmBackend):
                     sftp.chmod(dst, _mode(src))
             if not JobDir(local).logs.is_dir():
                 sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(local))
-        except OSError as err:
-            raise UserError(
-                f"ssh {self.settings.target}: uploading the job directory to {remote} failed: "
-                f"{one_line(str(err))}"
-            ) from None
+        except SFTP_ERRORS as err:  # a dropped connection too: nothing was submitted
+            said = sftp_error(self.settings, f"uploading the job directory to {remote} failed", err)
+            raise UserError(f"{said}{self._remove_partial(remote) if made else ''}") from None
+
+    def _remove_partial(self, remote: str) -> str:
+        """Remove a copy this submission made and could not finish (rm -rf of that one path,
+        as an argument, on a new connection if the old one dropped); what is left, said."""
+        try:
+            rc, _, err = self.shell.run(["rm", "-rf", "--", remote], timeout=self.command_timeout_s)
+        except UserError as err_:
+            rc, err = 1, str(err_)
+        if rc == 0:
+            return "; the partial copy there was removed"
+        return f"; a partial copy may remain at {remote} on the login node ({one_line(err)})"
 
     def fetch(self, job_dir: Path) -> list[str]:
         """Copy the job's outputs, logs, probes and placement back from the login node; return
@@ -772,6 +839,9 @@ class SSHBackend(SlurmBackend):
         remote = self.cluster_dir(job.path)
         fetched: list[str] = []
         unpointed: list[str] = []  # the folder brought where the login node has no latest
+        gone = self.gone(job.path)  # first: a link in its place would fetch another job's
+        if gone:
+            raise RemoteGone(f"{gone}: nothing was fetched (the copy here is the last fetch's)")
         try:
             for rpath, rel in self._fetchable(remote, unpointed):
                 if fetch_one(self.shell.sftp, rpath, job.path, rel):
@@ -779,9 +849,6 @@ class SSHBackend(SlurmBackend):
         except SFTP_ERRORS as err:
             what = f"fetching {remote} failed after {len(fetched)} files"
             raise sftp_error(self.settings, what, err) from None
-        gone = None if fetched else self.gone(job.path)
-        if gone:
-            raise RemoteGone(f"{gone}: nothing was fetched (the copy here is the last fetch's)")
         # By what the login node holds, not by what came: a latest refused here (a folder in
         # its place) was taken for none there, and the local copy's latest removed as one.
         if unpointed:
