@@ -113,6 +113,21 @@ CONTROL_FILES = frozenset({CONFIG, SCRIPT, META, STATE, SUPERVISOR, LOCK})
 # job's checkpoints are what its next attempt resumes from (moved with the logs, every
 # `ringctl resume` of a training job started again at step 0).
 KEPT_ACROSS_ATTEMPTS = frozenset({CONFIG, SCRIPT, META, LOCK, OUT, PROBES, ATTEMPTS, CHECKPOINTS})
+# Every entry a job directory holds of its own: a gather may write inside the directory
+# (GATHERED, or a folder of another name), never at or under these.
+JOB_ENTRIES = CONTROL_FILES | KEPT_ACROSS_ATTEMPTS | {PLACEMENT, SCHEDULE, LOGS}
+
+
+def job_entry_under(path: Path, job_dir: Path) -> str | None:
+    """The job directory's own entry (``JOB_ENTRIES``) that ``path`` is or lies under, both
+    resolved; None where it is none of them (outside the directory too). A gather written to
+    checkpoints/latest or checkpoints/step-N was taken for a checkpoint by every later
+    resume, prune and gather."""
+    try:
+        rel = path.resolve().relative_to(Path(job_dir).resolve())
+    except (ValueError, OSError, RuntimeError):
+        return None
+    return rel.parts[0] if rel.parts and rel.parts[0] in JOB_ENTRIES else None
 
 
 def rank_log_file(rank: int | str, ext: str) -> str:

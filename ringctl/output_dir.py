@@ -6,7 +6,8 @@ aside first and removed only once the new one is in), under a lock on OUT's fold
 (``beside``), so that a temporary left beside OUT is a killed gather's, which the next gather
 removes or puts back (``recover_killed``). OUT holds a marker file (``MARKER``): ``--force``
 replaces only an earlier gather output (``check_target``), and a ``--partial`` output is
-replaced by a later gather without it.
+replaced by a later gather of the same job (its resolved path: an earlier release's marker of
+a path as typed matches where that was the resolved one) without it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from .atomic import current_umask
 from .bounded_read import read_regular
 from .errors import UserError
+from .jobdir import job_entry_under
 
 MARKER = ".ringctl-gather"
 MARKER_FORMAT = "ringctl.gather/1"
@@ -39,8 +41,14 @@ def confined(path: Path, base: Path) -> bool:
 
 
 def write_marker(out: Path, job: Path, task: str, partial: bool) -> None:
-    """The marker of a gather output (``marker_of`` reads it back)."""
-    marker = {"format": MARKER_FORMAT, "job_dir": str(job), "task": task, "partial": partial}
+    """The marker of a gather output (``marker_of`` reads it back); the job's directory
+    resolved, so that "the same job" does not depend on how it was typed."""
+    marker = {
+        "format": MARKER_FORMAT,
+        "job_dir": str(Path(job).resolve()),
+        "task": task,
+        "partial": partial,
+    }
     (out / MARKER).write_text(json.dumps(marker) + "\n")
 
 
@@ -72,13 +80,16 @@ def is_partial_output(path: Path, job: Path | None = None) -> bool:
     marker = marker_of(path)
     if marker is None or marker.get("partial") is not True:
         return False
-    return job is None or marker.get("job_dir") == str(job)
+    return job is None or marker.get("job_dir") == str(Path(job).resolve())
 
 
 def check_target(target: Path, job: Path, *, force: bool) -> None:
     """Refuse, in one line, an `out` gather may not write or replace."""
     if confined(job, target):
         raise UserError(f"{target}: holds the job directory {job}; choose another -o")
+    entry = job_entry_under(target, job)
+    if entry is not None:
+        raise UserError(f"{target}: inside the job's own {entry}; choose another -o")
     if not os.path.lexists(target):
         return
     if not force and is_partial_output(target, job):

@@ -385,3 +385,37 @@ def test_another_jobs_partial_output_is_not_replaced_without_force(tmp_path):
     check_target(out, tmp_path / "job-a", force=False)
     with pytest.raises(UserError, match="exists already"):
         check_target(out, tmp_path / "job-b", force=False)
+
+
+def test_the_same_job_is_the_same_however_its_directory_is_typed(tmp_path, monkeypatch):
+    """The marker kept the job's path as typed: `gather p2 --partial` then `gather
+    /abs/p2` was refused ("exists already"), and d1/p3's partial output under a shared -o was
+    replaced by d2/p3's gather (another job, the same relative name), no --force."""
+    from ringctl.output_dir import check_target, write_marker
+
+    for d in ("d1/p3", "d2/p3"):
+        (tmp_path / d).mkdir(parents=True)
+    out = tmp_path / "shared"
+    out.mkdir()
+    monkeypatch.chdir(tmp_path / "d1")
+    write_marker(out, Path("p3"), "train", partial=True)
+    check_target(out, tmp_path / "d1" / "p3", force=False)  # the same job, typed otherwise
+    monkeypatch.chdir(tmp_path / "d2")
+    with pytest.raises(UserError, match="exists already"):
+        check_target(out, Path("p3"), force=False)  # another job of the same name
+
+
+@pytest.mark.parametrize("inside", ["checkpoints/latest", "checkpoints/step-0000009", "logs/g"])
+def test_a_gather_into_the_job_s_own_folders_is_refused(tmp_path, inside):
+    """-o JOBDIR/checkpoints/step-0000009 made a folder every later resume, prune and
+    gather took for a checkpoint (gather then refused the job: "step-0000009, which is
+    missing, incomplete"); checkpoints/latest made the pointer a folder. JOBDIR/gathered and
+    other new folders there stay allowed."""
+    from ringctl.output_dir import check_target
+
+    job = tmp_path / "job"
+    (job / "checkpoints").mkdir(parents=True)
+    with pytest.raises(UserError, match=f": inside the job's own {inside.split('/')[0]}; "):
+        check_target(job / inside, job, force=False)
+    check_target(job / "gathered", job, force=False)
+    check_target(job / "exported", job, force=False)

@@ -394,7 +394,7 @@ def _build(config, path: Path):
 
 def _check_against(config, found: checkpoint.Checkpoint, path: Path) -> None:
     """The model ``config`` describes, built on the meta device (no memory, no init), has
-    exactly the checkpoint's model tensors, name for name and shape for shape (its DCP
+    exactly the checkpoint's model tensors, name for name, shape and dtype (its DCP
     metadata, read through ``dcp_reader``): else refused, naming config.json and the first
     key that differs. Building it whole first let a vocab_size of 2**40 end in a traceback
     and 20000 layers take 44 s and 4 GB before the load refused them."""
@@ -406,8 +406,8 @@ def _check_against(config, found: checkpoint.Checkpoint, path: Path) -> None:
     saved = {k[len("model.") :]: v for k, v in stored.items() if k.startswith("model.")}
     _check_layers(config, saved, path)
     with torch.device("meta"):
-        built = {k: tuple(t.shape) for k, t in _build(config, path).state_dict().items()}
-    for key, shape in built.items():
+        built = {k: (tuple(t.shape), t.dtype) for k, t in _build(config, path).state_dict().items()}
+    for key, (shape, dtype) in built.items():
         held = getattr(saved.get(key), "size", None)
         if held is None:
             raise UserError(
@@ -418,6 +418,13 @@ def _check_against(config, found: checkpoint.Checkpoint, path: Path) -> None:
             raise UserError(
                 f"{path}: the model it describes has {key} of shape {list(shape)}, the "
                 f"checkpoint beside it {list(held)}"
+            )
+        stored_dtype = getattr(getattr(saved[key], "properties", None), "dtype", dtype)
+        if stored_dtype != dtype:  # the load would cast: a bf16 export of float32 weights
+            raise UserError(
+                f"{path}: the model it describes has {key} in {str(dtype)[6:]} (its dtype), "
+                f"the checkpoint beside it holds {str(stored_dtype)[6:]}: not the config the "
+                "run wrote"
             )
     extra = next((k for k in saved if k not in built), None)
     if extra is not None:
