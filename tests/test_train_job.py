@@ -536,7 +536,14 @@ def test_a_checkpoint_file_changed_on_disk_is_neither_resumed_from_nor_exported(
     folder = job / "checkpoints" / "step-0000004"
     sums = json.loads((folder / "checksums.json").read_text())
     shards = sorted(p.name for p in folder.iterdir() if p.suffix == ".distcp")
-    covered = [".metadata", *shards, "config.json", "metrics.jsonl", "train_state.json"]
+    covered = [
+        ".metadata",
+        *shards,
+        "config.json",
+        "generation_config.json",
+        "metrics.jsonl",
+        "train_state.json",
+    ]
     assert sorted(sums) == covered and len(shards) >= 1
     (job / "checkpoints" / "latest").write_text("step-0000004\n")
     assert main(["gather", str(job), "-o", str(tmp_path / "a"), "--partial"]) == 0

@@ -397,3 +397,38 @@ def test_a_rank_that_lists_no_document_is_refused_with_the_others(tmp_path):
     said = run_distributed(_listed, 2, [str(v) for v in views])
     assert said[0] == said[1] and said[0].startswith("rank 1: "), said
     assert "seen-by-1: no .txt" in said[0]
+
+
+def _save_chat(rank: int, world: int, root: str) -> None:
+    """A checkpoint of a model whose own generation config ends a turn on two ids, samples."""
+    from transformers import GenerationConfig
+
+    from ringctl.train.checkpoint import CheckpointDir, save, train_state
+    from ringctl.train.optim import make_optimizer, make_scheduler
+
+    model = tiny_model("sdpa")
+    model.generation_config = GenerationConfig(eos_token_id=[1, 5], do_sample=True, temperature=0.6)
+    opt = make_optimizer(model, lr=1e-3, weight_decay=0.1)
+    sched = make_scheduler(opt, warmup_steps=1, max_steps=3, min_lr_ratio=0.1)
+    state = train_state(
+        1, {"epoch": 0, "index": 0, "offset": 0, "held": ""}, sched.state_dict(), {}
+    )
+    save(model, opt, CheckpointDir(Path(root)), 1, state, keep=2, metrics=Path(root) / "no")
+
+
+def test_gather_exports_the_model_s_own_generation_config(tmp_path):
+    """save_pretrained wrote a generation config derived from config.json: a chat model's
+    end-of-turn ids [1, 5] became 1 and its sampling settings were lost, exit 0 (generation
+    with the export ran past the end of a turn). The checkpoint keeps the model's own
+    (covered by checksums.json), and gather exports it."""
+    from transformers import GenerationConfig
+
+    from ringctl.train.checkpoint import CheckpointDir, verify
+    from ringctl.train.export import export_model
+
+    run_distributed(_save_chat, 1, str(tmp_path / "ck"))
+    found = CheckpointDir(tmp_path / "ck").latest()
+    assert verify(found) == ""
+    export_model(found, tmp_path / "model", None)
+    got = GenerationConfig.from_pretrained(tmp_path / "model")
+    assert got.eos_token_id == [1, 5] and got.do_sample is True and got.temperature == 0.6

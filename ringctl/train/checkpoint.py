@@ -47,6 +47,7 @@ from ..text import echo
 STEP_NAME = re.compile(r"step-([0-9]{7,12})")
 TRAIN_STATE = "train_state.json"
 MODEL_CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"  # the model's own (eos ids, sampling), if any
 METRICS = "metrics.jsonl"
 LATEST = "latest"
 CHECKSUMS = "checksums.json"  # {covered file's name: sha256}, written by rank 0 at publish
@@ -155,12 +156,15 @@ class CheckpointDir:
         keep: int,
         metrics: Path,
         sums: dict[str, str],
+        generation_config: str | None = None,
     ) -> Path:
         """Rank 0, after every rank wrote ``staged``: the model's config, the train state and
         the metrics so far beside the DCP files, then the checksums of them all (``sums``:
         the ranks' own of the DCP files), the rename, ``latest``, and the pruning. Returns
         the folder."""
         atomic_write(staged / MODEL_CONFIG, model_config)  # synced before latest names them
+        if generation_config is not None:
+            atomic_write(staged / GENERATION_CONFIG, generation_config)
         atomic_write_json(staged / TRAIN_STATE, state)
         if metrics.exists():
             atomic_write(staged / METRICS, metrics.read_bytes())
@@ -195,10 +199,12 @@ class CheckpointDir:
 
 
 # What rank 0 writes at publish beside the ranks' DCP files, each covered by checksums.json:
-# config.json (gather builds the exported model from it), train_state.json (the data cursor
-# and schedule a resume continues from: an offset changed by one resumed on other tokens,
-# exit 0) and metrics.jsonl (gather's loss and history, a resume's restored log).
-RANK0_FILES = (MODEL_CONFIG, TRAIN_STATE, METRICS)
+# config.json (gather builds the exported model from it), generation_config.json (the
+# model's: gather exports it; without it a chat model's end-of-turn ids were lost),
+# train_state.json (the data cursor and schedule a resume continues from: an offset changed
+# by one resumed on other tokens, exit 0) and metrics.jsonl (gather's loss and history, a
+# resume's restored log).
+RANK0_FILES = (MODEL_CONFIG, GENERATION_CONFIG, TRAIN_STATE, METRICS)
 
 
 def covered_files(folder: Path) -> list[Path]:
@@ -293,6 +299,7 @@ def _uncovered_then(listed: dict) -> set[str]:
     if TRAIN_STATE in listed:
         return set()
     return {TRAIN_STATE, METRICS} if MODEL_CONFIG in listed else set(RANK0_FILES)
+    # (generation_config.json came after train_state.json: a folder without it has none)
 
 
 def read_train_state(path: Path) -> dict[str, Any]:
@@ -349,8 +356,18 @@ def save(
     final = ckdir.root / step_name(step)
     if dist.get_rank(group) == 0:
         config = model.config.to_json_string() if hasattr(model, "config") else "{}"
+        generation = getattr(model, "generation_config", None)
         sums = {name: digest for share in shares for name, digest in share.items()}
-        final = ckdir.publish(staged, step, state, config, keep, metrics, sums)
+        final = ckdir.publish(
+            staged,
+            step,
+            state,
+            config,
+            keep,
+            metrics,
+            sums,
+            generation.to_json_string() if generation is not None else None,
+        )
     dist.barrier(group=group)
     return final
 

@@ -307,10 +307,33 @@ def export_model(found: checkpoint.Checkpoint, where: Path, tokenizer: Path | No
         said = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         raise _refused(naming(path, said, within=found.path)) from None
     _save_quietly(model, where)
+    _export_generation_config(found, where)
     for written in where.iterdir():  # transformers writes the weights 0600 (a shared cluster)
         written.chmod(default_file_mode())
     if tokenizer is not None:
         copy_tokenizer(tokenizer, where)
+
+
+def _export_generation_config(found: checkpoint.Checkpoint, where: Path) -> None:
+    """The model's own generation_config.json, kept in the checkpoint, in place of the one
+    save_pretrained derives from config.json: that one lost a chat model's end-of-turn ids
+    (eos_token_id [1, 5] became 1) and its sampling settings, exit 0. Read as hostile,
+    built by transformers' class (an error names the file); a checkpoint of an earlier
+    release has none: the derived one stays."""
+    from transformers import GenerationConfig
+
+    path = found.path / checkpoint.GENERATION_CONFIG
+    if not os.path.lexists(path):
+        return
+    try:
+        data = json.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("a generation config is a JSON object")
+        GenerationConfig.from_dict(data).save_pretrained(where)
+    except RecursionError:
+        raise _refused(f"{path}: not a generation config (nested too deeply)") from None
+    except (ValueError, TypeError) as err:
+        raise _refused(naming(path, str(err).strip()[:300], within=found.path)) from None
 
 
 def copy_tokenizer(source: Path, where: Path) -> None:
