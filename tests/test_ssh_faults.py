@@ -219,3 +219,24 @@ def test_the_recorded_cancel_command_reaches_the_login_node(settings, tmp_path):
     )
     assert done.returncode != 255, done.stderr  # ssh's own failure; scancel's is 1
     assert "Invalid job id" in done.stderr or done.returncode == 0, done.stderr
+
+
+def test_a_resume_refuses_a_login_node_attempt_folder_that_holds_files(
+    settings, tmp_path, make_job_dir
+):
+    """A resume whose undo could not reach the login node left the last attempt's logs in
+    attempts/<n> there; the next resume moved into it and failed with paramiko's bare
+    "Failure" while saying "nothing changed". Refused by name, nothing moved."""
+    from ringctl.jobdir import JobDir
+
+    job_dir = make_job_dir("#!/bin/bash\ntrue\n", name="resumed")
+    remote = Path(settings.remote_dir) / "resumed"
+    (remote / "logs").mkdir(parents=True)
+    (remote / "logs" / "rank-0.out").write_text("this attempt's\n")
+    (remote / "attempts" / "1" / "logs").mkdir(parents=True)
+    (remote / "attempts" / "1" / "logs" / "rank-0.out").write_text("left by an undo\n")
+    with SSHBackend(settings) as b:
+        b._resume_attempt = "1"
+        with pytest.raises(UserError, match=r"attempts/1 already holds files \(an earlier"):
+            b._prepare_resumed(JobDir(job_dir))
+    assert (remote / "logs" / "rank-0.out").read_text() == "this attempt's\n"
