@@ -202,8 +202,12 @@ def _gathered_shifts(fields: list[list[int]], group, device) -> list[list[int]]:
 
 def collective_device(q: torch.Tensor, group) -> torch.device:
     """Where the checks' small collectives run: q's GPU on an NCCL group (NCCL takes CUDA
-    tensors only), else the CPU (gloo; a group with both backends takes CPU tensors there)."""
-    return q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    tensors only; the current one where q is no CUDA tensor: a rank refusing its input), else
+    the CPU (gloo; a group with both backends takes CPU tensors there)."""
+    if dist.get_backend(group) != "nccl":
+        return torch.device("cpu")
+    device = getattr(q, "device", None)
+    return device if device is not None and device.type == "cuda" else torch.device("cuda")
 
 
 def gathered_ints(values: list[int], group, device) -> list[list[int]]:
@@ -260,6 +264,26 @@ def _describe_agreed(r: tuple[int, ...]) -> str:
     )
 
 
+# The fields of ``_agreed_fields`` (q's four dimensions and eight more): a rank refusing its
+# input gives as many zeros (its q may not even be a 4-D tensor), read by no one.
+AGREED_FIELDS = 12
+
+
+def _agreed_fields(q, k, causal, layout, has_sinks, window, packing, scale) -> list[int]:
+    """What every rank of a ring call gives alike (``check_ranks_agree``)."""
+    return [
+        *q.shape,
+        k.shape[2],
+        _DTYPES.index(q.dtype),
+        int(causal),
+        LAYOUTS.index(layout),
+        int(has_sinks),
+        -1 if window is None else int(window),
+        -1 if packing is None else int(packing),
+        scale_bits(scale),
+    ]
+
+
 def check_ranks_agree(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -281,17 +305,11 @@ def check_ranks_agree(
             raise refusal
         return
     device = collective_device(q, group)
-    agreed = [  # every rank gives these alike
-        *q.shape,
-        k.shape[2],
-        _DTYPES.index(q.dtype),
-        int(causal),
-        LAYOUTS.index(layout),
-        int(has_sinks),
-        -1 if window is None else int(window),
-        -1 if packing is None else int(packing),
-        scale_bits(scale),
-    ]
+    agreed = (
+        [0] * AGREED_FIELDS
+        if refusal is not None
+        else _agreed_fields(q, k, causal, layout, has_sinks, window, packing, scale)
+    )
     shifts = _SHIFTS.get()
     found = [len(shifts), *_pairs_fields(shifts, SHIFT_SLOTS), int(refusal is not None)]
     fields = gathered_ints(agreed + found, group, device)

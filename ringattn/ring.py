@@ -61,6 +61,7 @@ from .checks import (
     check_scale,
     check_sinks,
     check_window,
+    refused_together,
     resolve_group,
 )
 from .comm import Endpoint, RingComm, Transport
@@ -614,6 +615,27 @@ def _transport(q, k, causal, layout, sinks, group, comm, window, packing, scale)
     return comm
 
 
+def _refuse_with_the_ring(err: Exception, q, group, comm) -> None:
+    """Raise this rank's refusal of its own input in the ring's agreement, which every rank of
+    the call reaches (``refused_together``): raised alone here, it left the other ranks
+    waiting in their agreement until the process group's timeout (30 minutes by default).
+    Returns (the caller raises ``err``) where no ring is there to tell: no process group, a
+    ring of one, a transport of one process (LocalRing)."""
+    if comm is None:
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        try:
+            group = resolve_group(group)
+        except RuntimeError:
+            return
+    elif isinstance(comm, RingComm) and group is None:
+        group = comm.group
+    else:
+        return
+    with refused_together(err):
+        check_ranks_agree(q, None, False, "contiguous", group)
+
+
 def ring_geometry_of(q: torch.Tensor, transport: Transport, layout: str, cu_seqlens):
     """The ring's layout for this call: q holds ``len(endpoints)`` shards of one ring of
     ``transport.world_size`` ranks."""
@@ -677,13 +699,17 @@ def ring_attention(
     ``ringattn.local_ring.LocalRing(P)`` one process runs all P ranks: q, k, v (and the result)
     then hold the P shards one after another along the sequence dimension.
     """
-    check_inputs(q, k, v, layout, packed=cu_seqlens is not None)
-    check_sinks(sinks, q)
-    causal = check_causal(causal)
-    window = check_window(window, causal)
-    softmax_scale = check_scale(softmax_scale)
-    cu_seqlens = packing_argument(cu_seqlens)
-    packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
+    try:
+        check_inputs(q, k, v, layout, packed=cu_seqlens is not None)
+        check_sinks(sinks, q)
+        causal = check_causal(causal)
+        window = check_window(window, causal)
+        softmax_scale = check_scale(softmax_scale)
+        cu_seqlens = packing_argument(cu_seqlens)
+        packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
+    except (ValueError, TypeError) as err:
+        _refuse_with_the_ring(err, q, group, comm)
+        raise
     transport = _transport(q, k, causal, layout, sinks, group, comm, window, packing, softmax_scale)
     geometry = ring_geometry_of(q, transport, layout, cu_seqlens)
     return ring_attention_on(

@@ -262,3 +262,44 @@ def test_the_twins_of_the_argument_fixes_read_arguments_the_same_way():
     for bad in (4.0, True):
         with pytest.raises(ValueError, match=f"world_size must be an int, got {bad}"):
             padded_length(15, world_size=bad, layout="zigzag")
+
+
+def _one_rank_refuses(rank: int, world: int) -> dict:
+    """Rank 1 alone passes a bad input (a float64 k, then a 3-D q), then both a good one."""
+    import time
+
+    import torch.distributed as dist
+
+    from ringattn import ring_attention
+
+    q = torch.randn(1, 8, 2, 4)
+    said = {}
+    for case, (qq, kk) in {
+        "dtype": (q, q.double() if rank == 1 else q),
+        "shape": (q[0] if rank == 1 else q, q),
+    }.items():
+        started = time.monotonic()
+        try:
+            ring_attention(qq, kk, q, causal=True, layout="zigzag")
+            said[case] = "ran"
+        except ValueError as err:
+            said[case] = str(err)
+        said[f"{case} seconds"] = time.monotonic() - started
+    said["after"] = ring_attention(q, q, q, causal=True, layout="zigzag").shape
+    dist.barrier()
+    return said
+
+
+def test_a_bad_input_on_one_rank_is_raised_on_every_rank(monkeypatch):
+    """ring_attention's own checks (shapes, dtypes) raised on the rank they failed on
+    alone, before the ring's agreement: the other ranks waited in it until the process
+    group's timeout (30 minutes by default), as the README said they would not. The
+    refusal now travels through the agreement: rank 1 names the problem, rank 0 names
+    rank 1, at once; the next call runs on both."""
+    monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "20")
+    said = run_distributed(_one_rank_refuses, 2)
+    assert "dtype" in said[1]["dtype"] and "q" in said[1]["shape"]
+    for case in ("dtype", "shape"):
+        assert said[0][case].startswith("ringattn: rank 1 of the ring refused its input")
+        assert said[0][f"{case} seconds"] < 10, said[0]
+    assert said[0]["after"] == said[1]["after"] == (1, 8, 2, 4)
