@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from .geometry import BANDED_MAX_SCORES, band_chunks, banded_rows
-from .switches import KERNEL, choice
+from .switches import KERNEL, choice, kernel_device_problem
 
 Tensor = torch.Tensor
 
@@ -521,7 +521,13 @@ class FlashAttnKernel:
     name = "flash-attn"
 
     def __init__(self) -> None:
-        from flash_attn import flash_attn_interface as fa
+        try:
+            from flash_attn import flash_attn_interface as fa
+        except ImportError as err:  # forced (RINGATTN_KERNEL=flash) where it is not installed
+            raise ModuleNotFoundError(
+                f"{KERNEL}=flash needs flash-attn, which this Python cannot import ({err}): "
+                f"pip install 'ringctl[flash]' on a CUDA machine, or unset {KERNEL}"
+            ) from None
 
         self._fwd = fa._flash_attn_forward
         self._bwd = fa._flash_attn_backward
@@ -607,6 +613,9 @@ def select_kernel(q: Tensor) -> BlockKernel:
     """
     forced = choice(KERNEL, os.environ.get(KERNEL))
     if forced:
+        wrong = kernel_device_problem(forced, q.device.type)  # a meta q: any (the CPU tier)
+        if wrong:
+            raise ValueError(wrong)
         return _FORCED[forced]()
     if q.is_cuda:
         if _flash_attn_takes(q) and _flash_attn_available() and not _cudnn_beats_flash_attn(q):

@@ -25,3 +25,28 @@ def choice(name: str, value: str | None) -> str:
     if text and text not in CHOICES[name]:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(CHOICES[name])}")
     return text
+
+
+# The devices each forced kernel computes on: the engine refuses one on another device
+# (``kernels.select_kernel``; torch-cuda on a CPU job failed every rank with a traceback from
+# the efficient-attention op), and ringctl where a job's config decides its ranks' device.
+KERNEL_DEVICES = {
+    "chunked": ("cpu", "cuda"),
+    "flash": ("cuda",),
+    "torch": ("cpu",),
+    "torch-cpu": ("cpu",),
+    "torch-cuda": ("cuda",),
+}
+
+
+def kernel_device_problem(kernel: str, device: str) -> str | None:
+    """Why the forced ``kernel`` (``choice``'s value; "": none) cannot run on ``device``
+    ("cpu" or "cuda"), in one line; None where it can."""
+    if not kernel or device not in ("cpu", "cuda") or device in KERNEL_DEVICES[kernel]:
+        return None
+    others = ", ".join(k for k, on in KERNEL_DEVICES.items() if device in on)
+    return (
+        f"{KERNEL}={kernel} runs on {' or '.join(KERNEL_DEVICES[kernel])} only, and the ranks "
+        f"compute on {device}: unset it (each block then gets the fastest kernel for its "
+        f"device) or choose one of {others}"
+    )

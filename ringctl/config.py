@@ -35,7 +35,7 @@ from .backends import BACKENDS, config_sections
 from .errors import UserError
 from .sbatch import slurm_time_seconds
 from .task_params import DEFAULT_TASK
-from .tasks.base import world_size
+from .tasks.base import ranks_device, world_size
 from .text import ascii_number, echo
 from .topology.links import MAX_GBPS
 
@@ -716,6 +716,18 @@ def _check(cfg: DictConfig, source_of) -> None:
         why = reserved_env_name(str(var)) or _env_value_problem(str(var), cfg.env.vars[var])
         if why:
             raise bad(f"env.vars.{var}", why)
+    kernel = cfg.env.vars.get(switches.KERNEL)
+    device = ranks_device(cfg)
+    wrong = (
+        kernel
+        and device
+        and switches.kernel_device_problem(switches.choice(switches.KERNEL, str(kernel)), device)
+    )
+    if wrong:
+        keys = ("gpus_per_node", "ring.dist_backend", "backend")
+        raise bad(
+            f"env.vars.{switches.KERNEL}", f"{wrong} (gpus_per_node={cfg.gpus_per_node})", *keys
+        )
     if not str(cfg.name).strip():
         raise bad("name", "must not be empty")
     _check_int64(cfg, bad)

@@ -188,6 +188,31 @@ def test_the_engine_s_switches_are_checked_before_anything_is_written(
     assert not list(tmp_path.iterdir())
 
 
+def test_a_forced_kernel_for_another_device_is_refused_where_the_config_decides_it(
+    tmp_path, capsys, monkeypatch
+):
+    """(hybrid review) env.vars.RINGATTN_KERNEL=torch-cuda on a job of CPU ranks passed
+    submit, then every rank failed with a 19-frame traceback from the efficient-attention
+    op. Refused at load where the config decides the ranks' device (a cluster job's
+    gpus_per_node, ring.dist_backend=gloo); a local job's ranks take the machine's, and the
+    engine refuses there in one line (tests/test_kernels.py)."""
+    cuda = "env.vars.RINGATTN_KERNEL=torch-cuda"
+    with pytest.raises(UserError, match=r"RINGATTN_KERNEL=torch-cuda runs on cuda only, and the"):
+        load_job(SMOKE, [cuda, "backend=slurm", "gpus_per_node=0"])
+    with pytest.raises(UserError, match=r"RINGATTN_KERNEL=torch-cpu runs on cpu only, and the"):
+        load_job(SMOKE, ["env.vars.RINGATTN_KERNEL=torch-cpu", "backend=slurm", "gpus_per_node=4"])
+    with pytest.raises(UserError, match="runs on cuda only"):
+        load_job(SMOKE, [cuda, "ring.dist_backend=gloo"])
+    assert load_job(SMOKE, [cuda])  # local: the machine decides
+    assert load_job(SMOKE, [cuda, "backend=slurm", "gpus_per_node=4"])
+    monkeypatch.setenv("RINGATTN_KERNEL", "flash")  # the shell's, which the ranks inherit
+    assert main(["run", str(SMOKE), f"output_dir={tmp_path}", "ring.dist_backend=gloo"]) == 2
+    assert "this shell's environment: RINGATTN_KERNEL=flash runs on cuda only" in (
+        capsys.readouterr().err
+    )
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_refusal_names_what_the_user_typed(tmp_path):
     """(newcomer review) `nodes=3` made the bundled file's task.seq_len unsplittable and the
     error named the bundled file (a site-packages path after a wheel install), not the

@@ -7,6 +7,8 @@ below FP32_TOL = 2e-5 of the largest reference value (tests/attention_reference.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -172,7 +174,14 @@ def test_kernel_choice_by_environment(monkeypatch):
     q = torch.zeros(1, 4, 2, 8)
     assert isinstance(select_kernel(q), TorchCPUKernel)
     monkeypatch.setenv("RINGATTN_KERNEL", "torch-cuda")
-    assert isinstance(select_kernel(q), TorchCUDAKernel)
+    assert isinstance(select_kernel(q.to("meta")), TorchCUDAKernel)  # the CPU suite's CUDA tier
+    # on a CPU q every rank failed with the efficient-attention op's traceback (review)
+    with pytest.raises(ValueError, match=r"RINGATTN_KERNEL=torch-cuda runs on cuda only, and "):
+        select_kernel(q)
+    monkeypatch.setenv("RINGATTN_KERNEL", "flash")
+    if importlib.util.find_spec("flash_attn") is None:  # said, not a bare ModuleNotFoundError
+        with pytest.raises(ModuleNotFoundError, match=r"pip install 'ringctl\[flash\]'"):
+            select_kernel(q.to("meta"))
     monkeypatch.setenv("RINGATTN_KERNEL", "chunked")
     assert isinstance(select_kernel(q), ChunkedKernel)
     monkeypatch.setenv("RINGATTN_KERNEL", "cudnn")

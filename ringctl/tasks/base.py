@@ -39,7 +39,22 @@ def engine_switches(cfg) -> dict[str, str]:
             taken[name] = switches.choice(name, os.environ.get(name) if given is None else given)
         except ValueError as err:
             raise UserError(f"this shell's environment: {err}") from None
+    wrong = switches.kernel_device_problem(taken[switches.KERNEL], ranks_device(cfg) or "")
+    if wrong and cfg.env.vars.get(switches.KERNEL) is None:  # env.vars': config's check
+        raise UserError(f"this shell's environment: {wrong}")
     return taken
+
+
+def ranks_device(cfg) -> str | None:
+    """The device a job's ranks compute on where its config decides it: "cpu" under
+    ring.dist_backend=gloo, or on a cluster asked for no GPU (gpus_per_node=0); "cuda" on a
+    cluster asked for GPUs (backend nccl or auto); None for a local job, whose ranks take a
+    CUDA device where torch sees one (the worker's ``init_distributed``)."""
+    if str(getattr(cfg.ring.dist_backend, "value", cfg.ring.dist_backend)) == "gloo":
+        return "cpu"
+    if str(getattr(cfg.backend, "value", cfg.backend)) == "local":
+        return None
+    return "cuda" if int(cfg.gpus_per_node) > 0 else "cpu"
 
 
 def world_size(cfg) -> int:
