@@ -666,7 +666,7 @@ def ring_attention(
     causal: bool = False,
     softmax_scale: float | None = None,
     group: dist.ProcessGroup | None = None,
-    layout: str = "contiguous",
+    layout: str | None = None,
     sinks: torch.Tensor | None = None,
     comm: Transport | None = None,
     window: int | None = None,
@@ -675,7 +675,9 @@ def ring_attention(
     """Exact attention over a sequence sharded across the ranks of ``group``.
 
     q is (batch, seq_local, heads, head_dim) and k, v are (batch, seq_local, kv_heads,
-    head_dim), each rank holding its shard in ``layout`` (see ``shard_sequence``). Returns this
+    head_dim), each rank holding its shard in ``layout`` (see ``shard_sequence``; required on
+    a ring of more than one rank: a ring cannot tell its ranks' rows apart, and a default
+    computed another attention without an error where the shards were zigzag). Returns this
     rank's shard of the output; differentiable with respect to q, k, v and ``sinks``.
 
     ``sinks``: optional float tensor of shape (heads,): one extra logit per query head in every
@@ -699,6 +701,7 @@ def ring_attention(
     ``ringattn.local_ring.LocalRing(P)`` one process runs all P ranks: q, k, v (and the result)
     then hold the P shards one after another along the sequence dimension.
     """
+    given, layout = layout, "contiguous" if layout is None else layout
     try:
         check_inputs(q, k, v, layout, packed=cu_seqlens is not None)
         check_sinks(sinks, q)
@@ -711,6 +714,13 @@ def ring_attention(
         _refuse_with_the_ring(err, q, group, comm)
         raise
     transport = _transport(q, k, causal, layout, sinks, group, comm, window, packing, softmax_scale)
+    if given is None and transport.world_size > 1:  # after the agreement: every rank alike
+        raise ValueError(
+            "ring_attention: layout= is required on a ring of more than one rank: the layout "
+            "q, k and v were sharded with ('zigzag' or 'contiguous', as given to "
+            "shard_sequence); a ring cannot tell its ranks' rows apart, and the wrong one "
+            "computes another attention without an error"
+        )
     geometry = ring_geometry_of(q, transport, layout, cu_seqlens)
     return ring_attention_on(
         q,

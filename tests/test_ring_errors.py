@@ -88,7 +88,9 @@ def _shifted_documents(rank: int, world: int) -> dict:
         pairs = tuple((doc, 7 if rank and doc == moved else 0) for doc in range(many))
         try:
             with shifts_agreed(pairs if rank else (pairs[0], pairs[1], pairs[5])):
-                ringattn.ring_attention(_t(1, 8, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 16))
+                ringattn.ring_attention(
+                    _t(1, 8, 2, 16), _t(1, 8, 2, 16), _t(1, 8, 2, 16), layout="contiguous"
+                )
             said[scenario] = "ran"
         except ValueError as err:
             said[scenario] = str(err)
@@ -130,7 +132,9 @@ def test_a_softmax_scale_that_is_not_a_positive_number_is_refused(scale):
     outputs, exit 0): the scale must be a finite number > 0 (or None)."""
     t = torch.randn(1, 8, 2, 4, dtype=torch.float64)
     with pytest.raises(ValueError, match="softmax_scale must be a finite number > 0 or None"):
-        ringattn.ring_attention(t, t, t, causal=True, softmax_scale=scale, comm=LocalRing(2))
+        ringattn.ring_attention(
+            t, t, t, causal=True, softmax_scale=scale, layout="contiguous", comm=LocalRing(2)
+        )
 
 
 @pytest.mark.parametrize("shape", [(1, 16, 2, 0), (1, 0, 2, 8), (0, 8, 2, 8)])
@@ -138,7 +142,7 @@ def test_an_empty_dimension_is_refused_by_name(shape):
     """head_dim 0 was a ZeroDivisionError in the kernel, seq_local 0 a reshape error."""
     t = torch.randn(*shape)
     with pytest.raises(ValueError, match="q has an empty dimension"):
-        ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2))
+        ringattn.ring_attention(t, t, t, causal=True, layout="contiguous", comm=LocalRing(2))
 
 
 @pytest.mark.parametrize("window", [0, -3, 2.5, True])
@@ -158,7 +162,7 @@ def test_a_second_order_gradient_raises_instead_of_being_wrong(kernel, monkeypat
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 8, 2, 4, dtype=torch.float64, generator=g) for _ in range(3))
     q.requires_grad_()
-    out = ringattn.ring_attention(q, k, v, causal=True, comm=LocalRing(2))
+    out = ringattn.ring_attention(q, k, v, causal=True, layout="contiguous", comm=LocalRing(2))
     with pytest.raises(RuntimeError, match="second-order gradients are not implemented"):
         torch.autograd.grad(out.square().sum(), q, create_graph=True)
 
@@ -181,21 +185,26 @@ def test_causal_that_is_not_a_bool_is_refused(causal):
     the non-causal result) and was an aten type error on the fused one; None ran non-causal."""
     t = torch.randn(1, 8, 2, 4)
     with pytest.raises(ValueError, match="causal must be True or False"):
-        ringattn.ring_attention(t, t, t, causal=causal, comm=LocalRing(2))
+        ringattn.ring_attention(t, t, t, causal=causal, layout="contiguous", comm=LocalRing(2))
 
 
 def test_causal_given_as_a_numpy_bool_is_taken():
     np = pytest.importorskip("numpy")
     t = torch.randn(1, 8, 2, 4, dtype=torch.float64)
-    want = ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2))
-    assert torch.equal(ringattn.ring_attention(t, t, t, causal=np.True_, comm=LocalRing(2)), want)
+    want = ringattn.ring_attention(t, t, t, causal=True, layout="contiguous", comm=LocalRing(2))
+    assert torch.equal(
+        ringattn.ring_attention(t, t, t, causal=np.True_, layout="contiguous", comm=LocalRing(2)),
+        want,
+    )
 
 
 @pytest.mark.parametrize("cu", [torch.tensor([False, True]), [0, True]])
 def test_cu_seqlens_of_bools_are_refused(cu):
     t = torch.randn(1, 2, 2, 4)
     with pytest.raises(ValueError, match="cu_seqlens must"):
-        ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2), cu_seqlens=cu)
+        ringattn.ring_attention(
+            t, t, t, causal=True, layout="contiguous", comm=LocalRing(2), cu_seqlens=cu
+        )
 
 
 def test_a_window_given_as_a_numpy_integer_is_taken_and_others_refused():
@@ -203,7 +212,12 @@ def test_a_window_given_as_a_numpy_integer_is_taken_and_others_refused():
     float, a bool, text or a number below 1 still are, by name."""
     np = pytest.importorskip("numpy")
     t = torch.randn(1, 8, 2, 4, dtype=torch.float64)
-    run = lambda w: ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2), window=w)  # noqa: E731
+
+    def run(w):
+        return ringattn.ring_attention(
+            t, t, t, causal=True, layout="contiguous", comm=LocalRing(2), window=w
+        )
+
     assert torch.equal(run(np.int64(3)), run(3))
     for bad in (np.float64(3.0), 3.0, np.True_, True, "3", np.int64(0)):
         with pytest.raises(
@@ -218,4 +232,19 @@ def test_cu_seqlens_on_the_meta_device_is_refused_by_name():
     t = torch.randn(1, 8, 2, 4)
     cu = torch.tensor([0, 3, 8], device="meta")
     with pytest.raises(ValueError, match="cu_seqlens is a meta tensor"):
-        ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2), cu_seqlens=cu)
+        ringattn.ring_attention(
+            t, t, t, causal=True, layout="contiguous", comm=LocalRing(2), cu_seqlens=cu
+        )
+
+
+def test_a_ring_of_several_ranks_needs_its_layout_named():
+    """layout defaulted to contiguous: zigzag shards passed without layout= (the README's own
+    sharding, the argument left out) computed another attention, max error 1.24, exit 0
+    (engine API review). Required on a ring of more than one rank; one rank has no layout."""
+    t = torch.randn(1, 8, 2, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"ring_attention: layout= is required on a ring of mo"):
+        ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(2))
+    alone = ringattn.ring_attention(t, t, t, causal=True, comm=LocalRing(1))
+    assert torch.equal(
+        alone, ringattn.ring_attention(t, t, t, causal=True, layout="zigzag", comm=LocalRing(1))
+    )
