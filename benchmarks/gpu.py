@@ -392,7 +392,7 @@ def _tflops(flops: float, seconds: float | None) -> float | None:
 def table(rows: list[Row]) -> list[str]:
     head = (
         "| part | what | shape | ours ms | SDPA ms | ours TFLOP/s | SDPA TFLOP/s | "
-        "ours/SDPA | target | ours peak GiB | SDPA peak GiB | note |"
+        "throughput vs SDPA | target | ours peak GiB | SDPA peak GiB | note |"
     )
     lines = [head, "|" + "---|" * 12]
     for r in rows:

@@ -7,9 +7,10 @@ A seeded, heavy-tailed corpus (a few long documents, many short ones, lengths lo
 is scored by the bundled tiny Llama on W local ranks (real processes, gloo), once per
 `ring.size` setting, in one run: W (one ring: the behaviour of 0.1), W/2, 1 and auto (each
 document on the smallest ring that holds it under `--budget` tokens per rank). Reported per
-setting: wall time of the job (submit to end, model loading included, the same for all),
-tokens/s, the schedule's phases, and the largest difference of any document's per-token
-log-probabilities from the single ring's (every setting computes the same numbers; one that
+setting: run time of the job (state.json's start to end: model loading included, the
+submit before it not; the same for all), tokens/s, the schedule's phases, and the largest
+difference of any document's per-token log-probabilities from the single ring's (every
+setting computes the same numbers; one that
 differs beyond float32 rounding is reported WRONG and the run exits 1). Then the same question
 on paper for a GPU cluster: the planner's predicted makespan for 64 H100s, a Llama-3-8B shape
 and 10,000 documents (log-normal, 4k to 1M tokens), one ring against auto.
