@@ -72,6 +72,14 @@ def ring_layout_of(layout: str) -> str:
     return layout.removeprefix("hybrid-")
 
 
+def grid_layout(layout: str, ulysses_degree: int = 1) -> str:
+    """The layout a sequence is sharded in for ring ``layout`` with Ulysses groups of
+    ``ulysses_degree`` (its hybrid form above 1: ``hybrid_attention``'s), whose
+    ``layout_multiple`` is the length rule of such a grid (lcm(P, 2R) for zigzag, not 2P)."""
+    check_layout(layout)
+    return f"hybrid-{layout}" if ulysses_degree > 1 else layout
+
+
 def chunks_per_rank(layout: str) -> int:
     check_layout(layout)
     return 1 if layout == "contiguous" else 2

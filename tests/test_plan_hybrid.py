@@ -55,3 +55,66 @@ def test_plan_cli_compares_layouts(capsys):
     assert report["recommended_layout"].startswith("hybrid 8x8")
     assert main([*argv[:-1], "--ulysses", "3"]) == 2
     assert "--ulysses 3 must divide" in capsys.readouterr().err
+
+
+ATTENTION = ["plan", "attention", "backend=slurm", "gpus_per_node=8"]
+
+
+def test_a_hybrid_job_is_planned_by_its_grid_s_length_rule(capsys):
+    """(hybrid review) The plan checked a hybrid job's length by the flat ring's rule (2P):
+    seq_len 252 on 4 ranks in groups of 4 (R = 1: lcm(4, 2) = 4) was refused, "must be a
+    multiple of 8", though the job took it, ran and passed its own check."""
+    argv = [
+        *ATTENTION,
+        "nodes=1",
+        "tasks_per_node=4",
+        "gpus_per_node=4",
+        "task.seq_len=252",
+        "task.heads=4",
+        "task.kv_heads=4",
+        "ring.ulysses=4",
+        "--json",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["ulysses"] == 4
+
+
+def test_the_layout_table_compares_the_grid_the_job_runs(capsys):
+    """(hybrid review) With ring.ulysses=4 on nodes of 8, the estimate was of 4x4 but the
+    layout table, its sentence and recommended_layout compared the 8x2 grid."""
+    assert main([*ATTENTION, "nodes=2", "tasks_per_node=8", "ring.ulysses=4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [x["name"] for x in report["layouts"]][1].startswith("hybrid 4x4")
+    assert all("8x2" not in x["name"] for x in report["layouts"])
+
+
+def test_ulysses_groups_across_nodes_are_priced_on_the_network(capsys):
+    """(hybrid review) Groups of 2 over nodes of 1 rank (placement optional runs them so) were
+    priced on NVLink, 8-9x under the network the plan models, without a word; `--ulysses 16`
+    beside a job of 8 ranks a node passed, though the job refuses ring.ulysses=16."""
+    base = [*ATTENTION, "nodes=4", "tasks_per_node=1", "gpus_per_node=1", "ring.placement=optional"]
+    assert main([*base, "--json"]) == 0
+    flat = json.loads(capsys.readouterr().out)
+    assert main([*base, "ring.ulysses=2", "--json"]) == 0
+    spans = json.loads(capsys.readouterr().out)
+    assert any("Ulysses groups of 2 span nodes" in w for w in spans["warnings"]), spans
+    assert spans["all_to_all_s"] > 5 * estimate_on_nvlink(spans)
+    assert not flat.get("all_to_all_s")
+    assert main(["plan", "attention", "--ulysses", "16"]) == 2
+    assert "--ulysses 16: ring.ulysses: 16 does not divide the 8 ranks" in capsys.readouterr().err
+
+
+def estimate_on_nvlink(report: dict) -> float:
+    """The same all-to-all on the H100's NVLink (what it was priced on before)."""
+    from ringctl.planner.cost import intra_link
+    from ringctl.planner.timing import all_to_all_s
+
+    work = Workload(
+        seq_len=report["tokens_per_rank"] * report["ranks"],
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        ulysses=2,
+    )
+    fwd, _ = all_to_all_s(work, report["ranks"], intra_link(H100))
+    return fwd

@@ -16,7 +16,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from ringattn.geometry import layout_multiple, ring_holds
+from ringattn.geometry import ring_holds
 
 from ..errors import UserError
 from ..jobdir import JobDir
@@ -30,6 +30,7 @@ from ..planner.cost import (
     longest_sequence,
     net_link,
     nominal_link,
+    split_unit,
     ulysses_problem,
 )
 from ..planner.devices import (
@@ -367,17 +368,19 @@ def _device(args) -> Device:
 
 
 def _check_split(work: Workload, ranks: int, job: str | None = None) -> None:
-    """The workload splits over the ranks; named as the job's key where a job gave it."""
-    multiple = layout_multiple(work.layout, ranks)
-    if work.seq_len % multiple:
-        said = f"{job}: task.seq_len" if job else "--seq"
-        raise UserError(
-            f"{said} {work.seq_len} cannot be split over {ranks} ranks in the {work.layout} "
-            f"layout: it must be a multiple of {multiple}"
-        )
+    """The workload splits over the ranks (its Ulysses grid's rule where it has one); named
+    as the job's key where a job gave it."""
     why = ulysses_problem(work.ulysses, ranks, work.heads, work.kv_heads)
     if why:
         raise UserError(f"--ulysses {work.ulysses} {why}")
+    multiple = split_unit(work, ranks)
+    if work.seq_len % multiple:
+        said = f"{job}: task.seq_len" if job else "--seq"
+        grid = f" with Ulysses groups of {work.ulysses}" if work.ulysses > 1 else ""
+        raise UserError(
+            f"{said} {work.seq_len} cannot be split over {ranks} ranks{grid} in the "
+            f"{work.layout} layout: it must be a multiple of {multiple}"
+        )
     if work.shard_degree is not None and work.shard_degree < 1:
         raise UserError(f"--shard-degree must be at least 1, got {work.shard_degree}")
     for flag, value, least in (
@@ -492,10 +495,22 @@ def _layouts(args, work: Workload, device: Device, link: Link):
     if args.ranks < 2 or device.cores is not None:
         return []
     per_node = max(1, args.ranks // max(1, args.nodes))
-    if not ulysses_degrees(work, args.ranks, per_node):
+    allowed = ulysses_degrees(work, args.ranks, per_node)
+    if not allowed:
         return []
+    # the degree the job (or --ulysses) fixes, against the flat ring: the table compared the
+    # largest the node allows, a grid the job would not run
+    fixed = [work.ulysses] if work.ulysses > 1 else None
+    if fixed and work.ulysses not in allowed:
+        return []  # its groups cross nodes: the estimate says so (no layout to compare)
     return compare_layouts(
-        work, args.ranks, device, nodes=args.nodes, flat_link=link, latency_s=_latency(args)
+        work,
+        args.ranks,
+        device,
+        nodes=args.nodes,
+        flat_link=link,
+        latency_s=_latency(args),
+        degrees=fixed,
     )
 
 
@@ -551,6 +566,18 @@ def _from_job(args) -> Workload:
             "give them as KEY=VALUE after it (e.g. task.seq_len=65536), or leave the job out"
         )
     cfg = load_job(args.job, args.overrides)
+    if args.ulysses != 1:  # the flag over the job's ring.ulysses, checked by the job's rules
+        if not _runs_hybrid(cfg):
+            raise UserError(
+                f"--ulysses {args.ulysses}: the {cfg.task.name} task runs plain rings "
+                "(ring.ulysses is the attention task's)"
+            )
+        given = f"ring.ulysses={args.ulysses}"
+        try:
+            cfg = load_job(args.job, [*args.overrides, given])
+        except UserError as err:  # said as what was typed
+            said = str(err).replace(f"override '{given}'", f"--ulysses {args.ulysses}")
+            raise UserError(said) from None
     ring = ring_size(cfg)
     work = job_workload(cfg, ring)
     if work is None:
@@ -577,13 +604,6 @@ def _from_job(args) -> Workload:
         raise UserError(f"--seq: {args.job} sets the sequence length (task.seq_len=N after it)")
     if args.seq and not work.seq_len:
         work = replace(work, seq_len=args.seq)
-    if args.ulysses != 1:  # the flag over the job's ring.ulysses (sizing.job_ulysses)
-        if not _runs_hybrid(cfg):
-            raise UserError(
-                f"--ulysses {args.ulysses}: the {cfg.task.name} task runs plain rings "
-                "(ring.ulysses is the attention task's)"
-            )
-        work = replace(work, ulysses=args.ulysses)
     args.job_cfg = cfg
     return work
 

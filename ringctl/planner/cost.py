@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from ringattn.geometry import banded_rows, layout_multiple, ulysses_problem
+from ringattn.geometry import banded_rows, grid_layout, layout_multiple, ulysses_problem
 
 from .devices import Device
 from .memory import (
@@ -489,8 +489,15 @@ def estimate(
     _ring_times(est, attn, ring, device, link, ranks_on_host, overlap_threshold)
     from .timing import all_to_all_s, model_time
 
-    a2a = all_to_all_s(w, ranks, intra or intra_link(device))
+    spans = _groups_span_nodes(w.ulysses, ranks, ranks_on_host)
+    a2a_link = (net or net_link(device)) if spans else (intra or intra_link(device))
+    a2a = all_to_all_s(w, ranks, a2a_link)
     est.all_to_all_s = (w.model.layers if w.model else 1) * (a2a[0] + (a2a[1] if w.trains else 0))
+    if spans:
+        est.warnings.append(
+            f"Ulysses groups of {w.ulysses} span nodes ({ranks_on_host} ranks a node): their "
+            f"all-to-all is priced on the network ({a2a_link.name}), not inside a node"
+        )
     timed = model_time(
         w,
         ranks,
@@ -579,17 +586,36 @@ def usable_gib(device: Device, ranks_on_host: int = 1) -> float:
     return device.mem_gib - device.reserve_gib
 
 
+def _groups_span_nodes(ulysses: int, ranks: int, ranks_on_host: int) -> bool:
+    """Whether Ulysses groups (blocks of ``ulysses`` consecutive ranks, laid node by node)
+    cross a node's edge: their all-to-all then runs on the network, which was priced as the
+    node's NVLink (8-9x less) for a job whose placement is optional."""
+    return ulysses > 1 and ranks > ranks_on_host and ranks_on_host % ulysses != 0
+
+
+def split_unit(w: Workload, ranks: int) -> int:
+    """What the sequence's length must be a multiple of over ``ranks``: the engine's rule for
+    the workload's layout, of its Ulysses grid where the heads are split (lcm(P, 2R) for
+    zigzag, not 2P: the plan refused lengths the job ran). The degree must divide ``ranks``
+    (``ulysses_problem``)."""
+    return layout_multiple(grid_layout(w.layout, w.ulysses), ranks, w.ulysses)
+
+
 def splits(w: Workload, ranks: int) -> bool:
     """Whether the layout splits the sequence over ``ranks`` and its Ulysses degree them."""
-    return w.seq_len % layout_multiple(w.layout, ranks) == 0 and not ulysses_problem(
-        w.ulysses, ranks, w.heads, w.kv_heads
-    )
+    if ulysses_problem(w.ulysses, ranks, w.heads, w.kv_heads):
+        return False
+    return w.seq_len % split_unit(w, ranks) == 0
 
 
 def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int = 1) -> int:
     """The largest total N (a multiple of the layout's unit) whose per-rank memory fits."""
     capacity = usable_gib(device, ranks_on_host) * GIB
-    unit = layout_multiple(w.layout, ranks)
+    unit = (
+        split_unit(w, ranks)
+        if not ulysses_problem(w.ulysses, ranks, w.heads, w.kv_heads)
+        else (layout_multiple(w.layout, ranks))
+    )
 
     def fits(seq: int) -> bool:
         held = memory_per_rank(replace(w, seq_len=seq), ranks, device.cores is not None)

@@ -205,6 +205,7 @@ def _attention_for(cfg, ctx, layout: str, kv_heads: int):
     from functools import partial
 
     from ringattn import hybrid_attention, hybrid_groups, ring_attention
+    from ringattn.geometry import grid_layout
 
     from ..rings import ulysses_degree
 
@@ -221,7 +222,7 @@ def _attention_for(cfg, ctx, layout: str, kv_heads: int):
     if degree <= 1:
         return partial(ring_attention, group=ctx.group, layout=layout, **common), layout, 1
     groups = hybrid_groups(degree, timeout=ctx.timeout)
-    hybrid = f"hybrid-{layout}"
+    hybrid = grid_layout(layout, degree)
     attend = partial(
         hybrid_attention,
         layout=hybrid,
@@ -377,7 +378,13 @@ class AttentionTask(Task):
     hybrid_grids = True
 
     def check(self, cfg, bad) -> None:
-        from ringattn.geometry import LAYOUTS, layout_multiple, padded_length, ulysses_problem
+        from ringattn.geometry import (
+            LAYOUTS,
+            grid_layout,
+            layout_multiple,
+            padded_length,
+            ulysses_problem,
+        )
 
         from .base import world_size
 
@@ -414,7 +421,7 @@ class AttentionTask(Task):
                 "ring.nvlink_blocks), so ring.placement=required would stop the job before "
                 "any rank ran; ring.placement=optional runs its groups across nodes",
             )
-        split = f"hybrid-{layout}" if degree > 1 else layout  # the engine's padding rule
+        split = grid_layout(layout, degree)  # the engine's padding rule
         multiple = layout_multiple(split, world, degree)
         if t.seq_len % multiple:
             padded = padded_length(t.seq_len, world_size=world, layout=split, ulysses_degree=degree)
