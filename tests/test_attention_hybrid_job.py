@@ -4,6 +4,7 @@ whole sequence, like the flat ring's."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,9 @@ def test_a_hung_rank_fails_a_hybrid_job_within_its_timeout(tmp_path, capsys):
             main(["cancel", str(job)])
     assert status.state is JobState.FAILED, status
     assert "Timed out" in status.reason or "timed out" in status.reason, status.reason
+    # (hybrid review) the reason named rank 3, rank 2's peer waiting on it, and never rank 2
+    named = re.search(r"; ranks? ([0-9, ]+) recorded no failure \(hung, or killed", status.reason)
+    assert named and "2" in named.group(1).split(", "), status.reason
 
 
 def test_a_degree_the_placement_must_refuse_is_refused_at_submit(capsys):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import time
 from pathlib import Path
 
@@ -185,6 +186,11 @@ def test_hung_rank_fails_the_job_within_the_collective_timeout(slurm_cluster, tm
     status, _ = _wait(job_dir, timeout=120)
     assert status.state is JobState.FAILED, status
     assert time.monotonic() - start < 90  # the 5 s collective timeout, not the 10 min limit
+    # the hung rank named: blamed itself, or beside the peer whose timeout is blamed (hybrid
+    # review: "rank 2 ... Timed out waiting" alone never said which rank it waited for)
+    named = re.search(r"; ranks? ([0-9, ]+) recorded no failure", status.reason)
+    blamed_itself = status.reason.startswith("rank 1 ")
+    assert blamed_itself or (named and "1" in named.group(1).split(", ")), status.reason
 
 
 def test_cancel_a_running_job(slurm_cluster, tmp_path, capsys):

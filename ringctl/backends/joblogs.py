@@ -278,6 +278,30 @@ def list_results(shell: Shell, job_dir: str, world_size: int) -> ResultListing:
     )
 
 
+# What a rank says when a collective it waited in timed out (gloo's, NCCL's watchdog): that
+# it waited, not for whom. The rank it waited for hung, or died without a word.
+WAIT_TIMEOUT = ("timed out waiting", "collective operation timeout", "timed out after")
+
+
+def waited_for(error: str, listing: Callable[[], ResultListing], shown: int = 8) -> str:
+    """For a failure that says a collective timed out: the ranks that left neither a result
+    nor a failure mark (hung, then killed; or dead without a word), which the reason named
+    none of (a hang on rank 2 read "rank 3 ... Timed out waiting", rank 3 its peer waiting on
+    it): "; rank 2 recorded no failure: ...". "" for any other error, or none such."""
+    if not any(marker in error.lower() for marker in WAIT_TIMEOUT):
+        return ""
+    found = listing()
+    quiet = [r for r in found.missing if r not in found.failed]
+    if not quiet:
+        return ""
+    names = ", ".join(str(r) for r in quiet[:shown])
+    more = f" and {len(quiet) - shown} more" if len(quiet) > shown else ""
+    which = f"rank {names}" if len(quiet) == 1 else f"ranks {names}{more}"
+    return (
+        f"; {which} recorded no failure (hung, or killed without a word): likely what it waited for"
+    )
+
+
 def no_result_reason(missing: list[int], world_size: int, shown: int = 8) -> str:
     """The one-line reason of a job whose ranks `missing` ended without a result."""
     names = ", ".join(str(r) for r in missing[:shown])

@@ -46,6 +46,7 @@ from .joblogs import (
     killed_by,
     list_results,
     no_result_reason,
+    waited_for,
 )
 from .launch import EXEC, FORK, ForkedRank, exec_reason, start_rank, warm_up
 from .shell import LocalShell
@@ -698,6 +699,9 @@ class Supervisor:
             how += " (its result says FAILED)" if code == 0 else ""
             error = _rank_error(self.job, first)
             reason = f"rank {first} {how}" + (f": {error}" if error else "")
+            reason += waited_for(
+                error, lambda: list_results(LocalShell(), str(self.job.path), self.world)
+            )
             self.state.update(state="FAILED", exit_code=code, reason=reason)
         elif missing := list_results(LocalShell(), str(self.job.path), self.world).missing:
             reason = no_result_reason(missing, self.world)

@@ -431,7 +431,12 @@ class SlurmBackend(Backend):
             signum = joblogs.signal_named(words)  # srun says "Killed": which signal it was
             what = joblogs.killed_by(signum) if signum else words.lower()
             what += f" ({node}" if node else ""  # srun's "Out Of Memory (n2)"
-            return f"rank {rank} {what}" + (f": {err}" if err else "")
+            listing = lambda: joblogs.list_results(self.shell, where, self.expected_ranks)  # noqa: E731
+            return (
+                f"rank {rank} {what}"
+                + (f": {err}" if err else "")
+                + joblogs.waited_for(err, listing)
+            )
         if step is not None and step.step != "batch":
             sig = f", signal {step.signal}" if step.signal else ""
             return (
