@@ -283,11 +283,11 @@ def _cells(r: Result, baseline: Result | None) -> list[str]:
         "" if r.hidden_comm is None else f"{100 * r.hidden_comm:.0f}%",
         f"{r.extra['fwd_bwd_over_sdpa']:.2f}x" if "fwd_bwd_over_sdpa" in r.extra else "",
         "" if pred is None else f"{1e3 * pred:.1f} ({pred / r.fwd_bwd_s:.2f}x)",
-        _load_cell(r),
+        load_cell(r),
     ]
 
 
-def _load_cell(r: Result) -> str:
+def load_cell(r: Result) -> str:
     """Other jobs' CPU use during the row's measurement, in cores; '!' when over threshold."""
     cores = r.extra.get("outside_cores")
     if cores is None:

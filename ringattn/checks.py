@@ -257,7 +257,8 @@ def _describe_agreed(r: tuple[int, ...]) -> str:
     """One rank's agreed fields (``check_ranks_agree``'s row) as its caller passed them."""
     return (
         f"q=({r[0]},{r[1]},{r[2]},{r[3]}) kv_heads={r[4]} dtype={_DTYPES[r[5]]} "
-        f"causal={bool(r[6])} layout={LAYOUTS[r[7]]} sinks={bool(r[8])} "
+        f"causal={bool(r[6])} layout={LAYOUTS[r[7]] if r[7] >= 0 else '(not given)'} "
+        f"sinks={bool(r[8])} "
         f"window={None if r[9] < 0 else r[9]} "
         f"packing={'none' if r[10] < 0 else f'{r[10]:08x}'} "
         f"softmax_scale={scale_of(r[11])}"
@@ -276,7 +277,7 @@ def _agreed_fields(q, k, causal, layout, has_sinks, window, packing, scale) -> l
         k.shape[2],
         _DTYPES.index(q.dtype),
         int(causal),
-        LAYOUTS.index(layout),
+        -1 if layout is None else LAYOUTS.index(layout),  # None: not given (ring_attention)
         int(has_sinks),
         -1 if window is None else int(window),
         -1 if packing is None else int(packing),

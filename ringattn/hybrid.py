@@ -55,6 +55,7 @@ from .checks import (
     collective_device,
     gathered_ints,
     pending_refusal,
+    refused_together,
     scale_bits,
     scale_of,
     shifts_agreed,
@@ -221,7 +222,7 @@ def _describe(q, k, v, agreed: dict, ulysses_group, ring_group) -> _Desc:
         shape(v),
         (dtype(q), dtype(k), dtype(v)),
         int(q.device == k.device == v.device),
-        int(bool(agreed["causal"])),
+        REFUSED_ARGUMENTS if agreed["causal"] is None else int(bool(agreed["causal"])),
         HYBRID_LAYOUTS.index(agreed["layout"]) if agreed["layout"] in HYBRID_LAYOUTS else -1,
         -1 if agreed["packing"] is None else agreed["packing"],
         -1 if agreed["window"] is None else agreed["window"],
@@ -234,8 +235,15 @@ def _describe(q, k, v, agreed: dict, ulysses_group, ring_group) -> _Desc:
     )
 
 
+# The causal field of a rank that refused its own arguments (a bad window, scale or packing
+# on that rank alone): its peers name it instead of reading its row as a disagreement.
+REFUSED_ARGUMENTS = -2
+
+
 def _local_problem(d: _Desc) -> str | None:
     """What is wrong with one rank's input on its own (the same text wherever it is judged)."""
+    if d.causal == REFUSED_ARGUMENTS:
+        return "its own arguments are refused (its error names the problem)"
     if d.layout < 0:
         return f"layout must be one of {', '.join(HYBRID_LAYOUTS)}"
     if d.dims != (4, 4, 4):
@@ -453,12 +461,25 @@ def hybrid_attention(
     packed documents, as ``ring_attention``'s (shard with the same ``cu_seqlens``).
     """
     _require_groups(ulysses_group, ring_group)
-    causal = check_causal(causal, "hybrid_attention")
-    window = check_window(window, causal, "hybrid_attention")
-    softmax_scale = check_scale(softmax_scale, "hybrid_attention")
+    try:
+        causal = check_causal(causal, "hybrid_attention")
+        window = check_window(window, causal, "hybrid_attention")
+        softmax_scale = check_scale(softmax_scale, "hybrid_attention")
+        cu_seqlens = packing_argument(cu_seqlens)
+        packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
+    except (ValueError, TypeError) as err:  # raised through the grid's agreement, which every
+        with refused_together(err):  # rank reaches: alone, it left the others waiting there
+            check_grid_agree(  # causal None: this rank's row says it refused its arguments
+                q,
+                k,
+                v,
+                causal=None,
+                layout=layout,
+                ulysses_group=ulysses_group,
+                ring_group=ring_group,
+            )
+        raise
     degree = dist.get_world_size(ulysses_group)
-    cu_seqlens = packing_argument(cu_seqlens)
-    packing = None if cu_seqlens is None else packing_fingerprint(cu_seqlens)
     check_grid_agree(
         q,
         k,

@@ -713,7 +713,9 @@ def ring_attention(
     except (ValueError, TypeError) as err:
         _refuse_with_the_ring(err, q, group, comm)
         raise
-    transport = _transport(q, k, causal, layout, sinks, group, comm, window, packing, softmax_scale)
+    # the layout as given (None: not) in the agreement: a rank leaving it out beside one
+    # naming it is a disagreement every rank raises, not one rank's refusal
+    transport = _transport(q, k, causal, given, sinks, group, comm, window, packing, softmax_scale)
     if given is None and transport.world_size > 1:  # after the agreement: every rank alike
         raise ValueError(
             "ring_attention: layout= is required on a ring of more than one rank: the layout "

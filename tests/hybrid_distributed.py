@@ -117,6 +117,9 @@ def hybrid_errors(rank: int, world: int) -> dict[str, str]:
         "group_sizes_differ": _attempt(call(qkv(heads=6, kv_heads=3), uneven)),
         "ring_layout_name": _attempt(call(qkv(), pair, layout="zigzag")),
         "degree_does_not_tile": _attempt(lambda: hybrid.hybrid_groups(3)),
+        # an argument bad on one rank alone (second reading): raised there before the grid's
+        # agreement, the others waited in it until the group's timeout
+        "one_rank_bad_window": _attempt(call(qkv(), pair, window=-1 if rank == 1 else 3)),
     }
     q, k, v = qkv()
     after = hybrid.hybrid_attention(

@@ -308,3 +308,26 @@ def test_a_bad_input_on_one_rank_is_raised_on_every_rank(monkeypatch):
         assert said[0][case].startswith("ringattn: rank 1 of the ring refused its input")
         assert said[0][f"{case} seconds"] < 10, said[0]
     assert said[0]["after"] == said[1]["after"] == (1, 8, 2, 4)
+
+
+def _one_rank_names_no_layout(rank: int, world: int) -> str:
+    from ringattn import ring_attention
+
+    q = torch.randn(1, 8, 2, 4)
+    kw = {"layout": "contiguous"} if rank == 0 else {}
+    try:
+        ring_attention(q, q, q, causal=True, **kw)
+        return "ran"
+    except ValueError as err:
+        return str(err)
+
+
+def test_a_layout_left_out_on_one_rank_is_a_disagreement_on_every_rank(monkeypatch):
+    """(second reading) layout= required, checked after the agreement: rank 1 leaving it out
+    beside rank 0 naming 'contiguous' agreed (both read as contiguous), then rank 1 alone
+    raised and rank 0 waited in the ring. The layout as given travels in the agreement."""
+    monkeypatch.setenv("RINGCTL_TEST_GROUP_TIMEOUT", "20")
+    said = run_distributed(_one_rank_names_no_layout, 2)
+    for text in said:
+        assert text.startswith("ranks disagree on ring_attention inputs"), said
+        assert "layout=(not given)" in text and "layout=contiguous" in text, said

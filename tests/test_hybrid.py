@@ -151,4 +151,9 @@ def test_bad_input_is_the_same_clear_error_on_every_rank():
         fallback = ["found bad input in the hybrid grid" in m for m in seen]
         assert all(n or f for n, f in zip(named, fallback, strict=True)), (key, seen)
         assert sum(named) >= 2, (key, seen)
+    bad = [r["one_rank_bad_window"] for r in per_rank]
+    assert "window" in bad[1] and "found bad input" not in bad[1], bad
+    others = [m for i, m in enumerate(bad) if i != 1]
+    said = ("rank 1 found bad input in the hybrid grid", "rank 1: its own arguments are refused")
+    assert all(any(x in m for x in said) for m in others), bad
     assert [r["valid_call_after"] for r in per_rank] == ["ok"] * 4  # nobody left behind

@@ -122,12 +122,14 @@ def shared(
     make: Callable[[], object],
     close: Callable[[object], None],
     alive: Callable[[object], bool] = lambda _: True,
+    gave_up: Callable[[object], UserError | None] = lambda _: None,
 ):
     """The listing's object under ``key`` (made on first use, closed when the listing ends;
     made again where ``alive`` says the kept one is not: a login node that dropped the
     connection mid-listing failed every later job's row; one that could not be made is not
     tried again: a login node down cost each of its jobs' rows the connect timeout, 25
-    minutes for 100 jobs); outside a listing, None: the
+    minutes for 100 jobs; nor one ``gave_up`` says was closed for not answering a command:
+    the command timeout each, hours); outside a listing, None: the
     caller makes and closes its own."""
     current = _CURRENT.get()
     if current is None:
@@ -136,6 +138,10 @@ def shared(
         raise current.refused[key]
     kept = current.kept.get(key)
     if kept is not None and not alive(kept):
+        given_up = gave_up(kept)  # closed for not answering: not waited for again either
+        if given_up is not None:
+            current.refused[key] = given_up
+            raise given_up
         close(kept)
         kept = current.kept[key] = None  # closed: never closed again
     if kept is None:

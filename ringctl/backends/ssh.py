@@ -262,6 +262,7 @@ class SSHShell:
         self.settings = settings
         self.where = settings.target
         self._sftp: paramiko.SFTPClient | None = None
+        self.unanswered: UserError | None = None  # why _answered_within closed it
 
     @property
     def sftp(self) -> paramiko.SFTPClient:
@@ -354,10 +355,11 @@ class SSHShell:
         finally:
             timer.cancel()
         if cut_off.is_set():
-            raise UserError(
+            self.unanswered = UserError(
                 f"ssh {self.where}: {what} did not answer within {timeout:.0f}s "
                 "(the connection was closed)"
             )
+            raise self.unanswered
 
     def read_from(
         self, path: str, offset: int = 0, *, limit: int = READ_LIMIT, tail: bool = False
@@ -545,6 +547,7 @@ class SSHBackend(SlurmBackend):
         self.settings = settings
         self._remote_base: str | None = None
         self._shell_shared = False
+        self._archived: str | None = None  # the attempts/<n> a resume began moving into
 
     def __enter__(self) -> SSHBackend:
         return self
@@ -570,7 +573,9 @@ class SSHBackend(SlurmBackend):
                 return SSHShell(connect(settings), settings)
 
             key = ("ssh", repr(settings))
-            listed = listing.shared(key, make, SSHShell.close, SSHShell.is_open)
+            listed = listing.shared(
+                key, make, SSHShell.close, SSHShell.is_open, lambda shell: shell.unanswered
+            )
             self._shell_shared = listed is not None
             self._shell_obj = listed if listed is not None else make()
         return self._shell_obj
@@ -736,6 +741,7 @@ class SSHBackend(SlurmBackend):
                     f"ssh {self.settings.target}: {archive} already holds files (an earlier "
                     f"resume's, not put back): move them back into {remote}, or remove them"
                 )
+            self._archived = archive  # from here on, undo_resume has this resume's to undo
             self._mkdirs(archive)
             _move_archived(sftp, remote, archive)
             sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(job.logs))
@@ -753,6 +759,9 @@ class SSHBackend(SlurmBackend):
         self._resume_attempt = None
         remote = self.cluster_dir(job.path)
         archive = posixpath.join(remote, attempt_name(attempt))
+        if self._archived != archive:  # this resume moved nothing there
+            return []  # (a refusal before: what is there is an earlier resume's, said so)
+        self._archived = None
         sftp = self.shell.sftp
         try:
             if not _is_real_dir(sftp, archive):
