@@ -202,12 +202,15 @@ def _gathered_shifts(fields: list[list[int]], group, device) -> list[list[int]]:
 
 def collective_device(q: torch.Tensor, group) -> torch.device:
     """Where the checks' small collectives run: q's GPU on an NCCL group (NCCL takes CUDA
-    tensors only; the current one where q is no CUDA tensor: a rank refusing its input), else
-    the CPU (gloo; a group with both backends takes CPU tensors there)."""
+    tensors only; where q is no CUDA tensor, a rank refusing its input, the rank's current
+    device: an NCCL rank sets it, as ringctl's worker does), else the CPU (gloo; a group with
+    both backends takes CPU tensors there)."""
     if dist.get_backend(group) != "nccl":
         return torch.device("cpu")
     device = getattr(q, "device", None)
-    return device if device is not None and device.type == "cuda" else torch.device("cuda")
+    if device is not None and device.type == "cuda":
+        return device
+    return torch.device("cuda", torch.cuda.current_device())  # the rank's (set_device)
 
 
 def gathered_ints(values: list[int], group, device) -> list[list[int]]:

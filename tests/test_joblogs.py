@@ -128,3 +128,20 @@ def test_a_failed_rank_placed_elsewhere_in_the_ring_says_its_ring_rank(tmp_path)
     assert said({**failed, "rank": 5, "node": "n3"}) == "RuntimeError: injected fault on rank 2"
     assert said({**failed, "rank": 2, "node": "\x1b[2Jn3"}).startswith("ring rank 2: Runtime")
     assert said({**failed, "rank": True, "node": "n3"}).startswith("RuntimeError")
+
+
+def test_the_ranks_a_timed_out_peer_waited_for_are_named_only_where_that_says_something():
+    """(re-reading) The blamed rank itself was listed among those that recorded no failure,
+    and under NCCL's watchdog (every timed-out rank killed before it writes) every rank was:
+    "ranks 0, 1, 2, 3 recorded no failure", which names no one."""
+    from ringctl.backends.joblogs import ResultListing, waited_for
+
+    timeout = "RuntimeError: [gloo] Timed out waiting 5000ms for recv operation to complete"
+    hung = ResultListing(missing=[2, 3], failed=[0, 1])  # 3 blamed: its result unread
+    assert waited_for(timeout, 3, 4, lambda: hung) == (
+        "; rank 2 recorded no failure (hung, or killed without a word): likely what it waited for"
+    )
+    everyone = ResultListing(missing=[0, 1, 2, 3], failed=[])
+    assert waited_for("Watchdog caught collective operation timeout", 3, 4, lambda: everyone) == ""
+    assert waited_for("ValueError: bad input", 3, 4, lambda: hung) == ""  # not a wait
+    assert waited_for("Timed out after 300 seconds waiting for clients", 3, 4, lambda: hung) == ""

@@ -232,6 +232,7 @@ def test_the_recorded_cancel_command_reaches_the_login_node(settings, tmp_path):
         argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
     )
     assert done.returncode != 255, done.stderr  # ssh's own failure (scancel's is its own)
+    assert done.returncode == 0 or "scancel: " in done.stderr, done.stderr  # scancel ran there
 
 
 def test_a_resume_refuses_a_login_node_attempt_folder_that_holds_files(
@@ -268,9 +269,11 @@ def test_a_listing_does_not_wait_again_for_a_login_node_that_stopped_answering(s
     with listing.listing([]):
         first = SSHBackend(settings)
         assert first.shell.run(["true"])[0] == 0
-        proxy.arm("freeze", after=1, forward=True)
+        # the next request the client sends, whichever it is (the last command's channel may
+        # still be closing): the channel's open or its exec goes unanswered
+        proxy.arm("freeze")
         err = _within(20, lambda: first.shell.run(["true"], timeout=2))
-        assert type(err) is UserError and "did not answer within 2s" in str(err), repr(err)
+        assert isinstance(err, UserError) and "did not answer within 2s" in str(err), repr(err)
         started = time.monotonic()
         with pytest.raises(UserError, match="did not answer within 2s"):
             _ = SSHBackend(settings).shell

@@ -42,6 +42,13 @@ def config_sections() -> dict[str, type]:
     return {section: _load(spec) for section, spec in SECTIONS.items()}
 
 
+def ranks_here(cfg) -> bool:
+    """Whether a job's ranks run on this machine (its backend's ``Backend.ranks_here``: the
+    local one), whose devices then decide theirs."""
+    backend = cfg.backend
+    return backend_class(str(getattr(backend, "value", backend))).ranks_here
+
+
 def files_here(cfg) -> bool:
     """Whether a job's paths (task.inputs, task.model_path) name this machine's files: its
     backend's ``Backend.files_here`` (local, slurm); over ssh they are the login node's."""

@@ -280,19 +280,23 @@ def list_results(shell: Shell, job_dir: str, world_size: int) -> ResultListing:
 
 # What a rank says when a collective it waited in timed out (gloo's, NCCL's watchdog): that
 # it waited, not for whom. The rank it waited for hung, or died without a word.
-WAIT_TIMEOUT = ("timed out waiting", "collective operation timeout", "timed out after")
+WAIT_TIMEOUT = ("timed out waiting", "collective operation timeout")
 
 
-def waited_for(error: str, listing: Callable[[], ResultListing], shown: int = 8) -> str:
-    """For a failure that says a collective timed out: the ranks that left neither a result
-    nor a failure mark (hung, then killed; or dead without a word), which the reason named
-    none of (a hang on rank 2 read "rank 3 ... Timed out waiting", rank 3 its peer waiting on
-    it): "; rank 2 recorded no failure: ...". "" for any other error, or none such."""
-    if not any(marker in error.lower() for marker in WAIT_TIMEOUT):
+def waited_for(
+    error: str, blamed: int, world: int, listing: Callable[[], ResultListing], shown: int = 8
+) -> str:
+    """For rank ``blamed``'s failure that says a collective timed out: the other ranks that
+    left neither a result nor a failure mark (hung, then killed; or dead without a word),
+    which the reason named none of (a hang on rank 2 read "rank 3 ... Timed out waiting",
+    rank 3 its peer waiting on it): "; rank 2 recorded no failure: ...". "" for any other
+    error, where no other rank is quiet, or where every other one is (NCCL's watchdog kills
+    each rank that timed out before it writes a word: that names no one)."""
+    if world < 2 or not any(marker in error.lower() for marker in WAIT_TIMEOUT):
         return ""
     found = listing()
-    quiet = [r for r in found.missing if r not in found.failed]
-    if not quiet:
+    quiet = [r for r in found.missing if r not in found.failed and r != blamed]
+    if not quiet or len(quiet) >= world - 1:
         return ""
     names = ", ".join(str(r) for r in quiet[:shown])
     more = f" and {len(quiet) - shown} more" if len(quiet) > shown else ""

@@ -700,7 +700,10 @@ class Supervisor:
             error = _rank_error(self.job, first)
             reason = f"rank {first} {how}" + (f": {error}" if error else "")
             reason += waited_for(
-                error, lambda: list_results(LocalShell(), str(self.job.path), self.world)
+                error,
+                first,
+                self.world,
+                lambda: list_results(LocalShell(), str(self.job.path), self.world),
             )
             self.state.update(state="FAILED", exit_code=code, reason=reason)
         elif missing := list_results(LocalShell(), str(self.job.path), self.world).missing:

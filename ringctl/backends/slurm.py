@@ -431,12 +431,13 @@ class SlurmBackend(Backend):
             signum = joblogs.signal_named(words)  # srun says "Killed": which signal it was
             what = joblogs.killed_by(signum) if signum else words.lower()
             what += f" ({node}" if node else ""  # srun's "Out Of Memory (n2)"
-            listing = lambda: joblogs.list_results(self.shell, where, self.expected_ranks)  # noqa: E731
-            return (
-                f"rank {rank} {what}"
-                + (f": {err}" if err else "")
-                + joblogs.waited_for(err, listing)
-            )
+            world = self.expected_ranks or 0  # 0: not known (a backend made without a job)
+
+            def listing() -> joblogs.ResultListing:
+                return joblogs.list_results(self.shell, where, world)
+
+            quiet = joblogs.waited_for(err, rank, world, listing)
+            return f"rank {rank} {what}" + (f": {err}" if err else "") + quiet
         if step is not None and step.step != "batch":
             sig = f", signal {step.signal}" if step.signal else ""
             return (

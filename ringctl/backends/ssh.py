@@ -318,7 +318,10 @@ class SSHShell:
         return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
     def _session(self, argv: Sequence[str], timeout: float):
-        """A channel to run ``argv`` on; a failure here started nothing (NotSubmitted)."""
+        """A channel to run ``argv`` on; a failure here started nothing (NotSubmitted). One
+        the login node did not open within ``timeout`` closes the connection and is kept as
+        ``unanswered``, as ``_answered_within``'s (a listing waited for it again each row)."""
+        started = time.monotonic()
         try:
             transport = self.client.get_transport()
             if transport is None or not transport.is_active():
@@ -326,6 +329,13 @@ class SSHShell:
             chan = transport.open_session(timeout=timeout)
             chan.settimeout(timeout)
         except SFTP_ERRORS as err:
+            if time.monotonic() - started >= 0.9 * timeout:  # paramiko's "Timeout opening
+                self.unanswered = NotSubmitted(  # channel.": no answer, nothing started
+                    f"ssh {self.where}: `{argv[0]}` did not answer within {timeout:.0f}s "
+                    "(opening its channel; the connection was closed, nothing was started)"
+                )
+                transport.close()
+                raise self.unanswered from None
             said = sftp_error(self.settings, f"running `{argv[0]}` failed", err)
             raise NotSubmitted(str(said)) from None
         return chan
@@ -335,7 +345,8 @@ class SSHShell:
         """Bound a request paramiko waits on with no timeout of its own (a command's exec, the
         SFTP subsystem): a login node that stopped answering there held `status` and `cancel`
         for ever. Past ``timeout`` the connection is closed, which ends the wait, and a
-        UserError says so (the next use connects again: ``SSHBackend.shell``)."""
+        UserError says so (kept as ``unanswered``: a listing does not wait for that login node
+        again; outside one, the next use connects again: ``SSHBackend.shell``)."""
         transport = self.client.get_transport()
         cut_off = threading.Event()
 
@@ -406,8 +417,13 @@ class SSHShell:
         }
 
     def close(self) -> None:
+        """Close it, however it ended: an SFTP session on a dropped connection raised
+        EOFError from its close (a traceback at the end of a verb that had said why)."""
         if self._sftp is not None:
-            self._sftp.close()
+            try:
+                self._sftp.close()
+            except SFTP_ERRORS:
+                pass
             self._sftp = None
         self.client.close()
 
@@ -828,6 +844,7 @@ class SSHBackend(SlurmBackend):
                 sftp.mkdir(posixpath.join(remote, LOGS), mode=_mode(local))
         except SFTP_ERRORS as err:  # a dropped connection too: nothing was submitted
             said = sftp_error(self.settings, f"uploading the job directory to {remote} failed", err)
+            self.close()  # a transfer broke on it: a new connection (its end may not show yet)
             raise UserError(f"{said}{self._remove_partial(remote) if made else ''}") from None
 
     def _remove_partial(self, remote: str) -> str:

@@ -48,11 +48,14 @@ def engine_switches(cfg) -> dict[str, str]:
 def ranks_device(cfg) -> str | None:
     """The device a job's ranks compute on where its config decides it: "cpu" under
     ring.dist_backend=gloo, or on a cluster asked for no GPU (gpus_per_node=0); "cuda" on a
-    cluster asked for GPUs (backend nccl or auto); None for a local job, whose ranks take a
-    CUDA device where torch sees one (the worker's ``init_distributed``)."""
+    cluster asked for GPUs (backend nccl or auto); None for ranks on this machine (the local
+    backend), which take a CUDA device where torch sees one (the worker's
+    ``init_distributed``)."""
+    from ..backends import ranks_here
+
     if str(getattr(cfg.ring.dist_backend, "value", cfg.ring.dist_backend)) == "gloo":
         return "cpu"
-    if str(getattr(cfg.backend, "value", cfg.backend)) == "local":
+    if ranks_here(cfg):  # this machine's devices decide
         return None
     return "cuda" if int(cfg.gpus_per_node) > 0 else "cpu"
 
