@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cached_property
 
-from .backends import backend_class
+from .backends import ranks_here
 from .config import job_layout, world_size
 from .errors import UserError
 from .planner.cost import GIB, ModelShape, Workload, estimate, memory_per_rank, nominal_link
@@ -226,7 +226,7 @@ class Sizing:
         size: priced by the ring's (4 rings of 1 on a 23.5 GiB host got 22.5 GiB each,
         66 GiB in all, "fits", and a quarter of the time). The local backend runs every
         rank on this host, however many nodes the job names."""
-        if backend_class(self.cfg.backend.value).ranks_here:
+        if ranks_here(self.cfg):
             return self.world
         return max(1, min(self.world, self.per_node))
 
@@ -341,7 +341,7 @@ class Sizing:
         params = total_params(work.model, work.heads, work.kv_heads, work.head_dim)
         if too_large(params):
             return too_large(params)
-        here = backend_class(self.cfg.backend.value).ranks_here
+        here = ranks_here(self.cfg)
         if not here or self.device is not None:
             return None  # ranks on other hosts, or a device the planner checks them against
         degree = work.shard_degree or self.largest_ring

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import __version__
 from .atomic import atomic_write, atomic_write_json, default_dir_mode
-from .backends import backend_class, files_here
+from .backends import backend_class, backend_of, files_here
 from .backends.base import Backend, JobState, JobStatus
 from .config import load_job, load_job_from_dict, safe_dir_name, to_yaml
 from .errors import Interrupted, NotSubmitted, SubmittedNotRecorded, UserError
@@ -194,7 +194,7 @@ def check_packages(cfg) -> None:
     from .backends.local import unset_up_env
 
     env = cfg.env
-    set_up = backend_class(cfg.backend.value).sets_up_env
+    set_up = backend_of(cfg).sets_up_env
     unused = "" if set_up else unset_up_env(cfg)
     if unused:
         print(f"warning: {unused}", file=sys.stderr)

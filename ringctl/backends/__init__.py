@@ -42,15 +42,20 @@ def config_sections() -> dict[str, type]:
     return {section: _load(spec) for section, spec in SECTIONS.items()}
 
 
+def backend_of(cfg) -> type:
+    """The class of a job config's backend (its ``backend`` key, an enum or its name): where
+    its traits are read (``ranks_here``, ``files_here``, ``sets_up_env``)."""
+    backend = cfg.backend
+    return backend_class(str(getattr(backend, "value", backend)))
+
+
 def ranks_here(cfg) -> bool:
     """Whether a job's ranks run on this machine (its backend's ``Backend.ranks_here``: the
     local one), whose devices then decide theirs."""
-    backend = cfg.backend
-    return backend_class(str(getattr(backend, "value", backend))).ranks_here
+    return backend_of(cfg).ranks_here
 
 
 def files_here(cfg) -> bool:
     """Whether a job's paths (task.inputs, task.model_path) name this machine's files: its
     backend's ``Backend.files_here`` (local, slurm); over ssh they are the login node's."""
-    backend = cfg.backend
-    return backend_class(str(getattr(backend, "value", backend))).files_here
+    return backend_of(cfg).files_here

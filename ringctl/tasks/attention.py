@@ -359,13 +359,13 @@ def _unplaceable(cfg, degree: int) -> bool:
     waited in the queue to fail there): the placement's rule (``topology.ulysses``: each
     NVLink domain's ranks divide into groups of U) where the domains are nodes (no NVLink
     blocks) of tasks_per_node ranks."""
-    from ..backends import backend_class
+    from ..backends import backend_of
 
     return (
         degree > 1
         and cfg.ring.placement == "required"
         and not cfg.ring.nvlink_blocks
-        and backend_class(cfg.backend.value).places_ring
+        and backend_of(cfg).places_ring
         and int(cfg.tasks_per_node) % degree != 0
     )
 
