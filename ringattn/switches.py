@@ -11,8 +11,19 @@ from __future__ import annotations
 
 KERNEL = "RINGATTN_KERNEL"
 TRANSPORT = "RINGATTN_TRANSPORT"
+# The kernels RINGATTN_KERNEL may force and the devices each computes on: the engine refuses
+# one on another device (``kernels.select_kernel``; torch-cuda on a CPU job failed every rank
+# with a traceback from the efficient-attention op), and ringctl where a job's config decides
+# its ranks' device.
+KERNEL_DEVICES = {
+    "chunked": ("cpu", "cuda"),
+    "flash": ("cuda",),
+    "torch": ("cpu",),
+    "torch-cpu": ("cpu",),
+    "torch-cuda": ("cuda",),
+}
 CHOICES = {
-    KERNEL: ("chunked", "flash", "torch", "torch-cpu", "torch-cuda"),
+    KERNEL: tuple(KERNEL_DEVICES),
     TRANSPORT: ("auto", "gloo", "shm"),
 }
 DEFAULTS = {KERNEL: "", TRANSPORT: "auto"}  # "": no kernel forced
@@ -25,18 +36,6 @@ def choice(name: str, value: str | None) -> str:
     if text and text not in CHOICES[name]:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(CHOICES[name])}")
     return text
-
-
-# The devices each forced kernel computes on: the engine refuses one on another device
-# (``kernels.select_kernel``; torch-cuda on a CPU job failed every rank with a traceback from
-# the efficient-attention op), and ringctl where a job's config decides its ranks' device.
-KERNEL_DEVICES = {
-    "chunked": ("cpu", "cuda"),
-    "flash": ("cuda",),
-    "torch": ("cpu",),
-    "torch-cpu": ("cpu",),
-    "torch-cuda": ("cuda",),
-}
 
 
 def kernel_device_problem(kernel: str, device: str) -> str | None:

@@ -611,11 +611,8 @@ def splits(w: Workload, ranks: int) -> bool:
 def longest_sequence(w: Workload, ranks: int, device: Device, ranks_on_host: int = 1) -> int:
     """The largest total N (a multiple of the layout's unit) whose per-rank memory fits."""
     capacity = usable_gib(device, ranks_on_host) * GIB
-    unit = (
-        split_unit(w, ranks)
-        if not ulysses_problem(w.ulysses, ranks, w.heads, w.kv_heads)
-        else (layout_multiple(w.layout, ranks))
-    )
+    flat = ulysses_problem(w.ulysses, ranks, w.heads, w.kv_heads)  # no grid: the ring's rule
+    unit = layout_multiple(w.layout, ranks) if flat else split_unit(w, ranks)
 
     def fits(seq: int) -> bool:
         held = memory_per_rank(replace(w, seq_len=seq), ranks, device.cores is not None)

@@ -326,12 +326,12 @@ def _export_generation_config(found: checkpoint.Checkpoint, where: Path) -> None
     if not os.path.lexists(path):
         return
     try:
-        data = json.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+        data = _checkpoint_json(path, "a generation config")
         if not isinstance(data, dict):
             raise ValueError("a generation config is a JSON object")
         GenerationConfig.from_dict(data).save_pretrained(where)
-    except RecursionError:
-        raise _refused(f"{path}: not a generation config (nested too deeply)") from None
+    except UserError as err:
+        raise _refused(str(err)) from None
     except (ValueError, TypeError) as err:
         raise _refused(naming(path, str(err).strip()[:300], within=found.path)) from None
 
@@ -480,17 +480,23 @@ def saved_model_config(path: Path) -> dict:
     model_type; the fields that would choose code or an attention implementation dropped
     (``_``-keys go in ``config_from_fields``; ``auto_map`` here: the job's model was
     transformers' own)."""
-    try:
-        data = json.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
-    except RecursionError:
-        raise UserError(f"{path}: not a model config (nested too deeply)") from None
-    except ValueError as err:
-        raise UserError(naming(path, str(err))) from None
+    data = _checkpoint_json(path, "a model config")
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise UserError(f"{path}: a model config is a JSON object with a model_type")
     for key in ("auto_map", "attn_implementation"):
         data.pop(key, None)
     return data
+
+
+def _checkpoint_json(path: Path, what: str):
+    """The JSON value of a file beside a checkpoint, read as hostile (a regular file, bounded:
+    ``read_regular``); a UserError naming the file otherwise."""
+    try:
+        return json.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except RecursionError:
+        raise UserError(f"{path}: not {what} (nested too deeply)") from None
+    except ValueError as err:
+        raise UserError(naming(path, str(err))) from None
 
 
 # An ssh job's tokenizer is the login node's file (its paths name the cluster's files).
